@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 $(BIN)/.installed: requirements/dev.lock pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check --require-hashes -r requirements/dev.lock
-	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 
 setup: $(BIN)/.installed

@@ -1,0 +1,277 @@
+"""RunSpec + Shape -> a JobSet for GKE, as a plain dict. Pure: YAML happens at the edge.
+
+What the JobSet must get right, and why (FACTS.md §2–3):
+- one replicated job, one child Job per slice, one pod per host; `exclusive-topology` pins each
+  child Job to its own node pool (= one slice);
+- the failure policy tells causes apart: a disruption or a trainer that saved and exited 42 restarts
+  the JobSet without spending `maxRestarts`; exit 2 (configuration error) fails it at once; any
+  other failure restarts and counts;
+- `BlockingRecreate`, so that new pods never race the terminating ones for the same slice;
+- the trainer contract environment (docs/contract.md) and the distributed identity.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from launcher.errors import UserError
+from launcher.plan import Plan, plan_batch
+from launcher.presets import RESOURCE_TPU, Shape
+
+API_VERSION = "jobset.x-k8s.io/v1alpha2"
+REPLICATED_JOB = "slice"
+CONTAINER = "trainer"
+LABEL_RUN = "reslice.dev/run"
+LABEL_SEGMENT = "reslice.dev/segment"
+LABEL_QUEUE = "kueue.x-k8s.io/queue-name"
+ANNOTATION_EXCLUSIVE = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+LABEL_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+LABEL_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
+
+EXIT_PREEMPTED = 42
+EXIT_CONFIG = 2
+
+# Rule names are part of the contract with the controller: signals.py reads which one fired.
+RULE_CONFIG_ERROR = "config-error"
+RULE_PREEMPTED = "preempted"
+RULE_APP_FAILURE = "app-failure"
+
+DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+POD_SUFFIX = 6  # "-xxxxx" that the Job controller appends to generated pod names
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything about a run that does not change between segments."""
+
+    run: str
+    run_dir: str
+    global_batch: int
+    image: str = "reslice-trainer:latest"
+    config: str = "tiny"
+    overrides: tuple[str, ...] = ()
+    namespace: str = "default"
+    max_micro_batch: int = 16
+    max_grad_accum: int | None = None
+    # Long enough for the trainer to finish its step and commit an emergency checkpoint.
+    grace_period_s: int = 120
+    max_restarts: int = 10
+    ttl_after_finished_s: int = 3600
+    queue: str | None = None
+    priority_class: str | None = None
+    image_pull_policy: str = "IfNotPresent"
+    service_account: str | None = None
+    coordinator_port: int = 8476
+    megascale_port: int = 8080
+    heartbeat_timeout_s: int | None = None
+    env: tuple[tuple[str, str], ...] = field(default=())
+
+
+def jobset_name(run: str, segment: int) -> str:
+    return f"{run}-{segment}"
+
+
+def name_error(name: str, shape: Shape) -> str | None:
+    """Why `name` cannot be a JobSet of `shape`, or None.
+
+    The webhook rejects a JobSet whose generated pod names (`<js>-<rjob>-<jobIdx>-<podIdx>-xxxxx`)
+    are not DNS-1035 labels of at most 63 characters; the longest index decides.
+    """
+    if not DNS1035.match(name):
+        return f"{name!r} is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter)"
+    longest = f"{name}-{REPLICATED_JOB}-{shape.slices - 1}-{shape.preset.hosts - 1}"
+    if len(longest) + POD_SUFFIX > 63:
+        room = 63 - (len(longest) - len(name)) - POD_SUFFIX
+        return (
+            f"JobSet name {name!r} is too long for {shape}: its pod names would be "
+            f"{len(longest) + POD_SUFFIX} characters (max 63); use at most {room} characters"
+        )
+    return None
+
+
+def check_name(name: str, shape: Shape) -> None:
+    if err := name_error(name, shape):
+        raise UserError(err)
+
+
+def plan_for(spec: RunSpec, shape: Shape) -> Plan:
+    plan = plan_batch(spec.global_batch, shape.devices, spec.max_micro_batch, spec.max_grad_accum)
+    if not isinstance(plan, Plan):
+        raise UserError(f"{shape}: {plan.reason}")
+    return plan
+
+
+def failure_policies(spec: RunSpec) -> tuple[dict, dict]:
+    """(Job podFailurePolicy, JobSet failurePolicy).
+
+    The Job turns each cause into a failure reason and message; the JobSet maps them to actions.
+    Every job failure caused by a podFailurePolicy rule has reason `PodFailurePolicy`, so the
+    config-error rule must come first and match on the message the Job controller writes
+    ("Container trainer for pod ns/p failed with exit code 2 matching FailJob rule at index 2").
+    """
+    pod_failure_policy = {
+        "rules": [
+            {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_PREEMPTED]},
+            },
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_CONFIG]},
+            },
+        ]
+    }
+    jobset_failure_policy = {
+        "maxRestarts": spec.max_restarts,
+        "restartStrategy": "BlockingRecreate",
+        "rules": [
+            {
+                "name": RULE_CONFIG_ERROR,
+                "action": "FailJobSet",
+                "onJobFailureReasons": ["PodFailurePolicy"],
+                "onJobFailureMessagePatterns": [f"failed with exit code {EXIT_CONFIG} matching FailJob rule"],
+            },
+            {
+                "name": RULE_PREEMPTED,
+                "action": "RestartJobSetAndIgnoreMaxRestarts",
+                "onJobFailureReasons": ["PodFailurePolicy"],
+            },
+            # Empty reasons match any failure: crashes, OOM, BackoffLimitExceeded.
+            {"name": RULE_APP_FAILURE, "action": "RestartJobSet"},
+        ],
+    }
+    return pod_failure_policy, jobset_failure_policy
+
+
+def _env(name: str, value: object) -> dict:
+    return {"name": name, "value": str(value)}
+
+
+def _field_env(name: str, path: str) -> dict:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def trainer_env(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> list[dict]:
+    js = jobset_name(spec.run, segment)
+    # Slice 0, host 0 is process 0; its stable DNS name comes from enableDNSHostnames.
+    host0 = f"{js}-{REPLICATED_JOB}-0-0.{js}"
+    preset = shape.preset
+    env = [
+        _env("RESLICE_RUN", spec.run),
+        _env("RESLICE_SEGMENT", segment),
+        _env("RESLICE_RUN_DIR", spec.run_dir),
+        _env("RESLICE_GLOBAL_BATCH", spec.global_batch),
+        _env("RESLICE_MICRO_BATCH", plan.micro_batch),
+        _env("RESLICE_GRAD_ACCUM", plan.grad_accum),
+        _env("RESLICE_NUM_SLICES", shape.slices),
+        _env("RESLICE_CONFIG", spec.config),
+        _env("RESLICE_SET", json.dumps(list(spec.overrides))),
+        _env("RESLICE_COORDINATOR", f"{host0}:{spec.coordinator_port}"),
+        _env("RESLICE_NUM_PROCESSES", shape.hosts),
+        _env("RESLICE_HOSTS_PER_SLICE", preset.hosts),
+        _field_env("RESLICE_SLICE_INDEX", f"metadata.labels['{LABEL_JOB_INDEX}']"),
+        _field_env("RESLICE_RESTART_ATTEMPT", f"metadata.labels['{LABEL_RESTART_ATTEMPT}']"),
+        _env("RESLICE_PEAK_TFLOPS", preset.peak_tflops_per_chip / preset.devices_per_chip),
+    ]
+    if spec.heartbeat_timeout_s is not None:
+        env.append(_env("RESLICE_HEARTBEAT_TIMEOUT_S", spec.heartbeat_timeout_s))
+    if shape.slices > 1:
+        env += [
+            _env("MEGASCALE_COORDINATOR_ADDRESS", host0),
+            _env("MEGASCALE_NUM_SLICES", shape.slices),
+            _field_env("MEGASCALE_SLICE_ID", f"metadata.labels['{LABEL_JOB_INDEX}']"),
+            _env("MEGASCALE_PORT", spec.megascale_port),
+        ]
+    env += [_env(k, v) for k, v in spec.env]
+    return env
+
+
+def pod_spec(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> dict:
+    preset = shape.preset
+    tolerations = [{"key": RESOURCE_TPU, "operator": "Exists", "effect": "NoSchedule"}]
+    if preset.spot:
+        tolerations.append(
+            {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+        )
+    chips = {RESOURCE_TPU: str(preset.chips_per_host)}
+    pod = {
+        "restartPolicy": "Never",
+        "hostNetwork": True,
+        "dnsPolicy": "ClusterFirstWithHostNet",
+        "terminationGracePeriodSeconds": spec.grace_period_s,
+        "nodeSelector": preset.node_selector(),
+        "tolerations": tolerations,
+        "containers": [
+            {
+                "name": CONTAINER,
+                "image": spec.image,
+                "imagePullPolicy": spec.image_pull_policy,
+                "command": ["python", "-m", "trainer"],
+                "env": trainer_env(spec, shape, segment, plan),
+                "ports": [{"containerPort": spec.coordinator_port, "name": "coordinator"}],
+                "resources": {"requests": dict(chips), "limits": dict(chips)},
+                "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+            }
+        ],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+    }
+    if spec.priority_class:
+        pod["priorityClassName"] = spec.priority_class
+    if spec.service_account:
+        pod["serviceAccountName"] = spec.service_account
+    return pod
+
+
+def segment_labels(run: str, segment: int) -> dict[str, str]:
+    return {LABEL_RUN: run, LABEL_SEGMENT: str(segment)}
+
+
+def render_jobset(spec: RunSpec, shape: Shape, segment: int = 0) -> dict:
+    """The JobSet of segment `segment` of the run on `shape`. Raises UserError if impossible."""
+    name = jobset_name(spec.run, segment)
+    check_name(name, shape)
+    plan = plan_for(spec, shape)
+    pod_failure_policy, jobset_failure_policy = failure_policies(spec)
+    labels = segment_labels(spec.run, segment)
+    jobset_labels = dict(labels)
+    if spec.queue:
+        jobset_labels[LABEL_QUEUE] = spec.queue
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "JobSet",
+        "metadata": {
+            "name": name,
+            "namespace": spec.namespace,
+            "labels": jobset_labels,
+            "annotations": {ANNOTATION_EXCLUSIVE: "cloud.google.com/gke-nodepool"},
+        },
+        "spec": {
+            "ttlSecondsAfterFinished": spec.ttl_after_finished_s,
+            "network": {"enableDNSHostnames": True, "subdomain": name},
+            "failurePolicy": jobset_failure_policy,
+            "successPolicy": {"operator": "All"},
+            "replicatedJobs": [
+                {
+                    "name": REPLICATED_JOB,
+                    "replicas": shape.slices,
+                    "template": {
+                        "metadata": {"labels": dict(labels)},
+                        "spec": {
+                            "parallelism": shape.preset.hosts,
+                            "completions": shape.preset.hosts,
+                            "completionMode": "Indexed",
+                            "backoffLimit": 0,
+                            "podFailurePolicy": pod_failure_policy,
+                            "template": {
+                                "metadata": {"labels": dict(labels)},
+                                "spec": pod_spec(spec, shape, segment, plan),
+                            },
+                        },
+                    },
+                }
+            ],
+        },
+    }

@@ -1,0 +1,145 @@
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from launcher.cli import main
+
+RENDER = ["render", "--preset", "tpu7x-2x2x1", "--run", "demo", "--run-dir", "/tmp/r", "--global-batch", "32"]
+GOOD_PRESET = """name: {name}
+accelerator: tpu7x
+machine_type: tpu7x-standard-4t
+topology: {topology}
+chips_per_host: 4
+devices_per_chip: 2
+peak_tflops_per_chip: 2307
+"""
+
+
+def run_cli(capsys, *argv):
+    with pytest.raises(SystemExit) as exc:
+        main(list(argv))
+        raise SystemExit(0)
+    out = capsys.readouterr()
+    return exc.value.code, out.out, out.err
+
+
+def test_presets_table_and_json(capsys):
+    code, out, _ = run_cli(capsys, "presets")
+    assert code == 0
+    for needle in ("tpu7x-4x4x4", "tpu7x-8x8x48", "tpu-v5p-slice", "768", "6144"):
+        assert needle in out
+    code, out, _ = run_cli(capsys, "presets", "--json")
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert rows["tpu7x-8x8x48"]["hosts"] == 768 and rows["tpu7x-4x4x4"]["devices"] == 128
+
+
+def test_plan_table_and_json(capsys):
+    code, out, _ = run_cli(capsys, "plan", "-p", "tpu7x-2x2x1", "-n", "4", "-b", "32")
+    assert code == 0 and "not divisible by 24" in out
+    code, out, _ = run_cli(capsys, "plan", "-p", "tpu7x-2x2x1", "-n", "4", "-b", "32", "--json")
+    ladder = json.loads(out)
+    assert [r["slices"] for r in ladder] == [4, 3, 2, 1]
+    assert ladder[-1]["micro_batch"] * ladder[-1]["grad_accum"] * ladder[-1]["devices"] == 32
+
+
+def test_render_yaml_json_and_file(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, *RENDER, "--slices", "2", "--set", "train.steps=10")
+    assert code == 0
+    js = yaml.safe_load(out)
+    assert js["kind"] == "JobSet" and js["spec"]["replicatedJobs"][0]["replicas"] == 2
+    code, out, _ = run_cli(capsys, *RENDER, "--json")
+    assert json.loads(out)["metadata"]["name"] == "demo-0"
+    target = tmp_path / "js.yaml"
+    code, out, _ = run_cli(capsys, *RENDER, "--output", str(target))
+    assert code == 0 and out == "" and yaml.safe_load(target.read_text())["kind"] == "JobSet"
+
+
+def _presets_dir(tmp_path, **files):
+    for name, text in files.items():
+        (tmp_path / f"{name}.yaml").write_text(text)
+    return tmp_path
+
+
+BAD_INPUTS = [
+    (["render", "--preset", "tpu9-1x1", *RENDER[3:]], None, "unknown preset 'tpu9-1x1'"),
+    (["plan", "-p", "nope", "-b", "8"], None, "unknown preset 'nope'"),
+    (RENDER[:-1] + ["30"], None, "global batch 30 is not divisible by 8 devices"),
+    (["plan", "-p", "tpu7x-4x4x4", "-b", "100"], None, "not divisible by 128 devices"),
+    (RENDER[:-1] + ["-8"], None, "must be positive"),
+    (["render", "--preset", "tpu7x-2x2x1", "--run", "Demo", "--run-dir", "/r", "-b", "8"], None, "DNS-1035"),
+    (
+        [
+            "render",
+            "--preset",
+            "tpu7x-8x8x48",
+            "-n",
+            "4",
+            "--run",
+            "x" * 60,
+            "--run-dir",
+            "/r",
+            "-b",
+            "24576",
+        ],
+        None,
+        "too long",
+    ),
+    (RENDER[:-2], None, "Missing option '--global-batch'"),
+    (RENDER[:-1] + ["many"], None, "Invalid value for '--global-batch'"),
+    ([*RENDER, "--slices", "0"], None, "slices must be at least 1"),
+    ([*RENDER, "--set", "train.steps"], None, "expected key=value"),
+    ([*RENDER, "--pull-policy", "Sometimes"], None, "expected Always, IfNotPresent or Never"),
+    (["launchx"], None, "No such command"),
+    (
+        ["plan", "-p", "bad", "-b", "8"],
+        {"bad": GOOD_PRESET.format(name="bad", topology="4x4x6")},
+        "multiple of 4",
+    ),
+    (["plan", "-p", "bad", "-b", "8"], {"bad": "name: bad\ntopology: [4x4\n"}, "malformed YAML"),
+    (["presets"], {"bad": GOOD_PRESET.format(name="bad", topology="2x2x1") + "colour: red\n"}, "unknown key"),
+    (
+        ["presets"],
+        {"bad": GOOD_PRESET.format(name="bad", topology="2x2x2") + "fallbacks: [gone]\n"},
+        "fallback 'gone'",
+    ),
+    (
+        ["plan", "-p", "bad", "-b", "8"],
+        {
+            "bad": GOOD_PRESET.format(name="bad", topology="2x2x1").replace(
+                "chips_per_host: 4", "chips_per_host: 3"
+            )
+        },
+        "do not divide",
+    ),
+]
+
+
+@pytest.mark.parametrize("argv,preset_files,message", BAD_INPUTS)
+def test_bad_input_is_one_line_and_exit_2(capsys, monkeypatch, tmp_path, argv, preset_files, message):
+    if preset_files is not None:
+        monkeypatch.setenv("RESLICE_PRESETS_DIR", str(_presets_dir(tmp_path, **preset_files)))
+    target = tmp_path / "out.yaml"
+    code, out, err = run_cli(capsys, *argv, *(["--output", str(target)] if argv[0] == "render" else []))
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("reslice: error:"), err
+    assert message in err
+    assert "Traceback" not in err
+    assert not target.exists()
+
+
+def test_console_script_is_wired():
+    # The installed entry point, in a fresh interpreter: exit code and stderr as a user sees them.
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher", "plan", "-p", "tpu7x-4x4x4", "-b", "100"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "reslice: error: tpu7x-4x4x4 x1: global batch 100 is not divisible by 128 devices"
+    ]

@@ -1,0 +1,66 @@
+from hypothesis import given
+from hypothesis import strategies as st
+
+from launcher.plan import Infeasible, Plan, plan_batch, shrink_ladder
+from launcher.presets import make_shape
+
+
+@given(
+    gb=st.integers(1, 1 << 16),
+    devices=st.integers(1, 4096),
+    max_micro=st.integers(1, 64),
+)
+def test_plan_invariant(gb, devices, max_micro):
+    plan = plan_batch(gb, devices, max_micro)
+    if gb % devices:
+        assert isinstance(plan, Infeasible) and "not divisible" in plan.reason
+        return
+    assert isinstance(plan, Plan)
+    assert plan.devices * plan.micro_batch * plan.grad_accum == gb
+    assert 1 <= plan.micro_batch <= max_micro
+    # Largest micro-batch: no larger divisor of the per-device batch fits under the maximum.
+    per_device = gb // devices
+    assert not any(per_device % b == 0 for b in range(plan.micro_batch + 1, min(per_device, max_micro) + 1))
+
+
+@given(gb=st.integers(1, 1 << 14), devices=st.integers(1, 512), cap=st.integers(1, 16))
+def test_grad_accum_cap(gb, devices, cap):
+    plan = plan_batch(gb, devices, 4, max_grad_accum=cap)
+    if isinstance(plan, Plan):
+        assert plan.grad_accum <= cap
+    elif gb % devices == 0:
+        assert "micro-steps" in plan.reason
+
+
+def test_examples():
+    assert plan_batch(32, 32, 16) == Plan(32, 1, 1)
+    assert plan_batch(32, 8, 16) == Plan(8, 4, 1)
+    assert plan_batch(32, 8, 2) == Plan(8, 2, 2)
+    assert plan_batch(512, 128, 3) == Plan(128, 2, 2)
+    assert isinstance(plan_batch(100, 128, 16), Infeasible)
+
+
+def test_shrink_ladder_order_and_feasibility():
+    rungs = shrink_ladder(make_shape("tpu7x-2x2x1", 4), 32, 16)
+    assert [(r.shape.preset.name, r.shape.slices) for r in rungs] == [
+        ("tpu7x-2x2x1", n) for n in (4, 3, 2, 1)
+    ]
+    assert [r.feasible for r in rungs] == [True, False, True, True]
+    assert "not divisible by 24" in rungs[1].plan.reason
+    assert [(r.plan.micro_batch, r.plan.grad_accum) for r in rungs if r.feasible] == [(1, 1), (2, 1), (4, 1)]
+
+
+def test_shrink_ladder_follows_fallbacks_transitively_largest_first():
+    rungs = shrink_ladder(make_shape("tpu7x-4x4x4", 2), 256, 16)
+    names = [(r.shape.preset.name, r.shape.slices) for r in rungs]
+    assert names[0] == ("tpu7x-4x4x4", 2)
+    # 2x4x4 and 2x2x2 are reached through the fallback chain 4x4x4 -> 2x4x4 -> 2x2x2 -> 2x2x1.
+    assert {n for n, _ in names} == {"tpu7x-4x4x4", "tpu7x-2x4x4", "tpu7x-2x2x2", "tpu7x-2x2x1"}
+    devices = [r.shape.devices for r in rungs]
+    assert devices == sorted(devices, reverse=True)
+    # On a tie the requested preset comes first.
+    assert names.index(("tpu7x-4x4x4", 1)) < names.index(("tpu7x-2x4x4", 2))
+    for r in rungs:
+        assert r.shape.devices <= rungs[0].shape.devices
+        if r.feasible:
+            assert r.plan.global_batch == 256

@@ -1,0 +1,195 @@
+import json
+import re
+
+import pytest
+
+from launcher.errors import UserError
+from launcher.presets import RESOURCE_TPU, Shape, load_presets, make_shape
+from launcher.render import RunSpec, name_error, render_jobset
+from tests.support.schemas import jobset_errors, validate_job_template
+
+PRESETS = sorted(load_presets())
+
+
+def spec_for(shape: Shape, **kw) -> RunSpec:
+    return RunSpec(run="llm", run_dir="gs://bucket/runs/llm", global_batch=shape.devices * 2, **kw)
+
+
+def pod_template(js: dict) -> dict:
+    return js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+
+
+def env_of(js: dict) -> dict:
+    return {
+        e["name"]: e.get("value", e.get("valueFrom"))
+        for e in pod_template(js)["spec"]["containers"][0]["env"]
+    }
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("slices", [1, 2, 4])
+def test_every_preset_renders_a_valid_jobset(preset, slices):
+    shape = make_shape(preset, slices)
+    js = render_jobset(spec_for(shape, queue="q", priority_class="high"), shape, segment=3)
+    assert jobset_errors(js) == []
+    validate_job_template(js)
+    rjob = js["spec"]["replicatedJobs"][0]
+    job = rjob["template"]["spec"]
+    assert rjob["replicas"] == slices
+    assert job["parallelism"] == job["completions"] == shape.preset.hosts
+    assert job["completionMode"] == "Indexed" and job["backoffLimit"] == 0
+    pod = pod_template(js)["spec"]
+    chips = pod["containers"][0]["resources"]
+    assert (
+        chips["requests"][RESOURCE_TPU] == chips["limits"][RESOURCE_TPU] == str(shape.preset.chips_per_host)
+    )
+    assert pod["nodeSelector"] == shape.preset.node_selector()
+    assert pod["restartPolicy"] == "Never" and pod["hostNetwork"] is True
+    assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert pod["priorityClassName"] == "high"
+    assert {"key": RESOURCE_TPU, "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert ("cloud.google.com/gke-spot" in pod["nodeSelector"]) is shape.preset.spot
+    assert any(t.get("key") == "cloud.google.com/gke-spot" for t in pod["tolerations"]) is shape.preset.spot
+    assert js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "q"
+    assert all(r["name"] for r in js["spec"]["failurePolicy"]["rules"])
+
+
+def test_gke_essentials():
+    shape = make_shape("tpu7x-4x4x4", 2)
+    js = render_jobset(spec_for(shape, grace_period_s=300), shape, segment=1)
+    assert js["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
+    assert js["metadata"]["name"] == "llm-1"
+    assert js["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == (
+        "cloud.google.com/gke-nodepool"
+    )
+    assert js["spec"]["network"]["enableDNSHostnames"] is True
+    assert js["spec"]["failurePolicy"]["restartStrategy"] == "BlockingRecreate"
+    assert js["spec"]["ttlSecondsAfterFinished"] > 0
+    tmpl = pod_template(js)
+    pod = tmpl["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 300
+    assert pod["nodeSelector"]["cloud.google.com/placement-policy-name"] == "tpu7x-128-4x4x4-placement-policy"
+    shm = {v["name"]: v for v in pod["volumes"]}["dshm"]
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert pod["containers"][0]["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
+    for labels in (js["metadata"]["labels"], tmpl["metadata"]["labels"]):
+        assert labels["reslice.dev/run"] == "llm" and labels["reslice.dev/segment"] == "1"
+
+
+def test_contract_environment():
+    shape = make_shape("tpu7x-4x4x4", 2)
+    spec = spec_for(shape, overrides=("train.steps=100", "moe.ragged_buffer_factor=1.25"), config="small")
+    env = env_of(render_jobset(spec, shape, segment=2))
+    assert env["RESLICE_RUN"] == "llm" and env["RESLICE_SEGMENT"] == "2"
+    assert env["RESLICE_RUN_DIR"] == "gs://bucket/runs/llm"
+    gb, b, a = (int(env[k]) for k in ("RESLICE_GLOBAL_BATCH", "RESLICE_MICRO_BATCH", "RESLICE_GRAD_ACCUM"))
+    assert shape.devices * b * a == gb == 512
+    assert env["RESLICE_NUM_SLICES"] == "2" and env["RESLICE_CONFIG"] == "small"
+    assert json.loads(env["RESLICE_SET"]) == ["train.steps=100", "moe.ragged_buffer_factor=1.25"]
+    assert env["RESLICE_COORDINATOR"] == "llm-2-slice-0-0.llm-2:8476"
+    assert env["RESLICE_NUM_PROCESSES"] == "32" and env["RESLICE_HOSTS_PER_SLICE"] == "16"
+    assert (
+        env["RESLICE_SLICE_INDEX"]["fieldRef"]["fieldPath"]
+        == "metadata.labels['jobset.sigs.k8s.io/job-index']"
+    )
+    assert "restart-attempt" in env["RESLICE_RESTART_ATTEMPT"]["fieldRef"]["fieldPath"]
+    assert float(env["RESLICE_PEAK_TFLOPS"]) == pytest.approx(2307 / 2)
+    assert env["MEGASCALE_NUM_SLICES"] == "2"
+    assert env["MEGASCALE_COORDINATOR_ADDRESS"] == "llm-2-slice-0-0.llm-2"
+    assert "job-index" in env["MEGASCALE_SLICE_ID"]["fieldRef"]["fieldPath"]
+    single = make_shape("tpu7x-4x4x4", 1)
+    assert not any(k.startswith("MEGASCALE_") for k in env_of(render_jobset(spec_for(single), single)))
+
+
+def test_3072_pods_of_jobset_validates():
+    shape = make_shape("tpu7x-8x8x48", 4)
+    js = render_jobset(RunSpec(run="big", run_dir="gs://b/big", global_batch=24576), shape)
+    rjob = js["spec"]["replicatedJobs"][0]
+    assert rjob["replicas"] * rjob["template"]["spec"]["parallelism"] == 3072
+    assert jobset_errors(js) == []
+    validate_job_template(js)
+
+
+# --- the failure policy, read back from the rendered rules -------------------------------------
+# A small model of upstream semantics: the Job's podFailurePolicy turns a pod failure into a Job
+# failure (reason, message); the JobSet's rules (first match wins; no match = RestartJobSet) turn
+# that into an action.
+
+
+def job_failure(js: dict, *, exit_code: int | None = None, disruption: bool = False) -> tuple[str, str]:
+    rules = js["spec"]["replicatedJobs"][0]["template"]["spec"]["podFailurePolicy"]["rules"]
+    for i, rule in enumerate(rules):
+        if disruption and any(c["type"] == "DisruptionTarget" for c in rule.get("onPodConditions", [])):
+            return (
+                "PodFailurePolicy",
+                f"Pod default/p has condition DisruptionTarget matching FailJob rule at index {i}",
+            )
+        on = rule.get("onExitCodes")
+        if exit_code is not None and on and on.get("containerName", "trainer") == "trainer":
+            hit = (exit_code in on["values"]) == (on["operator"] == "In")
+            if hit and rule["action"] == "FailJob":
+                return (
+                    "PodFailurePolicy",
+                    f"Container trainer for pod default/p failed with exit code {exit_code} "
+                    f"matching FailJob rule at index {i}",
+                )
+    return "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+
+
+def jobset_action(js: dict, reason: str, message: str) -> tuple[str, str]:
+    for rule in js["spec"]["failurePolicy"]["rules"]:
+        reasons = rule.get("onJobFailureReasons") or []
+        patterns = rule.get("onJobFailureMessagePatterns") or []
+        if (not reasons or reason in reasons) and (
+            not patterns or any(re.search(p, message) for p in patterns)
+        ):
+            return rule["action"], rule["name"]
+    return "RestartJobSet", "(default)"
+
+
+@pytest.mark.parametrize(
+    "cause,expected",
+    [
+        ({"disruption": True}, "RestartJobSetAndIgnoreMaxRestarts"),
+        ({"disruption": True, "exit_code": 143}, "RestartJobSetAndIgnoreMaxRestarts"),
+        ({"exit_code": 42}, "RestartJobSetAndIgnoreMaxRestarts"),
+        ({"exit_code": 2}, "FailJobSet"),
+        ({"exit_code": 1}, "RestartJobSet"),
+        ({"exit_code": 137}, "RestartJobSet"),
+        ({"exit_code": 20}, "RestartJobSet"),
+        ({"exit_code": 142}, "RestartJobSet"),
+    ],
+)
+def test_failure_policy_tells_causes_apart(cause, expected):
+    shape = make_shape("tpu7x-2x2x1", 2)
+    js = render_jobset(spec_for(shape), shape)
+    action, rule = jobset_action(js, *job_failure(js, **cause))
+    assert action == expected, rule
+    assert js["spec"]["failurePolicy"]["maxRestarts"] > 0
+
+
+@pytest.mark.parametrize(
+    "name,shape_args,fragment",
+    [
+        ("LLM", ("tpu7x-2x2x1", 1), "DNS-1035"),
+        ("1llm", ("tpu7x-2x2x1", 1), "DNS-1035"),
+        ("llm-", ("tpu7x-2x2x1", 1), "DNS-1035"),
+        ("llm_run", ("tpu7x-2x2x1", 1), "DNS-1035"),
+        ("a" * 48 + "-0", ("tpu7x-8x8x48", 4), "too long"),
+    ],
+)
+def test_bad_names_are_refused(name, shape_args, fragment):
+    assert fragment in name_error(name, make_shape(*shape_args))
+
+
+def test_name_length_limit_is_exact():
+    shape = make_shape("tpu7x-8x8x48", 4)
+    # <js>-slice-3-767-xxxxx must be <= 63: 63 - len("-slice-3-767") - 6 = 45.
+    assert name_error("a" * 45, shape) is None
+    assert "use at most 45 characters" in name_error("a" * 46, shape)
+
+
+def test_infeasible_batch_is_refused():
+    shape = make_shape("tpu7x-4x4x4", 1)
+    with pytest.raises(UserError, match="not divisible by 128 devices"):
+        render_jobset(RunSpec(run="llm", run_dir="/r", global_batch=100), shape)
