@@ -1,0 +1,390 @@
+"""JobSet admission: what the API server and the JobSet webhook do to a JobSet before it is stored.
+
+In the order a real cluster applies them:
+1. prune fields the CRD schema does not know (structural schema pruning) and drop nulls;
+2. apply the schema's `default:` values;
+3. on create, the JobSet mutating webhook's defaults (success/startup policy, Indexed completion
+   mode, `enableDNSHostnames`, `restartPolicy: OnFailure`, failure-policy rule names);
+4. validate against the CRD's `openAPIV3Schema` (jsonschema), its CEL rules (the immutability
+   transition rules and the startupPolicy/dependsOn exclusion), and the validating webhook's checks
+   (on create: generated Job and Pod names DNS-1035 and at most 63 characters, known replicated-job
+   names in the success and failure policies, failure-policy rule names matching
+   `^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$` and unique; on update: `replicatedJobs` immutable
+   except the pod template's labels, annotations, nodeSelector, tolerations and schedulingGates
+   while suspended).
+Any failure is a 422 Invalid listing every cause.
+
+The CRD is read from `<repo>/../shared/schemas/jobset.x-k8s.io_jobsets.yaml` when present; without
+it only steps 3 and 4's webhook checks run.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import launcher
+from launcher.embedded.errors import invalid
+from launcher.embedded.resources import RESOURCES
+from launcher.embedded.validation import Causes, dns1035_label, dns1123_subdomain
+
+SCHEMA_DIR = Path(launcher.__file__).resolve().parents[2] / "shared" / "schemas"
+CRD_FILE = "jobset.x-k8s.io_jobsets.yaml"
+JOBSET_KIND = "JobSet.jobset.x-k8s.io"
+
+_FAILURE_REASONS = (
+    "BackoffLimitExceeded",
+    "DeadlineExceeded",
+    "PodFailurePolicy",
+    "MaxFailedIndexesExceeded",
+)
+_RULE_NAME = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+# Pod template fields Kueue may change on a suspended JobSet (the webhook's exception).
+_MUTABLE_WHEN_SUSPENDED = ("annotations", "labels")
+_MUTABLE_SPEC_WHEN_SUSPENDED = ("nodeSelector", "tolerations", "schedulingGates")
+
+
+@functools.cache
+def crd_schema(schema_dir: Path = SCHEMA_DIR) -> dict[str, Any] | None:
+    path = schema_dir / CRD_FILE
+    if not path.exists():
+        return None
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    crd = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+@functools.cache
+def _validator(schema_dir: Path = SCHEMA_DIR) -> Any:
+    import jsonschema  # a second of import time saved for servers that never see a JobSet
+
+    schema = crd_schema(schema_dir)
+    return None if schema is None else jsonschema.Draft4Validator(schema)
+
+
+@functools.cache
+def _immutable_paths(schema_dir: Path = SCHEMA_DIR) -> tuple[tuple[str, ...], ...]:
+    """Paths carrying the CEL transition rule `self == oldSelf`; "*" stands for list items."""
+    found: list[tuple[str, ...]] = []
+
+    def walk(node: dict[str, Any], path: tuple[str, ...]) -> None:
+        if any(v.get("rule") == "self == oldSelf" for v in node.get("x-kubernetes-validations") or []):
+            found.append(path)
+        for key, sub in (node.get("properties") or {}).items():
+            walk(sub, (*path, key))
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], (*path, "*"))
+
+    if (schema := crd_schema(schema_dir)) is not None:
+        walk(schema, ())
+    return tuple(found)
+
+
+# ---- steps 1 and 2: pruning, nulls, schema defaults ------------------------------------------------
+
+
+def drop_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [drop_nulls(v) for v in value if v is not None]
+    return value
+
+
+def prune_and_default(value: Any, schema: dict[str, Any], top: bool = False) -> Any:
+    """Unknown fields dropped and `default:` values filled in, as for a structural schema."""
+    if isinstance(value, dict):
+        props = schema.get("properties")
+        additional = schema.get("additionalProperties")
+        out = {}
+        for key, sub in value.items():
+            if top and key in ("apiVersion", "kind", "metadata"):
+                out[key] = sub
+            elif props is not None and key in props:
+                out[key] = prune_and_default(sub, props[key])
+            elif isinstance(additional, dict):
+                out[key] = prune_and_default(sub, additional)
+            elif schema.get("x-kubernetes-preserve-unknown-fields") or (
+                props is None and additional is not False
+            ):
+                out[key] = sub
+        for key, sub in (props or {}).items():
+            if key not in out and "default" in sub:
+                out[key] = prune_and_default(copy.deepcopy(sub["default"]), sub)
+        return out
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [prune_and_default(v, schema["items"]) for v in value]
+    return value
+
+
+# ---- step 3: the mutating webhook -------------------------------------------------------------------
+
+
+def webhook_defaults(js: dict[str, Any]) -> None:
+    spec = js.setdefault("spec", {})
+    spec.setdefault("successPolicy", {"operator": "All"})
+    spec.setdefault("startupPolicy", {"startupPolicyOrder": "AnyOrder"})
+    network = spec.setdefault("network", {})
+    network.setdefault("enableDNSHostnames", True)
+    network.setdefault("publishNotReadyAddresses", True)
+    for rjob in spec.get("replicatedJobs") or []:
+        job_spec = rjob.setdefault("template", {}).setdefault("spec", {})
+        job_spec.setdefault("completionMode", "Indexed")
+        pod_spec = job_spec.setdefault("template", {}).setdefault("spec", {})
+        if not pod_spec.get("restartPolicy"):
+            pod_spec["restartPolicy"] = "OnFailure"
+    if (policy := spec.get("failurePolicy")) is not None:
+        policy.setdefault("restartStrategy", "Recreate")
+        for i, rule in enumerate(policy.get("rules") or []):
+            if not rule.get("name"):
+                rule["name"] = f"failurePolicyRule{i}"
+
+
+# ---- step 4: validation -----------------------------------------------------------------------------
+
+
+def _field(path: Any) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def schema_causes(js: dict[str, Any], schema_dir: Path = SCHEMA_DIR) -> Causes:
+    validator = _validator(schema_dir)
+    if validator is None:
+        return []
+    causes: Causes = []
+    for err in sorted(validator.iter_errors(js), key=lambda e: list(map(str, e.absolute_path))):
+        field = _field(err.absolute_path)
+        if err.validator == "required":
+            missing = err.message.split("'")[1]
+            causes.append((f"{field}.{missing}" if field else missing, "Required value"))
+        elif err.validator == "enum":
+            allowed = ", ".join(f'"{v}"' for v in err.validator_value)
+            causes.append((field, f'Unsupported value: "{err.instance}": supported values: {allowed}'))
+        else:
+            causes.append((field, f"Invalid value: {_short(err.instance)}: {field} in body {_reason(err)}"))
+    return causes
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, dict | list):
+        return f'"{type(value).__name__ if isinstance(value, list) else "object"}"'
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _reason(err: Any) -> str:
+    words = {
+        "type": f"must be of type {err.validator_value}",
+        "minimum": f"should be greater than or equal to {err.validator_value}",
+        "maximum": f"should be less than or equal to {err.validator_value}",
+        "maxItems": f"must have at most {err.validator_value} items",
+        "minItems": f"should have at least {err.validator_value} items",
+        "maxLength": f"may not be longer than {err.validator_value}",
+        "minLength": f"should be at least {err.validator_value} chars long",
+        "pattern": f"should match '{err.validator_value}'",
+    }
+    return words.get(err.validator, err.message)
+
+
+_JOB_NAME_TOO_LONG = "JobSet name is too long, job names generated for this JobSet will exceed 63 characters"
+_POD_NAME_TOO_LONG = "JobSet name is too long, pod names generated for this JobSet will exceed 63 characters"
+_SUBDOMAIN_TOO_LONG = ".spec.network.subdomain is too long, must be less than 63 characters"
+_GROUP_TOO_LONG = ".spec.replicatedJob[].groupName is too long, must be less than 63 characters"
+
+
+def _dns1035(value: str, too_long: str) -> list[str]:
+    """IsDNS1035Label with the webhook's own words for the length error."""
+    return [too_long if m == "must be no more than 63 characters" else m for m in dns1035_label(value)]
+
+
+def webhook_causes(js: dict[str, Any]) -> Causes:
+    """The JobSet validating webhook's ValidateCreate checks (messages as upstream)."""
+    name = js["metadata"].get("name", "")
+    spec = js.get("spec") or {}
+    rjobs = spec.get("replicatedJobs") or []
+    causes: Causes = []
+    names = [r.get("name", "") for r in rjobs]
+    for i, rjob_name in enumerate(names):
+        if rjob_name in names[:i]:
+            causes.append((f"spec.replicatedJobs[{i}]", f'Duplicate value: {{"name":"{rjob_name}"}}'))
+    if rjobs and rjobs[0].get("dependsOn") is not None:
+        causes.append(("spec.replicatedJobs[0]", "DependsOn can't be set for the first ReplicatedJob"))
+    subdomain = (spec.get("network") or {}).get("subdomain")
+    if subdomain:
+        for msg in dns1123_subdomain(subdomain) + _dns1035(subdomain, _SUBDOMAIN_TOO_LONG):
+            causes.append(("spec.network.subdomain", f'Invalid value: "{subdomain}": {msg}'))
+    for i, rjob in enumerate(rjobs):
+        causes += _name_causes(name, rjob, i)
+    known = set(names)
+    for target in (spec.get("successPolicy") or {}).get("targetReplicatedJobs") or []:
+        if target not in known:
+            causes.append(
+                ("", f"invalid replicatedJob name '{target}' does not appear in .spec.ReplicatedJobs")
+            )
+    causes += _failure_policy_causes(spec.get("failurePolicy") or {}, known)
+    in_order = (spec.get("startupPolicy") or {}).get("startupPolicyOrder") == "InOrder"
+    if in_order and any("dependsOn" in r for r in rjobs):
+        causes.append(
+            ("spec", 'Invalid value: "object": StartupPolicy and DependsOn APIs are mutually exclusive')
+        )
+    return causes
+
+
+def _name_causes(js_name: str, rjob: dict[str, Any], i: int) -> Causes:
+    """The longest generated Job and Pod names must be DNS-1035 labels of at most 63 characters."""
+    field = f"spec.replicatedJobs[{i}]"
+    causes: Causes = []
+    group = rjob.get("groupName", "default")
+    causes += [
+        (f"{field}.groupName", f'Invalid value: "{group}": {m}') for m in _dns1035(group, _GROUP_TOO_LONG)
+    ]
+    replicas = int(rjob.get("replicas", 1))
+    job_spec = (rjob.get("template") or {}).get("spec") or {}
+    longest_job = f"{js_name}-{rjob.get('name', '')}-{replicas - 1}"
+    causes += [
+        (f"{field}.name", f'Invalid value: "{longest_job}": {m}')
+        for m in _dns1035(longest_job, _JOB_NAME_TOO_LONG)
+    ]
+    completions = job_spec.get("completions")
+    if job_spec.get("completionMode") == "Indexed" and completions is not None:
+        longest_pod = f"{longest_job}-{int(completions) - 1}-abcde"
+        msgs = _dns1035(longest_pod, _POD_NAME_TOO_LONG)
+        causes += [(f"{field}.name", f'Invalid value: "{longest_job}": {m}') for m in msgs]
+    return causes
+
+
+def _failure_policy_causes(policy: dict[str, Any], known: set[str]) -> Causes:
+    causes: Causes = []
+    by_name: dict[str, list[int]] = {}
+    for i, rule in enumerate(policy.get("rules") or []):
+        rule_name = rule.get("name", "")
+        by_name.setdefault(rule_name, []).append(i)
+        if not 1 <= len(rule_name) <= 128:
+            causes.append(
+                (
+                    "",
+                    f"invalid failure policy rule name of length {len(rule_name)}, the rule name must be at "
+                    "least 1 characters long and at most 128 characters long",
+                )
+            )
+        if not _RULE_NAME.match(rule_name):
+            causes.append(
+                (
+                    "",
+                    f"invalid failure policy rule name '{rule_name}', a failure policy rule name must start "
+                    "with an alphabetic character, optionally followed by a string of alphanumeric "
+                    "characters or '_,:', and must end with an alphanumeric character or '_'",
+                )
+            )
+        for target in rule.get("targetReplicatedJobs") or []:
+            if target not in known:
+                causes.append(
+                    (
+                        "",
+                        f"invalid replicatedJob name '{target}' in failure policy does not appear in .spec.ReplicatedJobs",
+                    )
+                )
+        for reason in rule.get("onJobFailureReasons") or []:
+            if reason not in _FAILURE_REASONS:
+                causes.append(
+                    (
+                        "",
+                        f"invalid job failure reason '{reason}' in failure policy is not a recognized job failure reason",
+                    )
+                )
+    for rule_name, indices in by_name.items():
+        if len(indices) > 1:
+            causes.append(
+                (
+                    "",
+                    f"rule names are not unique, rules with indices {indices} all have the same name '{rule_name}'",
+                )
+            )
+    return causes
+
+
+def _values_at(obj: Any, path: tuple[str, ...], prefix: str = "") -> dict[str, Any]:
+    """Values at a schema path; list items keyed by their `name` (the list-map key) or index."""
+    if not path:
+        return {prefix: obj}
+    head, rest = path[0], path[1:]
+    out: dict[str, Any] = {}
+    if head == "*" and isinstance(obj, list):
+        for i, item in enumerate(obj):
+            key = item.get("name", i) if isinstance(item, dict) else i
+            out.update(_values_at(item, rest, f"{prefix}[{key}]"))
+    elif isinstance(obj, dict) and head in obj:
+        out.update(_values_at(obj[head], rest, f"{prefix}.{head}" if prefix else head))
+    return out
+
+
+def update_causes(old: dict[str, Any], new: dict[str, Any], schema_dir: Path = SCHEMA_DIR) -> Causes:
+    causes: Causes = []
+    for path in _immutable_paths(schema_dir):
+        before, after = _values_at(old, path), _values_at(new, path)
+        for field, value in after.items():
+            if field in before and before[field] != value:
+                causes.append((field, 'Invalid value: "object": Value is immutable'))
+    old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
+    old_rjobs = old_spec.get("replicatedJobs") or []
+    munged = copy.deepcopy(new_spec.get("replicatedJobs") or [])
+    if old_spec.get("suspend") or new_spec.get("suspend"):
+        by_name = {r.get("name"): r for r in old_rjobs}
+        for rjob in munged:
+            if rjob.get("name") in by_name:
+                _restore_suspended_fields(rjob, by_name[rjob.get("name")])
+    if munged != old_rjobs:
+        causes.append(("spec.replicatedJobs", 'Invalid value: "array": field is immutable'))
+    return causes
+
+
+def _restore_suspended_fields(rjob: dict[str, Any], old_rjob: dict[str, Any]) -> None:
+    def pod_template(r: dict[str, Any]) -> dict[str, Any]:
+        return r.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {})
+
+    new_tpl, old_tpl = pod_template(rjob), pod_template(copy.deepcopy(old_rjob))
+    for key in _MUTABLE_WHEN_SUSPENDED:
+        _copy_key(old_tpl.get("metadata") or {}, new_tpl.setdefault("metadata", {}), key)
+    for key in _MUTABLE_SPEC_WHEN_SUSPENDED:
+        _copy_key(old_tpl.get("spec") or {}, new_tpl.setdefault("spec", {}), key)
+
+
+def _copy_key(src: dict[str, Any], dst: dict[str, Any], key: str) -> None:
+    if key in src:
+        dst[key] = src[key]
+    else:
+        dst.pop(key, None)
+
+
+# ---- the store hook ---------------------------------------------------------------------------------
+
+
+def admit_jobset(old: dict[str, Any] | None, new: dict[str, Any], schema_dir: Path = SCHEMA_DIR) -> None:
+    """Store validator for jobsets: mutates `new` (pruning, defaults) and raises 422 when invalid."""
+    cleaned = drop_nulls(new)
+    if (schema := crd_schema(schema_dir)) is not None:
+        cleaned = prune_and_default(cleaned, schema, top=True)
+    if old is None:
+        webhook_defaults(cleaned)  # the mutating webhook is registered for create only
+    new.clear()
+    new.update(cleaned)
+    causes = schema_causes(new, schema_dir)
+    causes += webhook_causes(new) if old is None else update_causes(old, new, schema_dir)
+    if causes:
+        raise invalid(JOBSET_KIND, new["metadata"].get("name", ""), causes)
+
+
+def install(store: Any) -> None:
+    """Register JobSet admission on `store` (once)."""
+    if not getattr(store, "_jobset_admission", False):
+        store.add_validator(RESOURCES["jobsets"], admit_jobset)
+        store._jobset_admission = True
