@@ -1,0 +1,238 @@
+"""The reconcile loop: watch -> observe -> decide -> act -> record.
+
+Level-triggered, as Kubernetes controllers are written: watches on JobSets, Pods, Nodes and Events
+only wake the loop (and a timer resyncs it); each pass re-reads the world, builds one observation
+per run, asks the pure policy for one decision, writes the run record with a compare-and-swap, and
+only then acts. Whoever loses the swap re-reads and decides again, and segment k's JobSet has a
+fixed name, so a second controller or a restarted one never submits a segment twice. Each run is
+owned by whoever holds its Lease; the ledger (`events.jsonl`) gets a line for every change in what
+was observed and every action.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from launcher import policy as P
+from launcher import signals as S
+from launcher.kube import Conflict, Kube
+from launcher.plan import shrink_ladder
+from launcher.presets import load_presets
+from launcher.record import RunRecord
+from launcher.render import LABEL_RUN, render_jobset
+from launcher.runs import RunDir
+
+WATCHED = ("jobsets", "pods", "nodes", "events")
+
+
+def lease_name(run: str) -> str:
+    return f"reslice-{run}-controller"
+
+
+def default_identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class Snapshot:
+    """One read of the namespace, shared by every run reconciled in a pass."""
+
+    jobsets: list[dict]
+    pods: list[dict]
+    nodes: list[dict]
+    events: list[dict]
+
+    @staticmethod
+    def read(kube: Kube) -> Snapshot:
+        return Snapshot(kube.jobsets(), kube.pods(), kube.nodes(), kube.events())
+
+
+@dataclass
+class PassResult:
+    run: str
+    decision: P.Decision | None
+    observation: S.Observation | None
+    conflict: bool = False
+
+
+@dataclass
+class Controller:
+    kube: Kube
+    identity: str = field(default_factory=default_identity)
+    resync_s: float = 5.0
+    lease_s: int = 15
+    clock: Callable[[], float] = time.time
+    on_pass: Callable[[PassResult], None] | None = None
+    # Per run: what the ledger last recorded, so that only changes get a line.
+    _last: dict[str, tuple[dict, str]] = field(default_factory=dict)
+    _held: set[str] = field(default_factory=set)
+    _wake: threading.Event = field(default_factory=threading.Event)
+
+    # --- one pass ------------------------------------------------------------------------------
+
+    def reconcile(self, run: str, snap: Snapshot | None = None) -> PassResult:
+        got = self.kube.get_record(run)
+        if got is None:
+            return PassResult(run, None, None)
+        rec, rv = got
+        if rec.terminal:
+            return PassResult(run, P.Decision(P.WAIT, f"run is {rec.state}", rec), None)
+        snap = snap or Snapshot.read(self.kube)
+        rundir = RunDir(rec.spec.run_dir)
+        obs = observe(rec, snap, rundir, self.clock())
+        ladder = shrink_ladder(
+            rec.requested, rec.spec.global_batch, rec.spec.max_micro_batch, rec.spec.max_grad_accum
+        )
+        decision = P.decide(rec, obs, ladder)
+
+        entries = []
+        summary = obs.summary()
+        last_summary, last_reason = self._last.get(run, ({}, ""))
+        if summary != last_summary:
+            entries.append({"kind": "observe", **summary})
+        if decision.record != rec:
+            try:
+                self.kube.update_record(decision.record, rv)
+            except Conflict:
+                # Someone else changed the record since we read it: decide again on fresh state.
+                self._log(rundir, entries + [{"kind": "conflict", "reason": "record changed; re-reading"}])
+                self._last[run] = (summary, last_reason)
+                self._wake.set()
+                return PassResult(run, decision, obs, conflict=True)
+        self._act(decision)
+        if decision.acts or decision.reason != last_reason:
+            entries.append(
+                {
+                    "kind": "act" if decision.acts else "wait",
+                    "action": decision.action,
+                    "reason": decision.reason,
+                    "segment": decision.record.current.index if decision.record.current else None,
+                    "state": decision.record.state,
+                }
+            )
+        self._log(rundir, entries)
+        self._last[run] = (summary, decision.reason)
+        result = PassResult(run, decision, obs)
+        if self.on_pass:
+            self.on_pass(result)
+        return result
+
+    def _act(self, d: P.Decision) -> None:
+        if d.action in {P.SUBMIT, P.CREATE}:
+            seg = d.record.current
+            self.kube.create_jobset(render_jobset(d.record.spec, seg.shape(), seg.index))
+        elif d.action in {P.END, P.DELETE} and d.jobset:
+            self.kube.delete_jobset(d.jobset)
+
+    def _log(self, rundir: RunDir, entries: list[dict]) -> None:
+        if entries:
+            now = self.clock()
+            rundir.log({"time": now, "controller": self.identity, **e} for e in entries)
+
+    # --- ownership -----------------------------------------------------------------------------
+
+    def own(self, run: str, rundir: RunDir | None = None) -> bool:
+        """Hold (or renew) the run's Lease. The ledger notes a takeover from another controller."""
+        held, previous = self.kube.acquire_lease(lease_name(run), self.identity, self.lease_s)
+        if held and run not in self._held:
+            self._held.add(run)
+            entry = {"kind": "takeover" if previous else "lease", "holder": self.identity}
+            if previous:
+                entry["previous"] = previous
+            got = rundir or self._rundir(run)
+            if got:
+                self._log(got, [entry])
+        elif not held:
+            self._held.discard(run)
+        return held
+
+    def release(self, run: str) -> None:
+        self.kube.release_lease(lease_name(run), self.identity)
+        self._held.discard(run)
+
+    def _rundir(self, run: str) -> RunDir | None:
+        got = self.kube.get_record(run)
+        return RunDir(got[0].spec.run_dir) if got else None
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def wake(self, why: str = "") -> None:
+        self._wake.set()
+
+    def run_forever(
+        self, runs: Callable[[], Iterable[str]], stop: threading.Event, until_done: bool = False
+    ) -> None:
+        """Reconcile `runs()` on every wake-up or resync until `stop` (or, with `until_done`,
+        until every run is terminal)."""
+        watchers = [
+            threading.Thread(
+                target=self.kube.watch_forever,
+                args=(kind, self.wake, stop),
+                kwargs={"label_selector": LABEL_RUN if kind in {"jobsets", "pods"} else None},
+                name=f"watch-{kind}",
+                daemon=True,
+            )
+            for kind in WATCHED
+        ]
+        for t in watchers:
+            t.start()
+        try:
+            while not stop.is_set():
+                self._wake.clear()
+                try:
+                    done = self.pass_once(list(runs()))
+                except Exception as e:  # the API may be restarting: keep the loop alive, retry soon
+                    self.last_error = f"{type(e).__name__}: {e}"
+                    stop.wait(1.0)
+                    continue
+                if until_done and done:
+                    return
+                self._wake.wait(self.resync_s)
+                # Coalesce a burst of watch events into one pass.
+                stop.wait(0.05)
+        finally:
+            stop.set()
+
+    def pass_once(self, runs: list[str]) -> bool:
+        """One pass over `runs`; True when all of them are terminal."""
+        snap = None
+        all_done = True
+        for run in runs:
+            if not self.own(run):
+                all_done = False
+                continue
+            snap = snap or Snapshot.read(self.kube)
+            result = self.reconcile(run, snap)
+            rec = result.decision.record if result.decision else None
+            if rec is None or not rec.terminal:
+                all_done = False
+            if result.decision and result.decision.action in {P.SUBMIT, P.END, P.DELETE, P.CREATE}:
+                snap = None  # the world changed: the next run re-reads it
+                self._wake.set()
+        return all_done
+
+
+def observe(rec: RunRecord, snap: Snapshot, rundir: RunDir, now: float) -> S.Observation:
+    seg = rec.current
+    live = seg if seg is not None and seg.live else None
+    return S.observe(
+        now=now,
+        run=rec.name,
+        segment=seg.index if seg else None,
+        segment_jobset=seg.jobset if seg else None,
+        segment_nodepools=seg.nodepools if live else (),
+        expected_pods=seg.shape().hosts if seg else 0,
+        jobsets=[j for j in snap.jobsets if (j["metadata"].get("labels") or {}).get(LABEL_RUN) == rec.name],
+        pods=snap.pods,
+        nodes=snap.nodes,
+        events=snap.events,
+        presets=load_presets().values(),
+        committed_step=rundir.latest_committed_step(),
+        trainer=rundir.status(),
+    )

@@ -1,0 +1,285 @@
+"""The one module that imports the kubernetes client: apply, delete, get, list, watch, leases.
+
+Lists come back as plain dicts exactly as the API serves them (camelCase), so signals.py works on
+the same objects a `kubectl get -o json` shows, and table tests can use realistic objects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from kubernetes import client, config, watch
+from kubernetes.client.rest import ApiException
+
+from launcher.errors import UserError
+from launcher.record import RunRecord
+from launcher.render import API_VERSION, LABEL_RUN
+
+GROUP, VERSION = API_VERSION.split("/")
+RECORD_KEY = "record.json"
+
+
+class Conflict(Exception):
+    """The object changed since it was read (409): re-read and decide again."""
+
+
+def record_name(run: str) -> str:
+    return f"reslice-{run}"
+
+
+def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient | None:
+    """In-cluster credentials, else a kubeconfig (argument, $KUBECONFIG, ~/.kube/config), else None."""
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        cfg = client.Configuration()
+        config.load_incluster_config(client_configuration=cfg)
+        return client.ApiClient(cfg)
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    if path is None and (Path.home() / ".kube" / "config").exists():
+        path = str(Path.home() / ".kube" / "config")
+    if path is None:
+        return None
+    if not Path(path).exists():
+        raise UserError(f"kubeconfig {path} does not exist")
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
+    return client.ApiClient(cfg)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Kube:
+    """A namespace of one cluster, through the official client."""
+
+    def __init__(self, api_client: client.ApiClient, namespace: str = "default") -> None:
+        self.api_client = api_client
+        self.namespace = namespace
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.coordination = client.CoordinationV1Api(api_client)
+
+    # --- reads (raw dicts) ---------------------------------------------------------------------
+
+    def _raw(self, fn: Callable, *args, **kwargs) -> dict:
+        resp = fn(*args, _preload_content=False, **kwargs)
+        return json.loads(resp.data)
+
+    def jobsets(self, run: str | None = None) -> list[dict]:
+        selector = f"{LABEL_RUN}={run}" if run else LABEL_RUN
+        return self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, "jobsets", label_selector=selector
+        )["items"]
+
+    def pods(self, label_selector: str | None = None) -> list[dict]:
+        return self._raw(self.core.list_namespaced_pod, self.namespace, label_selector=label_selector)[
+            "items"
+        ]
+
+    def nodes(self) -> list[dict]:
+        return self._raw(self.core.list_node)["items"]
+
+    def events(self) -> list[dict]:
+        return self._raw(self.core.list_namespaced_event, self.namespace)["items"]
+
+    # --- JobSets -------------------------------------------------------------------------------
+
+    def create_jobset(self, jobset: dict) -> bool:
+        """Create; False if it already exists (a create is retried after a crash: idempotent)."""
+        try:
+            self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, "jobsets", jobset)
+            return True
+        except ApiException as e:
+            if e.status == 409:
+                return False
+            if e.status == 422:
+                raise UserError(
+                    f"the cluster rejected JobSet {jobset['metadata']['name']}: {_message(e)}"
+                ) from None
+            raise
+
+    def delete_jobset(self, name: str) -> bool:
+        """Delete with background propagation: pods get their grace period (the trainer saves)."""
+        try:
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "jobsets", name, propagation_policy="Background"
+            )
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
+    # --- the run record (ConfigMap, compare-and-swap) --------------------------------------------
+
+    def get_record(self, run: str) -> tuple[RunRecord, str] | None:
+        try:
+            cm = self.core.read_namespaced_config_map(record_name(run), self.namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return RunRecord.from_json(cm.data[RECORD_KEY]), cm.metadata.resource_version
+
+    def create_record(self, rec: RunRecord) -> str:
+        body = client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(name=record_name(rec.name), labels={LABEL_RUN: rec.name}),
+            data={RECORD_KEY: rec.to_json()},
+        )
+        try:
+            return self.core.create_namespaced_config_map(self.namespace, body).metadata.resource_version
+        except ApiException as e:
+            if e.status == 409:
+                raise UserError(f"run {rec.name!r} already exists (reslice status {rec.name})") from None
+            raise
+
+    def update_record(self, rec: RunRecord, resource_version: str) -> str:
+        """Write `rec` if the record is still at `resource_version`; raise Conflict otherwise."""
+        body = client.V1ConfigMap(
+            metadata=client.V1ObjectMeta(
+                name=record_name(rec.name), labels={LABEL_RUN: rec.name}, resource_version=resource_version
+            ),
+            data={RECORD_KEY: rec.to_json()},
+        )
+        try:
+            return self.core.replace_namespaced_config_map(
+                record_name(rec.name), self.namespace, body
+            ).metadata.resource_version
+        except ApiException as e:
+            if e.status == 409:
+                raise Conflict(record_name(rec.name)) from None
+            raise
+
+    def records(self) -> list[RunRecord]:
+        cms = self.core.list_namespaced_config_map(self.namespace, label_selector=LABEL_RUN).items
+        return [RunRecord.from_json(cm.data[RECORD_KEY]) for cm in cms if cm.data and RECORD_KEY in cm.data]
+
+    def delete_record(self, run: str) -> None:
+        try:
+            self.core.delete_namespaced_config_map(record_name(run), self.namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    # --- leases --------------------------------------------------------------------------------
+
+    def acquire_lease(self, name: str, holder: str, duration_s: int) -> tuple[bool, str | None]:
+        """Take or renew Lease `name` for `holder`. Returns (held, previous holder if taken over).
+
+        A lease is free when it has no holder or its last renewal is older than its duration. Every
+        write is a compare-and-swap, so two candidates never both win.
+        """
+        now = _now()
+        try:
+            lease = self.coordination.read_namespaced_lease(name, self.namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            body = client.V1Lease(
+                metadata=client.V1ObjectMeta(name=name),
+                spec=client.V1LeaseSpec(
+                    holder_identity=holder, lease_duration_seconds=duration_s, acquire_time=now, renew_time=now,
+                    lease_transitions=0,
+                ),
+            )  # fmt: skip
+            try:
+                self.coordination.create_namespaced_lease(self.namespace, body)
+                return True, None
+            except ApiException as e2:
+                if e2.status == 409:
+                    return False, None
+                raise
+        spec = lease.spec
+        previous = spec.holder_identity
+        renewed = spec.renew_time or spec.acquire_time
+        expired = renewed is None or now - renewed > timedelta(
+            seconds=spec.lease_duration_seconds or duration_s
+        )
+        if previous not in (None, "", holder) and not expired:
+            return False, None
+        taken_over = previous if previous not in (None, "", holder) else None
+        if previous != holder:
+            spec.acquire_time = now
+            spec.lease_transitions = (spec.lease_transitions or 0) + 1
+        spec.holder_identity, spec.renew_time, spec.lease_duration_seconds = holder, now, duration_s
+        try:
+            self.coordination.replace_namespaced_lease(name, self.namespace, lease)
+        except ApiException as e:
+            if e.status == 409:
+                return False, None
+            raise
+        return True, taken_over
+
+    def release_lease(self, name: str, holder: str) -> None:
+        try:
+            lease = self.coordination.read_namespaced_lease(name, self.namespace)
+            if lease.spec.holder_identity == holder:
+                lease.spec.holder_identity = None
+                self.coordination.replace_namespaced_lease(name, self.namespace, lease)
+        except ApiException:
+            pass  # best effort: an unreleased lease simply expires
+
+    # --- watches -------------------------------------------------------------------------------
+
+    def watch_forever(
+        self, kind: str, wake: Callable[[str], None], stop: threading.Event, label_selector=None
+    ) -> None:
+        """Call `wake(kind)` on every change of `kind` until `stop` is set.
+
+        Watches only wake the reconcile loop; it re-reads everything itself. A watch that ends
+        (timeout, API restart) or answers 410 Gone is restarted from a fresh list.
+        """
+        list_fn, args = {
+            "pods": (self.core.list_namespaced_pod, (self.namespace,)),
+            "nodes": (self.core.list_node, ()),
+            "events": (self.core.list_namespaced_event, (self.namespace,)),
+            "jobsets": (
+                self.custom.list_namespaced_custom_object,
+                (GROUP, VERSION, self.namespace, "jobsets"),
+            ),
+        }[kind]
+        kwargs = {"label_selector": label_selector} if label_selector else {}
+        resource_version = None
+        while not stop.is_set():
+            w = watch.Watch()
+            try:
+                if resource_version is None:
+                    listed = list_fn(*args, **kwargs)
+                    meta = listed["metadata"] if isinstance(listed, dict) else listed.metadata
+                    resource_version = (
+                        meta["resourceVersion"] if isinstance(meta, dict) else meta.resource_version
+                    )
+                    wake(kind)
+                for event in w.stream(
+                    list_fn, *args, resource_version=resource_version, timeout_seconds=30, **kwargs
+                ):
+                    if stop.is_set():
+                        break
+                    obj = event["object"]
+                    meta = obj["metadata"] if isinstance(obj, dict) else obj.metadata
+                    rv = meta.get("resourceVersion") if isinstance(meta, dict) else meta.resource_version
+                    resource_version = rv or resource_version
+                    if event["type"] != "BOOKMARK":
+                        wake(kind)
+            except ApiException as e:
+                resource_version = None  # 410 Gone or any API error: relist
+                wake(f"{kind}: watch error {e.status}")
+                stop.wait(0.5)
+            except Exception as e:  # connection refused/reset while the API server restarts
+                resource_version = None
+                wake(f"{kind}: watch interrupted ({type(e).__name__})")
+                stop.wait(0.5)
+            finally:
+                w.stop()
+
+
+def _message(e: ApiException) -> str:
+    try:
+        return json.loads(e.body).get("message", e.reason)
+    except (TypeError, ValueError):
+        return str(e.reason)

@@ -1,0 +1,241 @@
+"""(run record, observation) -> one decision. Pure: no client, no clock, no disk.
+
+The rules, in order (DESIGN.md "The controller"):
+1. Same-size disruptions are JobSet's job: its failure policy restarts on DisruptionTarget and exit
+   42 without counting. The controller does not fight it.
+2. Capacity loss — pods unschedulable past a grace period, or unschedulable while the cluster no
+   longer has room for the shape (its node pools gone or terminating) — ends the segment; the next
+   one runs on the largest feasible shape of the ladder that fits.
+3. Capacity return — a larger feasible shape has fitted for a stability window — ends the segment
+   the same way (the trainer checkpoints on SIGTERM and exits 42, so no step is lost) and grows.
+4. Application failures have their own budget with exponential backoff; preemptions and capacity
+   changes never spend it. Configuration errors end the run at once.
+5. When the trainer reports the final step, the run is finished.
+
+Every decision carries its reason, in words a person on call can act on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from launcher import record as R
+from launcher import signals as S
+from launcher.plan import Plan, Rung
+from launcher.record import RunRecord, new_segment
+
+# Actions.
+WAIT = "wait"
+CREATE = "create"  # create the JobSet of the current segment (first time, or after a crash)
+SUBMIT = "submit"  # record a new segment, then create its JobSet
+END = "end-segment"  # record why the segment ends, then delete its JobSet
+DELETE = "delete"  # delete a JobSet the record already says is over
+FINISH = "finish"
+FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str
+    reason: str
+    record: RunRecord  # the record to write (compare-and-swap) before acting
+    jobset: str | None = None  # JobSet to create or delete
+
+    @property
+    def acts(self) -> bool:
+        return self.action != WAIT
+
+
+def best_fit(ladder: list[Rung], obs: S.Observation, *, stable_before: float | None = None) -> Rung | None:
+    """The largest feasible rung that fits the schedulable capacity (and has fitted since
+    `stable_before`, when given). Ladders are sorted largest first."""
+    for rung in ladder:
+        if not rung.feasible:
+            continue
+        since = obs.fits_since(rung.shape.preset.name, rung.shape.slices)
+        if since is None:
+            continue
+        if stable_before is not None and since > stable_before:
+            continue
+        return rung
+    return None
+
+
+def _shape_words(rung: Rung) -> str:
+    plan = rung.plan
+    assert isinstance(plan, Plan)
+    return f"{rung.shape} ({rung.shape.devices} devices, micro-batch {plan.micro_batch} × {plan.grad_accum} accum)"
+
+
+def bookkeep(rec: RunRecord, obs: S.Observation) -> RunRecord:
+    """Facts the observation adds to the record: when the segment first ran, on which node pools,
+    its JobSet's uid and restart counters, the trainer's step target."""
+    seg = rec.current
+    if seg is not None and seg.live and obs.segment == seg.index:
+        changes: dict = {}
+        if obs.jobset_uid and seg.jobset_uid != obs.jobset_uid:
+            changes["jobset_uid"] = obs.jobset_uid
+        if obs.phase == S.RUNNING and seg.running_at is None:
+            changes["running_at"] = obs.now
+        pools = tuple(sorted(set(seg.nodepools) | set(obs.nodepools_in_use)))
+        if pools != seg.nodepools:
+            changes["nodepools"] = pools
+        if obs.restarts > seg.restarts:
+            changes["restarts"] = obs.restarts
+            changes["restarts_counted"] = max(seg.restarts_counted, obs.restarts_counted)
+        if changes:
+            rec = rec.with_segment(replace(seg, **changes))
+    total = (obs.trainer or {}).get("total_steps")
+    if total and rec.total_steps != total:
+        rec = replace(rec, total_steps=int(total))
+    return rec
+
+
+def _end(rec: RunRecord, obs: S.Observation, kind: str, reason: str, state: str) -> RunRecord:
+    seg = rec.current
+    assert seg is not None
+    ended = replace(seg, ended_at=obs.now, end_kind=kind, end_reason=reason, end_step=obs.committed_step)
+    return replace(rec.with_segment(ended), state=state, reason=reason)
+
+
+def _trainer_finished(rec: RunRecord, obs: S.Observation) -> bool:
+    status = obs.trainer or {}
+    total = rec.total_steps or status.get("total_steps")
+    return status.get("state") == "finished" and total is not None and obs.committed_step == total
+
+
+def decide(rec: RunRecord, obs: S.Observation, ladder: list[Rung]) -> Decision:
+    now = obs.now
+    if rec.terminal:
+        return Decision(WAIT, f"run is {rec.state}: {rec.reason}", rec)
+
+    rec = bookkeep(rec, obs)
+    seg = rec.current
+    policy = rec.policy
+
+    # 5. The trainer reports the final step: done, whatever else is going on.
+    if _trainer_finished(rec, obs):
+        reason = f"trainer finished step {obs.committed_step}"
+        done = _end(rec, obs, "finished", reason, R.FINISHED) if seg and seg.live else rec
+        return Decision(FINISH, reason, replace(done, state=R.FINISHED, reason=reason, finished_at=now))
+
+    # No live segment: submit the next one once the previous one's pods are gone.
+    if seg is None or not seg.live:
+        if seg is not None and seg.jobset in obs.live_jobsets:
+            return Decision(
+                DELETE,
+                f"segment {seg.index} is over ({seg.end_kind}): deleting {seg.jobset}",
+                rec,
+                seg.jobset,
+            )
+        if obs.run_pods_alive:
+            return Decision(WAIT, f"waiting for {obs.run_pods_alive} pod(s) of the run to terminate", rec)
+        if now < rec.next_submit_at:
+            return Decision(
+                WAIT, f"backing off after an application failure until {rec.next_submit_at:.0f}", rec
+            )
+        if len(rec.segments) >= policy.max_segments:
+            reason = f"reached the limit of {policy.max_segments} segments"
+            return Decision(FAIL, reason, replace(rec, state=R.FAILED, reason=reason, finished_at=now))
+        if seg is None:
+            # The first segment asks for the requested shape even if it does not fit yet: node
+            # pools may be autoscaled from zero. Rule 2 shrinks it if capacity never comes.
+            rung = ladder[0]
+            why = "launch"
+        else:
+            rung = best_fit(ladder, obs)
+            if rung is None:
+                reason = "waiting for capacity: no feasible shape of the ladder fits the cluster"
+                return Decision(WAIT, reason, replace(rec, state=R.WAITING, reason=reason))
+            why = f"after segment {seg.index} ({seg.end_kind})"
+        plan = rung.plan
+        assert isinstance(plan, Plan)
+        new = new_segment(rec, rung.shape, plan, now, why, obs.committed_step)
+        reason = f"segment {new.index} on {_shape_words(rung)} {why}"
+        return Decision(
+            SUBMIT, reason, replace(rec.with_segment(new), state=R.RUNNING, reason=reason), new.jobset
+        )
+
+    # A live segment whose JobSet does not exist: never created (the controller stopped between
+    # recording and creating it), or deleted behind our back.
+    if obs.phase == S.ABSENT:
+        if seg.jobset_uid is None:
+            return Decision(CREATE, f"creating JobSet {seg.jobset} of segment {seg.index}", rec, seg.jobset)
+        reason = f"JobSet {seg.jobset} disappeared"
+        return Decision(END, reason, _end(rec, obs, "lost", reason, R.RESHAPING), None)
+
+    if obs.phase == S.COMPLETED:
+        reason = (
+            f"JobSet {seg.jobset} completed but the trainer did not report the final step "
+            f"(committed step {obs.committed_step}, target {rec.total_steps})"
+        )
+        return Decision(FAIL, reason, replace(_end(rec, obs, "failed", reason, R.FAILED), finished_at=now))
+
+    # 4. Failures that JobSet gave up on.
+    if obs.phase == S.FAILED and obs.failure is not None:
+        if obs.failure.kind == "config-error":
+            reason = f"configuration error (trainer exit code 2): {obs.failure.message}"
+            return Decision(
+                FAIL, reason, replace(_end(rec, obs, "failed", reason, R.FAILED), finished_at=now)
+            )
+        failures = rec.app_failures + obs.restarts_counted + 1
+        last = (
+            f"last exit code {obs.last_exit_code}" if obs.last_exit_code is not None else obs.failure.message
+        )
+        if failures > policy.app_failure_budget:
+            reason = (
+                f"crash loop: {failures} application failures exceed the budget of "
+                f"{policy.app_failure_budget} ({last}); preemptions so far: {rec.preemptions()}"
+            )
+            ended = _end(rec, obs, "app-failure", reason, R.FAILED)
+            return Decision(FAIL, reason, replace(ended, app_failures=failures, finished_at=now))
+        backoff = policy.app_backoff_s * 2 ** (failures - 1)
+        reason = (
+            f"application failure {failures}/{policy.app_failure_budget} ({last}); retrying in {backoff:.0f}s"
+        )
+        ended = _end(rec, obs, "app-failure", reason, R.RESHAPING)
+        return Decision(
+            END, reason, replace(ended, app_failures=failures, next_submit_at=now + backoff), seg.jobset
+        )
+
+    if obs.phase in {S.SUSPENDED, S.DELETING}:
+        return Decision(WAIT, f"JobSet {seg.jobset} is {obs.phase}", rec)
+
+    current = seg.shape()
+
+    # 2. Capacity loss.
+    if obs.unschedulable:
+        waited = now - (obs.unschedulable_since or now)
+        no_room = not obs.fits(current.preset.name, current.slices)
+        if no_room or waited >= policy.unschedulable_grace_s:
+            rung = best_fit([r for r in ladder if r.shape.devices < current.devices], obs)
+            cause = (
+                f"{obs.unschedulable} pod(s) unschedulable for {waited:.0f}s"
+                + (f" ({obs.unschedulable_message})" if obs.unschedulable_message else "")
+                + (f"; node pools lost: {', '.join(obs.lost_nodepools)}" if obs.lost_nodepools else "")
+            )
+            if rung is None:
+                return Decision(WAIT, f"{cause}; no smaller feasible shape fits either", rec)
+            reason = f"capacity lost: {cause}; shrinking {current} -> {_shape_words(rung)}"
+            return Decision(END, reason, _end(rec, obs, "capacity-lost", reason, R.RESHAPING), seg.jobset)
+        return Decision(
+            WAIT,
+            f"{obs.unschedulable} pod(s) unschedulable for {waited:.0f}s (grace {policy.unschedulable_grace_s:.0f}s)",
+            rec,
+        )
+
+    # 3. Capacity return.
+    requested = rec.requested
+    if policy.grow and obs.phase == S.RUNNING and current.devices < requested.devices:
+        rung = best_fit(ladder, obs, stable_before=now - policy.grow_window_s)
+        if rung is not None and rung.shape.devices > current.devices:
+            reason = (
+                f"capacity returned: {rung.shape} has fitted for {policy.grow_window_s:.0f}s; "
+                f"growing {current} -> {_shape_words(rung)} (the trainer checkpoints on SIGTERM)"
+            )
+            return Decision(END, reason, _end(rec, obs, "grow", reason, R.RESHAPING), seg.jobset)
+
+    # 1. Anything else — running, pending inside the grace, restarting after a disruption — is
+    # JobSet's to handle.
+    words = {S.RUNNING: "running", S.PENDING: "starting", S.RESTARTING: "restarting (JobSet failure policy)"}
+    return Decision(WAIT, f"segment {seg.index} on {current} {words.get(obs.phase, obs.phase)}", rec)

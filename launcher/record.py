@@ -1,0 +1,152 @@
+"""The run record: a run's spec, its segments and its counters. Pure data.
+
+Stored as JSON in the ConfigMap `reslice-<run>` (kube.py does the I/O with optimistic concurrency),
+so that a restarted controller, a second `reslice watch` and the in-cluster controller all read one
+truth. Every change to it goes through a compare-and-swap on the ConfigMap's resourceVersion.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+
+from launcher.plan import Plan
+from launcher.presets import Shape, load_preset
+from launcher.render import RunSpec, jobset_name
+
+# Run states.
+PENDING = "Pending"  # recorded, segment 0 not submitted yet
+RUNNING = "Running"  # a segment is live (or being submitted)
+RESHAPING = "Reshaping"  # a segment is ending to change shape; the next one follows
+WAITING = "WaitingForCapacity"  # no shape in the ladder fits what the cluster has
+FINISHED = "Finished"
+FAILED = "Failed"
+STOPPED = "Stopped"
+TERMINAL = {FINISHED, FAILED, STOPPED}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The elastic policy of a run: grace periods, windows and budgets (seconds / counts)."""
+
+    unschedulable_grace_s: float = 120.0  # pods Pending this long = capacity is not coming
+    grow_window_s: float = 300.0  # a larger shape must fit this long before growing back
+    grow: bool = True
+    app_failure_budget: int = 3  # failed segments (after JobSet's own maxRestarts) before giving up
+    app_backoff_s: float = 30.0  # doubled after each failed segment
+    preemption_budget: int = 1000  # same-size restarts JobSet may do, summed over segments
+    max_segments: int = 999
+
+
+@dataclass(frozen=True)
+class Segment:
+    index: int
+    preset: str
+    slices: int
+    devices: int
+    micro_batch: int
+    grad_accum: int
+    jobset: str
+    submitted_at: float
+    reason: str  # why this segment was started on this shape
+    running_at: float | None = None  # first time every pod was Running
+    ended_at: float | None = None
+    end_reason: str | None = None
+    end_kind: str | None = None  # finished | failed | capacity-lost | grow | app-failure | stopped
+    start_step: int | None = None  # committed step it resumed from
+    end_step: int | None = None  # committed step when it ended
+    nodepools: tuple[str, ...] = ()
+    jobset_uid: str | None = None  # set once the JobSet is seen: a later absence means it was deleted
+    restarts: int = 0  # JobSet restarts within the segment (status.restarts)
+    restarts_counted: int = 0  # of those, counted toward maxRestarts (application failures)
+
+    def shape(self) -> Shape:
+        return Shape(load_preset(self.preset), self.slices)
+
+    @property
+    def live(self) -> bool:
+        return self.ended_at is None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    spec: RunSpec
+    preset: str  # requested shape
+    slices: int
+    policy: Policy = Policy()
+    state: str = PENDING
+    reason: str = "launched"
+    created_at: float = 0.0
+    finished_at: float | None = None
+    segments: tuple[Segment, ...] = ()
+    app_failures: int = 0  # failed segments plus counted restarts, over the run
+    next_submit_at: float = 0.0  # backoff after an application failure
+    total_steps: int | None = None  # learned from the trainer's status.json
+
+    @property
+    def name(self) -> str:
+        return self.spec.run
+
+    @property
+    def requested(self) -> Shape:
+        return Shape(load_preset(self.preset), self.slices)
+
+    @property
+    def current(self) -> Segment | None:
+        return self.segments[-1] if self.segments else None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    def preemptions(self) -> int:
+        return sum(s.restarts - s.restarts_counted for s in self.segments)
+
+    def with_segment(self, segment: Segment) -> RunRecord:
+        """Replace the segment of the same index, or append the next one."""
+        segs = list(self.segments)
+        if segs and segs[-1].index == segment.index:
+            segs[-1] = segment
+        else:
+            assert segment.index == len(segs), "segments are numbered consecutively"
+            segs.append(segment)
+        return replace(self, segments=tuple(segs))
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> RunRecord:
+        raw = json.loads(text)
+        spec = raw.pop("spec")
+        spec["overrides"] = tuple(spec.get("overrides", ()))
+        spec["env"] = tuple(tuple(kv) for kv in spec.get("env", ()))
+        segments = tuple(
+            Segment(**{**s, "nodepools": tuple(s.get("nodepools", ()))}) for s in raw.pop("segments", [])
+        )
+        policy = Policy(**raw.pop("policy", {}))
+        known = {f.name for f in fields(RunRecord)}
+        return RunRecord(
+            spec=RunSpec(**spec),
+            policy=policy,
+            segments=segments,
+            **{k: v for k, v in raw.items() if k in known},
+        )
+
+
+def new_segment(
+    record: RunRecord, shape: Shape, plan: Plan, now: float, reason: str, start_step: int | None
+) -> Segment:
+    index = len(record.segments)
+    return Segment(
+        index=index,
+        preset=shape.preset.name,
+        slices=shape.slices,
+        devices=shape.devices,
+        micro_batch=plan.micro_batch,
+        grad_accum=plan.grad_accum,
+        jobset=jobset_name(record.name, index),
+        submitted_at=now,
+        reason=reason,
+        start_step=start_step,
+    )

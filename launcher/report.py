@@ -1,0 +1,289 @@
+"""Goodput and badput of a run, per segment, from the run record, the trainer's metrics and the
+controller's ledger; and the plots. The accounting is pure; only `write_plots` touches disk.
+
+Goodput = productive training time / wall time. Productive time is the step time of every step
+whose result the run kept (the last computation of that step). The rest of the wall time is badput,
+by cause:
+- recomputed: steps computed again after a resume from an older checkpoint;
+- checkpointing: blocking time of checkpoint saves;
+- waiting for capacity: pods unschedulable, or no shape of the ladder fitting the cluster;
+- restart and recovery: everything else between a disruption and the next productive step —
+  rescheduling, process start, compilation, restore.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from launcher.record import WAITING, RunRecord
+
+LOSS = "learning/loss"
+STEP_TIME = "perf/step_time_seconds"
+SAVE_TIME = "perf/checkpoint_save_seconds"
+TOKENS = "perf/tokens_per_sec"
+
+
+@dataclass
+class Badput:
+    productive: float = 0.0
+    recomputed: float = 0.0
+    checkpointing: float = 0.0
+    waiting_for_capacity: float = 0.0
+    restart_and_recovery: float = 0.0
+    wall: float = 0.0
+
+    @property
+    def goodput(self) -> float:
+        return self.productive / self.wall if self.wall > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "wall_s": round(self.wall, 3),
+            "productive_s": round(self.productive, 3),
+            "goodput": round(self.goodput, 4),
+            "badput_s": {
+                "waiting_for_capacity": round(self.waiting_for_capacity, 3),
+                "restart_and_recovery": round(self.restart_and_recovery, 3),
+                "recomputed_steps": round(self.recomputed, 3),
+                "checkpointing": round(self.checkpointing, 3),
+            },
+        }
+
+
+@dataclass
+class SegmentReport:
+    index: int
+    shape: str
+    devices: int
+    micro_batch: int
+    grad_accum: int
+    start: float
+    end: float
+    first_step: int | None
+    last_step: int | None
+    steps_computed: int
+    recomputed_steps: int
+    end_kind: str | None
+    end_reason: str | None
+    badput: Badput = field(default_factory=Badput)
+
+
+@dataclass
+class RunReport:
+    run: str
+    state: str
+    reason: str
+    badput: Badput
+    segments: list[SegmentReport]
+    restarts: dict[str, int]
+    latest_step: int | None
+
+    def as_dict(self) -> dict:
+        return {
+            "run": self.run,
+            "state": self.state,
+            "reason": self.reason,
+            "latest_step": self.latest_step,
+            "restarts": self.restarts,
+            **self.badput.as_dict(),
+            "segments": [
+                {
+                    "index": s.index,
+                    "shape": s.shape,
+                    "devices": s.devices,
+                    "micro_batch": s.micro_batch,
+                    "grad_accum": s.grad_accum,
+                    "start": s.start,
+                    "end": s.end,
+                    "steps": [s.first_step, s.last_step],
+                    "steps_computed": s.steps_computed,
+                    "recomputed_steps": s.recomputed_steps,
+                    "end_kind": s.end_kind,
+                    "end_reason": s.end_reason,
+                    **s.badput.as_dict(),
+                }
+                for s in self.segments
+            ],
+        }
+
+
+def kept_computations(metrics: list[dict]) -> tuple[set[int], list[dict]]:
+    """Indices (into `metrics`, sorted by time) of the computation of each step that was kept —
+    the last one — and the list itself."""
+    ordered = sorted(metrics, key=lambda m: m.get("time", 0.0))
+    last: dict[int, int] = {}
+    for i, m in enumerate(ordered):
+        last[m["step"]] = i
+    return set(last.values()), ordered
+
+
+def waiting_intervals(ledger: list[dict], end: float) -> list[tuple[float, float]]:
+    """Intervals in which the run waited for capacity: its pods were unschedulable (observations)
+    or no shape fitted the cluster (decisions in state WaitingForCapacity)."""
+    intervals = []
+    unschedulable = no_fit = False
+    since = None
+    for e in sorted(ledger, key=lambda e: e.get("time", 0.0)):
+        if e.get("kind") == "observe":
+            unschedulable = bool(e.get("unschedulable"))
+        elif e.get("kind") in {"act", "wait"}:
+            no_fit = e.get("state") == WAITING
+        else:
+            continue
+        waiting, t = unschedulable or no_fit, e.get("time", 0.0)
+        if waiting and since is None:
+            since = t
+        elif not waiting and since is not None:
+            intervals.append((since, t))
+            since = None
+    if since is not None:
+        intervals.append((since, end))
+    return intervals
+
+
+def _overlap(intervals: list[tuple[float, float]], start: float, end: float) -> float:
+    return sum(max(0.0, min(b, end) - max(a, start)) for a, b in intervals)
+
+
+def build_report(rec: RunRecord, metrics: list[dict], ledger: list[dict], now: float) -> RunReport:
+    end = rec.finished_at or now
+    kept, ordered = kept_computations(metrics)
+    waits = waiting_intervals(ledger, end)
+    segments = []
+    total = Badput(wall=max(0.0, end - rec.created_at))
+    for i, seg in enumerate(rec.segments):
+        start = rec.created_at if i == 0 else seg.submitted_at
+        stop = rec.segments[i + 1].submitted_at if i + 1 < len(rec.segments) else end
+        rows = [(j, m) for j, m in enumerate(ordered) if m.get("segment") == seg.index]
+        b = Badput(wall=max(0.0, stop - start))
+        b.productive = sum(m.get(STEP_TIME, 0.0) for j, m in rows if j in kept)
+        b.recomputed = sum(m.get(STEP_TIME, 0.0) for j, m in rows if j not in kept)
+        b.checkpointing = sum(m.get(SAVE_TIME, 0.0) or 0.0 for _, m in rows)
+        b.waiting_for_capacity = _overlap(waits, start, stop)
+        b.restart_and_recovery = max(
+            0.0, b.wall - b.productive - b.recomputed - b.checkpointing - b.waiting_for_capacity
+        )
+        steps = [m["step"] for _, m in rows]
+        segments.append(
+            SegmentReport(
+                index=seg.index,
+                shape=f"{seg.preset} x{seg.slices}",
+                devices=seg.devices,
+                micro_batch=seg.micro_batch,
+                grad_accum=seg.grad_accum,
+                start=start,
+                end=stop,
+                first_step=min(steps) if steps else None,
+                last_step=max(steps) if steps else None,
+                steps_computed=len(rows),
+                recomputed_steps=sum(1 for j, _ in rows if j not in kept),
+                end_kind=seg.end_kind,
+                end_reason=seg.end_reason,
+                badput=b,
+            )
+        )
+        for name in (
+            "productive",
+            "recomputed",
+            "checkpointing",
+            "waiting_for_capacity",
+            "restart_and_recovery",
+        ):
+            setattr(total, name, getattr(total, name) + getattr(b, name))
+    restarts = {
+        "preemption": rec.preemptions(),
+        "application_failure": rec.app_failures,
+        "capacity_lost": sum(s.end_kind == "capacity-lost" for s in rec.segments),
+        "grow": sum(s.end_kind == "grow" for s in rec.segments),
+    }
+    return RunReport(
+        run=rec.name,
+        state=rec.state,
+        reason=rec.reason,
+        badput=total,
+        segments=segments,
+        restarts=restarts,
+        latest_step=max((m["step"] for m in ordered), default=None),
+    )
+
+
+# --- plots -------------------------------------------------------------------------------------
+
+COLOURS = {
+    "productive": "#2ca02c",
+    "recomputed": "#d62728",
+    "checkpointing": "#9467bd",
+    "waiting_for_capacity": "#ff7f0e",
+    "restart_and_recovery": "#7f7f7f",
+}
+
+
+def plot_loss(report: RunReport, metrics: list[dict], path: str) -> None:
+    """Loss against step across segments, each segment its own colour, shape changes marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ordered = sorted(metrics, key=lambda m: m.get("time", 0.0))
+    fig, ax = plt.subplots(figsize=(9, 4.5), dpi=110)
+    cmap = plt.get_cmap("tab10")
+    for k, seg in enumerate(report.segments):
+        pts = [
+            (m["step"], m[LOSS]) for j, m in enumerate(ordered) if m.get("segment") == seg.index and LOSS in m
+        ]
+        if not pts:
+            continue
+        pts.sort()
+        ax.plot(*zip(*pts, strict=True), ".-", ms=3, lw=1, color=cmap(k % 10),
+                label=f"seg {seg.index}: {seg.shape}, {seg.devices} dev, b={seg.micro_batch}×A={seg.grad_accum}")  # fmt: skip
+        if k > 0:
+            ax.axvline(pts[0][0], color=cmap(k % 10), ls="--", lw=0.8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(f"{report.run}: loss across segments (same global batch)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_timeline(report: RunReport, path: str) -> None:
+    """Segments on a time axis, and the badput of each as a stacked bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(9, 5.5), dpi=110, gridspec_kw={"height_ratios": [1, 1.3]}
+    )
+    t0 = report.segments[0].start if report.segments else 0.0
+    for seg in report.segments:
+        top.barh(0, seg.end - seg.start, left=seg.start - t0, height=0.5, edgecolor="black",
+                 color="#1f77b4" if seg.end_kind != "capacity-lost" else "#aec7e8")  # fmt: skip
+        top.text(
+            (seg.start + seg.end) / 2 - t0,
+            0,
+            f"{seg.index}: {seg.shape}",
+            ha="center",
+            va="center",
+            fontsize=8,
+        )
+    top.set_yticks([])
+    top.set_xlabel("seconds since launch")
+    top.set_title(f"{report.run}: segments — goodput {report.badput.goodput:.1%}")
+    names = list(COLOURS)
+    labels = [f"seg {s.index}" for s in report.segments] + ["run"]
+    values = [s.badput for s in report.segments] + [report.badput]
+    left = [0.0] * len(values)
+    for name in names:
+        widths = [getattr(b, name) for b in values]
+        bottom.barh(labels, widths, left=left, color=COLOURS[name], label=name.replace("_", " "))
+        left = [a + w for a, w in zip(left, widths, strict=True)]
+    bottom.set_xlabel("seconds")
+    bottom.legend(fontsize=7, ncol=3, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

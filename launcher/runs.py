@@ -1,0 +1,171 @@
+"""The run directory: a local path or gs://bucket/prefix. The one module that touches storage.
+
+The trainer owns most of it (docs/contract.md): checkpoints, metrics, status.json. The launcher
+writes `run.json` and the ledger `events.jsonl`, and reads the rest. GCS objects cannot be appended
+to, so the ledger is rewritten with a generation precondition: two writers never lose a line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable
+from functools import cache
+from pathlib import Path
+
+COMMIT_MARKER = "_CHECKPOINT_METADATA"
+LEDGER = "events.jsonl"
+
+
+@cache
+def _gcs_client():
+    from google.cloud import storage
+
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        from google.auth.credentials import AnonymousCredentials
+
+        project = os.environ.get("GOOGLE_CLOUD_PROJECT", "local")
+        return storage.Client(project=project, credentials=AnonymousCredentials())
+    return storage.Client()
+
+
+class RunDir:
+    """Read and write files of one run directory, locally or on GCS, by relative path."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        if self.url.startswith("gs://"):
+            bucket, _, prefix = self.url[len("gs://") :].partition("/")
+            self.bucket_name, self.prefix = bucket, prefix.strip("/")
+            self.root: Path | None = None
+        else:
+            self.root = Path(self.url)
+
+    @property
+    def is_gcs(self) -> bool:
+        return self.root is None
+
+    def _blob(self, rel: str):
+        name = f"{self.prefix}/{rel}" if self.prefix else rel
+        return _gcs_client().bucket(self.bucket_name).blob(name)
+
+    def read_text(self, rel: str) -> str | None:
+        if self.root is not None:
+            path = self.root / rel
+            try:
+                return path.read_text()
+            except FileNotFoundError:
+                return None
+        from google.api_core.exceptions import NotFound
+
+        try:
+            return self._blob(rel).download_as_text()
+        except NotFound:
+            return None
+
+    def write_text(self, rel: str, text: str) -> None:
+        if self.root is not None:
+            path = self.root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+            tmp.write_text(text)
+            tmp.replace(path)  # atomic: readers never see half a file
+            return
+        self._blob(rel).upload_from_string(text)
+
+    def append_lines(self, rel: str, lines: Iterable[str]) -> None:
+        chunk = "".join(line.rstrip("\n") + "\n" for line in lines)
+        if not chunk:
+            return
+        if self.root is not None:
+            path = self.root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as f:
+                f.write(chunk)
+            return
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+
+        blob = self._blob(rel)
+        for _ in range(20):
+            try:
+                blob.reload()
+                current, generation = (
+                    blob.download_as_text(if_generation_match=blob.generation),
+                    blob.generation,
+                )
+            except NotFound:
+                current, generation = "", 0
+            try:
+                blob.upload_from_string(current + chunk, if_generation_match=generation)
+                return
+            except PreconditionFailed:
+                time.sleep(0.05)  # another writer appended first: read again
+        raise RuntimeError(f"could not append to {self.url}/{rel}: too much contention")
+
+    def list_dir(self, rel: str) -> list[str]:
+        """Names directly under `rel` (files and directories)."""
+        if self.root is not None:
+            path = self.root / rel
+            return sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+        prefix = "/".join(p for p in (self.prefix, rel.strip("/")) if p) + "/"
+        it = _gcs_client().list_blobs(self.bucket_name, prefix=prefix, delimiter="/")
+        files = [b.name[len(prefix) :] for b in it]
+        dirs = [p[len(prefix) :].rstrip("/") for p in it.prefixes]
+        return sorted(files + dirs)
+
+    def exists(self, rel: str) -> bool:
+        if self.root is not None:
+            return (self.root / rel).exists()
+        return self._blob(rel).exists()
+
+    # --- what the trainer writes ---------------------------------------------------------------
+
+    def committed_steps(self) -> list[int]:
+        """Checkpoint steps that finished committing (docs/contract.md), oldest first.
+
+        Orbax writes into a temporary directory and renames it (local disk), or writes the commit
+        marker last (GCS); a step without the marker may be half written and is never counted.
+        """
+        steps = [int(name) for name in self.list_dir("checkpoints") if name.isdigit()]
+        return sorted(s for s in steps if self.exists(f"checkpoints/{s}/{COMMIT_MARKER}"))
+
+    def latest_committed_step(self) -> int | None:
+        steps = self.committed_steps()
+        return steps[-1] if steps else None
+
+    def status(self) -> dict | None:
+        text = self.read_text("status.json")
+        try:
+            return json.loads(text) if text else None
+        except json.JSONDecodeError:
+            return None  # caught mid-write by a non-atomic writer: next pass reads it whole
+
+    def metrics(self) -> list[dict]:
+        """Every metrics record of every trainer incarnation, in the order they were written."""
+        records = []
+        for name in self.list_dir("metrics"):
+            if name.endswith(".jsonl"):
+                records += _jsonl(self.read_text(f"metrics/{name}"))
+        return sorted(records, key=lambda r: (r.get("time", 0.0), r.get("step", 0)))
+
+    # --- what the launcher writes --------------------------------------------------------------
+
+    def ledger(self) -> list[dict]:
+        return _jsonl(self.read_text(LEDGER))
+
+    def log(self, entries: Iterable[dict]) -> None:
+        self.append_lines(LEDGER, (json.dumps(e, sort_keys=True) for e in entries))
+
+
+def _jsonl(text: str | None) -> list[dict]:
+    out = []
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line being written right now; it is whole on the next read
+    return out

@@ -1,0 +1,365 @@
+"""Kubernetes objects -> one Observation of a run. Pure: no client, no clock, no disk.
+
+The inputs are the objects as the API serves them (plain dicts, camelCase): the run's JobSets and
+Pods, every Node, and recent Events. FACTS.md §4 lists the signals read here: DisruptionTarget
+reasons, impending-termination and unreachable taints, node pools vanishing, Unschedulable pods and
+FailedScheduling events, JobSet conditions and counters, Kueue suspension.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from launcher.presets import LABEL_NODEPOOL, Preset
+from launcher.render import LABEL_RESTART_ATTEMPT, LABEL_RUN, LABEL_SEGMENT
+
+# Node taints that mean "this node is going away or cannot be trusted".
+BAD_TAINTS = {
+    "cloud.google.com/impending-node-termination",
+    "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unschedulable",
+    "ToBeDeletedByClusterAutoscaler",
+}
+
+
+def parse_time(value: str | None) -> float | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def iso(ts: float) -> str:
+    """RFC 3339 as the API server writes it."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _conditions(obj: dict) -> dict[str, dict]:
+    return {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}
+
+
+def _true(obj: dict, ctype: str) -> dict | None:
+    cond = _conditions(obj).get(ctype)
+    return cond if cond and cond.get("status") == "True" else None
+
+
+# --- nodes and capacity ------------------------------------------------------------------------
+
+
+def node_healthy(node: dict) -> bool:
+    if node["metadata"].get("deletionTimestamp"):
+        return False
+    if (node.get("spec") or {}).get("unschedulable"):
+        return False
+    if any(t.get("key") in BAD_TAINTS for t in (node.get("spec") or {}).get("taints") or []):
+        return False
+    ready = _conditions(node).get("Ready")
+    return ready is not None and ready.get("status") == "True"
+
+
+def node_since(node: dict) -> float:
+    """When the node became usable: created, or last turned Ready, whichever is later."""
+    created = parse_time(node["metadata"].get("creationTimestamp")) or 0.0
+    ready = parse_time((_conditions(node).get("Ready") or {}).get("lastTransitionTime")) or 0.0
+    return max(created, ready)
+
+
+@dataclass(frozen=True)
+class NodePool:
+    name: str
+    labels: dict[str, str]
+    nodes: int
+    healthy: int
+    since: float  # when the last of its nodes became usable
+    busy: bool  # occupied by live pods that are not this run's
+
+    def whole_slice_of(self, preset: Preset) -> bool:
+        sel = preset.node_selector()
+        return all(self.labels.get(k) == v for k, v in sel.items()) and self.healthy == preset.hosts
+
+
+def nodepools(nodes: Iterable[dict], foreign_nodes: set[str]) -> dict[str, NodePool]:
+    """Group nodes by `cloud.google.com/gke-nodepool`. `foreign_nodes`: nodes running other workloads."""
+    groups: dict[str, list[dict]] = {}
+    for node in nodes:
+        pool = (node["metadata"].get("labels") or {}).get(LABEL_NODEPOOL)
+        if pool:
+            groups.setdefault(pool, []).append(node)
+    pools = {}
+    for name, members in groups.items():
+        healthy = [n for n in members if node_healthy(n)]
+        labels = members[0]["metadata"].get("labels") or {}
+        pools[name] = NodePool(
+            name=name,
+            labels=labels,
+            nodes=len(members),
+            healthy=len(healthy),
+            since=max((node_since(n) for n in healthy), default=0.0),
+            busy=any(n["metadata"]["name"] in foreign_nodes for n in members),
+        )
+    return pools
+
+
+def capacity(pools: Iterable[NodePool], presets: Iterable[Preset]) -> dict[str, tuple[float, ...]]:
+    """Per preset: the `since` times of every free, healthy, whole slice, earliest first.
+
+    A shape of n slices of preset P fits when there are at least n entries, and has fitted since
+    the n-th entry.
+    """
+    pools = [p for p in pools if not p.busy]
+    return {
+        preset.name: tuple(sorted(p.since for p in pools if p.whole_slice_of(preset))) for preset in presets
+    }
+
+
+# --- pods --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    segment: int | None
+    attempt: int
+    phase: str
+    node: str | None
+    deleting: bool
+    unschedulable_since: float | None
+    unschedulable_message: str | None
+    disruption: str | None  # DisruptionTarget reason
+    exit_code: int | None
+    reason: str | None  # pod status reason (Terminated, NodeShutdown, Evicted...)
+
+    @property
+    def alive(self) -> bool:
+        return self.phase not in {"Succeeded", "Failed"}
+
+
+def pod_view(pod: dict) -> PodView:
+    meta, status = pod["metadata"], pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    sched = _conditions(pod).get("PodScheduled")
+    unsched = (
+        sched if sched and sched.get("status") == "False" and sched.get("reason") == "Unschedulable" else None
+    )
+    disruption = _true(pod, "DisruptionTarget")
+    exit_code = None
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term is not None:
+            exit_code = term.get("exitCode")
+    segment = labels.get(LABEL_SEGMENT)
+    return PodView(
+        name=meta["name"],
+        segment=int(segment) if segment is not None and segment.isdigit() else None,
+        attempt=int(labels.get(LABEL_RESTART_ATTEMPT, "0") or 0),
+        phase=status.get("phase") or "Pending",
+        node=(pod.get("spec") or {}).get("nodeName"),
+        deleting=bool(meta.get("deletionTimestamp")),
+        unschedulable_since=parse_time(unsched.get("lastTransitionTime")) if unsched else None,
+        unschedulable_message=unsched.get("message") if unsched else None,
+        disruption=disruption.get("reason") if disruption else None,
+        exit_code=exit_code,
+        reason=status.get("reason"),
+    )
+
+
+# --- the JobSet --------------------------------------------------------------------------------
+
+ABSENT = "absent"
+DELETING = "deleting"
+PENDING = "pending"
+RUNNING = "running"
+RESTARTING = "restarting"
+SUSPENDED = "suspended"
+COMPLETED = "completed"
+FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: str  # config-error | max-restarts | other
+    reason: str
+    message: str
+
+
+def jobset_phase(jobset: dict | None, pods: list[PodView], expected_pods: int) -> tuple[str, Failure | None]:
+    if jobset is None:
+        return ABSENT, None
+    if jobset["metadata"].get("deletionTimestamp"):
+        return DELETING, None
+    if cond := _true(jobset, "Completed"):
+        return COMPLETED, None
+    if cond := _true(jobset, "Failed"):
+        reason = cond.get("reason", "")
+        message = cond.get("message", "")
+        # FailJobSet is only ever the config-error rule's action (render.failure_policies).
+        kind = {"FailJobSetFailurePolicyAction": "config-error", "ReachedMaxRestarts": "max-restarts"}.get(
+            reason, "other"
+        )
+        return FAILED, Failure(kind=kind, reason=reason, message=message)
+    if (jobset.get("spec") or {}).get("suspend") or _true(jobset, "Suspended"):
+        return SUSPENDED, None
+    attempt = int((jobset.get("status") or {}).get("restarts") or 0)
+    current = [p for p in pods if p.attempt == attempt and not p.deleting]
+    stale = [p for p in pods if p.attempt < attempt or (p.deleting and p.alive)]
+    if stale or any(p.phase == "Failed" for p in current):
+        return RESTARTING, None
+    if len(current) == expected_pods and all(p.phase == "Running" for p in current):
+        return RUNNING, None
+    return PENDING, None
+
+
+# --- the observation ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Observation:
+    now: float
+    segment: int | None  # the segment this observes (the record's current one)
+    phase: str
+    failure: Failure | None
+    jobset_uid: str | None
+    restarts: int
+    restarts_counted: int
+    pods_expected: int
+    pods_running: int
+    pods_pending: int
+    unschedulable: int
+    unschedulable_since: float | None
+    unschedulable_message: str | None
+    disruptions: tuple[str, ...]  # human-readable, for the ledger and the live view
+    nodepools_in_use: tuple[str, ...]
+    lost_nodepools: tuple[str, ...]  # pools the segment ran on that are gone or unhealthy
+    capacity: dict[str, tuple[float, ...]]
+    live_jobsets: tuple[str, ...]  # every JobSet of the run not being deleted
+    run_pods_alive: int  # pods of any segment of the run that still exist
+    last_exit_code: int | None
+    committed_step: int | None
+    trainer: dict | None = field(default=None)  # status.json
+
+    def fits(self, preset: str, slices: int) -> bool:
+        return len(self.capacity.get(preset, ())) >= slices
+
+    def fits_since(self, preset: str, slices: int) -> float | None:
+        times = self.capacity.get(preset, ())
+        return times[slices - 1] if len(times) >= slices else None
+
+    def summary(self) -> dict:
+        """What the ledger records; changes in it are what is worth a line."""
+        return {
+            "segment": self.segment,
+            "phase": self.phase,
+            "failure": self.failure and self.failure.__dict__,
+            "restarts": self.restarts,
+            "pods": f"{self.pods_running}/{self.pods_expected} running",
+            "unschedulable": self.unschedulable,
+            "disruptions": list(self.disruptions),
+            "lost_nodepools": list(self.lost_nodepools),
+            "capacity": {k: len(v) for k, v in self.capacity.items() if v},
+            "committed_step": self.committed_step,
+        }
+
+
+def observe(
+    *,
+    now: float,
+    run: str,
+    segment: int | None,
+    segment_jobset: str | None,
+    segment_nodepools: Iterable[str],
+    expected_pods: int,
+    jobsets: list[dict],
+    pods: list[dict],
+    nodes: list[dict],
+    events: list[dict],
+    presets: Iterable[Preset],
+    committed_step: int | None,
+    trainer: dict | None,
+) -> Observation:
+    """Build the observation of `run` whose current segment is `segment` (JobSet `segment_jobset`)."""
+    own = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_RUN) == run]
+    views = [pod_view(p) for p in own]
+    seg_pods = [v for v in views if v.segment == segment]
+    own_names = {p["metadata"]["name"] for p in own}
+    foreign_nodes = {
+        p["spec"]["nodeName"]
+        for p in pods
+        if p["metadata"]["name"] not in own_names
+        and (p.get("spec") or {}).get("nodeName")
+        and (p.get("status") or {}).get("phase") not in {"Succeeded", "Failed"}
+    }
+    by_name = {j["metadata"]["name"]: j for j in jobsets}
+    jobset = by_name.get(segment_jobset) if segment_jobset else None
+    phase, failure = jobset_phase(jobset, seg_pods, expected_pods)
+    js_status = (jobset or {}).get("status") or {}
+
+    pools = nodepools(nodes, foreign_nodes)
+    node_pool = {
+        n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(LABEL_NODEPOOL) for n in nodes
+    }
+    in_use = sorted(
+        {node_pool[v.node] for v in seg_pods if v.node in node_pool and v.alive and node_pool[v.node]}
+    )
+    lost = sorted(
+        name
+        for name in set(segment_nodepools) | set(in_use)
+        if name not in pools or pools[name].healthy < pools[name].nodes or pools[name].healthy == 0
+    )
+
+    pending = [v for v in seg_pods if v.alive and not v.deleting and v.node is None]
+    unsched = [v for v in pending if v.unschedulable_since is not None]
+    message = next((v.unschedulable_message for v in unsched if v.unschedulable_message), None)
+    if unsched and not message:
+        message = _latest_failed_scheduling(events, {v.name for v in unsched})
+
+    disruptions = [f"pod {v.name}: DisruptionTarget {v.disruption}" for v in seg_pods if v.disruption]
+    disruptions += [
+        f"pod {v.name}: {v.reason}" for v in seg_pods if v.reason in {"Terminated", "NodeShutdown"}
+    ]
+    for node in nodes:
+        if node_pool.get(node["metadata"]["name"]) in set(in_use) | set(segment_nodepools):
+            for taint in (node.get("spec") or {}).get("taints") or []:
+                if taint.get("key") in BAD_TAINTS:
+                    disruptions.append(f"node {node['metadata']['name']}: taint {taint['key']}")
+    disruptions += [f"node pool {name}: gone" for name in lost if name not in pools]
+
+    exit_codes = [v.exit_code for v in seg_pods if v.exit_code not in (None, 0)]
+    return Observation(
+        now=now,
+        segment=segment,
+        phase=phase,
+        failure=failure,
+        jobset_uid=(jobset or {}).get("metadata", {}).get("uid"),
+        restarts=int(js_status.get("restarts") or 0),
+        restarts_counted=int(js_status.get("restartsCountTowardsMax") or 0),
+        pods_expected=expected_pods,
+        pods_running=sum(v.phase == "Running" and not v.deleting for v in seg_pods),
+        pods_pending=len(pending),
+        unschedulable=len(unsched),
+        unschedulable_since=min((v.unschedulable_since for v in unsched), default=None),
+        unschedulable_message=message,
+        disruptions=tuple(sorted(set(disruptions))),
+        nodepools_in_use=tuple(in_use),
+        lost_nodepools=tuple(lost),
+        capacity=capacity(pools.values(), presets),
+        live_jobsets=tuple(
+            sorted(n for n, j in by_name.items() if not j["metadata"].get("deletionTimestamp"))
+        ),
+        run_pods_alive=len(own),
+        last_exit_code=exit_codes[-1] if exit_codes else None,
+        committed_step=committed_step,
+        trainer=trainer,
+    )
+
+
+def _latest_failed_scheduling(events: list[dict], pod_names: set[str]) -> str | None:
+    hits = [
+        e
+        for e in events
+        if e.get("reason") in {"FailedScheduling", "NotTriggerScaleUp"}
+        and (e.get("involvedObject") or {}).get("name") in pod_names
+    ]
+    hits.sort(key=lambda e: parse_time(e.get("lastTimestamp") or e.get("eventTime")) or 0.0)
+    return hits[-1].get("message") if hits else None

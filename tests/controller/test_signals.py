@@ -1,0 +1,168 @@
+"""Table-driven: realistic objects in, the observation out (FACTS.md §4, one case per signal)."""
+
+import pytest
+
+from launcher import signals as S
+from launcher.presets import load_presets
+from tests.controller.objects import T0, failed_scheduling, jobset, node, pod, pool
+
+PRESETS = list(load_presets().values())
+
+
+def observe(*, pods=(), nodes=(), jobsets=(jobset(),), events=(), segment=0, expected=4, seg_pools=(), **kw):
+    return S.observe(
+        now=kw.get("now", T0 + 100),
+        run="demo",
+        segment=segment,
+        segment_jobset=f"demo-{segment}",
+        segment_nodepools=seg_pools,
+        expected_pods=expected,
+        jobsets=list(jobsets),
+        pods=list(pods),
+        nodes=list(nodes),
+        events=list(events),
+        presets=PRESETS,
+        committed_step=kw.get("committed_step"),
+        trainer=kw.get("trainer"),
+    )
+
+
+FOUR_POOLS = [n for i in range(4) for n in pool(f"np-{i}")]
+RUNNING4 = [pod(f"demo-0-slice-{i}-0-abcde", node_name=f"gke-np-{i}-0") for i in range(4)]
+
+
+def test_running_segment_on_four_whole_slices():
+    obs = observe(pods=RUNNING4, nodes=FOUR_POOLS)
+    assert obs.phase == S.RUNNING
+    assert obs.pods_running == 4 and obs.unschedulable == 0
+    assert obs.nodepools_in_use == ("np-0", "np-1", "np-2", "np-3")
+    assert obs.fits("tpu7x-2x2x1", 4) and not obs.fits("tpu7x-2x2x1", 5)
+    assert obs.fits_since("tpu7x-2x2x1", 4) == T0
+    assert obs.lost_nodepools == () and obs.disruptions == ()
+
+
+@pytest.mark.parametrize(
+    "reason", ["PreemptionByScheduler", "DeletionByTaintManager", "EvictionByEvictionAPI", "DeletionByPodGC",
+               "TerminationByKubelet"],
+)  # fmt: skip
+def test_disruption_target_reasons_are_reported(reason):
+    pods = [pod("demo-0-slice-0-0-aaaaa", phase="Failed", disruption=reason, exit_code=143), *RUNNING4[1:]]
+    obs = observe(pods=pods, nodes=FOUR_POOLS)
+    assert f"pod demo-0-slice-0-0-aaaaa: DisruptionTarget {reason}" in obs.disruptions
+    assert obs.phase == S.RESTARTING  # a failed pod of the current attempt: JobSet is about to act
+
+
+@pytest.mark.parametrize("reason", ["Terminated", "NodeShutdown"])
+def test_pod_failed_by_node_shutdown(reason):
+    pods = [pod("demo-0-slice-0-0-aaaaa", phase="Failed", reason=reason), *RUNNING4[1:]]
+    obs = observe(pods=pods, nodes=FOUR_POOLS)
+    assert f"pod demo-0-slice-0-0-aaaaa: {reason}" in obs.disruptions
+
+
+def test_deletion_timestamp_on_running_pod_means_restarting():
+    pods = [pod("demo-0-slice-0-0-aaaaa", deleting=True), *RUNNING4[1:]]
+    assert observe(pods=pods, nodes=FOUR_POOLS).phase == S.RESTARTING
+
+
+def test_old_attempt_pods_still_terminating_means_restarting():
+    pods = [pod(f"p{i}", attempt=0, deleting=True) for i in range(2)] + [pod(f"q{i}", attempt=1) for i in range(4)]
+    obs = observe(pods=pods, nodes=FOUR_POOLS, jobsets=[jobset(restarts=1)])
+    assert obs.phase == S.RESTARTING and obs.restarts == 1
+
+
+def test_unschedulable_pods_since_and_message():
+    pods = RUNNING4[:1] + [pod(f"demo-0-slice-{i}-0-x", unschedulable_since=T0 + 10 * i) for i in (1, 2, 3)]
+    obs = observe(pods=pods, nodes=pool("np-0"))
+    assert obs.phase == S.PENDING
+    assert obs.unschedulable == 3 and obs.unschedulable_since == T0 + 10
+    assert "Insufficient google.com/tpu" in obs.unschedulable_message
+    assert obs.fits("tpu7x-2x2x1", 1) and not obs.fits("tpu7x-2x2x1", 2)
+
+
+@pytest.mark.parametrize("reason", ["FailedScheduling", "NotTriggerScaleUp"])
+def test_scheduling_events_supply_the_message(reason):
+    p = pod("demo-0-slice-1-0-x", unschedulable_since=T0, unschedulable_message="")
+    ev = failed_scheduling("demo-0-slice-1-0-x", "pod didn't trigger scale-up: 1 node(s) didn't match", T0 + 5)
+    ev["reason"] = reason
+    obs = observe(pods=[p], nodes=[], events=[ev], expected=1)
+    assert obs.unschedulable_message == "pod didn't trigger scale-up: 1 node(s) didn't match"
+
+
+@pytest.mark.parametrize(
+    "taint",
+    ["cloud.google.com/impending-node-termination", "node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"],
+)
+def test_bad_node_taints_remove_the_slice_and_are_reported(taint):
+    nodes = pool("np-0", taints=(taint,)) + [n for i in (1, 2, 3) for n in pool(f"np-{i}")]
+    obs = observe(pods=RUNNING4, nodes=nodes, seg_pools=("np-0", "np-1", "np-2", "np-3"))
+    assert not obs.fits("tpu7x-2x2x1", 4) and obs.fits("tpu7x-2x2x1", 3)
+    assert "np-0" in obs.lost_nodepools
+    assert f"node gke-np-0-0: taint {taint}" in obs.disruptions
+
+
+def test_node_not_ready_is_not_capacity():
+    nodes = pool("np-0", ready=False) + pool("np-1")
+    obs = observe(nodes=nodes, pods=[], expected=1)
+    assert len(obs.capacity["tpu7x-2x2x1"]) == 1
+
+
+def test_node_pool_vanishing_is_lost():
+    nodes = [n for i in (1, 2, 3) for n in pool(f"np-{i}")]
+    obs = observe(pods=RUNNING4[1:], nodes=nodes, seg_pools=("np-0", "np-1", "np-2", "np-3"))
+    assert obs.lost_nodepools == ("np-0",)
+    assert "node pool np-0: gone" in obs.disruptions
+
+
+def test_multi_host_slice_counts_only_when_whole():
+    nodes = pool("big-0", "tpu7x-4x4x4") + pool("big-1", "tpu7x-4x4x4")[:-1]  # big-1 lost a host
+    obs = observe(nodes=nodes, pods=[], expected=16)
+    assert len(obs.capacity["tpu7x-4x4x4"]) == 1
+    assert obs.capacity["tpu7x-2x2x1"] == ()  # 4x4x4 nodes do not match the 2x2x1 topology
+
+
+def test_pools_busy_with_other_workloads_are_not_capacity():
+    other = pod("someone-else-0", run="other", node_name="gke-np-1-0")
+    obs = observe(pods=[*RUNNING4[:1], other], nodes=pool("np-0") + pool("np-1"), expected=1)
+    assert len(obs.capacity["tpu7x-2x2x1"]) == 1  # np-0 is ours, np-1 is busy
+
+
+def test_spot_preset_needs_spot_nodes():
+    nodes = pool("v6-0", "v6e-4x4")  # v6e-4x4 is a spot preset: the nodes lack gke-spot=true
+    for n in nodes:
+        del n["metadata"]["labels"]["cloud.google.com/gke-spot"]
+    obs = observe(nodes=nodes, pods=[], expected=4)
+    assert obs.capacity["v6e-4x4"] == ()
+
+
+@pytest.mark.parametrize(
+    "condition,phase,kind",
+    [
+        (("Completed", "AllJobsCompleted", "jobset completed successfully"), S.COMPLETED, None),
+        (("Failed", "FailJobSetFailurePolicyAction", 'Failure policy rule "config-error" matched'), S.FAILED,
+         "config-error"),
+        (("Failed", "ReachedMaxRestarts", "jobset failed due to reaching max number of restarts"), S.FAILED,
+         "max-restarts"),
+        (("Failed", "FailedJobs", "jobset failed due to one or more job failures"), S.FAILED, "other"),
+    ],
+)  # fmt: skip
+def test_jobset_terminal_conditions(condition, phase, kind):
+    obs = observe(pods=RUNNING4, nodes=FOUR_POOLS, jobsets=[jobset(condition=condition, restarts=3, counted=2)])
+    assert obs.phase == phase
+    assert (obs.failure.kind if obs.failure else None) == kind
+    assert (obs.restarts, obs.restarts_counted) == (3, 2)
+
+
+def test_kueue_suspension():
+    assert observe(pods=[], nodes=FOUR_POOLS, jobsets=[jobset(suspend=True)]).phase == S.SUSPENDED
+
+
+def test_absent_and_deleting_jobset():
+    assert observe(pods=[], nodes=FOUR_POOLS, jobsets=[]).phase == S.ABSENT
+    obs = observe(pods=RUNNING4, nodes=FOUR_POOLS, jobsets=[jobset(deleting=True)])
+    assert obs.phase == S.DELETING and obs.live_jobsets == () and obs.run_pods_alive == 4
+
+
+def test_exit_codes_and_other_runs_pods_are_separated():
+    pods = [pod("demo-0-slice-0-0-a", phase="Failed", exit_code=1), pod("x-0", run="other", exit_code=2)]
+    obs = observe(pods=pods, nodes=FOUR_POOLS)
+    assert obs.last_exit_code == 1 and obs.run_pods_alive == 1
