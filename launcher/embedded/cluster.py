@@ -1,0 +1,283 @@
+"""EmbeddedCluster: the store, the API server and the cluster's components, wired and started.
+
+    with EmbeddedCluster(nodepools=[NodePoolSpec("tpu7x-2x2x1", count=2)]) as cluster:
+        client = cluster.api_client()          # the official kubernetes client, over HTTP
+        cluster.preempt("tpu7x-2x2x1-np-0", grace_s=5)
+
+Components (each its own thread, all reacting to store events): the JobSet controller, the Job
+controller, the scheduler and the kubelet of every node. Faults and test helpers are methods here;
+`reslice cluster ...` reaches a cluster running in another process through the extra HTTP routes
+under /embedded/v1/ (see `handle_route`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.embedded import faults, nodes
+from launcher.embedded import objects as o
+from launcher.embedded.job import JobController
+from launcher.embedded.jobset import JobSetController
+from launcher.embedded.kubelet import Kubelet
+from launcher.embedded.nodes import NodePool, NodePoolSpec
+from launcher.embedded.runtime import EventRecorder
+from launcher.embedded.scheduler import Scheduler
+from launcher.errors import UserError
+
+__all__ = ["EmbeddedCluster", "NodePoolSpec"]
+
+DEFAULT_NODEPOOLS = (NodePoolSpec("tpu7x-2x2x1", count=2),)
+ROUTE = "/embedded/v1/"
+
+
+class EmbeddedCluster:
+    def __init__(
+        self,
+        nodepools: list[NodePoolSpec] | tuple[NodePoolSpec, ...] | str | None = None,
+        mode: str = "process",
+        state_dir: Path | str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        sim_duration_s: float | None = None,
+        sim_term_exit_code: int = 143,
+        workdir: Path | None = None,
+    ) -> None:
+        if mode not in ("process", "simulate"):
+            raise UserError(f"mode must be 'process' or 'simulate', got {mode!r}")
+        specs = (
+            nodes.parse_nodepools(nodepools)
+            if isinstance(nodepools, str)
+            else list(nodepools or DEFAULT_NODEPOOLS)
+        )
+        self.mode = mode
+        self.pools: dict[str, NodePool] = {p.name: p for p in nodes.expand_pools(specs, mode == "simulate")}
+        self.state_dir = Path(state_dir) if state_dir is not None else None
+        self.host, self.port = host, port
+        self.sim_duration_s = sim_duration_s
+        self.sim_term_exit_code = sim_term_exit_code
+        self.workdir = workdir
+        self._tmp: str | None = None
+        self._gone: set[str] = set()
+        self._node_pool: dict[str, str] = {n: p.name for p in self.pools.values() for n in p.node_names}
+        self.store: Any = None
+        self.server: Any = None
+        self.kubeconfig: Path | None = None
+        self._components: list[Any] = []
+        self._started = False
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> EmbeddedCluster:
+        from launcher.embedded import kubeconfig
+        from launcher.embedded.apiserver import ApiServer
+        from launcher.embedded.store import RESOURCES, Store
+
+        self.res = RESOURCES
+        if self.state_dir is not None:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+            base = self.state_dir
+            self._load_gone()
+        else:
+            self._tmp = tempfile.mkdtemp(prefix="reslice-cluster-")
+            base = Path(self._tmp)
+        self.store = Store(base / "store" if self.state_dir is not None else None)
+        self.server = ApiServer(self.store, host=self.host, port=self.port)
+        self.node_events = EventRecorder(self.store, "node-controller")
+        self.jobsets = JobSetController(self.store)
+        self.jobs = JobController(self.store)
+        self.scheduler = Scheduler(self.store)
+        self.kubelet = Kubelet(
+            self.store,
+            base / "logs",
+            simulated=self._simulated,
+            sim_duration_s=self.sim_duration_s,
+            sim_term_exit_code=self.sim_term_exit_code,
+            cwd=self.workdir,
+        )
+        self._components = [self.kubelet, self.scheduler, self.jobs, self.jobsets]
+        self._create_nodes()
+        for c in self._components:
+            c.start()
+        self.server.add_route("POST", ROUTE, self.handle_route)
+        self.server.add_route("GET", ROUTE, self.handle_route)
+        self.server.set_log_source(self.kubelet.log_path)
+        self.server.start()
+        self.kubeconfig = kubeconfig.write_kubeconfig(base / "kubeconfig", self.url)
+        self._started = True
+        return self
+
+    def stop(self) -> None:
+        if not self._started:
+            return
+        self._started = False
+        for c in reversed(self._components):
+            c.stop()
+        self.server.stop()
+        self.store.close()
+        if self._tmp:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def api_client(self) -> Any:
+        from launcher.embedded import kubeconfig
+
+        return kubeconfig.api_client(self.url)
+
+    def restart_apiserver(self, downtime_s: float = 0.5) -> None:
+        """The API server goes away and comes back: watches end, old resourceVersions answer 410,
+        the store reloads from its state dir when it has one. The components resync."""
+        self.server.restart(downtime_s=downtime_s)
+        for c in self._components:
+            c.resync()
+
+    # -- node pools ----------------------------------------------------------------------------
+    def _simulated(self, node: str) -> bool:
+        pool = self.pools.get(self._node_pool.get(node, ""))
+        return pool.simulate if pool is not None else self.mode == "simulate"
+
+    def _create_nodes(self) -> None:
+        existing = {o.meta(n)["name"] for n in self.store.list(self.res["nodes"])[0]}
+        for pool in self.pools.values():
+            if pool.name in self._gone:
+                continue
+            for i, name in enumerate(pool.node_names):
+                if name not in existing:
+                    self.store.create(self.res["nodes"], nodes.node_object(pool, i))
+
+    def pool_name(self, name: str) -> str:
+        """A node pool by name, or by a unique suffix ('np-0' when only one pool ends so)."""
+        if name in self.pools:
+            return name
+        hits = [p for p in self.pools if p.endswith(name) or p.endswith("-" + name)]
+        if len(hits) == 1:
+            return hits[0]
+        raise UserError(f"unknown node pool {name!r} (node pools: {', '.join(self.pools)})")
+
+    def mark_gone(self, pool: str, gone: bool) -> None:
+        (self._gone.add if gone else self._gone.discard)(pool)
+        if self.state_dir is not None:
+            (self.state_dir / "gone.json").write_text(json.dumps(sorted(self._gone)))
+
+    def _load_gone(self) -> None:
+        f = self.state_dir / "gone.json" if self.state_dir else None
+        if f is not None and f.exists():
+            self._gone = set(json.loads(f.read_text()))
+
+    # -- faults --------------------------------------------------------------------------------
+    def preempt(self, pool: str, grace_s: float = 30.0, wait: bool = True) -> dict[str, Any]:
+        return faults.preempt(self, pool, grace_s, wait)
+
+    def remove(self, pool: str) -> dict[str, Any]:
+        return faults.remove(self, pool)
+
+    def restore(self, pool: str) -> dict[str, Any]:
+        return faults.restore(self, pool)
+
+    def kill_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return faults.kill_pod(self, namespace, name)
+
+    # -- simulate mode and tests ---------------------------------------------------------------
+    def sim_finish(
+        self, label_selector: str | None = None, exit_code: int = 0, namespace: str | None = None
+    ) -> int:
+        """Simulated pods matching the selector (running ones) exit with `exit_code`; returns how many."""
+        pods, _ = self.store.list(self.res["pods"], namespace=namespace, label_selector=label_selector)
+        uids = {o.meta(p)["uid"] for p in pods}
+        n = 0
+        for run in self.kubelet.runs():
+            if run.uid in uids and run.simulate and not run.done.is_set():
+                self.kubelet.finish_run(run, exit_code)
+                n += 1
+        return n
+
+    def idle(self) -> bool:
+        return all(c.idle() for c in self._components)
+
+    def settle(self, timeout: float = 30.0, quiet_s: float = 0.05) -> bool:
+        """Wait until every component has caught up with every change (tests, benchmarks)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.store.flush(max(0.0, deadline - time.monotonic()))
+            if self.idle():
+                time.sleep(quiet_s)
+                self.store.flush(1.0)
+                if self.idle():
+                    return True
+            else:
+                time.sleep(0.01)
+        return False
+
+    # -- the fault routes ----------------------------------------------------------------------
+    def handle_route(self, method: str, path: str, query: dict, body: bytes | None) -> tuple[int, dict]:
+        """POST /embedded/v1/{preempt,remove,restore,kill-pod} with a JSON body;
+        GET /embedded/v1/info: node pools and mode."""
+        action = path[len(ROUTE) :].strip("/")
+        try:
+            args = json.loads(body or b"{}")
+            if method == "GET" and action == "info":
+                return 200, self.info()
+            if method != "POST":
+                return 405, _status(405, "MethodNotAllowed", f"{method} {path}")
+            if action == "preempt":
+                out = self.preempt(
+                    args["nodepool"], float(args.get("grace_s", 30.0)), wait=bool(args.get("wait", False))
+                )
+            elif action == "remove":
+                out = self.remove(args["nodepool"])
+            elif action == "restore":
+                out = self.restore(args["nodepool"])
+            elif action == "kill-pod":
+                out = self.kill_pod(args.get("namespace") or "default", args["pod"])
+            else:
+                return 404, _status(404, "NotFound", f"no fault {action!r}")
+            return 200, out
+        except UserError as e:
+            return 400, _status(400, "BadRequest", str(e))
+        except (KeyError, ValueError) as e:
+            return 400, _status(400, "BadRequest", f"bad request: {e}")
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "nodepools": [
+                {
+                    "name": p.name,
+                    "preset": p.shape.name,
+                    "hosts": p.shape.hosts,
+                    "spot": p.spot,
+                    "simulate": p.simulate,
+                    "gone": p.name in self._gone,
+                }
+                for p in self.pools.values()
+            ],
+        }
+
+
+def _status(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "reason": reason,
+        "message": message,
+        "code": code,
+    }
+
+
+def run_forever(cluster: EmbeddedCluster, stop: threading.Event) -> None:
+    with cluster:
+        stop.wait()

@@ -1,0 +1,190 @@
+"""Faults, each the sequence the real components produce on GKE:
+
+- preempt: a spot VM's termination notice. The node gets the
+  `cloud.google.com/impending-node-termination:NoSchedule` taint; the kubelet's graceful node shutdown
+  marks each pod `DisruptionTarget` (reason `TerminationByKubelet`), sends SIGTERM, waits the grace
+  period, SIGKILLs, and leaves the pod `Failed` with reason `Terminated`; then the VMs are gone: the
+  nodes are deleted and the pods on them removed (GKE deletes pods of preempted spot nodes).
+- remove: capacity vanishes without notice. The nodes are deleted; PodGC marks every pod still
+  running there `Failed` with `DisruptionTarget` (reason `DeletionByPodGC`) and force-deletes it; the
+  processes die with the machine (SIGKILL).
+- restore: the node pool's nodes come back (same names, as a recreated instance group's do).
+- kill_pod: a container killed hard (SIGKILL): exit code 137, pod `Failed`, left in the API.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from launcher.embedded import nodes as nd
+from launcher.embedded import objects as o
+from launcher.embedded.kubelet import SHUTDOWN_MESSAGE
+from launcher.errors import UserError
+
+if TYPE_CHECKING:
+    from launcher.embedded.cluster import EmbeddedCluster
+
+PODGC_MESSAGE = "PodGC: node no longer exists"
+IMPENDING_TAINT = {"key": o.IMPENDING_TERMINATION_TAINT, "value": "", "effect": "NoSchedule"}
+
+
+def _pods_on(cluster: EmbeddedCluster, node_names: set[str]) -> list[dict[str, Any]]:
+    pods, _ = cluster.store.list(cluster.res["pods"])
+    return [p for p in pods if (p.get("spec") or {}).get("nodeName") in node_names]
+
+
+def _existing_nodes(cluster: EmbeddedCluster, pool: str) -> list[dict[str, Any]]:
+    items, _ = cluster.store.list(cluster.res["nodes"], label_selector=f"{o.NODEPOOL_LABEL}={pool}")
+    return items
+
+
+def _gc_pod(cluster: EmbeddedCluster, pod: dict[str, Any]) -> None:
+    """PodGC on an orphaned pod: a running one is marked Failed with DisruptionTarget first."""
+    ns, name = o.key_of(pod)
+    res = cluster.res["pods"]
+    if not o.pod_terminal(pod):
+        st = copy.deepcopy(pod.get("status") or {})
+        o.set_condition(
+            st.setdefault("conditions", []),
+            "DisruptionTarget",
+            "True",
+            "DeletionByPodGC",
+            PODGC_MESSAGE,
+            probe_fields=True,
+        )
+        st["phase"] = "Failed"
+        try:
+            cur = cluster.store.get(res, ns, name)
+            cur["status"] = st
+            cluster.store.update(res, cur, subresource="status")
+        except Exception as e:
+            if getattr(e, "code", None) != 404:
+                raise
+    try:
+        cluster.store.delete(res, ns, name, grace_period_seconds=0)
+    except Exception as e:
+        if getattr(e, "code", None) != 404:
+            raise
+
+
+def _delete_nodes(cluster: EmbeddedCluster, pool: str) -> list[str]:
+    names = []
+    for n in _existing_nodes(cluster, pool):
+        name = o.meta(n)["name"]
+        try:
+            cluster.store.delete(cluster.res["nodes"], None, name)
+        except Exception as e:
+            if getattr(e, "code", None) != 404:
+                raise
+        cluster.node_events.event(
+            n, "Normal", "RemovingNode", f"Node {name} event: Removing Node {name} from Controller"
+        )
+        names.append(name)
+    cluster.mark_gone(pool, True)
+    return names
+
+
+def preempt(cluster: EmbeddedCluster, pool: str, grace_s: float = 30.0, wait: bool = True) -> dict[str, Any]:
+    """The GKE spot preemption sequence on every node of `pool`. With wait=False it returns once the
+    pods have their DisruptionTarget and SIGTERM; the grace period and node removal run behind."""
+    pool = cluster.pool_name(pool)
+    nodes = _existing_nodes(cluster, pool)
+    if not nodes:
+        raise UserError(f"node pool {pool} has no nodes (removed or preempted already?)")
+    res = cluster.res["nodes"]
+    for n in nodes:
+        taints = [
+            t
+            for t in (n.get("spec") or {}).get("taints") or []
+            if t.get("key") != o.IMPENDING_TERMINATION_TAINT
+        ]
+        taints.append({**IMPENDING_TAINT, "timeAdded": o.rfc3339()})
+        cluster.store.patch(res, None, o.meta(n)["name"], {"spec": {"taints": taints}}, "merge")
+    names = {o.meta(n)["name"] for n in nodes}
+    pods = [p for p in _pods_on(cluster, names) if not o.pod_terminal(p)]
+    kubelet = cluster.kubelet
+    runs = {r.uid: r for r in kubelet.runs()}
+    waiting = []
+    for p in pods:
+        uid = o.meta(p)["uid"]
+        grace = min(float(grace_s), float((p.get("spec") or {}).get("terminationGracePeriodSeconds") or 30))
+        run = runs.get(uid)
+        if run is None:
+            continue  # never started here: PodGC takes it with the node
+        kubelet.disrupt(uid, "TerminationByKubelet", SHUTDOWN_MESSAGE)
+        for c in (p.get("spec") or {}).get("containers") or []:
+            kubelet.recorder.event(p, "Normal", "Killing", f"Stopping container {c['name']}", host=run.node)
+        kubelet.terminate(run, grace, cause="shutdown")
+        waiting.append(run)
+
+    def finish() -> None:
+        deadline = time.monotonic() + float(grace_s) + 10.0
+        for r in waiting:
+            r.done.wait(max(0.0, deadline - time.monotonic()))
+        _delete_nodes(cluster, pool)
+        for p in _pods_on(cluster, names):
+            _gc_pod(cluster, p)
+
+    if wait:
+        finish()
+    else:
+        threading.Thread(target=finish, name=f"preempt-{pool}", daemon=True).start()
+    return {"nodepool": pool, "nodes": sorted(names), "pods": sorted(o.meta(p)["name"] for p in pods)}
+
+
+def remove(cluster: EmbeddedCluster, pool: str) -> dict[str, Any]:
+    """Capacity gone: nodes deleted, pods on them failed by PodGC and removed, processes killed."""
+    pool = cluster.pool_name(pool)
+    nodes = _existing_nodes(cluster, pool)
+    if not nodes:
+        raise UserError(f"node pool {pool} has no nodes (removed already?)")
+    names = {o.meta(n)["name"] for n in nodes}
+    pods = _pods_on(cluster, names)
+    _delete_nodes(cluster, pool)
+    runs = {r.uid: r for r in cluster.kubelet.runs()}
+    for p in pods:
+        run = runs.get(o.meta(p)["uid"])
+        if run is not None:
+            run.cause = "gone"  # the machine is gone: nobody reports the exit
+            cluster.kubelet.kill(run.uid)
+        _gc_pod(cluster, p)
+    return {"nodepool": pool, "nodes": sorted(names), "pods": sorted(o.meta(p)["name"] for p in pods)}
+
+
+def restore(cluster: EmbeddedCluster, pool: str) -> dict[str, Any]:
+    """Recreate the node pool's nodes (Ready, untainted)."""
+    pool = cluster.pool_name(pool)
+    np = cluster.pools[pool]
+    existing = {o.meta(n)["name"] for n in _existing_nodes(cluster, pool)}
+    created = []
+    for i in range(np.shape.hosts):
+        node = nd.node_object(np, i)
+        name = o.meta(node)["name"]
+        if name in existing:
+            continue
+        made = cluster.store.create(cluster.res["nodes"], node)
+        cluster.node_events.event(
+            made, "Normal", "RegisteredNode", f"Node {name} event: Registered Node {name} in Controller"
+        )
+        created.append(name)
+    cluster.mark_gone(pool, False)
+    return {"nodepool": pool, "nodes": created}
+
+
+def kill_pod(cluster: EmbeddedCluster, namespace: str, name: str) -> dict[str, Any]:
+    """SIGKILL the pod's containers: it ends Failed with exit code 137."""
+    try:
+        pod = cluster.store.get(cluster.res["pods"], namespace, name)
+    except Exception as e:
+        if getattr(e, "code", None) == 404:
+            raise UserError(f"pod {namespace}/{name} not found") from None
+        raise
+    uid = o.meta(pod)["uid"]
+    run = next((r for r in cluster.kubelet.runs() if r.uid == uid), None)
+    if run is None or not cluster.kubelet.kill(uid):
+        raise UserError(f"pod {namespace}/{name} is not running")
+    run.done.wait(10)
+    return {"pod": f"{namespace}/{name}", "exitCode": 137}

@@ -1,0 +1,486 @@
+"""The Job controller (batch/v1), the part of it JobSet relies on: Indexed and NonIndexed Jobs,
+`podFailurePolicy`, `backoffLimit`, `suspend`, and the status and conditions the upstream
+controller (Kubernetes 1.31+) writes: `FailureTarget` then `Failed` once no pod is left running,
+`SuccessCriteriaMet` then `Complete`.
+
+It also does what JobSet's pod webhooks do for exclusive placement, because on a real cluster they
+act on the pods this controller creates: the leader pod (completion index 0) gets required pod
+affinity to its own Job and anti-affinity to every other Job over the topology key; a follower is
+admitted only once its leader is scheduled, with a nodeSelector for the leader's topology domain.
+
+`decide` is pure: (job, pods, terminal pods seen, leader's domain, now) → a Plan; the controller
+reads the state, calls it and applies the plan.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.embedded import objects as o
+from launcher.embedded.runtime import Controller, EventRecorder
+
+DEFAULT_BACKOFF_LIMIT = 6
+BACKOFF_BASE_S = 10.0
+BACKOFF_MAX_S = 360.0
+MSG_BACKOFF = "Job has reached the specified backoff limit"
+MSG_COMPLETIONS = "Reached expected number of succeeded pods"
+# Upstream's job-tracking finalizer: a pod cannot leave the API before the controller counted it.
+TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
+
+
+@dataclass
+class Plan:
+    create: list[dict[str, Any]] = field(default_factory=list)
+    delete: list[str] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    requeue_after: float | None = None
+
+
+# ---- pure pieces ------------------------------------------------------------------------------
+
+
+def completion_index(pod: Mapping[str, Any]) -> int | None:
+    v = o.annotations(pod).get(o.COMPLETION_INDEX, o.labels(pod).get(o.COMPLETION_INDEX))
+    return int(v) if v is not None and str(v).isdigit() else None
+
+
+def finish_time(pod: Mapping[str, Any]) -> str:
+    times = [
+        ((cs.get("state") or {}).get("terminated") or {}).get("finishedAt") or ""
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []
+    ]
+    times += [c.get("lastTransitionTime") or "" for c in (pod.get("status") or {}).get("conditions") or []]
+    return max(times, default="")
+
+
+def match_pod_failure_policy(
+    policy: Mapping[str, Any] | None, pod: Mapping[str, Any]
+) -> tuple[str | None, str | None]:
+    """(action, FailJob message) of the first matching rule, as upstream matchPodFailurePolicy.
+    (None, None) when nothing matches (the failure counts toward backoffLimit)."""
+    if not policy:
+        return None, None
+    ns, name = o.meta(pod).get("namespace"), o.meta(pod).get("name")
+    status = pod.get("status") or {}
+    for i, rule in enumerate(policy.get("rules") or []):
+        action = rule.get("action")
+        req = rule.get("onExitCodes")
+        if req is not None:
+            for cs in [
+                *(status.get("containerStatuses") or []),
+                *(status.get("initContainerStatuses") or []),
+            ]:
+                term = (cs.get("state") or {}).get("terminated")
+                if term is None or (req.get("containerName") and req["containerName"] != cs.get("name")):
+                    continue
+                code = int(term.get("exitCode") or 0)
+                if code == 0:
+                    continue  # exit code 0 is never a failure to match
+                vals = set(req.get("values") or [])
+                if (req.get("operator") == "In") == (code in vals) and req.get("operator") in ("In", "NotIn"):
+                    msg = (
+                        f"Container {cs.get('name')} for pod {ns}/{name} failed with exit code {code} "
+                        f"matching {action} rule at index {i}"
+                    )
+                    return action, msg if action == "FailJob" else None
+        elif rule.get("onPodConditions") is not None:
+            for c in status.get("conditions") or []:
+                for pat in rule["onPodConditions"]:
+                    if c.get("type") == pat.get("type") and c.get("status") == (pat.get("status") or "True"):
+                        msg = f"Pod {ns}/{name} has condition {c['type']} matching {action} rule at index {i}"
+                        return action, msg if action == "FailJob" else None
+    return None, None
+
+
+def expand_indexes(s: str) -> set[int]:
+    """'1,3-5,7' → {1, 3, 4, 5, 7}."""
+    out: set[int] = set()
+    for part in (p for p in s.split(",") if p):
+        a, _, b = part.partition("-")
+        out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
+def exclusive_affinity(job_key: str, topology_key: str) -> dict[str, Any]:
+    """What JobSet's pod mutating webhook puts on a leader pod for exclusive placement."""
+    return {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {
+                        "matchExpressions": [{"key": o.JOB_KEY, "operator": "In", "values": [job_key]}]
+                    },
+                    "topologyKey": topology_key,
+                    "namespaceSelector": {},
+                }
+            ]
+        },
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "labelSelector": {
+                        "matchExpressions": [
+                            {"key": o.JOB_KEY, "operator": "Exists"},
+                            {"key": o.JOB_KEY, "operator": "NotIn", "values": [job_key]},
+                        ]
+                    },
+                    "topologyKey": topology_key,
+                    "namespaceSelector": {},
+                }
+            ]
+        },
+    }
+
+
+def exclusive_topology(job: Mapping[str, Any]) -> str | None:
+    ann = o.annotations(job.get("spec", {}).get("template", {}))
+    if o.EXCLUSIVE_KEY in ann and o.NODE_SELECTOR_STRATEGY not in ann:
+        return ann[o.EXCLUSIVE_KEY]
+    return None
+
+
+def pod_for_index(job: Mapping[str, Any], index: int | None, leader_domain: str | None) -> dict[str, Any]:
+    """The pod the Job controller creates for a completion index (None for NonIndexed)."""
+    m = o.meta(job)
+    tmpl = copy.deepcopy((job.get("spec") or {}).get("template") or {})
+    tm = tmpl.get("metadata") or {}
+    lbls = dict(tm.get("labels") or {})
+    ann = dict(tm.get("annotations") or {})
+    lbls.update(
+        {
+            o.CONTROLLER_UID: m["uid"],
+            o.JOB_NAME: m["name"],
+            o.LEGACY_CONTROLLER_UID: m["uid"],
+            o.LEGACY_JOB_NAME: m["name"],
+        }
+    )
+    spec = tmpl.get("spec") or {}
+    gen = f"{m['name']}-"
+    if index is not None:
+        lbls[o.COMPLETION_INDEX] = str(index)
+        ann[o.COMPLETION_INDEX] = str(index)
+        gen = f"{m['name']}-{index}-"
+        spec["hostname"] = f"{m['name']}-{index}"
+        for c in spec.get("containers") or []:
+            env = c.setdefault("env", [])
+            if not any(e.get("name") == "JOB_COMPLETION_INDEX" for e in env):
+                env.append(
+                    {
+                        "name": "JOB_COMPLETION_INDEX",
+                        "valueFrom": {
+                            "fieldRef": {
+                                "apiVersion": "v1",
+                                "fieldPath": f"metadata.annotations['{o.COMPLETION_INDEX}']",
+                            }
+                        },
+                    }
+                )
+    topo = exclusive_topology(job)
+    if topo and o.JOB_KEY in lbls:
+        if index in (0, None):
+            spec["affinity"] = {**(spec.get("affinity") or {}), **exclusive_affinity(lbls[o.JOB_KEY], topo)}
+        elif leader_domain is not None:
+            spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), topo: leader_domain}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": gen,
+            "namespace": m.get("namespace"),
+            "labels": lbls,
+            "annotations": ann,
+            "ownerReferences": [o.owner_ref(job, "batch/v1", "Job")],
+            "finalizers": [TRACKING_FINALIZER],
+        },
+        "spec": spec,
+        "status": {"phase": "Pending"},
+    }
+
+
+def _cond_true(conds: list[dict[str, Any]], ctype: str) -> dict[str, Any] | None:
+    return next((c for c in conds if c.get("type") == ctype and c.get("status") == "True"), None)
+
+
+def decide(
+    job: Mapping[str, Any],
+    pods: list[Mapping[str, Any]],
+    terminal: Mapping[str, Mapping[str, Any]],
+    leader_domain: str | None,
+    now: dt.datetime,
+) -> Plan:
+    """One reconcile of one Job. `pods`: its pods in the API now; `terminal`: every pod (by uid) seen
+    reach Succeeded/Failed, including ones since removed (the job-tracking finalizer's role)."""
+    spec = job.get("spec") or {}
+    old = job.get("status") or {}
+    status = copy.deepcopy(dict(old))
+    conds: list[dict[str, Any]] = status.setdefault("conditions", [])
+    when = o.rfc3339(now)
+    plan = Plan(status=status)
+    indexed = spec.get("completionMode") == "Indexed"
+    completions = spec.get("completions")
+    completions = 1 if completions is None and spec.get("parallelism") is None else completions
+    parallelism = int(spec.get("parallelism") if spec.get("parallelism") is not None else 1)
+    policy = spec.get("podFailurePolicy")
+    backoff_limit = int(
+        spec.get("backoffLimit") if spec.get("backoffLimit") is not None else DEFAULT_BACKOFF_LIMIT
+    )
+
+    finished = {**{uid: p for uid, p in terminal.items()}}
+    for p in pods:
+        if o.pod_terminal(p):
+            finished[o.meta(p)["uid"]] = p
+    live = [p for p in pods if not o.pod_terminal(p)]
+    active = [p for p in live if not o.pod_deleting(p)]
+    terminating = [p for p in live if o.pod_deleting(p)]
+
+    succeeded = [p for p in finished.values() if o.pod_phase(p) == "Succeeded"]
+    failed_pods = sorted(
+        (p for p in finished.values() if o.pod_phase(p) == "Failed"),
+        key=lambda p: (finish_time(p), o.meta(p).get("name", "")),
+    )
+    # Classify failures through the pod failure policy (first FailJob wins, Ignore doesn't count).
+    failure: tuple[str, str] | None = None
+    counted = 0
+    for p in failed_pods:
+        action, msg = match_pod_failure_policy(policy, p)
+        if action == "Ignore":
+            continue
+        counted += 1
+        if action == "FailJob" and failure is None:
+            failure = ("PodFailurePolicy", msg or "")
+    if failure is None and counted > backoff_limit:
+        failure = ("BackoffLimitExceeded", MSG_BACKOFF)
+
+    done_indexes = {completion_index(p) for p in succeeded} - {None} if indexed else set()
+    if indexed:  # counted before a controller restart, their pods possibly gone since
+        done_indexes |= expand_indexes(old.get("completedIndexes") or "")
+    status.update(
+        {
+            "active": len(active),
+            "ready": sum(1 for p in active if o.pod_ready(p)),
+            "failed": max(counted, int(old.get("failed") or 0)),
+            "succeeded": max(
+                len(done_indexes) if indexed else len(succeeded), int(old.get("succeeded") or 0)
+            ),
+            "terminating": len(terminating),
+            "uncountedTerminatedPods": {},
+        }
+    )
+    if indexed:
+        status["completedIndexes"] = o.compress_indexes(i for i in done_indexes if i is not None)
+    if not status["failed"]:
+        status.pop("failed")
+    if not status["succeeded"] and not indexed:
+        status.pop("succeeded")
+
+    if _cond_true(conds, "Failed") or _cond_true(conds, "Complete"):
+        plan.delete = [o.meta(p)["name"] for p in active]
+        status["active"] = 0
+        return plan
+
+    # Failure: FailureTarget now, Failed once nothing is left running (upstream 1.31+).
+    target = _cond_true(conds, "FailureTarget")
+    if target is None and failure is not None:
+        o.set_condition(conds, "FailureTarget", "True", failure[0], failure[1], when, probe_fields=True)
+        target = _cond_true(conds, "FailureTarget")
+    if target is not None:
+        plan.delete = [o.meta(p)["name"] for p in active]
+        status["active"] = 0
+        if not live:
+            o.set_condition(
+                conds, "Failed", "True", target["reason"], target["message"], when, probe_fields=True
+            )
+            plan.events.append(("Warning", target["reason"], target["message"]))
+        return plan
+
+    # Success.
+    n_done = len(done_indexes) if indexed else len(succeeded)
+    met = _cond_true(conds, "SuccessCriteriaMet")
+    if met is None and completions is not None and n_done >= int(completions):
+        o.set_condition(
+            conds, "SuccessCriteriaMet", "True", "CompletionsReached", MSG_COMPLETIONS, when, True
+        )
+        met = _cond_true(conds, "SuccessCriteriaMet")
+    if met is not None:
+        plan.delete = [o.meta(p)["name"] for p in active]
+        status["active"] = 0
+        if not live:
+            o.set_condition(conds, "Complete", "True", "CompletionsReached", MSG_COMPLETIONS, when, True)
+            status["completionTime"] = when
+            plan.events.append(("Normal", "Completed", "Job completed"))
+        return plan
+
+    # Suspend / resume.
+    if spec.get("suspend"):
+        plan.delete = [o.meta(p)["name"] for p in active]
+        status["active"] = 0
+        status.pop("startTime", None)
+        if o.set_condition(conds, "Suspended", "True", "JobSuspended", "Job suspended", when, True):
+            plan.events.append(("Normal", "Suspended", "Job suspended"))
+        return plan
+    sus = next((c for c in conds if c.get("type") == "Suspended"), None)
+    if sus is not None and sus.get("status") == "True":
+        o.set_condition(conds, "Suspended", "False", "JobResumed", "Job resumed", when, True)
+        plan.events.append(("Normal", "Resumed", "Job resumed"))
+    status.setdefault("startTime", when)
+
+    # Backoff before replacing failed pods: 10 s doubling, capped (upstream podBackoff).
+    if counted:
+        last = max((finish_time(p) for p in failed_pods), default="")
+        delay = min(BACKOFF_BASE_S * 2 ** (counted - 1), BACKOFF_MAX_S)
+        lt = o.parse_time(last)
+        if lt is not None and (now - lt).total_seconds() < delay:
+            plan.requeue_after = delay - (now - lt).total_seconds()
+            return plan
+
+    # Replacement waits for the old pod to be terminal when podFailurePolicy is set
+    # (podReplacementPolicy: Failed); otherwise a terminating pod is replaced at once.
+    blocking = live if (policy or spec.get("podReplacementPolicy") == "Failed") else active
+    room = parallelism - len(blocking)
+    if indexed:
+        busy = {completion_index(p) for p in blocking}
+        topo = exclusive_topology(job)
+        for i in range(int(completions or 0)):
+            if room <= 0:
+                break
+            if i in done_indexes or i in busy:
+                continue
+            if topo and i > 0 and leader_domain is None:
+                continue  # the webhook rejects followers until the leader is scheduled
+            plan.create.append(pod_for_index(job, i, leader_domain))
+            room -= 1
+    else:
+        want = parallelism if completions is None else min(parallelism, int(completions) - len(succeeded))
+        for _ in range(max(0, want - len(blocking))):
+            plan.create.append(pod_for_index(job, None, None))
+    return plan
+
+
+# ---- the controller ---------------------------------------------------------------------------
+
+
+class JobController(Controller):
+    name = "job-controller"
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        from launcher.embedded.store import RESOURCES
+
+        self.jobs = RESOURCES["jobs"]
+        self.pods = RESOURCES["pods"]
+        self.nodes = RESOURCES["nodes"]
+        self.recorder = EventRecorder(store, "job-controller")
+        self._terminal: dict[str, dict[str, dict[str, Any]]] = {}  # job uid → pod uid → pod
+        self._job_keys: dict[str, tuple[str, str]] = {}  # job uid → (ns, name)
+
+    def resync(self) -> None:
+        jobs, _ = self.store.list(self.jobs)
+        for j in jobs:
+            self._job_keys[o.meta(j)["uid"]] = o.key_of(j)
+            self.enqueue(("job", *o.key_of(j)))
+
+    def keys_for(self, event: str, res: Any, obj: Mapping[str, Any]) -> list[Hashable]:
+        if res.plural == "jobs":
+            uid = o.meta(obj)["uid"]
+            if event == "DELETED":
+                self._terminal.pop(uid, None)
+                self._job_keys.pop(uid, None)
+                return []
+            self._job_keys[uid] = o.key_of(obj)
+            return [("job", *o.key_of(obj))]
+        if res.plural == "pods" and event != "DELETED":
+            owner = o.controller_uid(obj)
+            if owner in self._job_keys:
+                return [("job", *self._job_keys[owner])]
+            if TRACKING_FINALIZER in (o.meta(obj).get("finalizers") or []):
+                return [("orphan", *o.key_of(obj))]
+        return []
+
+    def _leader_domain(self, job: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> str | None:
+        topo = exclusive_topology(job)
+        if not topo:
+            return None
+        for p in pods:
+            if completion_index(p) == 0 and not o.pod_terminal(p) and not o.pod_deleting(p):
+                node = (p.get("spec") or {}).get("nodeName")
+                if node:
+                    try:
+                        return o.labels(self.store.get(self.nodes, None, node)).get(topo)
+                    except Exception:
+                        return None
+        return None
+
+    def _release(self, pods: list[Mapping[str, Any]]) -> None:
+        """Remove the tracking finalizer (the pod may now leave the API)."""
+        for p in pods:
+            fins = [f for f in o.meta(p).get("finalizers") or [] if f != TRACKING_FINALIZER]
+            ns, name = o.key_of(p)
+            try:
+                self.store.patch(self.pods, ns, name, {"metadata": {"finalizers": fins}}, "merge")
+            except Exception as e:
+                if getattr(e, "code", None) != 404:
+                    raise
+
+    def reconcile(self, key: Hashable) -> float | None:
+        kind, ns, name = key  # type: ignore[misc]
+        if kind == "orphan":
+            return self._reconcile_orphan(ns, name)
+        try:
+            job = self.store.get(self.jobs, ns, name)
+        except Exception as e:
+            if getattr(e, "code", None) == 404:
+                return None
+            raise
+        uid = o.meta(job)["uid"]
+        pods, _ = self.store.list(self.pods, namespace=ns, label_selector=f"{o.CONTROLLER_UID}={uid}")
+        pods = [p for p in pods if o.controller_uid(p) == uid]
+        tracked = [p for p in pods if TRACKING_FINALIZER in (o.meta(p).get("finalizers") or [])]
+        if o.pod_deleting(job):
+            self._release(tracked)  # a Job being deleted lets its pods go (they still terminate)
+            return None
+        ledger = self._terminal.setdefault(uid, {})
+        release = []
+        for p in tracked:
+            if o.pod_terminal(p):
+                ledger[o.meta(p)["uid"]] = p
+                release.append(p)
+            elif o.pod_deleting(p) and not (p.get("spec") or {}).get("nodeName"):
+                release.append(p)  # never ran: nothing to count
+        plan = decide(job, pods, ledger, self._leader_domain(job, pods), o.now())
+        for pname in plan.delete:
+            try:
+                self.store.delete(self.pods, ns, pname)
+                self.recorder.event(job, "Normal", "SuccessfulDelete", f"Deleted pod: {pname}")
+            except Exception as e:
+                if getattr(e, "code", None) != 404:
+                    raise
+        for pod in plan.create:
+            created = self.store.create(self.pods, pod, ns)
+            self.recorder.event(job, "Normal", "SuccessfulCreate", f"Created pod: {o.meta(created)['name']}")
+        if plan.status != (job.get("status") or {}):
+            job = dict(job)
+            job["status"] = plan.status
+            self.store.update(self.jobs, job, subresource="status")
+        self._release(release)
+        for etype, reason, msg in plan.events:
+            self.recorder.event(job, etype, reason, msg)
+        return plan.requeue_after
+
+    def _reconcile_orphan(self, ns: str, name: str) -> float | None:
+        try:
+            pod = self.store.get(self.pods, ns, name)
+        except Exception as e:
+            if getattr(e, "code", None) == 404:
+                return None
+            raise
+        owner = o.controller_uid(pod)
+        if owner in self._job_keys:
+            self.enqueue(("job", *self._job_keys[owner]))
+            return None
+        self._release([pod])
+        return None

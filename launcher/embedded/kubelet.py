@@ -1,0 +1,531 @@
+"""The kubelet of every fake node: runs bound pods and reports their status.
+
+Process mode runs each container's command as a local process in its own process group, output
+captured to a log file; simulate mode runs nothing and moves pods through phases on command
+(`finish`) or after a fixed time — for controller tests with thousands of pods. The mode is chosen
+per node pool.
+
+Termination: a pod with a deletionTimestamp gets SIGTERM, then SIGKILL after its grace period, its
+terminal status is written, and it is deleted with grace 0 (the graceful-deletion handshake). The
+node-shutdown path (`shutdown`) is the kubelet's graceful node shutdown on a spot preemption: a
+DisruptionTarget condition first, then the same SIGTERM/grace/SIGKILL, and the pod ends Failed with
+reason Terminated — left in the API, as the real kubelet leaves it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from launcher.embedded import objects as o
+from launcher.embedded import podenv
+from launcher.embedded.nodes import devices_per_chip
+from launcher.embedded.runtime import Controller, EventRecorder, log
+
+SHUTDOWN_REASON = "Terminated"
+SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
+
+
+@dataclass
+class PodRun:
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    simulate: bool
+    started_at: str = ""
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    exit_codes: dict[str, int] = field(default_factory=dict)
+    finished_at: dict[str, str] = field(default_factory=dict)
+    logs: dict[str, Path] = field(default_factory=dict)
+    cause: str | None = None  # None | "delete" | "shutdown" | "gone"
+    terminating: bool = False
+    done: threading.Event = field(default_factory=threading.Event)
+    kill_timer: threading.Timer | None = None
+    deadline: float = float("inf")
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+# ---- pure status builders ---------------------------------------------------------------------
+
+
+def running_status(pod: Mapping[str, Any], started: str, ids: Mapping[str, str]) -> dict[str, Any]:
+    st = copy.deepcopy(dict(pod.get("status") or {}))
+    conds = st.setdefault("conditions", [])
+    for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"):
+        o.set_condition(conds, t, "True", "", "", started, probe_fields=True)
+    for c in conds:
+        if c["type"] != "DisruptionTarget" and c.get("status") == "True":
+            c.pop("reason", None)
+            c.pop("message", None)
+    st.update(
+        {
+            "phase": "Running",
+            "hostIP": "127.0.0.1",
+            "hostIPs": [{"ip": "127.0.0.1"}],
+            "podIP": "127.0.0.1",
+            "podIPs": [{"ip": "127.0.0.1"}],
+            "startTime": st.get("startTime") or started,
+            "containerStatuses": [
+                {
+                    "name": c["name"],
+                    "state": {"running": {"startedAt": started}},
+                    "lastState": {},
+                    "ready": True,
+                    "started": True,
+                    "restartCount": 0,
+                    "image": c.get("image", ""),
+                    "imageID": "",
+                    "containerID": ids.get(c["name"], ""),
+                }
+                for c in (pod.get("spec") or {}).get("containers") or []
+            ],
+        }
+    )
+    return st
+
+
+def exit_code(returncode: int) -> int:
+    """A process killed by signal N exits 128+N in a container (SIGKILL → 137, SIGTERM → 143)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def terminated_status(
+    pod: Mapping[str, Any],
+    codes: Mapping[str, int],
+    started: str,
+    finished: Mapping[str, str],
+    ids: Mapping[str, str],
+    shutdown: bool,
+    when: str,
+) -> dict[str, Any]:
+    st = copy.deepcopy(dict(pod.get("status") or {}))
+    conds = st.setdefault("conditions", [])
+    for t in ("PodReadyToStartContainers",):
+        o.set_condition(conds, t, "False", "", "", when, probe_fields=True)
+    for t in ("Ready", "ContainersReady"):
+        o.set_condition(conds, t, "False", "PodCompleted", "", when, probe_fields=True)
+    for c in conds:
+        if c["type"] == "PodReadyToStartContainers":
+            c.pop("reason", None)
+            c.pop("message", None)
+        elif c["type"] in ("Ready", "ContainersReady"):
+            c.pop("message", None)
+    statuses = []
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        code = int(codes.get(c["name"], 137))
+        statuses.append(
+            {
+                "name": c["name"],
+                "state": {
+                    "terminated": {
+                        "exitCode": code,
+                        "reason": "Completed" if code == 0 else "Error",
+                        "startedAt": started or when,
+                        "finishedAt": finished.get(c["name"], when),
+                        "containerID": ids.get(c["name"], ""),
+                    }
+                },
+                "lastState": {},
+                "ready": False,
+                "started": False,
+                "restartCount": 0,
+                "image": c.get("image", ""),
+                "imageID": "",
+                "containerID": ids.get(c["name"], ""),
+            }
+        )
+    st["containerStatuses"] = statuses
+    ok = all(s["state"]["terminated"]["exitCode"] == 0 for s in statuses)
+    st["phase"] = "Succeeded" if ok and not shutdown else "Failed"
+    if shutdown:
+        st["reason"], st["message"] = SHUTDOWN_REASON, SHUTDOWN_MESSAGE
+    return st
+
+
+# ---- the kubelet ------------------------------------------------------------------------------
+
+
+class Kubelet(Controller):
+    """Serves every node of the cluster; `simulated(node)` picks the mode per node pool."""
+
+    name = "kubelet"
+
+    def __init__(
+        self,
+        store: Any,
+        log_dir: Path,
+        simulated: Callable[[str], bool],
+        sim_duration_s: float | None = None,
+        sim_term_exit_code: int = 143,
+        cwd: Path | None = None,
+    ) -> None:
+        super().__init__(store)
+        from launcher.embedded.store import RESOURCES
+
+        self.pods = RESOURCES["pods"]
+        self.nodes = RESOURCES["nodes"]
+        self.jobsets = RESOURCES["jobsets"]
+        self.configmaps = RESOURCES["configmaps"]
+        self.log_dir = log_dir
+        self.simulated = simulated
+        self.sim_duration_s = sim_duration_s
+        self.sim_term_exit_code = sim_term_exit_code
+        self.cwd = cwd or Path.cwd()
+        self.ports = podenv.PortMap()
+        self.recorder = EventRecorder(store, "kubelet")
+        self._runs: dict[str, PodRun] = {}  # pod uid → run
+        self._runs_lock = threading.Lock()
+        self._logs: dict[tuple[str, str], dict[str, Path]] = {}
+        self._known_nodes: set[str] = set()
+
+    # -- wiring --------------------------------------------------------------------------------
+    def resync(self) -> None:
+        nodes, _ = self.store.list(self.nodes)
+        self._known_nodes = {o.meta(n)["name"] for n in nodes}
+        pods, _ = self.store.list(self.pods)
+        for p in pods:
+            if (p.get("spec") or {}).get("nodeName"):
+                self.enqueue((o.meta(p)["uid"], *o.key_of(p)))
+
+    def keys_for(self, event: str, res: Any, obj: Mapping[str, Any]) -> list[Hashable]:
+        if res.plural == "nodes":
+            name = o.meta(obj)["name"]
+            if event == "DELETED":
+                self._known_nodes.discard(name)
+            else:
+                self._known_nodes.add(name)
+            return []
+        if res.plural != "pods":
+            return []
+        uid = o.meta(obj).get("uid")
+        if not (obj.get("spec") or {}).get("nodeName") and uid not in self._runs:
+            return []
+        return [(uid, *o.key_of(obj))]
+
+    def log_path(self, namespace: str, name: str, container: str | None = None) -> Path | None:
+        logs = self._logs.get((namespace, name)) or {}
+        if not logs:
+            return None
+        return logs.get(container) if container else next(iter(logs.values()))
+
+    def stop(self) -> None:
+        super().stop()
+        with self._runs_lock:
+            runs = list(self._runs.values())
+        for r in runs:
+            self._signal(r, signal.SIGKILL)
+        for r in runs:
+            r.done.wait(5)
+
+    # -- reconcile -----------------------------------------------------------------------------
+    def reconcile(self, key: Hashable) -> float | None:
+        uid, ns, name = key  # type: ignore[misc]
+        try:
+            pod = self.store.get(self.pods, ns, name)
+        except Exception as e:
+            if getattr(e, "code", None) != 404:
+                raise
+            pod = None
+        if pod is not None and o.meta(pod).get("uid") != uid:
+            pod = None
+        with self._runs_lock:
+            run = self._runs.get(uid)
+        if pod is None:
+            # Removed from the API (force delete, PodGC): nothing is left to report to.
+            if run is not None:
+                run.cause = run.cause or "gone"
+                self._signal(run, signal.SIGKILL)
+            self._logs.pop((ns, name), None)
+            return None
+        node = (pod.get("spec") or {}).get("nodeName")
+        if not node:
+            return None
+        if o.pod_terminal(pod):
+            if run is not None and not run.done.is_set():
+                self._signal(run, signal.SIGKILL)
+            if o.pod_deleting(pod):
+                self._delete_now(ns, name, uid)
+            return None
+        if o.pod_deleting(pod):
+            grace = float(o.meta(pod).get("deletionGracePeriodSeconds") or 0)
+            if run is None:
+                # Never started here: nothing to stop.
+                self._delete_now(ns, name, uid)
+            else:
+                self.terminate(run, grace, cause="delete")
+            return None
+        if run is None:
+            if node not in self._known_nodes:
+                return None
+            self._start(pod, node)
+        return None
+
+    # -- starting ------------------------------------------------------------------------------
+    def _start(self, pod: dict[str, Any], node: str) -> None:
+        m = o.meta(pod)
+        run = PodRun(m["uid"], m.get("namespace") or "default", m["name"], node, self.simulated(node))
+        run.started_at = o.rfc3339()
+        with self._runs_lock:
+            self._runs[run.uid] = run
+        if run.simulate:
+            self._write(run, lambda p: running_status(p, run.started_at, {}))
+            if self.sim_duration_s is not None:
+                t = threading.Timer(self.sim_duration_s, self.finish_run, args=(run, 0))
+                t.daemon = True
+                t.start()
+            return
+        try:
+            node_obj = self.store.get(self.nodes, None, node)
+            self._spawn(run, pod, node_obj)
+        except podenv.ConfigError as e:
+            self._config_error(run, pod, str(e))
+            return
+        except Exception as e:
+            log.exception("start %s/%s", run.namespace, run.name)
+            for c in (pod.get("spec") or {}).get("containers") or []:
+                run.exit_codes.setdefault(c["name"], 128)
+            self.recorder.event(pod, "Warning", "Failed", f"Error: {e}", host=node)
+            self._finalize(run)
+            return
+        ids = {c: f"process://{p.pid}" for c, p in run.procs.items()}
+        self._write(run, lambda p: running_status(p, run.started_at, ids))
+        for c in run.procs:
+            self.recorder.event(pod, "Normal", "Started", f"Started container {c}", host=node)
+        for c, proc in run.procs.items():
+            threading.Thread(
+                target=self._wait, args=(run, c, proc), daemon=True, name=f"wait-{run.name}"
+            ).start()
+
+    def _jobset_rewrite(self, pod: Mapping[str, Any]) -> Callable[[str], str] | None:
+        js_name = o.labels(pod).get(o.JOBSET_NAME)
+        if not js_name:
+            return None
+        try:
+            js = self.store.get(self.jobsets, o.meta(pod).get("namespace"), js_name)
+        except Exception:
+            return None
+        pattern = podenv.hostname_pattern(js)
+        uid, attempt = o.meta(js)["uid"], o.labels(pod).get(o.RESTART_ATTEMPT, "0")
+        return lambda v: podenv.rewrite_hosts(v, pattern, lambda port: self.ports.get(uid, attempt, port))
+
+    def _configmap(self, ns: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.store.get(self.configmaps, ns, name)
+        except Exception:
+            return None
+
+    def _spawn(self, run: PodRun, pod: dict[str, Any], node: dict[str, Any]) -> None:
+        spec = pod.get("spec") or {}
+        rewrite = self._jobset_rewrite(pod)
+        chips = o.pod_tpu_request(pod)
+        dpc = devices_per_chip(o.labels(node).get(o.ACCELERATOR_LABEL))
+        hostname = run.node if spec.get("hostNetwork") else (spec.get("hostname") or run.name)
+        d = self.log_dir / f"{run.namespace}_{run.name}_{run.uid}"
+        d.mkdir(parents=True, exist_ok=True)
+        plans = []
+        for c in spec.get("containers") or []:
+            pod_env = podenv.container_env(pod, c, node, self._configmap)
+            env = podenv.local_env(pod_env, os.environ, chips, dpc, hostname, rewrite)
+            args = podenv.argv(c, {k: env[k] for k in pod_env})
+            if not args:
+                raise podenv.ConfigError(f"container {c['name']} has no command (no image to take it from)")
+            wd = c.get("workingDir")
+            cwd = wd if wd and Path(wd).is_dir() else str(self.cwd)
+            plans.append((c["name"], args, env, cwd))
+        for cname, args, env, cwd in plans:
+            path = d / f"{cname}.log"
+            with open(path, "ab") as out:
+                proc = subprocess.Popen(
+                    args,
+                    env=env,
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # own process group: signals reach the whole tree
+                )
+            run.procs[cname] = proc
+            run.logs[cname] = path
+        self._logs[(run.namespace, run.name)] = dict(run.logs)
+
+    def _config_error(self, run: PodRun, pod: Mapping[str, Any], msg: str) -> None:
+        """CreateContainerConfigError: the pod stays Pending; retried on the next event."""
+        with self._runs_lock:
+            self._runs.pop(run.uid, None)
+
+        def mutate(p: dict[str, Any]) -> dict[str, Any]:
+            st = copy.deepcopy(p.get("status") or {})
+            st["containerStatuses"] = [
+                {
+                    "name": c["name"],
+                    "state": {"waiting": {"reason": "CreateContainerConfigError", "message": msg}},
+                    "ready": False,
+                    "started": False,
+                    "restartCount": 0,
+                    "image": c.get("image", ""),
+                    "imageID": "",
+                }
+                for c in (p.get("spec") or {}).get("containers") or []
+            ]
+            return st
+
+        self._write(run, mutate)
+        self.recorder.event(pod, "Warning", "Failed", f"Error: {msg}", host=run.node)
+        self.enqueue((run.uid, run.namespace, run.name), after=2.0)
+
+    def _wait(self, run: PodRun, cname: str, proc: subprocess.Popen) -> None:
+        rc = proc.wait()
+        with run.lock:
+            run.exit_codes[cname] = exit_code(rc)
+            run.finished_at[cname] = o.rfc3339()
+            last = len(run.exit_codes) == len(run.procs)
+        if last:
+            self._finalize(run)
+
+    # -- stopping ------------------------------------------------------------------------------
+    def _signal(self, run: PodRun, sig: int) -> None:
+        if run.simulate:
+            if sig == signal.SIGKILL:
+                self.finish_run(run, 137)
+            return
+        for proc in run.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)
+
+    def terminate(self, run: PodRun, grace: float, cause: str) -> None:
+        """SIGTERM now, SIGKILL after `grace` seconds (idempotent; a shorter grace wins)."""
+        with run.lock:
+            if run.done.is_set():
+                return
+            run.cause = run.cause or cause
+            first = not run.terminating
+            run.terminating = True
+            deadline = time.monotonic() + max(grace, 0.0)
+            if deadline < run.deadline:
+                run.deadline = deadline
+                if run.kill_timer is not None:
+                    run.kill_timer.cancel()
+                run.kill_timer = threading.Timer(max(grace, 0.0), self._signal, args=(run, signal.SIGKILL))
+                run.kill_timer.daemon = True
+                run.kill_timer.start()
+        if run.simulate:
+            self.finish_run(run, self.sim_term_exit_code if grace > 0 else 137)
+            return
+        if first:
+            self._signal(run, signal.SIGTERM)
+
+    def kill(self, uid: str) -> bool:
+        """Hard kill (SIGKILL) of a running pod's processes: it ends Failed with exit code 137."""
+        with self._runs_lock:
+            run = self._runs.get(uid)
+        if run is None or run.done.is_set():
+            return False
+        self._signal(run, signal.SIGKILL)
+        return True
+
+    def finish_run(self, run: PodRun, code: int) -> None:
+        """Simulate mode: every container of the pod exits with `code`."""
+        with run.lock:
+            if run.done.is_set() or run.exit_codes:
+                return
+            when = o.rfc3339()
+            for c in self._container_names(run):
+                run.exit_codes[c] = code
+                run.finished_at[c] = when
+        self._finalize(run)
+
+    def _container_names(self, run: PodRun) -> list[str]:
+        try:
+            pod = self.store.get(self.pods, run.namespace, run.name)
+            return [c["name"] for c in (pod.get("spec") or {}).get("containers") or []]
+        except Exception:
+            return ["main"]
+
+    def runs(self) -> list[PodRun]:
+        with self._runs_lock:
+            return list(self._runs.values())
+
+    def _finalize(self, run: PodRun) -> None:
+        if run.kill_timer is not None:
+            run.kill_timer.cancel()
+        ids = {c: f"process://{p.pid}" for c, p in run.procs.items()}
+        if run.cause != "gone":
+            self._write(
+                run,
+                lambda p: terminated_status(
+                    p,
+                    run.exit_codes,
+                    run.started_at,
+                    run.finished_at,
+                    ids,
+                    run.cause == "shutdown",
+                    o.rfc3339(),
+                ),
+            )
+            if run.cause == "delete":
+                self._delete_now(run.namespace, run.name, run.uid)
+        with self._runs_lock:
+            self._runs.pop(run.uid, None)
+        run.done.set()
+
+    # -- API writes ----------------------------------------------------------------------------
+    def _write(self, run: PodRun, mutate: Callable[[dict[str, Any]], dict[str, Any]]) -> bool:
+        """Read-modify-write of the pod status, retried on conflict."""
+        for _ in range(20):
+            try:
+                pod = self.store.get(self.pods, run.namespace, run.name)
+                if o.meta(pod).get("uid") != run.uid:
+                    return False
+                pod["status"] = mutate(pod)
+                self.store.update(self.pods, pod, subresource="status")
+                return True
+            except Exception as e:
+                code = getattr(e, "code", None)
+                if code == 404:
+                    return False
+                if code != 409:
+                    log.exception("status of %s/%s", run.namespace, run.name)
+                    return False
+                time.sleep(0.01)
+        return False
+
+    def _delete_now(self, ns: str, name: str, uid: str) -> None:
+        try:
+            pod = self.store.get(self.pods, ns, name)
+            if o.meta(pod).get("uid") == uid:
+                self.store.delete(self.pods, ns, name, grace_period_seconds=0)
+        except Exception as e:
+            if getattr(e, "code", None) != 404:
+                log.exception("delete %s/%s", ns, name)
+
+    def disrupt(self, uid: str, reason: str, message: str) -> None:
+        """Add a DisruptionTarget condition to a running pod (before terminating it)."""
+        with self._runs_lock:
+            run = self._runs.get(uid)
+        if run is None:
+            return
+
+        def mutate(p: dict[str, Any]) -> dict[str, Any]:
+            st = copy.deepcopy(p.get("status") or {})
+            o.set_condition(
+                st.setdefault("conditions", []),
+                "DisruptionTarget",
+                "True",
+                reason,
+                message,
+                probe_fields=True,
+            )
+            return st
+
+        self._write(run, mutate)

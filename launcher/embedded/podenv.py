@@ -1,0 +1,191 @@
+"""A container's environment and argv, as the kubelet computes them — plus the embedded cluster's two
+local rewrites (docs/contract.md): JAX on CPU with the devices of the pod's chips, and pod hostnames
+of the same JobSet resolved to 127.0.0.1 on a port chosen per (JobSet uid, restart attempt, port).
+
+Pure apart from `PortMap`, which asks the OS for free ports.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from launcher.embedded import objects as o
+
+_FIELD = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")
+_VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.\-]*)\)")
+
+
+def expand(s: str, env: Mapping[str, str]) -> str:
+    """Kubernetes $(VAR) expansion: defined names are replaced, undefined ones left as written,
+    and $$ escapes a dollar."""
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        name = m.group(1)
+        return env[name] if name in env else m.group(0)
+
+    return _VAR.sub(sub, s)
+
+
+def field_value(pod: Mapping[str, Any], path: str) -> str:
+    """Downward API fieldRef."""
+    m = o.meta(pod)
+    simple = {
+        "metadata.name": m.get("name"),
+        "metadata.namespace": m.get("namespace"),
+        "metadata.uid": m.get("uid"),
+        "spec.nodeName": (pod.get("spec") or {}).get("nodeName"),
+        "spec.serviceAccountName": (pod.get("spec") or {}).get("serviceAccountName"),
+        "status.hostIP": "127.0.0.1",
+        "status.hostIPs": "127.0.0.1",
+        "status.podIP": "127.0.0.1",
+        "status.podIPs": "127.0.0.1",
+    }
+    if path in simple:
+        return str(simple[path] or "")
+    fm = _FIELD.match(path)
+    if fm:
+        src = o.labels(pod) if fm.group(1) == "labels" else o.annotations(pod)
+        return str(src.get(fm.group(2), ""))
+    raise ValueError(f"unsupported fieldRef {path!r}")
+
+
+def resource_value(container: Mapping[str, Any], node: Mapping[str, Any], ref: Mapping[str, Any]) -> str:
+    """Downward API resourceFieldRef (limits.x / requests.x; an unset limit is the node's allocatable)."""
+    from launcher.embedded.scheduler import quantity
+
+    kind, _, res = (ref.get("resource") or "").partition(".")
+    r = container.get("resources") or {}
+    v = (r.get(kind) or {}).get(res)
+    if v is None:
+        v = ((node.get("status") or {}).get("allocatable") or {}).get(res, 0)
+    div = quantity(ref.get("divisor") or 1)
+    q = quantity(v) / div
+    return str(int(q) if q == int(q) else int(q) + 1)
+
+
+class ConfigError(Exception):
+    """CreateContainerConfigError: the pod stays Pending with this message."""
+
+
+def container_env(
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    node: Mapping[str, Any],
+    configmap: Callable[[str, str], Mapping[str, Any] | None],
+) -> dict[str, str]:
+    """The variables the pod spec defines for one container (envFrom, then env), expanded."""
+    ns = o.meta(pod).get("namespace") or "default"
+    env: dict[str, str] = {}
+    for src in container.get("envFrom") or []:
+        ref = src.get("configMapRef")
+        if ref is None:
+            continue
+        cm = configmap(ns, ref["name"])
+        if cm is None:
+            if ref.get("optional"):
+                continue
+            raise ConfigError(f'configmap "{ref["name"]}" not found')
+        for k, v in (cm.get("data") or {}).items():
+            env[(src.get("prefix") or "") + k] = v
+    for e in container.get("env") or []:
+        name = e["name"]
+        if "valueFrom" not in e:
+            env[name] = expand(str(e.get("value") or ""), env)
+            continue
+        vf = e["valueFrom"]
+        if "fieldRef" in vf:
+            env[name] = field_value(pod, vf["fieldRef"]["fieldPath"])
+        elif "resourceFieldRef" in vf:
+            env[name] = resource_value(container, node, vf["resourceFieldRef"])
+        elif "configMapKeyRef" in vf:
+            ref = vf["configMapKeyRef"]
+            cm = configmap(ns, ref["name"])
+            data = (cm or {}).get("data") or {}
+            if ref["key"] in data:
+                env[name] = data[ref["key"]]
+            elif not ref.get("optional"):
+                what = (
+                    f'configmap "{ref["name"]}" not found'
+                    if cm is None
+                    else (f"couldn't find key {ref['key']} in ConfigMap {ns}/{ref['name']}")
+                )
+                raise ConfigError(what)
+        else:
+            raise ConfigError(f"unsupported env source for {name}: {sorted(vf)}")
+    return env
+
+
+def argv(container: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
+    """command + args with $(VAR) expansion; python/python3 become this interpreter (no image here)."""
+    args = [expand(str(a), env) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
+    if args and args[0] in ("python", "python3"):
+        args[0] = sys.executable
+    return args
+
+
+class PortMap:
+    """A free loopback port per (JobSet uid, restart attempt, port), stable while the cluster runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ports: dict[tuple[str, str, int], int] = {}
+
+    def get(self, jobset_uid: str, attempt: str, port: int) -> int:
+        key = (jobset_uid, attempt, port)
+        with self._lock:
+            if key not in self._ports:
+                used = set(self._ports.values())
+                while True:
+                    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                        s.bind(("127.0.0.1", 0))
+                        p = s.getsockname()[1]
+                    if p not in used:
+                        break
+                self._ports[key] = p
+            return self._ports[key]
+
+
+def hostname_pattern(jobset: Mapping[str, Any]) -> re.Pattern[str]:
+    """Pod hostnames of a JobSet, `<js>-<rjob>-<j>-<p>[.<subdomain>[.more]][:port]`."""
+    m = o.meta(jobset)
+    rjobs = [r["name"] for r in (jobset.get("spec") or {}).get("replicatedJobs") or []] or ["[a-z0-9-]+"]
+    net = (jobset.get("spec") or {}).get("network") or {}
+    sub = net.get("subdomain") or m["name"]
+    host = rf"{re.escape(m['name'])}-(?:{'|'.join(re.escape(r) for r in rjobs)})-\d+-\d+"
+    return re.compile(
+        rf"(?<![A-Za-z0-9.-]){host}(?:\.{re.escape(sub)}(?:\.[A-Za-z0-9-]+)*)?(?::(\d+))?(?![A-Za-z0-9-])"
+    )
+
+
+def rewrite_hosts(value: str, pattern: re.Pattern[str], port_for: Callable[[int], int]) -> str:
+    def sub(m: re.Match[str]) -> str:
+        return f"127.0.0.1:{port_for(int(m.group(1)))}" if m.group(1) else "127.0.0.1"
+
+    return pattern.sub(sub, value)
+
+
+def local_env(
+    pod_env: Mapping[str, str],
+    base: Mapping[str, str],
+    chips: int,
+    devices_per_chip: int,
+    hostname: str,
+    rewrite: Callable[[str], str] | None,
+) -> dict[str, str]:
+    """The process environment: the parent's (PATH, caches...), then the pod's (hosts rewritten),
+    then the kubelet's own: JAX on CPU with chips × devices-per-chip devices."""
+    env = dict(base)
+    for k, v in pod_env.items():
+        env[k] = rewrite(v) if rewrite else v
+    env["HOSTNAME"] = hostname
+    env["JAX_PLATFORMS"] = "cpu"
+    if chips > 0:
+        env["JAX_NUM_CPU_DEVICES"] = str(chips * devices_per_chip)
+    return env
