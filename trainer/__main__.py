@@ -1,0 +1,38 @@
+"""``python -m trainer --config <name|path> [--set key=value ...]``; see docs/contract.md."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from trainer.config import ConfigError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+        print(f"trainer: usage error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _Parser(prog="python -m trainer", description="reslice JAX MoE trainer")
+    parser.add_argument(
+        "--config", help="named config (tiny, small, olmoe-1b) or YAML path; default RESLICE_CONFIG"
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. train.steps=100"
+    )
+    args = parser.parse_args(argv)
+    try:
+        from trainer import config, loop  # keeps --help fast
+
+        cfg = config.resolve(args.config, args.set, os.environ)
+        return loop.run(cfg, os.environ)
+    except ConfigError as e:
+        print(f"trainer: config error: {e}", file=sys.stderr, flush=True)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

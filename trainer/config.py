@@ -1,0 +1,351 @@
+"""Trainer configuration: named configs, YAML files, ``--set`` overrides and the contract environment.
+
+Resolution order (later wins): the named config or YAML file, ``RESLICE_SET`` overrides, ``--set``
+overrides, then the batch plan and run directory from the contract environment (docs/contract.md).
+
+A YAML file is a mapping of sections (``model``, ``moe``, ``optim``, ``data``, ``train``, ``mesh``,
+``checkpoint``) plus optional ``base: <named config>`` and ``run_dir``. An override is
+``section.key=value``; the value is parsed as a YAML scalar and must fit the key's type.
+
+Every user-facing mistake raises :class:`ConfigError`, which ``__main__`` turns into one line on
+stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(Exception):
+    """A configuration or launch-contract error: reported in one line, exit code 2, never retried."""
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 256
+    seq_len: int = 32
+    d_model: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    head_dim: int = 16
+    d_ff: int = 128  # feed-forward width of the dense layers
+    dense_layers: int = 0  # the first N layers use a dense MLP instead of MoE
+    rope_theta: float = 10000.0
+    init_std: float = 0.02
+    dtype: str = "float32"  # activation/compute dtype; parameters are always float32
+
+
+@dataclass
+class MoEConfig:
+    num_experts: int = 8
+    top_k: int = 2
+    d_expert: int = 64
+    shared_expert_dim: int = 0  # 0: no shared expert
+    # Receive-buffer rows per expert shard = int(local_tokens * top_k * factor); <= 0: dropless.
+    ragged_buffer_factor: float = 0.0
+    transport: str = "auto"  # auto | ragged | dense
+    load_balance_weight: float = 0.01
+    z_loss_weight: float = 0.001
+    # The load-balancing loss is computed over groups of this many consecutive sequences of the
+    # global batch (global across devices). A group never straddles micro-batches, so the loss and
+    # its gradient are the same for every (devices, micro-batch, grad-accum) layout.
+    balance_group: int = 1
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 10
+    decay_steps: int = 0  # 0: train.steps
+    weight_decay: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    clip_norm: float = 1.0
+
+
+@dataclass
+class DataConfig:
+    source: str = "synthetic"  # synthetic | files
+    path: str = ""  # token file for source=files (local path or gs://)
+    dtype: str = "uint16"  # token file dtype: uint16 | uint32
+    seed: int = 1234
+    num_records: int = 1 << 20  # synthetic corpus size (records of seq_len + 1 tokens)
+    zipf_exponent: float = 1.1  # skew of the synthetic unigram distribution
+    copy_prob: float = 0.75  # probability that the next synthetic token follows the successor map
+    workers: int = 0  # grain worker processes; 0: a prefetch thread in the trainer process
+    prefetch: int = 2  # batches read ahead
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 60
+    global_batch: int = 16
+    micro_batch: int = 0  # 0: global_batch / (devices * grad_accum)
+    grad_accum: int = 1
+    seed: int = 0  # parameter initialisation
+
+
+@dataclass
+class MeshConfig:
+    expert: int = 0  # expert-parallel size; 0: the largest divisor of devices that divides num_experts
+
+
+@dataclass
+class CheckpointConfig:
+    interval: int = 20  # save every N optimizer steps (and always at the last step and on SIGTERM)
+    keep: int = 3
+    async_save: bool = True
+
+
+@dataclass
+class MetricsConfig:
+    flush_seconds: float = 10.0  # how often a gs:// metrics object is rewritten
+    log_every: int = 10  # print a progress line to stdout every N steps
+
+
+@dataclass
+class Config:
+    name: str = "custom"
+    run_dir: str = "runs/local"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    moe: MoEConfig = field(default_factory=MoEConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = ("model", "moe", "optim", "data", "train", "mesh", "checkpoint", "metrics")
+
+# Named configs are overrides of the dataclass defaults (which are the `tiny` config).
+NAMED: dict[str, dict[str, dict[str, Any]]] = {
+    # < 1 M parameters; tens of ms per step on 8 simulated CPU devices. Dropless by default so that
+    # losses do not depend on the expert-parallel layout (see moe.buffer_rows).
+    "tiny": {},
+    "small": {
+        "model": {"vocab_size": 2048, "seq_len": 128, "d_model": 256, "n_layers": 4, "n_heads": 8,
+                  "head_dim": 32, "d_ff": 768, "dense_layers": 1},
+        "moe": {"num_experts": 16, "top_k": 2, "d_expert": 256, "shared_expert_dim": 256,
+                "ragged_buffer_factor": 1.25},
+        "optim": {"lr": 1e-3, "warmup_steps": 50},
+        "train": {"steps": 500, "global_batch": 32},
+        "checkpoint": {"interval": 100},
+    },
+    # OLMoE-1B-7B-like: ~1.3 B active of ~6.9 B parameters. For TPU; tests only build it abstractly.
+    "olmoe-1b": {
+        "model": {"vocab_size": 50304, "seq_len": 4096, "d_model": 2048, "n_layers": 16, "n_heads": 16,
+                  "head_dim": 128, "d_ff": 8192, "dense_layers": 0, "dtype": "bfloat16"},
+        "moe": {"num_experts": 64, "top_k": 8, "d_expert": 1024, "ragged_buffer_factor": 1.0625},
+        "optim": {"lr": 4e-4, "warmup_steps": 2000, "weight_decay": 0.1},
+        "data": {"source": "files", "dtype": "uint32"},
+        "train": {"steps": 100_000, "global_batch": 512},
+        "checkpoint": {"interval": 500, "keep": 3},
+    },
+}  # fmt: skip
+
+
+def _section(cfg: Config, name: str) -> Any:
+    if name not in SECTIONS:
+        raise ConfigError(f"unknown config section {name!r} (sections: {', '.join(SECTIONS)})")
+    return getattr(cfg, name)
+
+
+def _coerce(key: str, value: Any, current: Any) -> Any:
+    """Convert a parsed value to the type of the field it replaces, refusing lossy conversions."""
+    if isinstance(current, bool):
+        if isinstance(value, bool):
+            return value
+    elif isinstance(current, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif isinstance(current, float):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif isinstance(current, str):
+        return value if isinstance(value, str) else str(value)
+    raise ConfigError(f"{key}: expected {type(current).__name__}, got {value!r}")
+
+
+def set_value(cfg: Config, key: str, value: Any) -> None:
+    if key == "run_dir":
+        cfg.run_dir = _coerce(key, value, cfg.run_dir)
+        return
+    section, _, name = key.partition(".")
+    obj = _section(cfg, section)
+    if not name or name not in {f.name for f in fields(obj)}:
+        known = ", ".join(f"{section}.{f.name}" for f in fields(obj))
+        raise ConfigError(f"unknown config key {key!r} (known: {known})")
+    setattr(obj, name, _coerce(key, value, getattr(obj, name)))
+
+
+def apply_mapping(cfg: Config, data: Mapping[str, Any], origin: str) -> None:
+    for sec, values in data.items():
+        if sec in ("base", "name"):
+            continue
+        if sec == "run_dir":
+            set_value(cfg, "run_dir", values)
+            continue
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"{origin}: section {sec!r} must be a mapping")
+        for k, v in values.items():
+            set_value(cfg, f"{sec}.{k}", v)
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``section.key=value`` -> (key, value); the value is a YAML scalar (``1e-3``, ``true``, ``abc``)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} is not of the form section.key=value")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {text!r}: cannot parse value: {e}") from None
+    if isinstance(value, (dict, list)):
+        raise ConfigError(f"override {text!r}: value must be a scalar")
+    return key.strip(), value
+
+
+def load(name_or_path: str) -> Config:
+    """A named config (``tiny``, ``small``, ``olmoe-1b``) or a YAML file."""
+    cfg = Config()
+    if name_or_path in NAMED:
+        apply_mapping(cfg, NAMED[name_or_path], name_or_path)
+        cfg.name = name_or_path
+        return cfg
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ConfigError(
+            f"config {name_or_path!r} is neither a named config ({', '.join(NAMED)}) nor a file"
+        )
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config {path}: invalid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config {path}: top level must be a mapping")
+    base = data.get("base")
+    if base is not None:
+        if base not in NAMED:
+            raise ConfigError(f"config {path}: unknown base {base!r}")
+        apply_mapping(cfg, NAMED[base], base)
+    apply_mapping(cfg, data, str(path))
+    cfg.name = str(data.get("name", path.stem))
+    return cfg
+
+
+def _env_int(env: Mapping[str, str], key: str) -> int | None:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{key}={raw!r} is not an integer") from None
+
+
+def resolve(config: str | None, overrides: Sequence[str], env: Mapping[str, str]) -> Config:
+    """Build the effective config from the CLI and the contract environment."""
+    name = config or env.get("RESLICE_CONFIG") or "tiny"
+    cfg = load(name)
+    env_set = env.get("RESLICE_SET")
+    env_overrides: list[str] = []
+    if env_set:
+        try:
+            env_overrides = json.loads(env_set)
+        except json.JSONDecodeError:
+            raise ConfigError(f"RESLICE_SET is not a JSON list: {env_set!r}") from None
+        if not isinstance(env_overrides, list) or not all(isinstance(o, str) for o in env_overrides):
+            raise ConfigError("RESLICE_SET must be a JSON list of 'key=value' strings")
+    for text in [*env_overrides, *overrides]:
+        set_value(cfg, *parse_override(text))
+    for key, target in (
+        ("RESLICE_GLOBAL_BATCH", "train.global_batch"),
+        ("RESLICE_MICRO_BATCH", "train.micro_batch"),
+        ("RESLICE_GRAD_ACCUM", "train.grad_accum"),
+    ):
+        value = _env_int(env, key)
+        if value is not None:
+            set_value(cfg, target, value)
+    if env.get("RESLICE_RUN_DIR"):
+        cfg.run_dir = env["RESLICE_RUN_DIR"]
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    m, e, t = cfg.model, cfg.moe, cfg.train
+    checks = [
+        (m.vocab_size > 0 and m.seq_len > 0 and m.d_model > 0 and m.n_layers > 0, "model sizes must be positive"),
+        (m.n_heads > 0 and m.head_dim > 0 and m.head_dim % 2 == 0, "model.head_dim must be positive and even (RoPE)"),
+        (0 <= m.dense_layers <= m.n_layers, "model.dense_layers must be in [0, model.n_layers]"),
+        (m.dtype in ("float32", "bfloat16"), "model.dtype must be float32 or bfloat16"),
+        (e.num_experts > 0 and 0 < e.top_k <= e.num_experts, "moe.top_k must be in [1, moe.num_experts]"),
+        (e.d_expert > 0 and e.shared_expert_dim >= 0, "moe.d_expert must be positive"),
+        (e.transport in ("auto", "ragged", "dense"), "moe.transport must be auto, ragged or dense"),
+        (e.balance_group > 0, "moe.balance_group must be positive"),
+        (cfg.data.source in ("synthetic", "files"), "data.source must be synthetic or files"),
+        (cfg.data.source != "files" or bool(cfg.data.path), "data.path is required for data.source=files"),
+        (cfg.data.dtype in ("uint16", "uint32"), "data.dtype must be uint16 or uint32"),
+        (cfg.data.workers >= 0 and cfg.data.prefetch >= 0, "data.workers and data.prefetch must be >= 0"),
+        (t.steps > 0 and t.global_batch > 0, "train.steps and train.global_batch must be positive"),
+        (t.micro_batch >= 0 and t.grad_accum > 0, "train.grad_accum must be positive"),
+        (cfg.checkpoint.interval > 0 and cfg.checkpoint.keep > 0, "checkpoint.interval and keep must be positive"),
+        (cfg.optim.warmup_steps >= 0 and cfg.optim.lr > 0, "optim.lr must be positive"),
+    ]  # fmt: skip
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def decay_steps(cfg: Config) -> int:
+    return cfg.optim.decay_steps or cfg.train.steps
+
+
+def identity(cfg: Config) -> dict[str, Any]:
+    """What a checkpoint must agree on to be resumed: model, optimizer and data, not the layout.
+
+    Left out on purpose: the batch plan (checked separately, global batch explicitly), the buffer
+    factor and transport (they change which rows drop, not the state), loader workers, steps.
+    """
+    moe = dataclasses.asdict(cfg.moe)
+    for k in ("ragged_buffer_factor", "transport"):
+        moe.pop(k)
+    data = dataclasses.asdict(cfg.data)
+    for k in ("workers", "prefetch"):
+        data.pop(k)
+    optim = dataclasses.asdict(cfg.optim)
+    optim["decay_steps"] = decay_steps(cfg)
+    return {
+        "model": dataclasses.asdict(cfg.model),
+        "moe": moe,
+        "optim": optim,
+        "data": data,
+        "init_seed": cfg.train.seed,
+    }
+
+
+def config_hash(cfg: Config) -> str:
+    blob = json.dumps(identity(cfg), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def environ() -> dict[str, str]:
+    return dict(os.environ)

@@ -1,0 +1,229 @@
+"""Data: a random-access Grain pipeline whose global batch for step s depends only on
+(dataset, seed, s, global batch) — never on processes, devices, micro-batching or loader workers.
+
+Order (DESIGN.md "Data order", FACTS §5):
+
+- The corpus is a list of N records (``seq_len + 1`` tokens each). ``grain.MapDataset.range(N)
+  .shuffle(seed)`` gives a random-access permutation, reshuffled every epoch; global position r
+  holds sample id ``order[r]``.
+- Global batch of step s = positions ``[s·GB, (s+1)·GB)``.
+- Micro-batch m (of A) = the contiguous positions ``[m·GB/A, (m+1)·GB/A)`` of that batch, and
+  process p (of P) reads the contiguous block p of every micro-batch. The trainer assembles the
+  global ``[A, GB/A, seq_len + 1]`` array with ``jax.make_array_from_process_local_data``.
+- The pipeline is indexed by step (one element = this process's part of one step), so resuming at
+  step s needs no iterator state, and ``mp_prefetch`` workers (which take every W-th element and
+  are read round-robin) cannot reorder anything.
+
+Sources:
+
+- ``synthetic``: deterministic records with learnable structure and a skewed (Zipf) unigram
+  distribution, so that the loss falls and MoE routing is imbalanced (see :class:`SyntheticSource`).
+- ``files``: a token file (see :class:`TokenFileSource`), local or ``gs://``.
+
+This module does not import JAX: Grain worker processes import it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import grain
+import numpy as np
+
+from trainer.config import DataConfig
+
+
+class SyntheticSource:
+    """Record i: a Zipf-distributed start token, then runs that follow a fixed successor map.
+
+    Token t+1 is ``succ(token t)`` with probability ``copy_prob``, else a fresh Zipf draw, where
+    ``succ(v) = (a·v + c) mod V`` is a bijection chosen from the seed. Fresh draws follow
+    ``p(rank) ∝ (rank + 1)^-zipf_exponent`` over a seeded permutation of the vocabulary. The loss
+    can fall from ln V towards the entropy of the fresh draws; frequent tokens skew expert routing.
+    Records are a pure function of (seed, i).
+    """
+
+    def __init__(self, cfg: DataConfig, vocab_size: int, seq_len: int):
+        self.n, self.v, self.length = cfg.num_records, vocab_size, seq_len + 1
+        self.seed, self.copy_prob = cfg.seed, cfg.copy_prob
+        rng = np.random.default_rng((cfg.seed, 0xDA7A))
+        self.rank_to_token = rng.permutation(vocab_size)
+        p = (np.arange(vocab_size) + 1.0) ** -cfg.zipf_exponent
+        self.cdf = np.cumsum(p / p.sum())
+        a = int(rng.integers(1, vocab_size)) | 1
+        while np.gcd(a, vocab_size) != 1:
+            a += 2
+        c = int(rng.integers(0, vocab_size))
+        # succ^j(v) = A[j]·v + C[j] (mod V), for j up to a whole record.
+        mul, add = np.ones(self.length, np.int64), np.zeros(self.length, np.int64)
+        for j in range(1, self.length):
+            mul[j] = (mul[j - 1] * a) % vocab_size
+            add[j] = (add[j - 1] * a + c) % vocab_size
+        self.mul, self.add = mul, add
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        rng = np.random.default_rng((self.seed, int(i)))
+        u = rng.random((2, self.length))
+        fresh = self.rank_to_token[np.minimum(np.searchsorted(self.cdf, u[0]), self.v - 1)]
+        is_fresh = u[1] >= self.copy_prob
+        is_fresh[0] = True
+        pos = np.arange(self.length)
+        start = np.maximum.accumulate(np.where(is_fresh, pos, 0))
+        off = pos - start
+        return ((self.mul[off] * fresh[start] + self.add[off]) % self.v).astype(np.int32)
+
+
+class TokenFileSource:
+    """A token file: a flat array of little-endian ``uint16`` or ``uint32`` token ids, no header.
+
+    Documents are concatenated (with whatever separator token the tokenizer uses). Record i is
+    tokens ``[i·seq_len, i·seq_len + seq_len + 1)``: consecutive records overlap by one token, the
+    target of the last position. N = (num_tokens − 1) // seq_len. The path is local or
+    ``gs://bucket/object`` (read with byte-range requests through gcsfs).
+    """
+
+    def __init__(self, path: str, dtype: str, seq_len: int):
+        self.path, self.dtype, self.seq_len = path, np.dtype(dtype).newbyteorder("<"), seq_len
+        self._local = threading.local()
+        size = self._fs().size(path) if path.startswith("gs://") else _local_size(path)
+        self.num_tokens = size // self.dtype.itemsize
+        self.n = (self.num_tokens - 1) // seq_len
+        if self.n < 1:
+            raise ValueError(f"token file {path} holds {self.num_tokens} tokens: not one record")
+
+    def _fs(self) -> Any:
+        import gcsfs  # only for gs://, and after the emulator environment is set
+
+        if not hasattr(self._local, "fs"):
+            self._local.fs = gcsfs.GCSFileSystem()
+        return self._local.fs
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_local")
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._local = threading.local()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        start = int(i) * self.seq_len * self.dtype.itemsize
+        end = start + (self.seq_len + 1) * self.dtype.itemsize
+        if self.path.startswith("gs://"):
+            raw = self._fs().cat_file(self.path, start=start, end=end)
+            return np.frombuffer(raw, self.dtype).astype(np.int32)
+        if not hasattr(self._local, "mm"):
+            self._local.mm = np.memmap(self.path, dtype=self.dtype, mode="r")
+        lo = int(i) * self.seq_len
+        return np.asarray(self._local.mm[lo : lo + self.seq_len + 1], dtype=np.int32)
+
+
+def _local_size(path: str) -> int:
+    import os
+
+    try:
+        return os.path.getsize(path)
+    except OSError as e:
+        raise ValueError(f"cannot read token file {path}: {e.strerror}") from None
+
+
+def make_source(cfg: DataConfig, vocab_size: int, seq_len: int) -> SyntheticSource | TokenFileSource:
+    if cfg.source == "synthetic":
+        return SyntheticSource(cfg, vocab_size, seq_len)
+    return TokenFileSource(cfg.path, cfg.dtype, seq_len)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one process takes its part of every global batch."""
+
+    global_batch: int
+    grad_accum: int
+    num_processes: int = 1
+    process_index: int = 0
+
+    def __post_init__(self) -> None:
+        per_micro, rem = divmod(self.global_batch, self.grad_accum)
+        if rem or per_micro % self.num_processes:
+            raise ValueError(
+                f"global batch {self.global_batch} does not split into {self.grad_accum} micro-batches"
+                f" over {self.num_processes} processes"
+            )
+
+    @property
+    def micro_global(self) -> int:
+        return self.global_batch // self.grad_accum
+
+    @property
+    def micro_local(self) -> int:
+        return self.micro_global // self.num_processes
+
+    def local_positions(self, step: int) -> np.ndarray:
+        """[A, GB/A/P] global positions this process reads for ``step``."""
+        m = np.arange(self.grad_accum)[:, None] * self.micro_global
+        j = np.arange(self.micro_local)[None, :] + self.process_index * self.micro_local
+        return step * self.global_batch + m + j
+
+
+def sample_order(num_records: int, seed: int) -> grain.MapDataset:
+    """Global position -> sample id (a Grain random-access shuffle, reshuffled every epoch)."""
+    return grain.MapDataset.range(num_records).shuffle(seed=seed)
+
+
+def global_sample_ids(order: grain.MapDataset, step: int, global_batch: int) -> np.ndarray:
+    """The sample ids of the global batch of ``step``, in global order (cheap: no records read)."""
+    n = len(order)
+    return np.array([order[r] % n for r in range(step * global_batch, (step + 1) * global_batch)], np.int64)
+
+
+def sample_digest(ids: np.ndarray) -> str:
+    return hashlib.sha256(np.asarray(ids, "<i8").tobytes()).hexdigest()[:16]
+
+
+class StepBatch:
+    """step -> this process's part of that step: ids [A, L] and tokens [A, L, seq_len + 1]."""
+
+    def __init__(self, source: Any, order: grain.MapDataset, layout: Layout):
+        self.source, self.order, self.layout = source, order, layout
+
+    def __call__(self, step: int) -> dict[str, Any]:
+        n = len(self.order)
+        pos = self.layout.local_positions(int(step))
+        ids = np.array([self.order[int(r)] % n for r in pos.ravel()], np.int64).reshape(pos.shape)
+        tokens = np.stack([self.source[int(i)] for i in ids.ravel()]).reshape(*pos.shape, -1)
+        batch = {"step": int(step), "ids": ids, "tokens": tokens}
+        if self.layout.process_index == 0:  # the writer of metrics: digest of the *global* batch
+            every = global_sample_ids(self.order, int(step), self.layout.global_batch)
+            batch["digest"], batch["first_sample"] = sample_digest(every), int(every[0])
+        return batch
+
+
+def make_dataset(
+    cfg: DataConfig, vocab_size: int, seq_len: int, layout: Layout, start_step: int, end_step: int
+) -> grain.IterDataset:
+    """Per-process batches for steps ``[start_step, end_step)``, in step order."""
+    source = make_source(cfg, vocab_size, seq_len)
+    steps = grain.MapDataset.range(start_step, end_step).map(
+        StepBatch(source, sample_order(len(source), cfg.seed), layout)
+    )
+    if cfg.workers > 0:
+        from absl import flags
+
+        if not flags.FLAGS.is_parsed():  # Grain's worker pool reads absl flags; we have no absl main
+            flags.FLAGS.mark_as_parsed()
+        opts = grain.MultiprocessingOptions(
+            num_workers=cfg.workers, per_worker_buffer_size=max(cfg.prefetch, 1)
+        )
+        return steps.to_iter_dataset().mp_prefetch(opts)
+    read = grain.ReadOptions(num_threads=1 if cfg.prefetch else 0, prefetch_buffer_size=cfg.prefetch)
+    return steps.to_iter_dataset(read)

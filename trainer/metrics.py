@@ -1,0 +1,86 @@
+"""Run-directory outputs of process 0: metrics JSON lines, TensorBoard events, ``status.json``.
+
+Local and gs:// run directories go through ``etils.epath``. A GCS object cannot be appended to, so
+on gs:// the metrics file of this incarnation is rewritten whole at each flush (every
+``metrics.flush_seconds`` and at exit); locally lines are appended and flushed every step.
+Other processes get a writer that does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from etils import epath
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in path
+
+
+class RunWriter:
+    def __init__(self, run_dir: str, segment: int, restart_attempt: int, flush_seconds: float, enabled: bool):
+        self.enabled = enabled
+        self.run_dir = epath.Path(run_dir)
+        self.remote = _is_remote(run_dir)
+        self.flush_seconds = flush_seconds
+        self.name = f"{segment:04d}-{restart_attempt:03d}-{int(time.time() * 1000)}.jsonl"
+        self.path = self.run_dir / "metrics" / self.name
+        self._lines: list[str] = []
+        self._last_flush = 0.0
+        self._file = None
+        self._tb = None
+        if not enabled:
+            return
+        (self.run_dir / "metrics").mkdir(parents=True, exist_ok=True)
+        if not self.remote:
+            self._file = open(self.path, "a")  # noqa: SIM115 (kept open for the run)
+
+    def _tensorboard(self) -> Any:
+        if self._tb is None:
+            from tensorboardX import SummaryWriter  # slow import, process 0 only
+
+            self._tb = SummaryWriter(
+                str(self.run_dir / "tensorboard"), flush_secs=int(max(self.flush_seconds, 1))
+            )
+        return self._tb
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        line = json.dumps(record, separators=(",", ":"))
+        if self._file is not None:
+            self._file.write(line + "\n")
+            self._file.flush()
+        else:
+            self._lines.append(line)
+            if time.monotonic() - self._last_flush >= self.flush_seconds:
+                self.flush()
+        tb = self._tensorboard()
+        for key, value in record.items():
+            if "/" in key and isinstance(value, (int, float)) and not isinstance(value, bool):
+                tb.add_scalar(key, value, record["step"])
+
+    def flush(self) -> None:
+        if not self.enabled:
+            return
+        if self.remote and self._lines:
+            self.path.write_text("\n".join(self._lines) + "\n")
+        self._last_flush = time.monotonic()
+        if self._tb is not None:
+            self._tb.flush()
+
+    def status(self, **fields: Any) -> None:
+        """Rewrite ``status.json`` (small; written at start, at each checkpoint and at exit)."""
+        if self.enabled:
+            (self.run_dir / "status.json").write_text(json.dumps({**fields, "time": time.time()}))
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self.flush()
+        if self._file is not None:
+            self._file.close()
+        if self._tb is not None:
+            self._tb.close()

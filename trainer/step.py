@@ -1,0 +1,127 @@
+"""Train state and the jitted train step: A micro-batches under ``lax.scan``, then one AdamW update.
+
+The state is ``nnx.state((model, optimizer))``: parameters, Adam moments and the step counter, all
+carrying their partitioning, so the same abstract state restores a checkpoint onto any mesh.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from trainer.config import Config, decay_steps
+from trainer.mesh import batch_sharding, replicated
+from trainer.model import Transformer
+from trainer.moe import BATCH_AXES
+
+
+def schedule(cfg: Config) -> optax.Schedule:
+    o = cfg.optim
+    total = max(decay_steps(cfg), o.warmup_steps + 1)
+    return optax.warmup_cosine_decay_schedule(0.0, o.lr, o.warmup_steps, total, o.lr * o.min_lr_ratio)
+
+
+def optimizer(cfg: Config) -> optax.GradientTransformation:
+    o = cfg.optim
+
+    def decay_mask(params: Any) -> Any:  # no weight decay on norm scales
+        return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+    return optax.chain(
+        optax.clip_by_global_norm(o.clip_norm),
+        optax.adamw(schedule(cfg), b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask),
+    )
+
+
+def _build(cfg: Config) -> tuple[Transformer, nnx.Optimizer]:
+    model = Transformer(cfg, rngs=nnx.Rngs(cfg.train.seed))
+    return model, nnx.Optimizer(model, optimizer(cfg), wrt=nnx.Param)
+
+
+def abstract_state(cfg: Config, mesh: Mesh | None = None) -> tuple[nnx.GraphDef, nnx.State]:
+    """(graphdef, abstract state); with a mesh, every leaf carries its NamedSharding on that mesh."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: _build(cfg)))
+    if mesh is None:
+        return graphdef, state
+    shardings = nnx.get_named_sharding(state, mesh)
+    state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state, shardings)
+    return graphdef, state
+
+
+def shardings_of(state: nnx.State) -> Any:
+    return jax.tree.map(lambda a: a.sharding, state)
+
+
+def init_state(cfg: Config, mesh: Mesh, abstract: nnx.State) -> nnx.State:
+    """Materialise the initial state directly in its shardings (no host-side full copy)."""
+    return jax.jit(lambda: nnx.state(_build(cfg)), out_shardings=shardings_of(abstract))()
+
+
+def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
+
+
+def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: nnx.State) -> Callable:
+    """jit(state, tokens [A, GB/A, T+1], stop [devices]) -> (state, metrics).
+
+    ``stop`` carries each process's SIGTERM flag; its maximum comes back in the metrics, so every
+    process learns about a preemption at the same step without an extra collective.
+    """
+    lb_w, z_w = cfg.moe.load_balance_weight, cfg.moe.z_loss_weight
+    lr_at = schedule(cfg)
+
+    def loss_fn(params: nnx.State, gdef: nnx.GraphDef, tokens: jax.Array) -> tuple[jax.Array, dict]:
+        logits, aux = nnx.merge(gdef, params)(tokens[:, :-1])
+        ce = cross_entropy(logits, tokens[:, 1:])
+        if aux:
+            lb = jnp.mean(jnp.stack([a["lb_loss"] for a in aux]))
+            z = jnp.mean(jnp.stack([a["z_loss"] for a in aux]))
+            layers = jnp.stack([jnp.stack([a["dropped_rows"], a["total_rows"], a["max_load"]]) for a in aux])
+        else:
+            lb = z = jnp.zeros(())
+            layers = jnp.zeros((0, 3))
+        return ce + lb_w * lb + z_w * z, {"ce": ce, "lb": lb, "z": z, "layers": layers}
+
+    def step(state: nnx.State, tokens: jax.Array, stop: jax.Array) -> tuple[nnx.State, dict]:
+        model, opt = nnx.merge(graphdef, state)
+        gdef, params = nnx.split(model)
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+        def micro(acc: nnx.State, mb: jax.Array) -> tuple[nnx.State, tuple]:
+            (total, parts), grads = grad_fn(params, gdef, mb)
+            return jax.tree.map(jnp.add, acc, grads), (total, parts)
+
+        grads, (total, parts) = jax.lax.scan(micro, jax.tree.map(jnp.zeros_like, params), tokens)
+        grads = jax.tree.map(lambda g: g / tokens.shape[0], grads)
+        lr = lr_at(opt.step[...])
+        opt.update(model, grads)
+        layers = parts["layers"]  # [A, L, 3]
+        metrics = {
+            "loss": parts["ce"].mean(),
+            "total_loss": total.mean(),
+            "lb_loss": parts["lb"].mean(),
+            "z_loss": parts["z"].mean(),
+            "grad_norm": optax.global_norm(grads),
+            "lr": lr,
+            "moe_dropped": layers[..., 0].sum(0),
+            "moe_total": layers[..., 1].sum(0),
+            "moe_load": layers[..., 2].max(0) if layers.shape[0] else layers[..., 2].sum(0),
+            "stop": stop.max(),
+        }
+        return nnx.state((model, opt)), metrics
+
+    rep = replicated(mesh)
+    return jax.jit(
+        step,
+        in_shardings=(shardings_of(abstract), batch_sharding(mesh), NamedSharding(mesh, P(BATCH_AXES))),
+        out_shardings=(shardings_of(abstract), rep),
+        donate_argnums=0,
+    )
