@@ -374,10 +374,12 @@ class Store:
         field_selector: str | None = None,
         bookmarks: bool = False,
         bookmark_interval: float | None = None,
+        initial_events_end: bool = False,
     ) -> Watch:
         """Without a resourceVersion (or with "0") the watch starts with an ADDED event for each
-        object that exists now; with one, it replays every change after it, or raises 410 Expired
-        when the history no longer reaches back that far."""
+        object that exists now (then, with `initial_events_end`, a BOOKMARK annotated
+        `k8s.io/initial-events-end`); with one, it replays every change after it, or raises 410
+        Expired when the history no longer reaches back that far."""
         matcher = combine(label_matcher(label_selector), field_matcher(res, field_selector))
         interval = self.bookmark_interval if bookmark_interval is None else bookmark_interval
         with self._lock:
@@ -385,6 +387,13 @@ class Store:
             if resource_version in (None, "", "0"):
                 for rec in self._select(res, namespace, matcher):
                     w._push((ADDED, rec.raw), replay=True)
+                if initial_events_end:  # the watch-list protocol (sendInitialEvents=true)
+                    meta = {
+                        "resourceVersion": str(self._rv),
+                        "annotations": {"k8s.io/initial-events-end": "true"},
+                    }
+                    body = {"kind": res.kind, "apiVersion": res.api_version, "metadata": meta}
+                    w._push((BOOKMARK, _dumps(body)), replay=True)
             else:
                 for ev in self._history_since(_parse_rv(resource_version)):
                     if ev.plural == res.plural:
