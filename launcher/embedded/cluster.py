@@ -105,7 +105,7 @@ class EmbeddedCluster:
             c.start()
         self.server.add_route("POST", ROUTE, self.handle_route)
         self.server.add_route("GET", ROUTE, self.handle_route)
-        self.server.set_log_source(self.kubelet.log_path)
+        self.server.set_log_source(self.kubelet.log_stream)
         self.server.start()
         self.kubeconfig = kubeconfig.write_kubeconfig(base / "kubeconfig", self.url)
         self._started = True

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,11 +212,35 @@ class Kubelet(Controller):
             return []
         return [(uid, *o.key_of(obj))]
 
-    def log_path(self, namespace: str, name: str, container: str | None = None) -> Path | None:
-        logs = self._logs.get((namespace, name)) or {}
-        if not logs:
-            return None
-        return logs.get(container) if container else next(iter(logs.values()))
+    def log_path(self, namespace: str, name: str, container: str) -> Path | None:
+        logs = self._logs.get((namespace, name))
+        if logs and container in logs:
+            return logs[container]
+        # Not started by this process (an earlier run of a cluster with a state dir): look on disk.
+        hits = sorted(self.log_dir.glob(f"{namespace}_{name}_*/{container}.log"))
+        return hits[-1] if hits else None
+
+    def log_stream(self, namespace: str, name: str, container: str, follow: bool) -> Iterator[bytes]:
+        """The API server's log source: the file so far, and with follow, what is appended until
+        the container exits."""
+        path = self.log_path(namespace, name, container)
+        if path is None or not path.exists():
+            return
+        with open(path, "rb") as f:
+            while True:
+                data = f.read(65536)
+                if data:
+                    yield data
+                    continue
+                if not follow:
+                    return
+                run = next((r for r in self.runs() if (r.namespace, r.name) == (namespace, name)), None)
+                if run is None or run.done.is_set():
+                    rest = f.read()
+                    if rest:
+                        yield rest
+                    return
+                time.sleep(0.1)
 
     def stop(self) -> None:
         super().stop()

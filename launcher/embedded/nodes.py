@@ -98,6 +98,11 @@ def _h(s: str, n: int, alphabet: str = "0123456789abcdef") -> str:
 _SUFFIX = "bcdfghjklmnpqrstvwxz2456789"
 
 
+def _uuidish(name: str, salt: str) -> str:
+    h = _h(f"{salt}/{name}", 32)
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
 def node_name(pool: str, i: int) -> str:
     """GKE's shape: gke-<cluster>-<pool>-<instance group hash>-<instance suffix>. The suffix is a
     bijection of the index (7919 is coprime with 27**4), so names never collide within a pool."""
@@ -186,10 +191,15 @@ def node_object(pool: NodePool, i: int, when: str | None = None) -> dict[str, An
             ],
             "nodeInfo": {
                 "architecture": "amd64",
+                "bootID": _uuidish(name, "boot"),
+                "containerRuntimeVersion": "process://reslice-embedded",
+                "kernelVersion": "6.6.0-reslice",
+                "kubeProxyVersion": "",
+                "kubeletVersion": "v1.33.0-reslice-embedded",
+                "machineID": _h(name, 32),
                 "operatingSystem": "linux",
                 "osImage": "Container-Optimized OS from Google",
-                "kubeletVersion": "v1.33.0-reslice-embedded",
-                "containerRuntimeVersion": "process://reslice-embedded",
+                "systemUUID": _uuidish(name, "system"),
             },
         },
     }

@@ -1,0 +1,293 @@
+"""`reslice cluster ...`: run an embedded cluster in the background and rehearse faults on it.
+
+    reslice cluster up --nodepools tpu7x-2x2x1:4,tpu7x-4x4x4:1     # prints: export KUBECONFIG=...
+    reslice cluster status
+    reslice cluster preempt tpu7x-2x2x1-np-0 --grace 30
+    reslice cluster down
+
+`up` starts `python -m launcher.embedded` detached, with its pid, URL and kubeconfig in the state
+directory; every other command finds the cluster there. Faults travel as POSTs to the cluster's
+/embedded/v1/ routes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from launcher.errors import UserError
+
+app = typer.Typer(
+    help="An embedded Kubernetes cluster with fake TPU node pools, on this machine.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+StateDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir", help="Cluster state directory [env RESLICE_CLUSTER_DIR, ~/.reslice/cluster]."
+    ),
+]
+
+
+def state_dir(d: Path | None) -> Path:
+    return Path(
+        d or os.environ.get("RESLICE_CLUSTER_DIR") or Path.home() / ".reslice" / "cluster"
+    ).expanduser()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_info(d: Path) -> dict[str, Any] | None:
+    """The running cluster's cluster.json, or None when none runs there."""
+    f = d / "cluster.json"
+    try:
+        info = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return None
+    return info if _alive(int(info.get("pid", 0))) else None
+
+
+def _running(d: Path) -> dict[str, Any]:
+    info = read_info(d)
+    if info is None:
+        raise UserError(f"no embedded cluster is running in {d} (start one with `reslice cluster up`)")
+    return info
+
+
+def _call(
+    info: dict[str, Any], action: str, body: dict[str, Any] | None, timeout: float = 120.0
+) -> dict[str, Any]:
+    req = urllib.request.Request(
+        f"{info['url']}/embedded/v1/{action}",
+        data=json.dumps(body).encode() if body is not None else None,
+        method="POST" if body is not None else "GET",
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        try:
+            msg = json.loads(e.read()).get("message") or str(e)
+        except ValueError:
+            msg = str(e)
+        raise UserError(msg) from None
+    except urllib.error.URLError as e:
+        raise UserError(f"cannot reach the cluster at {info['url']}: {e.reason}") from None
+
+
+@app.command()
+def up(
+    nodepools: Annotated[
+        str, typer.Option("--nodepools", help="PRESET[:COUNT][:spot],... e.g. tpu7x-2x2x1:4,tpu7x-4x4x4:1")
+    ] = "tpu7x-2x2x1:2",
+    directory: StateDir = None,
+    mode: Annotated[
+        str, typer.Option("--mode", help="process: run pods as processes; simulate: don't.")
+    ] = "process",
+    port: Annotated[int, typer.Option("--port", help="API port (0: any free port).")] = 0,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for it to come up.")] = 60.0,
+) -> None:
+    """Start an embedded cluster in the background."""
+    from launcher.embedded.nodes import parse_nodepools
+
+    if mode not in ("process", "simulate"):
+        raise UserError(f"--mode must be process or simulate, got {mode!r}")
+    parse_nodepools(nodepools)  # a bad spec fails here, not in the background
+    d = state_dir(directory)
+    info = read_info(d)
+    if info is not None:
+        raise UserError(
+            f"a cluster is already running in {d} (pid {info['pid']}); `reslice cluster down` first"
+        )
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "cluster.json").unlink(missing_ok=True)
+    log = open(d / "cluster.log", "ab")  # noqa: SIM115 - handed to the child
+    cmd = [sys.executable, "-m", "launcher.embedded", "--nodepools", nodepools, "--state-dir", str(d)]
+    cmd += ["--mode", mode, "--port", str(port)]
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+    log.close()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = read_info(d)
+        if info is not None and info.get("pid") == proc.pid:
+            break
+        if proc.poll() is not None:
+            tail = (d / "cluster.log").read_text(errors="replace").strip().splitlines()[-1:]
+            raise UserError(f"the cluster exited at start (code {proc.returncode}): {' '.join(tail)}")
+        time.sleep(0.1)
+    else:
+        proc.terminate()
+        raise UserError(f"the cluster did not come up within {timeout:.0f} s (see {d / 'cluster.log'})")
+    pools = info.get("nodepools") or []
+    console.print(
+        f"Embedded cluster up at {info['url']} (pid {info['pid']}, {mode} mode): "
+        f"{len(pools)} node pool(s), {sum(p['hosts'] for p in pools)} node(s)."
+    )
+    console.print("Use it with kubectl or the kubernetes client:")
+    print(f"  export KUBECONFIG={info['kubeconfig']}")
+
+
+@app.command()
+def down(
+    directory: StateDir = None,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait before SIGKILL.")] = 30.0,
+) -> None:
+    """Stop the background cluster (its pods' processes are killed)."""
+    d = state_dir(directory)
+    info = _running(d)
+    pid = int(info["pid"])
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+    (d / "cluster.json").unlink(missing_ok=True)
+    console.print(f"Embedded cluster {info['url']} (pid {pid}) stopped.")
+
+
+@app.command()
+def status(
+    directory: StateDir = None,
+    all_pods: Annotated[bool, typer.Option("--all", help="List every pod, not the first 50.")] = False,
+) -> None:
+    """Node pools, nodes and pods of the running cluster."""
+    from kubernetes import client, config
+
+    info = _running(state_dir(directory))
+    meta = _call(info, "info", None)
+    api = client.CoreV1Api(config.new_client_from_config(config_file=info["kubeconfig"]))
+    nodes = api.list_node().items
+    pods = api.list_pod_for_all_namespaces().items
+    by_pool: dict[str, list[Any]] = {}
+    for n in nodes:
+        by_pool.setdefault((n.metadata.labels or {}).get("cloud.google.com/gke-nodepool", ""), []).append(n)
+    node_pool = {n.metadata.name: p for p, ns in by_pool.items() for n in ns}
+
+    t = Table(title=f"Node pools ({info['url']}, {meta.get('mode')} mode)")
+    for col in ("node pool", "preset", "nodes", "ready", "tainted", "pods", "spot", "kubelet"):
+        t.add_column(col)
+    for p in meta.get("nodepools") or []:
+        ns = by_pool.get(p["name"], [])
+        ready = sum(
+            1 for n in ns if any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+        )
+        tainted = sum(
+            1
+            for n in ns
+            if any(tt.key == "cloud.google.com/impending-node-termination" for tt in n.spec.taints or [])
+        )
+        npods = sum(1 for pod in pods if node_pool.get(pod.spec.node_name) == p["name"])
+        t.add_row(
+            p["name"],
+            p["preset"],
+            f"{len(ns)}/{p['hosts']}" + (" (removed)" if p.get("gone") else ""),
+            str(ready),
+            str(tainted),
+            str(npods),
+            "yes" if p["spot"] else "no",
+            "simulate" if p["simulate"] else "process",
+        )
+    console.print(t)
+
+    t = Table(title=f"Pods ({len(pods)})")
+    for col in ("namespace", "pod", "phase", "node pool", "attempt", "reason"):
+        t.add_column(col)
+    shown = pods if all_pods else pods[:50]
+    for pod in shown:
+        reason = pod.status.reason or ""
+        for cs in pod.status.container_statuses or []:
+            term = cs.state.terminated if cs.state else None
+            if term is not None:
+                reason = reason or f"exit {term.exit_code}"
+        for c in pod.status.conditions or []:
+            if c.type == "PodScheduled" and c.status == "False":
+                reason = reason or c.reason or ""
+        t.add_row(
+            pod.metadata.namespace,
+            pod.metadata.name,
+            pod.status.phase or "",
+            node_pool.get(pod.spec.node_name or "", ""),
+            (pod.metadata.labels or {}).get("jobset.sigs.k8s.io/restart-attempt", ""),
+            reason,
+        )
+    console.print(t)
+    if len(shown) < len(pods):
+        console.print(f"... {len(pods) - len(shown)} more (--all)")
+
+
+@app.command()
+def preempt(
+    nodepool: Annotated[str, typer.Argument(help="Node pool (or a unique suffix of its name).")],
+    grace: Annotated[float, typer.Option("--grace", help="Termination notice in seconds.")] = 30.0,
+    wait: Annotated[bool, typer.Option("--wait", help="Return after the nodes are gone.")] = False,
+    directory: StateDir = None,
+) -> None:
+    """Spot preemption: taint, DisruptionTarget, SIGTERM, grace, nodes removed."""
+    out = _call(
+        _running(state_dir(directory)), "preempt", {"nodepool": nodepool, "grace_s": grace, "wait": wait}
+    )
+    console.print(
+        f"Preempting {out['nodepool']}: {len(out['nodes'])} node(s), {len(out['pods'])} pod(s) "
+        f"got SIGTERM; nodes removed after {grace:g} s (until `reslice cluster restore {out['nodepool']}`)."
+    )
+
+
+@app.command()
+def remove(
+    nodepool: Annotated[str, typer.Argument(help="Node pool (or a unique suffix of its name).")],
+    directory: StateDir = None,
+) -> None:
+    """Capacity gone: nodes deleted, running pods failed (DeletionByPodGC) and killed."""
+    out = _call(_running(state_dir(directory)), "remove", {"nodepool": nodepool})
+    console.print(
+        f"Removed {out['nodepool']}: {len(out['nodes'])} node(s) deleted, {len(out['pods'])} pod(s) lost."
+    )
+
+
+@app.command()
+def restore(
+    nodepool: Annotated[str, typer.Argument(help="Node pool (or a unique suffix of its name).")],
+    directory: StateDir = None,
+) -> None:
+    """Bring a removed or preempted node pool's nodes back."""
+    out = _call(_running(state_dir(directory)), "restore", {"nodepool": nodepool})
+    console.print(f"Restored {out['nodepool']}: {len(out['nodes'])} node(s) created.")
+
+
+@app.command("kill-pod")
+def kill_pod(
+    pod: Annotated[str, typer.Argument(help="Pod name.")],
+    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
+    directory: StateDir = None,
+) -> None:
+    """SIGKILL a pod's containers (exit code 137)."""
+    out = _call(_running(state_dir(directory)), "kill-pod", {"namespace": namespace, "pod": pod})
+    console.print(f"Killed {out['pod']} (exit code {out['exitCode']}).")
