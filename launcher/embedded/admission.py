@@ -336,33 +336,24 @@ def update_causes(old: dict[str, Any], new: dict[str, Any], schema_dir: Path = S
                 causes.append((field, 'Invalid value: "object": Value is immutable'))
     old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
     old_rjobs = old_spec.get("replicatedJobs") or []
-    munged = copy.deepcopy(new_spec.get("replicatedJobs") or [])
+    new_rjobs = new_spec.get("replicatedJobs") or []
     if old_spec.get("suspend") or new_spec.get("suspend"):
-        by_name = {r.get("name"): r for r in old_rjobs}
-        for rjob in munged:
-            if rjob.get("name") in by_name:
-                _restore_suspended_fields(rjob, by_name[rjob.get("name")])
-    if munged != old_rjobs:
+        old_rjobs, new_rjobs = _without_kueue_fields(old_rjobs), _without_kueue_fields(new_rjobs)
+    if new_rjobs != old_rjobs:
         causes.append(("spec.replicatedJobs", 'Invalid value: "array": field is immutable'))
     return causes
 
 
-def _restore_suspended_fields(rjob: dict[str, Any], old_rjob: dict[str, Any]) -> None:
-    def pod_template(r: dict[str, Any]) -> dict[str, Any]:
-        return r.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {})
-
-    new_tpl, old_tpl = pod_template(rjob), pod_template(copy.deepcopy(old_rjob))
-    for key in _MUTABLE_WHEN_SUSPENDED:
-        _copy_key(old_tpl.get("metadata") or {}, new_tpl.setdefault("metadata", {}), key)
-    for key in _MUTABLE_SPEC_WHEN_SUSPENDED:
-        _copy_key(old_tpl.get("spec") or {}, new_tpl.setdefault("spec", {}), key)
-
-
-def _copy_key(src: dict[str, Any], dst: dict[str, Any], key: str) -> None:
-    if key in src:
-        dst[key] = src[key]
-    else:
-        dst.pop(key, None)
+def _without_kueue_fields(rjobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Replicated jobs minus the pod template fields Kueue may change while a JobSet is suspended."""
+    out = copy.deepcopy(rjobs)
+    for rjob in out:
+        tpl = ((rjob.get("template") or {}).get("spec") or {}).get("template") or {}
+        for key in _MUTABLE_WHEN_SUSPENDED:
+            (tpl.get("metadata") or {}).pop(key, None)
+        for key in _MUTABLE_SPEC_WHEN_SUSPENDED:
+            (tpl.get("spec") or {}).pop(key, None)
+    return out
 
 
 # ---- the store hook ---------------------------------------------------------------------------------

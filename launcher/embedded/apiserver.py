@@ -85,8 +85,9 @@ class ApiServer:
     def start(self) -> ApiServer:
         self._httpd = _Server((self.host, self.port), self)
         self.port = self._httpd.server_address[1]
+        # A short poll interval: stop() and restart() wait for the serving loop to notice.
         self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name=f"apiserver:{self.port}", daemon=True
+            target=self._httpd.serve_forever, args=(0.05,), name=f"apiserver:{self.port}", daemon=True
         )
         self._thread.start()
         return self
