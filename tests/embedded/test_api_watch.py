@@ -1,0 +1,149 @@
+"""Watch through `kubernetes.watch.Watch`: replay from a resourceVersion, initial events,
+selectors, bookmarks, timeoutSeconds, 410 Gone, and what an API server restart does to watches."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from kubernetes import watch
+from kubernetes.client import ApiException
+
+from tests.embedded.conftest import BOOKMARK_INTERVAL_S, Api, pod, start_api, stop_api
+
+
+def _events(api: Api, count: int, **kwargs: object) -> list[tuple[str, str | None, str]]:
+    """The first `count` events of a pod watch as (type, name, resourceVersion)."""
+    w = watch.Watch()
+    out = []
+    for ev in w.stream(api.core.list_namespaced_pod, "default", timeout_seconds=5, **kwargs):
+        meta = ev["raw_object"].get("metadata", {})
+        out.append((ev["type"], meta.get("name"), meta.get("resourceVersion")))
+        if len(out) == count:
+            w.stop()
+    return out
+
+
+def test_watch_replays_changes_after_a_resource_version(api: Api) -> None:
+    api.core.create_namespaced_pod("default", pod("a"))
+    start = api.core.list_namespaced_pod("default").metadata.resource_version
+    api.core.patch_namespaced_pod("a", "default", {"metadata": {"labels": {"x": "1"}}})
+    api.core.create_namespaced_config_map("default", {"metadata": {"name": "other-kind"}})
+    api.core.create_namespaced_pod("default", pod("b"))
+    api.core.delete_namespaced_pod("a", "default")
+    events = _events(api, 3, resource_version=start)
+    assert [(t, n) for t, n, _ in events] == [("MODIFIED", "a"), ("ADDED", "b"), ("DELETED", "a")]
+    versions = [int(rv) for _, _, rv in events]
+    assert versions == sorted(versions) and versions[0] > int(start)
+
+
+def test_watch_without_version_starts_with_the_current_objects(api: Api) -> None:
+    for name in ("a", "b"):
+        api.core.create_namespaced_pod("default", pod(name))
+
+    def later() -> None:
+        time.sleep(0.3)
+        api.core.create_namespaced_pod("default", pod("c"))
+
+    threading.Thread(target=later).start()
+    assert [(t, n) for t, n, _ in _events(api, 3)] == [("ADDED", "a"), ("ADDED", "b"), ("ADDED", "c")]
+
+
+def test_watch_through_a_selector_sees_objects_enter_and_leave(api: Api) -> None:
+    api.core.create_namespaced_pod("default", pod("p", {"app": "trainer"}))
+    start = api.core.list_namespaced_pod("default").metadata.resource_version
+    api.core.patch_namespaced_pod("p", "default", {"metadata": {"labels": {"app": "eval"}}})
+    api.core.patch_namespaced_pod("p", "default", {"metadata": {"labels": {"app": "trainer"}}})
+    api.core.create_namespaced_pod("default", pod("q", {"app": "eval"}))
+    events = _events(api, 2, resource_version=start, label_selector="app=trainer")
+    assert [(t, n) for t, n, _ in events] == [("DELETED", "p"), ("ADDED", "p")]
+
+
+def test_bookmarks_carry_the_current_version(api: Api) -> None:
+    api.core.create_namespaced_pod("default", pod("a"))
+    current = api.core.list_namespaced_pod("default").metadata.resource_version
+    events = _events(api, 3, resource_version=current, allow_watch_bookmarks=True)
+    assert [t for t, _, _ in events] == ["BOOKMARK"] * 3
+    assert {rv for _, _, rv in events} == {current}
+
+
+def test_no_bookmarks_unless_asked_and_timeout_ends_the_stream(api: Api) -> None:
+    current = api.core.list_namespaced_pod("default").metadata.resource_version
+    started = time.monotonic()
+    events = list(
+        watch.Watch().stream(
+            api.core.list_namespaced_pod, "default", resource_version=current, timeout_seconds=1
+        )
+    )
+    elapsed = time.monotonic() - started
+    assert events == []
+    assert 0.9 <= elapsed < 1 + 5 * BOOKMARK_INTERVAL_S + 1
+
+
+def test_too_old_resource_version_is_410_gone() -> None:
+    api = start_api(history=5)
+    try:
+        for i in range(10):
+            api.core.create_namespaced_config_map("default", {"metadata": {"name": f"c{i}"}})
+        with pytest.raises(ApiException) as err:
+            list(
+                watch.Watch().stream(
+                    api.core.list_namespaced_config_map, "default", resource_version="2", timeout_seconds=2
+                )
+            )
+        assert err.value.status == 410 and "too old resource version" in err.value.reason
+        # Within the history a replay still works.
+        recent = str(int(api.store.resource_version) - 2)
+        w = watch.Watch()
+        names = []
+        for ev in w.stream(
+            api.core.list_namespaced_config_map, "default", resource_version=recent, timeout_seconds=2
+        ):
+            names.append(ev["object"].metadata.name)
+            if len(names) == 2:
+                w.stop()
+        assert names == ["c8", "c9"]
+    finally:
+        stop_api(api)
+
+
+def _watch_in_thread(api: Api, **kwargs: object) -> tuple[threading.Thread, list[str], list[BaseException]]:
+    seen: list[str] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            stream: Iterator[dict] = watch.Watch().stream(api.core.list_namespaced_pod, "default", **kwargs)
+            for ev in stream:
+                seen.append(ev["type"])
+        except Exception as e:  # the connection dropping is one way a watch ends on restart
+            errors.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, seen, errors
+
+
+def test_restart_ends_open_watches_and_expires_old_versions(api: Api) -> None:
+    api.core.create_namespaced_pod("default", pod("a"))
+    old = api.core.list_namespaced_pod("default").metadata.resource_version
+    thread, seen, _ = _watch_in_thread(api, resource_version=old, timeout_seconds=30)
+    time.sleep(0.3)
+    api.core.create_namespaced_pod("default", pod("b"))
+    port = api.server.port
+    started = time.monotonic()
+    api.server.restart(downtime_s=0.2)
+    thread.join(timeout=10)
+    assert not thread.is_alive() and time.monotonic() - started < 5
+    assert seen == ["ADDED"]  # pod b, before the restart
+    assert api.server.port == port
+    assert [p.metadata.name for p in api.core.list_namespaced_pod("default").items] == ["a", "b"]
+    with pytest.raises(ApiException) as err:
+        list(
+            watch.Watch().stream(
+                api.core.list_namespaced_pod, "default", resource_version=old, timeout_seconds=2
+            )
+        )
+    assert err.value.status == 410
