@@ -37,6 +37,26 @@ def _split_top_level(text: str) -> list[str]:
     return [p for p in parts if p.strip()]
 
 
+class LabelSelector:
+    """A parsed label selector: call it on an object; `equalities` are its `k=v` requirements
+    (what the store's label index can answer without looking at every object)."""
+
+    def __init__(
+        self, reqs: list[Callable[[dict[str, str]], bool]], equalities: list[tuple[str, str]]
+    ) -> None:
+        self._reqs = reqs
+        self.equalities = equalities
+
+    def __call__(self, obj: dict[str, Any]) -> bool:
+        labels = obj.get("metadata", {}).get("labels") or {}
+        return all(req(labels) for req in self._reqs)
+
+
+def _equality(text: str) -> tuple[str, str] | None:
+    m = _EQ_RE.match(text)
+    return (m.group(1), m.group(3)) if m and m.group(2) != "!=" else None
+
+
 def _requirement(text: str) -> Callable[[dict[str, str]], bool]:
     if m := _SET_RE.match(text):
         key, op = m.group(1), m.group(2)
@@ -58,17 +78,13 @@ def _requirement(text: str) -> Callable[[dict[str, str]], bool]:
     raise bad_request(f"unable to parse requirement: {text.strip()!r}")
 
 
-def label_matcher(selector: str | None) -> Matcher | None:
+def label_matcher(selector: str | None) -> LabelSelector | None:
     """A predicate over objects, or None when the selector selects everything."""
     if not selector or not selector.strip():
         return None
-    reqs = [_requirement(part) for part in _split_top_level(selector)]
-
-    def match(obj: dict[str, Any]) -> bool:
-        labels = obj.get("metadata", {}).get("labels") or {}
-        return all(req(labels) for req in reqs)
-
-    return match
+    parts = _split_top_level(selector)
+    reqs = [_requirement(part) for part in parts]
+    return LabelSelector(reqs, [eq for part in parts if (eq := _equality(part)) is not None])
 
 
 def _field_value(obj: dict[str, Any], path: str) -> str:

@@ -43,7 +43,7 @@ from launcher.embedded.errors import (
 from launcher.embedded.journal import Journal
 from launcher.embedded.patches import apply_patch
 from launcher.embedded.resources import RESOURCES, Resource
-from launcher.embedded.selectors import Matcher, combine, field_matcher, label_matcher
+from launcher.embedded.selectors import LabelSelector, Matcher, combine, field_matcher, label_matcher
 
 __all__ = ["RESOURCES", "ApiError", "Resource", "Store", "Watch"]
 
@@ -211,6 +211,8 @@ class Store:
         self._rv = 0
         self._objs: dict[str, dict[str, dict[str, _Rec]]] = {p: {} for p in RESOURCES}
         self._uids: dict[str, tuple[Resource, str, str]] = {}
+        # plural -> (label key, value) -> keys (namespace, name): answers `k=v` selectors directly
+        self._labels: dict[str, dict[tuple[str, str], set[tuple[str, str]]]] = {p: {} for p in RESOURCES}
         self._dependents: dict[str, set[tuple[Resource, str, str]]] = {}
         self._history: deque[_Event] = deque(maxlen=history)
         self._floor = 0  # events after this resourceVersion are all in the history
@@ -261,10 +263,11 @@ class Store:
     ) -> tuple[list[str], str, str | None, int | None]:
         """JSON texts of the matching objects in key order, the list resourceVersion, the continue
         token for the next page (None at the end) and how many items remain after this page."""
-        matcher = combine(label_matcher(label_selector), field_matcher(res, field_selector))
+        labels = label_matcher(label_selector)
+        matcher = combine(labels, field_matcher(res, field_selector))
         start = _decode_continue(continue_) if continue_ else None
         with self._lock:
-            recs = self._select(res, namespace, matcher, start)
+            recs = self._select(res, namespace, matcher, start, self._candidates(res, labels))
             rv = str(self._rv)
         if limit and len(recs) > limit:
             last = recs[limit - 1].obj["metadata"]
@@ -278,22 +281,31 @@ class Store:
         namespace: str | None,
         matcher: Matcher | None,
         after: tuple[str, str] | None = None,
+        candidates: set[tuple[str, str]] | None = None,
     ) -> list[_Rec]:
+        """Matching objects in (namespace, name) order, after `after`, among `candidates` (keys
+        from the label index) when given."""
         buckets = self._objs[res.plural]
-        namespaces = [namespace or ""] if namespace is not None or not res.namespaced else sorted(buckets)
-        out: list[_Rec] = []
-        for ns in namespaces:
-            bucket = buckets.get(ns)
-            if not bucket or (after is not None and ns < after[0]):
-                continue
-            if after is not None and ns == after[0]:
-                names = [n for n in bucket if n > after[1]]
-            else:
-                names = list(bucket)
-            if matcher is not None:
-                names = [n for n in names if matcher(bucket[n].obj)]
-            out.extend(bucket[n] for n in sorted(names))
-        return out
+        if candidates is not None:
+            keys = [
+                k for k in candidates if namespace is None or not res.namespaced or k[0] == (namespace or "")
+            ]
+        elif namespace is not None or not res.namespaced:
+            keys = [(namespace or "", n) for n in buckets.get(namespace or "", ())]
+        else:
+            keys = [(ns, n) for ns, bucket in buckets.items() for n in bucket]
+        if after is not None:
+            keys = [k for k in keys if k > after]
+        recs = ((k, buckets[k[0]][k[1]]) for k in keys)
+        return [rec for _, rec in sorted(r for r in recs if matcher is None or matcher(r[1].obj))]
+
+    def _candidates(self, res: Resource, labels: LabelSelector | None) -> set[tuple[str, str]] | None:
+        """Keys holding every `k=v` label of the selector, from the index; None without any."""
+        if labels is None or not labels.equalities:
+            return None
+        index = self._labels[res.plural]
+        sets = sorted((index.get(eq, set()) for eq in labels.equalities), key=len)
+        return set(sets[0]).intersection(*sets[1:])
 
     # ---- public API: writes -----------------------------------------------------------------------
 
@@ -444,6 +456,7 @@ class Store:
                 self._objs = {p: {} for p in RESOURCES}
                 self._uids.clear()
                 self._dependents.clear()
+                self._labels = {p: {} for p in RESOURCES}
                 self._load()
             self.compact()
 
@@ -763,6 +776,7 @@ class Store:
             self._uids.pop(old["metadata"]["uid"], None)
         if new is not None:
             self._uids[new["metadata"]["uid"]] = key
+        self._index_labels(res.plural, (ns, name), old, new)
         old_owners = {r.get("uid") for r in (old or {}).get("metadata", {}).get("ownerReferences") or []}
         new_owners = {r.get("uid") for r in (new or {}).get("metadata", {}).get("ownerReferences") or []}
         for uid in old_owners - new_owners:
@@ -773,6 +787,21 @@ class Store:
                     del self._dependents[uid]
         for uid in new_owners - old_owners:
             self._dependents.setdefault(uid, set()).add(key)
+
+    def _index_labels(
+        self, plural: str, key: tuple[str, str], old: dict[str, Any] | None, new: dict[str, Any] | None
+    ) -> None:
+        before = set(((old or {}).get("metadata", {}).get("labels") or {}).items())
+        after = set(((new or {}).get("metadata", {}).get("labels") or {}).items())
+        index = self._labels[plural]
+        for pair in before - after:
+            keys = index.get(pair)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del index[pair]
+        for pair in after - before:
+            index.setdefault(pair, set()).add(key)
 
     def _history_since(self, rv: int) -> Iterator[_Event]:
         if rv < self._floor:
