@@ -128,6 +128,41 @@ def _service(svc: dict[str, Any]) -> None:
     svc["status"] = {"loadBalancer": {}}
 
 
+# Fields Go serializes even when empty (no `omitempty`): a real server always sends them, and the
+# python client (37.x, pydantic models) refuses an object without them.
+_CONTAINER_STATUS_ZERO = {"name": "", "image": "", "imageID": "", "ready": False, "restartCount": 0}
+_NODE_INFO_FIELDS = (
+    "machineID",
+    "systemUUID",
+    "bootID",
+    "kernelVersion",
+    "osImage",
+    "containerRuntimeVersion",
+    "kubeletVersion",
+    "kubeProxyVersion",
+    "operatingSystem",
+    "architecture",
+)
+
+
+def normalize(res: Resource, obj: dict[str, Any]) -> None:
+    """Fill in the always-serialized fields a writer left out (every write, status included)."""
+    status = obj.get("status")
+    if res.plural == "pods" and isinstance(status, dict):
+        for key in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
+            for cs in status.get(key) or []:
+                for field, zero in _CONTAINER_STATUS_ZERO.items():
+                    cs.setdefault(field, zero)
+                if (terminated := (cs.get("state") or {}).get("terminated")) is not None:
+                    terminated.setdefault("exitCode", 0)
+    elif res.plural == "nodes":
+        info = obj.setdefault("status", {}).setdefault("nodeInfo", {})
+        for field in _NODE_INFO_FIELDS:
+            info.setdefault(field, "")
+    elif res.plural == "events":
+        obj.setdefault("involvedObject", {})
+
+
 _ON_CREATE = {"pods": _pod, "jobs": _job, "namespaces": _namespace, "services": _service}
 
 

@@ -504,6 +504,7 @@ class Store:
         meta["creationTimestamp"] = now_rfc3339()
         meta["generation"] = 1
         defaults.on_create(res, obj)
+        defaults.normalize(res, obj)
         self._admit(res, None, obj)
         validation.check(res, obj)
         return self._commit(res, ADDED, obj, None)
@@ -562,6 +563,7 @@ class Store:
             merged = self._merge_main(res, old, new)
         else:
             raise not_found(res.qualified, name)
+        defaults.normalize(res, merged)
         merged["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         if merged == old:
             return rec  # a no-op write commits nothing, as on a real server
