@@ -12,6 +12,7 @@ directory; every other command finds the cluster there. Faults travel as POSTs t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -52,13 +53,20 @@ def state_dir(d: Path | None) -> Path:
 
 
 def _alive(pid: int) -> bool:
+    """Whether the process runs (a zombie doesn't: reap it if it is our child, as when `up` and
+    `down` run in one Python process)."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def read_info(d: Path) -> dict[str, Any] | None:
@@ -291,3 +299,26 @@ def kill_pod(
     """SIGKILL a pod's containers (exit code 137)."""
     out = _call(_running(state_dir(directory)), "kill-pod", {"namespace": namespace, "pod": pod})
     console.print(f"Killed {out['pod']} (exit code {out['exitCode']}).")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Standalone entry (`python -m launcher.embedded.cli`), with `reslice`'s error handling:
+    a user error is one line on stderr and exit 2."""
+    try:
+        app(args=argv, prog_name="reslice cluster", standalone_mode=False)
+    except UserError as e:
+        print(f"reslice: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except Exception as e:  # click usage errors carry their own exit code (2)
+        code = getattr(e, "exit_code", None)
+        if code is None:
+            raise
+        msg = e.format_message() if hasattr(e, "format_message") else str(e)
+        print(f"reslice: error: {' '.join(msg.split())}", file=sys.stderr)
+        sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -364,6 +364,17 @@ def decide(
 # ---- the controller ---------------------------------------------------------------------------
 
 
+def finished(pod: Mapping[str, Any]) -> bool:
+    """A pod whose tracking finalizer may go: terminal, or deleted before it ever ran.
+
+    A running pod keeps it until the kubelet reports the end, even when its Job is being deleted:
+    the store removes a pod as soon as its last finalizer goes (upstream waits for the kubelet's
+    grace-0 delete when deletionGracePeriodSeconds > 0), so releasing early would end a graceful
+    termination at once and break BlockingRecreate.
+    """
+    return o.pod_terminal(pod) or (o.pod_deleting(pod) and not (pod.get("spec") or {}).get("nodeName"))
+
+
 class JobController(Controller):
     name = "job-controller"
 
@@ -441,16 +452,13 @@ class JobController(Controller):
         pods = [p for p in pods if o.controller_uid(p) == uid]
         tracked = [p for p in pods if TRACKING_FINALIZER in (o.meta(p).get("finalizers") or [])]
         if o.pod_deleting(job):
-            self._release(tracked)  # a Job being deleted lets its pods go (they still terminate)
+            self._release([p for p in tracked if finished(p)])  # a Job being deleted lets its pods go
             return None
         ledger = self._terminal.setdefault(uid, {})
-        release = []
-        for p in tracked:
+        release = [p for p in tracked if finished(p)]
+        for p in release:
             if o.pod_terminal(p):
                 ledger[o.meta(p)["uid"]] = p
-                release.append(p)
-            elif o.pod_deleting(p) and not (p.get("spec") or {}).get("nodeName"):
-                release.append(p)  # never ran: nothing to count
         plan = decide(job, pods, ledger, self._leader_domain(job, pods), o.now())
         for pname in plan.delete:
             try:
@@ -482,5 +490,6 @@ class JobController(Controller):
         if owner in self._job_keys:
             self.enqueue(("job", *self._job_keys[owner]))
             return None
-        self._release([pod])
+        if finished(pod):
+            self._release([pod])
         return None

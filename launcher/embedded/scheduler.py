@@ -206,16 +206,9 @@ def insufficient(
 def inter_pod_affinity(
     pod: Mapping[str, Any], node: str, view: ClusterView, all_pods: Iterable[Mapping[str, Any]]
 ) -> str | None:
-    """InterPodAffinity filter for required terms; returns a failure reason or None."""
+    """InterPodAffinity filter for required terms, in upstream's order (the pod's affinity, its
+    anti-affinity, then existing pods' anti-affinity); returns a failure reason or None."""
     ns = o.meta(pod).get("namespace") or ""
-    # Existing pods' anti-affinity against this pod.
-    for e, n in view.anti:
-        for term in _required(e, "podAntiAffinity"):
-            key = term.get("topologyKey")
-            dv = view.domain(node, key)
-            same = dv is not None and dv == view.domain(n, key)
-            if same and _term_matches(term, o.meta(e).get("namespace") or "", pod):
-                return R_EXISTING_ANTI
     for term in _required(pod, "podAffinity"):
         key = term.get("topologyKey")
         dv = view.domain(node, key)
@@ -231,6 +224,14 @@ def inter_pod_affinity(
         dv = view.domain(node, key)
         if any(_term_matches(term, ns, e) for e in view.pods_in_domain(key, dv) if e is not pod):
             return R_ANTI_AFFINITY
+    # Existing pods' anti-affinity against this pod.
+    for e, n in view.anti:
+        for term in _required(e, "podAntiAffinity"):
+            key = term.get("topologyKey")
+            dv = view.domain(node, key)
+            same = dv is not None and dv == view.domain(n, key)
+            if same and _term_matches(term, o.meta(e).get("namespace") or "", pod):
+                return R_EXISTING_ANTI
     return None
 
 

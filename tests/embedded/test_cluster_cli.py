@@ -1,0 +1,91 @@
+"""`reslice cluster ...` end to end: up (a detached process), status, faults through the HTTP
+routes, down; and user errors as one line on stderr with exit code 2."""
+
+import pytest
+from kubernetes import client, config
+
+from launcher.embedded.cli import main, read_info
+from tests.embedded.cluster_helpers import GROUP, VERSION, rendered, wait_for
+
+
+def run(capsys, *args) -> tuple[int, str, str]:
+    code = 0
+    try:
+        main(list(args))
+    except SystemExit as e:
+        code = e.code or 0
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cluster_up_status_faults_down(tmp_path, capsys):
+    d = str(tmp_path / "c")
+    code, out, err = run(capsys, "up", "--nodepools", "tpu7x-2x2x1:2", "--mode", "simulate", "--state-dir", d)
+    assert code == 0, err
+    assert f"export KUBECONFIG={d}/kubeconfig" in out
+    info = read_info(tmp_path / "c")
+    try:
+        code, _, err = run(capsys, "up", "--state-dir", d)
+        assert code == 2 and err.count("\n") == 1 and "already running" in err
+
+        api = config.new_client_from_config(config_file=info["kubeconfig"])
+        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        assert len(core.list_node().items) == 2
+        custom.create_namespaced_custom_object(
+            GROUP, VERSION, "default", "jobsets", rendered("cli", "unused", max_restarts=0)
+        )
+
+        def running_pods():
+            pods = [p for p in core.list_namespaced_pod("default").items if p.status.phase == "Running"]
+            return pods if len(pods) == 2 else None
+
+        pods = wait_for(running_pods, what="2 running pods")
+
+        code, out, _ = run(capsys, "status", "--state-dir", d)
+        assert code == 0
+        assert "tpu7x-2x2x1-np-0" in out and "tpu7x-2x2x1-np-1" in out and "simulate" in out
+        assert all(p.metadata.name in out for p in pods)
+
+        victim = pods[0].metadata.name
+        code, out, _ = run(capsys, "kill-pod", victim, "--state-dir", d)
+        assert code == 0 and f"Killed default/{victim} (exit code 137)" in out
+        p = core.read_namespaced_pod(victim, "default")
+        assert p.status.phase == "Failed" and p.status.container_statuses[0].state.terminated.exit_code == 137
+
+        code, out, _ = run(capsys, "preempt", "np-1", "--grace", "0.5", "--wait", "--state-dir", d)
+        assert code == 0 and "Preempting tpu7x-2x2x1-np-1" in out
+        assert [n.metadata.labels["cloud.google.com/gke-nodepool"] for n in core.list_node().items] == [
+            "tpu7x-2x2x1-np-0"
+        ]
+        code, out, _ = run(capsys, "remove", "np-0", "--state-dir", d)
+        assert code == 0 and core.list_node().items == []
+        code, out, _ = run(capsys, "restore", "np-0", "--state-dir", d)
+        assert code == 0 and "1 node(s) created" in out and len(core.list_node().items) == 1
+
+        for args, text in (
+            (("preempt", "np-1"), "has no nodes"),  # preempted already
+            (("preempt", "nope"), "unknown node pool 'nope'"),
+            (("kill-pod", "no-such-pod"), "pod default/no-such-pod not found"),
+        ):
+            code, out, err = run(capsys, *args, "--state-dir", d)
+            assert code == 2 and text in err and err.count("\n") == 1 and "Traceback" not in err
+    finally:
+        code, out, _ = run(capsys, "down", "--state-dir", d)
+    assert code == 0 and "stopped" in out
+    assert read_info(tmp_path / "c") is None
+    code, _, err = run(capsys, "status", "--state-dir", d)
+    assert code == 2 and "no embedded cluster is running" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (("up", "--nodepools", "tpu9-1x1:2"), "unknown preset 'tpu9-1x1'"),
+        (("up", "--nodepools", "tpu7x-2x2x1:zero"), "bad node pool spec"),
+        (("up", "--mode", "vm"), "--mode must be process or simulate"),
+    ],
+)
+def test_cluster_up_user_errors(tmp_path, capsys, args, text):
+    code, out, err = run(capsys, *args, "--state-dir", str(tmp_path))
+    assert code == 2 and text in err and err.count("\n") == 1
+    assert out == "" and not (tmp_path / "cluster.json").exists()

@@ -1,0 +1,175 @@
+"""Every fault, and the objects it leaves: taints, conditions, events, phases, exit codes, nodes."""
+
+import os
+import time
+
+from tests.embedded.cluster_helpers import PodRecorder, condition, rendered, running, wait_for
+
+# A trainer stand-in: on SIGTERM it "saves" and exits 42, as the real one does.
+TRAINER = (
+    "import signal, sys, time\n"
+    "signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.2), sys.exit(42)))\n"
+    "print('ready', flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+def _pod_of_slice(kube, idx, attempt="0"):
+    """The slice's pod once its process has its SIGTERM handler (it says so in its log)."""
+    sel = f"jobset.sigs.k8s.io/job-index={idx},jobset.sigs.k8s.io/restart-attempt={attempt}"
+    pod = wait_for(
+        lambda: [p for p in kube.pods(sel) if p.status.phase == "Running"], what=f"slice {idx} running"
+    )[0]
+    wait_for(
+        lambda: "ready" in kube.core.read_namespaced_pod_log(pod.metadata.name, "default"),
+        what="trainer ready",
+    )
+    return pod
+
+
+def _pool_of(kube, pod):
+    return kube.core.read_node(pod.spec.node_name).metadata.labels["cloud.google.com/gke-nodepool"]
+
+
+def _pid(pod) -> int:
+    return int(pod.status.container_statuses[0].container_id.removeprefix("process://"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_preempt_is_the_spot_sequence_and_restarts_without_counting():
+    with running("tpu7x-2x2x1:2") as kube:
+        rec = PodRecorder(kube)
+        kube.create_jobset(rendered("spot", TRAINER, grace_s=10, max_restarts=0))
+        victim = _pod_of_slice(kube, 0)
+        pool = _pool_of(kube, victim)
+        out = kube.cluster.preempt(pool, grace_s=3, wait=False)
+        assert out["pods"] == [victim.metadata.name]
+        # At once: the termination taint on the pool's nodes and DisruptionTarget on its pods.
+        (node,) = kube.pool_nodes(pool)
+        assert any(
+            t.key == "cloud.google.com/impending-node-termination" and t.effect == "NoSchedule"
+            for t in node.spec.taints
+        )
+        cur = kube.core.read_namespaced_pod(victim.metadata.name, "default")
+        dt = next(c for c in cur.status.conditions if c.type == "DisruptionTarget")
+        assert (dt.status, dt.reason, dt.message) == (
+            "True",
+            "TerminationByKubelet",
+            "Pod was terminated in response to imminent node shutdown.",
+        )
+        # Then the nodes go, and the pod with them.
+        wait_for(lambda: not kube.pool_nodes(pool), what="nodes removed")
+        wait_for(lambda: any(t == "DELETED" for t, _ in rec.states(victim.metadata.name)), what="pod removed")
+        failed = [p for t, p in rec.states(victim.metadata.name) if p.status.phase == "Failed"]
+        assert failed, "the pod must be seen Failed before it goes"
+        p = failed[0]
+        assert (p.status.reason, p.status.message) == (
+            "Terminated",
+            "Pod was terminated in response to imminent node shutdown.",
+        )
+        assert p.status.container_statuses[0].state.terminated.exit_code == 42  # SIGTERM reached the trainer
+        assert [e.message for e in kube.events("Killing", "Pod")] == ["Stopping container trainer"]
+        assert [e.reason for e in kube.events(kind="Node")] == ["RemovingNode"]
+        # DisruptionTarget matched rule 0 → "preempted" → restart without spending maxRestarts (0).
+        js = wait_for(lambda: (j := kube.jobset("spot-0"))["status"].get("restarts") == 1 and j)
+        assert js["status"].get("restartsCountTowardsMax", 0) == 0 and "terminalState" not in js["status"]
+        (jev,) = kube.events("PodFailurePolicy", "Job")
+        assert (
+            jev.message
+            == f"Pod default/{victim.metadata.name} has condition DisruptionTarget matching FailJob rule at index 0"
+        )
+
+        # One node pool left for two slices: the second one waits, unschedulable.
+        def unschedulable():
+            for p in kube.pods("jobset.sigs.k8s.io/restart-attempt=1"):
+                for c in p.status.conditions or []:
+                    if c.type == "PodScheduled" and c.status == "False":
+                        return c
+            return None
+
+        msg = wait_for(unschedulable, what="an unschedulable slice").message
+        assert msg.startswith("0/1 nodes are available: 1 Insufficient google.com/tpu.")
+        # Restore: the nodes come back clean and the slice is scheduled.
+        kube.cluster.restore(pool)
+        (node,) = kube.pool_nodes(pool)
+        assert not any(t.key == "cloud.google.com/impending-node-termination" for t in node.spec.taints or [])
+        assert next(c for c in node.status.conditions if c.type == "Ready").status == "True"
+        assert "RegisteredNode" in [e.reason for e in kube.events(kind="Node")]
+        wait_for(
+            lambda: (
+                sum(p.status.phase == "Running" for p in kube.pods("jobset.sigs.k8s.io/restart-attempt=1"))
+                == 2
+            ),
+            what="both slices running again",
+        )
+        rec.close()
+
+
+def test_remove_fails_pods_by_podgc_and_kills_their_processes():
+    with running("tpu7x-2x2x1:3") as kube:
+        rec = PodRecorder(kube)
+        kube.create_jobset(rendered("gone", TRAINER, grace_s=10, max_restarts=0))
+        victim = _pod_of_slice(kube, 1)
+        pid = _pid(victim)
+        assert _alive(pid)
+        pool = _pool_of(kube, victim)
+        out = kube.cluster.remove(pool)
+        assert out["pods"] == [victim.metadata.name] and not kube.pool_nodes(pool)
+        wait_for(lambda: not _alive(pid), what="the process to die with its node")
+        states = rec.states(victim.metadata.name)
+        wait_for(lambda: any(t == "DELETED" for t, _ in rec.states(victim.metadata.name)), what="pod removed")
+        failed = next(p for _, p in rec.states(victim.metadata.name) if p.status.phase == "Failed")
+        dt = next(c for c in failed.status.conditions if c.type == "DisruptionTarget")
+        assert (dt.status, dt.reason, dt.message) == (
+            "True",
+            "DeletionByPodGC",
+            "PodGC: node no longer exists",
+        )
+        assert not any(
+            t == "MODIFIED" and p.status.reason == "Terminated" for t, p in states
+        )  # no graceful shutdown
+        assert [e.reason for e in kube.events(kind="Node")] == ["RemovingNode"]
+        assert not kube.events("Killing")
+        # A disruption: the JobSet restarts uncounted and, with a spare pool, runs on.
+        js = wait_for(lambda: (j := kube.jobset("gone-0"))["status"].get("restarts") == 1 and j)
+        assert js["status"].get("restartsCountTowardsMax", 0) == 0
+        wait_for(
+            lambda: (
+                sum(p.status.phase == "Running" for p in kube.pods("jobset.sigs.k8s.io/restart-attempt=1"))
+                == 2
+            )
+        )
+        assert pool not in {_pool_of(kube, p) for p in kube.pods("jobset.sigs.k8s.io/restart-attempt=1")}
+        rec.close()
+
+
+def test_kill_pod_is_exit_137_and_counts_as_an_app_failure():
+    with running("tpu7x-2x2x1:2") as kube:
+        kube.create_jobset(rendered("kill", TRAINER, max_restarts=0))
+        victim = _pod_of_slice(kube, 1)
+        out = kube.cluster.kill_pod("default", victim.metadata.name)
+        assert out == {"pod": f"default/{victim.metadata.name}", "exitCode": 137}
+        p = wait_for(
+            lambda: (
+                (x := kube.core.read_namespaced_pod(victim.metadata.name, "default")).status.phase == "Failed"
+                and x
+            )
+        )
+        term = p.status.container_statuses[0].state.terminated
+        assert (term.exit_code, term.reason) == (137, "Error")
+        assert not any(c.type == "DisruptionTarget" for c in p.status.conditions)
+        js = wait_for(lambda: (j := kube.jobset("kill-0"))["status"].get("terminalState") and j)
+        assert condition(js, "Failed")["reason"] == "ReachedMaxRestarts"  # 137 is neither 42 nor 2
+        job = kube.batch.read_namespaced_job("kill-0-slice-1", "default")
+        assert next(c for c in job.status.conditions if c.type == "Failed").reason == "BackoffLimitExceeded"
+        assert job.status.failed == 1
+        # The failed pod stays in the API (nothing deleted it), as on a real cluster.
+        time.sleep(0.2)
+        assert kube.core.read_namespaced_pod(victim.metadata.name, "default").status.phase == "Failed"

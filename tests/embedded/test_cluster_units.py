@@ -1,0 +1,378 @@
+"""The cluster half's pure decisions: scheduler filters and messages, pod failure policy, JobSet
+failure-policy rule matching, Job status transitions, the kubelet's environment rewrite, node labels."""
+
+import datetime as dt
+import re
+from collections import Counter
+
+import pytest
+
+from launcher.embedded import job as jobctl
+from launcher.embedded import jobset as jsctl
+from launcher.embedded import nodes, podenv, scheduler
+from launcher.embedded import objects as o
+from launcher.errors import UserError
+from launcher.presets import make_shape
+from launcher.render import RunSpec, failure_policies, render_jobset
+
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def pool(preset="tpu7x-4x4x4", name="np-a", spot=False):
+    return nodes.NodePool(name=name, shape=nodes.load_shape(preset), spot=spot, simulate=True)
+
+
+def test_node_labels_taints_and_capacity_match_gke():
+    n = nodes.node_object(pool("tpu7x-4x4x4"), 3)
+    lbl = n["metadata"]["labels"]
+    assert lbl["cloud.google.com/gke-tpu-accelerator"] == "tpu7x"
+    assert lbl["cloud.google.com/gke-tpu-topology"] == "4x4x4"
+    assert lbl["cloud.google.com/gke-nodepool"] == "np-a"
+    assert lbl["cloud.google.com/placement-policy-name"] == "tpu7x-128-4x4x4-placement-policy"
+    assert lbl["node.kubernetes.io/instance-type"] == "tpu7x-standard-4t"
+    assert lbl["cloud.google.com/machine-family"] == "tpu7x"
+    assert lbl["kubernetes.io/hostname"] == n["metadata"]["name"]
+    assert "cloud.google.com/gke-spot" not in lbl
+    assert n["spec"]["taints"] == [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}]
+    assert n["status"]["allocatable"]["google.com/tpu"] == "4"
+    # What the renderer's pods select is exactly what the node carries.
+    assert make_shape("tpu7x-4x4x4").preset.node_selector().items() <= lbl.items()
+    single = nodes.node_object(pool("tpu7x-2x2x1", spot=True), 0)["metadata"]["labels"]
+    assert "cloud.google.com/placement-policy-name" not in single  # single-host pools have none
+    assert single["cloud.google.com/gke-spot"] == "true"
+    names = pool("tpu7x-8x8x48").node_names
+    assert len(set(names)) == 768 and all(len(x) <= 63 for x in names)
+
+
+def test_nodepool_spec_parsing():
+    specs = nodes.parse_nodepools("tpu7x-2x2x1:4, tpu7x-4x4x4:1:spot")
+    pools = nodes.expand_pools(specs, simulate=False)
+    assert [p.name for p in pools] == [f"tpu7x-2x2x1-np-{i}" for i in range(4)] + ["tpu7x-4x4x4-np-0"]
+    assert pools[-1].spot and not pools[0].spot
+    for bad in ("tpu7x-2x2x1:0", "nope-1x1:2", "tpu7x-2x2x1:two", ""):
+        with pytest.raises(UserError):
+            nodes.parse_nodepools(bad)
+
+
+def _pod(name, labels=None, sel=None, tpu=4, affinity=None, ns="default"):
+    spec = {
+        "containers": [{"name": "c", "resources": {"limits": {"google.com/tpu": str(tpu)}}}],
+        "tolerations": [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "nodeSelector": sel or {},
+    }
+    if affinity:
+        spec["affinity"] = affinity
+    return {"metadata": {"name": name, "namespace": ns, "labels": labels or {}}, "spec": spec}
+
+
+def _view(pools_, bound=None):
+    ns = {}
+    for p in pools_:
+        for i in range(p.shape.hosts):
+            n = nodes.node_object(p, i)
+            ns[n["metadata"]["name"]] = n
+    return scheduler.ClusterView(nodes=ns, bound=bound or {})
+
+
+def test_fit_error_has_the_upstream_shape():
+    view = _view([pool("tpu7x-2x2x1", "a"), pool("tpu7x-2x2x1", "b"), pool("tpu7x-4x4x4", "c")])
+    # a and b are full; c's 16 nodes have the wrong topology.
+    for n in list(view.nodes):
+        if "-a-" in n or "-b-" in n:
+            view.add(_pod(f"x{n}"), n)
+    p = _pod("p", sel={"cloud.google.com/gke-tpu-topology": "2x2x1"})
+    node, msg = scheduler.schedule_one(p, view, [])
+    assert node is None
+    assert msg == (
+        "0/18 nodes are available: 16 node(s) didn't match Pod's node affinity/selector, "
+        "2 Insufficient google.com/tpu. preemption: 0/18 nodes are available: "
+        "16 Preemption is not helpful for scheduling, 2 No preemption victims found for incoming pod."
+    )
+    untolerated = _pod("q")
+    untolerated["spec"]["tolerations"] = []
+    _, msg = scheduler.schedule_one(untolerated, view, [])
+    assert msg.startswith(
+        "0/18 nodes are available: 18 node(s) had untolerated taint {google.com/tpu: present}."
+    )
+
+
+def test_exclusive_placement_keeps_jobs_in_their_own_pool():
+    view = _view([pool("tpu7x-2x4x4", "a"), pool("tpu7x-2x4x4", "b")])  # 8 nodes per pool
+    topo = "cloud.google.com/gke-nodepool"
+    leader_a = _pod("a0", {o.JOB_KEY: "ka"}, affinity=jobctl.exclusive_affinity("ka", topo), tpu=1)
+    node, _ = scheduler.schedule_one(leader_a, view, [])
+    view.add(leader_a, node)
+    pool_a = view.domain(node, topo)
+    # Job b's leader may not share job a's pool even though a's nodes have free chips.
+    leader_b = _pod("b0", {o.JOB_KEY: "kb"}, affinity=jobctl.exclusive_affinity("kb", topo), tpu=1)
+    node_b, _ = scheduler.schedule_one(leader_b, view, [])
+    assert view.domain(node_b, topo) != pool_a
+    view.add(leader_b, node_b)
+    # A third job has nowhere to go: both pools are taken.
+    leader_c = _pod("c0", {o.JOB_KEY: "kc"}, affinity=jobctl.exclusive_affinity("kc", topo), tpu=1)
+    node_c, msg = scheduler.schedule_one(leader_c, view, [])
+    assert node_c is None
+    assert "16 node(s) didn't match pod anti-affinity rules" in msg
+
+
+def test_pod_failure_policy_messages_and_rule_indexes():
+    policy, _ = failure_policies(RunSpec(run="r", run_dir="/d", global_batch=8))
+
+    def failed(code=None, disrupted=False):
+        st = {"phase": "Failed", "conditions": [], "containerStatuses": []}
+        if code is not None:
+            st["containerStatuses"] = [{"name": "trainer", "state": {"terminated": {"exitCode": code}}}]
+        if disrupted:
+            st["conditions"].append(
+                {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}
+            )
+        return {"metadata": {"name": "p", "namespace": "ns"}, "status": st}
+
+    assert jobctl.match_pod_failure_policy(policy, failed(2)) == (
+        "FailJob",
+        "Container trainer for pod ns/p failed with exit code 2 matching FailJob rule at index 2",
+    )
+    assert jobctl.match_pod_failure_policy(policy, failed(42))[1].endswith(
+        "exit code 42 matching FailJob rule at index 1"
+    )
+    # Disruption wins over the exit code (rule 0 is checked first).
+    assert jobctl.match_pod_failure_policy(policy, failed(42, disrupted=True)) == (
+        "FailJob",
+        "Pod ns/p has condition DisruptionTarget matching FailJob rule at index 0",
+    )
+    assert jobctl.match_pod_failure_policy(policy, failed(1)) == (None, None)
+    notin = {"rules": [{"action": "Ignore", "onExitCodes": {"operator": "NotIn", "values": [1]}}]}
+    assert jobctl.match_pod_failure_policy(notin, failed(3))[0] == "Ignore"
+    assert jobctl.match_pod_failure_policy(notin, failed(1))[0] is None
+
+
+def _failed_job(name, reason, message, t="2026-01-01T00:00:00Z"):
+    return {
+        "metadata": {"name": name, "labels": {o.RJOB_NAME: "slice"}},
+        "status": {
+            "conditions": [
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": reason,
+                    "message": message,
+                    "lastTransitionTime": t,
+                }
+            ]
+        },
+    }
+
+
+def test_jobset_rules_tell_config_errors_from_preemption_and_crashes():
+    _, fp = failure_policies(RunSpec(run="r", run_dir="/d", global_batch=8))
+    rules = fp["rules"]
+    exit2 = _failed_job(
+        "j-0",
+        "PodFailurePolicy",
+        "Container trainer for pod ns/p failed with exit code 2 matching FailJob rule at index 2",
+    )
+    exit42 = _failed_job(
+        "j-1",
+        "PodFailurePolicy",
+        "Container trainer for pod ns/p failed with exit code 42 matching FailJob rule at index 1",
+    )
+    crash = _failed_job("j-2", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
+    assert jsctl.match_failure_policy(rules, [exit2])[0] == 0
+    assert jsctl.match_failure_policy(rules, [exit42])[0] == 1
+    assert jsctl.match_failure_policy(rules, [crash])[0] == 2
+    # Rules are tried in order: a config error anywhere fails the JobSet even if a preemption is older.
+    early42 = _failed_job(
+        "j-1", "PodFailurePolicy", exit42["status"]["conditions"][0]["message"], "2025-01-01T00:00:00Z"
+    )
+    i, j = jsctl.match_failure_policy(rules, [early42, exit2])
+    assert (i, j["metadata"]["name"]) == (0, "j-0")
+    assert jsctl.match_failure_policy([], [crash, exit2]) == (None, exit2)  # earliest failure, then by name
+    early_crash = _failed_job("j-2", "BackoffLimitExceeded", "x", "2025-01-01T00:00:00Z")
+    assert jsctl.match_failure_policy([], [exit2, early_crash]) == (None, early_crash)
+
+
+def _js(max_restarts=1):
+    js = render_jobset(
+        RunSpec(run="r", run_dir="/d", global_batch=16, max_restarts=max_restarts),
+        make_shape("tpu7x-2x2x1", 2),
+    )
+    js["metadata"]["uid"] = "uid-js"
+    return js
+
+
+def test_jobset_restart_counting_and_max_restarts():
+    js = _js(max_restarts=1)
+    crash = _failed_job("r-0-slice-0", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
+    crash["metadata"]["labels"][o.RESTART_ATTEMPT] = "0"
+    plan = jsctl.decide(js, [crash], True, NOW)
+    st = plan.status
+    assert (st["restarts"], st["restartsCountTowardsMax"]) == (1, 1)
+    cond = o.get_condition({"status": st}, "RestartingJobSet")
+    assert (
+        cond["status"] == "True"
+        and cond["reason"] == "FailurePolicy_" + js["spec"]["failurePolicy"]["rules"][2]["name"]
+    )
+    assert (
+        "Warning",
+        "RestartJobSetFailurePolicyAction",
+        "applying RestartJobSet failure policy action (first failed job: r-0-slice-0)",
+    ) in plan.events
+    # Next attempt fails too: the count is spent.
+    js["status"] = st
+    crash["metadata"]["labels"][o.RESTART_ATTEMPT] = "1"
+    plan = jsctl.decide(js, [crash], True, NOW)
+    failed = o.get_condition({"status": plan.status}, "Failed")
+    assert failed["reason"] == "ReachedMaxRestarts"
+    assert (
+        failed["message"]
+        == "jobset failed due to reaching max number of restarts (first failed job: r-0-slice-0)"
+    )
+    assert plan.status["terminalState"] == "Failed"
+    assert o.get_condition({"status": plan.status}, "RestartingJobSet")["reason"] == "JobSetFailed"
+
+
+def test_jobset_child_jobs_labels_and_blocking_recreate():
+    js = _js()
+    js["status"] = {"restarts": 2}
+    plan = jsctl.decide(js, [], False, NOW)
+    assert [j["metadata"]["name"] for j in plan.create_jobs] == ["r-0-slice-0", "r-0-slice-1"]
+    j1 = plan.create_jobs[1]
+    lbl = j1["metadata"]["labels"]
+    assert lbl[o.JOB_INDEX] == "1" and lbl[o.JOB_GLOBAL_INDEX] == "1" and lbl[o.RESTART_ATTEMPT] == "2"
+    assert lbl[o.RJOB_REPLICAS] == "2" and lbl[o.JOBSET_NAME] == "r-0"
+    assert re.fullmatch("[0-9a-f]{40}", lbl[o.JOB_KEY])
+    pod_tmpl = j1["spec"]["template"]
+    assert pod_tmpl["metadata"]["labels"][o.JOB_INDEX] == "1"
+    assert pod_tmpl["metadata"]["annotations"][o.EXCLUSIVE_KEY] == "cloud.google.com/gke-nodepool"
+    assert pod_tmpl["spec"]["subdomain"] == "r-0"
+    assert plan.service["spec"]["clusterIP"] == "None"
+    # An old attempt's Job still exists: BlockingRecreate creates nothing and deletes it.
+    old = {"metadata": {"name": "r-0-slice-0", "labels": {o.RESTART_ATTEMPT: "1", o.RJOB_NAME: "slice"}}}
+    plan = jsctl.decide(js, [old], True, NOW)
+    assert plan.create_jobs == [] and plan.delete_jobs == ["r-0-slice-0"]
+
+
+def _indexed_job(completions=2, policy=None, backoff=0):
+    return {
+        "metadata": {"name": "j", "namespace": "ns", "uid": "u1", "labels": {}},
+        "spec": {
+            "completions": completions,
+            "parallelism": completions,
+            "completionMode": "Indexed",
+            "backoffLimit": backoff,
+            "podFailurePolicy": policy,
+            "template": {"metadata": {}, "spec": {"containers": [{"name": "trainer"}], "subdomain": "s"}},
+        },
+        "status": {},
+    }
+
+
+def test_job_creates_indexed_pods_and_fails_only_after_pods_are_gone():
+    policy, _ = failure_policies(RunSpec(run="r", run_dir="/d", global_batch=8))
+    job = _indexed_job(policy=policy)
+    plan = jobctl.decide(job, [], {}, None, NOW)
+    p1 = plan.create[1]
+    assert p1["metadata"]["generateName"] == "j-1-" and p1["spec"]["hostname"] == "j-1"
+    assert (
+        p1["metadata"]["annotations"][o.COMPLETION_INDEX]
+        == "1"
+        == p1["metadata"]["labels"][o.COMPLETION_INDEX]
+    )
+    assert p1["metadata"]["finalizers"] == ["batch.kubernetes.io/job-tracking"]
+    env = p1["spec"]["containers"][0]["env"]
+    assert (
+        env[-1]["valueFrom"]["fieldRef"]["fieldPath"]
+        == "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    )
+    dead = {
+        "metadata": {
+            "name": "j-0-abcde",
+            "namespace": "ns",
+            "uid": "p0",
+            "annotations": {o.COMPLETION_INDEX: "0"},
+        },
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [{"name": "trainer", "state": {"terminated": {"exitCode": 2}}}],
+        },
+    }
+    alive = {
+        "metadata": {
+            "name": "j-1-fghij",
+            "namespace": "ns",
+            "uid": "p1",
+            "annotations": {o.COMPLETION_INDEX: "1"},
+        },
+        "status": {"phase": "Running"},
+    }
+    plan = jobctl.decide(job, [dead, alive], {}, None, NOW)
+    conds = {c["type"]: c for c in plan.status["conditions"]}
+    assert conds["FailureTarget"]["reason"] == "PodFailurePolicy" and "Failed" not in conds
+    assert plan.delete == ["j-1-fghij"] and plan.create == []
+    job["status"] = plan.status
+    alive["status"]["phase"] = "Failed"  # terminated by the deletion
+    plan = jobctl.decide(job, [dead, alive], {}, None, NOW)
+    failed = o.get_condition({"status": plan.status}, "Failed")
+    assert (
+        failed["message"]
+        == "Container trainer for pod ns/j-0-abcde failed with exit code 2 matching FailJob rule at index 2"
+    )
+    assert ("Warning", "PodFailurePolicy", failed["message"]) in plan.events
+
+
+def test_job_followers_wait_for_the_leaders_domain():
+    job = _indexed_job(completions=3)
+    job["spec"]["template"]["metadata"] = {
+        "annotations": {o.EXCLUSIVE_KEY: "cloud.google.com/gke-nodepool"},
+        "labels": {o.JOB_KEY: "k"},
+    }
+    plan = jobctl.decide(job, [], {}, None, NOW)
+    assert [p["metadata"]["generateName"] for p in plan.create] == ["j-0-"]
+    assert plan.create[0]["spec"]["affinity"]["podAntiAffinity"]
+    leader = {
+        "metadata": {"name": "j-0-x", "uid": "p0", "annotations": {o.COMPLETION_INDEX: "0"}},
+        "spec": {"nodeName": "n"},
+        "status": {"phase": "Running"},
+    }
+    plan = jobctl.decide(job, [leader], {}, "pool-7", NOW)
+    assert [p["spec"]["nodeSelector"] for p in plan.create] == [
+        {"cloud.google.com/gke-nodepool": "pool-7"}
+    ] * 2
+
+
+def test_hostname_rewrite_and_expansion():
+    js = {
+        "metadata": {"name": "run-0", "uid": "u"},
+        "spec": {"replicatedJobs": [{"name": "slice"}], "network": {"subdomain": "run-0"}},
+    }
+    pat = podenv.hostname_pattern(js)
+    ports = podenv.PortMap()
+    rw = lambda v: podenv.rewrite_hosts(v, pat, lambda p: ports.get("u", "0", p))  # noqa: E731
+    a = rw("run-0-slice-0-0.run-0:8476")
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", a) and a != "127.0.0.1:8476"
+    assert rw("run-0-slice-0-0.run-0.default.svc.cluster.local:8476") == a  # same (uid, attempt, port)
+    assert rw("run-0-slice-1-3") == "127.0.0.1"
+    assert rw("other-0-slice-0-0.run-0:8476") == "other-0-slice-0-0.run-0:8476"  # not this JobSet's
+    assert ports.get("u", "1", 8476) != ports.get("u", "0", 8476)  # a new attempt, a new port
+    assert podenv.expand("$(A)-$(B)-$$(A)", {"A": "x"}) == "x-$(B)-$(A)"
+    pod = {
+        "metadata": {"name": "p", "namespace": "n", "labels": {"k": "v"}, "annotations": {"a": "b"}},
+        "spec": {"nodeName": "nd"},
+    }
+    assert [
+        podenv.field_value(pod, f)
+        for f in ("metadata.labels['k']", "metadata.annotations['a']", "spec.nodeName", "status.podIP")
+    ] == ["v", "b", "nd", "127.0.0.1"]
+    env = podenv.local_env(
+        {"X": "run-0-slice-0-0:1"}, {"PATH": "/bin"}, chips=4, devices_per_chip=2, hostname="h", rewrite=rw
+    )
+    assert env["PATH"] == "/bin" and env["JAX_PLATFORMS"] == "cpu" and env["JAX_NUM_CPU_DEVICES"] == "8"
+    assert env["X"].startswith("127.0.0.1:")
+
+
+def test_fit_error_counts_each_node_once_per_reason():
+    msg = scheduler.fit_error(3, Counter({"Insufficient google.com/tpu": 3}))
+    assert msg == (
+        "0/3 nodes are available: 3 Insufficient google.com/tpu. "
+        "preemption: 0/3 nodes are available: 3 No preemption victims found for incoming pod."
+    )
