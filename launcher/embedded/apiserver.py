@@ -518,18 +518,18 @@ class _Request:
                 return
             try:
                 item = w.get(timeout=min(remaining, 1.0))
-                if item is None:
-                    if self.h.peer_closed():
-                        return
-                    continue
-                batch = [item]
-                while len(batch) < 500 and (more := w.get(timeout=0)) is not None:
-                    batch.append(more)  # send what is already queued in one write
             except EOFError:
                 return
+            if item is None:
+                if self.h.peer_closed():
+                    return
+                continue
+            batch, ended = _drain(w, [item])
             self.h.chunk(
                 b"".join(_event(t, self._as_table(res, t, raw) if table else raw) for t, raw in batch)
             )
+            if ended:
+                return
 
     @staticmethod
     def _as_table(res: Resource, etype: str, raw: str) -> str:
@@ -614,6 +614,16 @@ class _Request:
         if not any_json and not isinstance(body, dict):
             raise bad_request("the body of the request must be a JSON object")
         return body
+
+
+def _drain(w: Any, batch: list[tuple[str, str]], most: int = 500) -> tuple[list[tuple[str, str]], bool]:
+    """Add what is already queued on `w` to `batch` (sent in one write); True once `w` has ended."""
+    try:
+        while len(batch) < most and (more := w.get(timeout=0)) is not None:
+            batch.append(more)
+    except EOFError:
+        return batch, True
+    return batch, False
 
 
 def _event(etype: str, raw: str) -> bytes:
