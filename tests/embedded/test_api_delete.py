@@ -162,3 +162,10 @@ def test_namespace_deletion_takes_its_contents(api: Api) -> None:
     with pytest.raises(ApiException) as err:
         api.core.delete_namespace("default")
     assert err.value.status == 403
+
+
+def test_delete_collection_by_selector(api: Api) -> None:
+    for name, labels in (("a", {"run": "1"}), ("b", {"run": "1"}), ("c", {"run": "2"})):
+        api.core.create_namespaced_pod("default", pod(name, labels))
+    api.core.delete_collection_namespaced_pod("default", label_selector="run=1")
+    assert [p.metadata.name for p in api.core.list_namespaced_pod("default").items] == ["c"]

@@ -147,3 +147,55 @@ def test_restart_ends_open_watches_and_expires_old_versions(api: Api) -> None:
             )
         )
     assert err.value.status == 410
+
+
+def test_watch_list_initial_events_end_with_an_annotated_bookmark(api: Api) -> None:
+    for name in ("a", "b"):
+        api.core.create_namespaced_pod("default", pod(name))
+    w = watch.Watch()
+    seen = []
+    for ev in w.stream(
+        api.core.list_namespaced_pod,
+        "default",
+        send_initial_events=True,
+        resource_version_match="NotOlderThan",
+        allow_watch_bookmarks=True,
+        timeout_seconds=5,
+    ):
+        meta = ev["raw_object"]["metadata"]
+        seen.append(
+            (ev["type"], meta.get("name"), (meta.get("annotations") or {}).get("k8s.io/initial-events-end"))
+        )
+        if ev["type"] == "BOOKMARK":
+            w.stop()
+    assert seen == [("ADDED", "a", None), ("ADDED", "b", None), ("BOOKMARK", None, "true")]
+
+
+def test_subscribers_see_every_commit_in_order_and_may_write_back(api: Api) -> None:
+    """In-process controllers: called in commit order, off the store lock, so a subscriber can
+    write to the store from its callback (here: an Event for every pod) without deadlocking."""
+    from launcher.embedded.resources import RESOURCES
+
+    seen: list[tuple[str, str, int]] = []
+
+    def controller(etype: str, res: object, obj: dict) -> None:
+        seen.append((etype, obj["kind"], int(obj["metadata"]["resourceVersion"])))
+        if obj["kind"] == "Pod" and etype == "ADDED":
+            event = {
+                "metadata": {"name": f"{obj['metadata']['name']}.seen"},
+                "involvedObject": {"kind": "Pod"},
+            }
+            api.store.create(RESOURCES["events"], event, "default")
+
+    unsubscribe = api.store.subscribe(controller)
+    for name in ("a", "b", "c"):
+        api.core.create_namespaced_pod("default", pod(name))
+    api.core.delete_namespaced_pod("a", "default")
+    assert api.store.flush(timeout=5)
+    unsubscribe()
+    versions = [rv for _, _, rv in seen]
+    assert versions == sorted(versions) and len(set(versions)) == len(versions)
+    assert [(t, k) for t, k, _ in seen if k == "Pod"] == [("ADDED", "Pod")] * 3 + [("DELETED", "Pod")]
+    assert len(api.core.list_namespaced_event("default").items) == 3
+    api.core.create_namespaced_pod("default", pod("after"))
+    assert api.store.flush(timeout=5) and len(seen) == 7  # unsubscribed: nothing more
