@@ -754,8 +754,8 @@ class Store:
         self._index(res, ns, name, prev.obj if prev else None, None if etype == DELETED else obj)
         ev = _Event(self._rv, res.plural, etype, rec, prev)
         self._history.append(ev)
-        if len(self._history) == self._history.maxlen:
-            self._floor = self._history[0].rv - 1
+        if len(self._history) == self._history.maxlen:  # full: the oldest event just fell off
+            self._floor = self._history[0].rv - 1 if self._history else self._rv
         if self._journal is not None:
             if etype == DELETED:
                 self._journal.remove(self._rv, res.plural, ns, name)
