@@ -4,14 +4,17 @@ checks, and immutability, each answered as a real cluster would (422 Invalid wit
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes.client import ApiException
 
 from launcher.embedded.admission import SCHEMA_DIR
 from tests.embedded.conftest import Api, jobset
 
 JS = ("jobset.x-k8s.io", "v1alpha2", "default", "jobsets")
+EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 
 
 def _create(api: Api, body: dict) -> dict:
@@ -43,6 +46,24 @@ def test_valid_jobset_is_created_with_webhook_and_schema_defaults(api: Api) -> N
     # nulls dropped, as the API server does before validating
     assert "args" not in rjob["template"]["spec"]["template"]["spec"]["containers"][0]
     assert "status" not in created
+
+
+def test_rendered_example_jobsets_pass_admission(api: Api) -> None:
+    """The golden JobSets the renderer writes pass the admission a GKE cluster runs (CRD schema
+    and JobSet webhook: e.g. failure-policy rule names must match ^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$)."""
+    jobsets = [
+        (path.name, doc)
+        for path in sorted(EXAMPLES.glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc and doc.get("kind") == "JobSet"
+    ]
+    assert jobsets, f"no example JobSets under {EXAMPLES}"
+    for i, (name, doc) in enumerate(jobsets):
+        doc["metadata"]["name"] = f"example-{i}"
+        try:
+            _create(api, doc)
+        except ApiException as e:
+            pytest.fail(f"{name}: {json.loads(e.body)['message']}")
 
 
 def test_schema_violations_are_422_with_field_causes(api: Api) -> None:
