@@ -6,7 +6,10 @@ User errors (UserError, bad options) print one line on stderr and exit 2, with n
 from __future__ import annotations
 
 import json
+import signal
 import sys
+import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -19,6 +22,7 @@ from launcher.errors import UserError
 from launcher.plan import Plan, shrink_ladder
 from launcher.presets import load_presets, make_shape
 from launcher.render import RunSpec, render_jobset
+from launcher.watch import watch_all, watch_run
 
 app = typer.Typer(
     help="Elastic JAX pretraining on GKE TPU slices.",
@@ -185,6 +189,208 @@ def render(
     else:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(text)
+
+
+# --- runs -------------------------------------------------------------------------------------
+
+KubeconfigOpt = Annotated[str | None, typer.Option("--kubeconfig", help="Kubeconfig (default: $KUBECONFIG).")]
+NamespaceOpt = Annotated[str, typer.Option("--namespace", help="Namespace of the run.")]
+
+
+@app.command()
+def launch(
+    preset: PresetOpt,
+    run: Annotated[str, typer.Option("--run", help="Run name (DNS-1035).")],
+    global_batch: GlobalBatchOpt,
+    slices: SlicesOpt = None,
+    config: Annotated[str, typer.Option("--config", "-c", help="Trainer config name or path.")] = "tiny",
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="Trainer override key=value.")] = None,
+    run_dir: Annotated[
+        str | None, typer.Option("--run-dir", help="Path or gs:// (default ./runs/RUN).")
+    ] = None,
+    image: Annotated[str, typer.Option("--image", help="Trainer image.")] = "reslice-trainer:latest",
+    detach: Annotated[
+        bool, typer.Option("--detach", help="Submit and return; `reslice watch` later.")
+    ] = False,
+    namespace: NamespaceOpt = "default",
+    kubeconfig: KubeconfigOpt = None,
+    max_micro_batch: MaxMicroOpt = 16,
+    max_grad_accum: MaxAccumOpt = None,
+    grace_period: Annotated[
+        int | None, typer.Option("--grace-period", help="Seconds to save on SIGTERM.")
+    ] = None,
+    max_restarts: Annotated[int, typer.Option("--max-restarts", help="JobSet restarts per segment.")] = 3,
+    queue: Annotated[str | None, typer.Option("--queue", help="Kueue LocalQueue.")] = None,
+    priority_class: Annotated[str | None, typer.Option("--priority-class")] = None,
+    unschedulable_grace: Annotated[float, typer.Option("--unschedulable-grace", help="Seconds.")] = 120.0,
+    grow_window: Annotated[float, typer.Option("--grow-window", help="Seconds capacity must hold.")] = 300.0,
+    grow: Annotated[bool, typer.Option("--grow/--no-grow", help="Grow back when capacity returns.")] = True,
+    app_failure_budget: Annotated[int, typer.Option("--app-failure-budget")] = 3,
+    app_backoff: Annotated[float, typer.Option("--app-backoff", help="Seconds, doubled per failure.")] = 30.0,
+) -> None:
+    """Launch a run: plan, submit segment 0, and watch it (shrink, grow back) until it ends."""
+    from launcher.connect import connect
+    from launcher.launch import create_run, prepare
+    from launcher.record import Policy
+
+    shape = make_shape(preset, slices)
+    local = run_dir is None or not run_dir.startswith("gs://")
+    directory = str(Path(run_dir or f"runs/{run}").resolve()) if local else run_dir
+    policy = Policy(
+        unschedulable_grace_s=unschedulable_grace,
+        grow_window_s=grow_window,
+        grow=grow,
+        app_failure_budget=app_failure_budget,
+        app_backoff_s=app_backoff,
+    )
+    spec = RunSpec(
+        run=run,
+        run_dir=directory,
+        global_batch=global_batch,
+        image=image,
+        config=config,
+        overrides=tuple(overrides or ()),
+        namespace=namespace,
+        max_micro_batch=max_micro_batch,
+        max_grad_accum=max_grad_accum,
+        max_restarts=max_restarts,
+        queue=queue,
+        priority_class=priority_class,
+    )
+    rec, _ = prepare(spec, preset, slices, policy)  # every check before anything is created
+    conn = connect(kubeconfig, namespace, start_embedded=f"{shape.preset.name}:{shape.slices}")
+    if conn.embedded:
+        # Trainer processes on this machine: short timeouts, no image.
+        spec = replace(
+            spec, grace_period_s=grace_period or 30, heartbeat_timeout_s=10, image_pull_policy="Never"
+        )
+    elif grace_period is not None:
+        spec = replace(spec, grace_period_s=grace_period)
+    rec = replace(rec, spec=spec)
+    create_run(conn.kube, rec)
+    console.print(
+        f"run {run}: segment 0 on {shape} at global batch {global_batch}; run directory {directory}"
+    )
+    if detach:
+        console.print(f"detached: `reslice watch {run}` attaches, `reslice status {run}` reports")
+        return
+    _finish(conn.kube, run, watch_run(conn.kube, run, console=console))
+
+
+def _finish(kube, run: str, state: str) -> None:
+    from launcher.status import run_report, write_plots
+    from launcher.view import badput_table, segments_table
+
+    rec, report, _ = run_report(kube, run)
+    console.print(segments_table(rec, report))
+    console.print(badput_table(report))
+    paths = write_plots(kube, run)
+    console.print(f"{run}: {state} — {rec.reason}. Plots: {', '.join(map(str, paths))}")
+    if state != "Finished":
+        raise typer.Exit(1)
+
+
+@app.command()
+def watch(
+    run: Annotated[str | None, typer.Argument(help="The run to attach to.")] = None,
+    all_runs: Annotated[
+        bool, typer.Option("--all", help="Every run of the namespace (in-cluster mode).")
+    ] = False,
+    namespace: NamespaceOpt = "default",
+    kubeconfig: KubeconfigOpt = None,
+) -> None:
+    """Attach to a run (live view) or, with --all, control every run of the namespace."""
+    from launcher.connect import connect
+
+    if (run is None) == (not all_runs):
+        raise UserError("give a RUN or --all (not both)")
+    kube = connect(kubeconfig, namespace).kube
+    if all_runs:
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        watch_all(kube, stop)
+        return
+    _finish(kube, run, watch_run(kube, run, console=console))
+
+
+@app.command()
+def status(
+    run: Annotated[str, typer.Argument(help="The run.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    namespace: NamespaceOpt = "default",
+    kubeconfig: KubeconfigOpt = None,
+) -> None:
+    """State, segments, latest committed checkpoint, restarts by cause and goodput of a run."""
+    from launcher.connect import connect
+    from launcher.status import run_report
+    from launcher.view import badput_table, segments_table
+
+    rec, report, rundir = run_report(connect(kubeconfig, namespace).kube, run)
+    committed = rundir.latest_committed_step()
+    if as_json:
+        _print_json({**report.as_dict(), "latest_committed_step": committed, "total_steps": rec.total_steps})
+        return
+    console.print(f"[bold]{run}[/bold]: {rec.state} — {rec.reason}")
+    console.print(
+        f"latest committed checkpoint: step {committed} of {rec.total_steps or '?'}; "
+        f"restarts: {', '.join(f'{k.replace(chr(95), chr(32))} {v}' for k, v in report.restarts.items())}"
+    )
+    console.print(segments_table(rec, report))
+    console.print(badput_table(report))
+
+
+@app.command()
+def runs(namespace: NamespaceOpt = "default", kubeconfig: KubeconfigOpt = None) -> None:
+    """List the runs of the namespace."""
+    from launcher.connect import connect
+
+    table = Table(title=f"runs in {namespace}")
+    for col in ("run", "state", "shape now", "requested", "segments", "global batch", "reason"):
+        table.add_column(col, overflow="fold")
+    for rec in connect(kubeconfig, namespace).kube.records():
+        seg = rec.current
+        table.add_row(
+            rec.name,
+            rec.state,
+            f"{seg.preset} x{seg.slices}" if seg else "-",
+            f"{rec.preset} x{rec.slices}",
+            str(len(rec.segments)),
+            str(rec.spec.global_batch),
+            rec.reason,
+        )
+    console.print(table)
+
+
+@app.command()
+def stop(
+    run: Annotated[str, typer.Argument(help="The run.")],
+    namespace: NamespaceOpt = "default",
+    kubeconfig: KubeconfigOpt = None,
+) -> None:
+    """Stop a run: delete its JobSet (the trainer checkpoints), keep its record and run directory."""
+    from launcher.connect import connect
+    from launcher.launch import stop_run
+
+    kube = connect(kubeconfig, namespace).kube
+    deleted = stop_run(kube, run)
+    console.print(
+        f"{run}: stopped; deleted {', '.join(deleted) or 'no JobSet'}; record and run directory kept"
+    )
+
+
+@app.command()
+def report(
+    run: Annotated[str, typer.Argument(help="The run.")],
+    out: Annotated[Path | None, typer.Option("--out", help="Directory for the PNGs.")] = None,
+    namespace: NamespaceOpt = "default",
+    kubeconfig: KubeconfigOpt = None,
+) -> None:
+    """Write the plots of a run: loss across segments, and the timeline with its badput."""
+    from launcher.connect import connect
+    from launcher.status import write_plots
+
+    for path in write_plots(connect(kubeconfig, namespace).kube, run, out):
+        console.print(str(path))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -226,7 +226,10 @@ def decide(rec: RunRecord, obs: S.Observation, ladder: list[Rung]) -> Decision:
 
     # 3. Capacity return.
     requested = rec.requested
-    if policy.grow and obs.phase == S.RUNNING and current.devices < requested.devices:
+    # Only at a checkpoint this segment committed itself: a segment that never got to train
+    # must not be torn down again (no flapping), and the resize then costs no progress.
+    progressed = obs.committed_step is not None and obs.committed_step > (seg.start_step or 0)
+    if policy.grow and obs.phase == S.RUNNING and current.devices < requested.devices and progressed:
         rung = best_fit(ladder, obs, stable_before=now - policy.grow_window_s)
         if rung is not None and rung.shape.devices > current.devices:
             reason = (

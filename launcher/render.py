@@ -34,9 +34,9 @@ EXIT_PREEMPTED = 42
 EXIT_CONFIG = 2
 
 # Rule names are part of the contract with the controller: signals.py reads which one fired.
-RULE_CONFIG_ERROR = "config-error"
+RULE_CONFIG_ERROR = "configError"
 RULE_PREEMPTED = "preempted"
-RULE_APP_FAILURE = "app-failure"
+RULE_APP_FAILURE = "appFailure"
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 POD_SUFFIX = 6  # "-xxxxx" that the Job controller appends to generated pod names

@@ -6,13 +6,15 @@ JobSet status conditions and counters (FACTS.md §2–4).
 
 from __future__ import annotations
 
-from launcher.signals import iso
 from launcher.presets import LABEL_NODEPOOL, load_preset
+from launcher.signals import iso
 
 T0 = 1_800_000_000.0
 
 
-def node(name: str, pool: str, preset: str = "tpu7x-2x2x1", *, ready: bool = True, taints=(), since: float = T0) -> dict:
+def node(
+    name: str, pool: str, preset: str = "tpu7x-2x2x1", *, ready: bool = True, taints=(), since: float = T0
+) -> dict:
     p = load_preset(preset)
     labels = {
         **p.node_selector(),
@@ -101,7 +103,9 @@ def pod(
                 "name": "trainer",
                 "ready": False,
                 "restartCount": 0,
-                "state": {"terminated": {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed"}},
+                "state": {
+                    "terminated": {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed"}
+                },
             }
         ]
     meta = {
@@ -117,7 +121,13 @@ def pod(
     }
     if deleting:
         meta["deletionTimestamp"] = iso(T0)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"nodeName": node_name}, "status": status}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {"nodeName": node_name},
+        "status": status,
+    }
 
 
 def jobset(

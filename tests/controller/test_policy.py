@@ -29,7 +29,9 @@ def record_on(slices: int | None, **changes) -> RunRecord:
     return replace(rec, **changes)
 
 
-def observe(rec: RunRecord, *, pods=(), pools=4, jobsets=None, now=T0 + 100, committed=10, trainer=None, pool_since=T0):
+def observe(
+    rec: RunRecord, *, pods=(), pools=4, jobsets=None, now=T0 + 100, committed=10, trainer=None, pool_since=T0
+):
     seg = rec.current
     nodes = [n for i in range(pools) for n in pool(f"np-{i}", since=pool_since)]
     return S.observe(
@@ -50,7 +52,9 @@ def observe(rec: RunRecord, *, pods=(), pools=4, jobsets=None, now=T0 + 100, com
 
 
 def running(n, segment=0):
-    return [pod(f"demo-{segment}-slice-{i}-0-x", segment=segment, node_name=f"gke-np-{i}-0") for i in range(n)]
+    return [
+        pod(f"demo-{segment}-slice-{i}-0-x", segment=segment, node_name=f"gke-np-{i}-0") for i in range(n)
+    ]
 
 
 def pending(indices, since, segment=0):
@@ -151,6 +155,17 @@ def test_grow_back_after_stability_window():
     assert "-> tpu7x-2x2x1 x4" in d.reason and "checkpoints on SIGTERM" in d.reason
 
 
+def test_grow_waits_for_a_checkpoint_of_the_segment():
+    rec = record_on(1)
+    rec = rec.with_segment(replace(rec.current, start_step=10))
+    obs = observe(rec, pods=running(1), pools=4, now=T0 + 1000, committed=10)
+    assert P.decide(rec, obs, LADDER).action == P.WAIT
+    assert (
+        P.decide(rec, observe(rec, pods=running(1), pools=4, now=T0 + 1000, committed=15), LADDER).action
+        == P.END
+    )
+
+
 def test_grow_disabled():
     rec = record_on(1, policy=replace(POLICY, grow=False))
     assert P.decide(rec, observe(rec, pods=running(1), pools=4, now=T0 + 1000), LADDER).action == P.WAIT
@@ -187,12 +202,16 @@ def test_app_failures_back_off_then_fail_without_spending_preemptions():
                 jobsets=[jobset("demo-1", condition=("Failed", "ReachedMaxRestarts", "m"))], now=T0 + 300),
         LADDER,
     )  # fmt: skip
-    assert failed.action == P.FAIL and "crash loop" in failed.reason and "preemptions so far: 5" in failed.reason
+    assert (
+        failed.action == P.FAIL and "crash loop" in failed.reason and "preemptions so far: 5" in failed.reason
+    )
 
 
 def test_trainer_finished_finishes():
     rec = record_on(4)
-    obs = observe(rec, pods=running(4), committed=100, trainer={"state": "finished", "step": 100, "total_steps": 100})
+    obs = observe(
+        rec, pods=running(4), committed=100, trainer={"state": "finished", "step": 100, "total_steps": 100}
+    )
     d = P.decide(rec, obs, LADDER)
     assert d.action == P.FINISH and d.record.state == R.FINISHED and d.record.total_steps == 100
 

@@ -4,7 +4,7 @@ import pytest
 
 from launcher import signals as S
 from launcher.presets import load_presets
-from tests.controller.objects import T0, failed_scheduling, jobset, node, pod, pool
+from tests.controller.objects import T0, failed_scheduling, jobset, pod, pool
 
 PRESETS = list(load_presets().values())
 
@@ -65,7 +65,9 @@ def test_deletion_timestamp_on_running_pod_means_restarting():
 
 
 def test_old_attempt_pods_still_terminating_means_restarting():
-    pods = [pod(f"p{i}", attempt=0, deleting=True) for i in range(2)] + [pod(f"q{i}", attempt=1) for i in range(4)]
+    pods = [pod(f"p{i}", attempt=0, deleting=True) for i in range(2)] + [
+        pod(f"q{i}", attempt=1) for i in range(4)
+    ]
     obs = observe(pods=pods, nodes=FOUR_POOLS, jobsets=[jobset(restarts=1)])
     assert obs.phase == S.RESTARTING and obs.restarts == 1
 
@@ -82,7 +84,9 @@ def test_unschedulable_pods_since_and_message():
 @pytest.mark.parametrize("reason", ["FailedScheduling", "NotTriggerScaleUp"])
 def test_scheduling_events_supply_the_message(reason):
     p = pod("demo-0-slice-1-0-x", unschedulable_since=T0, unschedulable_message="")
-    ev = failed_scheduling("demo-0-slice-1-0-x", "pod didn't trigger scale-up: 1 node(s) didn't match", T0 + 5)
+    ev = failed_scheduling(
+        "demo-0-slice-1-0-x", "pod didn't trigger scale-up: 1 node(s) didn't match", T0 + 5
+    )
     ev["reason"] = reason
     obs = observe(pods=[p], nodes=[], events=[ev], expected=1)
     assert obs.unschedulable_message == "pod didn't trigger scale-up: 1 node(s) didn't match"
@@ -90,7 +94,11 @@ def test_scheduling_events_supply_the_message(reason):
 
 @pytest.mark.parametrize(
     "taint",
-    ["cloud.google.com/impending-node-termination", "node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"],
+    [
+        "cloud.google.com/impending-node-termination",
+        "node.kubernetes.io/unreachable",
+        "node.kubernetes.io/not-ready",
+    ],
 )
 def test_bad_node_taints_remove_the_slice_and_are_reported(taint):
     nodes = pool("np-0", taints=(taint,)) + [n for i in (1, 2, 3) for n in pool(f"np-{i}")]
@@ -146,7 +154,9 @@ def test_spot_preset_needs_spot_nodes():
     ],
 )  # fmt: skip
 def test_jobset_terminal_conditions(condition, phase, kind):
-    obs = observe(pods=RUNNING4, nodes=FOUR_POOLS, jobsets=[jobset(condition=condition, restarts=3, counted=2)])
+    obs = observe(
+        pods=RUNNING4, nodes=FOUR_POOLS, jobsets=[jobset(condition=condition, restarts=3, counted=2)]
+    )
     assert obs.phase == phase
     assert (obs.failure.kind if obs.failure else None) == kind
     assert (obs.restarts, obs.restarts_counted) == (3, 2)

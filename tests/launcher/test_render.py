@@ -193,3 +193,11 @@ def test_infeasible_batch_is_refused():
     shape = make_shape("tpu7x-4x4x4", 1)
     with pytest.raises(UserError, match="not divisible by 128 devices"):
         render_jobset(RunSpec(run="llm", run_dir="/r", global_batch=100), shape)
+
+
+def test_rule_names_pass_the_jobset_webhook():
+    # The JobSet webhook (not the CRD schema) rejects rule names outside this pattern.
+    webhook = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    shape = make_shape("tpu7x-2x2x1", 1)
+    rules = render_jobset(spec_for(shape), shape)["spec"]["failurePolicy"]["rules"]
+    assert all(webhook.match(r["name"]) for r in rules), [r["name"] for r in rules]

@@ -1,0 +1,98 @@
+"""Launching a run: validate and plan before anything is created, then write the run record.
+
+Nothing is submitted, deleted or overwritten until every check has passed: the shape and its whole
+shrink ladder are planned, every JobSet name the run could ever need fits its pod names, the run
+name is free and the run directory does not belong to another run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+
+from launcher.errors import UserError
+from launcher.plan import Plan, Rung, shrink_ladder
+from launcher.presets import make_shape
+from launcher.record import Policy, RunRecord
+from launcher.render import RunSpec, check_name, jobset_name
+from launcher.runs import RunDir
+
+
+def prepare(
+    spec: RunSpec, preset: str, slices: int | None, policy: Policy, now: float | None = None
+) -> tuple[RunRecord, list[Rung]]:
+    """The record of a new run and its ladder, or a UserError saying why it cannot run."""
+    shape = make_shape(preset, slices)
+    for kv in spec.overrides:
+        if "=" not in kv or not kv.split("=", 1)[0].strip():
+            raise UserError(f"--set {kv!r}: expected key=value")
+    ladder = shrink_ladder(shape, spec.global_batch, spec.max_micro_batch, spec.max_grad_accum)
+    first = ladder[0]
+    if not isinstance(first.plan, Plan):
+        raise UserError(f"{shape}: {first.plan.reason}")
+    # The longest JobSet name this run may need: the last segment the policy allows.
+    longest = jobset_name(spec.run, policy.max_segments - 1)
+    for rung in ladder:
+        if rung.feasible:
+            check_name(longest, rung.shape)
+    rec = RunRecord(
+        spec=spec,
+        preset=shape.preset.name,
+        slices=shape.slices,
+        policy=policy,
+        created_at=now if now is not None else time.time(),
+        reason="launched",
+    )
+    return rec, ladder
+
+
+def create_run(kube, rec: RunRecord) -> None:
+    """Claim the run directory and write the run record. Refuses to reuse another run's directory
+    or an existing run's name."""
+    rundir = RunDir(rec.spec.run_dir)
+    existing = rundir.read_text("run.json")
+    if existing is not None:
+        owner = json.loads(existing).get("run")
+        if owner != rec.name:
+            raise UserError(
+                f"run directory {rec.spec.run_dir} belongs to run {owner!r}; choose another --run-dir"
+            )
+    if kube.get_record(rec.name) is not None:
+        raise UserError(
+            f"run {rec.name!r} already exists: `reslice status {rec.name}` (or `reslice stop` it)"
+        )
+    if existing is None:
+        rundir.write_text("run.json", json.dumps({"run": rec.name, "spec": asdict(rec.spec), "preset": rec.preset,
+                                                  "slices": rec.slices}, indent=2))  # fmt: skip
+    kube.create_record(rec)
+    rundir.log([{"time": rec.created_at, "kind": "launch", "shape": f"{rec.preset} x{rec.slices}",
+                 "global_batch": rec.spec.global_batch}])  # fmt: skip
+
+
+def stop_run(kube, run: str) -> list[str]:
+    """Mark the run Stopped (compare-and-swap, so no controller starts another segment), then
+    delete its JobSets. The record and the run directory stay."""
+    from dataclasses import replace
+
+    from launcher.kube import Conflict
+    from launcher.record import STOPPED
+
+    for _ in range(10):
+        got = kube.get_record(run)
+        if got is None:
+            raise UserError(f"no run named {run!r} in namespace {kube.namespace}")
+        rec, rv = got
+        if rec.terminal:
+            break
+        try:
+            kube.update_record(
+                replace(rec, state=STOPPED, reason="stopped by the user", finished_at=time.time()), rv
+            )
+            break
+        except Conflict:
+            continue
+    deleted = [j["metadata"]["name"] for j in kube.jobsets(run) if kube.delete_jobset(j["metadata"]["name"])]
+    RunDir(rec.spec.run_dir).log([{"time": time.time(), "kind": "act", "action": "stop", "reason": "stopped by the user",
+                                   "state": STOPPED}])  # fmt: skip
+    return deleted

@@ -1,0 +1,33 @@
+"""Reading a run back: its record, its report, its plots."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from launcher.errors import UserError
+from launcher.kube import Kube
+from launcher.record import RunRecord
+from launcher.report import RunReport, build_report, plot_loss, plot_timeline
+from launcher.runs import RunDir
+
+
+def run_report(kube: Kube, run: str) -> tuple[RunRecord, RunReport, RunDir]:
+    got = kube.get_record(run)
+    if got is None:
+        raise UserError(f"no run named {run!r} in namespace {kube.namespace} (see `reslice runs`)")
+    rec = got[0]
+    rundir = RunDir(rec.spec.run_dir)
+    return rec, build_report(rec, rundir.metrics(), rundir.ledger(), time.time()), rundir
+
+
+def write_plots(kube: Kube, run: str, out: Path | None = None) -> list[Path]:
+    """loss.png and timeline.png, in `out` (default: the run directory's report/ when local)."""
+    _, report, rundir = run_report(kube, run)
+    if out is None:
+        out = (rundir.root / "report") if rundir.root is not None else Path(f"reslice-report-{run}")
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "loss.png", out / "timeline.png"]
+    plot_loss(report, rundir.metrics(), str(paths[0]))
+    plot_timeline(report, str(paths[1]))
+    return paths

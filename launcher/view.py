@@ -1,0 +1,119 @@
+"""What a person watching a run sees: the live view, the status tables. Rich renderables only."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+from rich.console import Group
+from rich.panel import Panel
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from launcher.record import FAILED, FINISHED, RunRecord
+from launcher.report import LOSS, TOKENS, RunReport
+
+
+def _clock(ts: float | None) -> str:
+    return datetime.fromtimestamp(ts).strftime("%H:%M:%S") if ts else "-"
+
+
+def segments_table(rec: RunRecord, report: RunReport | None = None) -> Table:
+    table = Table(title=f"segments of {rec.name}", expand=False)
+    for col in (
+        "#",
+        "shape",
+        "devices",
+        "micro-batch × accum",
+        "steps",
+        "start",
+        "end",
+        "goodput",
+        "ended because",
+    ):
+        table.add_column(col, overflow="fold")
+    by_index = {s.index: s for s in report.segments} if report else {}
+    for seg in rec.segments:
+        rs = by_index.get(seg.index)
+        steps = f"{rs.first_step}–{rs.last_step}" if rs and rs.first_step is not None else "-"
+        good = f"{rs.badput.goodput:.0%}" if rs else "-"
+        why = seg.end_reason or ("live" if seg.live else "")
+        table.add_row(
+            str(seg.index),
+            f"{seg.preset} x{seg.slices}",
+            str(seg.devices),
+            f"{seg.micro_batch} × {seg.grad_accum}",
+            steps,
+            _clock(seg.submitted_at),
+            _clock(seg.ended_at),
+            good,
+            why,
+        )
+    return table
+
+
+def badput_table(report: RunReport) -> Table:
+    b = report.badput
+    table = Table(title=f"goodput {b.goodput:.1%} of {b.wall:.0f}s wall time")
+    table.add_column("time")
+    table.add_column("seconds", justify="right")
+    table.add_column("share", justify="right")
+    rows = [
+        ("productive training", b.productive),
+        ("waiting for capacity", b.waiting_for_capacity),
+        ("restart and recovery", b.restart_and_recovery),
+        ("recomputed steps", b.recomputed),
+        ("checkpointing", b.checkpointing),
+    ]
+    for name, secs in rows:
+        table.add_row(name, f"{secs:.1f}", f"{secs / b.wall:.1%}" if b.wall else "-")
+    return table
+
+
+def live_view(rec: RunRecord, metrics: list[dict], ledger: list[dict], committed: int | None) -> Panel:
+    seg = rec.current
+    head = Text()
+    style = {FINISHED: "bold green", FAILED: "bold red"}.get(rec.state, "bold cyan")
+    head.append(f"{rec.name}  ", style="bold")
+    head.append(rec.state, style=style)
+    if seg is not None:
+        head.append(
+            f"  segment {seg.index} on {seg.preset} x{seg.slices}: {seg.devices} devices, "
+            f"micro-batch {seg.micro_batch} × {seg.grad_accum} accum = global batch {rec.spec.global_batch}"
+        )
+    last = metrics[-1] if metrics else {}
+    step = last.get("step", 0)
+    total = rec.total_steps or 0
+    progress = Table.grid(padding=(0, 2))
+    progress.add_row(
+        Text(f"step {step}/{total or '?'}"),
+        ProgressBar(total=max(total, 1), completed=min(step, total or 1), width=40),
+        Text(f"loss {last[LOSS]:.4f}" if LOSS in last else "loss -"),
+        Text(f"{last[TOKENS]:,.0f} tokens/s" if TOKENS in last else ""),
+        Text(f"committed {committed}" if committed is not None else "no checkpoint yet"),
+    )
+    events = Table.grid(padding=(0, 1))
+    for e in [e for e in ledger if e.get("kind") in {"act", "takeover", "launch", "conflict"}][-8:]:
+        events.add_row(Text(_clock(e.get("time")), style="dim"), Text(e.get("reason") or e.get("kind", "")))
+    for e in [e for e in ledger if e.get("kind") == "observe" and e.get("disruptions")][-2:]:
+        events.add_row(
+            Text(_clock(e.get("time")), style="dim"), Text("; ".join(e["disruptions"][:3]), style="yellow")
+        )
+    return Panel(
+        Group(head, progress, Text(rec.reason, style="italic"), events), title="reslice", expand=True
+    )
+
+
+class Throttle:
+    """Call at most once per `interval` seconds (refreshing the view re-reads the run directory)."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval, self.last = interval, 0.0
+
+    def ready(self) -> bool:
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.last = now
+            return True
+        return False

@@ -1,0 +1,205 @@
+"""End-to-end harness: the embedded cluster, the real controller and the real trainer.
+
+Every e2e test launches a run exactly as `reslice launch` does (prepare + create_run), drives the
+controller in a thread (or a separate process, for takeover tests), injects faults through the
+embedded cluster, and asserts on the run record, the ledger and the trainer's metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher.controller import Controller
+from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
+from launcher.kube import Kube
+from launcher.launch import create_run, prepare
+from launcher.record import Policy, RunRecord
+from launcher.render import LABEL_RUN, RunSpec
+from launcher.runs import RunDir
+
+PRESET = "tpu7x-2x2x1"  # one host of 8 JAX devices per slice
+GLOBAL_BATCH = 16
+# Dropless MoE (factor <= 0): which rows a finite buffer drops depends on the expert-parallel
+# layout, so only a dropless run has the same losses on every shape.
+TRAINER_SETTINGS = ("train.steps={steps}", "checkpoint.interval={interval}", "moe.ragged_buffer_factor=0")
+
+
+def wait_for(cond: Callable[[], object], timeout: float, what: str, interval: float = 0.2) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@dataclass
+class JobSetCensus:
+    """Watches the run's JobSets and remembers the most that ever existed at once."""
+
+    kube: Kube
+    run: str
+    most: int = 0
+    names: set[str] = field(default_factory=set)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> JobSetCensus:
+        threading.Thread(target=self._loop, daemon=True).start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                live = {j["metadata"]["name"] for j in self.kube.jobsets(self.run)}
+            except Exception:
+                live = set()  # the API may be restarting
+            self.names |= live
+            self.most = max(self.most, len(live))
+            self._stop.wait(0.1)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class Harness:
+    def __init__(self, tmp: Path, pools: int, *, state_dir: Path | None = None, gcs_env: dict | None = None):
+        self.tmp = tmp
+        (tmp / "pods").mkdir(parents=True, exist_ok=True)
+        self.cluster = EmbeddedCluster(
+            nodepools=[NodePoolSpec(PRESET, count=pools)],
+            mode="process",
+            state_dir=state_dir,
+            workdir=tmp / "pods",
+        )
+        self.gcs_env = gcs_env or {}
+        self._saved_env = {k: os.environ.get(k) for k in self.gcs_env}
+        os.environ.update(self.gcs_env)  # kubelet-run trainers inherit this process's environment
+        self.cluster.start()
+        self.kube = Kube(self.cluster.api_client(), "default")
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.controller: Controller | None = None
+
+    def close(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=10)
+        self.cluster.stop()
+        for k, v in self._saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    def pool(self, i: int) -> str:
+        return f"{PRESET}-np-{i}"
+
+    # --- runs ------------------------------------------------------------------------------------
+
+    def launch(
+        self, run: str, slices: int, *, steps: int, interval: int = 5, run_dir: str | None = None,
+        policy: Policy | None = None, extra: tuple[str, ...] = (), max_restarts: int = 3,
+    ) -> RunRecord:  # fmt: skip
+        settings = tuple(s.format(steps=steps, interval=interval) for s in TRAINER_SETTINGS) + extra
+        spec = RunSpec(
+            run=run,
+            run_dir=run_dir or str(self.tmp / run),
+            global_batch=GLOBAL_BATCH,
+            config="tiny",
+            overrides=settings,
+            grace_period_s=20,
+            heartbeat_timeout_s=10,
+            max_restarts=max_restarts,
+            image_pull_policy="Never",
+        )
+        policy = policy or Policy(unschedulable_grace_s=20, grow_window_s=4, app_backoff_s=1)
+        rec, _ = prepare(spec, PRESET, slices, policy)
+        create_run(self.kube, rec)
+        return rec
+
+    def start_controller(self, run: str, resync_s: float = 1.0, lease_s: int = 4) -> Controller:
+        self.controller = Controller(self.kube, resync_s=resync_s, lease_s=lease_s)
+        t = threading.Thread(
+            target=self.controller.run_forever, args=(lambda: [run], self.stop), kwargs={"until_done": True},
+            daemon=True,
+        )  # fmt: skip
+        t.start()
+        self.threads.append(t)
+        return self.controller
+
+    def controller_process(self, run: str, log: Path) -> subprocess.Popen:
+        """`reslice watch RUN` in its own process (to be killed like a real controller)."""
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.cluster.kubeconfig),
+            "RESLICE_RESYNC_S": "1",
+            "RESLICE_LEASE_S": "4",
+        }
+        with log.open("ab") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "launcher", "watch", run],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def record(self, run: str) -> RunRecord:
+        got = self.kube.get_record(run)
+        assert got is not None
+        return got[0]
+
+    def rundir(self, run: str) -> RunDir:
+        return RunDir(self.record(run).spec.run_dir)
+
+    def wait_state(self, run: str, states: set[str], timeout: float) -> RunRecord:
+        return wait_for(
+            lambda: (r := self.record(run)).state in states and r, timeout, f"{run} to reach {states}"
+        )  # type: ignore[return-value]
+
+    def wait_step(self, run: str, step: int, timeout: float) -> None:
+        """Until the trainer has committed a checkpoint at or after `step`."""
+        wait_for(
+            lambda: (self.rundir(run).latest_committed_step() or 0) >= step, timeout, f"{run} step {step}"
+        )
+
+    def run_pods(self, run: str) -> list[dict]:
+        return self.kube.pods(f"{LABEL_RUN}={run}")
+
+
+def kept_steps(metrics: list[dict]) -> dict[int, dict]:
+    """The computation of each step the run kept (the last one)."""
+    out: dict[int, dict] = {}
+    for m in sorted(metrics, key=lambda m: m["time"]):
+        out[m["step"]] = m
+    return out
+
+
+def recomputed(metrics: list[dict]) -> int:
+    return len(metrics) - len({m["step"] for m in metrics})
+
+
+def reference_run(tmp: Path, steps: int, interval: int = 5) -> dict[int, dict]:
+    """The uninterrupted run: the trainer alone, one process of 8 devices, same global batch."""
+    settings = [s.format(steps=steps, interval=interval) for s in TRAINER_SETTINGS]
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "JAX_NUM_CPU_DEVICES": "8",
+        "RESLICE_RUN_DIR": str(tmp),
+        "RESLICE_GLOBAL_BATCH": str(GLOBAL_BATCH),
+        "RESLICE_MICRO_BATCH": str(GLOBAL_BATCH // 8),
+        "RESLICE_GRAD_ACCUM": "1",
+        "RESLICE_CONFIG": "tiny",
+        "RESLICE_SET": json.dumps(settings),
+    }
+    subprocess.run([sys.executable, "-m", "trainer"], env=env, check=True, capture_output=True, timeout=300)
+    return kept_steps(RunDir(str(tmp)).metrics())
