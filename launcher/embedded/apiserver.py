@@ -297,6 +297,11 @@ class _Request:
         elif segs in (["healthz"], ["livez"], ["readyz"]):
             self.h.send_body(200, b"ok", "text/plain; charset=utf-8")
             return True
+        elif segs == ["openapi", "v2"]:
+            if "protobuf" in (self.h.headers.get("Accept") or ""):
+                self.h.send_body(200, discovery.OPENAPI_V2_PROTOBUF, discovery.OPENAPI_V2_PROTOBUF_TYPE)
+                return True
+            doc = discovery.OPENAPI_V2_JSON
         elif segs == ["api"]:
             doc = discovery.api_versions(address)
         elif segs == ["api", "v1"]:

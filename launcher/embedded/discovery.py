@@ -97,6 +97,33 @@ def resource_list(group: str, version: str) -> dict[str, Any]:
     }
 
 
+# ---- OpenAPI ----------------------------------------------------------------------------------------
+# kubectl validates manifests client-side with the server's OpenAPI v2 document before create/apply
+# and refuses when it cannot download one. An empty document (no definitions) makes it skip that
+# validation, as it does for kinds it has no schema for; this server validates on write anyway.
+# kubectl asks for the gnostic protobuf form; a hand-encoded minimal `openapi_v2.Document`:
+# swagger (field 1) "2.0", info (2) {title (1), version (2)}, paths (8) {}.
+
+
+def _pb_field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (all lengths here are < 128: one-byte varints)."""
+    return bytes([number << 3 | 2, len(payload)]) + payload
+
+
+OPENAPI_V2_PROTOBUF = (
+    _pb_field(1, b"2.0")
+    + _pb_field(2, _pb_field(1, b"Kubernetes") + _pb_field(2, KUBE_VERSION["gitVersion"].encode()))
+    + _pb_field(8, b"")
+)
+OPENAPI_V2_PROTOBUF_TYPE = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
+OPENAPI_V2_JSON = {
+    "swagger": "2.0",
+    "info": {"title": "Kubernetes", "version": KUBE_VERSION["gitVersion"]},
+    "paths": {},
+    "definitions": {},
+}
+
+
 # ---- tables -----------------------------------------------------------------------------------------
 
 

@@ -135,6 +135,7 @@ def jobset(name: str = "train", replicas: int = 2, hosts: int = 2) -> dict[str, 
                         "spec": {
                             "parallelism": hosts,
                             "completions": hosts,
+                            "completionMode": "Indexed",
                             "backoffLimit": 0,
                             "template": {
                                 "spec": {

@@ -172,3 +172,41 @@ def test_kubectl_lists_jobsets_pods_nodes_and_shows_logs(api: Api, tmp_path: Pat
     assert as_json["spec"]["replicatedJobs"][0]["replicas"] == 2
     _kubectl(binary, kubeconfig, "delete", "pod", "train-slice-0-0-x7kq2", "--grace-period=0", "--force")
     assert api.core.list_namespaced_pod("default").items == []
+
+
+def test_kubectl_applies_manifests(api: Api, tmp_path: Path) -> None:
+    """`kubectl apply -f` (client-side validation against the server's OpenAPI, create, then a
+    merge patch for the JobSet on the second apply) and a 422 surfacing as kubectl's error."""
+    from launcher.embedded.kubeconfig import write_kubeconfig
+
+    binary = find_kubectl()
+    if binary is None:
+        openapi = _get(f"{api.server.url}/openapi/v2")
+        assert openapi["swagger"] == "2.0"
+        warnings.warn(
+            "no kubectl and apt cannot reach a mirror: checked the OpenAPI document only", stacklevel=1
+        )
+        return
+    kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.server.url)
+    manifest = tmp_path / "jobset.yaml"
+    body = jobset("applied")
+    manifest.write_text(json.dumps(body))
+    assert "jobset.jobset.x-k8s.io/applied created" in _kubectl(
+        binary, kubeconfig, "apply", "-f", str(manifest)
+    )
+    body["metadata"]["labels"]["stage"] = "two"
+    manifest.write_text(json.dumps(body))
+    assert "configured" in _kubectl(binary, kubeconfig, "apply", "-f", str(manifest))
+    applied = api.custom.get_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", "applied"
+    )
+    assert applied["metadata"]["labels"]["stage"] == "two"
+    assert "kubectl.kubernetes.io/last-applied-configuration" in applied["metadata"]["annotations"]
+    manifest.write_text(json.dumps(jobset("1-bad-name")))
+    refused = subprocess.run(
+        [binary, "--kubeconfig", str(kubeconfig), "apply", "-f", str(manifest)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode != 0 and "is invalid" in refused.stderr
