@@ -298,6 +298,8 @@ def watch(
     ] = False,
     namespace: NamespaceOpt = "default",
     kubeconfig: KubeconfigOpt = None,
+    resync: Annotated[float, typer.Option("--resync", envvar="RESLICE_RESYNC_S", help="Seconds.")] = 5.0,
+    lease: Annotated[int, typer.Option("--lease", envvar="RESLICE_LEASE_S", help="Lease seconds.")] = 15,
 ) -> None:
     """Attach to a run (live view) or, with --all, control every run of the namespace."""
     from launcher.connect import connect
@@ -308,9 +310,9 @@ def watch(
     if all_runs:
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        watch_all(kube, stop)
+        watch_all(kube, stop, resync_s=resync, lease_s=lease)
         return
-    _finish(kube, run, watch_run(kube, run, console=console))
+    _finish(kube, run, watch_run(kube, run, console=console, resync_s=resync, lease_s=lease))
 
 
 @app.command()

@@ -16,11 +16,14 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from launcher import policy as P
+from launcher import record as R
 from launcher import signals as S
+from launcher.errors import UserError
 from launcher.kube import Conflict, Kube
 from launcher.plan import shrink_ladder
 from launcher.presets import load_presets
@@ -73,6 +76,9 @@ class Controller:
     _last: dict[str, tuple[dict, str]] = field(default_factory=dict)
     _held: set[str] = field(default_factory=set)
     _wake: threading.Event = field(default_factory=threading.Event)
+    # Why the loop was woken, counted: watch events per kind, and watch errors such as 410 Gone.
+    wakeups: Counter = field(default_factory=Counter)
+    last_error: str | None = None
 
     # --- one pass ------------------------------------------------------------------------------
 
@@ -105,7 +111,6 @@ class Controller:
                 self._last[run] = (summary, last_reason)
                 self._wake.set()
                 return PassResult(run, decision, obs, conflict=True)
-        self._act(decision)
         if decision.acts or decision.reason != last_reason:
             entries.append(
                 {
@@ -116,8 +121,17 @@ class Controller:
                     "state": decision.record.state,
                 }
             )
+        # The ledger gets the decision before the action: a controller that dies in between
+        # leaves its intent on record, and the next one's takeover line follows it.
         self._log(rundir, entries)
         self._last[run] = (summary, decision.reason)
+        where = f"{decision.action}:{decision.record.current.index if decision.record.current else '-'}"
+        crash_point(f"after-record:{where}")
+        try:
+            self._act(decision)
+        except UserError as e:  # the cluster refused the JobSet (422): retrying cannot help
+            self._fail(run, rundir, f"cannot submit: {e}")
+        crash_point(f"after-act:{where}")
         result = PassResult(run, decision, obs)
         if self.on_pass:
             self.on_pass(result)
@@ -129,6 +143,18 @@ class Controller:
             self.kube.create_jobset(render_jobset(d.record.spec, seg.shape(), seg.index))
         elif d.action in {P.END, P.DELETE} and d.jobset:
             self.kube.delete_jobset(d.jobset)
+
+    def _fail(self, run: str, rundir: RunDir, reason: str) -> None:
+        for _ in range(5):
+            rec, rv = self.kube.get_record(run)
+            try:
+                self.kube.update_record(
+                    replace(rec, state=R.FAILED, reason=reason, finished_at=self.clock()), rv
+                )
+                break
+            except Conflict:
+                continue
+        self._log(rundir, [{"kind": "act", "action": P.FAIL, "reason": reason, "state": R.FAILED}])
 
     def _log(self, rundir: RunDir, entries: list[dict]) -> None:
         if entries:
@@ -163,6 +189,7 @@ class Controller:
     # --- the loop ------------------------------------------------------------------------------
 
     def wake(self, why: str = "") -> None:
+        self.wakeups[why] += 1
         self._wake.set()
 
     def run_forever(
@@ -216,6 +243,14 @@ class Controller:
                 snap = None  # the world changed: the next run re-reads it
                 self._wake.set()
         return all_done
+
+
+def crash_point(name: str) -> None:
+    """Fault injection for crash-consistency tests: `RESLICE_CRASH_POINT=after-record:submit:1`
+    makes the controller die (as if SIGKILLed) right after it recorded segment 1 and before it
+    created its JobSet — the worst moment for a controller to go."""
+    if os.environ.get("RESLICE_CRASH_POINT") == name:
+        os._exit(137)
 
 
 def observe(rec: RunRecord, snap: Snapshot, rundir: RunDir, now: float) -> S.Observation:

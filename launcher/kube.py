@@ -271,7 +271,7 @@ class Kube:
                 wake(f"{kind}: watch error {e.status}")
                 stop.wait(0.5)
             except Exception as e:  # connection refused/reset while the API server restarts
-                resource_version = None
+                # Resume from where we were, as informers do; a compacted history answers 410.
                 wake(f"{kind}: watch interrupted ({type(e).__name__})")
                 stop.wait(0.5)
             finally:

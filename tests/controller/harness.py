@@ -136,7 +136,7 @@ class Harness:
         self.threads.append(t)
         return self.controller
 
-    def controller_process(self, run: str, log: Path) -> subprocess.Popen:
+    def controller_process(self, run: str, log: Path, crash_point: str | None = None) -> subprocess.Popen:
         """`reslice watch RUN` in its own process (to be killed like a real controller)."""
         env = {
             **os.environ,
@@ -144,6 +144,8 @@ class Harness:
             "RESLICE_RESYNC_S": "1",
             "RESLICE_LEASE_S": "4",
         }
+        if crash_point:
+            env["RESLICE_CRASH_POINT"] = crash_point
         with log.open("ab") as out:
             return subprocess.Popen(
                 [sys.executable, "-m", "launcher", "watch", run],

@@ -1,0 +1,82 @@
+"""Same-size disruptions end to end (issue 5, acceptance 1, 2 and 6): JobSet's failure policy
+restarts the run on spare capacity; the controller leaves it alone and accounts for it."""
+
+import pytest
+
+from launcher.record import FINISHED
+from launcher.render import LABEL_RUN
+from tests.controller.harness import Harness, kept_steps, recomputed, wait_for
+
+pytestmark = pytest.mark.e2e
+INTERVAL = 5
+
+
+def node_pool_of(h: Harness, run: str) -> str:
+    pods = [p for p in h.kube.pods(f"{LABEL_RUN}={run}") if p["spec"].get("nodeName")]
+    node = pods[0]["spec"]["nodeName"]
+    return next(n for n in h.kube.nodes() if n["metadata"]["name"] == node)["metadata"]["labels"][
+        "cloud.google.com/gke-nodepool"
+    ]
+
+
+def attempts(metrics: list[dict]) -> list[int]:
+    return sorted({m["restart_attempt"] for m in metrics})
+
+
+def test_preemption_then_hard_kill(tmp_path):
+    h = Harness(tmp_path, pools=2)
+    try:
+        h.launch("same", slices=1, steps=250, interval=INTERVAL)
+        h.start_controller("same")
+        h.wait_step("same", 10, timeout=90)
+        # 1. Graceful preemption (the GKE spot sequence) of the slice the run is on: the trainer
+        # checkpoints the step in flight and exits 42; JobSet restarts it, uncounted, on the spare.
+        victim = node_pool_of(h, "same")
+        h.cluster.preempt(victim, grace_s=20)
+        wait_for(lambda: 1 in attempts(h.rundir("same").metrics()), 90, "the restarted trainer's first step")
+        after_preempt = h.rundir("same").metrics()
+        h.cluster.restore(victim)
+        # 2. Hard kill of the pod: exit 137, resume from the latest committed checkpoint.
+        h.wait_step("same", max(m["step"] for m in after_preempt) + 2 * INTERVAL, timeout=90)
+        pod = h.kube.pods(f"{LABEL_RUN}=same")[0]["metadata"]["name"]
+        h.cluster.kill_pod("default", pod)
+        rec = h.wait_state("same", {FINISHED}, timeout=150)
+        metrics, ledger = h.rundir("same").metrics(), h.rundir("same").ledger()
+    finally:
+        h.close()
+
+    assert len(rec.segments) == 1, "same-size disruptions must not change the segment"
+    seg = rec.segments[0]
+    assert seg.restarts == 2 and seg.restarts_counted == 1
+    assert rec.preemptions() == 1 and rec.app_failures == 0
+    # Acceptance 1: the preemption recomputed nothing.
+    first_attempt = [m for m in after_preempt if m["restart_attempt"] == 0]
+    second_attempt = [m for m in after_preempt if m["restart_attempt"] == 1]
+    assert min(m["step"] for m in second_attempt) == max(m["step"] for m in first_attempt) + 1
+    assert recomputed(after_preempt) == 0
+    # Acceptance 2: the hard kill recomputed at most one checkpoint interval.
+    assert 0 < recomputed(metrics) <= INTERVAL
+    assert attempts(metrics) == [0, 1, 2]
+    assert sorted(kept_steps(metrics)) == list(range(1, 251))
+    seen = [d for e in ledger if e.get("kind") == "observe" for d in e.get("disruptions", [])]
+    assert any("DisruptionTarget TerminationByKubelet" in d for d in seen)
+    assert any("impending-node-termination" in d for d in seen)
+
+
+def test_api_server_restart_mid_run(tmp_path):
+    h = Harness(tmp_path, pools=1, state_dir=tmp_path / "state")
+    try:
+        h.launch("steady", slices=1, steps=200, interval=INTERVAL)
+        controller = h.start_controller("steady")
+        h.wait_step("steady", 10, timeout=90)
+        h.cluster.restart_apiserver(downtime_s=2.0)
+        rec = h.wait_state("steady", {FINISHED}, timeout=120)
+        metrics = h.rundir("steady").metrics()
+    finally:
+        h.close()
+    # The watches were cut, re-listed, and at least one resumed from a compacted version: 410.
+    errors = {k: v for k, v in controller.wakeups.items() if "watch" in k}
+    assert any("410" in k for k in errors), errors
+    assert any("interrupted" in k for k in errors), errors
+    assert rec.state == FINISHED and len(rec.segments) == 1
+    assert sorted(kept_steps(metrics)) == list(range(1, 201))
