@@ -1,12 +1,12 @@
 """The training loop: plan check, restore or init, steps, metrics, checkpoints, SIGTERM.
 
-Step s (0-based) trains on global batch s; after it the model has seen s + 1 batches and the
-metrics record and checkpoint carry ``step = s + 1``. Dispatch runs one step ahead of the host:
-step n + 1 is queued before step n's metrics are read, so host work overlaps device work.
+Step s (0-based) trains on global batch s; after it the model has seen s + 1 batches, and its metrics
+record and checkpoint say ``step = s + 1``. The host runs one step ahead: step n + 1 is dispatched
+before step n's metrics are read, so host work (data, metrics) overlaps device work.
 
 SIGTERM sets a flag that rides into the next step as an input; its maximum over all processes comes
-back in that step's metrics. Every process therefore sees it at the same step n, finishes the step
-already in flight (n + 1), saves it, waits for the commit and exits 42.
+back in that step's metrics. Every process therefore learns of a preemption at the same step n,
+finishes the step already in flight (n + 1), saves it, waits for the commit and exits 42.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import jax
@@ -46,7 +46,7 @@ def batch_plan(cfg: Config, devices: int, num_processes: int, expert_parallel: i
     """Check devices × micro-batch × grad-accum = global batch against the devices JAX sees."""
     t = cfg.train
     b = t.micro_batch or t.global_batch // (devices * t.grad_accum)
-    if devices * b * t.grad_accum != t.global_batch:
+    if b < 1 or devices * b * t.grad_accum != t.global_batch:
         raise ConfigError(
             f"devices × micro-batch × grad-accum = {devices} × {b} × {t.grad_accum}"
             f" = {devices * b * t.grad_accum} ≠ global batch {t.global_batch}"
@@ -73,116 +73,121 @@ class Preemption:
         signal.signal(signal.SIGTERM, self._previous)
 
 
-def _env_float(env: Mapping[str, str], key: str) -> float:
+def _env_number(env: Mapping[str, str], key: str, kind: type = float) -> Any:
     try:
-        return float(env.get(key) or 0.0)
+        return kind(env.get(key) or 0)
     except ValueError:
         raise ConfigError(f"{key}={env.get(key)!r} is not a number") from None
 
 
+@dataclass(frozen=True)
+class Recorder:
+    """Turns a step's device metrics into the contract's metrics record (docs/contract.md)."""
+
+    segment: int
+    attempt: int
+    plan: Plan
+    tokens_per_step: int
+    flops_per_token: float
+    peak_tflops: float
+    buffer_rows: int
+
+    def __call__(self, n: int, m: dict, batch: dict, data_s: float, step_s: float) -> dict[str, Any]:
+        tokens_per_sec = self.tokens_per_step / step_s
+        tflops = self.flops_per_token * tokens_per_sec / self.plan.devices / 1e12
+        layers = [
+            {"dropped_rows": int(d), "total_rows": int(t), "max_load_over_balanced": float(x)}
+            for d, t, x in zip(m["moe_dropped"], m["moe_total"], m["moe_load"], strict=True)
+        ]
+        return {
+            "step": n, "segment": self.segment, "restart_attempt": self.attempt, "time": time.time(),
+            "learning/loss": float(m["loss"]), "learning/total_loss": float(m["total_loss"]),
+            "learning/moe_lb_loss": float(m["lb_loss"]), "learning/moe_z_loss": float(m["z_loss"]),
+            "learning/lr": float(m["lr"]), "learning/grad_norm": float(m["grad_norm"]),
+            "perf/step_time_seconds": step_s, "perf/tokens_per_sec": tokens_per_sec,
+            "perf/per_device_tflops_per_sec": tflops,
+            "perf/mfu": tflops / self.peak_tflops if self.peak_tflops else None,
+            "perf/data_loading_seconds": data_s, "perf/checkpoint_save_seconds": 0.0,
+            "moe/dropped_rows": sum(x["dropped_rows"] for x in layers),
+            "moe/total_rows": sum(x["total_rows"] for x in layers),
+            "moe/max_load_over_balanced": max((x["max_load_over_balanced"] for x in layers), default=0.0),
+            "moe/layers": layers, "moe/buffer_rows": self.buffer_rows,
+            "data/sample_digest": batch.get("digest"), "data/first_sample": batch.get("first_sample"),
+            "devices": self.plan.devices, "micro_batch": self.plan.micro_batch,
+            "grad_accum": self.plan.grad_accum, "num_processes": self.plan.num_processes,
+        }  # fmt: skip
+
+
 def run(cfg: Config, env: Mapping[str, str]) -> int:
     ident = distributed.initialize(env)
-    segment = int(env.get("RESLICE_SEGMENT") or 0)
-    attempt = int(env.get("RESLICE_RESTART_ATTEMPT") or 0)
-    peak = _env_float(env, "RESLICE_PEAK_TFLOPS")
-
+    segment = _env_number(env, "RESLICE_SEGMENT", int)
+    attempt = _env_number(env, "RESLICE_RESTART_ATTEMPT", int)
     mesh = make_mesh(cfg.moe.num_experts, cfg.mesh.expert)
     plan = batch_plan(cfg, mesh.size, ident.num_processes, mesh.shape["expert"])
-    layout = data.Layout(cfg.train.global_batch, plan.grad_accum, ident.num_processes, ident.process_id)
+    gb, seq, total_steps = cfg.train.global_batch, cfg.model.seq_len, cfg.train.steps
+    layout = data.Layout(gb, plan.grad_accum, ident.num_processes, ident.process_id)
     chash, ident_dict = config_hash(cfg), identity(cfg)
-    total_steps, gb, seq = cfg.train.steps, cfg.train.global_batch, cfg.model.seq_len
-    local_tokens = plan.micro_batch * seq
-    buffer = moe.buffer_rows(
-        local_tokens, cfg.moe.top_k, cfg.moe.ragged_buffer_factor, plan.expert_parallel, cfg.moe.num_experts
-    )
-    flops_tok = model.flops_per_token(cfg)
+    e = cfg.moe
+    recorder = Recorder(
+        segment, attempt, plan, gb * seq, model.flops_per_token(cfg), _env_number(env, "RESLICE_PEAK_TFLOPS"),
+        moe.buffer_rows(plan.micro_batch * seq, e.top_k, e.ragged_buffer_factor, plan.expert_parallel, e.num_experts),
+    )  # fmt: skip
 
-    writer = RunWriter(
-        cfg.run_dir, segment, attempt, cfg.metrics.flush_seconds, enabled=ident.process_id == 0
-    )
-    ckpt = Checkpointer(cfg.run_dir, cfg.checkpoint.keep, cfg.checkpoint.async_save)
+    def meta(step: int) -> dict[str, Any]:
+        return {
+            "step": step, "data_position": step * gb, "global_batch": gb, "segment": segment,
+            "restart_attempt": attempt, "config_hash": chash, "identity": ident_dict,
+            "run": env.get("RESLICE_RUN", ""), "shape": asdict(plan), "time": time.time(),
+        }  # fmt: skip
+
     preemption = Preemption()
+    ckpt = Checkpointer(cfg.run_dir, cfg.checkpoint.keep, cfg.checkpoint.async_save)
+    writer = None
     try:
         with jax.set_mesh(mesh):
             graphdef, abstract = abstract_state(cfg, mesh)
             start = ckpt.latest_step() or 0
-            if start:
-                meta = ckpt.read_meta(start)
-                ckpt.check_compatible(start, meta, chash, ident_dict, gb)
-                state = ckpt.restore(start, abstract)
-                print(f"trainer: resumed step {start} from {ckpt.directory} on {plan}", flush=True)
-            else:
-                state = init_state(cfg, mesh, abstract)
+            if start:  # refuse a foreign checkpoint before writing anything into its run directory
+                ckpt.check_compatible(start, ckpt.read_meta(start), chash, ident_dict, gb)
+            writer = RunWriter(
+                cfg.run_dir, segment, attempt, cfg.metrics.flush_seconds, ident.process_id == 0
+            )
             status = {"total_steps": total_steps, "segment": segment, "config_hash": chash}
-            writer.status(state="running", step=start, **status)
             if start >= total_steps:
                 writer.status(state="finished", step=start, **status)
                 return EXIT_FINISHED
-
+            if start:
+                state = jax.block_until_ready(ckpt.restore(start, abstract))
+                print(f"trainer: resumed step {start} from {ckpt.directory} on {plan}", flush=True)
+            else:
+                state = init_state(cfg, mesh, abstract)
+            writer.status(state="running", step=start, **status)
             train_step = make_train_step(cfg, graphdef, mesh, abstract)
             batches = iter(data.make_dataset(cfg.data, cfg.model.vocab_size, seq, layout, start, total_steps))
-            tokens_sharding = batch_sharding(mesh)
-            global_shape = (plan.grad_accum, gb // plan.grad_accum, seq + 1)
-            flag_sharding = NamedSharding(mesh, P(moe.BATCH_AXES))
-            local_devices = mesh.size // ident.num_processes
+            tokens_sharding, global_shape = (
+                batch_sharding(mesh),
+                (plan.grad_accum, gb // plan.grad_accum, seq + 1),
+            )
+            flag_sharding, local_devices = NamedSharding(mesh, P(moe.BATCH_AXES)), len(mesh.local_devices)
 
-            def meta(step: int) -> dict[str, Any]:
-                return {
-                    "step": step, "data_position": step * gb, "global_batch": gb, "segment": segment,
-                    "restart_attempt": attempt, "config_hash": chash, "identity": ident_dict,
-                    "run": env.get("RESLICE_RUN", ""), "time": time.time(),
-                    "shape": {"devices": plan.devices, "num_processes": plan.num_processes,
-                              "micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum,
-                              "expert_parallel": plan.expert_parallel},
-                }  # fmt: skip
+            pending = None  # (n, device metrics, batch, data seconds) of the step in flight
+            last_done, stop, n = time.perf_counter(), False, start
 
-            def record(n: int, m: dict, batch: dict, data_s: float, step_s: float, save_s: float) -> dict:
-                tokens_per_sec = gb * seq / step_s
-                tflops = flops_tok * tokens_per_sec / plan.devices / 1e12
-                layers = [
-                    {"dropped_rows": int(d), "total_rows": int(t), "max_load_over_balanced": float(x)}
-                    for d, t, x in zip(m["moe_dropped"], m["moe_total"], m["moe_load"], strict=True)
-                ]
-                return {
-                    "step": n, "segment": segment, "restart_attempt": attempt, "time": time.time(),
-                    "learning/loss": float(m["loss"]), "learning/total_loss": float(m["total_loss"]),
-                    "learning/moe_lb_loss": float(m["lb_loss"]), "learning/moe_z_loss": float(m["z_loss"]),
-                    "learning/lr": float(m["lr"]), "learning/grad_norm": float(m["grad_norm"]),
-                    "perf/step_time_seconds": step_s, "perf/tokens_per_sec": tokens_per_sec,
-                    "perf/per_device_tflops_per_sec": tflops, "perf/mfu": tflops / peak if peak else None,
-                    "perf/data_loading_seconds": data_s, "perf/checkpoint_save_seconds": save_s,
-                    "moe/dropped_rows": sum(x["dropped_rows"] for x in layers),
-                    "moe/total_rows": sum(x["total_rows"] for x in layers),
-                    "moe/max_load_over_balanced": max((x["max_load_over_balanced"] for x in layers), default=0.0),
-                    "moe/layers": layers, "moe/buffer_rows": buffer,
-                    "data/sample_digest": batch.get("digest"), "data/first_sample": batch.get("first_sample"),
-                    "devices": plan.devices, "micro_batch": plan.micro_batch, "grad_accum": plan.grad_accum,
-                    "num_processes": plan.num_processes,
-                }  # fmt: skip
-
-            pending: tuple | None = None  # (n, device metrics, batch, data seconds) of the step in flight
-            last_done = time.perf_counter()
-            stop = False
-            n = start
-
-            def finish() -> dict:
+            def finish() -> dict[str, Any]:
                 """Wait for the pending step, build its record, learn whether anyone was preempted."""
                 nonlocal pending, last_done, stop
-                assert pending is not None
                 pn, dm, batch, data_s = pending
                 m = jax.device_get(dm)
                 now = time.perf_counter()
-                rec = record(pn, m, batch, data_s, now - last_done, 0.0)
-                last_done = now
+                rec = recorder(pn, m, batch, data_s, now - last_done)
+                last_done, pending = now, None
                 stop = stop or bool(m["stop"])
                 if pn % cfg.metrics.log_every == 0 or pn == total_steps:
                     print(
-                        f"step {pn}/{total_steps} loss {rec['learning/loss']:.4f}"
-                        f" step_time {rec['perf/step_time_seconds']:.3f}s"
-                        f" dropped {rec['moe/dropped_rows']}/{rec['moe/total_rows']}",
+                        f"step {pn}/{total_steps} loss {rec['learning/loss']:.4f} step_time"
+                        f" {rec['perf/step_time_seconds']:.3f}s dropped {rec['moe/dropped_rows']}/{rec['moe/total_rows']}",
                         flush=True,
                     )
-                pending = None
                 return rec
 
             for s in range(start, total_steps):
@@ -201,26 +206,24 @@ def run(cfg: Config, env: Mapping[str, str]) -> int:
                     writer.write(finish())
                 pending = (n, dm, batch, data_s)
                 if n % cfg.checkpoint.interval == 0 or n == total_steps or stop:
-                    rec = finish()  # the step's own time, without the save
+                    rec = finish()  # the step's own time, before the save blocks
                     rec["perf/checkpoint_save_seconds"] = ckpt.save(n, state, meta(n))
                     last_done = time.perf_counter()
                     writer.write(rec)
                     writer.status(state="running", step=n, **status)
                     writer.flush()
-                    if stop and n < total_steps:
+                    if stop:
                         break
-            if pending is not None:
-                writer.write(finish())
             ckpt.wait()
             if n >= total_steps:
                 writer.status(state="finished", step=n, **status)
                 print(f"trainer: finished {n} steps", flush=True)
                 return EXIT_FINISHED
-            writer.status(state="running", step=n, **status)
             print(f"trainer: preempted: step {n} committed, exit {EXIT_PREEMPTED}", flush=True)
             return EXIT_PREEMPTED
     finally:
         preemption.restore()
         ckpt.close()
-        writer.close()
+        if writer is not None:
+            writer.close()
         sys.stdout.flush()

@@ -104,17 +104,22 @@ def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: n
         lr = lr_at(opt.step[...])
         opt.update(model, grads)
         layers = parts["layers"]  # [A, L, 3]
+        grad_norm = optax.global_norm(grads)
+        # The flag's cross-device max must not be independent of the micro-batch loop: XLA:CPU can
+        # run a top-level collective and the loop's collectives in different orders on different
+        # devices and deadlock. Adding (grad_norm < 0), always 0, orders it after the loop.
+        stop_any = jnp.max(stop + (grad_norm < 0).astype(stop.dtype))
         metrics = {
             "loss": parts["ce"].mean(),
             "total_loss": total.mean(),
             "lb_loss": parts["lb"].mean(),
             "z_loss": parts["z"].mean(),
-            "grad_norm": optax.global_norm(grads),
+            "grad_norm": grad_norm,
             "lr": lr,
             "moe_dropped": layers[..., 0].sum(0),
             "moe_total": layers[..., 1].sum(0),
             "moe_load": layers[..., 2].max(0) if layers.shape[0] else layers[..., 2].sum(0),
-            "stop": stop.max(),
+            "stop": stop_any,
         }
         return nnx.state((model, opt)), metrics
 

@@ -83,6 +83,22 @@ class FakeGCS:
                 return names
             token = f"&pageToken={body['nextPageToken']}"
 
+    def read_object(self, bucket: str, name: str) -> bytes:
+        quoted = urllib.request.quote(name, safe="")
+        with urllib.request.urlopen(
+            f"{self.endpoint}/storage/v1/b/{bucket}/o/{quoted}?alt=media", timeout=10
+        ) as resp:
+            return resp.read()
+
+    def write_object(self, bucket: str, name: str, payload: bytes) -> None:
+        quoted = urllib.request.quote(name, safe="")
+        req = urllib.request.Request(
+            f"{self.endpoint}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={quoted}",
+            data=payload,
+            method="POST",
+        )
+        urllib.request.urlopen(req, timeout=30).close()
+
     def delete_object(self, bucket: str, name: str) -> None:
         quoted = urllib.request.quote(name, safe="")
         req = urllib.request.Request(f"{self.endpoint}/storage/v1/b/{bucket}/o/{quoted}", method="DELETE")

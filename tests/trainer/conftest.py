@@ -1,0 +1,49 @@
+"""Trainer test fixtures.
+
+In-process JAX tests get 8 simulated CPU devices (set before the backend starts; subprocess runs
+set ``JAX_NUM_CPU_DEVICES`` themselves). The uninterrupted reference run is made once per module
+that asks for it and shared by every assertion that compares against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import jax
+import pytest
+
+from tests.support.fake_gcs import FakeGCS, fake_gcs
+from tests.trainer import runs
+
+jax.config.update("jax_num_cpu_devices", 8)
+
+
+@pytest.fixture(scope="session")
+def cpu8() -> list:
+    devices = jax.devices()
+    if len(devices) != 8:
+        pytest.fail(
+            f"the JAX backend started with {len(devices)} devices before tests/trainer could ask for 8"
+        )
+    return devices
+
+
+@pytest.fixture(scope="session")
+def gcs() -> Iterator[FakeGCS]:
+    with fake_gcs(buckets=["reslice"]) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The uninterrupted run: 8 devices, micro-batch 2, no accumulation, 40 steps."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    rc, out = runs.run(runs.env_for(str(run_dir), 8), run_dir / "trainer.log")
+    assert rc == 0, out[-4000:]
+    return {"dir": run_dir, "records": runs.parse_metrics(runs.metrics_files(run_dir)), "output": out}
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return tmp_path / "run"

@@ -1,0 +1,161 @@
+"""Helpers to run ``python -m trainer`` as the launcher would: a subprocess with the contract env."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Every end-to-end run shares these settings, so that runs are comparable step by step.
+COMMON = ["train.steps=40", "checkpoint.interval=10", "metrics.log_every=1000"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env_for(
+    run_dir: str,
+    devices: int,
+    *,
+    grad_accum: int | None = None,
+    global_batch: int = 16,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RESLICE_", "JOB_COMPLETION_INDEX"))}
+    env.update(
+        JAX_PLATFORMS="cpu",
+        JAX_NUM_CPU_DEVICES=str(devices),
+        RESLICE_RUN_DIR=run_dir,
+        RESLICE_CONFIG="tiny",
+        RESLICE_GLOBAL_BATCH=str(global_batch),
+        RESLICE_HEARTBEAT_TIMEOUT_S="10",
+        PYTHONPATH=str(ROOT),
+    )
+    if grad_accum is not None:
+        env["RESLICE_GRAD_ACCUM"] = str(grad_accum)
+    env.update(extra or {})
+    return env
+
+
+class Trainer:
+    """One trainer process; stdout+stderr go to a log file."""
+
+    def __init__(self, env: Mapping[str, str], log: Path, args: list[str] | None = None):
+        self.log = log
+        sets = [a for s in COMMON for a in ("--set", s)]
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "trainer", *sets, *(args or [])],
+                env=dict(env), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+            )  # fmt: skip
+
+    def wait(self, timeout: float = 240) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"trainer timed out; log:\n{self.output()[-4000:]}") from None
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+
+def run(
+    env: Mapping[str, str], log: Path, args: list[str] | None = None, timeout: float = 240
+) -> tuple[int, str]:
+    t = Trainer(env, log, args)
+    rc = t.wait(timeout)
+    return rc, t.output()
+
+
+def wait_for(pred: Callable[[], bool], timeout: float, what: str, proc: Trainer | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if proc is not None and proc.proc.poll() is not None:
+            raise AssertionError(
+                f"trainer exited ({proc.proc.returncode}) before {what}:\n{proc.output()[-4000:]}"
+            )
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def parse_metrics(files: Mapping[str, str]) -> dict[int, dict]:
+    """name -> text of metrics files => step -> record; later incarnations (file names sort by
+    segment, restart attempt, start time) override recomputed steps, as the contract says."""
+    records: dict[int, dict] = {}
+    for name in sorted(files):
+        for line in files[name].splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                records[rec["step"]] = rec
+    return records
+
+
+def metrics_files(run_dir: Path) -> dict[str, str]:
+    return {p.name: p.read_text() for p in sorted((run_dir / "metrics").glob("*.jsonl"))}
+
+
+def last_step(run_dir: Path) -> int:
+    steps = [
+        json.loads(line)["step"]
+        for text in metrics_files(run_dir).values()
+        for line in text.splitlines()
+        if line
+    ]
+    return max(steps, default=0)
+
+
+def committed(run_dir: Path) -> list[int]:
+    root = run_dir / "checkpoints"
+    if not root.exists():
+        return []
+    return sorted(
+        int(p.name) for p in root.iterdir() if p.name.isdigit() and (p / "commit_success.txt").exists()
+    )
+
+
+def losses(records: Mapping[int, dict]) -> dict[int, float]:
+    return {s: r["learning/loss"] for s, r in records.items()}
+
+
+def processes(
+    run_dir: str,
+    log_dir: Path,
+    *,
+    count: int = 2,
+    devices: int = 2,
+    grad_accum: int = 1,
+    extra: Mapping | None = None,
+) -> list[Trainer]:
+    """``count`` trainer processes of one segment on this machine (one slice, ``count`` hosts)."""
+    shared = {
+        **(extra or {}),
+        "RESLICE_COORDINATOR": f"127.0.0.1:{free_port()}",
+        "RESLICE_NUM_PROCESSES": str(count),
+        "RESLICE_HOSTS_PER_SLICE": str(count),
+        "RESLICE_SLICE_INDEX": "0",
+    }
+    return [
+        Trainer(
+            env_for(
+                run_dir, devices, grad_accum=grad_accum, extra={**shared, "JOB_COMPLETION_INDEX": str(i)}
+            ),
+            log_dir / f"p{i}.log",
+        )
+        for i in range(count)
+    ]

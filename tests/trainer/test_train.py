@@ -1,0 +1,216 @@
+"""End-to-end trainer runs (real JAX on simulated CPU devices, real Orbax, real fake-gcs-server).
+
+One uninterrupted 8-device run (the ``reference`` fixture) is the yardstick for every interrupted
+run: same shape resumes must match it bit for bit, other shapes within 1e-5, with the same samples.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.support.fake_gcs import FakeGCS
+from tests.trainer import runs
+
+CONTRACT_KEYS = {
+    "step", "segment", "restart_attempt", "time", "learning/loss", "learning/total_loss", "learning/lr",
+    "learning/grad_norm", "perf/step_time_seconds", "perf/tokens_per_sec", "perf/per_device_tflops_per_sec",
+    "perf/mfu", "perf/data_loading_seconds", "perf/checkpoint_save_seconds", "moe/dropped_rows",
+    "moe/total_rows", "moe/max_load_over_balanced", "moe/layers", "moe/buffer_rows", "data/sample_digest",
+    "data/first_sample", "devices", "micro_batch", "grad_accum", "num_processes",
+}  # fmt: skip
+
+
+def assert_matches_reference(records: dict[int, dict], reference: dict, *, exact: bool) -> None:
+    ref = reference["records"]
+    for step, rec in records.items():
+        assert rec["data/sample_digest"] == ref[step]["data/sample_digest"], f"step {step}: different samples"
+        if exact:
+            assert rec["learning/loss"] == ref[step]["learning/loss"], f"step {step}"
+        else:
+            assert abs(rec["learning/loss"] - ref[step]["learning/loss"]) <= 1e-5, f"step {step}"
+
+
+def test_tiny_trains_on_8_devices(reference: dict) -> None:
+    records, run_dir = reference["records"], reference["dir"]
+    assert sorted(records) == list(range(1, 41))
+    first = sum(records[s]["learning/loss"] for s in range(1, 6)) / 5
+    last = sum(records[s]["learning/loss"] for s in range(36, 41)) / 5
+    assert last < first - 1.5, (first, last)
+    rec = records[40]
+    assert set(rec) >= CONTRACT_KEYS
+    assert (rec["devices"], rec["micro_batch"], rec["grad_accum"], rec["num_processes"]) == (8, 2, 1, 1)
+    assert len(rec["moe/layers"]) == 2 and rec["moe/dropped_rows"] == 0  # tiny is dropless
+    assert rec["moe/total_rows"] == 16 * 32 * 2 * 2  # tokens × top_k × MoE layers
+    assert rec["moe/max_load_over_balanced"] > 1.0  # the Zipf corpus routes unevenly
+    assert all(r["perf/checkpoint_save_seconds"] > 0 for s, r in records.items() if s % 10 == 0)
+    assert runs.committed(run_dir) == [20, 30, 40]  # keep 3
+    status = json.loads((run_dir / "status.json").read_text())
+    assert (status["state"], status["step"], status["total_steps"]) == ("finished", 40, 40)
+    assert list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(list((run_dir / "metrics").glob("*.jsonl"))) == 1
+
+
+def test_same_shape_resume_after_kill_is_bitwise_equal(reference: dict, tmp_path: Path) -> None:
+    """SIGKILL during an async save (a save every step), restart on the same shape."""
+    run_dir = tmp_path / "run"
+    env = runs.env_for(str(run_dir), 8)
+    first = runs.Trainer(env, tmp_path / "first.log", ["--set", "checkpoint.interval=1"])
+
+    def saving_after_a_commit() -> bool:
+        tmp = list((run_dir / "checkpoints").glob("*.orbax-checkpoint-tmp*")) if run_dir.exists() else []
+        return bool(tmp) and len(runs.committed(run_dir)) >= 3
+
+    runs.wait_for(saving_after_a_commit, 120, "a save in progress", first)
+    first.signal(signal.SIGKILL)
+    first.wait()
+    half_written = list((run_dir / "checkpoints").glob("*.orbax-checkpoint-tmp*"))
+    assert half_written, "the kill should land during a save"
+    resume_at = runs.committed(run_dir)[-1]
+    assert resume_at <= 20
+
+    rc, out = runs.run(env, tmp_path / "second.log")
+    assert rc == 0, out[-4000:]
+    assert f"resumed step {resume_at} " in out
+    assert not list((run_dir / "checkpoints").glob("*.orbax-checkpoint-tmp*"))
+    newest = sorted((run_dir / "metrics").glob("*.jsonl"))[-1]
+    resumed = runs.parse_metrics({newest.name: newest.read_text()})
+    assert sorted(resumed) == list(range(resume_at + 1, 41)) and len(resumed) >= 20
+    assert_matches_reference(resumed, reference, exact=True)
+
+
+def test_sigterm_exits_42_and_resumes_on_another_shape(reference: dict, tmp_path: Path) -> None:
+    """8 devices × A=1, SIGTERM -> exit 42 with the step in flight committed; then 2 devices × A=4."""
+    run_dir = tmp_path / "run"
+    first = runs.Trainer(runs.env_for(str(run_dir), 8), tmp_path / "first.log")
+    runs.wait_for(lambda: runs.last_step(run_dir) >= 12, 120, "step 12", first)
+    sent = time.monotonic()
+    first.signal(signal.SIGTERM)
+    rc = first.wait()
+    assert rc == 42, first.output()[-4000:]
+    assert time.monotonic() - sent < 10  # well inside a pod's grace period
+    stopped = runs.last_step(run_dir)
+    assert runs.committed(run_dir)[-1] == stopped < 40
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "running"
+
+    rc, out = runs.run(runs.env_for(str(run_dir), 2, grad_accum=4), tmp_path / "second.log")
+    assert rc == 0, out[-4000:]
+    newest = sorted((run_dir / "metrics").glob("*.jsonl"))[-1]
+    resumed = runs.parse_metrics({newest.name: newest.read_text()})
+    assert min(resumed) == stopped + 1  # nothing recomputed
+    assert sorted(resumed) == list(range(stopped + 1, 41)) and len(resumed) >= 20
+    assert {(r["devices"], r["micro_batch"], r["grad_accum"]) for r in resumed.values()} == {(2, 2, 4)}
+    assert_matches_reference(resumed, reference, exact=False)
+
+
+def test_two_processes_train_to_the_end(reference: dict, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    procs = runs.processes(str(run_dir), tmp_path)
+    for p in procs:
+        assert p.wait() == 0, p.output()[-4000:]
+    files = runs.metrics_files(run_dir)
+    assert len(files) == 1  # process 0 only
+    records = runs.parse_metrics(files)
+    assert sorted(records) == list(range(1, 41))
+    assert {(r["devices"], r["micro_batch"], r["num_processes"]) for r in records.values()} == {(4, 4, 2)}
+    assert_matches_reference(records, reference, exact=False)
+    assert runs.committed(run_dir) == [20, 30, 40]
+    assert {p.name for p in (run_dir / "checkpoints" / "40" / "state").glob("ocdbt.process_*")} == {
+        "ocdbt.process_0",
+        "ocdbt.process_1",
+    }
+
+
+def _gcs_committed(gcs: FakeGCS, prefix: str) -> list[int]:
+    names = gcs.list_objects("reslice", f"{prefix}/checkpoints/")
+    return sorted(
+        int(n.split("/")[-2]) for n in names if n.endswith("/commit_success.txt") and n.count("/") == 3
+    )
+
+
+def test_gcs_run_dir_preempt_two_processes_then_resume_on_8_devices(
+    reference: dict, gcs: FakeGCS, tmp_path: Path
+) -> None:
+    """gs:// end to end: 2 processes × 2 devices (A=2) get preempted (SIGTERM to one process only:
+    both must stop at the same step); the newest checkpoint is then made half-written (commit file
+    removed, as a save killed on GCS leaves it); 8 devices resume from the one before."""
+    prefix = f"run-{uuid.uuid4().hex[:8]}"
+    run_dir = f"gs://reslice/{prefix}"
+    procs = runs.processes(run_dir, tmp_path, grad_accum=2, extra=gcs.env)
+    runs.wait_for(lambda: _gcs_committed(gcs, prefix) == [10], 180, "checkpoint 10 on gs://", procs[0])
+    procs[1].signal(signal.SIGTERM)
+    assert [p.wait() for p in procs] == [42, 42], procs[0].output()[-3000:] + procs[1].output()[-3000:]
+    stopped = _gcs_committed(gcs, prefix)[-1]
+    assert 10 < stopped < 30
+    for p in procs:
+        assert f"preempted: step {stopped} committed" in p.output()
+    metric_names = [n for n in gcs.list_objects("reslice", f"{prefix}/metrics/") if n.endswith(".jsonl")]
+    first = runs.parse_metrics({n: gcs.read_object("reslice", n).decode() for n in metric_names})
+    assert max(first) == stopped and {r["num_processes"] for r in first.values()} == {2}
+    assert gcs.list_objects("reslice", f"{prefix}/tensorboard/")
+
+    gcs.delete_object("reslice", f"{prefix}/checkpoints/{stopped}/commit_success.txt")
+    rc, out = runs.run(runs.env_for(run_dir, 8, extra=gcs.env), tmp_path / "resume.log")
+    assert rc == 0, out[-4000:]
+    assert "resumed step 10 " in out
+    names = [n for n in gcs.list_objects("reslice", f"{prefix}/metrics/") if n.endswith(".jsonl")]
+    newest = sorted(names)[-1]
+    resumed = runs.parse_metrics({newest: gcs.read_object("reslice", newest).decode()})
+    assert sorted(resumed) == list(range(11, 41))
+    assert_matches_reference(resumed, reference, exact=False)
+    assert_matches_reference({s: r for s, r in first.items() if s > 10}, reference, exact=False)
+    status = json.loads(gcs.read_object("reslice", f"{prefix}/status.json"))
+    assert (status["state"], status["step"]) == ("finished", 40)
+    assert _gcs_committed(gcs, prefix) == [20, 30, 40]
+
+
+def _one_line_exit_2(env: dict, args: list[str]) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=runs.ROOT,
+    )
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = [
+        line
+        for line in proc.stderr.splitlines()
+        if line.strip() and not line.startswith(("I", "W", "[Gloo]"))
+    ]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("override", "env_extra", "expected"),
+    [
+        (["--set", "optim.lr=0.001"], {}, "optim.lr 0.003 -> 0.001"),
+        ([], {"RESLICE_GLOBAL_BATCH": "32"}, "global batch 16, this run 32"),
+    ],
+    ids=["config-hash", "global-batch"],
+)
+def test_refuses_a_checkpoint_of_another_run(
+    reference: dict, tmp_path: Path, override: list[str], env_extra: dict, expected: str
+) -> None:
+    run_dir = reference["dir"]
+    before = {p.name: p.stat().st_mtime_ns for p in run_dir.rglob("*")}
+    env = runs.env_for(str(run_dir), 8, extra=env_extra)
+    line = _one_line_exit_2(env, [a for s in runs.COMMON for a in ("--set", s)] + override)
+    assert "refusing to resume" in line and expected in line, line
+    assert {p.name: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before  # nothing written
+
+
+def test_batch_plan_mismatch_is_a_config_error(tmp_path: Path) -> None:
+    env = runs.env_for(str(tmp_path / "run"), 8, global_batch=12)
+    line = _one_line_exit_2(env, [])
+    assert "≠ global batch 12" in line
+    assert not (tmp_path / "run").exists()
