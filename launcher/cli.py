@@ -18,6 +18,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from launcher.embedded.cli import app as cluster_app
 from launcher.errors import UserError
 from launcher.plan import Plan, shrink_ladder
 from launcher.presets import load_presets, make_shape
@@ -30,6 +31,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.add_typer(cluster_app, name="cluster")
 # Piped output (CI logs, tests) gets a wide fixed width instead of rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 160)
 
