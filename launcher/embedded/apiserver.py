@@ -74,6 +74,9 @@ class ApiServer:
         self._conns_lock = threading.Lock()
         # Bumped by restart/stop: streams opened in an older epoch end.
         self.epoch = 0
+        # Every (verb, resource) any client used, as an RBAC rule names them: what a
+        # least-privilege Role must allow, measured rather than guessed.
+        self.audit: set[tuple[str, str, str]] = set()
         admission.install(store)
 
     # ---- lifecycle --------------------------------------------------------------------------------
@@ -335,7 +338,11 @@ class _Request:
         sub = segs[2] if len(segs) > 2 else None
         if sub is not None and sub not in res.subresources:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        if watch_path or (self.method == "GET" and self.query.get("watch") in _TRUE):
+        watching = watch_path or (self.method == "GET" and self.query.get("watch") in _TRUE)
+        self.api.audit.add(
+            (_verb(self.method, name, watching), group, f"{res.plural}/{sub}" if sub else res.plural)
+        )
+        if watching:
             if name is not None:  # a watch of one object: a field selector on its name
                 self.query["fieldSelector"] = ",".join(
                     filter(None, [self.query.get("fieldSelector"), f"metadata.name={name}"])
@@ -619,6 +626,17 @@ class _Request:
         if not any_json and not isinstance(body, dict):
             raise bad_request("the body of the request must be a JSON object")
         return body
+
+
+def _verb(method: str, name: str | None, watching: bool) -> str:
+    """The RBAC verb of a request (Kubernetes authorization's mapping of HTTP methods)."""
+    if watching:
+        return "watch"
+    if method == "GET":
+        return "get" if name else "list"
+    if method == "DELETE":
+        return "delete" if name else "deletecollection"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}[method]
 
 
 def _drain(w: Any, batch: list[tuple[str, str]], most: int = 500) -> tuple[list[tuple[str, str]], bool]:

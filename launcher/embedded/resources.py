@@ -74,6 +74,14 @@ _ALL = (
     Resource("coordination.k8s.io", "v1", "Lease", "leases", True),
     Resource("batch", "v1", "Job", "jobs", True, ("status",), (), ("all",), ("status.successful",)),
     Resource("jobset.x-k8s.io", "v1alpha2", "JobSet", "jobsets", True, ("status",), (), (), (), custom=True),
+    # Stored, not acted on: what the in-cluster controller's manifests create (no Deployment
+    # controller runs here; the RBAC rules are checked against the audit log, see ApiServer.audit).
+    Resource("", "v1", "ServiceAccount", "serviceaccounts", True, (), ("sa",)),
+    Resource("apps", "v1", "Deployment", "deployments", True, ("status",), ("deploy",), ("all",)),
+    Resource("rbac.authorization.k8s.io", "v1", "Role", "roles", True),
+    Resource("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", True),
+    Resource("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", False),
+    Resource("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", False),
 )
 
 RESOURCES: dict[str, Resource] = {r.plural: r for r in _ALL}

@@ -35,7 +35,13 @@ def test_legacy_discovery_documents(api: Api) -> None:
     groups = {
         g.name: g.preferred_version.version for g in client.ApisApi(api.client).get_api_versions().groups
     }
-    assert groups == {"batch": "v1", "coordination.k8s.io": "v1", "jobset.x-k8s.io": "v1alpha2"}
+    assert groups == {
+        "apps": "v1",
+        "batch": "v1",
+        "coordination.k8s.io": "v1",
+        "jobset.x-k8s.io": "v1alpha2",
+        "rbac.authorization.k8s.io": "v1",
+    }
     core = {r.name: r for r in api.core.get_api_resources().resources}
     assert {"pods", "pods/log", "pods/status", "nodes", "events", "configmaps", "namespaces"} <= set(core)
     assert core["pods"].namespaced and not core["nodes"].namespaced and core["pods"].short_names == ["po"]

@@ -1,0 +1,58 @@
+"""`reslice watch --all` with two replicas (issue 5, in-cluster mode): each run is owned through a
+Lease, so only one replica ever acts on it; when the owner dies without releasing it, the other
+takes over after the lease expires and the ledger says so."""
+
+import threading
+
+from launcher.controller import Controller
+from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
+from launcher.kube import Kube
+from launcher.launch import create_run, prepare
+from launcher.record import Policy
+from launcher.render import RunSpec
+from launcher.runs import RunDir
+from tests.controller.harness import wait_for
+
+
+def replica(kube: Kube, identity: str, stop: threading.Event) -> threading.Thread:
+    c = Controller(kube, identity=identity, resync_s=0.3, lease_s=3)
+    t = threading.Thread(
+        target=c.run_forever, args=(lambda: [r.name for r in kube.records() if not r.terminal], stop)
+    )
+    t.start()
+    return t
+
+
+def test_two_replicas_never_act_at_once(tmp_path):
+    with EmbeddedCluster(nodepools=[NodePoolSpec("tpu7x-2x2x1", count=3)], mode="simulate") as cluster:
+        kube = Kube(cluster.api_client(), "default")
+        spec = RunSpec(run="dual", run_dir=str(tmp_path / "dual"), global_batch=48, grace_period_s=1)
+        create_run(kube, prepare(spec, "tpu7x-2x2x1", 3, Policy(unschedulable_grace_s=5))[0])
+        stop_a, stop_b = threading.Event(), threading.Event()
+        a = replica(kube, "replica-a", stop_a)
+        wait_for(lambda: kube.jobsets("dual"), 20, "segment 0 from replica a")
+        b = replica(kube, "replica-b", stop_b)  # a standby: the lease is a's
+        cluster.remove("tpu7x-2x2x1-np-2")
+        wait_for(lambda: len(kube.get_record("dual")[0].segments) == 2, 30, "the first shrink")
+        stop_a.set()  # replica a dies without releasing its lease
+        a.join(timeout=10)
+        cluster.remove("tpu7x-2x2x1-np-1")
+        wait_for(lambda: len(kube.get_record("dual")[0].segments) == 3, 30, "the second shrink, by b")
+        stop_b.set()
+        b.join(timeout=10)
+        rec = kube.get_record("dual")[0]
+    assert [s.slices for s in rec.segments] == [3, 2, 1]
+    ledger = RunDir(spec.run_dir).ledger()
+    acts = [(e["controller"], e["action"], e["segment"]) for e in ledger if e.get("kind") == "act"]
+    takeover = next(i for i, e in enumerate(ledger) if e.get("kind") == "takeover")
+    assert ledger[takeover]["previous"] == "replica-a" and ledger[takeover]["holder"] == "replica-b"
+    before = {e["controller"] for e in ledger[:takeover] if e.get("kind") in {"act", "wait", "observe"}}
+    after = {e["controller"] for e in ledger[takeover:] if e.get("kind") in {"act", "wait", "observe"}}
+    assert before == {"replica-a"} and after == {"replica-b"}
+    assert acts == [
+        ("replica-a", "submit", 0),
+        ("replica-a", "end-segment", 0),
+        ("replica-a", "submit", 1),
+        ("replica-b", "end-segment", 1),
+        ("replica-b", "submit", 2),
+    ]
