@@ -5,7 +5,6 @@ server's audit log while it drove a run through a shrink."""
 import threading
 from pathlib import Path
 
-import pytest
 import yaml
 from kubernetes import client, utils
 
