@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import AbstractMesh, AxisType
 
 from trainer.config import Config, ModelConfig
 from trainer.moe import MLP, MoE
@@ -103,6 +104,13 @@ class Transformer(nnx.Module):
                 aux.append(a)
         x = self.final_norm(x)
         return jnp.einsum("btd,dv->btv", x, self.lm_head[...].astype(self.dtype)).astype(jnp.float32), aux
+
+
+def abstract_model(cfg: Config) -> Transformer:
+    """The model with ``ShapeDtypeStruct`` parameters: nothing is allocated, no devices needed."""
+    mesh = AbstractMesh((1, 1), ("data", "expert"), axis_types=(AxisType.Auto, AxisType.Auto))
+    with jax.sharding.use_abstract_mesh(mesh):
+        return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(cfg.train.seed)))
 
 
 def param_counts(cfg: Config) -> tuple[int, int]:

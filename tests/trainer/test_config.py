@@ -1,0 +1,120 @@
+"""Config resolution, validation, hashing, and the models' sizes (built abstractly only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from trainer import config, loop, model
+from trainer.__main__ import main
+from trainer.config import ConfigError
+
+
+def abstract_param_count(name: str) -> int:
+    abstract = model.abstract_model(config.load(name))
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+
+def test_tiny_is_under_a_million_parameters() -> None:
+    total, active = model.param_counts(config.load("tiny"))
+    assert abstract_param_count("tiny") == total < 1_000_000
+    assert active < total
+
+
+def test_olmoe_config_is_about_one_billion_active_parameters() -> None:
+    """Counted from ``nnx.eval_shape``: nothing is materialised."""
+    cfg = config.load("olmoe-1b")
+    total, active = model.param_counts(cfg)
+    assert abstract_param_count("olmoe-1b") == total
+    assert 6.5e9 < total < 7.5e9 and 1.1e9 < active < 1.5e9
+    assert 6 * active < model.flops_per_token(cfg) < 6 * active * 1.2
+    assert abstract_param_count("small") == model.param_counts(config.load("small"))[0]
+
+
+def test_precedence_config_then_overrides_then_contract_env(tmp_path: Path) -> None:
+    path = tmp_path / "exp.yaml"
+    path.write_text("base: small\noptim:\n  lr: 0.01\ntrain:\n  global_batch: 64\n")
+    env = {
+        "RESLICE_CONFIG": "tiny",  # --config wins over it
+        "RESLICE_SET": json.dumps(["optim.lr=0.02", "train.steps=7", "moe.transport=dense"]),
+        "RESLICE_GLOBAL_BATCH": "128",
+        "RESLICE_MICRO_BATCH": "4",
+        "RESLICE_GRAD_ACCUM": "2",
+        "RESLICE_RUN_DIR": "gs://bucket/run",
+    }
+    cfg = config.resolve(
+        str(path), ["train.steps=9", "moe.ragged_buffer_factor=1.5", "run_dir=/elsewhere"], env
+    )
+    assert cfg.model.d_model == 256  # from base: small
+    assert cfg.optim.lr == 0.02  # RESLICE_SET over the file
+    assert cfg.train.steps == 9  # --set over RESLICE_SET
+    assert cfg.moe.ragged_buffer_factor == 1.5 and cfg.moe.transport == "dense"
+    assert (cfg.train.global_batch, cfg.train.micro_batch, cfg.train.grad_accum) == (128, 4, 2)  # env last
+    assert cfg.run_dir == "gs://bucket/run"
+    assert config.resolve(None, [], {"RESLICE_CONFIG": "small"}).name == "small"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "env", "message"),
+    [
+        (["train.stepz=3"], {}, "unknown config key 'train.stepz'"),
+        (["nope.x=1"], {}, "unknown config section 'nope'"),
+        (["train.steps=1.5"], {}, "train.steps: expected int"),
+        (["moe.top_k=20"], {}, "moe.top_k must be in"),
+        (["train.steps"], {}, "not of the form"),
+        ([], {"RESLICE_SET": "train.steps=3"}, "RESLICE_SET is not a JSON list"),
+        ([], {"RESLICE_GLOBAL_BATCH": "many"}, "RESLICE_GLOBAL_BATCH='many' is not an integer"),
+        ([], {"RESLICE_CONFIG": "huge"}, "neither a named config"),
+    ],
+)
+def test_config_errors(overrides: list[str], env: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        config.resolve(None, overrides, env)
+
+
+def test_main_reports_config_errors_in_one_line_with_exit_2(
+    capsys: pytest.CaptureFixture, monkeypatch
+) -> None:
+    monkeypatch.delenv("RESLICE_CONFIG", raising=False)
+    assert main(["--config", "tiny", "--set", "optim.lr=fast"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "optim.lr: expected float" in err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--bogus"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_batch_plan_is_checked_against_the_devices(cpu8: list, capsys, monkeypatch, tmp_path: Path) -> None:
+    cfg = config.resolve("tiny", [], {"RESLICE_GLOBAL_BATCH": "32", "RESLICE_GRAD_ACCUM": "2"})
+    assert loop.batch_plan(cfg, 8, 1, 8) == loop.Plan(8, 2, 2, 1, 8)  # micro-batch derived
+    with pytest.raises(ConfigError, match=r"8 × 2 × 1 = 16 ≠ global batch 32"):
+        loop.batch_plan(
+            config.resolve("tiny", [], {"RESLICE_GLOBAL_BATCH": "32", "RESLICE_MICRO_BATCH": "2"}), 8, 1, 8
+        )
+    with pytest.raises(ConfigError, match="≠ global batch 12"):
+        loop.batch_plan(config.resolve("tiny", [], {"RESLICE_GLOBAL_BATCH": "12"}), 8, 1, 8)
+    # Through the real entry point, against the 8 devices JAX sees here; nothing is written.
+    monkeypatch.setenv("RESLICE_GLOBAL_BATCH", "12")
+    monkeypatch.setenv("RESLICE_RUN_DIR", str(tmp_path / "run"))
+    assert main(["--config", "tiny"]) == 2
+    assert "8 × 1 × 1 = 8 ≠ global batch 12" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_config_hash_covers_the_run_identity_not_the_layout() -> None:
+    base = config.config_hash(config.load("tiny"))
+    same = config.resolve(
+        "tiny", ["moe.ragged_buffer_factor=1.25", "moe.transport=dense", "data.workers=2"], {}
+    )
+    assert config.config_hash(same) == base
+    for change in ("optim.lr=0.001", "model.d_model=32", "data.seed=5", "moe.top_k=1", "train.steps=41"):
+        assert config.config_hash(config.resolve("tiny", [change], {})) != base, change
+    assert config.config_hash(config.resolve("tiny", ["train.steps=41", "optim.decay_steps=60"], {})) == (
+        config.config_hash(config.resolve("tiny", ["train.steps=99", "optim.decay_steps=60"], {}))
+    )
