@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from launcher.embedded.job import JobController
 from launcher.embedded.jobset import JobSetController
 from launcher.embedded.kubelet import Kubelet
 from launcher.embedded.nodes import NodePool, NodePoolSpec
-from launcher.embedded.runtime import EventRecorder
+from launcher.embedded.runtime import EventRecorder, Hub
 from launcher.embedded.scheduler import Scheduler
 from launcher.errors import UserError
 
@@ -88,9 +87,10 @@ class EmbeddedCluster:
         self.store = Store(base / "store" if self.state_dir is not None else None)
         self.server = ApiServer(self.store, host=self.host, port=self.port)
         self.node_events = EventRecorder(self.store, "node-controller")
-        self.jobsets = JobSetController(self.store)
-        self.jobs = JobController(self.store)
-        self.scheduler = Scheduler(self.store)
+        self.hub = Hub(self.store)
+        self.jobsets = JobSetController(self.store, self.hub)
+        self.jobs = JobController(self.store, self.hub)
+        self.scheduler = Scheduler(self.store, self.hub)
         self.kubelet = Kubelet(
             self.store,
             base / "logs",
@@ -98,6 +98,7 @@ class EmbeddedCluster:
             sim_duration_s=self.sim_duration_s,
             sim_term_exit_code=self.sim_term_exit_code,
             cwd=self.workdir,
+            events=self.hub,
         )
         self._components = [self.kubelet, self.scheduler, self.jobs, self.jobsets]
         self._create_nodes()
@@ -117,6 +118,7 @@ class EmbeddedCluster:
         self._started = False
         for c in reversed(self._components):
             c.stop()
+        self.hub.close()
         self.server.stop()
         self.store.close()
         if self._tmp:
@@ -276,8 +278,3 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
         "message": message,
         "code": code,
     }
-
-
-def run_forever(cluster: EmbeddedCluster, stop: threading.Event) -> None:
-    with cluster:
-        stop.wait()

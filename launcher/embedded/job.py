@@ -230,7 +230,7 @@ def decide(
         spec.get("backoffLimit") if spec.get("backoffLimit") is not None else DEFAULT_BACKOFF_LIMIT
     )
 
-    finished = {**{uid: p for uid, p in terminal.items()}}
+    finished = dict(terminal)
     for p in pods:
         if o.pod_terminal(p):
             finished[o.meta(p)["uid"]] = p
@@ -378,8 +378,8 @@ def finished(pod: Mapping[str, Any]) -> bool:
 class JobController(Controller):
     name = "job-controller"
 
-    def __init__(self, store: Any) -> None:
-        super().__init__(store)
+    def __init__(self, store: Any, events: Any = None) -> None:
+        super().__init__(store, events)
         from launcher.embedded.store import RESOURCES
 
         self.jobs = RESOURCES["jobs"]

@@ -380,8 +380,8 @@ def decide(js: Mapping[str, Any], jobs: list[dict[str, Any]], service_exists: bo
 class JobSetController(Controller):
     name = "jobset-controller"
 
-    def __init__(self, store: Any) -> None:
-        super().__init__(store)
+    def __init__(self, store: Any, events: Any = None) -> None:
+        super().__init__(store, events)
         from launcher.embedded.store import RESOURCES
 
         self.jobsets = RESOURCES["jobsets"]

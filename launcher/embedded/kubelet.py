@@ -168,8 +168,9 @@ class Kubelet(Controller):
         sim_duration_s: float | None = None,
         sim_term_exit_code: int = 143,
         cwd: Path | None = None,
+        events: Any = None,
     ) -> None:
-        super().__init__(store)
+        super().__init__(store, events)
         from launcher.embedded.store import RESOURCES
 
         self.pods = RESOURCES["pods"]
@@ -286,6 +287,11 @@ class Kubelet(Controller):
                 # Never started here: nothing to stop.
                 self._delete_now(ns, name, uid)
             else:
+                if not run.terminating:
+                    for c in (pod.get("spec") or {}).get("containers") or []:
+                        self.recorder.event(
+                            pod, "Normal", "Killing", f"Stopping container {c['name']}", host=node
+                        )
                 self.terminate(run, grace, cause="delete")
             return None
         if run is None:

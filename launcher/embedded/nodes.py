@@ -34,20 +34,23 @@ class NodePoolSpec:
 
 def parse_nodepools(spec: str) -> list[NodePoolSpec]:
     """'tpu7x-2x2x1:4,tpu7x-4x4x4:1' → [NodePoolSpec('tpu7x-2x2x1', 4), NodePoolSpec('tpu7x-4x4x4', 1)].
-    A ':spot' suffix marks spot capacity: 'tpu7x-4x4x4:2:spot'."""
+    Suffixes: ':spot' marks spot capacity, ':sim' / ':process' pick the kubelet mode of those pools
+    ('tpu7x-4x4x4:2:spot:sim')."""
     out = []
     for part in (p.strip() for p in spec.split(",") if p.strip()):
         bits = part.split(":")
-        preset, count, spot = bits[0], 1, None
+        preset, count, spot, sim = bits[0], 1, None, None
         for b in bits[1:]:
             if b == "spot":
                 spot = True
+            elif b in ("sim", "process"):
+                sim = b == "sim"
             elif b.isdigit() and int(b) > 0:
                 count = int(b)
             else:
-                raise UserError(f"bad node pool spec {part!r}: expected PRESET[:COUNT][:spot]")
+                raise UserError(f"bad node pool spec {part!r}: expected PRESET[:COUNT][:spot][:sim|:process]")
         load_shape(preset)  # fail early on an unknown preset
-        out.append(NodePoolSpec(preset=preset, count=count, spot=spot))
+        out.append(NodePoolSpec(preset=preset, count=count, spot=spot, simulate=sim))
     if not out:
         raise UserError("empty node pool spec")
     return out

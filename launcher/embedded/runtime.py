@@ -12,7 +12,7 @@ import heapq
 import logging
 import threading
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from launcher.embedded import objects as o
@@ -25,8 +25,9 @@ class Controller:
 
     name = "controller"
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, events: Any = None) -> None:
         self.store = store
+        self.events = events if events is not None else store  # where to subscribe (store or Hub)
         self._cv = threading.Condition()
         self._queue: dict[Hashable, None] = {}  # insertion-ordered set
         self._delayed: list[tuple[float, int, Hashable]] = []
@@ -39,7 +40,7 @@ class Controller:
     # -- wiring --------------------------------------------------------------------------------
     def start(self) -> None:
         self._stop = False
-        self._unsubscribe = self.store.subscribe(self._on_event)
+        self._unsubscribe = self.events.subscribe(self._on_event)
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
         self.resync()
@@ -118,6 +119,47 @@ class Controller:
                     self._busy = False
             if after is not None:
                 self.enqueue(key, after)
+
+
+class Hub:
+    """One store subscription fanned out to every component of the cluster.
+
+    The store hands each subscriber its own parsed copy of every change; with one subscriber for
+    all components an event is parsed once, not once per component. The objects handed out are
+    shared, so handlers treat them as read-only (as controllers treat informer cache objects).
+    """
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        self._handlers: list[Callable[[str, Any, dict[str, Any]], None]] = []
+        self._unsub: Callable[[], None] | None = None
+
+    def subscribe(self, fn: Callable[[str, Any, dict[str, Any]], None]) -> Callable[[], None]:
+        with self._lock:
+            self._handlers = [*self._handlers, fn]
+            if self._unsub is None:
+                self._unsub = self.store.subscribe(self._dispatch)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                self._handlers = [h for h in self._handlers if h is not fn]
+
+        return unsubscribe
+
+    def _dispatch(self, event: str, res: Any, obj: dict[str, Any]) -> None:
+        for h in self._handlers:
+            try:
+                h(event, res, obj)
+            except Exception:  # one component's bug must not starve the others of events
+                log.exception("event handler %r", h)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._unsub is not None:
+                self._unsub()
+                self._unsub = None
+            self._handlers = []
 
 
 class EventRecorder:

@@ -16,12 +16,13 @@ and every RETRY_S.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,6 +149,7 @@ class ClusterView:
     anti: list[tuple[dict[str, Any], str]] = field(default_factory=list)  # pods with anti-affinity
     _domains: dict[str, dict[str | None, list[dict[str, Any]]]] = field(default_factory=dict)
     _any: dict[str, bool] = field(default_factory=dict)
+    _alloc: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         bound, self.bound = self.bound, {}
@@ -166,6 +168,17 @@ class ClusterView:
         self._any.clear()
         for key, idx in self._domains.items():
             idx.setdefault(self.domain(node, key), []).append(pod)
+
+    def alloc(self, node: str) -> dict[str, float]:
+        """The node's allocatable, parsed once per pass."""
+        a = self._alloc.get(node)
+        if a is None:
+            raw = (self.nodes[node].get("status") or {}).get("allocatable") or {}
+            a = self._alloc[node] = {k: quantity(v) for k, v in raw.items()}
+        return a
+
+    def free(self, node: str, resource: str) -> float:
+        return self.alloc(node).get(resource, 0.0) - self.used.get(node, {}).get(resource, 0.0)
 
     def domain(self, node: str, key: str) -> str | None:
         return o.labels(self.nodes[node]).get(key) if node in self.nodes else None
@@ -188,24 +201,19 @@ class ClusterView:
 
 
 def insufficient(
-    pod_req: Mapping[str, float], node: Mapping[str, Any], used: Mapping[str, float]
+    pod_req: Mapping[str, float], alloc: Mapping[str, float], used: Mapping[str, float]
 ) -> list[str]:
-    alloc = (node.get("status") or {}).get("allocatable") or {}
+    """NodeResourcesFit: every resource the node lacks (allocatable already parsed)."""
     out = []
-    if used.get("pods", 0.0) + 1 > quantity(alloc.get("pods", 110)):
+    if used.get("pods", 0.0) + 1 > alloc.get("pods", 110.0):
         out.append(R_TOO_MANY_PODS)
     for k, v in sorted(pod_req.items()):
-        if v <= 0:
-            continue
-        have = quantity(alloc[k]) if k in alloc else 0.0
-        if used.get(k, 0.0) + v > have + 1e-9:
+        if v > 0 and used.get(k, 0.0) + v > alloc.get(k, 0.0) + 1e-9:
             out.append(f"Insufficient {k}")
     return out
 
 
-def inter_pod_affinity(
-    pod: Mapping[str, Any], node: str, view: ClusterView, all_pods: Iterable[Mapping[str, Any]]
-) -> str | None:
+def inter_pod_affinity(pod: Mapping[str, Any], node: str, view: ClusterView) -> str | None:
     """InterPodAffinity filter for required terms, in upstream's order (the pod's affinity, its
     anti-affinity, then existing pods' anti-affinity); returns a failure reason or None."""
     ns = o.meta(pod).get("namespace") or ""
@@ -236,11 +244,7 @@ def inter_pod_affinity(
 
 
 def filter_node(
-    pod: Mapping[str, Any],
-    node: Mapping[str, Any],
-    view: ClusterView,
-    all_pods: Iterable[Mapping[str, Any]],
-    req: Mapping[str, float] | None = None,
+    pod: Mapping[str, Any], node: Mapping[str, Any], view: ClusterView, req: Mapping[str, float] | None = None
 ) -> list[str]:
     """The failure reasons of one node for one pod ([] = feasible), first failing filter only."""
     if (node.get("spec") or {}).get("unschedulable"):
@@ -251,10 +255,12 @@ def filter_node(
     if not node_selector_matches(pod, node):
         return [R_SELECTOR]
     name = o.meta(node)["name"]
-    bad = insufficient(req if req is not None else pod_requests(pod), node, view.used.get(name, {}))
+    bad = insufficient(
+        req if req is not None else pod_requests(pod), view.alloc(name), view.used.get(name, {})
+    )
     if bad:
         return bad
-    r = inter_pod_affinity(pod, name, view, all_pods)
+    r = inter_pod_affinity(pod, name, view)
     return [r] if r else []
 
 
@@ -276,15 +282,13 @@ def fit_error(num_nodes: int, reasons: Counter) -> str:
     return f"{msg} preemption: 0/{num_nodes} nodes are available: {', '.join(sorted(parts))}."
 
 
-def schedule_one(
-    pod: Mapping[str, Any], view: ClusterView, all_pods: list[Mapping[str, Any]]
-) -> tuple[str | None, str | None]:
+def schedule_one(pod: Mapping[str, Any], view: ClusterView) -> tuple[str | None, str | None]:
     """(node name, None) or (None, FitError message). Picks the first feasible node in name order
     within the most-filled node pool, which keeps a Job's pods packed like a slice."""
     req = pod_requests(pod)
     reasons: Counter = Counter()
     for name in sorted(view.nodes):
-        r = filter_node(pod, view.nodes[name], view, all_pods, req)
+        r = filter_node(pod, view.nodes[name], view, req)
         if not r:
             return name, None
         reasons.update(r)
@@ -326,10 +330,11 @@ def _signature(pod: Mapping[str, Any]) -> str | None:
 class Scheduler:
     """One thread; a pass schedules every pending pod against caches kept by store events."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, events: Any = None) -> None:
         from launcher.embedded.store import RESOURCES
 
         self.store = store
+        self.events = events if events is not None else store
         self.pods_res = RESOURCES["pods"]
         self.nodes_res = RESOURCES["nodes"]
         self.recorder = EventRecorder(store, "default-scheduler")
@@ -345,7 +350,7 @@ class Scheduler:
         self._unsub: Any = None
 
     def start(self) -> None:
-        self._unsub = self.store.subscribe(self._on_event)
+        self._unsub = self.events.subscribe(self._on_event)
         self.resync()
         self._thread = threading.Thread(target=self._run, name="scheduler", daemon=True)
         self._thread.start()
@@ -448,7 +453,7 @@ class Scheduler:
             if sig is not None and sig in failed_sigs:
                 self._unschedulable(pod, failed_sigs[sig])
                 continue
-            node, msg = _schedule_fast(pod, view, pods, pool_order)
+            node, msg = _schedule_fast(pod, view, pool_order)
             if node is None:
                 if sig is not None:
                     failed_sigs[sig] = msg or ""
@@ -458,26 +463,38 @@ class Scheduler:
                 view.add(pod, node)
 
     def _bind(self, pod: Mapping[str, Any], node: str) -> bool:
+        """Two writes where the pods/binding subresource makes one: spec.nodeName, then the
+        PodScheduled condition — with a resourceVersion precondition, because the kubelet may
+        already be writing the pod's status (a merge patch would replace its conditions)."""
         ns, name = o.key_of(pod)
+        uid = o.meta(pod).get("uid")
         try:
-            self.store.patch(self.pods_res, ns, name, {"spec": {"nodeName": node}}, "merge")
-            cur = self.store.get(self.pods_res, ns, name)
-            conds = list((cur.get("status") or {}).get("conditions") or [])
-            o.set_condition(conds, "PodScheduled", "True", "", "", probe_fields=True)
-            for c in conds:
-                if c["type"] == "PodScheduled":
-                    c.pop("reason", None)
-                    c.pop("message", None)
-            self.store.patch(
-                self.pods_res, ns, name, {"status": {"conditions": conds}}, "merge", subresource="status"
+            cur = self.store.patch(
+                self.pods_res, ns, name, {"metadata": {"uid": uid}, "spec": {"nodeName": node}}, "merge"
             )
+            for _ in range(20):
+                conds = copy.deepcopy((cur.get("status") or {}).get("conditions") or [])
+                o.set_condition(conds, "PodScheduled", "True", "", "", probe_fields=True)
+                for c in conds:
+                    if c["type"] == "PodScheduled":
+                        c.pop("reason", None)
+                        c.pop("message", None)
+                patch = {
+                    "metadata": {"resourceVersion": o.meta(cur)["resourceVersion"]},
+                    "status": {"conditions": conds},
+                }
+                try:
+                    self.store.patch(self.pods_res, ns, name, patch, "merge", subresource="status")
+                    break
+                except Exception as e:
+                    if getattr(e, "code", None) != 409:
+                        raise
+                    cur = self.store.get(self.pods_res, ns, name)
         except Exception as e:
             if getattr(e, "code", None) not in (404, 409):
                 log.exception("bind %s/%s", ns, name)
             return False
-        self.recorder.event(
-            pod, "Normal", "Scheduled", f"Successfully assigned {ns}/{name} to {node}", host=None
-        )
+        self.recorder.event(pod, "Normal", "Scheduled", f"Successfully assigned {ns}/{name} to {node}")
         return True
 
     def _unschedulable(self, pod: Mapping[str, Any], msg: str) -> None:
@@ -532,10 +549,21 @@ def _pool_uniform_reason(pod: Mapping[str, Any], node: Mapping[str, Any]) -> lis
 
 
 def _schedule_fast(
-    pod: Mapping[str, Any], view: ClusterView, all_pods: list[Mapping[str, Any]], pools: list[list[str]]
+    pod: Mapping[str, Any], view: ClusterView, pools: list[list[str]]
 ) -> tuple[str | None, str | None]:
-    """schedule_one, with whole-pool rejection on node labels (identical within a GKE pool)."""
+    """schedule_one, faster: whole pools rejected on node labels (identical within a GKE pool), and
+    nodes without the chips skipped before the full filter chain. Only when nothing fits are the
+    exact per-node reasons computed, for the message."""
     req = pod_requests(pod)
+    tpu = req.get(o.TPU_RESOURCE, 0.0)
+    for names in pools:
+        if _pool_uniform_reason(pod, view.nodes[names[0]]) is not None:
+            continue
+        for name in names:
+            if tpu and view.free(name, o.TPU_RESOURCE) < tpu:
+                continue
+            if not filter_node(pod, view.nodes[name], view, req):
+                return name, None
     reasons: Counter = Counter()
     for names in pools:
         uniform = _pool_uniform_reason(pod, view.nodes[names[0]])
@@ -544,8 +572,5 @@ def _schedule_fast(
                 reasons[r] += len(names)
             continue
         for name in names:
-            r = filter_node(pod, view.nodes[name], view, all_pods, req)
-            if not r:
-                return name, None
-            reasons.update(r)
+            reasons.update(filter_node(pod, view.nodes[name], view, req))
     return None, fit_error(len(view.nodes), reasons)

@@ -4,14 +4,15 @@ routes, down; and user errors as one line on stderr with exit code 2."""
 import pytest
 from kubernetes import client, config
 
-from launcher.embedded.cli import main, read_info
+from launcher.cli import main
+from launcher.embedded.cli import read_info
 from tests.embedded.cluster_helpers import GROUP, VERSION, rendered, wait_for
 
 
 def run(capsys, *args) -> tuple[int, str, str]:
     code = 0
     try:
-        main(list(args))
+        main(["cluster", *args])
     except SystemExit as e:
         code = e.code or 0
     out, err = capsys.readouterr()

@@ -45,11 +45,12 @@ def test_node_labels_taints_and_capacity_match_gke():
 
 
 def test_nodepool_spec_parsing():
-    specs = nodes.parse_nodepools("tpu7x-2x2x1:4, tpu7x-4x4x4:1:spot")
+    specs = nodes.parse_nodepools("tpu7x-2x2x1:4, tpu7x-4x4x4:1:spot:sim")
     pools = nodes.expand_pools(specs, simulate=False)
     assert [p.name for p in pools] == [f"tpu7x-2x2x1-np-{i}" for i in range(4)] + ["tpu7x-4x4x4-np-0"]
     assert pools[-1].spot and not pools[0].spot
-    for bad in ("tpu7x-2x2x1:0", "nope-1x1:2", "tpu7x-2x2x1:two", ""):
+    assert pools[-1].simulate and not pools[0].simulate
+    for bad in ("tpu7x-2x2x1:0", "nope-1x1:2", "tpu7x-2x2x1:two", "tpu7x-2x2x1:vm", ""):
         with pytest.raises(UserError):
             nodes.parse_nodepools(bad)
 
@@ -81,7 +82,7 @@ def test_fit_error_has_the_upstream_shape():
         if "-a-" in n or "-b-" in n:
             view.add(_pod(f"x{n}"), n)
     p = _pod("p", sel={"cloud.google.com/gke-tpu-topology": "2x2x1"})
-    node, msg = scheduler.schedule_one(p, view, [])
+    node, msg = scheduler.schedule_one(p, view)
     assert node is None
     assert msg == (
         "0/18 nodes are available: 16 node(s) didn't match Pod's node affinity/selector, "
@@ -90,7 +91,7 @@ def test_fit_error_has_the_upstream_shape():
     )
     untolerated = _pod("q")
     untolerated["spec"]["tolerations"] = []
-    _, msg = scheduler.schedule_one(untolerated, view, [])
+    _, msg = scheduler.schedule_one(untolerated, view)
     assert msg.startswith(
         "0/18 nodes are available: 18 node(s) had untolerated taint {google.com/tpu: present}."
     )
@@ -100,17 +101,17 @@ def test_exclusive_placement_keeps_jobs_in_their_own_pool():
     view = _view([pool("tpu7x-2x4x4", "a"), pool("tpu7x-2x4x4", "b")])  # 8 nodes per pool
     topo = "cloud.google.com/gke-nodepool"
     leader_a = _pod("a0", {o.JOB_KEY: "ka"}, affinity=jobctl.exclusive_affinity("ka", topo), tpu=1)
-    node, _ = scheduler.schedule_one(leader_a, view, [])
+    node, _ = scheduler.schedule_one(leader_a, view)
     view.add(leader_a, node)
     pool_a = view.domain(node, topo)
     # Job b's leader may not share job a's pool even though a's nodes have free chips.
     leader_b = _pod("b0", {o.JOB_KEY: "kb"}, affinity=jobctl.exclusive_affinity("kb", topo), tpu=1)
-    node_b, _ = scheduler.schedule_one(leader_b, view, [])
+    node_b, _ = scheduler.schedule_one(leader_b, view)
     assert view.domain(node_b, topo) != pool_a
     view.add(leader_b, node_b)
     # A third job has nowhere to go: both pools are taken.
     leader_c = _pod("c0", {o.JOB_KEY: "kc"}, affinity=jobctl.exclusive_affinity("kc", topo), tpu=1)
-    node_c, msg = scheduler.schedule_one(leader_c, view, [])
+    node_c, msg = scheduler.schedule_one(leader_c, view)
     assert node_c is None
     assert "16 node(s) didn't match pod anti-affinity rules" in msg
 
