@@ -261,13 +261,7 @@ def launch(
     )
     rec, _ = prepare(spec, preset, slices, policy)  # every check before anything is created
     conn = connect(kubeconfig, namespace, start_embedded=f"{shape.preset.name}:{shape.slices}")
-    if conn.embedded:
-        # Trainer processes on this machine: short timeouts, no image.
-        spec = replace(
-            spec, grace_period_s=grace_period or 30, heartbeat_timeout_s=10, image_pull_policy="Never"
-        )
-    elif grace_period is not None:
-        spec = replace(spec, grace_period_s=grace_period)
+    spec = for_cluster(spec, conn.embedded, grace_period)
     rec = replace(rec, spec=spec)
     create_run(conn.kube, rec)
     console.print(
@@ -279,16 +273,41 @@ def launch(
     _finish(conn.kube, run, watch_run(conn.kube, run, console=console))
 
 
-def _finish(kube, run: str, state: str) -> None:
-    from launcher.status import run_report, write_plots
-    from launcher.view import badput_table, segments_table
+def for_cluster(spec: RunSpec, embedded: bool, grace_period: int | None = None) -> RunSpec:
+    """The spec as it must run where it runs. On the embedded cluster the trainers are processes on
+    this machine: short grace period and heartbeat timeout, and no image to pull."""
+    if embedded:
+        return replace(
+            spec, grace_period_s=grace_period or 30, heartbeat_timeout_s=10, image_pull_policy="Never"
+        )
+    if grace_period is not None:
+        return replace(spec, grace_period_s=grace_period)
+    return spec
 
-    rec, report, _ = run_report(kube, run)
-    console.print(segments_table(rec, report))
-    console.print(badput_table(report))
-    paths = write_plots(kube, run)
-    console.print(f"{run}: {state} — {rec.reason}. Plots: {', '.join(map(str, paths))}")
+
+def _finish(kube, run: str, state: str) -> None:
+    from launcher.status import summarize
+
+    summarize(kube, run, console)
     if state != "Finished":
+        raise typer.Exit(1)
+
+
+@app.command()
+def demo(
+    workdir: Annotated[Path, typer.Option("--workdir", help="Where runs and pod logs go.")] = Path(
+        "runs/demo"
+    ),
+    steps: Annotated[int, typer.Option("--steps", help="Training steps.")] = 80,
+) -> None:
+    """The elastic demo on the embedded cluster: 4 slices, lose 3, resume on 1, grow back."""
+    from launcher.demo import run_demo
+
+    if steps < 40:
+        raise UserError(
+            "--steps must be at least 40 (the demo loses capacity at step 10 and regrows after 10 more)"
+        )
+    if run_demo(workdir, steps, console) != "Finished":
         raise typer.Exit(1)
 
 
@@ -395,6 +414,87 @@ def report(
 
     for path in write_plots(connect(kubeconfig, namespace).kube, run, out):
         console.print(str(path))
+
+
+# --- ragged-buffer sweep ---------------------------------------------------------------------
+
+
+@app.command()
+def sweep(
+    preset: PresetOpt,
+    steps: Annotated[int, typer.Option("--steps", help="Optimizer steps of every run.")],
+    slices: SlicesOpt = None,
+    config: Annotated[str, typer.Option("--config", "-c", help="Trainer config name or path.")] = "tiny",
+    factors: Annotated[
+        str, typer.Option("--factors", help="Buffer factors, comma-separated; ≤ 0 (e.g. -1) = dropless.")
+    ] = "1.0,1.0625,1.125,1.25,1.5,2.0,-1",
+    global_batch: Annotated[
+        int | None, typer.Option("--global-batch", "-b", help="Sequences per step (default: 2 per device).")
+    ] = None,
+    max_parallel: Annotated[
+        int, typer.Option("--max-parallel", help="Runs at once on a real cluster (embedded: 1).")
+    ] = 1,
+    name: Annotated[str, typer.Option("--name", help="Sweep name; runs are NAME-f<factor>.")] = "sweep",
+    overrides: Annotated[list[str] | None, typer.Option("--set", help="Trainer override key=value.")] = None,
+    max_drop: Annotated[
+        float, typer.Option("--max-drop", help="Largest dropped fraction to recommend (0.001 = 0.1 %).")
+    ] = 0.001,
+    warmup: Annotated[int, typer.Option("--warmup", help="Steps left out of the aggregates.")] = 10,
+    sweep_dir: Annotated[
+        str | None, typer.Option("--sweep-dir", help="Path or gs:// (default ./sweeps/NAME).")
+    ] = None,
+    image: Annotated[str, typer.Option("--image", help="Trainer image.")] = "reslice-trainer:latest",
+    namespace: NamespaceOpt = "default",
+    kubeconfig: KubeconfigOpt = None,
+    grace_period: Annotated[
+        int | None, typer.Option("--grace-period", help="Seconds to save on SIGTERM.")
+    ] = None,
+) -> None:
+    """Sweep the MoE ragged buffer factor: one run per factor; drops, load and step time side by side."""
+    from launcher.connect import connect
+    from launcher.record import Policy
+    from launcher.sweep import make_sweep, plan_sweep, run_sweep, sweep_table
+
+    spec = make_sweep(
+        name=name, preset=preset, slices=slices, config=config, factors=factors, steps=steps,
+        global_batch=global_batch, overrides=tuple(overrides or ()), warmup=warmup, max_drop=max_drop,
+        max_parallel=max_parallel, sweep_dir=sweep_dir,
+    )  # fmt: skip
+    template = RunSpec(
+        run=name, run_dir=spec.sweep_dir, global_batch=spec.global_batch, image=image, namespace=namespace
+    )
+    policy = Policy()
+    plan_sweep(spec, template, policy)  # every run planned and checked before anything starts
+    conn = connect(kubeconfig, namespace, start_embedded=f"{spec.preset}:{spec.slices}")
+    if conn.embedded and spec.max_parallel > 1:
+        # One machine: parallel runs would share its cores and every step time would be wrong.
+        console.print(f"embedded cluster: runs one at a time (--max-parallel {spec.max_parallel} ignored)")
+        spec = replace(spec, max_parallel=1)
+    outcome = run_sweep(
+        conn.kube, spec, for_cluster(template, conn.embedded, grace_period), policy,
+        console=console, live=sys.stdout.isatty(),
+    )  # fmt: skip
+    console.print(sweep_table(spec, outcome.results, outcome.recommendation))
+    console.print(f"written: {', '.join(outcome.outputs)}")
+    if not outcome.complete:
+        raise typer.Exit(1)
+
+
+@app.command("sweep-report")
+def sweep_report(
+    name: Annotated[str, typer.Argument(help="The sweep.")],
+    sweep_dir: Annotated[
+        str | None, typer.Option("--sweep-dir", help="Path or gs:// (default ./sweeps/SWEEP).")
+    ] = None,
+) -> None:
+    """Redraw a sweep's table and plot from its stored results (sweep.json)."""
+    from launcher.sweep import default_sweep_dir, load_sweep, plot_path, plot_sweep, sweep_table
+
+    spec, results, rec = load_sweep(default_sweep_dir(name, sweep_dir))
+    console.print(sweep_table(spec, results, rec))
+    png = plot_path(spec)
+    plot_sweep(spec, results, rec, png)
+    console.print(f"plot: {png}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -86,8 +86,10 @@ class RunDir:
             return
         from google.api_core.exceptions import NotFound, PreconditionFailed
 
-        blob = self._blob(rel)
         for _ in range(20):
+            # A fresh handle each try: a reloaded blob remembers its generation, and reloading
+            # it again would ask for that (now overwritten) generation.
+            blob = self._blob(rel)
             try:
                 blob.reload()
                 current, generation = (

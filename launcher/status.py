@@ -31,3 +31,15 @@ def write_plots(kube: Kube, run: str, out: Path | None = None) -> list[Path]:
     plot_loss(report, rundir.metrics(), str(paths[0]))
     plot_timeline(report, str(paths[1]))
     return paths
+
+
+def summarize(kube: Kube, run: str, console) -> list[Path]:
+    """Print the segment table and the goodput of a run, and write its plots."""
+    from launcher.view import badput_table, segments_table
+
+    rec, report, _ = run_report(kube, run)
+    console.print(segments_table(rec, report))
+    console.print(badput_table(report))
+    paths = write_plots(kube, run)
+    console.print(f"{run}: {rec.state} — {rec.reason}. Plots: {', '.join(map(str, paths))}")
+    return paths

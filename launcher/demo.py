@@ -1,0 +1,119 @@
+"""`reslice demo`: the whole story on this machine, in a few minutes.
+
+An embedded cluster with four single-host tpu7x-2x2x1 node pools; a run of the MoE `tiny` config on
+4 slices (32 JAX devices, 4 trainer processes); three slices' capacity removed part-way — the
+controller resumes the run on one slice at the same global batch (4 micro-batches per device
+instead of 1); capacity restored — it grows back to 4 slices; then the segment table, the goodput
+and the plots.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
+from launcher.kube import Kube
+from launcher.launch import create_run, prepare
+from launcher.record import Policy
+from launcher.render import RunSpec
+from launcher.runs import RunDir
+from launcher.status import summarize
+from launcher.watch import watch_run
+
+PRESET = "tpu7x-2x2x1"
+SLICES = 4
+GLOBAL_BATCH = 32
+
+
+def _wait(cond, stop: threading.Event, poll: float = 0.5) -> bool:
+    while not stop.is_set():
+        if cond():
+            return True
+        stop.wait(poll)
+    return False
+
+
+def fault_script(cluster: EmbeddedCluster, kube: Kube, run: str, console: Console, stop: threading.Event,
+                 lose_at: int, regrow_after: int) -> None:  # fmt: skip
+    """Take three slices away once the run has committed step `lose_at`; give them back once the
+    run has trained `regrow_after` steps on the smaller shape."""
+    rundir = RunDir(kube.get_record(run)[0].spec.run_dir)
+    pools = [f"{PRESET}-np-{i}" for i in range(1, SLICES)]
+    if not _wait(lambda: (rundir.latest_committed_step() or 0) >= lose_at, stop):
+        return
+    console.log(f"[bold red]fault:[/] node pools {', '.join(pools)} lost (nodes deleted, pods killed)")
+    for pool in pools:
+        cluster.remove(pool)
+
+    def trained_on_one_slice() -> bool:
+        seg = kube.get_record(run)[0].current
+        return (
+            seg is not None
+            and seg.slices == 1
+            and (rundir.latest_committed_step() or 0) >= (seg.start_step or 0) + regrow_after
+        )
+
+    if not _wait(trained_on_one_slice, stop):
+        return
+    console.log(f"[bold green]capacity back:[/] node pools {', '.join(pools)} restored")
+    for pool in pools:
+        cluster.restore(pool)
+
+
+def run_demo(workdir: Path, steps: int = 80, console: Console | None = None) -> str:
+    console = console or Console()
+    # Trainer processes started by the embedded kubelet share one compilation cache: a shape
+    # compiled once is loaded by every later segment.
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path.home() / ".cache" / "reslice" / "jax"))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    workdir.mkdir(parents=True, exist_ok=True)
+    run = f"demo-{time.strftime('%H%M%S')}"
+    spec = RunSpec(
+        run=run,
+        run_dir=str((workdir / run).resolve()),
+        global_batch=GLOBAL_BATCH,
+        config="tiny",
+        overrides=(f"train.steps={steps}", "checkpoint.interval=5", "moe.ragged_buffer_factor=0"),
+        grace_period_s=30,
+        heartbeat_timeout_s=10,
+        image_pull_policy="Never",
+    )
+    policy = Policy(unschedulable_grace_s=30, grow_window_s=5, app_backoff_s=2)
+    rec, ladder = prepare(spec, PRESET, SLICES, policy)
+    (workdir / "pods").mkdir(exist_ok=True)
+    nodepools = [NodePoolSpec(PRESET, count=SLICES)]
+    with EmbeddedCluster(nodepools=nodepools, mode="process", workdir=workdir / "pods") as cluster:
+        kube = Kube(cluster.api_client(), "default")
+        console.rule(f"reslice demo: {run}")
+        console.print(
+            f"embedded cluster at {cluster.url} with {SLICES} node pools of {PRESET} "
+            f"(kubeconfig {cluster.kubeconfig}); run directory {spec.run_dir}"
+        )
+        console.print(
+            "shrink ladder: "
+            + "; ".join(
+                f"{r.shape}: {r.plan.micro_batch}×{r.plan.grad_accum}"
+                if r.feasible
+                else f"{r.shape}: infeasible"
+                for r in ladder
+            )
+        )
+        create_run(kube, rec)
+        stop = threading.Event()
+        faults = threading.Thread(
+            target=fault_script, args=(cluster, kube, run, console, stop, 10, 10), name="faults", daemon=True
+        )
+        faults.start()
+        try:
+            state = watch_run(kube, run, console=console, resync_s=1.0, lease_s=10)
+        finally:
+            stop.set()
+            faults.join(timeout=5)
+        summarize(kube, run, console)
+        return state
