@@ -184,7 +184,9 @@ def down(
 @app.command()
 def status(
     directory: StateDir = None,
-    all_pods: Annotated[bool, typer.Option("--all", help="List every pod, not the first 50.")] = False,
+    all_pods: Annotated[
+        bool, typer.Option("--all", help="List every node and pod, not the first 50.")
+    ] = False,
 ) -> None:
     """Node pools, nodes and pods of the running cluster."""
     from kubernetes import client, config
@@ -225,6 +227,25 @@ def status(
         )
     console.print(t)
 
+    t = Table(title=f"Nodes ({len(nodes)})")
+    for col in ("node", "node pool", "ready", "google.com/tpu", "taints"):
+        t.add_column(col)
+    for n in nodes if all_pods else nodes[:50]:
+        ready = next((c.status for c in n.status.conditions or [] if c.type == "Ready"), "Unknown")
+        taints = ", ".join(
+            f"{tt.key}:{tt.effect}" for tt in n.spec.taints or [] if tt.key != "google.com/tpu"
+        )
+        t.add_row(
+            n.metadata.name,
+            node_pool.get(n.metadata.name, ""),
+            ready,
+            (n.status.allocatable or {}).get("google.com/tpu", "0"),
+            taints,
+        )
+    console.print(t)
+    if not all_pods and len(nodes) > 50:
+        console.print(f"... {len(nodes) - 50} more nodes (--all)")
+
     t = Table(title=f"Pods ({len(pods)})")
     for col in ("namespace", "pod", "phase", "node pool", "attempt", "reason"):
         t.add_column(col)
@@ -248,7 +269,7 @@ def status(
         )
     console.print(t)
     if len(shown) < len(pods):
-        console.print(f"... {len(pods) - len(shown)} more (--all)")
+        console.print(f"... {len(pods) - len(shown)} more pods (--all)")
 
 
 @app.command()

@@ -45,6 +45,7 @@ def test_cluster_up_status_faults_down(tmp_path, capsys):
         code, out, _ = run(capsys, "status", "--state-dir", d)
         assert code == 0
         assert "tpu7x-2x2x1-np-0" in out and "tpu7x-2x2x1-np-1" in out and "simulate" in out
+        assert all(n.metadata.name in out for n in core.list_node().items)
         assert all(p.metadata.name in out for p in pods)
 
         victim = pods[0].metadata.name

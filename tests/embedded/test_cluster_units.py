@@ -377,3 +377,17 @@ def test_fit_error_counts_each_node_once_per_reason():
         "0/3 nodes are available: 3 Insufficient google.com/tpu. "
         "preemption: 0/3 nodes are available: 3 No preemption victims found for incoming pod."
     )
+
+
+def test_jobset_without_failure_policy_fails_on_the_first_failed_job():
+    js = _js()
+    del js["spec"]["failurePolicy"]
+    crash = _failed_job("r-0-slice-1", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
+    crash["metadata"]["labels"][o.RESTART_ATTEMPT] = "0"
+    plan = jsctl.decide(js, [crash], True, NOW)
+    failed = o.get_condition({"status": plan.status}, "Failed")
+    assert (failed["reason"], failed["message"]) == (
+        "FailedJobs",
+        "jobset failed due to one or more job failures (first failed job: r-0-slice-1)",
+    )
+    assert plan.status["restarts"] == 0 and plan.create_jobs == []
