@@ -18,11 +18,16 @@ COMMIT_MARKER = "_CHECKPOINT_METADATA"
 LEDGER = "events.jsonl"
 
 
-@cache
 def _gcs_client():
+    return _client_for(os.environ.get("STORAGE_EMULATOR_HOST"))
+
+
+@cache
+def _client_for(emulator: str | None):
+    """One client per endpoint (a test may start a new emulator; production has one)."""
     from google.cloud import storage
 
-    if os.environ.get("STORAGE_EMULATOR_HOST"):
+    if emulator:
         from google.auth.credentials import AnonymousCredentials
 
         project = os.environ.get("GOOGLE_CLOUD_PROJECT", "local")

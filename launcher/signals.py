@@ -258,6 +258,7 @@ class Observation:
             "disruptions": list(self.disruptions),
             "lost_nodepools": list(self.lost_nodepools),
             "capacity": {k: len(v) for k, v in self.capacity.items() if v},
+            "pods_alive": self.run_pods_alive,
             "committed_step": self.committed_step,
         }
 
