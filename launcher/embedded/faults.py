@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from launcher.embedded import nodes as nd
 from launcher.embedded import objects as o
-from launcher.embedded.kubelet import SHUTDOWN_MESSAGE
+from launcher.embedded.podstatus import SHUTDOWN_MESSAGE
 from launcher.errors import UserError
 
 if TYPE_CHECKING:

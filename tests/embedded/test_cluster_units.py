@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
+from launcher.embedded import filters, nodes, podenv
 from launcher.embedded import job as jobctl
 from launcher.embedded import jobset as jsctl
-from launcher.embedded import nodes, podenv, scheduler
 from launcher.embedded import objects as o
 from launcher.errors import UserError
 from launcher.presets import make_shape
@@ -72,7 +72,7 @@ def _view(pools_, bound=None):
         for i in range(p.shape.hosts):
             n = nodes.node_object(p, i)
             ns[n["metadata"]["name"]] = n
-    return scheduler.ClusterView(nodes=ns, bound=bound or {})
+    return filters.ClusterView(nodes=ns, bound=bound or {})
 
 
 def test_fit_error_has_the_upstream_shape():
@@ -82,7 +82,7 @@ def test_fit_error_has_the_upstream_shape():
         if "-a-" in n or "-b-" in n:
             view.add(_pod(f"x{n}"), n)
     p = _pod("p", sel={"cloud.google.com/gke-tpu-topology": "2x2x1"})
-    node, msg = scheduler.schedule_one(p, view)
+    node, msg = filters.schedule_one(p, view)
     assert node is None
     assert msg == (
         "0/18 nodes are available: 16 node(s) didn't match Pod's node affinity/selector, "
@@ -91,7 +91,7 @@ def test_fit_error_has_the_upstream_shape():
     )
     untolerated = _pod("q")
     untolerated["spec"]["tolerations"] = []
-    _, msg = scheduler.schedule_one(untolerated, view)
+    _, msg = filters.schedule_one(untolerated, view)
     assert msg.startswith(
         "0/18 nodes are available: 18 node(s) had untolerated taint {google.com/tpu: present}."
     )
@@ -101,17 +101,17 @@ def test_exclusive_placement_keeps_jobs_in_their_own_pool():
     view = _view([pool("tpu7x-2x4x4", "a"), pool("tpu7x-2x4x4", "b")])  # 8 nodes per pool
     topo = "cloud.google.com/gke-nodepool"
     leader_a = _pod("a0", {o.JOB_KEY: "ka"}, affinity=jobctl.exclusive_affinity("ka", topo), tpu=1)
-    node, _ = scheduler.schedule_one(leader_a, view)
+    node, _ = filters.schedule_one(leader_a, view)
     view.add(leader_a, node)
     pool_a = view.domain(node, topo)
     # Job b's leader may not share job a's pool even though a's nodes have free chips.
     leader_b = _pod("b0", {o.JOB_KEY: "kb"}, affinity=jobctl.exclusive_affinity("kb", topo), tpu=1)
-    node_b, _ = scheduler.schedule_one(leader_b, view)
+    node_b, _ = filters.schedule_one(leader_b, view)
     assert view.domain(node_b, topo) != pool_a
     view.add(leader_b, node_b)
     # A third job has nowhere to go: both pools are taken.
     leader_c = _pod("c0", {o.JOB_KEY: "kc"}, affinity=jobctl.exclusive_affinity("kc", topo), tpu=1)
-    node_c, msg = scheduler.schedule_one(leader_c, view)
+    node_c, msg = filters.schedule_one(leader_c, view)
     assert node_c is None
     assert "16 node(s) didn't match pod anti-affinity rules" in msg
 
@@ -372,7 +372,7 @@ def test_hostname_rewrite_and_expansion():
 
 
 def test_fit_error_counts_each_node_once_per_reason():
-    msg = scheduler.fit_error(3, Counter({"Insufficient google.com/tpu": 3}))
+    msg = filters.fit_error(3, Counter({"Insufficient google.com/tpu": 3}))
     assert msg == (
         "0/3 nodes are available: 3 Insufficient google.com/tpu. "
         "preemption: 0/3 nodes are available: 3 No preemption victims found for incoming pod."
