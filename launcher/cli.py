@@ -477,7 +477,9 @@ def sweep(
     console.print(sweep_table(spec, outcome.results, outcome.recommendation))
     console.print(f"written: {', '.join(outcome.outputs)}")
     if not outcome.complete:
-        raise typer.Exit(1)
+        # SystemExit, not typer.Exit: main() runs the app with standalone_mode=False, where click
+        # returns typer.Exit's code instead of exiting with it.
+        sys.exit(1)
 
 
 @app.command("sweep-report")

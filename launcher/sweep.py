@@ -211,11 +211,9 @@ def make_sweep(
     shape = make_shape(preset, slices)
     # Two sequences per device: the smallest batch that gives every device more than one sequence.
     gb = global_batch if global_batch is not None else 2 * shape.devices
-    local = sweep_dir is None or not sweep_dir.startswith("gs://")
-    directory = str(Path(sweep_dir or f"sweeps/{name}").resolve()) if local else sweep_dir.rstrip("/")
     return SweepSpec(
         name=name,
-        sweep_dir=directory,
+        sweep_dir=default_sweep_dir(name, sweep_dir),
         preset=shape.preset.name,
         slices=shape.slices,
         config=config,
@@ -415,8 +413,14 @@ def recommend(results: Sequence[FactorResult], max_drop: float) -> Recommendatio
             choice = r
         else:
             break
-    if choice is None and dropless is None:
+    if not done:
         return Recommendation(None, max_drop, message="no finished run to recommend from")
+    if choice is None and dropless is None:
+        return Recommendation(
+            None,
+            max_drop,
+            message=f"no finished factor keeps drops ≤ {_pct(max_drop, 2)}, and no dropless run finished",
+        )
     ref = dropless.step_time_median_s if dropless else None
     if choice is None:
         assert dropless is not None
@@ -545,8 +549,9 @@ def load_sweep(sweep_dir: str) -> tuple[SweepSpec, list[FactorResult], Recommend
 
 
 def default_sweep_dir(name: str, sweep_dir: str | None) -> str:
+    """`--sweep-dir` as given (gs://) or made absolute (local; default ./sweeps/<name>)."""
     if sweep_dir and sweep_dir.startswith("gs://"):
-        return sweep_dir
+        return sweep_dir.rstrip("/")
     return str(Path(sweep_dir or f"sweeps/{name}").resolve())
 
 
@@ -627,11 +632,13 @@ def plot_sweep(sweep: SweepSpec, results: Sequence[FactorResult], rec: Recommend
         f"{sweep.name}: {sweep.config} on {sweep.preset} x{sweep.slices}, steps {sweep.warmup + 1}–{sweep.steps}"
     )
     bottom.set_ylabel("step time (ms)")
+    bottom.set_ylim(bottom=0)  # from zero: small step-time differences should look small
     bottom.set_xlabel("ragged buffer factor (green: recommended)")
     bottom.set_xticks(xs, [r.label for r in rs])
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -673,7 +680,7 @@ def run_sweep(
     console: Console | None = None,
     live: bool = True,
     stop: threading.Event | None = None,
-    on_launch: Callable[[str], None] | None = None,
+    on_start: Callable[[str, str], None] | None = None,
     on_result: Callable[[FactorResult], None] | None = None,
     resync_s: float = 5.0,
     lease_s: int = 15,
@@ -705,7 +712,8 @@ def run_sweep(
     results: dict[str, FactorResult] = {}
     for p in plans:
         if actions[p.run] == DONE:
-            results[p.run] = result_of(sweep, p.factor, FINISHED, "finished earlier")
+            old = records[p.run]
+            results[p.run] = result_of(sweep, p.factor, FINISHED, old.reason if old else "finished earlier")
         elif actions[p.run] == MISSING:
             results[p.run] = FactorResult(
                 p.factor, p.run, FINISHED, f"finished, but its metrics are gone from {p.record.spec.run_dir}"
@@ -757,8 +765,8 @@ def run_sweep(
             console.print(f"{p.run}: {what}; run directory {p.record.spec.run_dir}")
         active.append(p)
         controller.wake("sweep")
-        if on_launch:
-            on_launch(p.run)
+        if on_start:  # (run, ATTACH | LAUNCH | RELAUNCH)
+            on_start(p.run, action)
 
     def finish(p: FactorRun, rec: RunRecord) -> None:
         active.remove(p)
