@@ -151,9 +151,9 @@ def _run(cluster: EmbeddedCluster, args: argparse.Namespace, t_nodes: float, rss
         typed.append(time.monotonic() - t)
         assert len(items) == hosts
         t = time.monotonic()
-        r = core.list_namespaced_pod("default", _preload_content=False)
-        body = json.loads(r.data)
+        data = core.list_namespaced_pod("default", _preload_content=False).data
         raw.append(time.monotonic() - t)
+        body = json.loads(data)
         assert len(body["items"]) == hosts
         t = time.monotonic()
         core.list_node(_preload_content=False).data  # noqa: B018 - the transfer is what is timed
@@ -164,9 +164,9 @@ def _run(cluster: EmbeddedCluster, args: argparse.Namespace, t_nodes: float, rss
         ).data
         sel.append(time.monotonic() - t)
     print(f"list {hosts} pods, typed client objects : {_ms(typed)}")
-    print(f"list {hosts} pods, raw JSON             : {_ms(raw)}")
-    print(f"list {n_nodes} nodes, raw JSON           : {_ms(nodes_l)}")
-    print(f"list {hosts // args.slices} pods by label selector   : {_ms(sel)}")
+    print(f"list {hosts} pods, response bytes        : {_ms(raw)}  ({len(data) / 2**20:.1f} MiB)")
+    print(f"list {n_nodes} nodes, response bytes       : {_ms(nodes_l)}")
+    print(f"list {hosts // args.slices} pods by label selector, bytes : {_ms(sel)}")
 
     # Watch latency: write a label, time until the event arrives on an open watch.
     rv = core.list_namespaced_pod("default", limit=1).metadata.resource_version
