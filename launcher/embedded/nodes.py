@@ -79,7 +79,7 @@ def expand_pools(specs: list[NodePoolSpec], simulate: bool) -> list[NodePool]:
             else:
                 i = per_preset.get(s.preset, 0)
                 name = f"{s.preset}-np-{i}"
-            per_preset[s.preset] = per_preset.get(s.preset, 0) + 1
+                per_preset[s.preset] = i + 1
             spot = shape.spot if s.spot is None else s.spot
             sim = simulate if s.simulate is None else s.simulate
             pools.append(NodePool(name=name, shape=shape, spot=spot, simulate=sim))

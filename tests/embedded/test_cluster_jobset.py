@@ -198,3 +198,37 @@ def test_success_policy_any_of_a_target():
                 == ["any-0-slice-0", "any-0-workers-1"]
             )
         )
+
+
+def test_per_pool_kubelet_mode_and_simulated_run_time():
+    from kubernetes import client
+
+    from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
+
+    pools = [
+        NodePoolSpec("tpu7x-2x2x1", 1, names=("sim-pool",), simulate=True),
+        NodePoolSpec("tpu7x-2x2x1", 1),
+    ]
+    with EmbeddedCluster(pools, mode="process", sim_duration_s=0.3) as cluster:
+        api = cluster.api_client()
+        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        custom.create_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", rendered("mix", "print('real process')")
+        )
+        wait_for(
+            lambda: (
+                custom.get_namespaced_custom_object(
+                    "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", "mix-0"
+                )
+                .get("status", {})
+                .get("terminalState")
+                == "Completed"
+            ),
+            what="both slices done (one by the timer)",
+        )
+        logs = {}
+        for p in core.list_namespaced_pod("default").items:
+            pool = core.read_node(p.spec.node_name).metadata.labels["cloud.google.com/gke-nodepool"]
+            logs[pool] = core.read_namespaced_pod_log(p.metadata.name, "default").strip()
+            assert p.status.phase == "Succeeded"
+        assert logs == {"sim-pool": "", "tpu7x-2x2x1-np-0": "real process"}
