@@ -2,7 +2,7 @@
 
     reslice cluster up --nodepools tpu7x-2x2x1:4,tpu7x-4x4x4:1     # prints: export KUBECONFIG=...
     reslice cluster status
-    reslice cluster preempt tpu7x-2x2x1-np-0 --grace 30
+    reslice cluster preempt tpu7x-2x2x1-np-0 --grace 15
     reslice cluster down
 
 `up` starts `python -m launcher.embedded` detached, with its pid, URL and kubeconfig in the state
@@ -275,7 +275,12 @@ def status(
 @app.command()
 def preempt(
     nodepool: Annotated[str, typer.Argument(help="Node pool (or a unique suffix of its name).")],
-    grace: Annotated[float, typer.Option("--grace", help="Termination notice in seconds.")] = 30.0,
+    grace: Annotated[
+        float,
+        typer.Option(
+            "--grace", help="Seconds the pods get from SIGTERM to SIGKILL (GKE spot: 15 of the 30 s notice)."
+        ),
+    ] = 15.0,
     wait: Annotated[bool, typer.Option("--wait", help="Return after the nodes are gone.")] = False,
     directory: StateDir = None,
 ) -> None:

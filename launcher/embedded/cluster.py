@@ -180,7 +180,7 @@ class EmbeddedCluster:
             self._gone = set(json.loads(f.read_text()))
 
     # -- faults --------------------------------------------------------------------------------
-    def preempt(self, pool: str, grace_s: float = 30.0, wait: bool = True) -> dict[str, Any]:
+    def preempt(self, pool: str, grace_s: float = 15.0, wait: bool = True) -> dict[str, Any]:
         return faults.preempt(self, pool, grace_s, wait)
 
     def remove(self, pool: str) -> dict[str, Any]:
@@ -236,7 +236,7 @@ class EmbeddedCluster:
                 return 405, _status(405, "MethodNotAllowed", f"{method} {path}")
             if action == "preempt":
                 out = self.preempt(
-                    args["nodepool"], float(args.get("grace_s", 30.0)), wait=bool(args.get("wait", False))
+                    args["nodepool"], float(args.get("grace_s", 15.0)), wait=bool(args.get("wait", False))
                 )
             elif action == "remove":
                 out = self.remove(args["nodepool"])
