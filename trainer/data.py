@@ -68,15 +68,43 @@ class SyntheticSource:
         return self.n
 
     def __getitem__(self, i: int) -> np.ndarray:
-        rng = np.random.default_rng((self.seed, int(i)))
-        u = rng.random((2, self.length))
-        fresh = self.rank_to_token[np.minimum(np.searchsorted(self.cdf, u[0]), self.v - 1)]
-        is_fresh = u[1] >= self.copy_prob
-        is_fresh[0] = True
+        return self.records(np.array([i]))[0]
+
+    def records(self, ids: np.ndarray) -> np.ndarray:
+        """[n] ids -> [n, seq_len + 1] int32, vectorised over the whole batch."""
         pos = np.arange(self.length)
-        start = np.maximum.accumulate(np.where(is_fresh, pos, 0))
+        u_token = _uniform(self.seed, 1, ids, self.length)
+        u_copy = _uniform(self.seed, 2, ids, self.length)
+        fresh = self.rank_to_token[np.minimum(np.searchsorted(self.cdf, u_token), self.v - 1)]
+        is_fresh = u_copy >= self.copy_prob
+        is_fresh[:, 0] = True
+        start = np.maximum.accumulate(np.where(is_fresh, pos, 0), axis=1)  # where the current run began
         off = pos - start
-        return ((self.mul[off] * fresh[start] + self.add[off]) % self.v).astype(np.int32)
+        first = np.take_along_axis(fresh, start, axis=1)
+        return ((self.mul[off] * first + self.add[off]) % self.v).astype(np.int32)
+
+
+_M1, _M2, _GOLDEN = (
+    np.uint64(0xBF58476D1CE4E5B9),
+    np.uint64(0x94D049BB133111EB),
+    np.uint64(0x9E3779B97F4A7C15),
+)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a counter-based generator needs no per-record state."""
+    z = (z ^ (z >> np.uint64(30))) * _M1
+    z = (z ^ (z >> np.uint64(27))) * _M2
+    return z ^ (z >> np.uint64(31))
+
+
+def _uniform(seed: int, stream: int, ids: np.ndarray, length: int) -> np.ndarray:
+    """Uniform [0, 1) floats, a pure function of (seed, stream, id, position)."""
+    with np.errstate(over="ignore"):
+        key = _mix(np.array([seed * 4 + stream], np.uint64) * _GOLDEN)
+        rows = _mix(key ^ (np.asarray(ids, np.uint64) * _GOLDEN))
+        z = _mix(rows[:, None] + np.arange(length, dtype=np.uint64)[None, :] * _GOLDEN)
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 class TokenFileSource:
@@ -197,15 +225,21 @@ class StepBatch:
         self.source, self.order, self.layout = source, order, layout
 
     def __call__(self, step: int) -> dict[str, Any]:
-        n = len(self.order)
-        pos = self.layout.local_positions(int(step))
-        ids = np.array([self.order[int(r)] % n for r in pos.ravel()], np.int64).reshape(pos.shape)
-        tokens = np.stack([self.source[int(i)] for i in ids.ravel()]).reshape(*pos.shape, -1)
-        batch = {"step": int(step), "ids": ids, "tokens": tokens}
-        if self.layout.process_index == 0:  # the writer of metrics: digest of the *global* batch
-            every = global_sample_ids(self.order, int(step), self.layout.global_batch)
-            batch["digest"], batch["first_sample"] = sample_digest(every), int(every[0])
-        return batch
+        every = global_sample_ids(self.order, int(step), self.layout.global_batch)
+        pos = self.layout.local_positions(int(step)) - int(step) * self.layout.global_batch
+        ids = every[pos]
+        read = getattr(self.source, "records", None)
+        if read is not None:
+            tokens = read(ids.ravel())
+        else:
+            tokens = np.stack([self.source[int(i)] for i in ids.ravel()])
+        return {
+            "step": int(step),
+            "ids": ids,
+            "tokens": tokens.reshape(*pos.shape, -1),
+            "digest": sample_digest(every),  # of the *global* batch: the same on every shape
+            "first_sample": int(every[0]),
+        }
 
 
 def make_dataset(

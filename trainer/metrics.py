@@ -57,10 +57,16 @@ class RunWriter:
             self._lines.append(line)
             if time.monotonic() - self._last_flush >= self.flush_seconds:
                 self.flush()
-        tb = self._tensorboard()
-        for key, value in record.items():
-            if "/" in key and isinstance(value, (int, float)) and not isinstance(value, bool):
-                tb.add_scalar(key, value, record["step"])
+        from tensorboardX.proto.summary_pb2 import Summary
+
+        # One event per step holding every scalar: each event is a multiprocessing-queue put in
+        # tensorboardX, too costly to pay per key on the training host.
+        values = [
+            Summary.Value(tag=k, simple_value=float(v))
+            for k, v in record.items()
+            if "/" in k and isinstance(v, (int, float)) and not isinstance(v, bool)
+        ]
+        self._tensorboard()._get_file_writer().add_summary(Summary(value=values), record["step"])
 
     def flush(self) -> None:
         if not self.enabled:

@@ -1,0 +1,143 @@
+"""Training-loop overhead against a bare jitted step, measured side by side in one process.
+
+    python -m bench.trainer_overhead [--config tiny] [--set key=value ...] [--steps N]
+
+1. bare: the jitted train step of the config, called back to back on one device-resident batch,
+   keeping one step in flight like the loop does (queueing every step at once is slower on the
+   simulated CPU devices, which would flatter the loop).
+2. loop: ``trainer.loop.run`` on the same config: data pipeline, metrics every step (JSON lines,
+   TensorBoard), async Orbax checkpoints at the config's interval. Its per-step wall time is taken
+   from the metrics records between step 1 (compile) and the last step (whose final save is not
+   steady state), so it includes the blocking part of every intermediate save.
+3. bare again; a round's ratio is loop / mean(bare before, bare after). Several rounds, the median
+   is reported: the simulated devices share the host's cores with everything else on it.
+
+Defaults: ``tiny`` with a global batch of 128 (a step long enough that the host's per-step work is
+measured against real device work on the simulated CPU devices), 8 devices, 3 intervals + 1 steps.
+Prints figures; it is not a timed test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+class Bare:
+    """The config's jitted train step on one device-resident batch, nothing else."""
+
+    def __init__(self, cfg) -> None:
+        import jax
+        import numpy as np
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        from trainer import data, moe
+        from trainer.mesh import batch_sharding, make_mesh
+        from trainer.step import abstract_state, init_state, make_train_step
+
+        self.mesh = make_mesh(cfg.moe.num_experts, cfg.mesh.expert)
+        gb, a, seq = cfg.train.global_batch, cfg.train.grad_accum, cfg.model.seq_len
+        with jax.set_mesh(self.mesh):
+            graphdef, abstract = abstract_state(cfg, self.mesh)
+            self.state = init_state(cfg, self.mesh, abstract)
+            self.step = make_train_step(cfg, graphdef, self.mesh, abstract)
+            batch = next(
+                iter(data.make_dataset(cfg.data, cfg.model.vocab_size, seq, data.Layout(gb, a), 0, 1))
+            )
+            self.tokens = jax.device_put(batch["tokens"], batch_sharding(self.mesh))
+            self.stop = jax.device_put(
+                np.zeros(self.mesh.size, np.int32), NamedSharding(self.mesh, P(moe.BATCH_AXES))
+            )
+        self.seconds_per_step(1)  # compile
+
+    def seconds_per_step(self, steps: int) -> float:
+        import jax
+
+        with jax.set_mesh(self.mesh):
+            state, m = self.step(self.state, self.tokens, self.stop)
+            jax.block_until_ready(m)
+            start = time.perf_counter()
+            for _ in range(steps):
+                previous = m
+                state, m = self.step(state, self.tokens, self.stop)
+                jax.block_until_ready(previous)  # one step in flight, as in the loop
+            jax.block_until_ready((state, m))
+            elapsed = time.perf_counter() - start
+            self.state = state
+        return elapsed / steps
+
+
+def _loop_round(cfg_name: str, overrides: list[str], steps: int) -> list[dict]:
+    from trainer import config, loop
+
+    with tempfile.TemporaryDirectory(prefix="reslice-bench-") as tmp:
+        cfg = config.resolve(cfg_name, [*overrides, f"train.steps={steps}", f"run_dir={tmp}"], {})
+        if loop.run(cfg, {}) != 0:
+            raise SystemExit("bench: the training loop did not finish")
+        records = [
+            json.loads(line) for f in sorted(Path(tmp, "metrics").glob("*.jsonl")) for line in f.open()
+        ]
+    return sorted(records, key=lambda r: r["step"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.trainer_overhead", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--config", default="tiny")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--steps", type=int, default=0, help="loop steps (default: 3 checkpoint intervals + 1)"
+    )
+    parser.add_argument("--devices", type=int, default=8, help="simulated CPU devices when no accelerator")
+    parser.add_argument("--rounds", type=int, default=2, help="loop runs, each between two bare measurements")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(args.devices))
+
+    from trainer import config
+
+    overrides = ["train.global_batch=128", *args.set] if args.config == "tiny" else list(args.set)
+    overrides.append("metrics.log_every=1000000")
+    cfg = config.resolve(args.config, overrides, {})
+    steps = args.steps or 3 * cfg.checkpoint.interval + 1
+    bare_steps = max(steps // 2, 10)
+    bare = Bare(cfg)
+    bares, loops, records = [bare.seconds_per_step(bare_steps)], [], []
+    for _ in range(args.rounds):
+        records = _loop_round(args.config, overrides, steps)
+        # Step 1 compiles; the final step's save is not steady state: time from step 1 to the end.
+        loops.append((records[-1]["time"] - records[0]["time"]) / (len(records) - 1))
+        bares.append(bare.seconds_per_step(bare_steps))
+    ratios = [lp / ((b0 + b1) / 2) for lp, b0, b1 in zip(loops, bares, bares[1:], strict=False)]
+    saves = [r["perf/checkpoint_save_seconds"] for r in records if r["perf/checkpoint_save_seconds"] > 0]
+    data_s = [r["perf/data_loading_seconds"] for r in records[1:]]
+    print(f"config {cfg.name}: global batch {cfg.train.global_batch}, {records[-1]['devices']} devices,"
+          f" checkpoint every {cfg.checkpoint.interval} steps, {steps} loop steps x {args.rounds} rounds")  # fmt: skip
+    print(f"bare jitted step        {statistics.median(bares) * 1e3:8.2f} ms/step  (each: {_ms(bares)})")
+    print(f"training loop           {statistics.median(loops) * 1e3:8.2f} ms/step  (each: {_ms(loops)})")
+    print(
+        f"overhead ratio          {statistics.median(ratios):8.3f}        (each: {', '.join(f'{r:.3f}' for r in ratios)}; target <= 1.03)"
+    )
+    print(
+        f"save blocking time      {statistics.mean(saves) * 1e3:8.2f} ms mean, {max(saves) * 1e3:.2f} ms max over {len(saves)} saves"
+    )
+    print(
+        f"data loading (blocking) {statistics.median(data_s) * 1e3:8.2f} ms/step median, {statistics.mean(data_s) * 1e3:.2f} mean"
+    )
+    return 0
+
+
+def _ms(values: list[float]) -> str:
+    return ", ".join(f"{v * 1e3:.1f}" for v in values)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
