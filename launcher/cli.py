@@ -502,7 +502,8 @@ def sweep_report(
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one line and exit 2 for every user error."""
     try:
-        app(args=argv, prog_name="reslice", standalone_mode=False)
+        # Without standalone mode, typer returns a command's exit code instead of exiting.
+        code = app(args=argv, prog_name="reslice", standalone_mode=False)
     except UserError as e:
         print(f"reslice: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -514,6 +515,7 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         print("reslice: aborted", file=sys.stderr)
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
