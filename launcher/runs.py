@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 
-COMMIT_MARKER = "_CHECKPOINT_METADATA"
+COMMIT_MARKER = "commit_success.txt"  # Orbax writes it last (docs/contract.md)
 LEDGER = "events.jsonl"
 
 
@@ -133,6 +133,7 @@ class RunDir:
 
         Orbax writes into a temporary directory and renames it (local disk), or writes the commit
         marker last (GCS); a step without the marker may be half written and is never counted.
+        (`_CHECKPOINT_METADATA` is no marker: Orbax writes it when a save starts.)
         """
         steps = [int(name) for name in self.list_dir("checkpoints") if name.isdigit()]
         return sorted(s for s in steps if self.exists(f"checkpoints/{s}/{COMMIT_MARKER}"))

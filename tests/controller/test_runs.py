@@ -42,10 +42,13 @@ def test_read_write_and_listing(rundir):
 
 
 def test_only_committed_checkpoints_count(rundir):
-    rundir.write_text("checkpoints/10/_CHECKPOINT_METADATA", "{}")
-    rundir.write_text("checkpoints/20/_CHECKPOINT_METADATA", "{}")
-    rundir.write_text("checkpoints/30/state/data", "x")  # half written: no commit marker
-    rundir.write_text("checkpoints/40.orbax-checkpoint-tmp-123/_CHECKPOINT_METADATA", "{}")
+    for step in (10, 20):
+        rundir.write_text(f"checkpoints/{step}/_CHECKPOINT_METADATA", "{}")
+        rundir.write_text(f"checkpoints/{step}/commit_success.txt", "Checkpoint commit was successful")
+    # Half written on gs://: Orbax wrote the metadata at the start of the save, not the commit file.
+    rundir.write_text("checkpoints/30/_CHECKPOINT_METADATA", "{}")
+    rundir.write_text("checkpoints/30/state/data", "x")
+    rundir.write_text("checkpoints/40.orbax-checkpoint-tmp-123/commit_success.txt", "x")  # local, not renamed
     assert rundir.committed_steps() == [10, 20]
     assert rundir.latest_committed_step() == 20
 
