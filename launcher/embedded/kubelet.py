@@ -198,8 +198,18 @@ class Kubelet(Controller):
         if run is None:
             if node not in self._known_nodes:
                 return None
-            self._start(pod, node)
+            if o.pod_phase(pod) == "Running":
+                self._lost(pod)  # ran under an earlier kubelet (cluster restarted): its processes are gone
+            else:
+                self._start(pod, node)
         return None
+
+    def _lost(self, pod: dict[str, Any]) -> None:
+        m = o.meta(pod)
+        run = PodRun(m["uid"], m.get("namespace") or "default", m["name"], pod["spec"]["nodeName"], True)
+        codes = {c["name"]: 137 for c in (pod.get("spec") or {}).get("containers") or []}
+        start = (pod.get("status") or {}).get("startTime") or ""
+        self._write(run, lambda p: terminated_status(p, codes, start, {}, {}, False, o.rfc3339(), lost=True))
 
     # -- starting ------------------------------------------------------------------------------
     def _start(self, pod: dict[str, Any], node: str) -> None:

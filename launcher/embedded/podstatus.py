@@ -12,6 +12,7 @@ from launcher.embedded import objects as o
 
 SHUTDOWN_REASON = "Terminated"
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
+LOST_MESSAGE = "The container could not be located when the pod was terminated"
 
 
 def running_status(pod: Mapping[str, Any], started: str, ids: Mapping[str, str]) -> dict[str, Any]:
@@ -63,7 +64,10 @@ def terminated_status(
     ids: Mapping[str, str],
     shutdown: bool,
     when: str,
+    lost: bool = False,
 ) -> dict[str, Any]:
+    """`lost`: the containers vanished with a previous kubelet (the cluster restarted): exit code
+    137, reason ContainerStatusUnknown, as the kubelet reports a container it can no longer find."""
     st = copy.deepcopy(dict(pod.get("status") or {}))
     conds = st.setdefault("conditions", [])
     for t in ("PodReadyToStartContainers",):
@@ -85,7 +89,10 @@ def terminated_status(
                 "state": {
                     "terminated": {
                         "exitCode": code,
-                        "reason": "Completed" if code == 0 else "Error",
+                        "reason": "ContainerStatusUnknown"
+                        if lost
+                        else ("Completed" if code == 0 else "Error"),
+                        **({"message": LOST_MESSAGE} if lost else {}),
                         "startedAt": started or when,
                         "finishedAt": finished.get(c["name"], when),
                         "containerID": ids.get(c["name"], ""),

@@ -91,3 +91,52 @@ def test_cluster_up_user_errors(tmp_path, capsys, args, text):
     code, out, err = run(capsys, *args, "--state-dir", str(tmp_path))
     assert code == 2 and text in err and err.count("\n") == 1
     assert out == "" and not (tmp_path / "cluster.json").exists()
+
+
+def test_a_crashed_cluster_comes_back_with_its_pods_lost(tmp_path, capsys):
+    """SIGKILL the cluster process: its pods' processes are orphaned. `up` again on the same state:
+    the objects are back, and pods that were Running report their containers lost (137)."""
+    import os
+    import signal
+
+    d = str(tmp_path / "c")
+    assert run(capsys, "up", "--nodepools", "tpu7x-2x2x1:2", "--state-dir", d)[0] == 0
+    info = read_info(tmp_path / "c")
+    api = config.new_client_from_config(config_file=info["kubeconfig"])
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    custom.create_namespaced_custom_object(
+        GROUP, VERSION, "default", "jobsets", rendered("crash", "import time; time.sleep(60)", max_restarts=0)
+    )
+    pods = wait_for(
+        lambda: (
+            len(p := [x for x in core.list_namespaced_pod("default").items if x.status.phase == "Running"])
+            == 2
+            and p
+        )
+    )
+    os.kill(info["pid"], signal.SIGKILL)
+    for p in pods:  # the orphans: what a crashed node leaves behind, cleaned up by hand here
+        os.kill(int(p.status.container_statuses[0].container_id.removeprefix("process://")), signal.SIGKILL)
+    wait_for(
+        lambda: read_info(tmp_path / "c") is None or read_info(tmp_path / "c")["pid"] != info["pid"],
+        what="crash",
+    )
+    try:
+        assert run(capsys, "up", "--nodepools", "tpu7x-2x2x1:2", "--state-dir", d)[0] == 0
+        info = read_info(tmp_path / "c")
+        api = config.new_client_from_config(config_file=info["kubeconfig"])
+        core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+        js = wait_for(
+            lambda: (
+                (j := custom.get_namespaced_custom_object(GROUP, VERSION, "default", "jobsets", "crash-0"))[
+                    "status"
+                ].get("terminalState")
+                and j
+            )
+        )
+        assert js["status"]["terminalState"] == "Failed"
+        lost = core.read_namespaced_pod(pods[0].metadata.name, "default")
+        term = lost.status.container_statuses[0].state.terminated
+        assert (lost.status.phase, term.exit_code, term.reason) == ("Failed", 137, "ContainerStatusUnknown")
+    finally:
+        run(capsys, "down", "--state-dir", d)
