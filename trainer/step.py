@@ -104,7 +104,7 @@ def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: n
         lr = lr_at(opt.step[...])
         opt.update(model, grads)
         layers = parts["layers"]  # [A, L, 3]
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         # The flag's cross-device max must not be independent of the micro-batch loop: XLA:CPU can
         # run a top-level collective and the loop's collectives in different orders on different
         # devices and deadlock. Adding (grad_norm < 0), always 0, orders it after the loop.
