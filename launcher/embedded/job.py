@@ -364,6 +364,16 @@ def decide(
 # ---- the controller ---------------------------------------------------------------------------
 
 
+def wire_status(status: dict[str, Any]) -> dict[str, Any]:
+    """JobStatus as the API serializes it: `omitempty` counters and lists left out when zero/empty
+    (`ready`, `terminating` and `uncountedTerminatedPods` are pointers, so they stay)."""
+    out = dict(status)
+    for k in ("active", "succeeded", "failed", "conditions", "completedIndexes"):
+        if not out.get(k):
+            out.pop(k, None)
+    return out
+
+
 def finished(pod: Mapping[str, Any]) -> bool:
     """A pod whose tracking finalizer may go: terminal, or deleted before it ever ran.
 
@@ -470,9 +480,10 @@ class JobController(Controller):
         for pod in plan.create:
             created = self.store.create(self.pods, pod, ns)
             self.recorder.event(job, "Normal", "SuccessfulCreate", f"Created pod: {o.meta(created)['name']}")
-        if plan.status != (job.get("status") or {}):
+        status = wire_status(plan.status)
+        if status != (job.get("status") or {}):
             job = dict(job)
-            job["status"] = plan.status
+            job["status"] = status
             self.store.update(self.jobs, job, subresource="status")
         self._release(release)
         for etype, reason, msg in plan.events:

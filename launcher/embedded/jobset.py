@@ -458,9 +458,12 @@ class JobSetController(Controller):
                     raise
         for jname, suspend in plan.suspend_jobs.items():
             self.store.patch(self.jobs, ns, jname, {"spec": {"suspend": suspend}}, "merge")
-        if plan.status != (js.get("status") or {}):
+        status = dict(plan.status)
+        if not status.get("conditions"):
+            status.pop("conditions", None)  # omitempty, as the API serializes it
+        if status != (js.get("status") or {}):
             js = dict(js)
-            js["status"] = plan.status
+            js["status"] = status
             self.store.update(self.jobsets, js, subresource="status")
         for etype, reason, msg in plan.events:
             self.recorder.event(js, etype, reason, msg)
