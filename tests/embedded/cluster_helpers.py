@@ -4,7 +4,6 @@ rendered JobSets with a tiny command instead of the trainer, and polling."""
 from __future__ import annotations
 
 import contextlib
-import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,7 +16,6 @@ from launcher.presets import make_shape
 from launcher.render import RunSpec, render_jobset
 
 GROUP, VERSION = "jobset.x-k8s.io", "v1alpha2"
-RULE_NAME = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
 
 
 @dataclass
@@ -85,11 +83,6 @@ def rendered(
         run=run, run_dir=f"/tmp/{run}", global_batch=49152, grace_period_s=grace_s, max_restarts=max_restarts
     )
     js = render_jobset(spec, make_shape(preset, slices), segment)
-    # The JobSet webhook only admits rule names matching RULE_NAME; until the renderer's names do
-    # (docs: report of the cluster half), make them valid without changing what they match.
-    for r in js["spec"]["failurePolicy"]["rules"]:
-        if not RULE_NAME.match(r["name"]):
-            r["name"] = r["name"].replace("-", "_")
     pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     pod["containers"][0]["command"] = ["python", "-c", script]
     return js

@@ -122,7 +122,7 @@ def test_blocking_recreate_waits_until_every_old_pod_is_gone():
         restarting = wait_for(
             lambda: (c := condition(kube.jobset("blk-0"), "RestartingJobSet")) and c["status"] == "True" and c
         )
-        assert restarting["reason"].startswith("FailurePolicy_app")  # the renderer's app-failure rule
+        assert restarting["reason"] == "FailurePolicy_appFailure"  # the renderer's rule for crashes
         assert (
             restarting["message"]
             == "applying RestartJobSet failure policy action (first failed job: blk-0-slice-1)"

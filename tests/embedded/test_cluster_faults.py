@@ -79,7 +79,7 @@ def test_preempt_is_the_spot_sequence_and_restarts_without_counting():
             e.message for e in kube.events("Killing", "Pod") if e.involved_object.name == victim.metadata.name
         ]
         assert killing == ["Stopping container trainer"]
-        assert [e.reason for e in kube.events(kind="Node")] == ["RemovingNode"]
+        assert wait_for(lambda: [e.reason for e in kube.events(kind="Node")]) == ["RemovingNode"]
         # DisruptionTarget matched rule 0 → "preempted" → restart without spending maxRestarts (0).
         js = wait_for(lambda: (j := kube.jobset("spot-0"))["status"].get("restarts") == 1 and j)
         assert js["status"].get("restartsCountTowardsMax", 0) == 0 and "terminalState" not in js["status"]

@@ -109,12 +109,13 @@ def test_unschedulable_slice_stays_pending_with_the_scheduler_message():
             and ev[0].involved_object.name == pod.metadata.name
         )
         assert ev[0].source.component == "default-scheduler"
-        running_pods = [p for p in kube.pods() if p.status.phase == "Running"]
-        assert len(running_pods) == 1
-        js = kube.jobset("wide-0")
-        assert sorted((s["ready"], s["active"]) for s in js["status"]["replicatedJobsStatus"]) == [
-            (1, 2)
-        ]  # one Job ready, both active
+        wait_for(
+            lambda: sum(p.status.phase == "Running" for p in kube.pods()) == 1, what="the other slice running"
+        )
+        st = wait_for(
+            lambda: (s := kube.jobset("wide-0")["status"]["replicatedJobsStatus"][0])["ready"] == 1 and s
+        )
+        assert (st["ready"], st["active"]) == (1, 2)  # one Job ready, both active
 
 
 def test_simulated_jobset_completes_then_ttl_deletes_it():
@@ -168,14 +169,14 @@ def test_suspend_and_resume():
         wait_for(lambda: len(kube.batch.list_namespaced_job("default").items) == 2)
         assert all(j.spec.suspend for j in kube.batch.list_namespaced_job("default").items)
         assert kube.pods() == []
-        assert kube.jobset("sus-0")["status"]["replicatedJobsStatus"][0]["suspended"] == 2
+        wait_for(lambda: kube.jobset("sus-0")["status"]["replicatedJobsStatus"][0]["suspended"] == 2)
         kube.custom.patch_namespaced_custom_object(
             "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", "sus-0", {"spec": {"suspend": False}}
         )
         wait_for(lambda: sum(p.status.phase == "Running" for p in kube.pods()) == 2, what="pods after resume")
         st = condition(kube.jobset("sus-0"), "Suspended")
         assert (st["status"], st["reason"]) == ("False", "ResumeJobs")
-        assert [e.message for e in kube.events("ResumeJobs")] == ["jobset is resumed"]
+        assert wait_for(lambda: [e.message for e in kube.events("ResumeJobs")]) == ["jobset is resumed"]
 
 
 def test_success_policy_any_of_a_target():
