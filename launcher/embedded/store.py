@@ -568,8 +568,11 @@ class Store:
         if merged == old:
             return rec  # a no-op write commits nothing, as on a real server
         finalized = old["metadata"].get("finalizers") and not merged["metadata"].get("finalizers")
-        if finalized and merged["metadata"].get("deletionTimestamp"):
-            return self._remove(res, rec, merged)  # the last finalizer is gone
+        # The last finalizer is gone: removed, unless a graceful deletion is still running (a pod
+        # the kubelet has not finished terminating), as upstream's shouldDeleteDuringUpdate.
+        grace = merged["metadata"].get("deletionGracePeriodSeconds")
+        if finalized and merged["metadata"].get("deletionTimestamp") and not grace:
+            return self._remove(res, rec, merged)
         return self._commit(res, MODIFIED, merged, rec)
 
     def _merge_main(self, res: Resource, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:

@@ -50,6 +50,19 @@ def test_graceful_deletion_of_a_bound_pod(api: Api) -> None:
     assert not _exists(api.core.read_namespaced_pod, "p", "default")
 
 
+def test_removing_the_last_finalizer_does_not_cut_a_graceful_deletion_short(api: Api) -> None:
+    # Upstream deletes during an update only when the grace period is 0: a terminating pod that
+    # loses its last finalizer stays until the kubelet's final delete.
+    body = pod("p", node="n1")
+    body["metadata"]["finalizers"] = ["batch.kubernetes.io/job-tracking"]
+    api.core.create_namespaced_pod("default", body)
+    api.core.delete_namespaced_pod("p", "default")
+    api.core.patch_namespaced_pod("p", "default", {"metadata": {"finalizers": None}})
+    assert api.core.read_namespaced_pod("p", "default").metadata.deletion_timestamp is not None
+    api.core.delete_namespaced_pod("p", "default", grace_period_seconds=0)
+    assert not _exists(api.core.read_namespaced_pod, "p", "default")
+
+
 def test_unbound_and_terminal_pods_go_at_once(api: Api) -> None:
     api.core.create_namespaced_pod("default", pod("pending"))
     api.core.create_namespaced_pod("default", pod("done", node="n1"))
