@@ -28,7 +28,7 @@ from trainer.checkpoint import Checkpointer
 from trainer.config import Config, ConfigError, config_hash, identity
 from trainer.mesh import batch_sharding, make_mesh
 from trainer.metrics import RunWriter
-from trainer.step import abstract_state, init_state, make_train_step
+from trainer.step import abstract_state, init_state, make_train_step, unpack
 
 EXIT_FINISHED, EXIT_CONFIG, EXIT_PREEMPTED = 0, 2, 42
 
@@ -97,7 +97,7 @@ class Recorder:
         tflops = self.flops_per_token * tokens_per_sec / self.plan.devices / 1e12
         layers = [
             {"dropped_rows": int(d), "total_rows": int(t), "max_load_over_balanced": float(x)}
-            for d, t, x in zip(m["moe_dropped"], m["moe_total"], m["moe_load"], strict=True)
+            for d, t, x in m["layers"]
         ]
         return {
             "step": n, "segment": self.segment, "restart_attempt": self.attempt, "time": time.time(),
@@ -169,6 +169,12 @@ def run(cfg: Config, env: Mapping[str, str]) -> int:
                 (plan.grad_accum, gb // plan.grad_accum, seq + 1),
             )
             flag_sharding, local_devices = NamedSharding(mesh, P(moe.BATCH_AXES)), len(mesh.local_devices)
+            flags = {  # the two possible values of this process's SIGTERM flag, built once
+                v: jax.make_array_from_process_local_data(
+                    flag_sharding, np.full((local_devices,), int(v), np.int32), (mesh.size,)
+                )
+                for v in (False, True)
+            }
 
             pending = None  # (n, device metrics, batch, data seconds) of the step in flight
             last_done, stop, n = time.perf_counter(), False, start
@@ -177,7 +183,7 @@ def run(cfg: Config, env: Mapping[str, str]) -> int:
                 """Wait for the pending step, build its record, learn whether anyone was preempted."""
                 nonlocal pending, last_done, stop
                 pn, dm, batch, data_s = pending
-                m = jax.device_get(dm)
+                m = unpack(jax.device_get(dm))
                 now = time.perf_counter()
                 rec = recorder(pn, m, batch, data_s, now - last_done)
                 last_done, pending = now, None
@@ -198,8 +204,7 @@ def run(cfg: Config, env: Mapping[str, str]) -> int:
                 tokens = jax.make_array_from_process_local_data(
                     tokens_sharding, batch["tokens"], global_shape
                 )
-                flag = np.full((local_devices,), int(preemption.requested), np.int32)
-                stop_in = jax.make_array_from_process_local_data(flag_sharding, flag, (mesh.size,))
+                stop_in = flags[preemption.requested]
                 data_s = time.perf_counter() - t0
                 state, dm = train_step(state, tokens, stop_in)
                 if pending is not None:

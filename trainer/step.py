@@ -69,6 +69,17 @@ def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
 
 
+SCALARS = ("loss", "total_loss", "lb_loss", "z_loss", "grad_norm", "lr", "stop")
+
+
+def unpack(metrics: dict) -> dict[str, Any]:
+    """Host-side view of a step's metrics: the named scalars and ``layers`` [MoE layers, 3]
+    (dropped rows, routed rows, largest load over balanced)."""
+    out = dict(zip(SCALARS, (float(x) for x in metrics["scalars"]), strict=True))
+    out["layers"] = metrics["layers"]
+    return out
+
+
 def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: nnx.State) -> Callable:
     """jit(state, tokens [A, GB/A, T+1], stop [devices]) -> (state, metrics).
 
@@ -109,17 +120,20 @@ def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: n
         # run a top-level collective and the loop's collectives in different orders on different
         # devices and deadlock. Adding (grad_norm < 0), always 0, orders it after the loop.
         stop_any = jnp.max(stop + (grad_norm < 0).astype(stop.dtype))
-        metrics = {
-            "loss": parts["ce"].mean(),
-            "total_loss": total.mean(),
-            "lb_loss": parts["lb"].mean(),
-            "z_loss": parts["z"].mean(),
-            "grad_norm": grad_norm,
-            "lr": lr,
-            "moe_dropped": layers[..., 0].sum(0),
-            "moe_total": layers[..., 1].sum(0),
-            "moe_load": layers[..., 2].max(0) if layers.shape[0] else layers[..., 2].sum(0),
-            "stop": stop_any,
+        scalars = [
+            parts["ce"].mean(),
+            total.mean(),
+            parts["lb"].mean(),
+            parts["z"].mean(),
+            grad_norm,
+            lr,
+            stop_any,
+        ]
+        metrics = {  # two arrays, not a dozen: one device-to-host transfer each per step
+            "scalars": jnp.stack([jnp.asarray(x, jnp.float32) for x in scalars]),
+            "layers": jnp.stack(
+                [layers[..., 0].sum(0), layers[..., 1].sum(0), layers[..., 2].max(0)], axis=-1
+            ),
         }
         return nnx.state((model, opt)), metrics
 

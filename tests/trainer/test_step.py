@@ -9,7 +9,7 @@ from jax.sharding import PartitionSpec as P
 
 from trainer import config, data, moe
 from trainer.mesh import batch_sharding, make_mesh
-from trainer.step import abstract_state, init_state, make_train_step
+from trainer.step import abstract_state, init_state, make_train_step, unpack
 
 
 def test_accumulating_two_micro_batches_equals_one_batch(cpu8: list) -> None:
@@ -28,10 +28,10 @@ def test_accumulating_two_micro_batches_equals_one_batch(cpu8: list) -> None:
             tokens = jax.device_put(batch["tokens"].reshape(accum, 16 // accum, -1), batch_sharding(mesh))
             for _ in range(2):  # the first step has lr 0 (warmup): take a real update too
                 state, metrics = step(state, tokens, stop)
-            out[accum] = (jax.device_get(metrics), jax.device_get(jax.tree.leaves(state)))
+            out[accum] = (unpack(jax.device_get(metrics)), jax.device_get(jax.tree.leaves(state)))
     (m1, p1), (m2, p2) = out[1], out[2]
-    assert m1["moe_total"].shape == (1,)  # one MoE layer after the dense one
-    assert m1["moe_total"][0] == 16 * 32 * 2 and m2["moe_total"][0] == m1["moe_total"][0]
+    assert m1["layers"].shape == (1, 3)  # one MoE layer after the dense one
+    assert m1["layers"][0, 1] == 16 * 32 * 2 and m2["layers"][0, 1] == m1["layers"][0, 1]
     assert float(m1["stop"]) == 0.0
     for key in ("loss", "total_loss", "lb_loss", "z_loss", "grad_norm"):
         assert abs(float(m1[key]) - float(m2[key])) < 1e-5, key
