@@ -164,16 +164,14 @@ def run(cfg: Config, env: Mapping[str, str]) -> int:
             writer.status(state="running", step=start, **status)
             train_step = make_train_step(cfg, graphdef, mesh, abstract)
             batches = iter(data.make_dataset(cfg.data, cfg.model.vocab_size, seq, layout, start, total_steps))
-            tokens_sharding, global_shape = (
-                batch_sharding(mesh),
-                (plan.grad_accum, gb // plan.grad_accum, seq + 1),
-            )
-            flag_sharding, local_devices = NamedSharding(mesh, P(moe.BATCH_AXES)), len(mesh.local_devices)
-            flags = {  # the two possible values of this process's SIGTERM flag, built once
-                v: jax.make_array_from_process_local_data(
-                    flag_sharding, np.full((local_devices,), int(v), np.int32), (mesh.size,)
-                )
-                for v in (False, True)
+            tokens_sharding = batch_sharding(mesh)
+            global_shape = (plan.grad_accum, gb // plan.grad_accum, seq + 1)
+            flag_sharding = NamedSharding(mesh, P(moe.BATCH_AXES))
+            local_flag = {v: np.full((len(mesh.local_devices),), int(v), np.int32) for v in (False, True)}
+            # The two possible values of this process's SIGTERM flag, built once.
+            flags = {
+                v: jax.make_array_from_process_local_data(flag_sharding, f, (mesh.size,))
+                for v, f in local_flag.items()
             }
 
             pending = None  # (n, device metrics, batch, data seconds) of the step in flight

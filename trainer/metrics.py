@@ -1,8 +1,9 @@
 """Run-directory outputs of process 0: metrics JSON lines, TensorBoard events, ``status.json``.
 
 Local and gs:// run directories go through ``etils.epath``. A GCS object cannot be appended to, so
-on gs:// the metrics file of this incarnation is rewritten whole at each flush (every
-``metrics.flush_seconds`` and at exit); locally lines are appended and flushed every step.
+on gs:// the metrics object of this incarnation is rewritten whole at each flush (every
+``metrics.flush_seconds``, at each checkpoint and at exit) and continued in a new object (a later
+name) every ``ROTATE_LINES`` records; locally lines are appended and flushed every step.
 Other processes get a writer that does nothing.
 """
 
@@ -13,6 +14,8 @@ import time
 from typing import Any
 
 from etils import epath
+
+ROTATE_LINES = 2000  # records per gs:// metrics object
 
 
 def _is_remote(path: str) -> bool:
@@ -25,8 +28,8 @@ class RunWriter:
         self.run_dir = epath.Path(run_dir)
         self.remote = _is_remote(run_dir)
         self.flush_seconds = flush_seconds
-        self.name = f"{segment:04d}-{restart_attempt:03d}-{int(time.time() * 1000)}.jsonl"
-        self.path = self.run_dir / "metrics" / self.name
+        self.prefix = f"{segment:04d}-{restart_attempt:03d}"
+        self.path = self.run_dir / "metrics" / self._new_name()
         self._lines: list[str] = []
         self._last_flush = 0.0
         self._file = None
@@ -34,8 +37,9 @@ class RunWriter:
         if not enabled:
             return
         (self.run_dir / "metrics").mkdir(parents=True, exist_ok=True)
-        if not self.remote:
-            self._file = open(self.path, "a")  # noqa: SIM115 (kept open for the run)
+
+    def _new_name(self) -> str:
+        return f"{self.prefix}-{int(time.time() * 1000)}.jsonl"
 
     def _tensorboard(self) -> Any:
         if self._tb is None:
@@ -50,7 +54,9 @@ class RunWriter:
         if not self.enabled:
             return
         line = json.dumps(record, separators=(",", ":"))
-        if self._file is not None:
+        if not self.remote:
+            if self._file is None:  # created with the first record: a run that trains nothing leaves none
+                self._file = open(self.path, "a")  # noqa: SIM115 (kept open for the run)
             self._file.write(line + "\n")
             self._file.flush()
         else:
@@ -73,6 +79,9 @@ class RunWriter:
             return
         if self.remote and self._lines:
             self.path.write_text("\n".join(self._lines) + "\n")
+            if len(self._lines) >= ROTATE_LINES:  # keep each rewrite small: continue in a new object
+                self.path = self.run_dir / "metrics" / self._new_name()
+                self._lines = []
         self._last_flush = time.monotonic()
         if self._tb is not None:
             self._tb.flush()
