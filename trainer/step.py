@@ -45,11 +45,13 @@ def _build(cfg: Config) -> tuple[Transformer, nnx.Optimizer]:
     return model, nnx.Optimizer(model, optimizer(cfg), wrt=nnx.Param)
 
 
-def abstract_state(cfg: Config, mesh: Mesh | None = None) -> tuple[nnx.GraphDef, nnx.State]:
-    """(graphdef, abstract state); with a mesh, every leaf carries its NamedSharding on that mesh."""
+def abstract_state(cfg: Config, mesh: Mesh) -> tuple[nnx.GraphDef, nnx.State]:
+    """(graphdef, abstract state) whose leaves carry their NamedSharding on ``mesh``.
+
+    Call under ``jax.set_mesh(mesh)``. Nothing is allocated: this is also the restore target that
+    puts a checkpoint written on any other mesh onto this one.
+    """
     graphdef, state = nnx.split(nnx.eval_shape(lambda: _build(cfg)))
-    if mesh is None:
-        return graphdef, state
     shardings = nnx.get_named_sharding(state, mesh)
     state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state, shardings)
     return graphdef, state
