@@ -52,11 +52,7 @@ class Attention(nnx.Module):
         q = rope(jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(dt)), self.theta)
         k = rope(jnp.einsum("btd,dhk->bthk", x, self.wk[...].astype(dt)), self.theta)
         v = jnp.einsum("btd,dhk->bthk", x, self.wv[...].astype(dt))
-        t = x.shape[1]
-        scores = jnp.einsum("bqhk,bshk->bhqs", q, k).astype(jnp.float32) / jnp.sqrt(q.shape[-1])
-        causal = jnp.tril(jnp.ones((t, t), bool))
-        probs = jax.nn.softmax(jnp.where(causal, scores, -1e30), axis=-1).astype(dt)
-        out = jnp.einsum("bhqs,bshk->bqhk", probs, v)
+        out = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # fused kernels where available
         return jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt))
 
 
