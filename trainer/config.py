@@ -217,7 +217,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
-        raise ConfigError(f"override {text!r}: cannot parse value: {e}") from None
+        raise ConfigError(f"override {text!r}: cannot parse value: {str(e).splitlines()[0]}") from None
     if isinstance(value, (dict, list)):
         raise ConfigError(f"override {text!r}: value must be a scalar")
     return key.strip(), value

@@ -26,6 +26,7 @@ This module does not import JAX: Grain worker processes import it.
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +34,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from trainer.config import DataConfig
+from trainer.config import ConfigError, DataConfig
 
 
 class SyntheticSource:
@@ -119,11 +120,14 @@ class TokenFileSource:
     def __init__(self, path: str, dtype: str, seq_len: int):
         self.path, self.dtype, self.seq_len = path, np.dtype(dtype).newbyteorder("<"), seq_len
         self._local = threading.local()
-        size = self._fs().size(path) if path.startswith("gs://") else _local_size(path)
+        try:
+            size = self._fs().size(path) if path.startswith("gs://") else os.path.getsize(path)
+        except FileNotFoundError:
+            raise ConfigError(f"token file {path} does not exist") from None
         self.num_tokens = size // self.dtype.itemsize
         self.n = (self.num_tokens - 1) // seq_len
         if self.n < 1:
-            raise ValueError(f"token file {path} holds {self.num_tokens} tokens: not one record")
+            raise ConfigError(f"token file {path} holds {self.num_tokens} tokens: not one record")
 
     def _fs(self) -> Any:
         import gcsfs  # only for gs://, and after the emulator environment is set
@@ -154,15 +158,6 @@ class TokenFileSource:
             self._local.mm = np.memmap(self.path, dtype=self.dtype, mode="r")
         lo = int(i) * self.seq_len
         return np.asarray(self._local.mm[lo : lo + self.seq_len + 1], dtype=np.int32)
-
-
-def _local_size(path: str) -> int:
-    import os
-
-    try:
-        return os.path.getsize(path)
-    except OSError as e:
-        raise ValueError(f"cannot read token file {path}: {e.strerror}") from None
 
 
 def make_source(cfg: DataConfig, vocab_size: int, seq_len: int) -> SyntheticSource | TokenFileSource:

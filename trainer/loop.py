@@ -156,6 +156,8 @@ def run(cfg: Config, env: Mapping[str, str]) -> int:
             if start >= total_steps:
                 writer.status(state="finished", step=start, **status)
                 return EXIT_FINISHED
+            # Opened before the state so that a bad data path fails fast; it starts reading ahead.
+            batches = iter(data.make_dataset(cfg.data, cfg.model.vocab_size, seq, layout, start, total_steps))
             if start:
                 state = jax.block_until_ready(ckpt.restore(start, abstract))
                 print(f"trainer: resumed step {start} from {ckpt.directory} on {plan}", flush=True)
@@ -163,7 +165,6 @@ def run(cfg: Config, env: Mapping[str, str]) -> int:
                 state = init_state(cfg, mesh, abstract)
             writer.status(state="running", step=start, **status)
             train_step = make_train_step(cfg, graphdef, mesh, abstract)
-            batches = iter(data.make_dataset(cfg.data, cfg.model.vocab_size, seq, layout, start, total_steps))
             tokens_sharding = batch_sharding(mesh)
             global_shape = (plan.grad_accum, gb // plan.grad_accum, seq + 1)
             flag_sharding = NamedSharding(mesh, P(moe.BATCH_AXES))

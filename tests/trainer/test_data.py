@@ -12,7 +12,7 @@ import pytest
 
 from tests.support.fake_gcs import FakeGCS
 from trainer import data
-from trainer.config import DataConfig
+from trainer.config import ConfigError, DataConfig
 
 GB, SEQ, VOCAB = 16, 32, 256
 STEPS = (0, 3, 17, 250)
@@ -136,3 +136,11 @@ def test_gcs_token_file_reads_the_same_records(tmp_path: Path, gcs: FakeGCS) -> 
     assert n == (2000 - 1) // SEQ
     for i, row in zip((0, 17, n - 1), rows, strict=True):
         assert row == tokens[i * SEQ : i * SEQ + SEQ + 1].tolist()
+
+
+def test_a_missing_or_empty_token_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        data.TokenFileSource(str(tmp_path / "nope.bin"), "uint16", SEQ)
+    write_tokens(tmp_path / "short.bin", SEQ, "uint16")
+    with pytest.raises(ConfigError, match="not one record"):
+        data.TokenFileSource(str(tmp_path / "short.bin"), "uint16", SEQ)
