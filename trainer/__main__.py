@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from trainer import Preemption
 from trainer.config import ConfigError
 
 
@@ -24,14 +25,17 @@ def main(argv: list[str] | None = None) -> int:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. train.steps=100"
     )
     args = parser.parse_args(argv)
+    preemption = Preemption()  # before the slow imports: SIGTERM at any time means exit 42
     try:
-        from trainer import config, loop  # keeps --help fast
+        from trainer import config, loop
 
         cfg = config.resolve(args.config, args.set, os.environ)
-        return loop.run(cfg, os.environ)
+        return loop.run(cfg, os.environ, preemption)
     except ConfigError as e:
         print(f"trainer: config error: {e}", file=sys.stderr, flush=True)
         return 2
+    finally:
+        preemption.restore()
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ finishes the step already in flight (n + 1), saves it, waits for the commit and 
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -23,7 +22,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from trainer import data, distributed, model, moe
+from trainer import Preemption, data, distributed, model, moe
 from trainer.checkpoint import Checkpointer
 from trainer.config import Config, ConfigError, config_hash, identity
 from trainer.mesh import batch_sharding, make_mesh
@@ -56,21 +55,6 @@ def batch_plan(cfg: Config, devices: int, num_processes: int, expert_parallel: i
             f"moe.balance_group={cfg.moe.balance_group} must divide the micro-batch {devices * b}"
         )
     return Plan(devices, b, t.grad_accum, num_processes, expert_parallel)
-
-
-class Preemption:
-    """Remembers a SIGTERM; the loop acts on it at a step boundary."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.requested = True
-        print("trainer: SIGTERM: finishing the step in flight, then checkpoint and exit 42", flush=True)
-
-    def restore(self) -> None:
-        signal.signal(signal.SIGTERM, self._previous)
 
 
 def _env_number(env: Mapping[str, str], key: str, kind: type = float) -> Any:
@@ -118,7 +102,9 @@ class Recorder:
         }  # fmt: skip
 
 
-def run(cfg: Config, env: Mapping[str, str]) -> int:
+def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = None) -> int:
+    """Train until ``train.steps`` (exit 0) or a SIGTERM (exit 42); see the module docstring."""
+    preemption = preemption or Preemption()
     ident = distributed.initialize(env)
     segment = _env_number(env, "RESLICE_SEGMENT", int)
     attempt = _env_number(env, "RESLICE_RESTART_ATTEMPT", int)
@@ -140,7 +126,6 @@ def run(cfg: Config, env: Mapping[str, str]) -> int:
             "run": env.get("RESLICE_RUN", ""), "shape": asdict(plan), "time": time.time(),
         }  # fmt: skip
 
-    preemption = Preemption()
     ckpt = Checkpointer(cfg.run_dir, cfg.checkpoint.keep, cfg.checkpoint.async_save)
     writer = None
     try:
@@ -174,6 +159,10 @@ def run(cfg: Config, env: Mapping[str, str]) -> int:
                 v: jax.make_array_from_process_local_data(flag_sharding, f, (mesh.size,))
                 for v, f in local_flag.items()
             }
+
+            if preemption.requested:  # during start-up: nothing trained since the latest checkpoint
+                print(f"trainer: preempted before the first step, step {start} stands, exit {EXIT_PREEMPTED}")
+                return EXIT_PREEMPTED
 
             pending = None  # (n, device metrics, batch, data seconds) of the step in flight
             last_done, stop, n = time.perf_counter(), False, start

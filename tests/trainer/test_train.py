@@ -238,3 +238,13 @@ def test_batch_plan_mismatch_is_a_config_error(tmp_path: Path) -> None:
     line = _one_line_exit_2(env, [])
     assert "≠ global batch 12" in line
     assert not (tmp_path / "run").exists()
+
+
+def test_sigterm_during_start_up_exits_42_without_training(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    trainer = runs.Trainer(runs.env_for(str(run_dir), 8), tmp_path / "t.log")
+    time.sleep(1.0)  # after the handler is installed (~0.2 s), long before the first step (> 2 s)
+    trainer.signal(signal.SIGTERM)
+    assert trainer.wait() == 42, trainer.output()[-3000:]
+    assert "preempted before the first step" in trainer.output()
+    assert runs.committed(run_dir) == [] and runs.last_step(run_dir) == 0
