@@ -58,6 +58,9 @@ def initialize(env: Mapping[str, str]) -> Identity:
     """Join the process group (before anything touches the JAX backend)."""
     ident = identity(env)
     heartbeat = _int(env, "RESLICE_HEARTBEAT_TIMEOUT_S", 100)
+    # JAX's preemption service would install its own SIGTERM handler over ours (trainer.Preemption):
+    # the loop agrees on the stopping step through the step's own outputs instead.
+    jax.config.update("jax_enable_preemption_service", False)
     if ident.coordinator is not None and ident.num_processes > 1:
         jax.distributed.initialize(
             ident.coordinator,
