@@ -7,6 +7,7 @@ that asks for it and shared by every assertion that compares against it.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,10 +17,9 @@ import pytest
 from tests.support.fake_gcs import FakeGCS, fake_gcs
 from tests.trainer import runs
 
-try:
+# If something started the backend first this cannot apply; ``cpu8`` reports it where it matters.
+with contextlib.suppress(RuntimeError):
     jax.config.update("jax_num_cpu_devices", 8)
-except RuntimeError:  # something started the backend first; ``cpu8`` reports it where it matters
-    pass
 
 
 @pytest.fixture(scope="session")
