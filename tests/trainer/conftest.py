@@ -1,15 +1,14 @@
 """Trainer test fixtures.
 
 In-process JAX tests get 8 simulated CPU devices (set before the backend starts; subprocess runs
-set ``JAX_NUM_CPU_DEVICES`` themselves). The uninterrupted reference run is made once per module
-that asks for it and shared by every assertion that compares against it.
+set ``JAX_NUM_CPU_DEVICES`` themselves). The uninterrupted reference run is made once per session
+and shared by every assertion that compares against it.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from pathlib import Path
 
 import jax
 import pytest
@@ -45,8 +44,3 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict:
     rc, out = runs.run(runs.env_for(str(run_dir), 8), run_dir / "trainer.log")
     assert rc == 0, out[-4000:]
     return {"dir": run_dir, "records": runs.parse_metrics(runs.metrics_files(run_dir)), "output": out}
-
-
-@pytest.fixture
-def run_dir(tmp_path: Path) -> Path:
-    return tmp_path / "run"
