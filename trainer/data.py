@@ -149,15 +149,20 @@ class TokenFileSource:
         return self.n
 
     def __getitem__(self, i: int) -> np.ndarray:
-        start = int(i) * self.seq_len * self.dtype.itemsize
-        end = start + (self.seq_len + 1) * self.dtype.itemsize
+        return self.records(np.array([i]))[0]
+
+    def records(self, ids: np.ndarray) -> np.ndarray:
+        """[n] ids -> [n, seq_len + 1] int32: one gather locally, one batch of range reads on gs://."""
+        ids = np.asarray(ids, np.int64)
+        width = self.seq_len + 1
         if self.path.startswith("gs://"):
-            raw = self._fs().cat_file(self.path, start=start, end=end)
-            return np.frombuffer(raw, self.dtype).astype(np.int32)
+            starts = [int(i) * self.seq_len * self.dtype.itemsize for i in ids]
+            ends = [s + width * self.dtype.itemsize for s in starts]
+            blobs = self._fs().cat_ranges([self.path] * len(starts), starts, ends)  # concurrent requests
+            return np.stack([np.frombuffer(b, self.dtype) for b in blobs]).astype(np.int32)
         if not hasattr(self._local, "mm"):
             self._local.mm = np.memmap(self.path, dtype=self.dtype, mode="r")
-        lo = int(i) * self.seq_len
-        return np.asarray(self._local.mm[lo : lo + self.seq_len + 1], dtype=np.int32)
+        return np.asarray(self._local.mm[ids[:, None] * self.seq_len + np.arange(width)], dtype=np.int32)
 
 
 def make_source(cfg: DataConfig, vocab_size: int, seq_len: int) -> SyntheticSource | TokenFileSource:
@@ -223,11 +228,7 @@ class StepBatch:
         every = global_sample_ids(self.order, int(step), self.layout.global_batch)
         pos = self.layout.local_positions(int(step)) - int(step) * self.layout.global_batch
         ids = every[pos]
-        read = getattr(self.source, "records", None)
-        if read is not None:
-            tokens = read(ids.ravel())
-        else:
-            tokens = np.stack([self.source[int(i)] for i in ids.ravel()])
+        tokens = self.source.records(ids.ravel())
         return {
             "step": int(step),
             "ids": ids,

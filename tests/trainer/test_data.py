@@ -127,14 +127,14 @@ def test_gcs_token_file_reads_the_same_records(tmp_path: Path, gcs: FakeGCS) -> 
     script = (
         "import json, sys; from trainer import data;"
         "s = data.TokenFileSource('gs://reslice/data/tokens.bin', 'uint16', 32);"
-        "print(json.dumps([len(s)] + [s[i].tolist() for i in (0, 17, len(s) - 1)]))"
+        "print(json.dumps([len(s)] + s.records([0, 17, len(s) - 1]).tolist() + [s[5].tolist()]))"
     )
     env = {**gcs.env, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-3000:]
     n, *rows = json.loads(out.stdout.strip().splitlines()[-1])
     assert n == (2000 - 1) // SEQ
-    for i, row in zip((0, 17, n - 1), rows, strict=True):
+    for i, row in zip((0, 17, n - 1, 5), rows, strict=True):
         assert row == tokens[i * SEQ : i * SEQ + SEQ + 1].tolist()
 
 
