@@ -90,15 +90,19 @@ def main() -> None:
             before = len(kube.get_record("scale")[0].segments)
             t_fault = time.time()
             cluster.remove(pool)
-            wait(lambda b=before: len(kube.get_record("scale")[0].segments) > b, 120, "the shrink decision")
-            ends = [
-                e
-                for e in RunDir(spec.run_dir).ledger()
-                if e.get("action") == "end-segment" and e["time"] >= t_fault
-            ]
-            latencies.append(ends[0]["time"] - t_fault)
+
+            def ends(t: float = t_fault) -> list[dict]:
+                ledger = RunDir(spec.run_dir).ledger()
+                return [e for e in ledger if e.get("action") == "end-segment" and e["time"] >= t]
+
+            wait(ends, 120, "the shrink decision")
+            latencies.append(ends()[0]["time"] - t_fault)
+            wait(lambda b=before: len(kube.get_record("scale")[0].segments) > b, 600, "the next segment")
             seg = kube.get_record("scale")[0].current
-            print(f"lost {pool}: decided in {latencies[-1] * 1e3:.0f} ms -> {seg.preset} x{seg.slices}")
+            print(
+                f"lost {pool}: decided in {latencies[-1] * 1e3:.0f} ms -> {seg.preset} x{seg.slices}, submitted "
+                f"{seg.submitted_at - t_fault:.1f} s after the loss (once the old pods were gone)"
+            )
             want = seg.slices * shape.preset.hosts
             wait(
                 lambda w=want: sum(p["status"].get("phase") == "Running" for p in pods()) == w,

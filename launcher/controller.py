@@ -197,10 +197,11 @@ class Controller:
     ) -> None:
         """Reconcile `runs()` on every wake-up or resync until `stop` (or, with `until_done`,
         until every run is terminal)."""
+        halt = threading.Event()  # stops the watches when this loop ends, whatever ended it
         watchers = [
             threading.Thread(
                 target=self.kube.watch_forever,
-                args=(kind, self.wake, stop),
+                args=(kind, self.wake, halt),
                 kwargs={"label_selector": LABEL_RUN if kind in {"jobsets", "pods"} else None},
                 name=f"watch-{kind}",
                 daemon=True,
@@ -224,7 +225,7 @@ class Controller:
                 # Coalesce a burst of watch events into one pass.
                 stop.wait(0.05)
         finally:
-            stop.set()
+            halt.set()
 
     def pass_once(self, runs: list[str]) -> bool:
         """One pass over `runs`; True when all of them are terminal."""

@@ -8,6 +8,9 @@ name is free and the run directory does not belong to another run.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from dataclasses import asdict
 
@@ -19,6 +22,22 @@ from launcher.render import RunSpec, check_name, jobset_name
 from launcher.runs import RunDir
 
 
+def check_trainer_config(config: str, overrides: tuple[str, ...]) -> None:
+    """Ask the trainer (`python -m trainer --check`, no JAX) whether the config and overrides are
+    valid, through the contract (exit code 2 and one line), not an import. A config path that
+    exists only inside the image (e.g. `/app/cfg.yaml`) cannot be checked here."""
+    if ("/" in config or config.endswith((".yaml", ".yml"))) and not os.path.exists(config):
+        return
+    cmd = [sys.executable, "-m", "trainer", "--check", "--config", config]
+    for kv in overrides:
+        cmd += ["--set", kv]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESLICE_")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60, check=False)
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit code {proc.returncode}"]
+        raise UserError(lines[-1].removeprefix("trainer: "))
+
+
 def prepare(
     spec: RunSpec, preset: str, slices: int | None, policy: Policy, now: float | None = None
 ) -> tuple[RunRecord, list[Rung]]:
@@ -27,6 +46,7 @@ def prepare(
     for kv in spec.overrides:
         if "=" not in kv or not kv.split("=", 1)[0].strip():
             raise UserError(f"--set {kv!r}: expected key=value")
+    check_trainer_config(spec.config, spec.overrides)
     ladder = shrink_ladder(shape, spec.global_batch, spec.max_micro_batch, spec.max_grad_accum)
     first = ladder[0]
     if not isinstance(first.plan, Plan):

@@ -203,17 +203,24 @@ def decide(rec: RunRecord, obs: S.Observation, ladder: list[Rung]) -> Decision:
 
     current = seg.shape()
 
-    # 2. Capacity loss.
-    if obs.unschedulable:
+    # 2. Capacity loss. Node pools of the segment gone or terminating, with no room left for the
+    # shape, is decided at once: waiting for JobSet to restart every pod only to find them
+    # unschedulable costs a full recreate (minutes at a thousand pods).
+    no_room = not obs.fits(current.preset.name, current.slices)
+    pools_lost = bool(obs.lost_nodepools) and no_room
+    if obs.unschedulable or pools_lost:
         waited = now - (obs.unschedulable_since or now)
-        no_room = not obs.fits(current.preset.name, current.slices)
         if no_room or waited >= policy.unschedulable_grace_s:
             rung = best_fit([r for r in ladder if r.shape.devices < current.devices], obs)
-            cause = (
-                f"{obs.unschedulable} pod(s) unschedulable for {waited:.0f}s"
-                + (f" ({obs.unschedulable_message})" if obs.unschedulable_message else "")
-                + (f"; node pools lost: {', '.join(obs.lost_nodepools)}" if obs.lost_nodepools else "")
-            )
+            causes = []
+            if obs.unschedulable:
+                causes.append(
+                    f"{obs.unschedulable} pod(s) unschedulable for {waited:.0f}s"
+                    + (f" ({obs.unschedulable_message})" if obs.unschedulable_message else "")
+                )
+            if obs.lost_nodepools:
+                causes.append(f"node pools lost: {', '.join(obs.lost_nodepools)}")
+            cause = "; ".join(causes)
             if rung is None:
                 return Decision(WAIT, f"{cause}; no smaller feasible shape fits either", rec)
             reason = f"capacity lost: {cause}; shrinking {current} -> {_shape_words(rung)}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -24,7 +25,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. train.steps=100"
     )
+    parser.add_argument(
+        "--check", action="store_true", help="validate the config, print it as JSON and exit (no JAX)"
+    )
     args = parser.parse_args(argv)
+    if args.check:  # what `reslice launch` asks before it creates anything
+        try:
+            from trainer import config
+
+            cfg = config.resolve(args.config, args.set, os.environ)
+        except ConfigError as e:
+            print(f"trainer: config error: {e}", file=sys.stderr, flush=True)
+            return 2
+        print(json.dumps({"config_hash": config.config_hash(cfg), "config": cfg.to_dict()}))
+        return 0
     preemption = Preemption()  # before the slow imports: SIGTERM at any time means exit 42
     try:
         from trainer import config, loop

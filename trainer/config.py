@@ -94,6 +94,9 @@ class TrainConfig:
     micro_batch: int = 0  # 0: global_batch / (devices * grad_accum)
     grad_accum: int = 1
     seed: int = 0  # parameter initialisation
+    # Fault rehearsal: raise an error before this step, in every incarnation (0: never). An
+    # application failure on purpose, so crash-loop handling can be tested end to end.
+    crash_at_step: int = 0
 
 
 @dataclass

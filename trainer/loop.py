@@ -186,6 +186,8 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
 
             for s in range(start, total_steps):
                 n = s + 1
+                if n == cfg.train.crash_at_step:
+                    raise RuntimeError(f"train.crash_at_step={n}: failing on purpose")
                 t0 = time.perf_counter()
                 batch = next(batches)
                 assert batch["step"] == s, (batch["step"], s)

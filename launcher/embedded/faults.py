@@ -56,13 +56,17 @@ def _gc_pod(cluster: EmbeddedCluster, pod: dict[str, Any]) -> None:
             probe_fields=True,
         )
         st["phase"] = "Failed"
-        try:
-            cur = cluster.store.get(res, ns, name)
-            cur["status"] = st
-            cluster.store.update(res, cur, subresource="status")
-        except Exception as e:
-            if getattr(e, "code", None) != 404:
-                raise
+        for _ in range(10):  # read-modify-write: other components write this pod too
+            try:
+                cur = cluster.store.get(res, ns, name)
+                cur["status"] = st
+                cluster.store.update(res, cur, subresource="status")
+                break
+            except Exception as e:
+                if getattr(e, "code", None) == 404:
+                    break
+                if getattr(e, "code", None) != 409:
+                    raise
     try:
         cluster.store.delete(res, ns, name, grace_period_seconds=0)
     except Exception as e:

@@ -507,7 +507,13 @@ class Store:
         defaults.normalize(res, obj)
         self._admit(res, None, obj)
         validation.check(res, obj)
-        return self._commit(res, ADDED, obj, None)
+        rec = self._commit(res, ADDED, obj, None)
+        refs = meta.get("ownerReferences") or []
+        if refs and not any(r.get("uid") in self._uids for r in refs):
+            # The garbage collector deletes an object whose owners are all gone: a controller that
+            # acted on a stale read of an owner deleted meanwhile must not leave orphans behind.
+            self._delete(res, rec, "Background", None)
+        return rec
 
     def _create_namespace(self, res: Resource, meta: dict[str, Any], namespace: str | None) -> str:
         if not res.namespaced:

@@ -110,6 +110,27 @@ def test_node_pools_gone_shrinks_at_once_to_largest_fit():
     assert d.action == P.END and "-> tpu7x-2x2x1 x1" in d.reason
 
 
+def test_node_pools_lost_while_restarting_shrinks_without_waiting_for_the_restart():
+    rec = record_on(4)
+    rec = rec.with_segment(replace(rec.current, nodepools=("np-0", "np-1", "np-2", "np-3")))
+    # Two pools gone; the surviving pods are still Running (JobSet has not restarted yet).
+    pods = running(2) + [
+        pod(f"demo-0-slice-{i}-0-x", phase="Failed", disruption="DeletionByPodGC") for i in (2, 3)
+    ]
+    d = P.decide(rec, observe(rec, pods=pods, pools=2), LADDER)
+    assert d.action == P.END and "node pools lost: np-2, np-3" in d.reason and "-> tpu7x-2x2x1 x2" in d.reason
+
+
+def test_node_pool_lost_but_spare_capacity_is_left_to_jobset():
+    rec = record_on(1)
+    rec = rec.with_segment(replace(rec.current, nodepools=("np-9",)))  # np-9 is gone; np-0.. are spare
+    pods = [
+        pod("demo-0-slice-0-0-x", phase="Failed", disruption="TerminationByKubelet", node_name="gke-np-9-0")
+    ]
+    d = P.decide(rec, observe(rec, pods=pods, pools=2), LADDER)
+    assert d.action == P.WAIT and "restarting" in d.reason
+
+
 def test_unschedulable_and_nothing_smaller_fits_waits():
     rec = record_on(1)
     d = P.decide(rec, observe(rec, pods=pending([0], since=T0), pools=0, now=T0 + 1000), LADDER)

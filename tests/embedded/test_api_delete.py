@@ -182,3 +182,15 @@ def test_delete_collection_by_selector(api: Api) -> None:
         api.core.create_namespaced_pod("default", pod(name, labels))
     api.core.delete_collection_namespaced_pod("default", label_selector="run=1")
     assert [p.metadata.name for p in api.core.list_namespaced_pod("default").items] == ["c"]
+
+
+def test_dependents_of_an_owner_already_gone_are_collected(api: Api) -> None:
+    # A controller acting on a stale read creates a child for an owner deleted meanwhile: the
+    # garbage collector removes it rather than leaving an orphan forever.
+    owner = api.core.create_namespaced_config_map("default", {"metadata": {"name": "owner"}})
+    api.core.delete_namespaced_config_map("owner", "default")
+    ref = {"apiVersion": "v1", "kind": "ConfigMap", "name": "owner", "uid": owner.metadata.uid}
+    body = pod("late")
+    body["metadata"]["ownerReferences"] = [ref]
+    api.core.create_namespaced_pod("default", body)
+    assert not _exists(api.core.read_namespaced_pod, "late", "default")

@@ -94,6 +94,18 @@ BAD_INPUTS = [
     ([*RENDER, "--pull-policy", "Sometimes"], None, "expected Always, IfNotPresent or Never"),
     (["launchx"], None, "No such command"),
     (
+        ["launch", "-p", "tpu7x-2x2x1", "--run", "x", "-b", "8", "--set", "train.stepz=1"],
+        None,
+        "unknown config key 'train.stepz'",
+    ),
+    (
+        ["launch", "-p", "tpu7x-2x2x1", "--run", "x", "-b", "8", "--config", "huge"],
+        None,
+        "config 'huge' is neither a named config",
+    ),
+    (["launch", "-p", "tpu7x-8x8x48", "-n", "4", "--run", "r" * 44, "-b", "24576"], None, "too long"),
+    (["demo", "--steps", "5"], None, "--steps must be at least 40"),
+    (
         ["plan", "-p", "bad", "-b", "8"],
         {"bad": GOOD_PRESET.format(name="bad", topology="4x4x6")},
         "multiple of 4",
