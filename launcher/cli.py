@@ -515,7 +515,8 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         print("reslice: aborted", file=sys.stderr)
         sys.exit(130)
-    sys.exit(code if isinstance(code, int) else 0)
+    if isinstance(code, int) and code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":
