@@ -298,14 +298,14 @@ def demo(
     workdir: Annotated[Path, typer.Option("--workdir", help="Where runs and pod logs go.")] = Path(
         "runs/demo"
     ),
-    steps: Annotated[int, typer.Option("--steps", help="Training steps.")] = 80,
+    steps: Annotated[int, typer.Option("--steps", help="Training steps.")] = 30,
 ) -> None:
     """The elastic demo on the embedded cluster: 4 slices, lose 3, resume on 1, grow back."""
     from launcher.demo import run_demo
 
-    if steps < 40:
+    if steps < 25:
         raise UserError(
-            "--steps must be at least 40 (the demo loses capacity at step 10 and regrows after 10 more)"
+            "--steps must be at least 25 (capacity goes at step 5; the run must outlive the regrowth)"
         )
     if run_demo(workdir, steps, console) != "Finished":
         raise typer.Exit(1)

@@ -28,6 +28,9 @@ from launcher.watch import watch_run
 PRESET = "tpu7x-2x2x1"
 SLICES = 4
 GLOBAL_BATCH = 32
+INTERVAL = 5  # checkpoint every 5 steps
+LOSE_AT = 5  # lose three slices once step 5 is committed
+DEFAULT_STEPS = 30
 
 
 def _wait(cond, stop: threading.Event, poll: float = 0.5) -> bool:
@@ -41,7 +44,8 @@ def _wait(cond, stop: threading.Event, poll: float = 0.5) -> bool:
 def fault_script(cluster: EmbeddedCluster, kube: Kube, run: str, console: Console, stop: threading.Event,
                  lose_at: int, regrow_after: int) -> None:  # fmt: skip
     """Take three slices away once the run has committed step `lose_at`; give them back once the
-    run has trained `regrow_after` steps on the smaller shape."""
+    run has committed `regrow_after` steps of its own on the smaller shape (so that the resume at
+    the same global batch is there to see before the run grows again)."""
     rundir = RunDir(kube.get_record(run)[0].spec.run_dir)
     pools = [f"{PRESET}-np-{i}" for i in range(1, SLICES)]
     if not _wait(lambda: (rundir.latest_committed_step() or 0) >= lose_at, stop):
@@ -65,7 +69,7 @@ def fault_script(cluster: EmbeddedCluster, kube: Kube, run: str, console: Consol
         cluster.restore(pool)
 
 
-def run_demo(workdir: Path, steps: int = 80, console: Console | None = None) -> str:
+def run_demo(workdir: Path, steps: int = DEFAULT_STEPS, console: Console | None = None) -> str:
     console = console or Console()
     # Trainer processes started by the embedded kubelet share one compilation cache: a shape
     # compiled once is loaded by every later segment.
@@ -79,12 +83,13 @@ def run_demo(workdir: Path, steps: int = 80, console: Console | None = None) -> 
         run_dir=str((workdir / run).resolve()),
         global_batch=GLOBAL_BATCH,
         config="tiny",
-        overrides=(f"train.steps={steps}", "checkpoint.interval=5", "moe.ragged_buffer_factor=0"),
+        overrides=(f"train.steps={steps}", f"checkpoint.interval={INTERVAL}", "moe.ragged_buffer_factor=0"),
         grace_period_s=30,
         heartbeat_timeout_s=10,
         image_pull_policy="Never",
     )
-    policy = Policy(unschedulable_grace_s=30, grow_window_s=5, app_backoff_s=2)
+    # A short stability window: the run grows back at the first checkpoint after capacity returns.
+    policy = Policy(unschedulable_grace_s=30, grow_window_s=1, app_backoff_s=2)
     rec, ladder = prepare(spec, PRESET, SLICES, policy)
     (workdir / "pods").mkdir(exist_ok=True)
     nodepools = [NodePoolSpec(PRESET, count=SLICES)]
@@ -107,7 +112,10 @@ def run_demo(workdir: Path, steps: int = 80, console: Console | None = None) -> 
         create_run(kube, rec)
         stop = threading.Event()
         faults = threading.Thread(
-            target=fault_script, args=(cluster, kube, run, console, stop, 10, 10), name="faults", daemon=True
+            target=fault_script,
+            args=(cluster, kube, run, console, stop, LOSE_AT, INTERVAL),
+            name="faults",
+            daemon=True,
         )
         faults.start()
         try:

@@ -14,13 +14,23 @@ from launcher.runs import RunDir
 from tests.controller.harness import wait_for
 
 
+CONTROLLERS: dict[str, Controller] = {}
+
+
 def replica(kube: Kube, identity: str, stop: threading.Event) -> threading.Thread:
-    c = Controller(kube, identity=identity, resync_s=0.3, lease_s=3)
+    c = CONTROLLERS[identity] = Controller(kube, identity=identity, resync_s=0.3, lease_s=3)
     t = threading.Thread(
         target=c.run_forever, args=(lambda: [r.name for r in kube.records() if not r.terminal], stop)
     )
     t.start()
     return t
+
+
+def diagnose(run_dir: str) -> str:
+    """What to read when a wait times out: the ledger's tail and each replica's last error."""
+    keys = ("controller", "kind", "action", "reason")
+    tail = [{k: e.get(k) for k in keys} for e in RunDir(run_dir).ledger()[-6:]]
+    return f"ledger tail {tail}; last errors { ({n: c.last_error for n, c in CONTROLLERS.items()}) }"
 
 
 def test_two_replicas_never_act_at_once(tmp_path):
@@ -37,7 +47,10 @@ def test_two_replicas_never_act_at_once(tmp_path):
         stop_a.set()  # replica a dies without releasing its lease
         a.join(timeout=10)
         cluster.remove("tpu7x-2x2x1-np-1")
-        wait_for(lambda: len(kube.get_record("dual")[0].segments) == 3, 30, "the second shrink, by b")
+        try:
+            wait_for(lambda: len(kube.get_record("dual")[0].segments) == 3, 30, "the second shrink, by b")
+        except AssertionError as e:
+            raise AssertionError(f"{e}: {diagnose(spec.run_dir)}") from None
         stop_b.set()
         b.join(timeout=10)
         rec = kube.get_record("dual")[0]

@@ -104,7 +104,7 @@ BAD_INPUTS = [
         "config 'huge' is neither a named config",
     ),
     (["launch", "-p", "tpu7x-8x8x48", "-n", "4", "--run", "r" * 44, "-b", "24576"], None, "too long"),
-    (["demo", "--steps", "5"], None, "--steps must be at least 40"),
+    (["demo", "--steps", "5"], None, "--steps must be at least 25"),
     (
         ["plan", "-p", "bad", "-b", "8"],
         {"bad": GOOD_PRESET.format(name="bad", topology="4x4x6")},
