@@ -13,7 +13,6 @@ from launcher.render import RunSpec
 from launcher.runs import RunDir
 from tests.controller.harness import wait_for
 
-
 CONTROLLERS: dict[str, Controller] = {}
 
 
