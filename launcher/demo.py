@@ -42,10 +42,11 @@ def _wait(cond, stop: threading.Event, poll: float = 0.5) -> bool:
 
 
 def fault_script(cluster: EmbeddedCluster, kube: Kube, run: str, console: Console, stop: threading.Event,
-                 lose_at: int, regrow_after: int) -> None:  # fmt: skip
-    """Take three slices away once the run has committed step `lose_at`; give them back once the
-    run has committed `regrow_after` steps of its own on the smaller shape (so that the resume at
-    the same global batch is there to see before the run grows again)."""
+                 lose_at: int) -> None:  # fmt: skip
+    """Take three slices away once the run has committed step `lose_at`; give them back as soon as
+    the trainer has taken a step on the smaller shape. The controller then grows the run back at
+    that segment's first checkpoint (it never tears down a segment that has not committed one), so
+    the resume at the same global batch is always there to see, however fast this machine is."""
     rundir = RunDir(kube.get_record(run)[0].spec.run_dir)
     pools = [f"{PRESET}-np-{i}" for i in range(1, SLICES)]
     if not _wait(lambda: (rundir.latest_committed_step() or 0) >= lose_at, stop):
@@ -54,15 +55,15 @@ def fault_script(cluster: EmbeddedCluster, kube: Kube, run: str, console: Consol
     for pool in pools:
         cluster.remove(pool)
 
-    def trained_on_one_slice() -> bool:
+    def stepping_on_one_slice() -> bool:
         seg = kube.get_record(run)[0].current
         return (
             seg is not None
             and seg.slices == 1
-            and (rundir.latest_committed_step() or 0) >= (seg.start_step or 0) + regrow_after
+            and any(m.get("segment") == seg.index for m in rundir.metrics())
         )
 
-    if not _wait(trained_on_one_slice, stop):
+    if not _wait(stepping_on_one_slice, stop, poll=0.2):
         return
     console.log(f"[bold green]capacity back:[/] node pools {', '.join(pools)} restored")
     for pool in pools:
@@ -113,7 +114,7 @@ def run_demo(workdir: Path, steps: int = DEFAULT_STEPS, console: Console | None 
         stop = threading.Event()
         faults = threading.Thread(
             target=fault_script,
-            args=(cluster, kube, run, console, stop, LOSE_AT, INTERVAL),
+            args=(cluster, kube, run, console, stop, LOSE_AT),
             name="faults",
             daemon=True,
         )

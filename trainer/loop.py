@@ -164,6 +164,13 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
                 print(f"trainer: preempted before the first step, step {start} stands, exit {EXIT_PREEMPTED}")
                 return EXIT_PREEMPTED
 
+            # Compile before the clock starts: the first step's time is then a step's, and the
+            # compilation is reported on its own (start-up is badput, not training).
+            t_compile = time.perf_counter()
+            token_spec = jax.ShapeDtypeStruct(global_shape, np.int32, sharding=tokens_sharding)
+            train_step = train_step.lower(state, token_spec, flags[False]).compile()
+            startup = {"perf/compile_seconds": time.perf_counter() - t_compile}
+
             pending = None  # (n, device metrics, batch, data seconds) of the step in flight
             last_done, stop, n = time.perf_counter(), False, start
 
@@ -174,6 +181,8 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
                 m = unpack(jax.device_get(dm))
                 now = time.perf_counter()
                 rec = recorder(pn, m, batch, data_s, now - last_done)
+                rec.update(startup)  # on the first record of this incarnation only
+                startup.clear()
                 last_done, pending = now, None
                 stop = stop or bool(m["stop"])
                 if pn % cfg.metrics.log_every == 0 or pn == total_steps:
@@ -192,7 +201,7 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
                 batch = next(batches)
                 assert batch["step"] == s, (batch["step"], s)
                 tokens = jax.make_array_from_process_local_data(
-                    tokens_sharding, batch["tokens"], global_shape
+                    tokens_sharding, batch["tokens"].astype(np.int32, copy=False), global_shape
                 )
                 stop_in = flags[preemption.requested]
                 data_s = time.perf_counter() - t0
