@@ -22,7 +22,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from launcher.record import FINISHED, Policy
+from launcher.launch import stop_run
+from launcher.record import Policy
 from tests.controller.harness import Harness, wait_for
 
 
@@ -59,14 +60,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cycles", type=int, default=3)
     args = ap.parse_args()
-    console = Console()
+    console = Console(width=140)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         h = Harness(Path(tmp), pools=2)
         try:
             policy = Policy(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
-            h.launch("bench", slices=2, steps=40 + 40 * args.cycles, interval=5, policy=policy)
+            # Never finishes on its own: the single-slice segments would race to the end.
+            h.launch("bench", slices=2, steps=1_000_000, interval=5, policy=policy)
             h.start_controller("bench", resync_s=5.0)
+            wait_for(lambda: h.record("bench").segments, 60, "segment 0")
             for cycle in range(args.cycles):
                 seg = len(h.record("bench").segments) - 1
                 h.wait_step("bench", (h.record("bench").segments[-1].start_step or 0) + 5, timeout=300)
@@ -78,7 +81,7 @@ def main() -> None:
                 h.cluster.restore(h.pool(1))
                 wait_for(lambda s=seg: len(h.record("bench").segments) >= s + 3, 180, "the grow back")
                 console.log(f"cycle {cycle + 1}/{args.cycles} done")
-            h.wait_state("bench", {FINISHED}, timeout=600)
+            stop_run(h.kube, "bench")
             rec, ledger, metrics = h.record("bench"), h.rundir("bench").ledger(), h.rundir("bench").metrics()
         finally:
             h.close()
