@@ -411,7 +411,9 @@ class JobController(Controller):
             if event == "DELETED":
                 self._terminal.pop(uid, None)
                 self._job_keys.pop(uid, None)
-                return []
+                # Its pods that already finished may have had their events before the deletion
+                # and will get no more: release them now (upstream's orphan-pod cleanup).
+                return [("orphans", o.meta(obj).get("namespace"), uid)]
             self._job_keys[uid] = o.key_of(obj)
             return [("job", *o.key_of(obj))]
         if res.plural == "pods" and event != "DELETED":
@@ -451,6 +453,12 @@ class JobController(Controller):
         kind, ns, name = key  # type: ignore[misc]
         if kind == "orphan":
             return self._reconcile_orphan(ns, name)
+        if kind == "orphans":  # name is the deleted Job's uid
+            pods, _ = self.store.list(self.pods, namespace=ns, label_selector=f"{o.CONTROLLER_UID}={name}")
+            self._release(
+                [p for p in pods if TRACKING_FINALIZER in (o.meta(p).get("finalizers") or []) and finished(p)]
+            )
+            return None
         try:
             job = self.store.get(self.jobs, ns, name)
         except Exception as e:

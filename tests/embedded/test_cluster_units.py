@@ -391,3 +391,35 @@ def test_jobset_without_failure_policy_fails_on_the_first_failed_job():
         "jobset failed due to one or more job failures (first failed job: r-0-slice-1)",
     )
     assert plan.status["restarts"] == 0 and plan.create_jobs == []
+
+
+def test_finished_pods_of_a_deleted_job_lose_their_tracking_finalizer():
+    # A pod failed and was deleted while its Job existed, but the Job was deleted before the Job
+    # controller got to it: no more events will come for that pod, so the Job's own deletion must
+    # release it (found at 1,024 pods: a shrink waited forever for such pods to go).
+    from launcher.embedded.job import TRACKING_FINALIZER, JobController
+    from launcher.embedded.store import RESOURCES, Store
+
+    store = Store()
+    pods = RESOURCES["pods"]
+    body = {
+        "metadata": {
+            "name": "p",
+            "labels": {"batch.kubernetes.io/controller-uid": "job-uid"},
+            "finalizers": [TRACKING_FINALIZER],
+        },
+        "spec": {"nodeName": "gone-node", "containers": [{"name": "c", "image": "i"}]},
+    }
+    store.create(pods, body, "default")
+    pod = store.get(pods, "default", "p")
+    pod["status"] = {"phase": "Failed"}
+    store.update(pods, pod, subresource="status")
+    store.delete(pods, "default", "p", grace_period_seconds=0)  # held by the finalizer
+    assert store.get(pods, "default", "p")["metadata"]["deletionTimestamp"]
+    jobs = JobController(store)
+    job = {"metadata": {"name": "j", "namespace": "default", "uid": "job-uid"}}
+    keys = jobs.keys_for("DELETED", RESOURCES["jobs"], job)
+    assert keys == [("orphans", "default", "job-uid")]
+    jobs.reconcile(keys[0])
+    with pytest.raises(Exception, match="not found"):
+        store.get(pods, "default", "p")
