@@ -453,7 +453,8 @@ def sweep(
     """Sweep the MoE ragged buffer factor: one run per factor; drops, load and step time side by side."""
     from launcher.connect import connect
     from launcher.record import Policy
-    from launcher.sweep import make_sweep, plan_sweep, run_sweep, sweep_table
+    from launcher.sweep import make_sweep, plan_sweep, run_sweep
+    from launcher.sweep_results import sweep_table
 
     spec = make_sweep(
         name=name, preset=preset, slices=slices, config=config, factors=factors, steps=steps,
@@ -490,7 +491,8 @@ def sweep_report(
     ] = None,
 ) -> None:
     """Redraw a sweep's table and plot from its stored results (sweep.json)."""
-    from launcher.sweep import default_sweep_dir, load_sweep, plot_path, plot_sweep, sweep_table
+    from launcher.sweep import default_sweep_dir, load_sweep, plot_path
+    from launcher.sweep_results import plot_sweep, sweep_table
 
     spec, results, rec = load_sweep(default_sweep_dir(name, sweep_dir))
     console.print(sweep_table(spec, results, rec))

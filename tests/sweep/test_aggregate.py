@@ -15,18 +15,15 @@ from launcher.sweep import (
     LAUNCH,
     MISSING,
     RELAUNCH,
-    FactorResult,
-    aggregate,
-    factor_label,
     factor_slug,
     load_sweep,
     make_sweep,
     next_action,
     parse_factors,
-    recommend,
     run_name,
     write_outputs,
 )
+from launcher.sweep_results import FactorResult, aggregate, factor_label, recommend
 
 
 def rec(step, *, dropped=(0, 0), total=(64, 64), load=(1.0, 1.0), buffer=128, loss=3.0, t=None, st=0.02,

@@ -7,7 +7,8 @@ import pytest
 
 import launcher.connect
 from launcher.cli import main
-from launcher.sweep import FactorResult, make_sweep, write_outputs
+from launcher.sweep import make_sweep, write_outputs
+from launcher.sweep_results import FactorResult
 
 
 @pytest.fixture
