@@ -12,8 +12,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,22 +22,13 @@ from launcher.launch import create_run, prepare
 from launcher.record import Policy, RunRecord
 from launcher.render import LABEL_RUN, RunSpec
 from launcher.runs import RunDir
+from tests.support.wait import wait_for
 
 PRESET = "tpu7x-2x2x1"  # one host of 8 JAX devices per slice
 GLOBAL_BATCH = 16
 # Dropless MoE (factor <= 0): which rows a finite buffer drops depends on the expert-parallel
 # layout, so only a dropless run has the same losses on every shape.
 TRAINER_SETTINGS = ("train.steps={steps}", "checkpoint.interval={interval}", "moe.ragged_buffer_factor=0")
-
-
-def wait_for(cond: Callable[[], object], timeout: float, what: str, interval: float = 0.2) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 @dataclass

@@ -4,8 +4,7 @@ rendered JobSets with a tiny command instead of the trainer, and polling."""
 from __future__ import annotations
 
 import contextlib
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +13,7 @@ from kubernetes import client
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from launcher.presets import make_shape
 from launcher.render import RunSpec, render_jobset
+from tests.support.wait import wait_for
 
 GROUP, VERSION = "jobset.x-k8s.io", "v1alpha2"
 
@@ -54,19 +54,6 @@ def running(nodepools: str, mode: str = "process", **kw: Any) -> Iterator[Kube]:
     with EmbeddedCluster(specs, mode=mode, **kw) as cluster:
         api = cluster.api_client()
         yield Kube(cluster, client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api))
-
-
-def wait_for(
-    pred: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05, what: str = "condition"
-) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
 
 
 def rendered(
