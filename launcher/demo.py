@@ -60,7 +60,7 @@ def fault_script(cluster: EmbeddedCluster, kube: Kube, run: str, console: Consol
         return (
             seg is not None
             and seg.slices == 1
-            and any(m.get("segment") == seg.index for m in rundir.metrics())
+            and (rundir.latest_metrics() or {}).get("segment") == seg.index
         )
 
     if not _wait(stepping_on_one_slice, stop, poll=0.2):

@@ -157,6 +157,30 @@ class RunDir:
                 records += _jsonl(self.read_text(f"metrics/{name}"))
         return sorted(records, key=lambda r: (r.get("time", 0.0), r.get("step", 0)))
 
+    def latest_metrics(self) -> dict | None:
+        """The newest metrics record, without reading a long run's whole history: the last line of
+        the metrics file that sorts last (one file per trainer incarnation, named by segment,
+        restart attempt and start time)."""
+        names = [n for n in self.list_dir("metrics") if n.endswith(".jsonl")]
+        for name in reversed(names):  # the newest file may not have its first line yet
+            records = _jsonl(self._tail(f"metrics/{name}"))
+            if records:
+                return records[-1]
+        return None
+
+    def _tail(self, rel: str, size: int = 1 << 16) -> str | None:
+        if self.root is None:
+            return self.read_text(rel)  # the trainer rotates GCS objects every 2,000 records
+        try:
+            with (self.root / rel).open("rb") as f:
+                f.seek(0, os.SEEK_END)
+                start = max(0, f.tell() - size)
+                f.seek(start)
+                data = f.read().decode(errors="replace")
+        except FileNotFoundError:
+            return None
+        return data.split("\n", 1)[-1] if start else data  # drop a partial first line
+
     # --- what the launcher writes --------------------------------------------------------------
 
     def ledger(self) -> list[dict]:

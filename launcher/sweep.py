@@ -466,7 +466,7 @@ def run_sweep(
             got = kube.get_record(p.run)
             if got:
                 rd = RunDir(p.record.spec.run_dir)
-                panels.append(live_view(got[0], rd.metrics(), rd.ledger(), rd.latest_committed_step()))
+                panels.append(live_view(got[0], rd.latest_metrics(), rd.ledger(), rd.latest_committed_step()))
         display.update(Group(*panels))
 
     def start(p: FactorRun) -> None:

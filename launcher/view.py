@@ -71,7 +71,7 @@ def badput_table(report: RunReport) -> Table:
     return table
 
 
-def live_view(rec: RunRecord, metrics: list[dict], ledger: list[dict], committed: int | None) -> Panel:
+def live_view(rec: RunRecord, last: dict | None, ledger: list[dict], committed: int | None) -> Panel:
     seg = rec.current
     head = Text()
     style = {FINISHED: "bold green", FAILED: "bold red"}.get(rec.state, "bold cyan")
@@ -82,7 +82,7 @@ def live_view(rec: RunRecord, metrics: list[dict], ledger: list[dict], committed
             f"  segment {seg.index} on {seg.preset} x{seg.slices}: {seg.devices} devices, "
             f"micro-batch {seg.micro_batch} × {seg.grad_accum} accum = global batch {rec.spec.global_batch}"
         )
-    last = metrics[-1] if metrics else {}
+    last = last or {}
     step = last.get("step", 0)
     total = rec.total_steps or 0
     progress = Table.grid(padding=(0, 2))

@@ -43,7 +43,9 @@ def watch_run(
             throttle.ready() or (result and result.decision and result.decision.acts)
         ):
             display.update(
-                live_view(state["rec"], rundir.metrics(), rundir.ledger(), rundir.latest_committed_step())
+                live_view(
+                    state["rec"], rundir.latest_metrics(), rundir.ledger(), rundir.latest_committed_step()
+                )
             )
 
     display = Live(console=console, refresh_per_second=4, transient=False) if live else None

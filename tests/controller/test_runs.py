@@ -76,3 +76,15 @@ def test_ledger_appends_from_concurrent_writers_lose_nothing(rundir):
     # Each writer's lines stay in its own order.
     for k in range(3):
         assert [e["i"] for e in entries if e["writer"] == k] == list(range(5))
+
+
+def test_latest_metrics_reads_only_the_tail(rundir):
+    assert rundir.latest_metrics() is None
+    long = "".join(json.dumps({"step": s, "time": float(s), "pad": "x" * 200}) + "\n" for s in range(1, 1001))
+    rundir.write_text("metrics/0000-000-1.jsonl", long)  # ~230 KB: more than the tail that is read
+    assert rundir.latest_metrics()["step"] == 1000
+    # A newer incarnation whose file exists but has no complete line yet does not hide the last one.
+    rundir.write_text("metrics/0001-000-2.jsonl", '{"step": 10')
+    assert rundir.latest_metrics()["step"] == 1000
+    rundir.write_text("metrics/0001-000-2.jsonl", json.dumps({"step": 1001, "time": 1001.0}) + "\n")
+    assert rundir.latest_metrics()["step"] == 1001
