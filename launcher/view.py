@@ -71,6 +71,9 @@ def badput_table(report: RunReport) -> Table:
     return table
 
 
+_VIEW_KINDS = {"act", "takeover", "launch", "conflict"}
+
+
 def live_view(rec: RunRecord, last: dict | None, ledger: list[dict], committed: int | None) -> Panel:
     seg = rec.current
     head = Text()
@@ -93,13 +96,12 @@ def live_view(rec: RunRecord, last: dict | None, ledger: list[dict], committed: 
         Text(f"{last[TOKENS]:,.0f} tokens/s" if TOKENS in last else ""),
         Text(f"committed {committed}" if committed is not None else "no checkpoint yet"),
     )
+    # Actions and the disruptions that caused them, interleaved in the order they happened.
+    acts = [(e, e.get("reason") or e["kind"], "") for e in ledger if e.get("kind") in _VIEW_KINDS]
+    seen = [(e, "; ".join(e["disruptions"][:3]), "yellow") for e in ledger if e.get("disruptions")]
     events = Table.grid(padding=(0, 1))
-    for e in [e for e in ledger if e.get("kind") in {"act", "takeover", "launch", "conflict"}][-8:]:
-        events.add_row(Text(_clock(e.get("time")), style="dim"), Text(e.get("reason") or e.get("kind", "")))
-    for e in [e for e in ledger if e.get("kind") == "observe" and e.get("disruptions")][-2:]:
-        events.add_row(
-            Text(_clock(e.get("time")), style="dim"), Text("; ".join(e["disruptions"][:3]), style="yellow")
-        )
+    for e, text, style in sorted(acts[-8:] + seen[-2:], key=lambda x: x[0].get("time") or 0):
+        events.add_row(Text(_clock(e.get("time")), style="dim"), Text(text, style=style))
     return Panel(
         Group(head, progress, Text(rec.reason, style="italic"), events), title="reslice", expand=True
     )

@@ -85,3 +85,23 @@ def test_plots_are_pngs(tmp_path):
     for name in ("loss.png", "timeline.png"):
         data = (tmp_path / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_live_view_interleaves_disruptions_with_actions_in_time_order():
+    from rich.console import Console
+
+    from launcher.view import live_view
+
+    rec, metrics, _ = history()
+    ledger = [
+        {"time": T0 + 1, "kind": "launch", "reason": "launched"},
+        {"time": T0 + 20, "kind": "observe", "disruptions": ["node pool np-1: gone"]},
+        {"time": T0 + 21, "kind": "act", "reason": "shrinking"},
+        {"time": T0 + 50, "kind": "act", "reason": "trainer finished step 6"},
+    ]
+    console = Console(width=200, record=True)
+    console.print(live_view(rec, metrics[-1], ledger, committed=6))
+    text = console.export_text()
+    order = [text.index(s) for s in ("launched", "np-1: gone", "shrinking", "finished step 6")]
+    assert order == sorted(order)
+    assert "step 6/" in text and "loss 4.4000" in text and "committed 6" in text
