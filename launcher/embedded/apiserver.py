@@ -16,6 +16,7 @@ import logging
 import random
 import select
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -49,6 +50,11 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], api: ApiServer) -> None:
         self.api = api
         super().__init__(address, _Handler)
+
+    def handle_error(self, request, client_address) -> None:
+        # A client that hangs up (a watch closed at shutdown) is normal; anything else is a bug.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class ApiServer:

@@ -4,6 +4,10 @@ generation, defaults, conflicts and the Status bodies of errors."""
 from __future__ import annotations
 
 import json
+import socket
+import struct
+import time
+from urllib.parse import urlsplit
 
 import pytest
 from kubernetes.client import ApiException
@@ -194,3 +198,16 @@ def test_nodes_events_leases(api: Api) -> None:
     with pytest.raises(ApiException) as err:
         api.coordination.replace_namespaced_lease("leader", "default", created)
     assert err.value.status == 409
+
+
+def test_a_client_hanging_up_is_not_reported_as_a_server_error(api: Api, capfd) -> None:
+    """A keep-alive connection reset between requests (a controller stopping its watches) is
+    normal: no traceback on the server's stderr, and the server keeps answering."""
+    url = urlsplit(api.server.url)
+    with socket.create_connection((url.hostname, url.port)) as s:
+        s.sendall(b"GET /api HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert s.recv(4096).startswith(b"HTTP/1.1 200")
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+    time.sleep(0.3)
+    assert api.core.list_namespace().items is not None
+    assert "Traceback" not in capfd.readouterr().err
