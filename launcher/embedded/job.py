@@ -26,6 +26,7 @@ from launcher.embedded.runtime import Controller, EventRecorder
 DEFAULT_BACKOFF_LIMIT = 6
 BACKOFF_BASE_S = 10.0
 BACKOFF_MAX_S = 360.0
+SYNC_BATCH_S = 1.0  # upstream syncJobBatchPeriod
 MSG_BACKOFF = "Job has reached the specified backoff limit"
 MSG_COMPLETIONS = "Reached expected number of succeeded pods"
 # Upstream's job-tracking finalizer: a pod cannot leave the API before the controller counted it.
@@ -398,6 +399,7 @@ class JobController(Controller):
         self.recorder = EventRecorder(store, "job-controller")
         self._terminal: dict[str, dict[str, dict[str, Any]]] = {}  # job uid → pod uid → pod
         self._job_keys: dict[str, tuple[str, str]] = {}  # job uid → (ns, name)
+        self._generations: dict[str, int | None] = {}  # job uid → last generation seen
 
     def resync(self) -> None:
         jobs, _ = self.store.list(self.jobs)
@@ -411,6 +413,7 @@ class JobController(Controller):
             if event == "DELETED":
                 self._terminal.pop(uid, None)
                 self._job_keys.pop(uid, None)
+                self._generations.pop(uid, None)
                 # Its pods that already finished may have had their events before the deletion
                 # and will get no more: release them now (upstream's orphan-pod cleanup).
                 return [("orphans", o.meta(obj).get("namespace"), uid)]
@@ -423,6 +426,19 @@ class JobController(Controller):
             if TRACKING_FINALIZER in (o.meta(obj).get("finalizers") or []):
                 return [("orphan", *o.key_of(obj))]
         return []
+
+    def batch_period(self, event: str, res: Any, obj: Mapping[str, Any]) -> float:
+        # Pod events are batched as upstream does (syncJobBatchPeriod): a slice of 768 pods
+        # starting up is a few syncs, not one per pod update, each re-reading every pod.
+        if res.plural == "pods":
+            return SYNC_BATCH_S if o.controller_uid(obj) in self._job_keys else 0.0
+        if event == "DELETED":
+            return 0.0
+        # A Job's own status writes are batched too; a new Job or a spec change syncs at once.
+        uid, generation = o.meta(obj).get("uid"), o.meta(obj).get("generation")
+        seen = self._generations.get(uid)
+        self._generations[uid] = generation
+        return SYNC_BATCH_S if event == "MODIFIED" and seen == generation else 0.0
 
     def _leader_domain(self, job: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> str | None:
         topo = exclusive_topology(job)

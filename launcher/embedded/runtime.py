@@ -31,6 +31,7 @@ class Controller:
         self._cv = threading.Condition()
         self._queue: dict[Hashable, None] = {}  # insertion-ordered set
         self._delayed: list[tuple[float, int, Hashable]] = []
+        self._batched: dict[Hashable, float] = {}  # key → when its batched sync is due
         self._seq = 0
         self._busy = False
         self._stop = False
@@ -61,6 +62,11 @@ class Controller:
     def keys_for(self, event: str, res: Any, obj: Mapping[str, Any]) -> list[Hashable]:
         return []
 
+    def batch_period(self, event: str, res: Any, obj: Mapping[str, Any]) -> float:
+        """Seconds to hold the keys of this event so that a burst of events costs one reconcile
+        (upstream's Job controller batches pod events by one second)."""
+        return 0.0
+
     def reconcile(self, key: Hashable) -> float | None:
         raise NotImplementedError
 
@@ -71,12 +77,22 @@ class Controller:
         except Exception:  # a bad object must not break the writer that triggered the event
             log.exception("%s: mapping %s event", self.name, event)
             return
+        batch = self.batch_period(event, res, obj) if keys else 0.0
         for k in keys:
-            self.enqueue(k)
+            self.enqueue(k, batch=batch)
 
-    def enqueue(self, key: Hashable, after: float = 0.0) -> None:
+    def enqueue(self, key: Hashable, after: float = 0.0, batch: float = 0.0) -> None:
+        """Reconcile `key` now, `after` seconds from now, or — with `batch` — once within `batch`
+        seconds however many times it is enqueued meanwhile (client-go's AddAfter)."""
         with self._cv:
-            if after > 0:
+            if batch > 0:
+                if key in self._queue or key in self._batched:
+                    return
+                due = time.monotonic() + batch
+                self._batched[key] = due
+                self._seq += 1
+                heapq.heappush(self._delayed, (due, self._seq, key))
+            elif after > 0:
                 self._seq += 1
                 heapq.heappush(self._delayed, (time.monotonic() + after, self._seq, key))
             else:
@@ -85,14 +101,17 @@ class Controller:
 
     def idle(self) -> bool:
         with self._cv:
-            return not self._queue and not self._busy
+            return not self._queue and not self._busy and not self._batched
 
     def _next(self) -> Hashable | None:
         with self._cv:
             while not self._stop:
                 now = time.monotonic()
                 while self._delayed and self._delayed[0][0] <= now:
-                    self._queue[heapq.heappop(self._delayed)[2]] = None
+                    due, _, key = heapq.heappop(self._delayed)
+                    if self._batched.get(key) == due:
+                        del self._batched[key]
+                    self._queue[key] = None
                 if self._queue:
                     key = next(iter(self._queue))
                     del self._queue[key]
