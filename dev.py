@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Set up and run reslice from a fresh clone with nothing but Python 3.11 and pip (no make).
+
+    python3 dev.py demo [ARGS]    set up .venv from the lock file, then run the elastic demo
+    python3 dev.py test [ARGS]    set up .venv, lint (ruff), then run the whole test suite
+    python3 dev.py bench [ARGS]   set up .venv, then list (or, with a name, run) the benchmarks
+    python3 dev.py lock           regenerate requirements/*.lock after changing pyproject.toml (uv)
+
+Set-up runs again only when requirements/dev.lock or pyproject.toml changed since the last one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+BIN = VENV / "bin"
+STAMP = VENV / ".installed"
+LOCK_INPUTS = (ROOT / "requirements" / "dev.lock", ROOT / "pyproject.toml")
+PIP = ("-m", "pip", "install", "-q", "--disable-pip-version-check")
+# (output, extra, platform): the lock files `lock` writes, all for CPython 3.11 on Linux x86-64.
+LOCKS = (
+    ("dev.lock", "dev", "x86_64-manylinux_2_28"),
+    ("run.lock", None, "x86_64-manylinux_2_28"),
+    ("tpu.lock", "tpu", "x86_64-manylinux_2_31"),
+)
+
+
+def python311() -> str:
+    """The interpreter the lock files are for: this one if it is 3.11, else python3.11 on PATH."""
+    if sys.version_info[:2] == (3, 11):
+        return sys.executable
+    found = shutil.which("python3.11")
+    if found is None:
+        sys.exit("dev.py: needs Python 3.11 (the lock files pin wheels for it); python3.11 is not on PATH")
+    return found
+
+
+def setup() -> None:
+    if STAMP.exists() and all(p.stat().st_mtime <= STAMP.stat().st_mtime for p in LOCK_INPUTS):
+        return
+    STAMP.unlink(missing_ok=True)  # a set-up that fails half-way is redone next time
+    _run(python311(), "-m", "venv", str(VENV))
+    _run(str(BIN / "python"), *PIP, "--require-hashes", "-r", "requirements/dev.lock")
+    _run(str(BIN / "python"), *PIP, "--no-deps", "-e", ".")
+    STAMP.touch()
+
+
+def test(args: list[str]) -> None:
+    setup()
+    _run(str(BIN / "ruff"), "check", ".")
+    _run(str(BIN / "ruff"), "format", "--check", ".")
+    _exec(str(BIN / "pytest"), *args)
+
+
+def demo(args: list[str]) -> None:
+    setup()
+    _exec(str(BIN / "reslice"), "demo", *args)
+
+
+def bench(args: list[str]) -> None:
+    setup()
+    _exec(str(BIN / "python"), "-m", "bench", *args)
+
+
+def lock(args: list[str]) -> None:
+    uv = shutil.which("uv") or sys.exit("dev.py lock: needs uv (pip install uv)")
+    for out, extra, platform in LOCKS:
+        cmd = [uv, "pip", "compile", "pyproject.toml", "--python-version", "3.11"]
+        cmd += ["--python-platform", platform, "--generate-hashes", "--no-header"]
+        cmd += ["--annotation-style", "line", "-o", f"requirements/{out}"]
+        _run(*cmd, *(["--extra", extra] if extra else []))
+
+
+def _run(*cmd: str) -> None:
+    done = subprocess.run(cmd, cwd=ROOT)
+    if done.returncode:
+        sys.exit(done.returncode)
+
+
+def _exec(*cmd: str) -> None:
+    os.chdir(ROOT)
+    os.execv(cmd[0], list(cmd))
+
+
+COMMANDS = {"test": test, "demo": demo, "bench": bench, "lock": lock}
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+        print(__doc__.strip(), file=sys.stderr)
+        sys.exit(2)
+    COMMANDS[sys.argv[1]](sys.argv[2:])
