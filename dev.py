@@ -3,7 +3,7 @@
 
     python3 dev.py demo [ARGS]    set up .venv from the lock file, then run the elastic demo
     python3 dev.py test [ARGS]    set up .venv, lint (ruff), then run the whole test suite
-    python3 dev.py bench [ARGS]   set up .venv, then list (or, with a name, run) the benchmarks
+    python3 dev.py bench [NAME]   set up .venv, then list the benchmarks (or run bench.NAME)
     python3 dev.py lock           regenerate requirements/*.lock after changing pyproject.toml (uv)
 
 Set-up runs again only when requirements/dev.lock or pyproject.toml changed since the last one.
@@ -65,7 +65,8 @@ def demo(args: list[str]) -> None:
 
 def bench(args: list[str]) -> None:
     setup()
-    _exec(str(BIN / "python"), "-m", "bench", *args)
+    module = f"bench.{args[0]}" if args else "bench"
+    _exec(str(BIN / "python"), "-m", module, *args[1:])
 
 
 def lock(args: list[str]) -> None:
