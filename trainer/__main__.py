@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import sys
+import traceback
 
 from trainer import Preemption
 from trainer.config import ConfigError
@@ -48,8 +50,27 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"trainer: config error: {e}", file=sys.stderr, flush=True)
         return 2
+    except Exception:
+        from trainer import distributed
+
+        if not distributed.joined():
+            raise
+        # Most likely a peer is gone (its collectives fail here at once). JAX's exit handler would
+        # then wait at the shutdown barrier for that peer until the heartbeat timeout (100 s by
+        # default), holding this host and delaying the restart: leave now, as a failure.
+        traceback.print_exc()
+        print("trainer: failed in a multi-process run: exiting without the shutdown barrier", flush=True)
+        _exit_now(1)
     finally:
         preemption.restore()
+
+
+def _exit_now(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for child in multiprocessing.active_children():  # data loader workers, if any
+        child.kill()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -54,8 +54,17 @@ def _tpu_multihost(env: Mapping[str, str]) -> bool:
     return len(hosts) > 1 or _int(env, "MEGASCALE_NUM_SLICES", 1) > 1
 
 
+_joined = False
+
+
+def joined() -> bool:
+    """Whether this process joined a multi-process group (its exit then involves the peers)."""
+    return _joined
+
+
 def initialize(env: Mapping[str, str]) -> Identity:
     """Join the process group (before anything touches the JAX backend)."""
+    global _joined
     ident = identity(env)
     heartbeat = _int(env, "RESLICE_HEARTBEAT_TIMEOUT_S", 100)
     # JAX's preemption service would install its own SIGTERM handler over ours (trainer.Preemption):
@@ -68,7 +77,9 @@ def initialize(env: Mapping[str, str]) -> Identity:
             ident.process_id,
             heartbeat_timeout_seconds=heartbeat,
         )
+        _joined = True
     elif _tpu_multihost(env):
         jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat)
+        _joined = True
         ident = Identity(jax.process_index(), jax.process_count(), None)
     return ident

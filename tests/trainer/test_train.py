@@ -151,6 +151,24 @@ def test_two_processes_train_to_the_end(reference: dict, tmp_path: Path) -> None
     }
 
 
+def test_survivor_of_a_dead_peer_fails_at_once_instead_of_waiting_for_the_heartbeat(tmp_path: Path) -> None:
+    # A lost host: its peer's collectives fail at once, but JAX's exit handler would then wait at
+    # the shutdown barrier until the heartbeat timeout (here 60 s; 100 s on GKE by default) while
+    # the slice stays held. The trainer skips the barrier after a failure and exits 1.
+    run_dir = tmp_path / "run"
+    procs = runs.processes(str(run_dir), tmp_path, grad_accum=2, extra={"RESLICE_HEARTBEAT_TIMEOUT_S": "60"})
+    runs.wait_for(lambda: runs.last_step(run_dir) >= 12, 200, "step 12", procs[0])
+    procs[1].signal(signal.SIGKILL)
+    t0 = time.monotonic()
+    rc = procs[0].wait(90)
+    elapsed = time.monotonic() - t0
+    out = procs[0].output()
+    assert rc == 1, out[-3000:]
+    assert "exiting without the shutdown barrier" in out
+    assert elapsed < 15, f"the survivor took {elapsed:.1f} s to exit"
+    assert 10 in runs.committed(run_dir)  # what a resume uses is intact
+
+
 def _gcs_committed(gcs: FakeGCS, prefix: str) -> list[int]:
     names = gcs.list_objects("reslice", f"{prefix}/checkpoints/")
     return sorted(
