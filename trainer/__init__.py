@@ -8,8 +8,16 @@ Module map: ``config`` (named configs, overrides, contract env) -> ``distributed
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
+
+EXIT_STALLED = 143  # what a SIGTERM with the default disposition reports: stopped, nothing saved
 
 
 class Preemption:
@@ -17,15 +25,73 @@ class Preemption:
 
     Lives here, free of heavy imports, so that ``__main__`` can install it before importing JAX:
     a SIGTERM during start-up must not kill the process with a non-contract exit code.
+
+    After a SIGTERM the step in flight may never finish: when a peer is gone, its collectives wait
+    for it until JAX's heartbeat timeout (100 s by default) while this host stays held, and then
+    the grace period runs out anyway. So a watchdog thread hears the signal through a wakeup fd
+    (the Python handler only runs once the main thread is back from XLA) and, once steps have been
+    finishing, exits ``EXIT_STALLED`` when none has finished for ``stall_s()`` since the signal.
+    Never during a checkpoint save (``saving()``), and never before the first step (compiling).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, stall_timeout_s: float = 0.0) -> None:
         self.requested = False
+        self.stall_timeout_s = stall_timeout_s  # 0: max(3 s, 3 x the longest step so far)
+        self._last_step: float | None = None  # monotonic time the last step finished
+        self._longest = 0.0
+        self._saving = False
+        self._closed = False
         self._previous = signal.signal(signal.SIGTERM, self._handle)
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self._previous_fd = signal.set_wakeup_fd(self._write)
+        threading.Thread(target=self._watch, name="sigterm-watchdog", daemon=True).start()
 
     def _handle(self, signum: int, frame: Any) -> None:
         self.requested = True
         print("trainer: SIGTERM: finishing the step in flight, then checkpoint and exit 42", flush=True)
 
+    def step_done(self, seconds: float) -> None:
+        self._last_step = time.monotonic()
+        self._longest = max(self._longest, seconds)
+
+    @contextlib.contextmanager
+    def saving(self) -> Iterator[None]:
+        self._saving = True
+        try:
+            yield
+        finally:
+            self._saving = False
+            self._last_step = time.monotonic()
+
+    def stall_s(self) -> float:
+        return self.stall_timeout_s or max(3.0, 3 * self._longest)
+
+    def _watch(self) -> None:
+        with os.fdopen(self._read, "rb", buffering=0) as wakeups:
+            while signal.SIGTERM not in (got := wakeups.read(64)):  # a byte per signal caught
+                if not got:  # restore() closed the pipe
+                    return
+        signalled = time.monotonic()
+        while not self._closed:
+            time.sleep(0.1)
+            if self._last_step is None or self._saving or self._closed:
+                continue
+            idle = time.monotonic() - max(self._last_step, signalled)
+            if idle > self.stall_s():
+                print(
+                    f"trainer: no step finished for {idle:.1f} s after SIGTERM (a peer is gone?):"
+                    f" exiting {EXIT_STALLED} without a checkpoint; the latest committed step stands",
+                    flush=True,
+                )
+                sys.stderr.flush()
+                os._exit(EXIT_STALLED)
+
     def restore(self) -> None:
+        """Put the previous handler back and stop the watchdog (the loop has returned)."""
+        if self._closed:
+            return
+        self._closed = True
         signal.signal(signal.SIGTERM, self._previous)
+        signal.set_wakeup_fd(self._previous_fd)
+        os.close(self._write)

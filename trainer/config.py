@@ -97,6 +97,9 @@ class TrainConfig:
     # Fault rehearsal: raise an error before this step, in every incarnation (0: never). An
     # application failure on purpose, so crash-loop handling can be tested end to end.
     crash_at_step: int = 0
+    # After a SIGTERM, exit 143 without a checkpoint when no step has finished for this long (a
+    # peer is gone and the step in flight will never finish). 0: max(3 s, 3 x the longest step).
+    stall_timeout_s: float = 0.0
 
 
 @dataclass
@@ -308,6 +311,7 @@ def validate(cfg: Config) -> None:
         (cfg.data.source != "files" or bool(cfg.data.path), "data.path is required for data.source=files"),
         (cfg.data.dtype in ("uint16", "uint32"), "data.dtype must be uint16 or uint32"),
         (cfg.data.workers >= 0 and cfg.data.prefetch >= 0, "data.workers and data.prefetch must be >= 0"),
+        (cfg.train.stall_timeout_s >= 0, "train.stall_timeout_s must be >= 0 (0: automatic)"),
         (t.steps > 0 and t.global_batch > 0, "train.steps and train.global_batch must be positive"),
         (t.micro_batch >= 0 and t.grad_accum > 0, "train.grad_accum must be positive"),
         (cfg.checkpoint.interval > 0 and cfg.checkpoint.keep > 0, "checkpoint.interval and keep must be positive"),

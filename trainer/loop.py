@@ -105,6 +105,7 @@ class Recorder:
 def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = None) -> int:
     """Train until ``train.steps`` (exit 0) or a SIGTERM (exit 42); see the module docstring."""
     preemption = preemption or Preemption()
+    preemption.stall_timeout_s = cfg.train.stall_timeout_s
     ident = distributed.initialize(env)
     segment = _env_number(env, "RESLICE_SEGMENT", int)
     attempt = _env_number(env, "RESLICE_RESTART_ATTEMPT", int)
@@ -181,6 +182,7 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
                 m = unpack(jax.device_get(dm))
                 now = time.perf_counter()
                 rec = recorder(pn, m, batch, data_s, now - last_done)
+                preemption.step_done(rec["perf/step_time_seconds"])
                 rec.update(startup)  # on the first record of this incarnation only
                 startup.clear()
                 last_done, pending = now, None
@@ -211,14 +213,16 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
                 pending = (n, dm, batch, data_s)
                 if n % cfg.checkpoint.interval == 0 or n == total_steps or stop:
                     rec = finish()  # the step's own time, before the save blocks
-                    rec["perf/checkpoint_save_seconds"] = ckpt.save(n, state, meta(n))
+                    with preemption.saving():
+                        rec["perf/checkpoint_save_seconds"] = ckpt.save(n, state, meta(n))
                     last_done = time.perf_counter()
                     writer.write(rec)
                     writer.status(state="running", step=n, **status)
                     writer.flush()
                     if stop:
                         break
-            ckpt.wait()
+            with preemption.saving():
+                ckpt.wait()
             if n >= total_steps:
                 writer.status(state="finished", step=n, **status)
                 print(f"trainer: finished {n} steps", flush=True)

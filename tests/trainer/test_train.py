@@ -169,6 +169,27 @@ def test_survivor_of_a_dead_peer_fails_at_once_instead_of_waiting_for_the_heartb
     assert 10 in runs.committed(run_dir)  # what a resume uses is intact
 
 
+def test_sigterm_while_a_peer_hangs_exits_143_instead_of_waiting_for_the_heartbeat(tmp_path: Path) -> None:
+    # A peer that stopped answering (SIGSTOP: no connection reset, no error) leaves the step in
+    # flight waiting until the heartbeat timeout. After a SIGTERM the watchdog ends it sooner.
+    run_dir = tmp_path / "run"
+    procs = runs.processes(str(run_dir), tmp_path, grad_accum=2, extra={"RESLICE_HEARTBEAT_TIMEOUT_S": "60"})
+    runs.wait_for(lambda: runs.last_step(run_dir) >= 12, 200, "step 12", procs[0])
+    procs[1].signal(signal.SIGSTOP)
+    try:
+        procs[0].signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        rc = procs[0].wait(90)
+        elapsed = time.monotonic() - t0
+    finally:
+        procs[1].signal(signal.SIGKILL)
+    out = procs[0].output()
+    assert rc == 143, out[-3000:]
+    assert "after SIGTERM (a peer is gone?)" in out
+    assert elapsed < 20, f"took {elapsed:.1f} s"  # the heartbeat would have taken 60 s
+    assert 10 in runs.committed(run_dir)
+
+
 def _gcs_committed(gcs: FakeGCS, prefix: str) -> list[int]:
     names = gcs.list_objects("reslice", f"{prefix}/checkpoints/")
     return sorted(
