@@ -36,9 +36,9 @@ class Preemption:
 
     def __init__(self, stall_timeout_s: float = 0.0) -> None:
         self.requested = False
-        self.stall_timeout_s = stall_timeout_s  # 0: max(3 s, 3 x the longest step so far)
+        self.stall_timeout_s = stall_timeout_s  # 0: automatic, see stall_s()
         self._last_step: float | None = None  # monotonic time the last step finished
-        self._longest = 0.0
+        self._step_times: list[float] = []  # the first step's, then the longest since
         self._saving = False
         self._closed = False
         self._previous = signal.signal(signal.SIGTERM, self._handle)
@@ -53,7 +53,10 @@ class Preemption:
 
     def step_done(self, seconds: float) -> None:
         self._last_step = time.monotonic()
-        self._longest = max(self._longest, seconds)
+        if len(self._step_times) < 2:
+            self._step_times.append(seconds)
+        else:
+            self._step_times[1] = max(self._step_times[1], seconds)
 
     @contextlib.contextmanager
     def saving(self) -> Iterator[None]:
@@ -65,7 +68,9 @@ class Preemption:
             self._last_step = time.monotonic()
 
     def stall_s(self) -> float:
-        return self.stall_timeout_s or max(3.0, 3 * self._longest)
+        """max(3 s, 3 x the longest step): the first step only until there is another, as it waits
+        for every peer to start (seconds more than a step on a multi-process run)."""
+        return self.stall_timeout_s or max(3.0, 3 * (self._step_times or [0.0])[-1])
 
     def _watch(self) -> None:
         with os.fdopen(self._read, "rb", buffering=0) as wakeups:

@@ -98,7 +98,8 @@ class TrainConfig:
     # application failure on purpose, so crash-loop handling can be tested end to end.
     crash_at_step: int = 0
     # After a SIGTERM, exit 143 without a checkpoint when no step has finished for this long (a
-    # peer is gone and the step in flight will never finish). 0: max(3 s, 3 x the longest step).
+    # peer is gone and the step in flight will never finish). 0: max(3 s, 3 x the longest step
+    # after the first, which waits for every peer to start).
     stall_timeout_s: float = 0.0
 
 

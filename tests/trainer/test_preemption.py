@@ -29,14 +29,15 @@ def run_child(body: str, timeout: float = 30) -> tuple[int, str, float]:
 
 def test_a_step_that_never_finishes_after_sigterm_exits_143_after_the_stall_timeout() -> None:
     rc, out, took = run_child("""
-        p.step_done(0.2)              # steps have been finishing, the longest took 0.2 s
+        p.step_done(6.0)              # the first step waited for the peers to start
+        p.step_done(0.2)              # then steps have been finishing, the longest took 0.2 s
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(30)                # the step in flight, waiting for a peer that is gone
         sys.exit(0)
     """)
     assert rc == 143, out
     assert "no step finished for 3." in out and "without a checkpoint" in out
-    assert 3 <= took < 10  # max(3 s, 3 x 0.2 s), not the 30 s the step would hang
+    assert 3 <= took < 10  # max(3 s, 3 x 0.2 s): not 3 x 6 s, nor the 30 s the step would hang
 
 
 def test_steps_that_keep_finishing_and_a_long_save_are_not_stalls() -> None:
