@@ -34,11 +34,12 @@ class Preemption:
     Never during a checkpoint save (``saving()``), and never before the first step (compiling).
     """
 
-    def __init__(self, stall_timeout_s: float = 0.0) -> None:
+    def __init__(self) -> None:
         self.requested = False
-        self.stall_timeout_s = stall_timeout_s  # 0: automatic, see stall_s()
+        self.stall_timeout_s = 0.0  # train.stall_timeout_s; 0: automatic, see stall_s()
         self._last_step: float | None = None  # monotonic time the last step finished
-        self._step_times: list[float] = []  # the first step's, then the longest since
+        self._first_step_s = 0.0
+        self._longest_since_s = 0.0  # the longest step after the first
         self._saving = False
         self._closed = False
         self._previous = signal.signal(signal.SIGTERM, self._handle)
@@ -52,11 +53,11 @@ class Preemption:
         print("trainer: SIGTERM: finishing the step in flight, then checkpoint and exit 42", flush=True)
 
     def step_done(self, seconds: float) -> None:
-        self._last_step = time.monotonic()
-        if len(self._step_times) < 2:
-            self._step_times.append(seconds)
+        if self._last_step is None:
+            self._first_step_s = seconds
         else:
-            self._step_times[1] = max(self._step_times[1], seconds)
+            self._longest_since_s = max(self._longest_since_s, seconds)
+        self._last_step = time.monotonic()
 
     @contextlib.contextmanager
     def saving(self) -> Iterator[None]:
@@ -70,7 +71,7 @@ class Preemption:
     def stall_s(self) -> float:
         """max(3 s, 3 x the longest step): the first step only until there is another, as it waits
         for every peer to start (seconds more than a step on a multi-process run)."""
-        return self.stall_timeout_s or max(3.0, 3 * (self._step_times or [0.0])[-1])
+        return self.stall_timeout_s or max(3.0, 3 * (self._longest_since_s or self._first_step_s))
 
     def _watch(self) -> None:
         with os.fdopen(self._read, "rb", buffering=0) as wakeups:

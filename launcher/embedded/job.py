@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.embedded import objects as o
-from launcher.embedded.runtime import Controller, EventRecorder
+from launcher.embedded.runtime import Batched, Controller, EventRecorder
 
 DEFAULT_BACKOFF_LIMIT = 6
 BACKOFF_BASE_S = 10.0
@@ -408,6 +408,9 @@ class JobController(Controller):
             self.enqueue(("job", *o.key_of(j)))
 
     def keys_for(self, event: str, res: Any, obj: Mapping[str, Any]) -> list[Hashable]:
+        # As upstream (syncJobBatchPeriod), pod events and the Job's own status writes are batched:
+        # a slice of 768 pods starting up costs a few syncs, not one per pod update, each
+        # re-reading every pod. A new Job or a spec change syncs at once.
         if res.plural == "jobs":
             uid = o.meta(obj)["uid"]
             if event == "DELETED":
@@ -418,27 +421,18 @@ class JobController(Controller):
                 # and will get no more: release them now (upstream's orphan-pod cleanup).
                 return [("orphans", o.meta(obj).get("namespace"), uid)]
             self._job_keys[uid] = o.key_of(obj)
-            return [("job", *o.key_of(obj))]
+            generation = o.meta(obj).get("generation")
+            status_only = event == "MODIFIED" and self._generations.get(uid) == generation
+            self._generations[uid] = generation
+            key = ("job", *o.key_of(obj))
+            return [Batched(key, SYNC_BATCH_S) if status_only else key]
         if res.plural == "pods" and event != "DELETED":
             owner = o.controller_uid(obj)
             if owner in self._job_keys:
-                return [("job", *self._job_keys[owner])]
+                return [Batched(("job", *self._job_keys[owner]), SYNC_BATCH_S)]
             if TRACKING_FINALIZER in (o.meta(obj).get("finalizers") or []):
                 return [("orphan", *o.key_of(obj))]
         return []
-
-    def batch_period(self, event: str, res: Any, obj: Mapping[str, Any]) -> float:
-        # Pod events are batched as upstream does (syncJobBatchPeriod): a slice of 768 pods
-        # starting up is a few syncs, not one per pod update, each re-reading every pod.
-        if res.plural == "pods":
-            return SYNC_BATCH_S if o.controller_uid(obj) in self._job_keys else 0.0
-        if event == "DELETED":
-            return 0.0
-        # A Job's own status writes are batched too; a new Job or a spec change syncs at once.
-        uid, generation = o.meta(obj).get("uid"), o.meta(obj).get("generation")
-        seen = self._generations.get(uid)
-        self._generations[uid] = generation
-        return SYNC_BATCH_S if event == "MODIFIED" and seen == generation else 0.0
 
     def _leader_domain(self, job: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> str | None:
         topo = exclusive_topology(job)

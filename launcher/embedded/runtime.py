@@ -13,11 +13,20 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from launcher.embedded import objects as o
 
 log = logging.getLogger("launcher.embedded")
+
+
+@dataclass(frozen=True)
+class Batched:
+    """A key from `keys_for` to reconcile once within `seconds`, however often it comes meanwhile."""
+
+    key: Hashable
+    seconds: float
 
 
 class Controller:
@@ -62,11 +71,6 @@ class Controller:
     def keys_for(self, event: str, res: Any, obj: Mapping[str, Any]) -> list[Hashable]:
         return []
 
-    def batch_period(self, event: str, res: Any, obj: Mapping[str, Any]) -> float:
-        """Seconds to hold the keys of this event so that a burst of events costs one reconcile
-        (upstream's Job controller batches pod events by one second)."""
-        return 0.0
-
     def reconcile(self, key: Hashable) -> float | None:
         raise NotImplementedError
 
@@ -77,9 +81,11 @@ class Controller:
         except Exception:  # a bad object must not break the writer that triggered the event
             log.exception("%s: mapping %s event", self.name, event)
             return
-        batch = self.batch_period(event, res, obj) if keys else 0.0
         for k in keys:
-            self.enqueue(k, batch=batch)
+            if isinstance(k, Batched):
+                self.enqueue(k.key, batch=k.seconds)
+            else:
+                self.enqueue(k)
 
     def enqueue(self, key: Hashable, after: float = 0.0, batch: float = 0.0) -> None:
         """Reconcile `key` now, `after` seconds from now, or — with `batch` — once within `batch`
