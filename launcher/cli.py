@@ -91,6 +91,19 @@ SlicesOpt = Annotated[int | None, typer.Option("--slices", "-n", help="Slices (d
 GlobalBatchOpt = Annotated[int, typer.Option("--global-batch", "-b", help="Sequences per optimizer step.")]
 MaxMicroOpt = Annotated[int, typer.Option("--max-micro-batch", help="Largest per-device micro-batch.")]
 MaxAccumOpt = Annotated[int | None, typer.Option("--max-grad-accum", help="Most micro-steps per step.")]
+# What render, launch and sweep share (a run's spec).
+RunOpt = Annotated[str, typer.Option("--run", help="Run name (DNS-1035).")]
+ConfigOpt = Annotated[str, typer.Option("--config", "-c", help="Trainer config name or path.")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Trainer override key=value.")]
+ImageOpt = Annotated[str, typer.Option("--image", help="Trainer image.")]
+NamespaceOpt = Annotated[str, typer.Option("--namespace", help="Namespace of the run.")]
+GracePeriodOpt = Annotated[int | None, typer.Option("--grace-period", help="Seconds to save on SIGTERM.")]
+MaxRestartsOpt = Annotated[
+    int, typer.Option("--max-restarts", help="JobSet restarts per segment (preemptions do not count).")
+]
+QueueOpt = Annotated[str | None, typer.Option("--queue", help="Kueue LocalQueue.")]
+PriorityClassOpt = Annotated[str | None, typer.Option("--priority-class")]
+DEFAULT_IMAGE = "reslice-trainer:latest"
 
 
 @app.command()
@@ -143,21 +156,21 @@ def plan(
 @app.command()
 def render(
     preset: PresetOpt,
-    run: Annotated[str, typer.Option("--run", help="Run name (DNS-1035).")],
+    run: RunOpt,
     run_dir: Annotated[str, typer.Option("--run-dir", help="Run directory: a path or gs://bucket/prefix.")],
     global_batch: GlobalBatchOpt,
-    image: Annotated[str, typer.Option("--image", help="Trainer image.")] = "reslice-trainer:latest",
+    image: ImageOpt = DEFAULT_IMAGE,
     slices: SlicesOpt = None,
     segment: Annotated[int, typer.Option("--segment", help="Segment index.")] = 0,
-    config: Annotated[str, typer.Option("--config", "-c", help="Trainer config name or path.")] = "tiny",
-    overrides: Annotated[list[str] | None, typer.Option("--set", help="Trainer override key=value.")] = None,
-    namespace: Annotated[str, typer.Option("--namespace")] = "default",
+    config: ConfigOpt = "tiny",
+    overrides: SetOpt = None,
+    namespace: NamespaceOpt = "default",
     max_micro_batch: MaxMicroOpt = 16,
     max_grad_accum: MaxAccumOpt = None,
-    grace_period: Annotated[int, typer.Option("--grace-period", help="Seconds to save on SIGTERM.")] = 120,
-    max_restarts: Annotated[int, typer.Option("--max-restarts")] = 10,
-    queue: Annotated[str | None, typer.Option("--queue", help="Kueue LocalQueue.")] = None,
-    priority_class: Annotated[str | None, typer.Option("--priority-class")] = None,
+    grace_period: GracePeriodOpt = 120,
+    max_restarts: MaxRestartsOpt = 10,
+    queue: QueueOpt = None,
+    priority_class: PriorityClassOpt = None,
     pull_policy: Annotated[str, typer.Option("--pull-policy")] = "IfNotPresent",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to a file.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON instead of YAML.")] = False,
@@ -196,21 +209,20 @@ def render(
 # --- runs -------------------------------------------------------------------------------------
 
 KubeconfigOpt = Annotated[str | None, typer.Option("--kubeconfig", help="Kubeconfig (default: $KUBECONFIG).")]
-NamespaceOpt = Annotated[str, typer.Option("--namespace", help="Namespace of the run.")]
 
 
 @app.command()
 def launch(
     preset: PresetOpt,
-    run: Annotated[str, typer.Option("--run", help="Run name (DNS-1035).")],
+    run: RunOpt,
     global_batch: GlobalBatchOpt,
     slices: SlicesOpt = None,
-    config: Annotated[str, typer.Option("--config", "-c", help="Trainer config name or path.")] = "tiny",
-    overrides: Annotated[list[str] | None, typer.Option("--set", help="Trainer override key=value.")] = None,
+    config: ConfigOpt = "tiny",
+    overrides: SetOpt = None,
     run_dir: Annotated[
         str | None, typer.Option("--run-dir", help="Path or gs:// (default ./runs/RUN).")
     ] = None,
-    image: Annotated[str, typer.Option("--image", help="Trainer image.")] = "reslice-trainer:latest",
+    image: ImageOpt = DEFAULT_IMAGE,
     detach: Annotated[
         bool, typer.Option("--detach", help="Submit and return; `reslice watch` later.")
     ] = False,
@@ -218,12 +230,10 @@ def launch(
     kubeconfig: KubeconfigOpt = None,
     max_micro_batch: MaxMicroOpt = 16,
     max_grad_accum: MaxAccumOpt = None,
-    grace_period: Annotated[
-        int | None, typer.Option("--grace-period", help="Seconds to save on SIGTERM.")
-    ] = None,
-    max_restarts: Annotated[int, typer.Option("--max-restarts", help="JobSet restarts per segment.")] = 3,
-    queue: Annotated[str | None, typer.Option("--queue", help="Kueue LocalQueue.")] = None,
-    priority_class: Annotated[str | None, typer.Option("--priority-class")] = None,
+    grace_period: GracePeriodOpt = None,
+    max_restarts: MaxRestartsOpt = 3,
+    queue: QueueOpt = None,
+    priority_class: PriorityClassOpt = None,
     unschedulable_grace: Annotated[float, typer.Option("--unschedulable-grace", help="Seconds.")] = 120.0,
     grow_window: Annotated[float, typer.Option("--grow-window", help="Seconds capacity must hold.")] = 300.0,
     grow: Annotated[bool, typer.Option("--grow/--no-grow", help="Grow back when capacity returns.")] = True,
@@ -424,7 +434,7 @@ def sweep(
     preset: PresetOpt,
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps of every run.")],
     slices: SlicesOpt = None,
-    config: Annotated[str, typer.Option("--config", "-c", help="Trainer config name or path.")] = "tiny",
+    config: ConfigOpt = "tiny",
     factors: Annotated[
         str, typer.Option("--factors", help="Buffer factors, comma-separated; ≤ 0 (e.g. -1) = dropless.")
     ] = "1.0,1.0625,1.125,1.25,1.5,2.0,-1",
@@ -435,7 +445,7 @@ def sweep(
         int, typer.Option("--max-parallel", help="Runs at once on a real cluster (embedded: 1).")
     ] = 1,
     name: Annotated[str, typer.Option("--name", help="Sweep name; runs are NAME-f<factor>.")] = "sweep",
-    overrides: Annotated[list[str] | None, typer.Option("--set", help="Trainer override key=value.")] = None,
+    overrides: SetOpt = None,
     max_drop: Annotated[
         float, typer.Option("--max-drop", help="Largest dropped fraction to recommend (0.001 = 0.1 %).")
     ] = 0.001,
@@ -443,12 +453,10 @@ def sweep(
     sweep_dir: Annotated[
         str | None, typer.Option("--sweep-dir", help="Path or gs:// (default ./sweeps/NAME).")
     ] = None,
-    image: Annotated[str, typer.Option("--image", help="Trainer image.")] = "reslice-trainer:latest",
+    image: ImageOpt = DEFAULT_IMAGE,
     namespace: NamespaceOpt = "default",
     kubeconfig: KubeconfigOpt = None,
-    grace_period: Annotated[
-        int | None, typer.Option("--grace-period", help="Seconds to save on SIGTERM.")
-    ] = None,
+    grace_period: GracePeriodOpt = None,
 ) -> None:
     """Sweep the MoE ragged buffer factor: one run per factor; drops, load and step time side by side."""
     from launcher.connect import connect
