@@ -5,7 +5,7 @@ import sys
 import pytest
 import yaml
 
-from launcher.cli import main
+from tests.support.cli import run_cli
 
 RENDER = ["render", "--preset", "tpu7x-2x2x1", "--run", "demo", "--run-dir", "/tmp/r", "--global-batch", "32"]
 GOOD_PRESET = """name: {name}
@@ -16,14 +16,6 @@ chips_per_host: 4
 devices_per_chip: 2
 peak_tflops_per_chip: 2307
 """
-
-
-def run_cli(capsys, *argv):
-    with pytest.raises(SystemExit) as exc:
-        main(list(argv))
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 def test_presets_table_and_json(capsys):

@@ -6,9 +6,9 @@ import json
 import pytest
 
 import launcher.connect
-from launcher.cli import main
 from launcher.sweep import make_sweep, write_outputs
 from launcher.sweep_results import FactorResult
+from tests.support.cli import run_cli
 
 
 @pytest.fixture
@@ -21,14 +21,6 @@ def no_cluster(monkeypatch, tmp_path):
     monkeypatch.setenv("RESLICE_CLUSTER_DIR", str(tmp_path / "cluster"))
     monkeypatch.delenv("KUBECONFIG", raising=False)
     return calls
-
-
-def run_cli(capsys, *argv):
-    with pytest.raises(SystemExit) as exc:
-        main(list(argv))
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return exc.value.code, out.out, out.err
 
 
 BASE = ["sweep", "--preset", "tpu7x-2x2x1", "--steps", "20", "--name", "s"]
