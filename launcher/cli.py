@@ -22,7 +22,7 @@ from launcher.embedded.cli import app as cluster_app
 from launcher.errors import UserError
 from launcher.plan import Plan, shrink_ladder
 from launcher.presets import load_presets, make_shape
-from launcher.render import RunSpec, render_jobset
+from launcher.render import DEFAULT_COORDINATOR_PORT, RunSpec, render_jobset
 from launcher.watch import watch_all, watch_run
 
 app = typer.Typer(
@@ -97,12 +97,58 @@ ConfigOpt = Annotated[str, typer.Option("--config", "-c", help="Trainer config n
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Trainer override key=value.")]
 ImageOpt = Annotated[str, typer.Option("--image", help="Trainer image.")]
 NamespaceOpt = Annotated[str, typer.Option("--namespace", help="Namespace of the run.")]
-GracePeriodOpt = Annotated[int | None, typer.Option("--grace-period", help="Seconds to save on SIGTERM.")]
+GracePeriodOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--grace-period",
+        help="Seconds from SIGTERM to SIGKILL (default: the capacity's notice, 15 s on spot).",
+    ),
+]
 MaxRestartsOpt = Annotated[
     int, typer.Option("--max-restarts", help="JobSet restarts per segment (preemptions do not count).")
 ]
 QueueOpt = Annotated[str | None, typer.Option("--queue", help="Kueue LocalQueue.")]
 PriorityClassOpt = Annotated[str | None, typer.Option("--priority-class")]
+CoordinatorPortOpt = Annotated[
+    int,
+    typer.Option(
+        "--coordinator-port", help="JAX coordinator port on the host network (not 8431, 8080, 8470-8482)."
+    ),
+]
+PlacementOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--placement-policy",
+        help="The placement (workload) policy the node pools carry: NAME for the requested preset, or "
+        "PRESET=NAME (repeatable). Default: none is selected.",
+    ),
+]
+CpuRequestOpt = Annotated[
+    str | None, typer.Option("--cpu-request", help="Trainer cpu request (default: from the machine type).")
+]
+MemoryRequestOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--memory-request", help="Trainer memory request, e.g. 200Gi (default: from the machine type)."
+    ),
+]
+
+
+def placement_policies(preset: str, values: list[str] | None) -> tuple[tuple[str, str], ...]:
+    """`--placement-policy NAME` (the requested preset) or `PRESET=NAME`, as (preset, policy) pairs."""
+    out = {}
+    for v in values or []:
+        name, _, policy = v.rpartition("=") if "=" in v else (preset, "", v)
+        if not name.strip() or not policy.strip():
+            raise UserError(f"--placement-policy {v!r}: expected NAME or PRESET=NAME")
+        out[name.strip()] = policy.strip()
+    known = load_presets()
+    for name in out:
+        if name not in known:
+            raise UserError(f"--placement-policy {name}=...: unknown preset {name!r}")
+    return tuple(out.items())
+
+
 DEFAULT_IMAGE = "reslice-trainer:latest"
 
 
@@ -167,11 +213,15 @@ def render(
     namespace: NamespaceOpt = "default",
     max_micro_batch: MaxMicroOpt = 16,
     max_grad_accum: MaxAccumOpt = None,
-    grace_period: GracePeriodOpt = 120,
+    grace_period: GracePeriodOpt = None,
     max_restarts: MaxRestartsOpt = 10,
     queue: QueueOpt = None,
     priority_class: PriorityClassOpt = None,
     pull_policy: Annotated[str, typer.Option("--pull-policy")] = "IfNotPresent",
+    coordinator_port: CoordinatorPortOpt = DEFAULT_COORDINATOR_PORT,
+    placement_policy: PlacementOpt = None,
+    cpu_request: CpuRequestOpt = None,
+    memory_request: MemoryRequestOpt = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to a file.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON instead of YAML.")] = False,
 ) -> None:
@@ -196,6 +246,10 @@ def render(
         queue=queue,
         priority_class=priority_class,
         image_pull_policy=pull_policy,
+        coordinator_port=coordinator_port,
+        placement_policies=placement_policies(preset, placement_policy),
+        cpu_request=cpu_request,
+        memory_request=memory_request,
     )
     jobset = render_jobset(spec, make_shape(preset, slices), segment)
     text = json.dumps(jobset, indent=2) + "\n" if as_json else yaml.safe_dump(jobset, sort_keys=False)
@@ -239,6 +293,10 @@ def launch(
     grow: Annotated[bool, typer.Option("--grow/--no-grow", help="Grow back when capacity returns.")] = True,
     app_failure_budget: Annotated[int, typer.Option("--app-failure-budget")] = 3,
     app_backoff: Annotated[float, typer.Option("--app-backoff", help="Seconds, doubled per failure.")] = 30.0,
+    coordinator_port: CoordinatorPortOpt = DEFAULT_COORDINATOR_PORT,
+    placement_policy: PlacementOpt = None,
+    cpu_request: CpuRequestOpt = None,
+    memory_request: MemoryRequestOpt = None,
 ) -> None:
     """Launch a run: plan, submit segment 0, and watch it (shrink, grow back) until it ends."""
     from launcher.connect import connect
@@ -268,6 +326,10 @@ def launch(
         max_restarts=max_restarts,
         queue=queue,
         priority_class=priority_class,
+        coordinator_port=coordinator_port,
+        placement_policies=placement_policies(preset, placement_policy),
+        cpu_request=cpu_request,
+        memory_request=memory_request,
     )
     rec, _ = prepare(spec, preset, slices, policy)  # every check before anything is created
     conn = connect(kubeconfig, namespace, start_embedded=f"{shape.preset.name}:{shape.slices}")
@@ -310,7 +372,7 @@ def demo(
     ),
     steps: Annotated[int, typer.Option("--steps", help="Training steps.")] = 30,
 ) -> None:
-    """The elastic demo on the embedded cluster: 4 slices, lose 3, resume on 1, grow back."""
+    """The elastic demo on the embedded cluster: 2 slices of tpu7x-2x2x2, lose 1, resume on 1, grow back."""
     from launcher.demo import run_demo
 
     if steps < 25:

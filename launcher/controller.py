@@ -28,7 +28,7 @@ from launcher.kube import Conflict, Kube
 from launcher.plan import shrink_ladder
 from launcher.presets import load_presets
 from launcher.record import RunRecord
-from launcher.render import LABEL_RUN, render_jobset
+from launcher.render import LABEL_RUN, render_jobset, run_preset
 from launcher.runs import RunDir
 
 WATCHED = ("jobsets", "pods", "nodes", "events")
@@ -268,7 +268,7 @@ def observe(rec: RunRecord, snap: Snapshot, rundir: RunDir, now: float) -> S.Obs
         pods=snap.pods,
         nodes=snap.nodes,
         events=snap.events,
-        presets=load_presets().values(),
+        presets=[run_preset(rec.spec, p) for p in load_presets().values()],
         committed_step=rundir.latest_committed_step(),
         trainer=rundir.status(),
     )

@@ -1,10 +1,10 @@
 """`reslice demo`: the whole story on this machine, in a few minutes.
 
-An embedded cluster with four single-host tpu7x-2x2x1 node pools; a run of the MoE `tiny` config on
-4 slices (32 JAX devices, 4 trainer processes); three slices' capacity removed part-way — the
-controller resumes the run on one slice at the same global batch (4 micro-batches per device
-instead of 1); capacity restored — it grows back to 4 slices; then the segment table, the goodput
-and the plots.
+An embedded cluster with two node pools of tpu7x-2x2x2 (two hosts each: the smallest slice GKE
+runs as a multislice); a run of the MoE `tiny` config on 2 slices (32 JAX devices, 4 trainer
+processes); one slice's capacity removed part-way — the controller resumes the run on the other
+slice at the same global batch (micro-batch 2 per device instead of 1); capacity restored — it
+grows back to 2 slices; then the segment table, the goodput and the plots.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from launcher.runs import RunDir
 from launcher.status import summarize
 from launcher.watch import watch_run
 
-PRESET = "tpu7x-2x2x1"
-SLICES = 4
+PRESET = "tpu7x-2x2x2"
+SLICES = 2
 GLOBAL_BATCH = 32
 INTERVAL = 5  # checkpoint every 5 steps
-LOSE_AT = 5  # lose three slices once step 5 is committed
+LOSE_AT = 5  # lose one slice once step 5 is committed
 DEFAULT_STEPS = 30
 
 
@@ -43,7 +43,7 @@ def _wait(cond, stop: threading.Event, poll: float = 0.5) -> bool:
 
 def fault_script(cluster: EmbeddedCluster, kube: Kube, run: str, console: Console, stop: threading.Event,
                  lose_at: int) -> None:  # fmt: skip
-    """Take three slices away once the run has committed step `lose_at`; give them back as soon as
+    """Take all slices but one away once the run has committed step `lose_at`; give them back as soon as
     the trainer has taken a step on the smaller shape. The controller then grows the run back at
     that segment's first checkpoint (it never tears down a segment that has not committed one), so
     the resume at the same global batch is always there to see, however fast this machine is."""

@@ -18,7 +18,7 @@ from launcher.errors import UserError
 from launcher.plan import Plan, Rung, shrink_ladder
 from launcher.presets import make_shape
 from launcher.record import Policy, RunRecord
-from launcher.render import RunSpec, check_name, jobset_name
+from launcher.render import RunSpec, check_name, coordinator_port_error, jobset_name
 from launcher.runs import RunDir
 
 
@@ -46,6 +46,8 @@ def prepare(
     for kv in spec.overrides:
         if "=" not in kv or not kv.split("=", 1)[0].strip():
             raise UserError(f"--set {kv!r}: expected key=value")
+    if err := coordinator_port_error(spec.coordinator_port):
+        raise UserError(err)
     check_trainer_config(spec.config, spec.overrides)
     ladder = shrink_ladder(shape, spec.global_batch, spec.max_micro_batch, spec.max_grad_accum)
     first = ladder[0]

@@ -89,6 +89,11 @@ def shrink_ladder(
 ) -> list[Rung]:
     presets = load_presets(presets_dir)
     return [
-        Rung(shape, plan_batch(global_batch, shape.devices, max_micro_batch, max_grad_accum))
+        Rung(
+            shape,
+            Infeasible(shape.error)
+            if shape.error
+            else plan_batch(global_batch, shape.devices, max_micro_batch, max_grad_accum),
+        )
         for shape in ladder_shapes(requested, presets)
     ]

@@ -1,9 +1,10 @@
 """Topology presets (`presets/*.yaml`) and shapes (a preset times a number of slices).
 
 A preset names one TPU slice shape as GKE provisions it: the node labels its pods select, the
-machine type, chips per host (= per node = per pod) and JAX devices per chip. Loading validates
-everything against the generation's rules (FACTS.md §1), so a typo fails at `reslice presets`, not
-hours later as a Pending pod.
+machine type, chips per host (= per node = per pod), JAX devices per chip, the termination notice
+its capacity gets and the host CPU/memory the trainer requests. Loading validates everything against
+the generation's rules (docs/platform.md §1), so a typo fails at `reslice presets`, not hours later
+as a Pending pod.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ GENERATIONS = {
     "tpu-v4-podslice": "v4",
 }
 DEVICES_PER_CHIP = {"tpu7x": 2, "v6e": 1, "v5p": 1, "v4": 1}
-# Most 4-chip cubes a 3-D slice may span (xpk 1.16's rule).
-MAX_CUBES = {"tpu7x": 144, "v5p": 140, "v4": 64}
+# Most 4-chip cubes a 3-D slice may span (docs/platform.md §1): tpu7x 9,216 chips, v5p 16x16x24
+# (6,144 chips, the largest GKE v5p topology), v4 4,096 chips.
+MAX_CUBES = {"tpu7x": 144, "v5p": 96, "v4": 64}
 SMALL_3D = {"2x2x1", "2x2x2", "2x2x4", "2x4x4"}
 V6E_TOPOLOGIES = {"1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"}
 
@@ -44,7 +46,25 @@ LABEL_TOPOLOGY = "cloud.google.com/gke-tpu-topology"
 LABEL_NODEPOOL = "cloud.google.com/gke-nodepool"
 LABEL_SPOT = "cloud.google.com/gke-spot"
 LABEL_PLACEMENT = "cloud.google.com/placement-policy-name"
+LABEL_INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 RESOURCE_TPU = "google.com/tpu"
+
+# vCPUs and memory (GiB) of each TPU host machine type (docs/platform.md §1). The trainer requests a
+# quarter of each by default: enough to never be BestEffort (first evicted under node pressure), far
+# enough below allocatable (GKE reserves some of each) that the request never makes a pod Pending.
+MACHINE_TYPES = {
+    "tpu7x-standard-4t": (224, 960),
+    "ct6e-standard-4t": (180, 720),
+    "ct6e-standard-8t": (180, 1440),
+    "ct5p-hightpu-4t": (208, 448),
+    "ct4p-hightpu-4t": (240, 407),
+}
+REQUEST_SHARE = 4
+# Seconds a pod gets between SIGTERM and SIGKILL: spot capacity gives pods 15 s of its 30 s notice
+# (more only with a node system config); maintenance of on-demand and reserved TPU hosts honours
+# terminationGracePeriodSeconds (docs/platform.md §2).
+SPOT_NOTICE_S = 15
+ON_DEMAND_NOTICE_S = 120
 
 REQUIRED = {
     "name",
@@ -55,7 +75,16 @@ REQUIRED = {
     "devices_per_chip",
     "peak_tflops_per_chip",
 }
-OPTIONAL = {"slices", "spot", "fallbacks", "description"}
+OPTIONAL = {
+    "slices",
+    "spot",
+    "fallbacks",
+    "description",
+    "placement_policy",
+    "termination_notice_s",
+    "cpu_request",
+    "memory_request",
+}
 
 
 @dataclass(frozen=True)
@@ -71,6 +100,13 @@ class Preset:
     spot: bool = False
     fallbacks: tuple[str, ...] = ()
     description: str = ""
+    # A workload/compact placement policy the node pools were created with. Users name their own,
+    # so it is selected only when a preset or `--placement-policy` names one: a selector that
+    # matches no node looks to the controller exactly like lost capacity.
+    placement_policy: str | None = None
+    termination_notice_s: int | None = None  # None: SPOT_NOTICE_S or ON_DEMAND_NOTICE_S
+    cpu_request: str | None = None  # None: a quarter of the machine type's vCPUs
+    memory_request: str | None = None  # None: a quarter of its memory
 
     @property
     def generation(self) -> str:
@@ -100,15 +136,33 @@ class Preset:
         return f"{self.generation}-{self.chips * self.devices_per_chip}"
 
     @property
-    def placement_policy(self) -> str | None:
-        """Multi-host Ironwood node pools carry a placement policy that pods must select."""
-        if self.generation == "tpu7x" and self.hosts > 1:
-            return f"{self.accelerator_type}-{self.topology}-placement-policy"
-        return None
+    def multi_host(self) -> bool:
+        return self.hosts > 1
+
+    @property
+    def notice_s(self) -> int:
+        """Seconds between SIGTERM and SIGKILL that this capacity gives a pod."""
+        if self.termination_notice_s is not None:
+            return self.termination_notice_s
+        return SPOT_NOTICE_S if self.spot else ON_DEMAND_NOTICE_S
+
+    def requests(self) -> dict[str, str]:
+        """The trainer container's cpu and memory requests (google.com/tpu is added by the renderer)."""
+        vcpus, mem_gib = MACHINE_TYPES.get(self.machine_type, (8 * REQUEST_SHARE, 32 * REQUEST_SHARE))
+        return {
+            "cpu": self.cpu_request or str(vcpus // REQUEST_SHARE),
+            "memory": self.memory_request or f"{mem_gib // REQUEST_SHARE}Gi",
+        }
 
     def node_selector(self) -> dict[str, str]:
-        """What a pod of this preset selects: the labels GKE puts on the slice's nodes."""
-        sel = {LABEL_ACCELERATOR: self.accelerator, LABEL_TOPOLOGY: self.topology}
+        """What a pod of this preset selects: the labels GKE puts on the slice's nodes. The machine
+        type is selected too: one topology can exist in several (v6e 2x4 as one 8-chip VM or two
+        4-chip VMs), and two pods of a slice must never share a VM."""
+        sel = {
+            LABEL_ACCELERATOR: self.accelerator,
+            LABEL_TOPOLOGY: self.topology,
+            LABEL_INSTANCE_TYPE: self.machine_type,
+        }
         if self.placement_policy:
             sel[LABEL_PLACEMENT] = self.placement_policy
         if self.spot:
@@ -138,6 +192,17 @@ class Shape:
     @property
     def label(self) -> str:
         return f"{self.preset.name} x{self.slices}"
+
+    @property
+    def error(self) -> str | None:
+        """Why GKE cannot run this shape, or None. Multislice only supports multi-host slice node
+        pools (GKE, "Deploy TPU Multislices in GKE")."""
+        if self.slices > 1 and not self.preset.multi_host:
+            return (
+                f"{self.label}: GKE multislice needs multi-host slices, and {self.preset.name} is one host; "
+                "use one slice of it or a multi-host preset"
+            )
+        return None
 
     def __str__(self) -> str:
         return self.label
@@ -198,6 +263,19 @@ def parse_preset(raw: object, source: str) -> Preset:
         raise UserError(f"{source}: fallbacks must be a list of preset names")
     if not isinstance(raw.get("spot", False), bool):
         raise UserError(f"{source}: spot must be true or false")
+    notice = raw.get("termination_notice_s")
+    if notice is not None and (not isinstance(notice, int) or isinstance(notice, bool) or notice < 1):
+        raise UserError(f"{source}: termination_notice_s must be a positive integer, got {notice!r}")
+    for key in ("placement_policy", "cpu_request", "memory_request"):
+        if raw.get(key) is not None and (not isinstance(raw[key], str | int) or not str(raw[key]).strip()):
+            raise UserError(f"{source}: {key} must be a non-empty string")
+    if str(raw["machine_type"]) not in MACHINE_TYPES and not (
+        raw.get("cpu_request") and raw.get("memory_request")
+    ):
+        raise UserError(
+            f"{source}: machine type {raw['machine_type']!r} is not one reslice knows "
+            f"({', '.join(MACHINE_TYPES)}): give cpu_request and memory_request"
+        )
     preset = Preset(
         name=str(name),
         accelerator=raw["accelerator"],
@@ -210,6 +288,10 @@ def parse_preset(raw: object, source: str) -> Preset:
         spot=raw.get("spot", False),
         fallbacks=tuple(fallbacks),
         description=str(raw.get("description", "")),
+        placement_policy=_opt_str(raw.get("placement_policy")),
+        termination_notice_s=notice,
+        cpu_request=_opt_str(raw.get("cpu_request")),
+        memory_request=_opt_str(raw.get("memory_request")),
     )
     gen = preset.generation
     if err := topology_error(gen, preset.topology):
@@ -223,6 +305,10 @@ def parse_preset(raw: object, source: str) -> Preset:
             f"{source}: {preset.chips} chips of {preset.topology} do not divide into hosts of {preset.chips_per_host}"
         )
     return preset
+
+
+def _opt_str(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 def load_preset_file(path: Path) -> Preset:
@@ -274,4 +360,7 @@ def make_shape(preset_name: str, slices: int | None = None, directory: Path | No
     n = preset.slices if slices is None else slices
     if n < 1:
         raise UserError(f"slices must be at least 1, got {n}")
-    return Shape(preset, n)
+    shape = Shape(preset, n)
+    if err := shape.error:
+        raise UserError(err)
+    return shape

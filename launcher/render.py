@@ -1,24 +1,27 @@
 """RunSpec + Shape -> a JobSet for GKE, as a plain dict. Pure: YAML happens at the edge.
 
-What the JobSet must get right, and why (FACTS.md §2–3):
+What the JobSet must get right, and why (docs/platform.md §2–3):
 - one replicated job, one child Job per slice, one pod per host; `exclusive-topology` pins each
   child Job to its own node pool (= one slice);
 - the failure policy tells causes apart: a disruption or a trainer that saved and exited 42 restarts
   the JobSet without spending `maxRestarts`; exit 2 (configuration error) fails it at once; any
   other failure restarts and counts;
 - `BlockingRecreate`, so that new pods never race the terminating ones for the same slice;
-- the trainer contract environment (docs/contract.md) and the distributed identity.
+- the trainer contract environment (docs/contract.md) and the distributed identity;
+- what GKE needs of a TPU pod: the node labels of the slice (machine type included, placement
+  policy only when one is named), a JAX coordinator port no TPU host service uses, cpu and memory
+  requests (never BestEffort), a grace period the capacity's termination notice really gives.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from launcher.errors import UserError
 from launcher.plan import Plan, plan_batch
-from launcher.presets import RESOURCE_TPU, Shape
+from launcher.presets import RESOURCE_TPU, Preset, Shape
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 REPLICATED_JOB = "slice"
@@ -38,6 +41,12 @@ RULE_CONFIG_ERROR = "configError"
 RULE_PREEMPTED = "preempted"
 RULE_APP_FAILURE = "appFailure"
 
+# Ports TPU hosts already use on the host network: 8431 (runtime metrics), 8080 (multislice
+# coordinator), 8470-8482 (TPU runtime; libtpu's TPU_PROCESS_PORT 8476 on tpu7x; JAX's own Cloud
+# TPU coordinator default 8482). docs/platform.md §2.
+RESERVED_PORTS = frozenset({8431, 8080, *range(8470, 8483)})
+DEFAULT_COORDINATOR_PORT = 8490
+
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 POD_SUFFIX = 6  # "-xxxxx" that the Job controller appends to generated pod names
 
@@ -55,18 +64,44 @@ class RunSpec:
     namespace: str = "default"
     max_micro_batch: int = 16
     max_grad_accum: int | None = None
-    # Long enough for the trainer to finish its step and commit an emergency checkpoint.
-    grace_period_s: int = 120
+    # Seconds from SIGTERM to SIGKILL. None: the termination notice the shape's capacity gives
+    # (Preset.notice_s: 15 s on spot), since a longer grace period is not honoured there anyway.
+    grace_period_s: int | None = None
     max_restarts: int = 10
     ttl_after_finished_s: int = 3600
     queue: str | None = None
     priority_class: str | None = None
     image_pull_policy: str = "IfNotPresent"
     service_account: str | None = None
-    coordinator_port: int = 8476
+    coordinator_port: int = DEFAULT_COORDINATOR_PORT
     megascale_port: int = 8080
     heartbeat_timeout_s: int | None = None
     env: tuple[tuple[str, str], ...] = field(default=())
+    # (preset name, policy): the placement policy each preset's node pools were created with.
+    placement_policies: tuple[tuple[str, str], ...] = ()
+    cpu_request: str | None = None  # None: the preset's (from its machine type)
+    memory_request: str | None = None
+
+
+def run_preset(spec: RunSpec, preset: Preset) -> Preset:
+    """`preset` as this run selects it: with the placement policy the run names for it, if any."""
+    policy = dict(spec.placement_policies).get(preset.name)
+    return replace(preset, placement_policy=policy) if policy else preset
+
+
+def grace_period(spec: RunSpec, preset: Preset) -> int:
+    return spec.grace_period_s if spec.grace_period_s is not None else preset.notice_s
+
+
+def coordinator_port_error(port: int) -> str | None:
+    if not 1024 <= port <= 65535:
+        return f"coordinator port {port} is outside 1024-65535"
+    if port in RESERVED_PORTS:
+        return (
+            f"coordinator port {port} is one TPU hosts use on the host network "
+            "(8431, 8080, 8470-8482): choose another, e.g. 8490"
+        )
+    return None
 
 
 def jobset_name(run: str, segment: int) -> str:
@@ -190,18 +225,24 @@ def trainer_env(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> list[d
 
 
 def pod_spec(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> dict:
-    preset = shape.preset
+    preset = run_preset(spec, shape.preset)
     tolerations = [{"key": RESOURCE_TPU, "operator": "Exists", "effect": "NoSchedule"}]
     if preset.spot:
         tolerations.append(
             {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
         )
     chips = {RESOURCE_TPU: str(preset.chips_per_host)}
+    host = preset.requests()
+    requests = {
+        **chips,
+        "cpu": spec.cpu_request or host["cpu"],
+        "memory": spec.memory_request or host["memory"],
+    }
     pod = {
         "restartPolicy": "Never",
         "hostNetwork": True,
         "dnsPolicy": "ClusterFirstWithHostNet",
-        "terminationGracePeriodSeconds": spec.grace_period_s,
+        "terminationGracePeriodSeconds": grace_period(spec, preset),
         "nodeSelector": preset.node_selector(),
         "tolerations": tolerations,
         "containers": [
@@ -212,7 +253,9 @@ def pod_spec(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> dict:
                 "command": ["python", "-m", "trainer"],
                 "env": trainer_env(spec, shape, segment, plan),
                 "ports": [{"containerPort": spec.coordinator_port, "name": "coordinator"}],
-                "resources": {"requests": dict(chips), "limits": dict(chips)},
+                # Requests without cpu/memory limits: Burstable, never BestEffort, and the trainer
+                # may use the rest of its host.
+                "resources": {"requests": requests, "limits": dict(chips)},
                 "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
             }
         ],
@@ -232,6 +275,8 @@ def segment_labels(run: str, segment: int) -> dict[str, str]:
 def render_jobset(spec: RunSpec, shape: Shape, segment: int = 0) -> dict:
     """The JobSet of segment `segment` of the run on `shape`. Raises UserError if impossible."""
     name = jobset_name(spec.run, segment)
+    if err := shape.error or coordinator_port_error(spec.coordinator_port):
+        raise UserError(err)
     check_name(name, shape)
     plan = plan_for(spec, shape)
     pod_failure_policy, jobset_failure_policy = failure_policies(spec)

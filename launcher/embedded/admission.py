@@ -14,8 +14,8 @@ In the order a real cluster applies them:
    while suspended).
 Any failure is a 422 Invalid listing every cause.
 
-The CRD is read from `<repo>/../shared/schemas/jobset.x-k8s.io_jobsets.yaml` when present; without
-it only steps 3 and 4's webhook checks run.
+The CRD ships with the package (`crds/jobset.x-k8s.io_jobsets.yaml`, upstream's v0.12.0 release file
+with a header naming its source and license); every JobSet is validated against it.
 """
 
 from __future__ import annotations
@@ -28,12 +28,11 @@ from typing import Any
 
 import yaml
 
-import launcher
 from launcher.embedded.errors import invalid
 from launcher.embedded.resources import RESOURCES
 from launcher.embedded.validation import Causes, dns1035_label, dns1123_subdomain
 
-SCHEMA_DIR = Path(launcher.__file__).resolve().parents[2] / "shared" / "schemas"
+SCHEMA_DIR = Path(__file__).resolve().parent / "crds"
 CRD_FILE = "jobset.x-k8s.io_jobsets.yaml"
 JOBSET_KIND = "JobSet.jobset.x-k8s.io"
 
@@ -50,10 +49,8 @@ _MUTABLE_SPEC_WHEN_SUSPENDED = ("nodeSelector", "tolerations", "schedulingGates"
 
 
 @functools.cache
-def crd_schema(schema_dir: Path = SCHEMA_DIR) -> dict[str, Any] | None:
+def crd_schema(schema_dir: Path = SCHEMA_DIR) -> dict[str, Any]:
     path = schema_dir / CRD_FILE
-    if not path.exists():
-        return None
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     crd = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
     return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
@@ -63,8 +60,7 @@ def crd_schema(schema_dir: Path = SCHEMA_DIR) -> dict[str, Any] | None:
 def _validator(schema_dir: Path = SCHEMA_DIR) -> Any:
     import jsonschema  # a second of import time saved for servers that never see a JobSet
 
-    schema = crd_schema(schema_dir)
-    return None if schema is None else jsonschema.Draft4Validator(schema)
+    return jsonschema.Draft4Validator(crd_schema(schema_dir))
 
 
 @functools.cache
@@ -80,8 +76,7 @@ def _immutable_paths(schema_dir: Path = SCHEMA_DIR) -> tuple[tuple[str, ...], ..
         if isinstance(node.get("items"), dict):
             walk(node["items"], (*path, "*"))
 
-    if (schema := crd_schema(schema_dir)) is not None:
-        walk(schema, ())
+    walk(crd_schema(schema_dir), ())
     return tuple(found)
 
 
@@ -157,8 +152,6 @@ def _field(path: Any) -> str:
 
 def schema_causes(js: dict[str, Any], schema_dir: Path = SCHEMA_DIR) -> Causes:
     validator = _validator(schema_dir)
-    if validator is None:
-        return []
     causes: Causes = []
     for err in sorted(validator.iter_errors(js), key=lambda e: list(map(str, e.absolute_path))):
         field = _field(err.absolute_path)
@@ -361,9 +354,7 @@ def _without_kueue_fields(rjobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def admit_jobset(old: dict[str, Any] | None, new: dict[str, Any], schema_dir: Path = SCHEMA_DIR) -> None:
     """Store validator for jobsets: mutates `new` (pruning, defaults) and raises 422 when invalid."""
-    cleaned = drop_nulls(new)
-    if (schema := crd_schema(schema_dir)) is not None:
-        cleaned = prune_and_default(cleaned, schema, top=True)
+    cleaned = prune_and_default(drop_nulls(new), crd_schema(schema_dir), top=True)
     if old is None:
         webhook_defaults(cleaned)  # the mutating webhook is registered for create only
     new.clear()

@@ -24,8 +24,11 @@ from launcher.render import LABEL_RUN, RunSpec
 from launcher.runs import RunDir
 from tests.support.wait import wait_for
 
-PRESET = "tpu7x-2x2x1"  # one host of 8 JAX devices per slice
+PRESET = "tpu7x-2x2x1"  # one host of 8 JAX devices: single-slice runs
 GLOBAL_BATCH = 16
+# Several slices need a multi-host preset (GKE multislice): 2 hosts of 8 devices per slice.
+MULTI_HOST = "tpu7x-2x2x2"
+MULTI_HOST_BATCH = 32
 # Dropless MoE (factor <= 0): which rows a finite buffer drops depends on the expert-parallel
 # layout, so only a dropless run has the same losses on every shape.
 TRAINER_SETTINGS = ("train.steps={steps}", "checkpoint.interval={interval}", "moe.ragged_buffer_factor=0")
@@ -60,11 +63,15 @@ class JobSetCensus:
 
 
 class Harness:
-    def __init__(self, tmp: Path, pools: int, *, state_dir: Path | None = None, gcs_env: dict | None = None):
+    def __init__(
+        self, tmp: Path, pools: int, *, preset: str = PRESET, state_dir: Path | None = None,
+        gcs_env: dict | None = None,
+    ):  # fmt: skip
         self.tmp = tmp
+        self.preset = preset
         (tmp / "pods").mkdir(parents=True, exist_ok=True)
         self.cluster = EmbeddedCluster(
-            nodepools=[NodePoolSpec(PRESET, count=pools)],
+            nodepools=[NodePoolSpec(preset, count=pools)],
             mode="process",
             state_dir=state_dir,
             workdir=tmp / "pods",
@@ -90,19 +97,20 @@ class Harness:
                 os.environ[k] = v
 
     def pool(self, i: int) -> str:
-        return f"{PRESET}-np-{i}"
+        return f"{self.preset}-np-{i}"
 
     # --- runs ------------------------------------------------------------------------------------
 
     def launch(
         self, run: str, slices: int, *, steps: int, interval: int = 5, run_dir: str | None = None,
         policy: Policy | None = None, extra: tuple[str, ...] = (), max_restarts: int = 3,
+        global_batch: int = GLOBAL_BATCH,
     ) -> RunRecord:  # fmt: skip
         settings = tuple(s.format(steps=steps, interval=interval) for s in TRAINER_SETTINGS) + extra
         spec = RunSpec(
             run=run,
             run_dir=run_dir or str(self.tmp / run),
-            global_batch=GLOBAL_BATCH,
+            global_batch=global_batch,
             config="tiny",
             overrides=settings,
             grace_period_s=20,
@@ -111,7 +119,7 @@ class Harness:
             image_pull_policy="Never",
         )
         policy = policy or Policy(unschedulable_grace_s=20, grow_window_s=4, app_backoff_s=1)
-        rec, _ = prepare(spec, PRESET, slices, policy)
+        rec, _ = prepare(spec, self.preset, slices, policy)
         create_run(self.kube, rec)
         return rec
 
@@ -178,7 +186,9 @@ def recomputed(metrics: list[dict]) -> int:
     return len(metrics) - len({m["step"] for m in metrics})
 
 
-def reference_run(tmp: Path, steps: int, interval: int = 5) -> dict[int, dict]:
+def reference_run(
+    tmp: Path, steps: int, interval: int = 5, global_batch: int = GLOBAL_BATCH
+) -> dict[int, dict]:
     """The uninterrupted run: the trainer alone, one process of 8 devices, same global batch."""
     settings = [s.format(steps=steps, interval=interval) for s in TRAINER_SETTINGS]
     env = {
@@ -186,8 +196,8 @@ def reference_run(tmp: Path, steps: int, interval: int = 5) -> dict[int, dict]:
         "JAX_PLATFORMS": "cpu",
         "JAX_NUM_CPU_DEVICES": "8",
         "RESLICE_RUN_DIR": str(tmp),
-        "RESLICE_GLOBAL_BATCH": str(GLOBAL_BATCH),
-        "RESLICE_MICRO_BATCH": str(GLOBAL_BATCH // 8),
+        "RESLICE_GLOBAL_BATCH": str(global_batch),
+        "RESLICE_MICRO_BATCH": str(global_batch // 8),
         "RESLICE_GRAD_ACCUM": "1",
         "RESLICE_CONFIG": "tiny",
         "RESLICE_SET": json.dumps(settings),

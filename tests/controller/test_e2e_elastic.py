@@ -5,7 +5,14 @@ losses match an uninterrupted run step for step (issue 5, acceptance 3, 4 and 8)
 import pytest
 
 from launcher.record import FINISHED, Policy
-from tests.controller.harness import GLOBAL_BATCH, Harness, kept_steps, reference_run, wait_for
+from tests.controller.harness import (
+    MULTI_HOST,
+    MULTI_HOST_BATCH,
+    Harness,
+    kept_steps,
+    reference_run,
+    wait_for,
+)
 from tests.support.fake_gcs import fake_gcs
 
 pytestmark = pytest.mark.e2e
@@ -14,15 +21,18 @@ STEPS = 40
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    return reference_run(tmp_path_factory.mktemp("reference"), STEPS)
+    return reference_run(tmp_path_factory.mktemp("reference"), STEPS, global_batch=MULTI_HOST_BATCH)
 
 
 def test_shrink_on_capacity_loss_then_grow_back_on_gcs(tmp_path, reference):
     with fake_gcs(buckets=["runs"]) as gcs:
-        h = Harness(tmp_path, pools=2, gcs_env=gcs.env)
+        h = Harness(tmp_path, pools=2, preset=MULTI_HOST, gcs_env=gcs.env)
         try:
             policy = Policy(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
-            h.launch("elastic", slices=2, steps=STEPS, run_dir="gs://runs/elastic", policy=policy)
+            h.launch(
+                "elastic", slices=2, steps=STEPS, run_dir="gs://runs/elastic", policy=policy,
+                global_batch=MULTI_HOST_BATCH,
+            )  # fmt: skip
             h.start_controller("elastic")
             h.wait_step("elastic", 10, timeout=150)
             h.cluster.remove(h.pool(1))  # capacity gone: nodes deleted, running pods fail
@@ -43,8 +53,8 @@ def test_shrink_on_capacity_loss_then_grow_back_on_gcs(tmp_path, reference):
     assert (first.slices, shrunk.slices, grown.slices) == (2, 1, 2)
     assert first.end_kind == "capacity-lost" and "capacity lost" in first.end_reason
     for seg in rec.segments:
-        assert seg.devices * seg.micro_batch * seg.grad_accum == GLOBAL_BATCH
-    assert (shrunk.devices, shrunk.micro_batch, shrunk.grad_accum) == (8, 2, 1)
+        assert seg.devices * seg.micro_batch * seg.grad_accum == MULTI_HOST_BATCH
+    assert (shrunk.devices, shrunk.micro_batch, shrunk.grad_accum) == (16, 2, 1)
     # Acceptance 4: grew back after the stability window, from a checkpoint of its own.
     assert shrunk.end_kind == "grow" and "capacity returned" in shrunk.end_reason
     assert shrunk.end_step > shrunk.start_step
@@ -59,7 +69,7 @@ def test_shrink_on_capacity_loss_then_grow_back_on_gcs(tmp_path, reference):
             m["learning/loss"],
             ref["learning/loss"],
         )
-        assert m["devices"] * m["micro_batch"] * m["grad_accum"] == GLOBAL_BATCH
+        assert m["devices"] * m["micro_batch"] * m["grad_accum"] == MULTI_HOST_BATCH
     acts = [e["reason"] for e in ledger if e.get("kind") == "act"]
-    assert any("shrinking tpu7x-2x2x1 x2 -> tpu7x-2x2x1 x1" in a for a in acts)
-    assert any("growing tpu7x-2x2x1 x1 -> tpu7x-2x2x1 x2" in a for a in acts)
+    assert any("shrinking tpu7x-2x2x2 x2 -> tpu7x-2x2x2 x1" in a for a in acts)
+    assert any("growing tpu7x-2x2x2 x1 -> tpu7x-2x2x2 x2" in a for a in acts)

@@ -6,17 +6,17 @@ the run record and has not created its JobSet yet (a crash point, as if SIGKILLe
 
 import pytest
 
-from tests.controller.harness import Harness, JobSetCensus, kept_steps
+from tests.controller.harness import MULTI_HOST, MULTI_HOST_BATCH, Harness, JobSetCensus, kept_steps
 
 pytestmark = pytest.mark.e2e
 
 
 def test_controller_killed_mid_shrink(tmp_path):
-    h = Harness(tmp_path, pools=2)
+    h = Harness(tmp_path, pools=2, preset=MULTI_HOST)
     census = JobSetCensus(h.kube, "takeover").start()
     first = second = None
     try:
-        h.launch("takeover", slices=2, steps=30, interval=5)
+        h.launch("takeover", slices=2, steps=30, interval=5, global_batch=MULTI_HOST_BATCH)
         first = h.controller_process(
             "takeover", tmp_path / "controller-1.log", crash_point="after-record:submit:1"
         )

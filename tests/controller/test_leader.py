@@ -33,19 +33,19 @@ def diagnose(run_dir: str) -> str:
 
 
 def test_two_replicas_never_act_at_once(tmp_path):
-    with EmbeddedCluster(nodepools=[NodePoolSpec("tpu7x-2x2x1", count=3)], mode="simulate") as cluster:
+    with EmbeddedCluster(nodepools=[NodePoolSpec("tpu7x-2x2x2", count=3)], mode="simulate") as cluster:
         kube = Kube(cluster.api_client(), "default")
-        spec = RunSpec(run="dual", run_dir=str(tmp_path / "dual"), global_batch=48, grace_period_s=1)
-        create_run(kube, prepare(spec, "tpu7x-2x2x1", 3, Policy(unschedulable_grace_s=5))[0])
+        spec = RunSpec(run="dual", run_dir=str(tmp_path / "dual"), global_batch=96, grace_period_s=1)
+        create_run(kube, prepare(spec, "tpu7x-2x2x2", 3, Policy(unschedulable_grace_s=5))[0])
         stop_a, stop_b = threading.Event(), threading.Event()
         a = replica(kube, "replica-a", stop_a)
         wait_for(lambda: kube.jobsets("dual"), 20, "segment 0 from replica a")
         b = replica(kube, "replica-b", stop_b)  # a standby: the lease is a's
-        cluster.remove("tpu7x-2x2x1-np-2")
+        cluster.remove("tpu7x-2x2x2-np-2")
         wait_for(lambda: len(kube.get_record("dual")[0].segments) == 2, 30, "the first shrink")
         stop_a.set()  # replica a dies without releasing its lease
         a.join(timeout=10)
-        cluster.remove("tpu7x-2x2x1-np-1")
+        cluster.remove("tpu7x-2x2x2-np-1")
         try:
             wait_for(lambda: len(kube.get_record("dual")[0].segments) == 3, 30, "the second shrink, by b")
         except AssertionError as e:

@@ -68,10 +68,10 @@ def granted() -> tuple[set, set]:
 
 
 def test_rbac_is_exactly_what_the_controller_uses(tmp_path):
-    with EmbeddedCluster(nodepools=[NodePoolSpec("tpu7x-2x2x1", count=2)], mode="simulate") as cluster:
+    with EmbeddedCluster(nodepools=[NodePoolSpec("tpu7x-2x2x2", count=2)], mode="simulate") as cluster:
         kube = Kube(cluster.api_client(), "default")
-        spec = RunSpec(run="rbac", run_dir=str(tmp_path / "rbac"), global_batch=16, grace_period_s=1)
-        rec, _ = prepare(spec, "tpu7x-2x2x1", 2, Policy(unschedulable_grace_s=5))
+        spec = RunSpec(run="rbac", run_dir=str(tmp_path / "rbac"), global_batch=32, grace_period_s=1)
+        rec, _ = prepare(spec, "tpu7x-2x2x2", 2, Policy(unschedulable_grace_s=5))
         create_run(kube, rec)  # the user's identity, not the controller's
         cluster.server.audit.clear()
         stop = threading.Event()
@@ -81,7 +81,7 @@ def test_rbac_is_exactly_what_the_controller_uses(tmp_path):
         t.start()
         try:
             wait_for(lambda: kube.jobsets("rbac"), 30, "segment 0")
-            cluster.remove("tpu7x-2x2x1-np-1")
+            cluster.remove("tpu7x-2x2x2-np-1")
             wait_for(
                 lambda: len(kube.get_record("rbac")[0].segments) == 2 and kube.jobsets("rbac"),
                 60,

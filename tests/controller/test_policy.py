@@ -1,4 +1,5 @@
-"""Table-driven: (record, observation) -> decision, one case per rule of DESIGN.md "The controller"."""
+"""Table-driven: (record, observation) -> decision, one case per rule of the controller's policy
+(README "What the controller does", docs/design.md "Policy")."""
 
 from dataclasses import replace
 
@@ -14,14 +15,16 @@ from launcher.render import RunSpec
 from tests.controller.objects import T0, jobset, pod, pool
 
 PRESETS = list(load_presets().values())
-GB = 32
+PRESET = "tpu7x-2x2x2"  # two hosts per slice: the smallest shape GKE runs as a multislice
+HOSTS = 2
+GB = 64
 SPEC = RunSpec(run="demo", run_dir="/tmp/demo", global_batch=GB)
 POLICY = Policy(unschedulable_grace_s=60, grow_window_s=30, app_failure_budget=2, app_backoff_s=10)
-LADDER = shrink_ladder(make_shape("tpu7x-2x2x1", 4), GB, 16)
+LADDER = shrink_ladder(make_shape(PRESET, 4), GB, 16)
 
 
 def record_on(slices: int | None, **changes) -> RunRecord:
-    rec = RunRecord(spec=SPEC, preset="tpu7x-2x2x1", slices=4, policy=POLICY, created_at=T0)
+    rec = RunRecord(spec=SPEC, preset=PRESET, slices=4, policy=POLICY, created_at=T0)
     if slices is not None:
         rung = next(r for r in LADDER if r.shape.slices == slices)
         seg = replace(new_segment(rec, rung.shape, rung.plan, T0, "test", None), jobset_uid="uid-demo-0")
@@ -33,7 +36,7 @@ def observe(
     rec: RunRecord, *, pods=(), pools=4, jobsets=None, now=T0 + 100, committed=10, trainer=None, pool_since=T0
 ):
     seg = rec.current
-    nodes = [n for i in range(pools) for n in pool(f"np-{i}", since=pool_since)]
+    nodes = [n for i in range(pools) for n in pool(f"np-{i}", PRESET, since=pool_since)]
     return S.observe(
         now=now,
         run="demo",
@@ -52,13 +55,20 @@ def observe(
 
 
 def running(n, segment=0):
+    """The pods of n slices, running on their pools' nodes."""
     return [
-        pod(f"demo-{segment}-slice-{i}-0-x", segment=segment, node_name=f"gke-np-{i}-0") for i in range(n)
+        pod(f"demo-{segment}-slice-{i}-{h}-x", segment=segment, node_name=f"gke-np-{i}-{h}")
+        for i in range(n)
+        for h in range(HOSTS)
     ]
 
 
 def pending(indices, since, segment=0):
-    return [pod(f"demo-{segment}-slice-{i}-0-x", segment=segment, unschedulable_since=since) for i in indices]
+    return [
+        pod(f"demo-{segment}-slice-{i}-{h}-x", segment=segment, unschedulable_since=since)
+        for i in indices
+        for h in range(HOSTS)
+    ]
 
 
 def test_launch_submits_the_requested_shape():
@@ -99,7 +109,7 @@ def test_unschedulable_past_grace_shrinks():
     # reservation held elsewhere): shrink to what fits without them.
     d = P.decide(rec, observe(rec, pods=pods, pools=4, now=T0 + 61), LADDER)
     assert d.action == P.END and d.jobset == "demo-0"
-    assert "capacity lost" in d.reason and "-> tpu7x-2x2x1 x2" in d.reason
+    assert "capacity lost" in d.reason and "-> tpu7x-2x2x2 x2" in d.reason
     assert d.record.current.end_kind == "capacity-lost" and d.record.state == R.RESHAPING
 
 
@@ -107,7 +117,7 @@ def test_node_pools_gone_shrinks_at_once_to_largest_fit():
     rec = record_on(4)
     pods = running(1) + pending((1, 2, 3), since=T0 + 99)
     d = P.decide(rec, observe(rec, pods=pods, pools=1), LADDER)
-    assert d.action == P.END and "-> tpu7x-2x2x1 x1" in d.reason
+    assert d.action == P.END and "-> tpu7x-2x2x2 x1" in d.reason
 
 
 def test_node_pools_lost_while_restarting_shrinks_without_waiting_for_the_restart():
@@ -118,7 +128,7 @@ def test_node_pools_lost_while_restarting_shrinks_without_waiting_for_the_restar
         pod(f"demo-0-slice-{i}-0-x", phase="Failed", disruption="DeletionByPodGC") for i in (2, 3)
     ]
     d = P.decide(rec, observe(rec, pods=pods, pools=2), LADDER)
-    assert d.action == P.END and "node pools lost: np-2, np-3" in d.reason and "-> tpu7x-2x2x1 x2" in d.reason
+    assert d.action == P.END and "node pools lost: np-2, np-3" in d.reason and "-> tpu7x-2x2x2 x2" in d.reason
 
 
 def test_node_pool_lost_but_spare_capacity_is_left_to_jobset():
@@ -141,7 +151,7 @@ def test_next_segment_waits_for_pods_then_submits_largest_fit_same_batch():
     rec = record_on(4)
     ended = P.decide(rec, observe(rec, pods=running(1) + pending((1, 2, 3), T0), pools=1), LADDER).record
     d = P.decide(ended, observe(ended, pods=running(1), pools=1, jobsets=[]), LADDER)
-    assert d.action == P.WAIT and "1 pod(s) of the run to terminate" in d.reason
+    assert d.action == P.WAIT and f"{HOSTS} pod(s) of the run to terminate" in d.reason
     d = P.decide(ended, observe(ended, pods=[], pools=1, jobsets=[]), LADDER)
     assert d.action == P.SUBMIT and d.jobset == "demo-1"
     seg = d.record.current
@@ -173,7 +183,7 @@ def test_grow_back_after_stability_window():
     late = observe(rec, pods=running(1), pools=4, now=T0 + 111, pool_since=T0 + 80)
     d = P.decide(rec, late, LADDER)
     assert d.action == P.END and d.record.current.end_kind == "grow"
-    assert "-> tpu7x-2x2x1 x4" in d.reason and "checkpoints on SIGTERM" in d.reason
+    assert "-> tpu7x-2x2x2 x4" in d.reason and "checkpoints on SIGTERM" in d.reason
 
 
 def test_grow_waits_for_a_checkpoint_of_the_segment():

@@ -19,11 +19,11 @@ def history():
     step 4; capacity lost at T0+20, pods unschedulable T0+20..T0+30. Segment 1 (1 slice) submitted
     at T0+30, resumes from step 2 (steps 3 and 4 are recomputed), steps 3-6 at 2 s each from T0+40;
     finished at T0+50."""
-    rec = RunRecord(spec=RunSpec(run="r", run_dir="/tmp/r", global_batch=16), preset="tpu7x-2x2x1", slices=2,
+    rec = RunRecord(spec=RunSpec(run="r", run_dir="/tmp/r", global_batch=32), preset="tpu7x-2x2x2", slices=2,
                     created_at=T0)  # fmt: skip
-    s0 = new_segment(rec, make_shape("tpu7x-2x2x1", 2), Plan(16, 1, 1), T0, "launch", None)
+    s0 = new_segment(rec, make_shape("tpu7x-2x2x2", 2), Plan(32, 1, 1), T0, "launch", None)
     rec = rec.with_segment(replace(s0, ended_at=T0 + 30, end_kind="capacity-lost", end_reason="lost"))
-    s1 = new_segment(rec, make_shape("tpu7x-2x2x1", 1), Plan(8, 2, 1), T0 + 30, "shrink", 2)
+    s1 = new_segment(rec, make_shape("tpu7x-2x2x2", 1), Plan(16, 2, 1), T0 + 30, "shrink", 2)
     rec = replace(rec.with_segment(replace(s1, ended_at=T0 + 50, end_kind="finished")), state=R.FINISHED,
                   finished_at=T0 + 50)  # fmt: skip
     metrics = [

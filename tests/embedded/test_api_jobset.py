@@ -1,4 +1,4 @@
-"""JobSet admission over HTTP: the CRD schema from ../shared/schemas, the webhook's defaults and
+"""JobSet admission over HTTP: the CRD schema the package ships, the webhook's defaults and
 checks, and immutability, each answered as a real cluster would (422 Invalid with its causes)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import yaml
 from kubernetes.client import ApiException
 
-from launcher.embedded.admission import SCHEMA_DIR
+from launcher.embedded.admission import CRD_FILE, SCHEMA_DIR
 from tests.embedded.conftest import Api, jobset
 
 JS = ("jobset.x-k8s.io", "v1alpha2", "default", "jobsets")
@@ -30,8 +30,21 @@ def _invalid(api: Api, body: dict) -> dict:
     return status
 
 
-def test_the_crd_schema_is_the_shared_one() -> None:
-    assert (SCHEMA_DIR / "jobset.x-k8s.io_jobsets.yaml").exists(), "../shared/schemas is missing"
+def test_the_shipped_crd_names_its_upstream_release_and_license() -> None:
+    text = (SCHEMA_DIR / CRD_FILE).read_text()
+    header = text.split("\n---\n", 1)[0]
+    assert "kubernetes-sigs/jobset release v0.12.0" in header and "Apache License 2.0" in header
+    crd = yaml.safe_load(text)
+    assert crd["metadata"]["name"] == "jobsets.jobset.x-k8s.io"
+    assert [v["name"] for v in crd["spec"]["versions"]] == ["v1alpha2"]
+
+
+def test_a_jobset_the_schema_rejects_is_refused(api: Api) -> None:
+    """Schema validation always runs (it used to be skipped silently without ../shared)."""
+    body = jobset()
+    body["spec"]["replicatedJobs"][0]["template"]["spec"]["completionMode"] = "Sometimes"
+    status = _invalid(api, body)
+    assert any("completionMode" in c["field"] for c in status["details"]["causes"])
 
 
 def test_valid_jobset_is_created_with_webhook_and_schema_defaults(api: Api) -> None:

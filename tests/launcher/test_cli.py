@@ -7,7 +7,7 @@ import yaml
 
 from tests.support.cli import run_cli
 
-RENDER = ["render", "--preset", "tpu7x-2x2x1", "--run", "demo", "--run-dir", "/tmp/r", "--global-batch", "32"]
+RENDER = ["render", "--preset", "tpu7x-2x2x2", "--run", "demo", "--run-dir", "/tmp/r", "--global-batch", "32"]
 GOOD_PRESET = """name: {name}
 accelerator: tpu7x
 machine_type: tpu7x-standard-4t
@@ -29,12 +29,12 @@ def test_presets_table_and_json(capsys):
 
 
 def test_plan_table_and_json(capsys):
-    code, out, _ = run_cli(capsys, "plan", "-p", "tpu7x-2x2x1", "-n", "4", "-b", "32")
-    assert code == 0 and "not divisible by 24" in out
-    code, out, _ = run_cli(capsys, "plan", "-p", "tpu7x-2x2x1", "-n", "4", "-b", "32", "--json")
+    code, out, _ = run_cli(capsys, "plan", "-p", "tpu7x-2x2x2", "-n", "4", "-b", "64")
+    assert code == 0 and "not divisible by 48" in out and "multislice needs multi-host" in out
+    code, out, _ = run_cli(capsys, "plan", "-p", "tpu7x-2x2x2", "-n", "4", "-b", "64", "--json")
     ladder = json.loads(out)
-    assert [r["slices"] for r in ladder] == [4, 3, 2, 1]
-    assert ladder[-1]["micro_batch"] * ladder[-1]["grad_accum"] * ladder[-1]["devices"] == 32
+    assert [r["slices"] for r in ladder if r["preset"] == "tpu7x-2x2x2"] == [4, 3, 2, 1]
+    assert ladder[-1]["micro_batch"] * ladder[-1]["grad_accum"] * ladder[-1]["devices"] == 64
 
 
 def test_render_yaml_json_and_file(capsys, tmp_path):
@@ -58,7 +58,7 @@ def _presets_dir(tmp_path, **files):
 BAD_INPUTS = [
     (["render", "--preset", "tpu9-1x1", *RENDER[3:]], None, "unknown preset 'tpu9-1x1'"),
     (["plan", "-p", "nope", "-b", "8"], None, "unknown preset 'nope'"),
-    (RENDER[:-1] + ["30"], None, "global batch 30 is not divisible by 8 devices"),
+    (RENDER[:-1] + ["30"], None, "global batch 30 is not divisible by 16 devices"),
     (["plan", "-p", "tpu7x-4x4x4", "-b", "100"], None, "not divisible by 128 devices"),
     (RENDER[:-1] + ["-8"], None, "must be positive"),
     (["render", "--preset", "tpu7x-2x2x1", "--run", "Demo", "--run-dir", "/r", "-b", "8"], None, "DNS-1035"),

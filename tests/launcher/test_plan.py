@@ -41,13 +41,22 @@ def test_examples():
 
 
 def test_shrink_ladder_order_and_feasibility():
-    rungs = shrink_ladder(make_shape("tpu7x-2x2x1", 4), 32, 16)
-    assert [(r.shape.preset.name, r.shape.slices) for r in rungs] == [
-        ("tpu7x-2x2x1", n) for n in (4, 3, 2, 1)
+    rungs = shrink_ladder(make_shape("tpu7x-2x2x2", 4), 64, 16)
+    assert [(r.shape.preset.name, r.shape.slices, r.feasible) for r in rungs] == [
+        ("tpu7x-2x2x2", 4, True),  # 64 devices
+        ("tpu7x-2x2x2", 3, False),  # 48: does not divide 64
+        ("tpu7x-2x2x2", 2, True),  # 32
+        ("tpu7x-2x2x1", 4, False),  # 32, but single-host multislice
+        ("tpu7x-2x2x1", 3, False),
+        ("tpu7x-2x2x2", 1, True),  # 16
+        ("tpu7x-2x2x1", 2, False),
+        ("tpu7x-2x2x1", 1, True),  # 8
     ]
-    assert [r.feasible for r in rungs] == [True, False, True, True]
-    assert "not divisible by 24" in rungs[1].plan.reason
-    assert [(r.plan.micro_batch, r.plan.grad_accum) for r in rungs if r.feasible] == [(1, 1), (2, 1), (4, 1)]
+    assert "not divisible by 48" in rungs[1].plan.reason
+    # Several slices of a single-host preset are no GKE shape: multislice needs multi-host node pools.
+    assert "multislice needs multi-host slices" in rungs[3].plan.reason
+    feasible = [(r.plan.micro_batch, r.plan.grad_accum) for r in rungs if r.feasible]
+    assert feasible == [(1, 1), (2, 1), (4, 1), (8, 1)]
 
 
 def test_shrink_ladder_follows_fallbacks_transitively_largest_first():

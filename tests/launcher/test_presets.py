@@ -1,7 +1,7 @@
 import pytest
 
 from launcher.errors import UserError
-from launcher.presets import Shape, load_preset, load_presets, parse_preset, topology_error
+from launcher.presets import Shape, load_preset, load_presets, make_shape, parse_preset, topology_error
 
 BASE = {
     "name": "x",
@@ -21,11 +21,26 @@ def test_required_presets_exist_and_facts_hold():
     assert {p.generation for p in presets.values()} >= {"tpu7x", "v6e", "v5p", "v4"}
     p = presets["tpu7x-4x4x4"]
     assert (p.chips, p.hosts, p.devices) == (64, 16, 128)
-    assert p.placement_policy == "tpu7x-128-4x4x4-placement-policy"
+    assert p.placement_policy is None  # users name their workload policies: never assumed
     big = presets["tpu7x-8x8x48"]
     assert (big.chips, big.hosts, big.devices) == (3072, 768, 6144)
+    v4 = presets["v4-8x8x48"]  # the seed launcher's 8x8x48 is a v4 pod slice
+    assert (v4.chips, v4.hosts, v4.devices, v4.machine_type) == (3072, 768, 3072, "ct4p-hightpu-4t")
     single = presets["tpu7x-2x2x1"]
-    assert (single.hosts, single.devices, single.placement_policy) == (1, 8, None)
+    assert (single.hosts, single.devices, single.multi_host) == (1, 8, False)
+    assert presets["tpu7x-2x2x2"].multi_host
+
+
+def test_every_preset_declares_its_notice_and_requests():
+    for p in load_presets().values():
+        assert p.notice_s == (15 if p.spot else 120), p.name
+        assert set(p.requests()) == {"cpu", "memory"}
+
+
+def test_multislice_of_a_single_host_preset_is_refused():
+    with pytest.raises(UserError, match="multislice needs multi-host slices"):
+        make_shape("tpu7x-2x2x1", 2)
+    assert make_shape("tpu7x-2x2x1", 1).error is None and make_shape("tpu7x-2x2x2", 2).error is None
 
 
 def test_shape_math():
@@ -43,8 +58,8 @@ def test_shape_math():
         ("tpu7x", "4x4x6", False),  # 6 is not a multiple of 4
         ("tpu7x", "8x4x4", False),  # not A <= B <= C
         ("tpu7x", "24x24x24", False),  # 216 cubes > 144
-        ("v5p", "16x16x24", True),  # 96 cubes <= 140
-        ("v5p", "16x16x40", False),  # 160 cubes > 140
+        ("v5p", "16x16x24", True),  # 96 cubes: the largest v5p slice
+        ("v5p", "16x16x28", False),  # 112 cubes > 96
         ("v4", "8x4x4", True),  # v4 allows any order
         ("v4", "16x16x20", False),  # 80 cubes > 64
         ("v6e", "16x16", True),
@@ -70,6 +85,9 @@ def test_topology_rules(gen, topology, ok):
         ({"peak_tflops_per_chip": "fast"}, "positive number"),
         ({"fallbacks": "tpu7x-2x2x1"}, "list of preset names"),
         ({"spot": "yes"}, "true or false"),
+        ({"termination_notice_s": 0}, "positive integer"),
+        ({"placement_policy": ""}, "non-empty string"),
+        ({"machine_type": "n2-standard-8"}, "give cpu_request and memory_request"),
     ],
 )
 def test_invalid_presets_are_refused(change, message):

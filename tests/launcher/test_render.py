@@ -4,8 +4,8 @@ import re
 import pytest
 
 from launcher.errors import UserError
-from launcher.presets import RESOURCE_TPU, Shape, load_presets, make_shape
-from launcher.render import RunSpec, name_error, render_jobset
+from launcher.presets import LABEL_PLACEMENT, RESOURCE_TPU, Shape, load_presets, make_shape
+from launcher.render import RESERVED_PORTS, RunSpec, name_error, render_jobset
 from tests.support.schemas import jobset_errors, validate_job_template
 
 PRESETS = sorted(load_presets())
@@ -29,6 +29,14 @@ def env_of(js: dict) -> dict:
 @pytest.mark.parametrize("preset", PRESETS)
 @pytest.mark.parametrize("slices", [1, 2, 4])
 def test_every_preset_renders_a_valid_jobset(preset, slices):
+    if slices > 1 and load_presets()[preset].hosts == 1:
+        # GKE: "Multislice only supports multi-host TPU slice node pools".
+        with pytest.raises(UserError, match="multislice needs multi-host slices"):
+            make_shape(preset, slices)
+        with pytest.raises(UserError, match="multislice needs multi-host slices"):
+            shape = Shape(load_presets()[preset], slices)
+            render_jobset(spec_for(shape), shape)
+        return
     shape = make_shape(preset, slices)
     js = render_jobset(spec_for(shape, queue="q", priority_class="high"), shape, segment=3)
     assert jobset_errors(js) == []
@@ -44,6 +52,13 @@ def test_every_preset_renders_a_valid_jobset(preset, slices):
         chips["requests"][RESOURCE_TPU] == chips["limits"][RESOURCE_TPU] == str(shape.preset.chips_per_host)
     )
     assert pod["nodeSelector"] == shape.preset.node_selector()
+    assert LABEL_PLACEMENT not in pod["nodeSelector"]  # no preset names one; only --placement-policy
+    assert pod["nodeSelector"]["node.kubernetes.io/instance-type"] == shape.preset.machine_type
+    requests = chips["requests"]
+    assert float(requests["cpu"]) >= 1 and requests["memory"].endswith("Gi")  # Burstable, not BestEffort
+    port = pod["containers"][0]["ports"][0]["containerPort"]
+    assert port not in RESERVED_PORTS and env_of(js)["RESLICE_COORDINATOR"].endswith(f":{port}")
+    assert pod["terminationGracePeriodSeconds"] == (15 if shape.preset.spot else 120)
     assert pod["restartPolicy"] == "Never" and pod["hostNetwork"] is True
     assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
     assert pod["priorityClassName"] == "high"
@@ -68,7 +83,7 @@ def test_gke_essentials():
     tmpl = pod_template(js)
     pod = tmpl["spec"]
     assert pod["terminationGracePeriodSeconds"] == 300
-    assert pod["nodeSelector"]["cloud.google.com/placement-policy-name"] == "tpu7x-128-4x4x4-placement-policy"
+    assert LABEL_PLACEMENT not in pod["nodeSelector"]
     shm = {v["name"]: v for v in pod["volumes"]}["dshm"]
     assert shm["emptyDir"]["medium"] == "Memory"
     assert pod["containers"][0]["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
@@ -86,7 +101,7 @@ def test_contract_environment():
     assert shape.devices * b * a == gb == 512
     assert env["RESLICE_NUM_SLICES"] == "2" and env["RESLICE_CONFIG"] == "small"
     assert json.loads(env["RESLICE_SET"]) == ["train.steps=100", "moe.ragged_buffer_factor=1.25"]
-    assert env["RESLICE_COORDINATOR"] == "llm-2-slice-0-0.llm-2:8476"
+    assert env["RESLICE_COORDINATOR"] == "llm-2-slice-0-0.llm-2:8490"
     assert env["RESLICE_NUM_PROCESSES"] == "32" and env["RESLICE_HOSTS_PER_SLICE"] == "16"
     assert (
         env["RESLICE_SLICE_INDEX"]["fieldRef"]["fieldPath"]
@@ -101,13 +116,42 @@ def test_contract_environment():
     assert not any(k.startswith("MEGASCALE_") for k in env_of(render_jobset(spec_for(single), single)))
 
 
-def test_3072_pods_of_jobset_validates():
-    shape = make_shape("tpu7x-8x8x48", 4)
-    js = render_jobset(RunSpec(run="big", run_dir="gs://b/big", global_batch=24576), shape)
+@pytest.mark.parametrize("preset,devices", [("tpu7x-8x8x48", 24576), ("v4-8x8x48", 12288)])
+def test_3072_pods_of_jobset_validates(preset, devices):
+    shape = make_shape(preset, 4)
+    assert shape.devices == devices
+    js = render_jobset(RunSpec(run="big", run_dir="gs://b/big", global_batch=devices), shape)
     rjob = js["spec"]["replicatedJobs"][0]
-    assert rjob["replicas"] * rjob["template"]["spec"]["parallelism"] == 3072
+    assert (rjob["replicas"], rjob["template"]["spec"]["parallelism"]) == (4, 768)
     assert jobset_errors(js) == []
     validate_job_template(js)
+
+
+def test_placement_policy_only_when_named():
+    shape = make_shape("tpu7x-4x4x4", 2)
+    named = spec_for(shape, placement_policies=(("tpu7x-4x4x4", "my-ironwood-policy"),))
+    pod = pod_template(render_jobset(named, shape))["spec"]
+    assert pod["nodeSelector"][LABEL_PLACEMENT] == "my-ironwood-policy"
+    # The policy belongs to the node pools of one preset: a fallback shape does not select it.
+    fallback = make_shape("tpu7x-2x4x4", 2)
+    assert LABEL_PLACEMENT not in pod_template(render_jobset(named, fallback))["spec"]["nodeSelector"]
+
+
+@pytest.mark.parametrize("port", [8476, 8482, 8470, 8431, 8080, 80])
+def test_coordinator_ports_tpu_hosts_use_are_refused(port):
+    shape = make_shape("tpu7x-4x4x4", 1)
+    with pytest.raises(UserError, match="coordinator port"):
+        render_jobset(spec_for(shape, coordinator_port=port), shape)
+
+
+def test_requests_follow_the_machine_type_and_can_be_set():
+    shape = make_shape("tpu7x-4x4x4", 1)
+    res = pod_template(render_jobset(spec_for(shape), shape))["spec"]["containers"][0]["resources"]
+    assert res["requests"] == {RESOURCE_TPU: "4", "cpu": "56", "memory": "240Gi"}
+    assert "cpu" not in res["limits"] and "memory" not in res["limits"]
+    mine = spec_for(shape, cpu_request="100", memory_request="500Gi")
+    res = pod_template(render_jobset(mine, shape))["spec"]["containers"][0]["resources"]
+    assert (res["requests"]["cpu"], res["requests"]["memory"]) == ("100", "500Gi")
 
 
 # --- the failure policy, read back from the rendered rules -------------------------------------
@@ -161,7 +205,7 @@ def jobset_action(js: dict, reason: str, message: str) -> tuple[str, str]:
     ],
 )
 def test_failure_policy_tells_causes_apart(cause, expected):
-    shape = make_shape("tpu7x-2x2x1", 2)
+    shape = make_shape("tpu7x-2x2x2", 2)
     js = render_jobset(spec_for(shape), shape)
     action, rule = jobset_action(js, *job_failure(js, **cause))
     assert action == expected, rule

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-from functools import cache
-from pathlib import Path
-
 import jsonschema
 import kubernetes_validate
-import yaml
 
-SHARED = Path(__file__).resolve().parents[3] / "shared"
-CRD = SHARED / "schemas" / "jobset.x-k8s.io_jobsets.yaml"
+from launcher.embedded.admission import crd_schema
+
 K8S_VERSION = "1.33.0"
 
 
-@cache
 def jobset_schema() -> dict:
-    crd = yaml.safe_load(CRD.read_text())
-    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    """The CRD the package ships (the one the embedded API admits JobSets with)."""
+    return crd_schema()
 
 
 def drop_nulls(obj):
