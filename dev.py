@@ -24,6 +24,8 @@ STAMP = VENV / ".installed"
 LOCK_INPUTS = (ROOT / "requirements" / "dev.lock", ROOT / "pyproject.toml")
 PIP = ("-m", "pip", "install", "-q", "--disable-pip-version-check")
 # (output, extra, platform): the lock files `lock` writes, all for CPython 3.11 on Linux x86-64.
+# dev: tests and the embedded demo (launcher + trainer); run: the launcher alone (the controller
+# image, docker/controller.Dockerfile); tpu: launcher + trainer + jax[tpu] (docker/Dockerfile).
 LOCKS = (
     ("dev.lock", "dev", "x86_64-manylinux_2_28"),
     ("run.lock", None, "x86_64-manylinux_2_28"),

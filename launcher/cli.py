@@ -393,17 +393,29 @@ def watch(
     kubeconfig: KubeconfigOpt = None,
     resync: Annotated[float, typer.Option("--resync", envvar="RESLICE_RESYNC_S", help="Seconds.")] = 5.0,
     lease: Annotated[int, typer.Option("--lease", envvar="RESLICE_LEASE_S", help="Lease seconds.")] = 15,
+    health_port: Annotated[
+        int,
+        typer.Option(
+            "--health-port",
+            envvar="RESLICE_HEALTH_PORT",
+            help="With --all: serve /healthz and /readyz on this port (0: off).",
+        ),
+    ] = 0,
 ) -> None:
     """Attach to a run (live view) or, with --all, control every run of the namespace."""
     from launcher.connect import connect
 
     if (run is None) == (not all_runs):
         raise UserError("give a RUN or --all (not both)")
+    if not 0 <= health_port <= 65535:
+        raise UserError(f"--health-port must be a TCP port (0-65535, 0 = off), not {health_port}")
+    if health_port and not all_runs:
+        raise UserError("--health-port is for the in-cluster controller: use it with --all")
     kube = connect(kubeconfig, namespace).kube
     if all_runs:
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        watch_all(kube, stop, resync_s=resync, lease_s=lease)
+        watch_all(kube, stop, resync_s=resync, lease_s=lease, health_port=health_port)
         return
     _finish(kube, run, watch_run(kube, run, console=console, resync_s=resync, lease_s=lease))
 

