@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from launcher.errors import UserError
 from launcher.plan import Plan, plan_batch
-from launcher.presets import RESOURCE_TPU, Shape
+from launcher.presets import RESOURCE_TPU, Preset, Shape
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 REPLICATED_JOB = "slice"
@@ -189,21 +189,38 @@ def trainer_env(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> list[d
     return env
 
 
-def pod_spec(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> dict:
-    preset = shape.preset
+def placement(spec: RunSpec, preset: Preset) -> dict:
+    """Where a pod of `preset` runs and as whom: the part of the pod spec that the trainer pods and
+    the preflight write probe (launcher/probe.py) share, so the probe tests what the trainers get."""
     tolerations = [{"key": RESOURCE_TPU, "operator": "Exists", "effect": "NoSchedule"}]
     if preset.spot:
         tolerations.append(
             {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
         )
+    pod = {
+        "hostNetwork": True,
+        "dnsPolicy": "ClusterFirstWithHostNet",
+        "nodeSelector": preset.node_selector(),
+        "tolerations": tolerations,
+    }
+    if spec.priority_class:
+        pod["priorityClassName"] = spec.priority_class
+    if spec.service_account:
+        pod["serviceAccountName"] = spec.service_account
+    return pod
+
+
+def pod_spec(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> dict:
+    preset = shape.preset
+    where = placement(spec, preset)
     chips = {RESOURCE_TPU: str(preset.chips_per_host)}
     pod = {
         "restartPolicy": "Never",
-        "hostNetwork": True,
-        "dnsPolicy": "ClusterFirstWithHostNet",
+        "hostNetwork": where["hostNetwork"],
+        "dnsPolicy": where["dnsPolicy"],
         "terminationGracePeriodSeconds": spec.grace_period_s,
-        "nodeSelector": preset.node_selector(),
-        "tolerations": tolerations,
+        "nodeSelector": where["nodeSelector"],
+        "tolerations": where["tolerations"],
         "containers": [
             {
                 "name": CONTAINER,
@@ -218,11 +235,7 @@ def pod_spec(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> dict:
         ],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
     }
-    if spec.priority_class:
-        pod["priorityClassName"] = spec.priority_class
-    if spec.service_account:
-        pod["serviceAccountName"] = spec.service_account
-    return pod
+    return {**pod, **where}  # the rest of `where` (priority class, service account) goes last
 
 
 def segment_labels(run: str, segment: int) -> dict[str, str]:
