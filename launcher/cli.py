@@ -352,21 +352,14 @@ def preflight(
     """Check that the cluster can run a run before anything is created (exit 1 if it cannot)."""
     from launcher.checks import Request
     from launcher.connect import connect
-    from launcher.plan import ladder_shapes
-    from launcher.preflight import failed, table
+    from launcher.preflight import failed, ladder, table
     from launcher.preflight import preflight as run_preflight
     from launcher.render import DNS1035
 
     if not DNS1035.match(run):
         raise UserError(f"--run {run!r} is not a DNS-1035 label (lowercase letters, digits and '-')")
     shape = make_shape(preset, slices)
-    if global_batch is None:
-        ladder = tuple(ladder_shapes(shape, load_presets()))
-    else:
-        rungs = shrink_ladder(shape, global_batch, max_micro_batch, max_grad_accum)
-        if not rungs[0].feasible:
-            raise UserError(f"{shape}: {rungs[0].plan.reason}")
-        ladder = tuple(r.shape for r in rungs if r.feasible)
+    shapes = ladder(shape, global_batch, max_micro_batch, max_grad_accum)
     directory = run_dir if run_dir.startswith("gs://") else str(Path(run_dir).resolve())
     spec = RunSpec(
         run=run,
@@ -380,7 +373,7 @@ def preflight(
     )
     conn = connect(kubeconfig, namespace)
     spec = for_cluster(spec, conn.embedded)
-    checks = run_preflight(conn.kube, Request(spec, ladder), probe=probe, probe_timeout_s=probe_timeout)
+    checks = run_preflight(conn.kube, Request(spec, shapes), probe=probe, probe_timeout_s=probe_timeout)
     if as_json:
         _print_json([asdict(c) for c in checks])
     else:

@@ -13,10 +13,11 @@ from rich.table import Table
 
 from launcher import checks
 from launcher.checks import SKIP, Check, ClusterFacts, Request
-from launcher.errors import ClusterNotReady
+from launcher.errors import ClusterNotReady, UserError
 from launcher.kube import Forbidden, Kube
+from launcher.plan import ladder_shapes, shrink_ladder
 from launcher.pools import pools_for
-from launcher.presets import LABEL_NODEPOOL
+from launcher.presets import LABEL_NODEPOOL, Shape, load_presets
 from launcher.probe import PROBE_ROW, probe_check, probe_pod, run_probe
 from launcher.render import placement
 
@@ -28,6 +29,19 @@ MARK = {
     checks.FAIL: "[red]✗[/red]",
     checks.SKIP: "[dim]–[/dim]",
 }
+
+
+def ladder(
+    shape: Shape, global_batch: int | None, max_micro_batch: int, max_grad_accum: int | None
+) -> tuple[Shape, ...]:
+    """The shapes to check, the requested one first: the feasible rungs of its shrink ladder, or
+    every shape of the ladder when no global batch is given. UserError if the requested one is not."""
+    if global_batch is None:
+        return tuple(ladder_shapes(shape, load_presets()))
+    rungs = shrink_ladder(shape, global_batch, max_micro_batch, max_grad_accum)
+    if not rungs[0].feasible:
+        raise UserError(f"{shape}: {rungs[0].plan.reason}")
+    return tuple(r.shape for r in rungs if r.feasible)
 
 
 def read_facts(kube: Kube, req: Request) -> ClusterFacts:
