@@ -350,7 +350,7 @@ def preflight(
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """Check that the cluster can run a run before anything is created (exit 1 if it cannot)."""
-    from launcher.checks import Request
+    from launcher.checks import FAIL, Request
     from launcher.connect import connect
     from launcher.preflight import failed, ladder, table
     from launcher.preflight import preflight as run_preflight
@@ -380,7 +380,7 @@ def preflight(
         console.print(
             table(checks, f"preflight: {shape} in namespace {namespace}, run directory {directory}")
         )
-        bad = [c.name for c in checks if c.status == "fail"]
+        bad = [c.name for c in checks if c.status == FAIL]
         console.print(f"preflight: {'cannot run: ' + ', '.join(bad) if bad else 'ready'}")
     if failed(checks):
         raise typer.Exit(1)

@@ -75,7 +75,11 @@ def shortfalls(quotas: tuple[dict, ...], pod: dict, count: int, what: str) -> tu
                 )
                 continue
             need = usage.get(key, 0.0)
-            free = quantity(hard) - quantity(used.get(key, 0))
+            try:
+                free = quantity(hard) - quantity(used.get(key, 0))
+            except ValueError:  # a quantity form not parsed here (e.g. 1e3): say so, do not guess
+                short.append(f"{name}: cannot read {key} {hard!r}; check it allows {need:g} for {what}")
+                continue
             if need > quantity(hard):
                 over.append(f"{name}: {key} {hard} < {need:g} for {what}")
             elif need > free:

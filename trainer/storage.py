@@ -41,7 +41,8 @@ def probe_write(run_dir: str) -> str:
     probe had to create is removed again); the object's path, or StorageError."""
     root = epath.Path(run_dir)
     target = root / f"{PROBE_PREFIX}{socket.gethostname()}-{os.getpid()}"
-    created = [] if _is_gcs(run_dir) else _missing(Path(run_dir))  # gs://: a prefix, nothing to create
+    # An object store's directory is only a name prefix: nothing to create (or to remove) there.
+    created = [] if "://" in run_dir else _missing(Path(run_dir))
     try:
         if created:
             root.mkdir(parents=True, exist_ok=True)

@@ -236,6 +236,7 @@ QUOTA_CASES = [  # tpu7x-2x2x1 x2: 2 pods of 4 chips
      "has 4 of 16 free now"),
     ("pod count", [quota({"pods": "1"})], {}, FAIL, "pods 1 < 2"),
     ("cpu quota, pods state none", [quota({"requests.cpu": "100"})], {}, WARN, "unless a LimitRange"),
+    ("a quantity form not parsed", [quota({"requests.google.com/tpu": "1e3"})], {}, WARN, "cannot read"),
     ("scoped to another priority class", [quota({"requests.google.com/tpu": "0"}, scope=HIGH)], {}, OK, "none short"),
     ("scoped to ours", [quota({"requests.google.com/tpu": "0"}, scope=HIGH)], {"priority_class": "high"}, FAIL,
      "0 < 8"),
