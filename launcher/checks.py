@@ -217,7 +217,8 @@ def rung_exists(shape: Shape, pools: list[Pool], near: list[str]) -> Check:
 def _shortfall(shape: Shape, pools: list[Pool], near: list[str], fit: list[Pool]) -> tuple[str, str]:
     preset = shape.preset
     each = f"{preset.hosts} node{'s' if preset.hosts > 1 else ''} each"
-    found = [f"needs {shape.slices} node pools of {preset.name} ({each}), {len(fit)} fit"]
+    pools_word = "node pool" if shape.slices == 1 else "node pools"
+    found = [f"needs {shape.slices} {pools_word} of {preset.name} ({each}), {len(fit)} fit"]
     found[0] += f": {names(fit)}" if fit else ""
     found += [p.why_not() for p in pools if p not in fit]
     found += [f"not {preset.name}: {n}" for n in near]

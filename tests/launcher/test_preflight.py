@@ -76,7 +76,7 @@ POOL_CASES = [
     ("NotReady", [GOOD[0], not_ready(GOOD[1])], 2, FAIL, ["b: gke-reslice-b-", "NotReady", "wait for the unhealthy"]),
     ("impending termination", [GOOD[0], taint(GOOD[1], "cloud.google.com/impending-node-termination")], 2,
      FAIL, ["tainted cloud.google.com/impending-node-termination"]),
-    ("other topology only", nodes(P2, "big"), 1, FAIL, ["needs 1 node pools of tpu7x-2x2x1 (1 node each), 0 fit"]),
+    ("other topology only", nodes(P2, "big"), 1, FAIL, ["needs 1 node pool of tpu7x-2x2x1 (1 node each), 0 fit"]),
     ("a pool missing a host", nodes(P2, "big")[:1], 1, FAIL, ["big: 1 node(s), a slice has 2"], P2),
     ("a node lacks the labels", [nodes(P2, "big")[0], nodes(P1, "big")[0]], 1, FAIL,
      ["big: 1 of its 2 nodes lack the labels"], P2),
