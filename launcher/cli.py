@@ -9,7 +9,7 @@ import json
 import signal
 import sys
 import threading
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Annotated
 
@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from launcher.embedded.cli import app as cluster_app
-from launcher.errors import UserError
+from launcher.errors import ClusterNotReady, UserError
 from launcher.plan import Plan, shrink_ladder
 from launcher.presets import load_presets, make_shape
 from launcher.render import DEFAULT_COORDINATOR_PORT, RunSpec, render_jobset
@@ -109,6 +109,14 @@ MaxRestartsOpt = Annotated[
 ]
 QueueOpt = Annotated[str | None, typer.Option("--queue", help="Kueue LocalQueue.")]
 PriorityClassOpt = Annotated[str | None, typer.Option("--priority-class")]
+ServiceAccountOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--service-account",
+        help="Kubernetes ServiceAccount of the trainer pods. Not a Google identity: host-network pods "
+        "write gs:// as the node's service account (README).",
+    ),
+]
 CoordinatorPortOpt = Annotated[
     int,
     typer.Option(
@@ -217,6 +225,7 @@ def render(
     max_restarts: MaxRestartsOpt = 10,
     queue: QueueOpt = None,
     priority_class: PriorityClassOpt = None,
+    service_account: ServiceAccountOpt = None,
     pull_policy: Annotated[str, typer.Option("--pull-policy")] = "IfNotPresent",
     coordinator_port: CoordinatorPortOpt = DEFAULT_COORDINATOR_PORT,
     placement_policy: PlacementOpt = None,
@@ -245,6 +254,7 @@ def render(
         max_restarts=max_restarts,
         queue=queue,
         priority_class=priority_class,
+        service_account=service_account,
         image_pull_policy=pull_policy,
         coordinator_port=coordinator_port,
         placement_policies=placement_policies(preset, placement_policy),
@@ -288,6 +298,15 @@ def launch(
     max_restarts: MaxRestartsOpt = 3,
     queue: QueueOpt = None,
     priority_class: PriorityClassOpt = None,
+    service_account: ServiceAccountOpt = None,
+    checks: Annotated[
+        bool,
+        typer.Option(
+            "--preflight/--no-preflight",
+            help="Refuse a cluster that cannot run it (no JobSet, no node pools of the shape...); "
+            "--no-preflight e.g. for node pools that autoscale from zero.",
+        ),
+    ] = True,
     unschedulable_grace: Annotated[float, typer.Option("--unschedulable-grace", help="Seconds.")] = 120.0,
     grow_window: Annotated[float, typer.Option("--grow-window", help="Seconds capacity must hold.")] = 300.0,
     grow: Annotated[bool, typer.Option("--grow/--no-grow", help="Grow back when capacity returns.")] = True,
@@ -330,10 +349,16 @@ def launch(
         placement_policies=placement_policies(preset, placement_policy),
         cpu_request=cpu_request,
         memory_request=memory_request,
+        service_account=service_account,
     )
     rec, _ = prepare(spec, preset, slices, policy)  # every check before anything is created
     conn = connect(kubeconfig, namespace, start_embedded=f"{shape.preset.name}:{shape.slices}")
     spec = for_cluster(spec, conn.embedded, grace_period)
+    if checks:
+        from launcher.checks import Request
+        from launcher.preflight import refuse_unready
+
+        refuse_unready(conn.kube, Request(spec, (shape,)))  # the free checks: a few GETs
     rec = replace(rec, spec=spec)
     create_run(conn.kube, rec)
     console.print(
@@ -355,6 +380,72 @@ def for_cluster(spec: RunSpec, embedded: bool, grace_period: int | None = None) 
     if grace_period is not None:
         return replace(spec, grace_period_s=grace_period)
     return spec
+
+
+@app.command()
+def preflight(
+    preset: PresetOpt,
+    run_dir: Annotated[str, typer.Option("--run-dir", help="Run directory: a path or gs://bucket/prefix.")],
+    slices: SlicesOpt = None,
+    run: Annotated[str, typer.Option("--run", help="Run name (names the probe pod).")] = "preflight",
+    global_batch: Annotated[
+        int | None,
+        typer.Option(
+            "--global-batch", "-b", help="Sequences per step (default: check every shape of the ladder)."
+        ),
+    ] = None,
+    max_micro_batch: MaxMicroOpt = 16,
+    max_grad_accum: MaxAccumOpt = None,
+    image: ImageOpt = DEFAULT_IMAGE,
+    namespace: NamespaceOpt = "default",
+    kubeconfig: KubeconfigOpt = None,
+    queue: QueueOpt = None,
+    priority_class: PriorityClassOpt = None,
+    service_account: ServiceAccountOpt = None,
+    probe: Annotated[
+        bool, typer.Option("--probe/--no-probe", help="Write the run directory from a pod on the node pools.")
+    ] = True,
+    probe_timeout: Annotated[
+        float,
+        typer.Option("--probe-timeout", help="Seconds to wait for the probe pod (image pull included)."),
+    ] = 300.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
+) -> None:
+    """Check that the cluster can run a run before anything is created (exit 1 if it cannot)."""
+    from launcher.checks import FAIL, Request
+    from launcher.connect import connect
+    from launcher.preflight import failed, ladder, table
+    from launcher.preflight import preflight as run_preflight
+    from launcher.render import DNS1035
+
+    if not DNS1035.match(run):
+        raise UserError(f"--run {run!r} is not a DNS-1035 label (lowercase letters, digits and '-')")
+    shape = make_shape(preset, slices)
+    shapes = ladder(shape, global_batch, max_micro_batch, max_grad_accum)
+    directory = run_dir if run_dir.startswith("gs://") else str(Path(run_dir).resolve())
+    spec = RunSpec(
+        run=run,
+        run_dir=directory,
+        global_batch=global_batch or 0,  # only the ladder above depends on it
+        image=image,
+        namespace=namespace,
+        queue=queue,
+        priority_class=priority_class,
+        service_account=service_account,
+    )
+    conn = connect(kubeconfig, namespace)
+    spec = for_cluster(spec, conn.embedded)
+    checks = run_preflight(conn.kube, Request(spec, shapes), probe=probe, probe_timeout_s=probe_timeout)
+    if as_json:
+        _print_json([asdict(c) for c in checks])
+    else:
+        console.print(
+            table(checks, f"preflight: {shape} in namespace {namespace}, run directory {directory}")
+        )
+        bad = [c.name for c in checks if c.status == FAIL]
+        console.print(f"preflight: {'cannot run: ' + ', '.join(bad) if bad else 'ready'}")
+    if failed(checks):
+        raise typer.Exit(1)
 
 
 def _finish(kube, run: str, state: str) -> None:
@@ -591,6 +682,9 @@ def main(argv: list[str] | None = None) -> None:
     except UserError as e:
         print(f"reslice: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except ClusterNotReady as e:
+        print(f"reslice: {e}", file=sys.stderr)
+        sys.exit(1)
     except typer.TyperException as e:  # usage errors: missing or malformed options (exit code 2)
         print(f"reslice: error: {' '.join(e.format_message().split())}", file=sys.stderr)
         sys.exit(e.exit_code)

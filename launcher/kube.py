@@ -28,6 +28,14 @@ class Conflict(Exception):
     """The object changed since it was read (409): re-read and decide again."""
 
 
+class Forbidden(Exception):
+    """403: these credentials may not read it (RBAC)."""
+
+
+class Refused(Exception):
+    """The API server refused a write: 403 (quota, policy, RBAC) or 422 (invalid)."""
+
+
 def record_name(run: str) -> str:
     return f"reslice-{run}"
 
@@ -86,6 +94,54 @@ class Kube:
 
     def events(self) -> list[dict]:
         return self._raw(self.core.list_namespaced_event, self.namespace)["items"]
+
+    def get(self, path: str) -> dict | None:
+        """GET an API path (`/apis/apps/v1/namespaces/x/deployments/y`, a discovery document, any
+        path the server serves) as plain JSON; None when the server answers 404."""
+        method, url, headers, body, post = self.api_client.param_serialize(
+            "GET", path, header_params={"Accept": "application/json"}, auth_settings=["BearerToken"]
+        )
+        resp = self.api_client.call_api(method, url, headers, body, post)
+        resp.read()
+        if resp.status == 404:
+            return None
+        if resp.status == 403:
+            raise Forbidden(f"GET {path}: {_status_message(resp.data)}")
+        if resp.status >= 400:
+            raise ApiException(status=resp.status, reason=_status_message(resp.data))
+        return json.loads(resp.data)
+
+    # --- pods of our own (the preflight write probe) -------------------------------------------
+
+    def create_pod(self, pod: dict) -> dict:
+        """Create; a refusal raises Refused with the API server's words."""
+        try:
+            return self._raw(self.core.create_namespaced_pod, self.namespace, pod)
+        except ApiException as e:
+            if e.status in (403, 422):
+                raise Refused(_message(e)) from None
+            raise
+
+    def pod(self, name: str) -> dict | None:
+        try:
+            return self._raw(self.core.read_namespaced_pod, name, self.namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def pod_log(self, name: str, container: str) -> str:
+        try:
+            return self.core.read_namespaced_pod_log(name, self.namespace, container=container)
+        except ApiException:
+            return ""  # gone, or never started: the caller reports what the pod's status says
+
+    def delete_pod(self, name: str) -> None:
+        try:
+            self.core.delete_namespaced_pod(name, self.namespace, grace_period_seconds=0)
+        except ApiException as e:
+            if e.status != 404:
+                raise
 
     # --- JobSets -------------------------------------------------------------------------------
 
@@ -276,6 +332,13 @@ class Kube:
                 stop.wait(0.5)
             finally:
                 w.stop()
+
+
+def _status_message(data: bytes) -> str:
+    try:
+        return json.loads(data).get("message") or data.decode(errors="replace")
+    except (TypeError, ValueError, AttributeError):
+        return data.decode(errors="replace") if isinstance(data, bytes) else str(data)
 
 
 def _message(e: ApiException) -> str:

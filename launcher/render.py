@@ -224,13 +224,31 @@ def trainer_env(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> list[d
     return env
 
 
-def pod_spec(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> dict:
-    preset = run_preset(spec, shape.preset)
+def placement(spec: RunSpec, preset: Preset) -> dict:
+    """Where a pod of `preset` runs and as whom: the part of the pod spec that the trainer pods and
+    the preflight write probe (launcher/probe.py) share, so the probe tests what the trainers get."""
+    preset = run_preset(spec, preset)
     tolerations = [{"key": RESOURCE_TPU, "operator": "Exists", "effect": "NoSchedule"}]
     if preset.spot:
         tolerations.append(
             {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
         )
+    pod = {
+        "hostNetwork": True,
+        "dnsPolicy": "ClusterFirstWithHostNet",
+        "nodeSelector": preset.node_selector(),
+        "tolerations": tolerations,
+    }
+    if spec.priority_class:
+        pod["priorityClassName"] = spec.priority_class
+    if spec.service_account:
+        pod["serviceAccountName"] = spec.service_account
+    return pod
+
+
+def pod_spec(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> dict:
+    preset = shape.preset
+    where = placement(spec, preset)
     chips = {RESOURCE_TPU: str(preset.chips_per_host)}
     host = preset.requests()
     requests = {
@@ -240,11 +258,11 @@ def pod_spec(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> dict:
     }
     pod = {
         "restartPolicy": "Never",
-        "hostNetwork": True,
-        "dnsPolicy": "ClusterFirstWithHostNet",
+        "hostNetwork": where["hostNetwork"],
+        "dnsPolicy": where["dnsPolicy"],
         "terminationGracePeriodSeconds": grace_period(spec, preset),
-        "nodeSelector": preset.node_selector(),
-        "tolerations": tolerations,
+        "nodeSelector": where["nodeSelector"],
+        "tolerations": where["tolerations"],
         "containers": [
             {
                 "name": CONTAINER,
@@ -261,11 +279,7 @@ def pod_spec(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> dict:
         ],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
     }
-    if spec.priority_class:
-        pod["priorityClassName"] = spec.priority_class
-    if spec.service_account:
-        pod["serviceAccountName"] = spec.service_account
-    return pod
+    return {**pod, **where}  # the rest of `where` (priority class, service account) goes last
 
 
 def segment_labels(run: str, segment: int) -> dict[str, str]:

@@ -48,15 +48,24 @@ def _true(obj: dict, ctype: str) -> dict | None:
 # --- nodes and capacity ------------------------------------------------------------------------
 
 
-def node_healthy(node: dict) -> bool:
+def node_problem(node: dict) -> str | None:
+    """Why the node cannot be trusted with a slice now, or None: the one rule the controller and
+    `reslice preflight` share."""
     if node["metadata"].get("deletionTimestamp"):
-        return False
+        return "being deleted"
     if (node.get("spec") or {}).get("unschedulable"):
-        return False
-    if any(t.get("key") in BAD_TAINTS for t in (node.get("spec") or {}).get("taints") or []):
-        return False
+        return "cordoned"
+    for t in (node.get("spec") or {}).get("taints") or []:
+        if t.get("key") in BAD_TAINTS:
+            return f"tainted {t['key']}"
     ready = _conditions(node).get("Ready")
-    return ready is not None and ready.get("status") == "True"
+    if ready is None or ready.get("status") != "True":
+        return "NotReady"
+    return None
+
+
+def node_healthy(node: dict) -> bool:
+    return node_problem(node) is None
 
 
 def node_since(node: dict) -> float:

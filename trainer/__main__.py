@@ -30,7 +30,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--check", action="store_true", help="validate the config, print it as JSON and exit (no JAX)"
     )
+    parser.add_argument(
+        "--probe-write", metavar="DIR", help="write and delete a probe object under DIR and exit (no JAX)"
+    )
     args = parser.parse_args(argv)
+    if args.probe_write:  # what the `reslice preflight` pod runs on the target node pools
+        from trainer import storage
+
+        try:
+            print(f"trainer: wrote and deleted {storage.probe_write(args.probe_write)}", flush=True)
+        except ConfigError as e:
+            print(f"trainer: {e}", file=sys.stderr, flush=True)
+            return 2
+        return 0
     if args.check:  # what `reslice launch` asks before it creates anything
         try:
             from trainer import config

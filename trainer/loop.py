@@ -22,7 +22,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from trainer import Preemption, data, distributed, model, moe
+from trainer import Preemption, data, distributed, model, moe, storage
 from trainer.checkpoint import Checkpointer
 from trainer.config import Config, ConfigError, config_hash, identity
 from trainer.mesh import batch_sharding, make_mesh
@@ -106,6 +106,11 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
     """Train until ``train.steps`` (exit 0) or a SIGTERM (exit 42); see the module docstring."""
     preemption = preemption or Preemption()
     preemption.stall_timeout_s = cfg.train.stall_timeout_s
+    if distributed.identity(env).process_id == 0:
+        # Before joining the group (a failing process 0 must not leave its peers waiting in a
+        # collective for it) and before anything is written: a run directory this node pool
+        # cannot write is a configuration error (exit 2), reported with its fix.
+        storage.probe_write(cfg.run_dir)
     ident = distributed.initialize(env)
     segment = _env_number(env, "RESLICE_SEGMENT", int)
     attempt = _env_number(env, "RESLICE_RESTART_ATTEMPT", int)

@@ -22,7 +22,7 @@ from typing import Any
 from launcher.embedded import faults, nodes
 from launcher.embedded import objects as o
 from launcher.embedded.job import JobController
-from launcher.embedded.jobset import JobSetController
+from launcher.embedded.jobset import EMULATED_VERSION, JobSetController
 from launcher.embedded.kubelet import Kubelet
 from launcher.embedded.nodes import NodePool, NodePoolSpec
 from launcher.embedded.runtime import EventRecorder, Hub
@@ -226,7 +226,7 @@ class EmbeddedCluster:
     # -- the fault routes ----------------------------------------------------------------------
     def handle_route(self, method: str, path: str, query: dict, body: bytes | None) -> tuple[int, dict]:
         """POST /embedded/v1/{preempt,remove,restore,kill-pod} with a JSON body;
-        GET /embedded/v1/info: node pools and mode."""
+        GET /embedded/v1/info: mode, the JobSet release it emulates, node pools."""
         action = path[len(ROUTE) :].strip("/")
         try:
             args = json.loads(body or b"{}")
@@ -255,6 +255,7 @@ class EmbeddedCluster:
     def info(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
+            "jobset_version": EMULATED_VERSION,
             "nodepools": [
                 {
                     "name": p.name,

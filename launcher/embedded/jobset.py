@@ -22,6 +22,10 @@ from typing import Any
 from launcher.embedded import objects as o
 from launcher.embedded.runtime import Controller, EventRecorder
 
+# The upstream release whose behaviour this controller follows; `/embedded/v1/info` reports it, as
+# the embedded cluster has no jobset-controller-manager Deployment whose image tag would say it.
+EMULATED_VERSION = "v0.12.0"
+
 # Reasons and messages (sigs.k8s.io/jobset/pkg/constants).
 REACHED_MAX_RESTARTS = ("ReachedMaxRestarts", "jobset failed due to reaching max number of restarts")
 FAILED_JOBS = ("FailedJobs", "jobset failed due to one or more job failures")

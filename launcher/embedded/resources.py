@@ -82,6 +82,10 @@ _ALL = (
     Resource("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", True),
     Resource("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", False),
     Resource("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", False),
+    # Stored, not enforced: what `reslice preflight` reads (no Priority or ResourceQuota admission,
+    # no quota controller filling status.used here; docs/embedded.md).
+    Resource("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", False, (), ("pc",)),
+    Resource("", "v1", "ResourceQuota", "resourcequotas", True, ("status",), ("quota",)),
 )
 
 RESOURCES: dict[str, Resource] = {r.plural: r for r in _ALL}

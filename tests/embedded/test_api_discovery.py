@@ -32,6 +32,7 @@ def test_legacy_discovery_documents(api: Api) -> None:
         "coordination.k8s.io": "v1",
         "jobset.x-k8s.io": "v1alpha2",
         "rbac.authorization.k8s.io": "v1",
+        "scheduling.k8s.io": "v1",
     }
     core = {r.name: r for r in api.core.get_api_resources().resources}
     assert {"pods", "pods/log", "pods/status", "nodes", "events", "configmaps", "namespaces"} <= set(core)

@@ -147,3 +147,11 @@ def test_console_script_is_wired():
     assert proc.stderr.strip().splitlines() == [
         "reslice: error: tpu7x-4x4x4 x1: global batch 100 is not divisible by 128 devices"
     ]
+
+
+def test_render_service_account_names_the_pods_service_account(capsys):
+    code, out, _ = run_cli(capsys, *RENDER, "--service-account", "trainer")
+    pod = yaml.safe_load(out)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert code == 0 and pod["serviceAccountName"] == "trainer"
+    code, out, _ = run_cli(capsys, *RENDER)
+    assert "serviceAccountName" not in out  # the namespace's default ServiceAccount

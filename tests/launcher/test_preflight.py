@@ -1,0 +1,488 @@
+"""`reslice preflight` and the checks `launch` makes before it creates anything.
+
+Pure tables for the check functions (nodes are the embedded cluster's GKE-labelled node objects),
+then the command itself through the official client against the embedded cluster, where the write
+probe is a real pod running `python -m trainer --probe-write` as a local process.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from launcher import checks
+from launcher.checks import FAIL, OK, WARN, ClusterFacts, Request
+from launcher.embedded.cluster import EmbeddedCluster
+from launcher.embedded.nodes import NodePool, node_object
+from launcher.kube import Kube, record_name
+from launcher.pools import pools_for
+from launcher.presets import load_preset, make_shape
+from launcher.probe import LABEL_PROBE, Outcome, probe_check, probe_pod
+from launcher.render import LABEL_RUN, RunSpec, placement, render_jobset
+from tests.support.cli import run_cli
+from tests.support.fake_gcs import fake_gcs
+
+P1 = load_preset("tpu7x-2x2x1")  # one host per slice
+P2 = load_preset("tpu7x-2x2x2")  # two hosts per slice
+
+
+def nodes(preset, *pools: str, spot: bool = False) -> list[dict]:
+    out = []
+    for name in pools:
+        pool = NodePool(name=name, shape=preset, spot=spot, simulate=False)
+        out += [node_object(pool, i) for i in range(preset.hosts)]
+    return out
+
+
+def spec(**kw) -> RunSpec:
+    return RunSpec(run="r", run_dir="gs://b/r", global_batch=16, **kw)
+
+
+def req(preset_name: str, slices: int, **kw) -> Request:
+    return Request(spec(**kw), (make_shape(preset_name, slices),))
+
+
+def taint(node: dict, key: str, value: str = "x", effect: str = "NoSchedule") -> dict:
+    node = copy.deepcopy(node)
+    node["spec"]["taints"].append({"key": key, "value": value, "effect": effect})
+    return node
+
+
+def not_ready(node: dict) -> dict:
+    node = copy.deepcopy(node)
+    for c in node["status"]["conditions"]:
+        if c["type"] == "Ready":
+            c["status"] = "False"
+    return node
+
+
+# --- node pools ------------------------------------------------------------------------------------
+
+TOLERATIONS = placement(spec(), P1)["tolerations"]
+GOOD = nodes(P1, "a", "b")
+POOL_CASES = [
+    ("two pools fit x2", GOOD, 2, OK, ["2 fit: a, b"]),
+    ("one short", nodes(P1, "a"), 2, FAIL, ["needs 2 node pools of tpu7x-2x2x1 (1 node each), 1 fit: a", "create 1 more"]),
+    ("foreign taint", [GOOD[0], taint(GOOD[1], "dedicated", "other")], 2, FAIL,
+     ["b: taint dedicated=other:NoSchedule not tolerated", "create 1 more"]),
+    ("PreferNoSchedule does not block", [GOOD[0], taint(GOOD[1], "soft", effect="PreferNoSchedule")], 2, OK, []),
+    ("the TPU taint is tolerated", GOOD, 1, OK, []),
+    ("NotReady", [GOOD[0], not_ready(GOOD[1])], 2, FAIL, ["b: gke-reslice-b-", "NotReady", "wait for the unhealthy"]),
+    ("impending termination", [GOOD[0], taint(GOOD[1], "cloud.google.com/impending-node-termination")], 2,
+     FAIL, ["tainted cloud.google.com/impending-node-termination"]),
+    ("other topology only", nodes(P2, "big"), 1, FAIL, ["needs 1 node pool of tpu7x-2x2x1 (1 node each), 0 fit"]),
+    ("a pool missing a host", nodes(P2, "big")[:1], 1, FAIL, ["big: 1 node(s), a slice has 2"], P2),
+    ("a node lacks the labels", [nodes(P2, "big")[0], nodes(P1, "big")[0]], 1, FAIL,
+     ["big: 1 of its 2 nodes lack the labels"], P2),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", POOL_CASES, ids=[c[0] for c in POOL_CASES])
+def test_node_pool_rung(case) -> None:
+    _, nodes_, slices, status, needles, *preset = case
+    preset = preset[0] if preset else P1
+    pools, near = pools_for(preset, nodes_, TOLERATIONS)
+    row = checks.check_rung(make_shape(preset.name, slices), pools, near, first=True)
+    assert row.status == status, row
+    for needle in needles:
+        assert needle in row.found + " | " + row.fix, row
+
+
+def test_a_smaller_rung_that_does_not_fit_is_a_warning_and_unhealthy_pools_do_not_block_launch() -> None:
+    pools, near = pools_for(P1, [not_ready(n) for n in GOOD], TOLERATIONS)
+    shape = make_shape("tpu7x-2x2x1", 2)
+    assert checks.check_rung(shape, pools, near, first=False).status == WARN
+    assert checks.check_rung(shape, pools, near, first=True).status == FAIL
+    assert checks.rung_exists(shape, pools, near).status == OK  # they exist: the controller's business
+    pools, near = pools_for(P1, GOOD[:1], TOLERATIONS)
+    assert checks.rung_exists(shape, pools, near).status == FAIL
+
+
+def test_a_pool_that_lacks_one_selected_label_is_named_as_a_near_miss() -> None:
+    spot = replace(P1, spot=True)  # selects cloud.google.com/gke-spot=true (and tolerates its taint)
+    tolerations = placement(spec(), spot)["tolerations"]
+    pools, near = pools_for(spot, GOOD, tolerations)
+    assert pools == [] and near == [
+        "a: no label cloud.google.com/gke-spot=true",
+        "b: no label cloud.google.com/gke-spot=true",
+    ]
+    spot_nodes = [taint(n, "cloud.google.com/gke-spot", "true") for n in nodes(P1, "s", spot=True)]
+    pools, near = pools_for(spot, spot_nodes, tolerations)
+    assert [p.name for p in pools if p.usable] == ["s"] and near == []
+
+
+def test_the_shape_fix_names_the_gcloud_flags_of_the_preset() -> None:
+    pools, near = pools_for(P2, [], TOLERATIONS)
+    row = checks.check_rung(make_shape("tpu7x-2x2x2", 2), pools, near, first=True)
+    assert "create 2 more node pool(s)" in row.fix
+    # Multi-host Ironwood: a workload policy instead of --tpu-topology; 2 nodes; storage-full scope.
+    assert "--placement-policy=WORKLOAD_POLICY (topology 2x2x2)" in row.fix and "--num-nodes=2" in row.fix
+    assert "--scopes=storage-full" in row.fix and "--tpu-topology" not in row.fix
+    row = checks.check_rung(make_shape("v6e-2x4", 1), *pools_for(load_preset("v6e-2x4"), [], []), first=True)
+    assert "--tpu-topology=2x4" in row.fix and "--machine-type=ct6e-standard-4t" in row.fix
+
+
+# --- JobSet, Kueue, namespace, priority class, service account ------------------------------------
+
+
+def deployment(image: str, available: int = 1) -> dict:
+    return {
+        "metadata": {"name": "jobset-controller-manager", "namespace": "jobset-system"},
+        "spec": {"template": {"spec": {"containers": [{"name": "manager", "image": image}]}}},
+        "status": {"availableReplicas": available},
+    }
+
+
+JOBSET_CASES = [
+    ("v0.12.0", ClusterFacts(jobset_deployment=deployment("registry.k8s.io/jobset/jobset:v0.12.0")), OK, "v0.12.0"),
+    ("v0.12.3 by digest", ClusterFacts(jobset_deployment=deployment("r.io/jobset:v0.12.3@sha256:ab")), OK, "1 available"),
+    ("v0.11.1", ClusterFacts(jobset_deployment=deployment("registry.k8s.io/jobset/jobset:v0.11.1")), FAIL, "older than v0.12"),
+    ("no tag", ClusterFacts(jobset_deployment=deployment("localhost:5000/jobset")), WARN, "no version in its tag"),
+    ("not available", ClusterFacts(jobset_deployment=deployment("r.io/jobset:v0.12.0", 0)), FAIL, "no available replica"),
+    ("absent", ClusterFacts(), FAIL, "no Deployment jobset-controller-manager or jobset-controller"),
+    ("forbidden", ClusterFacts(forbidden={"jobset_deployment": "GET ...: forbidden"}), WARN, "version not checked"),
+    ("embedded", ClusterFacts(embedded={"jobset_version": "v0.12.0"}), OK, "follows v0.12.0"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("facts", "status", "needle"), [c[1:] for c in JOBSET_CASES], ids=[c[0] for c in JOBSET_CASES]
+)
+def test_jobset_controller_version(facts, status, needle) -> None:
+    row = checks.check_jobset_controller(facts)
+    assert row.status == status and needle in row.found, row
+    assert row.status == OK or "jobset" in row.fix.lower()
+
+
+def test_jobset_api_must_serve_jobsets() -> None:
+    assert checks.check_jobset_api(ClusterFacts(jobset_resources=("jobsets", "jobsets/status"))).status == OK
+    row = checks.check_jobset_api(ClusterFacts())
+    assert row.status == FAIL and "releases/download/v0.12.0/manifests.yaml" in row.fix
+
+
+LQ = {"spec": {"clusterQueue": "tpu-cq"}}
+INACTIVE = {**LQ, "status": {"conditions": [{"type": "Active", "status": "False", "reason": "ClusterQueueIsInactive",
+                                             "message": "Can't submit new workloads to clusterQueue"}]}}  # fmt: skip
+QUEUE_CASES = [
+    ("no kueue", ClusterFacts(), FAIL, "Kueue is not installed"),
+    (
+        "no local queue",
+        ClusterFacts(kueue_resources=("localqueues",)),
+        FAIL,
+        "no LocalQueue q in namespace default",
+    ),
+    (
+        "inactive",
+        ClusterFacts(kueue_resources=("localqueues",), local_queue=INACTIVE),
+        FAIL,
+        "is inactive: Can't",
+    ),
+    (
+        "active",
+        ClusterFacts(kueue_resources=("localqueues",), local_queue=LQ),
+        OK,
+        "q -> ClusterQueue tpu-cq",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("facts", "status", "needle"), [c[1:] for c in QUEUE_CASES], ids=[c[0] for c in QUEUE_CASES]
+)
+def test_kueue_local_queue(facts, status, needle) -> None:
+    row = checks.check_queue(facts, spec(queue="q"))
+    assert row.status == status and needle in row.found, row
+
+
+def test_namespace_priority_class_and_service_account() -> None:
+    assert checks.check_namespace(ClusterFacts(), "team").fix.startswith("kubectl create namespace team")
+    terminating = ClusterFacts(namespace={"status": {"phase": "Terminating"}})
+    assert checks.check_namespace(terminating, "team").status == FAIL
+    assert checks.check_priority_class(ClusterFacts(priority_class={"value": 100}), "high").status == OK
+    assert "no PriorityClass high" in checks.check_priority_class(ClusterFacts(), "high").found
+    row = checks.check_service_account(ClusterFacts(), spec(service_account="trainer"))
+    assert row.status == FAIL and row.fix == "kubectl -n default create serviceaccount trainer"
+
+
+def test_a_local_run_dir_is_only_for_the_embedded_cluster() -> None:
+    assert checks.check_run_dir("gs://b/r", embedded=False).status == OK
+    assert checks.check_run_dir("/tmp/r", embedded=True).status == OK
+    row = checks.check_run_dir("/tmp/r", embedded=False)
+    assert row.status == FAIL and "gs://" in row.fix
+
+
+# --- resource quota ---------------------------------------------------------------------------------
+
+
+def quota(hard: dict, used: dict | None = None, scope: dict | None = None) -> dict:
+    q = {"metadata": {"name": "q"}, "spec": {"hard": hard}, "status": {"used": used or {}}}
+    if scope:
+        q["spec"]["scopeSelector"] = {"matchExpressions": [scope]}
+    return q
+
+
+HIGH = {"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}
+QUOTA_CASES = [  # tpu7x-2x2x1 x2: 2 pods of 4 chips
+    ("none", [], {}, OK, "none in default"),
+    ("8 chips allowed", [quota({"requests.google.com/tpu": "8"})], {}, OK, "none short"),
+    ("hard limit below", [quota({"requests.google.com/tpu": "4"})], {}, FAIL, "requests.google.com/tpu 4 < 8"),
+    ("full now", [quota({"requests.google.com/tpu": "16"}, {"requests.google.com/tpu": "12"})], {}, WARN,
+     "has 4 of 16 free now"),
+    ("pod count", [quota({"pods": "1"})], {}, FAIL, "pods 1 < 2"),
+    ("cpu quota, pods state none", [quota({"requests.cpu": "100"})], {}, WARN, "unless a LimitRange"),
+    ("a quantity form not parsed", [quota({"requests.google.com/tpu": "1e3"})], {}, WARN, "cannot read"),
+    ("scoped to another priority class", [quota({"requests.google.com/tpu": "0"}, scope=HIGH)], {}, OK, "none short"),
+    ("scoped to ours", [quota({"requests.google.com/tpu": "0"}, scope=HIGH)], {"priority_class": "high"}, FAIL,
+     "0 < 8"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("quotas", "kw", "status", "needle"), [c[1:] for c in QUOTA_CASES],
+                         ids=[c[0] for c in QUOTA_CASES])  # fmt: skip
+def test_resource_quota(quotas, kw, status, needle) -> None:
+    row = checks.check_quota(tuple(quotas), req("tpu7x-2x2x1", 2, **kw))
+    assert row.status == status and needle in row.found, row
+
+
+# --- launch's free checks ------------------------------------------------------------------------
+
+
+def test_launch_refuses_only_on_what_no_waiting_fixes() -> None:
+    base = ClusterFacts(
+        jobset_resources=("jobsets",), namespace={"status": {"phase": "Active"}}, nodes=tuple(GOOD)
+    )
+    r = req("tpu7x-2x2x1", 2)
+    assert checks.launch_blockers(base, r) == []
+    assert checks.launch_blockers(replace(base, nodes=tuple(not_ready(n) for n in GOOD)), r) == []
+    full = quota({"requests.google.com/tpu": "8"}, {"requests.google.com/tpu": "8"})
+    assert checks.launch_blockers(replace(base, quotas=(full,)), r) == []  # full now, large enough
+    cases = {
+        "JobSet API": replace(base, jobset_resources=None),
+        "namespace": replace(base, namespace=None),
+        "node pools for tpu7x-2x2x1 x2": replace(base, nodes=tuple(GOOD[:1])),
+        "resource quota": replace(base, quotas=(quota({"requests.google.com/tpu": "4"}),)),
+    }
+    for name, facts in cases.items():
+        assert [c.name for c in checks.launch_blockers(facts, r)] == [name]
+    assert [c.name for c in checks.launch_blockers(base, req("tpu7x-2x2x1", 2, queue="q"))] == [
+        "Kueue LocalQueue"
+    ]
+    local = Request(replace(r.spec, run_dir="/tmp/r"), r.ladder)
+    assert [c.name for c in checks.launch_blockers(base, local)] == ["run directory"]
+    assert checks.launch_blockers(replace(base, embedded={}), local) == []
+
+
+# --- the write probe (pure parts) ---------------------------------------------------------------------
+
+
+def test_the_probe_pod_is_placed_like_the_trainer_pods_and_is_not_a_run_pod() -> None:
+    s = spec(service_account="trainer", priority_class="high", image="img:1")
+    shape = make_shape("tpu7x-2x2x2", 1)
+    trainer = render_jobset(s, shape)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod = probe_pod(s, shape.preset)
+    for key in (
+        "nodeSelector",
+        "tolerations",
+        "hostNetwork",
+        "dnsPolicy",
+        "serviceAccountName",
+        "priorityClassName",
+    ):
+        assert pod["spec"][key] == trainer[key], key
+    (c,) = pod["spec"]["containers"]
+    assert c["command"] == ["python", "-m", "trainer", "--probe-write", "gs://b/r"] and c["image"] == "img:1"
+    assert "resources" not in c  # no chips: it also runs beside a live run
+    assert pod["metadata"]["labels"] == {LABEL_PROBE: "r"} and LABEL_RUN not in pod["metadata"]["labels"]
+
+
+PROBE_CASES = [
+    ("wrote", Outcome("p", "Succeeded", "n", 0, "trainer: wrote and deleted gs://b/r/.x\n"), OK, "wrote and deleted", ""),
+    ("forbidden", Outcome("p", "Failed", "n", 2, "trainer: the node pool's service account cannot write gs://b/r"
+                          " (403 Forbidden); fix: create the TPU node pools with --scopes=storage-full\n"), FAIL,
+     "cannot write gs://b/r (403 Forbidden)", "create the TPU node pools with --scopes=storage-full"),
+    ("old image", Outcome("p", "Failed", "n", 2, "trainer: usage error: unrecognized arguments: --probe-write x"),
+     FAIL, "no --probe-write", "rebuild and push the image"),
+    ("image pull", Outcome("p", "Pending", None, None, "", "ImagePullBackOff: Back-off pulling image", 300), FAIL,
+     "did not finish in 300 s: ImagePullBackOff", "check --image"),
+    ("unschedulable", Outcome("p", "Pending", None, None, "", "unschedulable: 0/2 nodes are available", 300), FAIL,
+     "0/2 nodes", "node pool rows"),
+    ("refused", Outcome("p-…", "Refused", waiting='exceeded quota: q'), FAIL, "refused the probe pod: exceeded", ""),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("outcome", "status", "found", "fix"), [c[1:] for c in PROBE_CASES],
+                         ids=[c[0] for c in PROBE_CASES])  # fmt: skip
+def test_probe_row(outcome, status, found, fix) -> None:
+    row = probe_check(outcome, "gs://b/r")
+    assert row.status == status and found in row.found and fix in row.fix, row
+
+
+# --- the command, against the embedded cluster ---------------------------------------------------
+
+
+@pytest.fixture
+def cluster_factory(tmp_path: Path):
+    started: list[EmbeddedCluster] = []
+
+    def start(nodepools: str) -> EmbeddedCluster:
+        (tmp_path / "pods").mkdir(exist_ok=True)
+        c = EmbeddedCluster(nodepools=nodepools, mode="process", workdir=tmp_path / "pods").start()
+        started.append(c)
+        return c
+
+    yield start
+    for c in started:
+        c.stop()
+
+
+def preflight(capsys, cluster: EmbeddedCluster, *args: str) -> tuple[int, dict[str, dict]]:
+    """Exit code and rows by name of `reslice preflight --json ARGS` against `cluster`."""
+    code, out, err = run_cli(capsys, "preflight", "--kubeconfig", str(cluster.kubeconfig), "--json", *args)
+    assert err == "", err
+    return code, {row["name"]: row for row in json.loads(out)}
+
+
+def probe_pods(cluster: EmbeddedCluster) -> list:
+    return (
+        client.CoreV1Api(cluster.api_client())
+        .list_namespaced_pod("default", label_selector=LABEL_PROBE)
+        .items
+    )
+
+
+def test_passes_on_a_cluster_that_fits_the_run(capsys, cluster_factory, tmp_path: Path) -> None:
+    cluster = cluster_factory("tpu7x-2x2x2:2,tpu7x-2x2x1:2")
+    run_dir = tmp_path / "run"
+    args = ["-p", "tpu7x-2x2x2", "-n", "2", "-b", "32", "--run-dir", str(run_dir)]
+    code, rows = preflight(capsys, cluster, *args)
+    assert code == 0, rows
+    # The ladder: x2 and x1 of the preset, then its fallback (2 x tpu7x-2x2x1 = 16 devices, as 1 x 2x2x2).
+    assert [n for n in rows if n.startswith("node pools")] == [
+        "node pools for tpu7x-2x2x2 x2", "node pools for tpu7x-2x2x2 x1",
+        "node pools for tpu7x-2x2x1 x2", "node pools for tpu7x-2x2x1 x1",
+    ]  # fmt: skip
+    assert {r["status"] for r in rows.values()} == {OK}, rows
+    assert rows["node pools for tpu7x-2x2x2 x2"]["found"] == "2 fit: tpu7x-2x2x2-np-0, tpu7x-2x2x2-np-1"
+    assert rows["JobSet controller"]["found"] == "embedded cluster: its JobSet controller follows v0.12.0"
+    assert "wrote and deleted an object under" in rows["write probe"]["found"]
+    assert probe_pods(cluster) == [] and not run_dir.exists()  # the pod, the object, the directory: gone
+    code, out, _ = run_cli(capsys, "preflight", "--kubeconfig", str(cluster.kubeconfig), *args)
+    assert code == 0 and "✓" in out and "✗" not in out and out.rstrip().endswith("preflight: ready")
+
+
+def test_fails_naming_the_missing_and_unusable_node_pools(capsys, cluster_factory, tmp_path: Path) -> None:
+    cluster = cluster_factory("tpu7x-2x2x1:3")
+    core = client.CoreV1Api(cluster.api_client())
+    (node,) = core.list_node(label_selector="cloud.google.com/gke-nodepool=tpu7x-2x2x1-np-2").items
+    taints = [t.to_dict() for t in node.spec.taints or []] + [
+        {"key": "dedicated", "value": "other", "effect": "NoSchedule"}
+    ]
+    core.patch_node(node.metadata.name, {"spec": {"taints": taints}})
+    code, rows = preflight(capsys, cluster, "-p", "tpu7x-2x2x1", "-n", "4", "--run-dir", str(tmp_path / "r"))
+    assert code == 1
+    x4 = rows["node pools for tpu7x-2x2x1 x4"]
+    assert x4["status"] == FAIL and x4["found"] == (
+        "needs 4 node pools of tpu7x-2x2x1 (1 node each), 2 fit: tpu7x-2x2x1-np-0, tpu7x-2x2x1-np-1; "
+        "tpu7x-2x2x1-np-2: taint dedicated=other:NoSchedule not tolerated"
+    )
+    assert x4["fix"].startswith("create 2 more node pool(s): gcloud container node-pools create NAME")
+    assert rows["node pools for tpu7x-2x2x1 x3"]["status"] == WARN  # a smaller rung: a warning
+    assert rows["node pools for tpu7x-2x2x1 x2"]["status"] == OK
+    assert rows["write probe"]["status"] == OK  # a usable pool to run it on exists
+    assert [n for n, r in rows.items() if r["status"] == FAIL] == ["node pools for tpu7x-2x2x1 x4"]
+
+
+def test_the_write_probe_names_the_fix_for_an_unwritable_run_dir(
+    capsys, cluster_factory, tmp_path: Path
+) -> None:
+    cluster = cluster_factory("tpu7x-2x2x1:1")
+    (tmp_path / "file").write_text("not a directory")  # tests run as root: a file in the path stops root
+    code, rows = preflight(capsys, cluster, "-p", "tpu7x-2x2x1", "--run-dir", str(tmp_path / "file" / "run"))
+    probe = rows["write probe"]
+    assert code == 1 and probe["status"] == FAIL, rows
+    assert (
+        probe["found"].startswith("pod preflight-write-probe-")
+        and "exit 2: cannot create run directory" in probe["found"]
+    )
+    assert probe["fix"] == "choose a --run-dir whose parents are directories"
+    assert probe_pods(cluster) == []
+
+
+def test_the_write_probe_writes_gcs_from_the_pod(capsys, cluster_factory, monkeypatch) -> None:
+    with fake_gcs(buckets=["reslice"]) as gcs:
+        for k, v in gcs.env.items():
+            monkeypatch.setenv(k, v)  # the kubelet's processes inherit this process's environment
+        cluster = cluster_factory("tpu7x-2x2x1:1")
+        code, rows = preflight(capsys, cluster, "-p", "tpu7x-2x2x1", "--run-dir", "gs://reslice/runs/a")
+        assert (
+            code == 0
+            and "wrote and deleted an object under gs://reslice/runs/a" in rows["write probe"]["found"]
+        )
+        assert gcs.list_objects("reslice") == []
+        code, rows = preflight(capsys, cluster, "-p", "tpu7x-2x2x1", "--run-dir", "gs://no-such-bucket/a")
+        probe = rows["write probe"]
+        assert code == 1 and "bucket gs://no-such-bucket does not exist" in probe["found"], probe
+        assert probe["fix"].startswith("create it (gcloud storage buckets create gs://no-such-bucket")
+        with urllib.request.urlopen(f"{gcs.endpoint}/storage/v1/b") as resp:
+            assert [b["name"] for b in json.load(resp)["items"]] == ["reslice"]  # the probe created none
+
+
+def test_priority_class_and_quota_through_the_api(capsys, cluster_factory, tmp_path: Path) -> None:
+    cluster = cluster_factory("tpu7x-2x2x1:2")
+    api = cluster.api_client()
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": "team"}})
+    client.CoreV1Api(api).create_namespaced_resource_quota(
+        "team", {"metadata": {"name": "tpu"}, "spec": {"hard": {"requests.google.com/tpu": "4"}}}
+    )
+    common = ["-p", "tpu7x-2x2x1", "--run-dir", str(tmp_path / "r"), "--namespace", "team", "--no-probe"]
+    code, rows = preflight(capsys, cluster, *common, "-n", "2", "--priority-class", "high")
+    assert code == 1
+    assert rows["priority class"]["found"].startswith("no PriorityClass high")
+    assert rows["resource quota"]["found"] == "tpu: requests.google.com/tpu 4 < 8 for tpu7x-2x2x1 x2"
+    assert rows["write probe"] == {
+        "name": "write probe",
+        "status": "skip",
+        "found": "not run (--no-probe)",
+        "fix": "",
+    }
+    client.SchedulingV1Api(api).create_priority_class({"metadata": {"name": "high"}, "value": 1000})
+    code, rows = preflight(capsys, cluster, *common, "-n", "1", "--priority-class", "high")
+    assert code == 0 and rows["priority class"]["found"] == "high (value 1000)", rows
+    assert rows["resource quota"]["status"] == OK
+
+
+def test_bad_input_is_exit_2_before_any_cluster_is_asked(capsys, tmp_path: Path) -> None:
+    for argv, needle in (
+        (["-p", "nope", "--run-dir", "/tmp/r"], "unknown preset 'nope'"),
+        (["-p", "tpu7x-2x2x1", "-b", "12", "--run-dir", "/tmp/r"], "not divisible by 8 devices"),
+        (["-p", "tpu7x-2x2x1", "--run", "Bad_Name", "--run-dir", "/tmp/r"], "not a DNS-1035 label"),
+    ):
+        code, out, err = run_cli(capsys, "preflight", "--kubeconfig", str(tmp_path / "none"), *argv)
+        assert code == 2 and needle in err and err.count("\n") == 1 and out == "", err
+
+
+# --- launch --------------------------------------------------------------------------------------
+
+
+def test_launch_refuses_a_cluster_that_cannot_run_it_and_creates_nothing(
+    capsys, cluster_factory, tmp_path: Path
+) -> None:
+    cluster = cluster_factory("tpu7x-2x2x1:1")
+    kube = Kube(cluster.api_client())
+    run_dir = tmp_path / "r1"
+    argv = ["launch", "-p", "tpu7x-2x2x1", "-n", "2", "--run", "r1", "-b", "16", "--run-dir", str(run_dir),
+            "--kubeconfig", str(cluster.kubeconfig), "--detach"]  # fmt: skip
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 1 and err.count("\n") == 1, err
+    assert "this cluster cannot run tpu7x-2x2x1 x2: node pools for tpu7x-2x2x1 x2: needs 2" in err
+    assert "--no-preflight launches anyway" in err
+    assert kube.get_record("r1") is None and not (run_dir / "run.json").exists()
+    code, out, err = run_cli(capsys, *argv, "--no-preflight")
+    assert code == 0 and kube.get_record("r1") is not None, out + err
+    assert client.CoreV1Api(cluster.api_client()).read_namespaced_config_map(record_name("r1"), "default")
