@@ -288,7 +288,11 @@ def launch(
     ] = None,
     image: ImageOpt = DEFAULT_IMAGE,
     detach: Annotated[
-        bool, typer.Option("--detach", help="Submit and return; `reslice watch` later.")
+        bool,
+        typer.Option(
+            "--detach",
+            help="Submit segment 0 and return; `reslice watch` (or the in-cluster controller) watches.",
+        ),
     ] = False,
     namespace: NamespaceOpt = "default",
     kubeconfig: KubeconfigOpt = None,
@@ -365,7 +369,10 @@ def launch(
         f"run {run}: segment 0 on {shape} at global batch {global_batch}; run directory {directory}"
     )
     if detach:
-        console.print(f"detached: `reslice watch {run}` attaches, `reslice status {run}` reports")
+        from launcher.launch import submit_first_segment
+
+        watcher = submit_first_segment(conn.kube, run)
+        console.print(f"detached: segment 0 submitted; {watcher}. `reslice status {run}` reports")
         return
     _finish(conn.kube, run, watch_run(conn.kube, run, console=console))
 

@@ -271,6 +271,26 @@ class Kube:
             raise
         return True, taken_over
 
+    def lease_holder(self, name: str) -> str | None:
+        """Who holds Lease `name` now (None when free, expired or absent)."""
+        try:
+            lease = self.coordination.read_namespaced_lease(name, self.namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return _live_holder(lease)
+
+    def live_lease_holders(self, exclude: str | None = None) -> set[str]:
+        """Holders of unexpired reslice run Leases in the namespace: the controllers running now."""
+        leases = self.coordination.list_namespaced_lease(self.namespace).items
+        holders = {
+            _live_holder(lease)
+            for lease in leases
+            if lease.metadata.name.startswith("reslice-") and lease.metadata.name.endswith("-controller")
+        }
+        return {h for h in holders if h and h != exclude}
+
     def release_lease(self, name: str, holder: str) -> None:
         try:
             lease = self.coordination.read_namespaced_lease(name, self.namespace)
@@ -346,3 +366,13 @@ def _message(e: ApiException) -> str:
         return json.loads(e.body).get("message", e.reason)
     except (TypeError, ValueError):
         return str(e.reason)
+
+
+def _live_holder(lease) -> str | None:
+    spec = lease.spec
+    renewed = spec.renew_time or spec.acquire_time
+    if not spec.holder_identity or renewed is None:
+        return None
+    if _now() - renewed > timedelta(seconds=spec.lease_duration_seconds or 0):
+        return None
+    return spec.holder_identity

@@ -80,6 +80,13 @@ def create_run(kube, rec: RunRecord) -> None:
             raise UserError(
                 f"run directory {rec.spec.run_dir} belongs to run {owner!r}; choose another --run-dir"
             )
+        status = rundir.status() or {}
+        if status.get("state") == "finished":
+            # Its trainer would find the final step committed and stop at once: a "run" of 0 steps.
+            raise UserError(
+                f"run {rec.name!r} already finished in {rec.spec.run_dir} (step {status.get('step')}): "
+                "launch a new --run, or give another --run-dir"
+            )
     if kube.get_record(rec.name) is not None:
         raise UserError(
             f"run {rec.name!r} already exists: `reslice status {rec.name}` (or `reslice stop` it)"
@@ -90,6 +97,33 @@ def create_run(kube, rec: RunRecord) -> None:
     kube.create_record(rec)
     rundir.log([{"time": rec.created_at, "kind": "launch", "shape": f"{rec.preset} x{rec.slices}",
                  "global_batch": rec.spec.global_batch}])  # fmt: skip
+
+
+def submit_first_segment(kube, run: str) -> str:
+    """For `launch --detach`: one reconcile pass under the run's lease, so that segment 0's JobSet
+    exists before the command returns, then the lease is released for whoever watches the run.
+    Returns who that is, in words."""
+    from launcher.controller import Controller, lease_name
+
+    controller = Controller(kube)
+    if controller.own(run):
+        controller.pass_once([run])
+        controller.release(run)
+        holder = None
+    else:
+        holder = kube.lease_holder(lease_name(run))
+    if holder:
+        return f"controller {holder} holds the run's lease: it runs the run"
+    watchers = sorted(kube.live_lease_holders(exclude=controller.identity))
+    if watchers:
+        return (
+            f"a controller is active in namespace {kube.namespace} ({', '.join(watchers)}): "
+            "`reslice watch --all` picks the run up at its next pass"
+        )
+    return (
+        "no controller watches this run yet: segment 0 runs, but nothing shrinks, grows or restarts it "
+        f"until `reslice watch {run}` runs, or the in-cluster controller (`kubectl apply -k manifests/controller`)"
+    )
 
 
 def stop_run(kube, run: str) -> list[str]:
