@@ -81,7 +81,7 @@ def test_launching_a_finished_run_again_is_refused(capsys, cluster, tmp_path):
     (run_dir / "run.json").write_text(json.dumps({"run": "done"}))
     (run_dir / "status.json").write_text(json.dumps({"state": "finished", "step": 30, "total_steps": 30}))
     before = {p.name: p.read_text() for p in run_dir.iterdir()}
-    code, out, err = launch(capsys, cluster, "done", run_dir)
+    code, _, err = launch(capsys, cluster, "done", run_dir)
     assert code == 2 and err.count("\n") == 1, err
     assert "run 'done' already finished" in err and "--run" in err and "--run-dir" in err
     assert kube.get_record("done") is None and kube.jobsets("done") == []
