@@ -1,6 +1,6 @@
 """(run record, observation) -> one decision. Pure: no client, no clock, no disk.
 
-The rules, in order (DESIGN.md "The controller"):
+The rules, in order (README "What the controller does", docs/design.md "Policy"):
 1. Same-size disruptions are JobSet's job: its failure policy restarts on DisruptionTarget and exit
    42 without counting. The controller does not fight it.
 2. Capacity loss — pods unschedulable past a grace period, or unschedulable while the cluster no

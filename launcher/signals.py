@@ -1,7 +1,7 @@
 """Kubernetes objects -> one Observation of a run. Pure: no client, no clock, no disk.
 
 The inputs are the objects as the API serves them (plain dicts, camelCase): the run's JobSets and
-Pods, every Node, and recent Events. FACTS.md §4 lists the signals read here: DisruptionTarget
+Pods, every Node, and recent Events. docs/platform.md §4 lists the signals read here: DisruptionTarget
 reasons, impending-termination and unreachable taints, node pools vanishing, Unschedulable pods and
 FailedScheduling events, JobSet conditions and counters, Kueue suspension.
 """

@@ -1,7 +1,7 @@
 """Data: a random-access Grain pipeline whose global batch for step s depends only on
 (dataset, seed, s, global batch) — never on processes, devices, micro-batching or loader workers.
 
-Order (DESIGN.md "Data order", FACTS §5):
+Order (docs/design.md "Data order", docs/platform.md §5):
 
 - The corpus is a list of N records (``seq_len + 1`` tokens each). ``grain.MapDataset.range(N)
   .shuffle(seed)`` gives a random-access permutation, reshuffled every epoch; global position r

@@ -4,7 +4,7 @@ Experts are split over the mesh axis ``expert`` (EP shards, ``num_experts / EP``
 device routes its own tokens, sends each (token, expert) *row* to the shard that owns the expert,
 the shard runs its experts on what it received, and the results travel back the same way.
 
-The dispatch plan (FACTS §6), identical on every device of an expert-parallel group:
+The dispatch plan (docs/platform.md §6), identical on every device of an expert-parallel group:
 
 - ``counts[src, e]``: rows source shard ``src`` routes to expert ``e`` (all-gathered);
   ``M[src, dst]``: rows ``src`` sends to shard ``dst`` (summed over the experts of ``dst``).

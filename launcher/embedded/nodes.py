@@ -209,5 +209,5 @@ def node_object(pool: NodePool, i: int, when: str | None = None) -> dict[str, An
 
 
 def devices_per_chip(accelerator: str | None) -> int:
-    """JAX devices per chip: Ironwood exposes its two TensorCores as two devices (FACTS §1)."""
+    """JAX devices per chip: Ironwood exposes its two TensorCores as two devices (docs/platform.md §1)."""
     return 2 if accelerator == "tpu7x" else 1

@@ -1,7 +1,7 @@
 """Realistic Kubernetes objects (as the API serves them) for table-driven signal and policy tests.
 
 Shapes follow GKE and upstream JobSet: node labels and taints, pod conditions with their reasons,
-JobSet status conditions and counters (FACTS.md §2–4).
+JobSet status conditions and counters (docs/platform.md §2–4).
 """
 
 from __future__ import annotations

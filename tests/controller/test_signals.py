@@ -1,4 +1,4 @@
-"""Table-driven: realistic objects in, the observation out (FACTS.md §4, one case per signal)."""
+"""Table-driven: realistic objects in, the observation out (docs/platform.md §4, one case per signal)."""
 
 import pytest
 

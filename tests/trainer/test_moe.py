@@ -23,7 +23,7 @@ def reference_plan(ids: np.ndarray, buffer: int) -> tuple[np.ndarray, np.ndarray
     """Plain-Python dispatch for one expert-parallel group.
 
     ids: [EP, N, K] expert of each (token, slot) on each source shard. Returns
-    (sent [src, dst], kept mask [EP, N, K]) following FACTS §6: a source's rows go out sorted by
+    (sent [src, dst], kept mask [EP, N, K]) following docs/platform.md §6: a source's rows go out sorted by
     expert (then token, then slot); each destination accepts rows in source order until full.
     """
     e_loc = E // EP
@@ -153,7 +153,7 @@ def test_gradients_match_the_dense_reference(mesh: Mesh, inputs: dict) -> None:
 
 
 def test_ragged_transport_lowers_with_the_same_plan(mesh: Mesh, inputs: dict) -> None:
-    """XLA:CPU cannot compile ragged_all_to_all (FACTS §5), but forward and backward must lower."""
+    """XLA:CPU cannot compile ragged_all_to_all (docs/platform.md §5), but forward and backward must lower."""
     args = tuple(inputs[k] for k in ("x", "ids", "gates", "w_gate", "w_up", "w_down"))
     fwd = moe_fn(mesh, 1.0, "ragged").lower(*args).as_text()
     assert fwd.count("ragged_all_to_all") == 2  # dispatch and return
