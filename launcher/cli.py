@@ -142,6 +142,24 @@ MemoryRequestOpt = Annotated[
 ]
 
 
+SaveSecondsOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--save-seconds",
+        help="Measured seconds from SIGTERM to a committed emergency checkpoint (a step plus the save). "
+        "Checked against each shape's termination notice (15 s on spot).",
+    ),
+]
+ShortNoticeOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--short-notice-interval",
+        help="Checkpoint every N steps on capacity whose notice cannot hold an emergency save "
+        "(without it, such a launch is refused).",
+    ),
+]
+
+
 def placement_policies(preset: str, values: list[str] | None) -> tuple[tuple[str, str], ...]:
     """`--placement-policy NAME` (the requested preset) or `PRESET=NAME`, as (preset, policy) pairs."""
     out = {}
@@ -320,10 +338,12 @@ def launch(
     placement_policy: PlacementOpt = None,
     cpu_request: CpuRequestOpt = None,
     memory_request: MemoryRequestOpt = None,
+    save_seconds: SaveSecondsOpt = None,
+    short_notice_interval: ShortNoticeOpt = None,
 ) -> None:
     """Launch a run: plan, submit segment 0, and watch it (shrink, grow back) until it ends."""
     from launcher.connect import connect
-    from launcher.launch import create_run, prepare
+    from launcher.launch import create_run, prepare, short_notice_presets
     from launcher.record import Policy
 
     shape = make_shape(preset, slices)
@@ -346,6 +366,7 @@ def launch(
         namespace=namespace,
         max_micro_batch=max_micro_batch,
         max_grad_accum=max_grad_accum,
+        grace_period_s=grace_period,
         max_restarts=max_restarts,
         queue=queue,
         priority_class=priority_class,
@@ -354,8 +375,15 @@ def launch(
         cpu_request=cpu_request,
         memory_request=memory_request,
         service_account=service_account,
+        save_seconds=save_seconds,
+        short_notice_interval=short_notice_interval,
     )
-    rec, _ = prepare(spec, preset, slices, policy)  # every check before anything is created
+    rec, ladder = prepare(spec, preset, slices, policy)  # every check before anything is created
+    if short := short_notice_presets(spec, ladder):
+        console.print(
+            f"an emergency save ({save_seconds:g} s) cannot finish in the notice of {', '.join(short)}: "
+            f"segments there checkpoint every {short_notice_interval} steps"
+        )
     conn = connect(kubeconfig, namespace, start_embedded=f"{shape.preset.name}:{shape.slices}")
     spec = for_cluster(spec, conn.embedded, grace_period)
     if checks:

@@ -18,7 +18,14 @@ from launcher.errors import UserError
 from launcher.plan import Plan, Rung, shrink_ladder
 from launcher.presets import make_shape
 from launcher.record import Policy, RunRecord
-from launcher.render import RunSpec, check_name, coordinator_port_error, jobset_name
+from launcher.render import (
+    RunSpec,
+    check_name,
+    coordinator_port_error,
+    grace_period,
+    jobset_name,
+    short_notice,
+)
 from launcher.runs import RunDir
 
 
@@ -58,6 +65,18 @@ def prepare(
     for rung in ladder:
         if rung.feasible:
             check_name(longest, rung.shape)
+    if spec.short_notice_interval is not None and spec.short_notice_interval < 1:
+        raise UserError(
+            f"--short-notice-interval must be a positive number of steps, got {spec.short_notice_interval}"
+        )
+    short = short_notice_presets(spec, ladder)
+    if short and spec.short_notice_interval is None:
+        raise UserError(
+            f"an emergency save takes {spec.save_seconds:g} s, more than {', '.join(short)} "
+            "give between SIGTERM and SIGKILL: a preemption there loses the work since the last checkpoint. "
+            "Give --short-notice-interval N (checkpoint every N steps on that capacity), or use capacity "
+            "with a longer notice"
+        )
     rec = RunRecord(
         spec=spec,
         preset=shape.preset.name,
@@ -67,6 +86,16 @@ def prepare(
         reason="launched",
     )
     return rec, ladder
+
+
+def short_notice_presets(spec: RunSpec, ladder: list[Rung]) -> list[str]:
+    """`preset (N s)` for every preset of the feasible rungs whose notice cannot hold an emergency save."""
+    seen: dict[str, str] = {}
+    for rung in ladder:
+        p = rung.shape.preset
+        if rung.feasible and p.name not in seen and short_notice(spec, p):
+            seen[p.name] = f"{p.name} ({min(grace_period(spec, p), p.notice_s)} s)"
+    return list(seen.values())
 
 
 def create_run(kube, rec: RunRecord) -> None:

@@ -81,6 +81,10 @@ class RunSpec:
     placement_policies: tuple[tuple[str, str], ...] = ()
     cpu_request: str | None = None  # None: the preset's (from its machine type)
     memory_request: str | None = None
+    # Measured seconds from SIGTERM to a committed emergency checkpoint (a step plus the save), and
+    # the checkpoint interval for segments on capacity whose notice is shorter than that.
+    save_seconds: float | None = None
+    short_notice_interval: int | None = None
 
 
 def run_preset(spec: RunSpec, preset: Preset) -> Preset:
@@ -91,6 +95,22 @@ def run_preset(spec: RunSpec, preset: Preset) -> Preset:
 
 def grace_period(spec: RunSpec, preset: Preset) -> int:
     return spec.grace_period_s if spec.grace_period_s is not None else preset.notice_s
+
+
+def short_notice(spec: RunSpec, preset: Preset) -> bool:
+    """Whether an emergency save cannot finish between SIGTERM and SIGKILL on this capacity (a
+    grace period longer than the capacity's notice is not honoured, so the shorter one counts).
+    Preemptions there lose the work since the last periodic checkpoint."""
+    window = min(grace_period(spec, preset), preset.notice_s)
+    return spec.save_seconds is not None and spec.save_seconds > window
+
+
+def trainer_overrides(spec: RunSpec, preset: Preset) -> list[str]:
+    """The run's `--set` overrides, plus a shorter checkpoint interval on short-notice capacity."""
+    extra = []
+    if short_notice(spec, preset) and spec.short_notice_interval is not None:
+        extra.append(f"checkpoint.interval={spec.short_notice_interval}")
+    return [*spec.overrides, *extra]
 
 
 def coordinator_port_error(port: int) -> str | None:
@@ -203,7 +223,7 @@ def trainer_env(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> list[d
         _env("RESLICE_GRAD_ACCUM", plan.grad_accum),
         _env("RESLICE_NUM_SLICES", shape.slices),
         _env("RESLICE_CONFIG", spec.config),
-        _env("RESLICE_SET", json.dumps(list(spec.overrides))),
+        _env("RESLICE_SET", json.dumps(trainer_overrides(spec, preset))),
         _env("RESLICE_COORDINATOR", f"{host0}:{spec.coordinator_port}"),
         _env("RESLICE_NUM_PROCESSES", shape.hosts),
         _env("RESLICE_HOSTS_PER_SLICE", preset.hosts),

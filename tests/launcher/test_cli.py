@@ -118,6 +118,28 @@ BAD_INPUTS = [
         },
         "do not divide",
     ),
+    (
+        ["launch", "-p", "v6e-16x16", "--run", "x", "-b", "256", "--save-seconds", "40"],
+        None,
+        "an emergency save takes 40 s, more than v6e-16x16 (15 s), v6e-4x4 (15 s), v6e-2x4 (15 s) give",
+    ),
+    (
+        [
+            "launch",
+            "-p",
+            "v6e-16x16",
+            "--run",
+            "x",
+            "-b",
+            "256",
+            "--save-seconds",
+            "40",
+            "--short-notice-interval",
+            "0",
+        ],
+        None,
+        "--short-notice-interval must be a positive number of steps",
+    ),
 ]
 
 

@@ -1,5 +1,6 @@
 import json
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -245,3 +246,26 @@ def test_rule_names_pass_the_jobset_webhook():
     shape = make_shape("tpu7x-2x2x1", 1)
     rules = render_jobset(spec_for(shape), shape)["spec"]["failurePolicy"]["rules"]
     assert all(webhook.match(r["name"]) for r in rules), [r["name"] for r in rules]
+
+
+def test_short_notice_capacity_checkpoints_more_often():
+    """Spot pods get 15 s between SIGTERM and SIGKILL: an emergency save that takes longer cannot
+    finish there, so segments on spot capacity checkpoint every `short_notice_interval` steps."""
+    spot, on_demand = make_shape("v6e-4x4", 1), make_shape("v5p-4x4x4", 1)
+    assert spot.preset.spot and not on_demand.preset.spot
+    spec = RunSpec(
+        run="llm", run_dir="gs://b/llm", global_batch=128, overrides=("checkpoint.interval=100",),
+        save_seconds=40, short_notice_interval=10,
+    )  # fmt: skip
+    assert json.loads(env_of(render_jobset(spec, spot))["RESLICE_SET"]) == [
+        "checkpoint.interval=100",
+        "checkpoint.interval=10",  # later wins (docs/contract.md)
+    ]
+    assert json.loads(env_of(render_jobset(spec, on_demand))["RESLICE_SET"]) == ["checkpoint.interval=100"]
+    fits = replace(spec, save_seconds=10)
+    assert json.loads(env_of(render_jobset(fits, spot))["RESLICE_SET"]) == ["checkpoint.interval=100"]
+    # A grace period shorter than the notice is what the pod gets.
+    short_grace = replace(spec, grace_period_s=30)
+    assert "checkpoint.interval=10" in json.loads(
+        env_of(render_jobset(short_grace, on_demand))["RESLICE_SET"]
+    )
