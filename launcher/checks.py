@@ -14,7 +14,7 @@ from launcher.plan import Plan
 from launcher.pools import Pool, create_command, names, pools_for
 from launcher.presets import Shape
 from launcher.quota import shortfalls
-from launcher.render import RunSpec, placement, pod_spec
+from launcher.render import RunSpec, placement, pod_spec, run_preset
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
@@ -43,6 +43,9 @@ class Request:
 
     spec: RunSpec
     ladder: tuple[Shape, ...]
+    # Shapes of the shrink ladder the run never takes, with why (a multislice of a single-host
+    # preset, a global batch the devices cannot divide): shown, but no node pools are needed for them.
+    skipped: tuple[tuple[Shape, str], ...] = ()
 
     @property
     def shape(self) -> Shape:
@@ -174,17 +177,22 @@ def check_run_dir(run_dir: str, embedded: bool) -> Check:
     )  # fmt: skip
 
 
-def trainer_pod(req: Request) -> dict:
-    """A trainer pod of the requested shape as rendered: its resources are what quotas count (the
-    plan feeds only its environment)."""
-    shape = req.shape
-    return {"spec": pod_spec(req.spec, shape, 0, Plan(shape.devices, 1, 1))}
+def trainer_pod(spec: RunSpec, shape: Shape) -> dict:
+    """A trainer pod of `shape` as rendered: its resources are what quotas count and what a node's
+    allocatable must hold (the plan feeds only its environment)."""
+    return {"spec": pod_spec(spec, shape, 0, Plan(shape.devices, 1, 1))}
+
+
+def host_requests(spec: RunSpec, shape: Shape) -> dict[str, str]:
+    """The cpu and memory one trainer pod of `shape` requests (google.com/tpu is the pool's shape)."""
+    requests = trainer_pod(spec, shape)["spec"]["containers"][0]["resources"]["requests"]
+    return {k: v for k, v in requests.items() if k in ("cpu", "memory")}
 
 
 def check_quota(quotas: tuple[dict, ...], req: Request) -> Check:
     """Fails only on a hard limit the shape exceeds; a quota that is full now is a warning."""
     name, ns, shape = "resource quota", req.spec.namespace, req.shape
-    over, short = shortfalls(quotas, trainer_pod(req), shape.hosts, str(shape))
+    over, short = shortfalls(quotas, trainer_pod(req.spec, shape), shape.hosts, str(shape))
     if over:
         fix = f"raise the quota (kubectl -n {ns} edit resourcequota NAME) or ask for fewer slices"
         return Check(name, FAIL, "; ".join(over + short), fix)
@@ -193,8 +201,16 @@ def check_quota(quotas: tuple[dict, ...], req: Request) -> Check:
     return Check(name, OK, f"{len(quotas)} in {ns}, none short for {shape}" if quotas else f"none in {ns}")
 
 
-def _pools(facts: ClusterFacts, req: Request, shape: Shape) -> tuple[list[Pool], list[str]]:
-    return pools_for(shape.preset, facts.nodes, placement(req.spec, shape.preset)["tolerations"])
+def run_shape(spec: RunSpec, shape: Shape) -> Shape:
+    """`shape` as the run selects its nodes: with the placement policy the run names for its preset."""
+    return Shape(run_preset(spec, shape.preset), shape.slices)
+
+
+def pools_of(facts: ClusterFacts, spec: RunSpec, shape: Shape) -> tuple[list[Pool], list[str]]:
+    """The node pools that could host `shape`'s slices for this run: its selector, tolerations, requests."""
+    preset = run_preset(spec, shape.preset)
+    tolerations = placement(spec, preset)["tolerations"]
+    return pools_for(preset, facts.nodes, tolerations, host_requests(spec, shape))
 
 
 def check_rung(shape: Shape, pools: list[Pool], near: list[str], first: bool) -> Check:
@@ -204,6 +220,11 @@ def check_rung(shape: Shape, pools: list[Pool], near: list[str], first: bool) ->
     if len(usable) >= shape.slices:
         return Check(f"node pools for {shape}", OK, f"{len(usable)} fit: {names(usable)}")
     return Check(f"node pools for {shape}", FAIL if first else WARN, *_shortfall(shape, pools, near, usable))
+
+
+def rung_skipped(shape: Shape, why: str) -> Check:
+    """A shape of the ladder the run never takes: not a node-pool requirement, so neither ✓ nor ✗."""
+    return Check(f"node pools for {shape}", SKIP, f"none needed: the run never takes this shape ({why})")
 
 
 def rung_exists(shape: Shape, pools: list[Pool], near: list[str]) -> Check:
@@ -223,10 +244,16 @@ def _shortfall(shape: Shape, pools: list[Pool], near: list[str], fit: list[Pool]
     found += [p.why_not() for p in pools if p not in fit]
     found += [f"not {preset.name}: {n}" for n in near]
     fixes = []
-    if (missing := shape.slices - len([p for p in pools if p.whole])) > 0:
+    # A pool whose only fault is the run's request counts as there: more of them would not help.
+    if (missing := shape.slices - len([p for p in pools if not p.problems])) > 0:
         fixes.append(f"create {missing} more node pool(s): {create_command(preset)}")
     if any(p.problems for p in pools):
         fixes.append("fix or delete the pools with lasting problems (labels, size, taints)")
+    if any(p.too_small for p in pools):
+        fixes.append(
+            "request at most the nodes' allocatable (--cpu-request/--memory-request, or the preset's"
+            " cpu_request/memory_request; kubectl describe node NODE shows Allocatable)"
+        )
     if any(p.whole and p.unhealthy for p in pools):
         fixes.append("wait for the unhealthy nodes (or repair them)")
     return "; ".join(found), "; ".join(fixes)
@@ -243,7 +270,10 @@ def run_checks(facts: ClusterFacts, req: Request) -> list[Check]:
     if spec.queue:
         rows.append(check_queue(facts, spec))
     rows.append(check_quota(facts.quotas, req))
-    rows += [check_rung(s, *_pools(facts, req, s), first=i == 0) for i, s in enumerate(req.ladder)]
+    for i, s in enumerate(req.ladder):
+        shape = run_shape(spec, s)
+        rows.append(check_rung(shape, *pools_of(facts, spec, shape), first=i == 0))
+    rows += [rung_skipped(s, why) for s, why in req.skipped]
     rows.append(check_run_dir(spec.run_dir, facts.embedded is not None))
     return rows
 
@@ -256,7 +286,7 @@ def launch_blockers(facts: ClusterFacts, req: Request) -> list[Check]:
     rows = [
         check_jobset_api(facts),
         check_namespace(facts, spec.namespace),
-        rung_exists(req.shape, *_pools(facts, req, req.shape)),
+        rung_exists(shape := run_shape(spec, req.shape), *pools_of(facts, spec, shape)),
         check_run_dir(spec.run_dir, facts.embedded is not None),
         check_quota(facts.quotas, req),
     ]

@@ -425,9 +425,7 @@ def preflight(
     run: Annotated[str, typer.Option("--run", help="Run name (names the probe pod).")] = "preflight",
     global_batch: Annotated[
         int | None,
-        typer.Option(
-            "--global-batch", "-b", help="Sequences per step (default: check every shape of the ladder)."
-        ),
+        typer.Option("--global-batch", "-b", help="Sequences per step (default: every shape GKE can run)."),
     ] = None,
     max_micro_batch: MaxMicroOpt = 16,
     max_grad_accum: MaxAccumOpt = None,
@@ -437,6 +435,9 @@ def preflight(
     queue: QueueOpt = None,
     priority_class: PriorityClassOpt = None,
     service_account: ServiceAccountOpt = None,
+    placement_policy: PlacementOpt = None,
+    cpu_request: CpuRequestOpt = None,
+    memory_request: MemoryRequestOpt = None,
     probe: Annotated[
         bool, typer.Option("--probe/--no-probe", help="Write the run directory from a pod on the node pools.")
     ] = True,
@@ -449,14 +450,14 @@ def preflight(
     """Check that the cluster can run a run before anything is created (exit 1 if it cannot)."""
     from launcher.checks import FAIL, Request
     from launcher.connect import connect
-    from launcher.preflight import failed, ladder, table
+    from launcher.preflight import check_requests, failed, ladder, table
     from launcher.preflight import preflight as run_preflight
     from launcher.render import DNS1035
 
     if not DNS1035.match(run):
         raise UserError(f"--run {run!r} is not a DNS-1035 label (lowercase letters, digits and '-')")
     shape = make_shape(preset, slices)
-    shapes = ladder(shape, global_batch, max_micro_batch, max_grad_accum)
+    shapes, skipped = ladder(shape, global_batch, max_micro_batch, max_grad_accum)
     directory = run_dir if run_dir.startswith("gs://") else str(Path(run_dir).resolve())
     spec = RunSpec(
         run=run,
@@ -467,10 +468,15 @@ def preflight(
         queue=queue,
         priority_class=priority_class,
         service_account=service_account,
+        placement_policies=placement_policies(preset, placement_policy),
+        cpu_request=cpu_request,
+        memory_request=memory_request,
     )
+    check_requests(spec)
     conn = connect(kubeconfig, namespace)
     spec = for_cluster(spec, conn.embedded)
-    checks = run_preflight(conn.kube, Request(spec, shapes), probe=probe, probe_timeout_s=probe_timeout)
+    req = Request(spec, shapes, skipped)
+    checks = run_preflight(conn.kube, req, probe=probe, probe_timeout_s=probe_timeout)
     if as_json:
         _print_json([asdict(c) for c in checks])
     else:

@@ -3,15 +3,17 @@
 A node pool is one slice (JobSet's exclusive placement on `cloud.google.com/gke-nodepool`). It can
 host one when every node carries the labels the pods select (`Preset.node_selector()`, the single
 source), it has exactly the preset's hosts, no node has a NoSchedule/NoExecute taint the pods do not
-tolerate, and every node is healthy now (`signals.node_problem`, the controller's own rule). The
-first three last until someone changes the pool; health comes and goes.
+tolerate, each node's allocatable cpu and memory hold what one trainer pod requests, and every node
+is healthy now (`signals.node_problem`, the controller's own rule). All but health last until someone
+changes the pool (or the requests); health comes and goes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from launcher.embedded.filters import quantity
 from launcher.embedded.objects import tolerates
 from launcher.presets import LABEL_ACCELERATOR, LABEL_NODEPOOL, LABEL_TOPOLOGY, Preset
 from launcher.signals import BAD_TAINTS, node_problem
@@ -23,17 +25,21 @@ class Pool:
     nodes: int
     problems: tuple[str, ...] = ()  # lasting: the pool cannot host a slice as it is
     unhealthy: tuple[str, ...] = ()  # passing: NotReady, cordoned, preempted, being deleted
+    # Lasting too, but the run's to fix: a request above the nodes' allocatable leaves its pods
+    # Pending on this pool forever (the scheduler's NodeResourcesFit), which the controller would
+    # take for lost capacity.
+    too_small: tuple[str, ...] = ()
 
     @property
     def whole(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.too_small
 
     @property
     def usable(self) -> bool:
-        return not self.problems and not self.unhealthy
+        return self.whole and not self.unhealthy
 
     def why_not(self) -> str:
-        return f"{self.name}: {', '.join(self.problems + self.unhealthy)}"
+        return f"{self.name}: {', '.join(self.problems + self.too_small + self.unhealthy)}"
 
 
 def _labels(node: dict) -> dict[str, str]:
@@ -67,9 +73,27 @@ def near_miss(labels: dict[str, str], selector: dict[str, str]) -> str | None:
     )
 
 
-def pools_for(preset: Preset, nodes: Iterable[dict], tolerations: list[dict]) -> tuple[list[Pool], list[str]]:
+def over_allocatable(nodes: list[dict], requests: Mapping[str, str]) -> list[str]:
+    """What one pod requests (cpu, memory) beyond the smallest allocatable of `nodes`. Other pods'
+    requests are not counted: they come and go, the allocatable stays."""
+    out = []
+    for resource, wanted in sorted(requests.items()):
+        have = [a for n in nodes if (a := ((n.get("status") or {}).get("allocatable") or {}).get(resource))]
+        try:
+            need, least = quantity(wanted), min(have, key=quantity, default=None)
+            if least is not None and need > quantity(least):
+                out.append(f"the pods request {resource} {wanted}, its nodes have {least} allocatable")
+        except ValueError:  # a form not parsed here: the scheduler decides, do not guess
+            continue
+    return out
+
+
+def pools_for(
+    preset: Preset, nodes: Iterable[dict], tolerations: list[dict], requests: Mapping[str, str] | None = None
+) -> tuple[list[Pool], list[str]]:
     """(the pools whose nodes carry the selected labels, with what keeps each from hosting a slice;
-    near misses: pools of the same accelerator and topology that lack another selected label)."""
+    near misses: pools of the same accelerator and topology that lack another selected label).
+    `requests`: one trainer pod's cpu/memory requests, checked against each node's allocatable."""
     selector = preset.node_selector()
     groups: dict[str, list[dict]] = {}
     for node in nodes:
@@ -90,7 +114,8 @@ def pools_for(preset: Preset, nodes: Iterable[dict], tolerations: list[dict]) ->
         taints = sorted({taint_text(t) for n in matching for t in untolerated(n, tolerations)})
         problems += [f"taint {t} not tolerated" for t in taints]
         unhealthy = [f"{n['metadata']['name']} {why}" for n in matching if (why := node_problem(n))]
-        pools.append(Pool(name, len(members), tuple(problems), tuple(unhealthy)))
+        small = over_allocatable(matching, requests or {})
+        pools.append(Pool(name, len(members), tuple(problems), tuple(unhealthy), tuple(small)))
     return pools, near
 
 
@@ -101,13 +126,13 @@ def names(pools: list[Pool], most: int = 6) -> str:
 
 def create_command(preset: Preset) -> str:
     """The gcloud command for one more pool of `preset` (GKE's TPU node pool flags)."""
-    sel = preset.node_selector()
-    shape = (
+    sel, policy = preset.node_selector(), preset.placement_policy
+    if preset.generation == "tpu7x" and preset.multi_host:
         # Multi-host Ironwood pools take a workload policy instead of --tpu-topology (GKE Ironwood doc).
-        f"--placement-policy=WORKLOAD_POLICY (topology {preset.topology})"
-        if preset.generation == "tpu7x" and preset.hosts > 1
-        else f"--tpu-topology={preset.topology}"
-    )
+        shape = f"--placement-policy={policy or 'WORKLOAD_POLICY'} (topology {preset.topology})"
+    else:
+        # The pods select the policy's node label only when the run names one (--placement-policy).
+        shape = f"--tpu-topology={preset.topology}" + (f" --placement-policy={policy}" if policy else "")
     spot = " --spot" if sel.get("cloud.google.com/gke-spot") == "true" else ""
     return (
         f"gcloud container node-pools create NAME --cluster=CLUSTER --machine-type={preset.machine_type}"

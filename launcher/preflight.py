@@ -13,13 +13,13 @@ from rich.table import Table
 
 from launcher import checks
 from launcher.checks import SKIP, Check, ClusterFacts, Request
+from launcher.embedded.filters import quantity
 from launcher.errors import ClusterNotReady, UserError
 from launcher.kube import Forbidden, Kube
 from launcher.plan import ladder_shapes, shrink_ladder
-from launcher.pools import pools_for
 from launcher.presets import LABEL_NODEPOOL, Shape, load_presets
 from launcher.probe import PROBE_ROW, probe_check, probe_pod, run_probe
-from launcher.render import placement
+from launcher.render import RunSpec
 
 JOBSET_API = "/apis/jobset.x-k8s.io/v1alpha2"
 KUEUE_API = "/apis/kueue.x-k8s.io/v1beta1"
@@ -33,15 +33,41 @@ MARK = {
 
 def ladder(
     shape: Shape, global_batch: int | None, max_micro_batch: int, max_grad_accum: int | None
-) -> tuple[Shape, ...]:
-    """The shapes to check, the requested one first: the feasible rungs of its shrink ladder, or
-    every shape of the ladder when no global batch is given. UserError if the requested one is not."""
+) -> tuple[tuple[Shape, ...], tuple[tuple[Shape, str], ...]]:
+    """(the shapes to check, the requested one first; the shapes of the ladder the run never takes,
+    with why). Without a global batch every shape GKE can run is checked. UserError if the requested
+    shape is infeasible itself."""
     if global_batch is None:
-        return tuple(ladder_shapes(shape, load_presets()))
+        shapes = ladder_shapes(shape, load_presets())
+        if shape.error:
+            raise UserError(shape.error)
+        return tuple(s for s in shapes if not s.error), tuple((s, _why(s, "")) for s in shapes if s.error)
     rungs = shrink_ladder(shape, global_batch, max_micro_batch, max_grad_accum)
     if not rungs[0].feasible:
-        raise UserError(f"{shape}: {rungs[0].plan.reason}")
-    return tuple(r.shape for r in rungs if r.feasible)
+        raise UserError(rungs[0].plan.reason if shape.error else f"{shape}: {rungs[0].plan.reason}")
+    feasible = tuple(r.shape for r in rungs if r.feasible)
+    return feasible, tuple((r.shape, _why(r.shape, r.plan.reason)) for r in rungs if not r.feasible)
+
+
+def _why(shape: Shape, reason: str) -> str:
+    # Shape.error's text advises whoever asked for the shape; a rung of the ladder needs only the rule.
+    if shape.error:
+        return f"GKE multislice needs multi-host slices, and {shape.preset.name} is one host"
+    return reason
+
+
+def check_requests(spec: RunSpec) -> None:
+    """UserError for a --cpu-request/--memory-request that is not a quantity: every check that
+    compares it (quotas, node allocatable) would otherwise guess."""
+    for flag, value in (("--cpu-request", spec.cpu_request), ("--memory-request", spec.memory_request)):
+        if value is None:
+            continue
+        try:
+            ok = quantity(value) > 0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise UserError(f"{flag} {value!r} is not a positive Kubernetes quantity (e.g. 56, 500m, 240Gi)")
 
 
 def read_facts(kube: Kube, req: Request) -> ClusterFacts:
@@ -100,7 +126,7 @@ def _probe(kube: Kube, facts: ClusterFacts, req: Request, asked: bool, timeout_s
     if facts.namespace is None:
         return Check(PROBE_ROW, SKIP, "not run: no namespace to run it in")
     preset = req.shape.preset
-    pools, _ = pools_for(preset, facts.nodes, placement(req.spec, preset)["tolerations"])
+    pools, _ = checks.pools_of(facts, req.spec, req.shape)  # where the trainers of segment 0 can run
     if not any(p.usable for p in pools):
         return Check(PROBE_ROW, SKIP, f"not run: no usable node pool of {preset.name} to run it on")
     pin = None
@@ -118,6 +144,7 @@ def _probe(kube: Kube, facts: ClusterFacts, req: Request, asked: bool, timeout_s
 
 def refuse_unready(kube: Kube, req: Request) -> None:
     """What `launch` asks before it creates anything: ClusterNotReady (exit 1) with one line."""
+    check_requests(req.spec)
     blockers = checks.launch_blockers(read_facts(kube, req), req)
     if blockers:
         what = "; ".join(" ".join(f"{c.name}: {c.found}".split()) for c in blockers)

@@ -3,7 +3,9 @@
 The pod runs `python -m trainer --probe-write RUN_DIR` (trainer/storage.py) with the trainer image
 and the trainer pods' placement (`render.placement`: nodeSelector, tolerations, host network,
 service account, priority class), so it writes with the identity the trainers will have: on GKE
-the node's service account and scopes. It requests no TPU chips, so it also runs beside a live run.
+the node's service account and scopes. It requests no TPU chips, so it also runs beside a live run,
+and a little cpu and memory, as the trainer pods request some: a namespace quota on requests.cpu or
+requests.memory admits the trainers and would refuse a pod that states none.
 It is labelled `reslice.dev/preflight=<run>` (not the run label: no controller counts it) and
 deleted once it has ended or the wait timed out. `probe_pod` and `probe_check` are pure.
 """
@@ -21,6 +23,8 @@ from launcher.render import CONTAINER, RunSpec, placement
 
 LABEL_PROBE = "reslice.dev/preflight"
 PROBE_ROW = "write probe"
+# One Python process writing one small object; no limits, so the figures only count toward quotas.
+PROBE_REQUESTS = {"cpu": "100m", "memory": "256Mi"}
 
 
 def probe_pod(spec: RunSpec, preset: Preset, pin: dict[str, str] | None = None) -> dict:
@@ -42,6 +46,7 @@ def probe_pod(spec: RunSpec, preset: Preset, pin: dict[str, str] | None = None) 
                     "imagePullPolicy": spec.image_pull_policy,
                     "command": ["python", "-m", "trainer", "--probe-write", spec.run_dir],
                     "env": [{"name": k, "value": v} for k, v in spec.env],
+                    "resources": {"requests": dict(PROBE_REQUESTS)},
                 }
             ],
         },

@@ -17,13 +17,14 @@ import pytest
 from kubernetes import client
 
 from launcher import checks
-from launcher.checks import FAIL, OK, WARN, ClusterFacts, Request
+from launcher.checks import FAIL, OK, SKIP, WARN, ClusterFacts, Request
 from launcher.embedded.cluster import EmbeddedCluster
 from launcher.embedded.nodes import NodePool, node_object
 from launcher.kube import Kube, record_name
-from launcher.pools import pools_for
-from launcher.presets import load_preset, make_shape
+from launcher.pools import create_command, pools_for
+from launcher.presets import LABEL_PLACEMENT, Shape, load_preset, make_shape
 from launcher.probe import LABEL_PROBE, Outcome, probe_check, probe_pod
+from launcher.quota import shortfalls
 from launcher.render import LABEL_RUN, RunSpec, placement, render_jobset
 from tests.support.cli import run_cli
 from tests.support.fake_gcs import fake_gcs
@@ -41,7 +42,7 @@ def nodes(preset, *pools: str, spot: bool = False) -> list[dict]:
 
 
 def spec(**kw) -> RunSpec:
-    return RunSpec(run="r", run_dir="gs://b/r", global_batch=16, **kw)
+    return RunSpec(**{"run": "r", "run_dir": "gs://b/r", "global_batch": 16, **kw})
 
 
 def req(preset_name: str, slices: int, **kw) -> Request:
@@ -62,70 +63,154 @@ def not_ready(node: dict) -> dict:
     return node
 
 
+def allocatable(node: dict, **values: str) -> dict:
+    node = copy.deepcopy(node)
+    node["status"]["allocatable"].update(values)
+    return node
+
+
+def pools(preset, nodes_: list[dict], slices: int = 1, **kw):
+    """pools_for as the checks call it: the run's tolerations and one trainer pod's cpu/memory."""
+    s = spec(**kw)
+    return pools_for(
+        preset, nodes_, placement(s, preset)["tolerations"], checks.host_requests(s, Shape(preset, slices))
+    )
+
+
 # --- node pools ------------------------------------------------------------------------------------
 
 TOLERATIONS = placement(spec(), P1)["tolerations"]
-GOOD = nodes(P1, "a", "b")
+GOOD = nodes(P2, "a", "b")  # two 2-host pools: a multislice of 2 needs multi-host slices (GKE)
+A0, A1, B0, B1 = GOOD
+ONE = nodes(P1, "s")  # a single-host pool
 POOL_CASES = [
     ("two pools fit x2", GOOD, 2, OK, ["2 fit: a, b"]),
-    ("one short", nodes(P1, "a"), 2, FAIL, ["needs 2 node pools of tpu7x-2x2x1 (1 node each), 1 fit: a", "create 1 more"]),
-    ("foreign taint", [GOOD[0], taint(GOOD[1], "dedicated", "other")], 2, FAIL,
+    ("one short", nodes(P2, "a"), 2, FAIL, ["needs 2 node pools of tpu7x-2x2x2 (2 nodes each), 1 fit: a", "create 1 more"]),
+    ("foreign taint", [A0, A1, B0, taint(B1, "dedicated", "other")], 2, FAIL,
      ["b: taint dedicated=other:NoSchedule not tolerated", "create 1 more"]),
-    ("PreferNoSchedule does not block", [GOOD[0], taint(GOOD[1], "soft", effect="PreferNoSchedule")], 2, OK, []),
-    ("the TPU taint is tolerated", GOOD, 1, OK, []),
-    ("NotReady", [GOOD[0], not_ready(GOOD[1])], 2, FAIL, ["b: gke-reslice-b-", "NotReady", "wait for the unhealthy"]),
-    ("impending termination", [GOOD[0], taint(GOOD[1], "cloud.google.com/impending-node-termination")], 2,
+    ("PreferNoSchedule does not block", [A0, A1, B0, taint(B1, "soft", effect="PreferNoSchedule")], 2, OK, []),
+    ("the TPU taint is tolerated", ONE, 1, OK, ["1 fit: s"], P1),
+    ("NotReady", [A0, A1, B0, not_ready(B1)], 2, FAIL, ["b: gke-reslice-b-", "NotReady", "wait for the unhealthy"]),
+    ("impending termination", [A0, A1, B0, taint(B1, "cloud.google.com/impending-node-termination")], 2,
      FAIL, ["tainted cloud.google.com/impending-node-termination"]),
-    ("other topology only", nodes(P2, "big"), 1, FAIL, ["needs 1 node pool of tpu7x-2x2x1 (1 node each), 0 fit"]),
-    ("a pool missing a host", nodes(P2, "big")[:1], 1, FAIL, ["big: 1 node(s), a slice has 2"], P2),
+    ("other topology only", GOOD, 1, FAIL, ["needs 1 node pool of tpu7x-2x2x1 (1 node each), 0 fit"], P1),
+    ("a pool missing a host", nodes(P2, "big")[:1], 1, FAIL, ["big: 1 node(s), a slice has 2"]),
     ("a node lacks the labels", [nodes(P2, "big")[0], nodes(P1, "big")[0]], 1, FAIL,
-     ["big: 1 of its 2 nodes lack the labels"], P2),
+     ["big: 1 of its 2 nodes lack the labels"]),
+    # tpu7x-standard-4t: the pods request a quarter of 224 vCPUs and 960 GiB (Preset.requests()).
+    ("request above allocatable", [A0, allocatable(A1, cpu="50"), B0, B1], 2, FAIL,
+     ["1 fit: b; a: the pods request cpu 56, its nodes have 50 allocatable", "request at most the nodes' allocatable"]),
+    ("memory at allocatable fits", [allocatable(n, memory="240Gi") for n in GOOD], 2, OK, ["2 fit: a, b"]),
+    ("memory below", [allocatable(n, memory="239Gi") for n in GOOD], 1, FAIL,
+     ["the pods request memory 240Gi, its nodes have 239Gi allocatable"]),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize("case", POOL_CASES, ids=[c[0] for c in POOL_CASES])
 def test_node_pool_rung(case) -> None:
     _, nodes_, slices, status, needles, *preset = case
-    preset = preset[0] if preset else P1
-    pools, near = pools_for(preset, nodes_, TOLERATIONS)
-    row = checks.check_rung(make_shape(preset.name, slices), pools, near, first=True)
+    preset = preset[0] if preset else P2
+    row = checks.check_rung(make_shape(preset.name, slices), *pools(preset, nodes_, slices), first=True)
     assert row.status == status, row
     for needle in needles:
         assert needle in row.found + " | " + row.fix, row
 
 
+def test_a_request_above_allocatable_asks_for_a_smaller_request_not_more_pools() -> None:
+    small = [allocatable(n, cpu="50") for n in GOOD]
+    shape = make_shape("tpu7x-2x2x2", 2)
+    row = checks.check_rung(shape, *pools(P2, small, 2), first=True)
+    assert row.status == FAIL and "create" not in row.fix and "--cpu-request" in row.fix, row
+    assert checks.rung_exists(shape, *pools(P2, small, 2)).status == FAIL  # launch refuses: no wait fixes it
+    # The run's own request decides: the same nodes fit a run that asks for less.
+    assert checks.check_rung(shape, *pools(P2, small, 2, cpu_request="48"), first=True).status == OK
+
+
 def test_a_smaller_rung_that_does_not_fit_is_a_warning_and_unhealthy_pools_do_not_block_launch() -> None:
-    pools, near = pools_for(P1, [not_ready(n) for n in GOOD], TOLERATIONS)
-    shape = make_shape("tpu7x-2x2x1", 2)
-    assert checks.check_rung(shape, pools, near, first=False).status == WARN
-    assert checks.check_rung(shape, pools, near, first=True).status == FAIL
-    assert checks.rung_exists(shape, pools, near).status == OK  # they exist: the controller's business
-    pools, near = pools_for(P1, GOOD[:1], TOLERATIONS)
-    assert checks.rung_exists(shape, pools, near).status == FAIL
+    unhealthy = pools(P2, [not_ready(n) for n in GOOD], 2)
+    shape = make_shape("tpu7x-2x2x2", 2)
+    assert checks.check_rung(shape, *unhealthy, first=False).status == WARN
+    assert checks.check_rung(shape, *unhealthy, first=True).status == FAIL
+    assert checks.rung_exists(shape, *unhealthy).status == OK  # they exist: the controller's business
+    assert checks.rung_exists(shape, *pools(P2, GOOD[:2], 2)).status == FAIL
+
+
+def test_shapes_the_run_never_takes_are_shown_as_not_needed() -> None:
+    from launcher.preflight import ladder
+
+    # No global batch: every shape GKE can run is checked; 2 x tpu7x-2x2x1 is no GKE shape.
+    shapes, skipped = ladder(make_shape("tpu7x-2x2x2", 2), None, 16, None)
+    assert [s.label for s in shapes] == ["tpu7x-2x2x2 x2", "tpu7x-2x2x2 x1", "tpu7x-2x2x1 x1"]
+    assert [(s.label, why) for s, why in skipped] == [
+        ("tpu7x-2x2x1 x2", "GKE multislice needs multi-host slices, and tpu7x-2x2x1 is one host")
+    ]
+    # A global batch the devices cannot divide: 48 on 32 devices is no shape of the run either.
+    shapes, skipped = ladder(make_shape("tpu7x-2x2x2", 3), 48, 16, None)
+    assert [s.label for s in shapes] == ["tpu7x-2x2x2 x3", "tpu7x-2x2x2 x1", "tpu7x-2x2x1 x1"]
+    assert [(s.label, why) for s, why in skipped] == [
+        ("tpu7x-2x2x2 x2", "global batch 48 is not divisible by 32 devices"),
+        ("tpu7x-2x2x1 x3", "GKE multislice needs multi-host slices, and tpu7x-2x2x1 is one host"),
+        ("tpu7x-2x2x1 x2", "GKE multislice needs multi-host slices, and tpu7x-2x2x1 is one host"),
+    ]
+    facts = ClusterFacts(jobset_resources=("jobsets",), namespace={}, nodes=tuple(nodes(P2, "a", "b", "c")))
+    rows = {c.name: c for c in checks.run_checks(facts, Request(spec(global_batch=48), shapes, skipped))}
+    assert rows["node pools for tpu7x-2x2x2 x3"].status == OK
+    assert rows["node pools for tpu7x-2x2x1 x1"].status == WARN  # a shape of the run: no pool of it
+    row = rows["node pools for tpu7x-2x2x1 x2"]
+    assert row.status == SKIP and row.found.startswith("none needed: the run never takes this shape (GKE")
+    assert rows["node pools for tpu7x-2x2x2 x2"].found.endswith(
+        "(global batch 48 is not divisible by 32 devices)"
+    )
 
 
 def test_a_pool_that_lacks_one_selected_label_is_named_as_a_near_miss() -> None:
-    spot = replace(P1, spot=True)  # selects cloud.google.com/gke-spot=true (and tolerates its taint)
-    tolerations = placement(spec(), spot)["tolerations"]
-    pools, near = pools_for(spot, GOOD, tolerations)
-    assert pools == [] and near == [
+    spot = replace(P2, spot=True)  # selects cloud.google.com/gke-spot=true (and tolerates its taint)
+    found, near = pools(spot, GOOD)
+    assert found == [] and near == [
         "a: no label cloud.google.com/gke-spot=true",
         "b: no label cloud.google.com/gke-spot=true",
     ]
-    spot_nodes = [taint(n, "cloud.google.com/gke-spot", "true") for n in nodes(P1, "s", spot=True)]
-    pools, near = pools_for(spot, spot_nodes, tolerations)
-    assert [p.name for p in pools if p.usable] == ["s"] and near == []
+    spot_nodes = [taint(n, "cloud.google.com/gke-spot", "true") for n in nodes(P2, "s", spot=True)]
+    found, near = pools(spot, spot_nodes)
+    assert [p.name for p in found if p.usable] == ["s"] and near == []
+
+
+def test_a_placement_policy_the_run_names_selects_the_pools_that_carry_it() -> None:
+    policy = {"placement_policies": (("tpu7x-2x2x2", "wp-1"),)}
+    with_policy = [
+        {**n, "metadata": {**n["metadata"], "labels": {**n["metadata"]["labels"], LABEL_PLACEMENT: "wp-1"}}}
+        for n in nodes(P2, "c")
+    ]
+    found, near = checks.pools_of(
+        ClusterFacts(nodes=(*GOOD, *with_policy)), spec(**policy), make_shape("tpu7x-2x2x2", 1)
+    )
+    assert [p.name for p in found] == ["c"]
+    assert near == [f"a: no label {LABEL_PLACEMENT}=wp-1", f"b: no label {LABEL_PLACEMENT}=wp-1"]
+    # Without --placement-policy no policy is selected: every pool of the shape counts.
+    found, _ = checks.pools_of(
+        ClusterFacts(nodes=(*GOOD, *with_policy)), spec(), make_shape("tpu7x-2x2x2", 1)
+    )
+    assert [p.name for p in found] == ["a", "b", "c"]
+    facts = ClusterFacts(jobset_resources=("jobsets",), namespace={}, nodes=tuple(GOOD))
+    r = req("tpu7x-2x2x2", 1, **policy)
+    (row,) = [c for c in checks.run_checks(facts, r) if c.name.startswith("node pools")]
+    assert row.status == FAIL and "--placement-policy=wp-1 (topology 2x2x2)" in row.fix, row
+    assert [c.name for c in checks.launch_blockers(facts, r)] == ["node pools for tpu7x-2x2x2 x1"]
 
 
 def test_the_shape_fix_names_the_gcloud_flags_of_the_preset() -> None:
-    pools, near = pools_for(P2, [], TOLERATIONS)
-    row = checks.check_rung(make_shape("tpu7x-2x2x2", 2), pools, near, first=True)
+    row = checks.check_rung(make_shape("tpu7x-2x2x2", 2), *pools(P2, []), first=True)
     assert "create 2 more node pool(s)" in row.fix
     # Multi-host Ironwood: a workload policy instead of --tpu-topology; 2 nodes; storage-full scope.
     assert "--placement-policy=WORKLOAD_POLICY (topology 2x2x2)" in row.fix and "--num-nodes=2" in row.fix
     assert "--scopes=storage-full" in row.fix and "--tpu-topology" not in row.fix
-    row = checks.check_rung(make_shape("v6e-2x4", 1), *pools_for(load_preset("v6e-2x4"), [], []), first=True)
+    row = checks.check_rung(make_shape("tpu7x-2x2x1", 1), *pools(P1, []), first=True)
+    assert "--tpu-topology=2x2x1" in row.fix and "--placement-policy" not in row.fix  # single-host Ironwood
+    v6e = load_preset("v6e-2x4")
+    row = checks.check_rung(make_shape("v6e-2x4", 1), *pools(v6e, []), first=True)
     assert "--tpu-topology=2x4" in row.fix and "--machine-type=ct6e-standard-4t" in row.fix
+    assert "--placement-policy" not in row.fix
+    assert "--tpu-topology=2x4 --placement-policy=cp " in create_command(replace(v6e, placement_policy="cp"))
 
 
 # --- JobSet, Kueue, namespace, priority class, service account ------------------------------------
@@ -228,14 +313,16 @@ def quota(hard: dict, used: dict | None = None, scope: dict | None = None) -> di
 
 
 HIGH = {"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}
-QUOTA_CASES = [  # tpu7x-2x2x1 x2: 2 pods of 4 chips
+QUOTA_CASES = [  # tpu7x-2x2x2 x1: 2 pods of 4 chips, 56 cpu and 240Gi each
     ("none", [], {}, OK, "none in default"),
     ("8 chips allowed", [quota({"requests.google.com/tpu": "8"})], {}, OK, "none short"),
     ("hard limit below", [quota({"requests.google.com/tpu": "4"})], {}, FAIL, "requests.google.com/tpu 4 < 8"),
     ("full now", [quota({"requests.google.com/tpu": "16"}, {"requests.google.com/tpu": "12"})], {}, WARN,
      "has 4 of 16 free now"),
     ("pod count", [quota({"pods": "1"})], {}, FAIL, "pods 1 < 2"),
-    ("cpu quota, pods state none", [quota({"requests.cpu": "100"})], {}, WARN, "unless a LimitRange"),
+    ("cpu requests counted", [quota({"requests.cpu": "100"})], {}, FAIL, "q: requests.cpu 100 < 112 for tpu7x-2x2x2 x1"),
+    ("memory requests fit", [quota({"requests.memory": "480Gi", "memory": "1Ti"})], {}, OK, "none short"),
+    ("cpu limits, pods state none", [quota({"limits.cpu": "1000"})], {}, WARN, "limits.cpu, which the trainer pods do not state"),
     ("a quantity form not parsed", [quota({"requests.google.com/tpu": "1e3"})], {}, WARN, "cannot read"),
     ("scoped to another priority class", [quota({"requests.google.com/tpu": "0"}, scope=HIGH)], {}, OK, "none short"),
     ("scoped to ours", [quota({"requests.google.com/tpu": "0"}, scope=HIGH)], {"priority_class": "high"}, FAIL,
@@ -246,7 +333,7 @@ QUOTA_CASES = [  # tpu7x-2x2x1 x2: 2 pods of 4 chips
 @pytest.mark.parametrize(("quotas", "kw", "status", "needle"), [c[1:] for c in QUOTA_CASES],
                          ids=[c[0] for c in QUOTA_CASES])  # fmt: skip
 def test_resource_quota(quotas, kw, status, needle) -> None:
-    row = checks.check_quota(tuple(quotas), req("tpu7x-2x2x1", 2, **kw))
+    row = checks.check_quota(tuple(quotas), req("tpu7x-2x2x2", 1, **kw))
     assert row.status == status and needle in row.found, row
 
 
@@ -257,20 +344,23 @@ def test_launch_refuses_only_on_what_no_waiting_fixes() -> None:
     base = ClusterFacts(
         jobset_resources=("jobsets",), namespace={"status": {"phase": "Active"}}, nodes=tuple(GOOD)
     )
-    r = req("tpu7x-2x2x1", 2)
+    r = req("tpu7x-2x2x2", 2)
     assert checks.launch_blockers(base, r) == []
     assert checks.launch_blockers(replace(base, nodes=tuple(not_ready(n) for n in GOOD)), r) == []
-    full = quota({"requests.google.com/tpu": "8"}, {"requests.google.com/tpu": "8"})
+    full = quota({"requests.google.com/tpu": "16"}, {"requests.google.com/tpu": "16"})
     assert checks.launch_blockers(replace(base, quotas=(full,)), r) == []  # full now, large enough
     cases = {
         "JobSet API": replace(base, jobset_resources=None),
         "namespace": replace(base, namespace=None),
-        "node pools for tpu7x-2x2x1 x2": replace(base, nodes=tuple(GOOD[:1])),
-        "resource quota": replace(base, quotas=(quota({"requests.google.com/tpu": "4"}),)),
+        "node pools for tpu7x-2x2x2 x2": replace(base, nodes=tuple(GOOD[:3])),
+        "resource quota": replace(base, quotas=(quota({"requests.google.com/tpu": "8"}),)),
     }
     for name, facts in cases.items():
         assert [c.name for c in checks.launch_blockers(facts, r)] == [name]
-    assert [c.name for c in checks.launch_blockers(base, req("tpu7x-2x2x1", 2, queue="q"))] == [
+    small = replace(base, nodes=tuple(allocatable(n, memory="200Gi") for n in GOOD))
+    assert [c.name for c in checks.launch_blockers(small, r)] == ["node pools for tpu7x-2x2x2 x2"]
+    assert checks.launch_blockers(small, req("tpu7x-2x2x2", 2, memory_request="200Gi")) == []
+    assert [c.name for c in checks.launch_blockers(base, req("tpu7x-2x2x2", 2, queue="q"))] == [
         "Kueue LocalQueue"
     ]
     local = Request(replace(r.spec, run_dir="/tmp/r"), r.ladder)
@@ -297,7 +387,11 @@ def test_the_probe_pod_is_placed_like_the_trainer_pods_and_is_not_a_run_pod() ->
         assert pod["spec"][key] == trainer[key], key
     (c,) = pod["spec"]["containers"]
     assert c["command"] == ["python", "-m", "trainer", "--probe-write", "gs://b/r"] and c["image"] == "img:1"
-    assert "resources" not in c  # no chips: it also runs beside a live run
+    # No chips (it also runs beside a live run), but cpu and memory as the trainers state them: a
+    # quota on requests.cpu/memory that admits the trainers admits the probe too.
+    assert c["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"}}
+    counted = quota({"requests.cpu": "1", "requests.memory": "1Gi", "requests.google.com/tpu": "0"})
+    assert shortfalls((counted,), pod, 1, "the probe") == ([], [])
     assert pod["metadata"]["labels"] == {LABEL_PROBE: "r"} and LABEL_RUN not in pod["metadata"]["labels"]
 
 
@@ -357,45 +451,67 @@ def probe_pods(cluster: EmbeddedCluster) -> list:
 
 
 def test_passes_on_a_cluster_that_fits_the_run(capsys, cluster_factory, tmp_path: Path) -> None:
-    cluster = cluster_factory("tpu7x-2x2x2:2,tpu7x-2x2x1:2")
+    # One pool of the single-host fallback is all it takes: 2 x tpu7x-2x2x1 is no GKE shape.
+    cluster = cluster_factory("tpu7x-2x2x2:2,tpu7x-2x2x1:1")
     run_dir = tmp_path / "run"
     args = ["-p", "tpu7x-2x2x2", "-n", "2", "-b", "32", "--run-dir", str(run_dir)]
     code, rows = preflight(capsys, cluster, *args)
     assert code == 0, rows
-    # The ladder: x2 and x1 of the preset, then its fallback (2 x tpu7x-2x2x1 = 16 devices, as 1 x 2x2x2).
+    # The ladder: x2 and x1 of the preset, then its fallback's one slice; its multislice is not needed.
     assert [n for n in rows if n.startswith("node pools")] == [
         "node pools for tpu7x-2x2x2 x2", "node pools for tpu7x-2x2x2 x1",
-        "node pools for tpu7x-2x2x1 x2", "node pools for tpu7x-2x2x1 x1",
+        "node pools for tpu7x-2x2x1 x1", "node pools for tpu7x-2x2x1 x2",
     ]  # fmt: skip
+    skipped = rows.pop("node pools for tpu7x-2x2x1 x2")
+    assert skipped["status"] == SKIP and "GKE multislice needs multi-host slices" in skipped["found"]
     assert {r["status"] for r in rows.values()} == {OK}, rows
     assert rows["node pools for tpu7x-2x2x2 x2"]["found"] == "2 fit: tpu7x-2x2x2-np-0, tpu7x-2x2x2-np-1"
+    assert rows["node pools for tpu7x-2x2x1 x1"]["found"] == "1 fit: tpu7x-2x2x1-np-0"
     assert rows["JobSet controller"]["found"] == "embedded cluster: its JobSet controller follows v0.12.0"
     assert "wrote and deleted an object under" in rows["write probe"]["found"]
     assert probe_pods(cluster) == [] and not run_dir.exists()  # the pod, the object, the directory: gone
     code, out, _ = run_cli(capsys, "preflight", "--kubeconfig", str(cluster.kubeconfig), *args)
-    assert code == 0 and "✓" in out and "✗" not in out and out.rstrip().endswith("preflight: ready")
+    assert (
+        code == 0
+        and "✓" in out
+        and "–" in out
+        and "✗" not in out
+        and out.rstrip().endswith("preflight: ready")
+    )
+    # The pods' requests must fit the nodes' allocatable (200 cpu here): above it they would stay
+    # Pending on every pool, and the probe has nowhere to run.
+    code, rows = preflight(capsys, cluster, *args, "--cpu-request", "201")
+    x2 = rows["node pools for tpu7x-2x2x2 x2"]
+    assert code == 1 and x2["status"] == FAIL, x2
+    assert "tpu7x-2x2x2-np-0: the pods request cpu 201, its nodes have 200 allocatable" in x2["found"]
+    assert x2["fix"].startswith("request at most the nodes' allocatable (--cpu-request")
+    assert rows["write probe"]["found"] == "not run: no usable node pool of tpu7x-2x2x2 to run it on"
 
 
 def test_fails_naming_the_missing_and_unusable_node_pools(capsys, cluster_factory, tmp_path: Path) -> None:
-    cluster = cluster_factory("tpu7x-2x2x1:3")
+    cluster = cluster_factory("tpu7x-2x2x2:3")
     core = client.CoreV1Api(cluster.api_client())
-    (node,) = core.list_node(label_selector="cloud.google.com/gke-nodepool=tpu7x-2x2x1-np-2").items
+    node = core.list_node(label_selector="cloud.google.com/gke-nodepool=tpu7x-2x2x2-np-2").items[1]
     taints = [t.to_dict() for t in node.spec.taints or []] + [
         {"key": "dedicated", "value": "other", "effect": "NoSchedule"}
     ]
     core.patch_node(node.metadata.name, {"spec": {"taints": taints}})
-    code, rows = preflight(capsys, cluster, "-p", "tpu7x-2x2x1", "-n", "4", "--run-dir", str(tmp_path / "r"))
+    code, rows = preflight(capsys, cluster, "-p", "tpu7x-2x2x2", "-n", "4", "--run-dir", str(tmp_path / "r"))
     assert code == 1
-    x4 = rows["node pools for tpu7x-2x2x1 x4"]
+    x4 = rows["node pools for tpu7x-2x2x2 x4"]
     assert x4["status"] == FAIL and x4["found"] == (
-        "needs 4 node pools of tpu7x-2x2x1 (1 node each), 2 fit: tpu7x-2x2x1-np-0, tpu7x-2x2x1-np-1; "
-        "tpu7x-2x2x1-np-2: taint dedicated=other:NoSchedule not tolerated"
+        "needs 4 node pools of tpu7x-2x2x2 (2 nodes each), 2 fit: tpu7x-2x2x2-np-0, tpu7x-2x2x2-np-1; "
+        "tpu7x-2x2x2-np-2: taint dedicated=other:NoSchedule not tolerated"
     )
     assert x4["fix"].startswith("create 2 more node pool(s): gcloud container node-pools create NAME")
-    assert rows["node pools for tpu7x-2x2x1 x3"]["status"] == WARN  # a smaller rung: a warning
-    assert rows["node pools for tpu7x-2x2x1 x2"]["status"] == OK
+    assert rows["node pools for tpu7x-2x2x2 x3"]["status"] == WARN  # a smaller rung: a warning
+    assert rows["node pools for tpu7x-2x2x2 x2"]["status"] == OK
+    assert rows["node pools for tpu7x-2x2x1 x1"]["status"] == WARN  # the fallback's one slice: none here
+    assert [r["status"] for n, r in rows.items() if n.startswith("node pools for tpu7x-2x2x1 x")] == [
+        WARN, SKIP, SKIP, SKIP,
+    ]  # fmt: skip
     assert rows["write probe"]["status"] == OK  # a usable pool to run it on exists
-    assert [n for n, r in rows.items() if r["status"] == FAIL] == ["node pools for tpu7x-2x2x1 x4"]
+    assert [n for n, r in rows.items() if r["status"] == FAIL] == ["node pools for tpu7x-2x2x2 x4"]
 
 
 def test_the_write_probe_names_the_fix_for_an_unwritable_run_dir(
@@ -434,17 +550,17 @@ def test_the_write_probe_writes_gcs_from_the_pod(capsys, cluster_factory, monkey
 
 
 def test_priority_class_and_quota_through_the_api(capsys, cluster_factory, tmp_path: Path) -> None:
-    cluster = cluster_factory("tpu7x-2x2x1:2")
+    cluster = cluster_factory("tpu7x-2x2x2:1,tpu7x-2x2x1:1")
     api = cluster.api_client()
     client.CoreV1Api(api).create_namespace({"metadata": {"name": "team"}})
     client.CoreV1Api(api).create_namespaced_resource_quota(
         "team", {"metadata": {"name": "tpu"}, "spec": {"hard": {"requests.google.com/tpu": "4"}}}
     )
-    common = ["-p", "tpu7x-2x2x1", "--run-dir", str(tmp_path / "r"), "--namespace", "team", "--no-probe"]
-    code, rows = preflight(capsys, cluster, *common, "-n", "2", "--priority-class", "high")
+    common = ["--run-dir", str(tmp_path / "r"), "--namespace", "team", "--no-probe"]
+    code, rows = preflight(capsys, cluster, *common, "-p", "tpu7x-2x2x2", "--priority-class", "high")
     assert code == 1
     assert rows["priority class"]["found"].startswith("no PriorityClass high")
-    assert rows["resource quota"]["found"] == "tpu: requests.google.com/tpu 4 < 8 for tpu7x-2x2x1 x2"
+    assert rows["resource quota"]["found"] == "tpu: requests.google.com/tpu 4 < 8 for tpu7x-2x2x2 x1"
     assert rows["write probe"] == {
         "name": "write probe",
         "status": "skip",
@@ -452,9 +568,24 @@ def test_priority_class_and_quota_through_the_api(capsys, cluster_factory, tmp_p
         "fix": "",
     }
     client.SchedulingV1Api(api).create_priority_class({"metadata": {"name": "high"}, "value": 1000})
-    code, rows = preflight(capsys, cluster, *common, "-n", "1", "--priority-class", "high")
+    code, rows = preflight(capsys, cluster, *common, "-p", "tpu7x-2x2x1", "--priority-class", "high")
     assert code == 0 and rows["priority class"]["found"] == "high (value 1000)", rows
     assert rows["resource quota"]["status"] == OK
+
+
+def test_placement_policy_selects_the_pools_through_the_api(capsys, cluster_factory, tmp_path: Path) -> None:
+    cluster = cluster_factory("tpu7x-2x2x2:2")
+    common = ["-p", "tpu7x-2x2x2", "-n", "2", "--run-dir", str(tmp_path / "r"), "--no-probe"]
+    code, rows = preflight(capsys, cluster, *common, "--placement-policy", "wp-1")
+    x2 = rows["node pools for tpu7x-2x2x2 x2"]
+    assert code == 1 and x2["found"].startswith("needs 2 node pools of tpu7x-2x2x2 (2 nodes each), 0 fit"), x2
+    assert f"tpu7x-2x2x2-np-1: no label {LABEL_PLACEMENT}=wp-1" in x2["found"]
+    assert "--placement-policy=wp-1 (topology 2x2x2)" in x2["fix"]
+    core = client.CoreV1Api(cluster.api_client())
+    for node in core.list_node(label_selector="cloud.google.com/gke-nodepool").items:
+        core.patch_node(node.metadata.name, {"metadata": {"labels": {LABEL_PLACEMENT: "wp-1"}}})
+    code, rows = preflight(capsys, cluster, *common, "--placement-policy", "tpu7x-2x2x2=wp-1")
+    assert code == 0 and rows["node pools for tpu7x-2x2x2 x2"]["found"].startswith("2 fit"), rows
 
 
 def test_bad_input_is_exit_2_before_any_cluster_is_asked(capsys, tmp_path: Path) -> None:
@@ -462,6 +593,20 @@ def test_bad_input_is_exit_2_before_any_cluster_is_asked(capsys, tmp_path: Path)
         (["-p", "nope", "--run-dir", "/tmp/r"], "unknown preset 'nope'"),
         (["-p", "tpu7x-2x2x1", "-b", "12", "--run-dir", "/tmp/r"], "not divisible by 8 devices"),
         (["-p", "tpu7x-2x2x1", "--run", "Bad_Name", "--run-dir", "/tmp/r"], "not a DNS-1035 label"),
+        # GKE runs no multislice of a single-host preset: with or without a global batch.
+        (["-p", "tpu7x-2x2x1", "-n", "2", "--run-dir", "/tmp/r"], "GKE multislice needs multi-host slices"),
+        (
+            ["-p", "tpu7x-2x2x1", "-n", "2", "-b", "16", "--run-dir", "/tmp/r"],
+            "tpu7x-2x2x1 x2: GKE multislice",
+        ),
+        (
+            ["-p", "tpu7x-2x2x2", "--cpu-request", "lots", "--run-dir", "/tmp/r"],
+            "--cpu-request 'lots' is not",
+        ),
+        (
+            ["-p", "tpu7x-2x2x2", "--placement-policy", "nope=wp", "--run-dir", "/tmp/r"],
+            "unknown preset 'nope'",
+        ),
     ):
         code, out, err = run_cli(capsys, "preflight", "--kubeconfig", str(tmp_path / "none"), *argv)
         assert code == 2 and needle in err and err.count("\n") == 1 and out == "", err
@@ -473,15 +618,19 @@ def test_bad_input_is_exit_2_before_any_cluster_is_asked(capsys, tmp_path: Path)
 def test_launch_refuses_a_cluster_that_cannot_run_it_and_creates_nothing(
     capsys, cluster_factory, tmp_path: Path
 ) -> None:
-    cluster = cluster_factory("tpu7x-2x2x1:1")
+    cluster = cluster_factory("tpu7x-2x2x2:1")
     kube = Kube(cluster.api_client())
     run_dir = tmp_path / "r1"
-    argv = ["launch", "-p", "tpu7x-2x2x1", "-n", "2", "--run", "r1", "-b", "16", "--run-dir", str(run_dir),
+    argv = ["launch", "-p", "tpu7x-2x2x2", "-n", "2", "--run", "r1", "-b", "32", "--run-dir", str(run_dir),
             "--kubeconfig", str(cluster.kubeconfig), "--detach"]  # fmt: skip
     code, out, err = run_cli(capsys, *argv)
     assert code == 1 and err.count("\n") == 1, err
-    assert "this cluster cannot run tpu7x-2x2x1 x2: node pools for tpu7x-2x2x1 x2: needs 2" in err
+    assert "this cluster cannot run tpu7x-2x2x2 x2: node pools for tpu7x-2x2x2 x2: needs 2" in err
     assert "--no-preflight launches anyway" in err
+    assert kube.get_record("r1") is None and not (run_dir / "run.json").exists()
+    # A pool that exists but whose nodes cannot hold one pod's request: no waiting fixes it either.
+    code, out, err = run_cli(capsys, *argv[:4], "1", *argv[5:], "--memory-request", "900Gi")
+    assert code == 1 and "the pods request memory 900Gi, its nodes have 800Gi allocatable" in err, err
     assert kube.get_record("r1") is None and not (run_dir / "run.json").exists()
     code, out, err = run_cli(capsys, *argv, "--no-preflight")
     assert code == 0 and kube.get_record("r1") is not None, out + err
