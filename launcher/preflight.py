@@ -38,9 +38,9 @@ def ladder(
     with why). Without a global batch every shape GKE can run is checked. UserError if the requested
     shape is infeasible itself."""
     if global_batch is None:
-        shapes = ladder_shapes(shape, load_presets())
         if shape.error:
             raise UserError(shape.error)
+        shapes = ladder_shapes(shape, load_presets())
         return tuple(s for s in shapes if not s.error), tuple((s, _why(s, "")) for s in shapes if s.error)
     rungs = shrink_ladder(shape, global_batch, max_micro_batch, max_grad_accum)
     if not rungs[0].feasible:

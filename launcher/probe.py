@@ -23,7 +23,7 @@ from launcher.render import CONTAINER, RunSpec, placement
 
 LABEL_PROBE = "reslice.dev/preflight"
 PROBE_ROW = "write probe"
-# One Python process writing one small object; no limits, so the figures only count toward quotas.
+# One Python process writing one small object: requests (for quotas and the scheduler), no limits.
 PROBE_REQUESTS = {"cpu": "100m", "memory": "256Mi"}
 
 
