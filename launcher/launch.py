@@ -55,6 +55,9 @@ def prepare(
             raise UserError(f"--set {kv!r}: expected key=value")
     if err := coordinator_port_error(spec.coordinator_port):
         raise UserError(err)
+    for flag, value in (("--cpu-request", spec.cpu_request), ("--memory-request", spec.memory_request)):
+        if value is not None and not _positive_quantity(value):
+            raise UserError(f"{flag} {value!r} is not a positive Kubernetes quantity (e.g. 56, 500m, 240Gi)")
     check_trainer_config(spec.config, spec.overrides)
     ladder = shrink_ladder(shape, spec.global_batch, spec.max_micro_batch, spec.max_grad_accum)
     first = ladder[0]
@@ -86,6 +89,15 @@ def prepare(
         reason="launched",
     )
     return rec, ladder
+
+
+def _positive_quantity(value: str) -> bool:
+    from kubernetes.utils import parse_quantity
+
+    try:
+        return parse_quantity(value) > 0
+    except (ValueError, ArithmeticError):
+        return False
 
 
 def short_notice_presets(spec: RunSpec, ladder: list[Rung]) -> list[str]:

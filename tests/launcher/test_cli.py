@@ -140,6 +140,16 @@ BAD_INPUTS = [
         None,
         "--short-notice-interval must be a positive number of steps",
     ),
+    (
+        ["launch", "-p", "tpu7x-2x2x1", "--run", "x", "-b", "8", "--cpu-request", "lots"],
+        None,
+        "--cpu-request 'lots'",
+    ),
+    (
+        ["launch", "-p", "tpu7x-2x2x1", "--run", "x", "-b", "8", "--memory-request", "-1Gi"],
+        None,
+        "not a positive",
+    ),
 ]
 
 
