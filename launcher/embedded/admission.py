@@ -74,7 +74,16 @@ def _validator(schema_dir: Path = SCHEMA_DIR) -> Any:
     import jsonschema  # a second of import time saved for servers that never see a JobSet
 
     schema = crd_schema(schema_dir)
-    return None if schema is None else jsonschema.Draft4Validator(schema)
+    if schema is None:
+        return None
+    # kube-openapi's type validator takes an integral float for an integer (isFloatInt).
+    checker = jsonschema.Draft4Validator.TYPE_CHECKER.redefine(
+        "integer",
+        lambda _, v: (
+            not isinstance(v, bool) and (isinstance(v, int) or (isinstance(v, float) and v.is_integer()))
+        ),
+    )
+    return jsonschema.validators.extend(jsonschema.Draft4Validator, type_checker=checker)(schema)
 
 
 @functools.cache

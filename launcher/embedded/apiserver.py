@@ -424,19 +424,20 @@ class _Request:
         elif self.method == "PUT":
             obj = self._body(kind=res.kind)
             meta = obj.setdefault("metadata", {})
-            if not isinstance(meta, dict):
-                meta = {}  # Go cannot decode it: the store answers that, before anything else
-            elif meta.get("name", name) != name:
-                raise bad_request(
-                    f"the name of the object ({meta['name']}) does not match the name on the URL ({name})"
-                )
-            if res.namespaced and meta.get("namespace", namespace) != namespace:
-                raise bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request"
-                )
-            else:
-                meta["name"] = name
-                if res.namespaced:
+            # Only names Go could decode are compared with the URL: the store refuses the rest (400).
+            if isinstance(meta, dict):
+                body_name, body_ns = meta.get("name"), meta.get("namespace")
+                if isinstance(body_name, str) and body_name != name:
+                    raise bad_request(
+                        f"the name of the object ({body_name}) does not match the name on the URL ({name})"
+                    )
+                if res.namespaced and isinstance(body_ns, str) and body_ns != namespace:
+                    raise bad_request(
+                        "the namespace of the provided object does not match the namespace sent on the request"
+                    )
+                if body_name is None or isinstance(body_name, str):
+                    meta["name"] = name
+                if res.namespaced and (body_ns is None or isinstance(body_ns, str)):
                     meta["namespace"] = namespace
             self.h.send_json(200, self.store.update(res, obj, subresource=sub))
         elif self.method == "PATCH":

@@ -72,6 +72,33 @@ def _condition(name: str, **times: GoType) -> Struct:
 
 # ---- core/v1: pods ----------------------------------------------------------------------------------
 
+_SELINUX = Struct("SELinuxOptions", user=S, role=S, type=S, level=S)
+_SECCOMP = Struct("SeccompProfile", type=S, localhostProfile=S)
+_SECURITY_CONTEXT = Struct(
+    "SecurityContext",
+    capabilities=Struct("Capabilities", add=STRINGS, drop=STRINGS),
+    privileged=B,
+    seLinuxOptions=_SELINUX,
+    runAsUser=I64,
+    runAsGroup=I64,
+    runAsNonRoot=B,
+    readOnlyRootFilesystem=B,
+    allowPrivilegeEscalation=B,
+    procMount=S,
+    seccompProfile=_SECCOMP,
+)
+_POD_SECURITY_CONTEXT = Struct(
+    "PodSecurityContext",
+    seLinuxOptions=_SELINUX,
+    runAsUser=I64,
+    runAsGroup=I64,
+    runAsNonRoot=B,
+    supplementalGroups=Slice(I64),
+    fsGroup=I64,
+    sysctls=Slice(Struct("Sysctl", name=S, value=S)),
+    fsGroupChangePolicy=S,
+    seccompProfile=_SECCOMP,
+)
 _ENV_VAR = Struct(
     "EnvVar",
     name=S,
@@ -106,6 +133,7 @@ CONTAINER = Struct(
     terminationMessagePath=S,
     terminationMessagePolicy=S,
     restartPolicy=S,
+    securityContext=_SECURITY_CONTEXT,
     stdin=B,
     tty=B,
 )
@@ -170,6 +198,7 @@ POD_SPEC = Struct(
     hostPID=B,
     hostIPC=B,
     shareProcessNamespace=B,
+    securityContext=_POD_SECURITY_CONTEXT,
     imagePullSecrets=Slice(Struct("LocalObjectReference", name=S)),
     hostname=S,
     subdomain=S,
@@ -309,7 +338,13 @@ SERVICE = _kind(
         ipFamilyPolicy=S,
         internalTrafficPolicy=S,
     ),
-    status=Struct("ServiceStatus", loadBalancer=ANY, conditions=Slice(CONDITION)),
+    status=Struct(
+        "ServiceStatus",
+        loadBalancer=Struct(
+            "LoadBalancerStatus", ingress=Slice(Struct("LoadBalancerIngress", ip=S, hostname=S))
+        ),
+        conditions=Slice(CONDITION),
+    ),
 )
 
 # ---- batch/v1 -------------------------------------------------------------------------------------------

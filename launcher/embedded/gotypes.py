@@ -133,6 +133,9 @@ class Bool(GoType):
         return False
 
 
+_PLAIN: dict[type, type] = {Str: str, Bool: bool}
+
+
 class Int(GoType):
     def __init__(self, bits: int, go: str | None = None) -> None:
         self.go = go or f"int{bits}"
@@ -159,18 +162,22 @@ class Int(GoType):
 class Struct(GoType):
     def __init__(self, name: str, package: str = "v1", /, **fields: GoType) -> None:
         self.name, self.go, self.fields = name, f"{package}.{name}", fields
+        # Strings and booleans are most of an object: their check is a type comparison.
+        self._plain = {k: _PLAIN[type(t)] for k, t in fields.items() if type(t) in _PLAIN}
 
     def decode(self, value: Any, lenient: bool) -> Any:
         if not isinstance(value, dict):
             raise Mismatch(value, self)
-        dropped = []
+        plain, fields, dropped = self._plain, self.fields, None
         for key, sub in value.items():
-            ft = self.fields.get(key)
+            if type(sub) is plain.get(key):
+                continue
+            ft = fields.get(key)
             if ft is None:
                 continue
             if sub is None:
                 if not ft.keeps_null:
-                    dropped.append(key)
+                    dropped = [*(dropped or ()), key]
                 continue
             try:
                 new = ft.decode(sub, lenient)
@@ -178,7 +185,7 @@ class Struct(GoType):
                 raise m.field(key, self.name) from None
             if new is not sub:
                 value[key] = new
-        for key in dropped:
+        for key in dropped or ():
             del value[key]
         return value
 
@@ -196,6 +203,9 @@ class Slice(GoType):
     def decode(self, value: Any, lenient: bool) -> Any:
         if not isinstance(value, list):
             raise Mismatch(value, self)
+        plain = _PLAIN.get(type(self.item))
+        if plain is not None and all(type(v) is plain for v in value):
+            return value
         for i, sub in enumerate(value):
             if sub is None:
                 value[i] = self.item.zero()
@@ -219,6 +229,9 @@ class Map(GoType):
     def decode(self, value: Any, lenient: bool) -> Any:
         if not isinstance(value, dict):
             raise Mismatch(value, self)
+        plain = _PLAIN.get(type(self.value))
+        if plain is not None and all(type(v) is plain for v in value.values()):
+            return value
         for key, sub in value.items():
             if sub is None:
                 value[key] = self.value.zero()

@@ -195,6 +195,8 @@ def _operation(doc: Any, op: dict[str, Any]) -> Any:
 
 def json_patch(obj: dict[str, Any], ops: Any) -> Any:
     """Decoding the patch (a list of objects) fails with 400, applying it with 422."""
+    if ops is None:  # json.Unmarshal of null into the operations: none
+        ops = []
     if not isinstance(ops, list):
         raise bad_request(f"json: cannot unmarshal {json_kind(ops)} into Go value of type jsonpatch.Patch")
     for op in ops:

@@ -145,7 +145,7 @@ def _job(obj: dict[str, Any]) -> Causes:
         causes.append(
             (
                 "spec.template.spec.restartPolicy",
-                f'Unsupported value: "{policy}": supported values: "OnFailure", "Never"',
+                f'Unsupported value: "{policy or ""}": supported values: "OnFailure", "Never"',
             )
         )
     elif spec.get("podFailurePolicy") and policy != "Never":
