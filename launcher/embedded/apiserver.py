@@ -449,9 +449,10 @@ class _Request:
                     "UnsupportedMediaType",
                     f"the body of the request was in an unknown format - accepted media types include: {', '.join(PATCH_TYPES)}",
                 )
-            patched = self.store.patch(
-                res, namespace, name, self._body(any_json=True), patch_type, subresource=sub
-            )
+            # An undecodable merge patch is jsonpatch.ErrBadJSONPatch upstream.
+            undecodable = "Invalid JSON Patch" if patch_type == "merge" else None
+            body = self._body(any_json=True, undecodable=undecodable)
+            patched = self.store.patch(res, namespace, name, body, patch_type, subresource=sub)
             self.h.send_json(200, patched)
         elif self.method == "DELETE" and sub is None:
             self.h.send_json(*self._delete_one(res, namespace, name))
@@ -625,9 +626,11 @@ class _Request:
     def _wants_table(self) -> bool:
         return "as=Table" in (self.h.headers.get("Accept") or "")
 
-    def _body(self, optional: bool = False, any_json: bool = False, kind: str = "") -> Any:
+    def _body(
+        self, optional: bool = False, any_json: bool = False, kind: str = "", undecodable: str | None = None
+    ) -> Any:
         """The decoded body: an object, or with `any_json` (a patch) any JSON value; 400 when Go's
-        decoder could not read it."""
+        decoder could not read it (with the decoder's words, or `undecodable`)."""
         if not self.raw_body:
             if optional:
                 return None
@@ -636,9 +639,9 @@ class _Request:
         try:
             body = bodies.load(self.raw_body, yaml_body)
         except bodies.Undecodable as e:
-            raise (
-                bad_request(str(e)) if any_json else bodies.unrecognized(kind, self.raw_body, str(e))
-            ) from None
+            if any_json:
+                raise bad_request(undecodable or str(e)) from None
+            raise bodies.unrecognized(kind, self.raw_body, str(e)) from None
         if not any_json and not isinstance(body, dict):
             raise bodies.unrecognized(kind, self.raw_body, bodies.not_an_object(body))
         return body
