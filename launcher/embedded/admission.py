@@ -18,8 +18,8 @@ In the order a real cluster applies them:
    `replicatedJobs` immutable except the pod template's labels, annotations, nodeSelector,
    tolerations and schedulingGates while suspended: 422 Invalid.
 A webhook's refusal reads `admission webhook "<name>" denied the request: ...`, as the API server
-relays it (apiserver admission/plugin/webhook/errors ToStatusErr). Status writes are pruned,
-defaulted and validated against the schema (steps 1, 2, 4), without webhooks.
+relays it (apiserver admission/plugin/webhook/errors ToStatusErr). A status write's status is
+pruned, defaulted and validated against the status schema (steps 1, 2, 4), without webhooks.
 
 The CRD is read from `<repo>/../shared/schemas/jobset.x-k8s.io_jobsets.yaml` when present; without
 it only steps 3 and 4's webhook checks run.

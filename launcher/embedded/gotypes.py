@@ -22,36 +22,25 @@ import datetime as dt
 import re
 from typing import Any
 
-# Field-path formats of the two decoders upstream uses: encoding/json (create, update, JSON and
+# The two decoders whose words upstream's errors carry: encoding/json (create, update, JSON and
 # merge patch) and runtime.DefaultUnstructuredConverter (strategic merge patch).
 JSON, UNSTRUCTURED = "json", "unstructured"
 
 
 class Mismatch(Exception):
-    """The first value Go could not decode. `path` is the API field path (indices included)."""
+    """The first value Go could not decode, and where: Go's field path (struct fields only)."""
 
     def __init__(self, value: Any, expected: GoType, detail: str | None = None) -> None:
         super().__init__(detail or expected.go)
         self.value, self.expected, self.detail = value, expected, detail
-        self._names: list[str] = []  # Go's field path, innermost first while the walk unwinds
-        self._path: list[str] = []  # ".name", "[0]", "[key]", innermost first
+        self._names: list[str] = []  # innermost first while the walk unwinds
         self.struct: str | None = None  # the innermost struct holding the field, as Go names it
 
     def field(self, name: str, struct: str) -> Mismatch:
-        self._path.append(f".{name}")
         self._names.append(name)
         if self.struct is None:
             self.struct = struct
         return self
-
-    def item(self, key: int | str) -> Mismatch:
-        self._path.append(f"[{key}]")
-        return self
-
-    @property
-    def path(self) -> str:
-        """As field.Path prints it: `spec.containers[0].name`, `metadata.labels[app]`."""
-        return "".join(reversed(self._path)).lstrip(".")
 
     def message(self, decoder: str = JSON) -> str:
         """The decoder's error text: encoding/json's UnmarshalTypeError, the converter's words, or
@@ -210,10 +199,7 @@ class Slice(GoType):
             if sub is None:
                 value[i] = self.item.zero()
                 continue
-            try:
-                new = self.item.decode(sub, lenient)
-            except Mismatch as m:
-                raise m.item(i) from None
+            new = self.item.decode(sub, lenient)  # Go's field path has no list indices
             if new is not sub:
                 value[i] = new
         return value
@@ -236,10 +222,7 @@ class Map(GoType):
             if sub is None:
                 value[key] = self.value.zero()
                 continue
-            try:
-                new = self.value.decode(sub, lenient)
-            except Mismatch as m:
-                raise m.item(key) from None
+            new = self.value.decode(sub, lenient)  # nor map keys
             if new is not sub:
                 value[key] = new
         return value
@@ -250,7 +233,9 @@ class Map(GoType):
 
 # ---- types with their own UnmarshalJSON: their errors are theirs, without a field path -------------
 
-_RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
+_RFC3339 = re.compile(
+    r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$"
+)
 
 
 def parse_time(value: str) -> dt.datetime | None:
