@@ -3,16 +3,23 @@
 In the order a real cluster applies them:
 1. prune fields the CRD schema does not know (structural schema pruning) and drop nulls;
 2. apply the schema's `default:` values;
-3. on create, the JobSet mutating webhook's defaults (success/startup policy, Indexed completion
-   mode, `enableDNSHostnames`, `restartPolicy: OnFailure`, failure-policy rule names);
-4. validate against the CRD's `openAPIV3Schema` (jsonschema), its CEL rules (the immutability
-   transition rules and the startupPolicy/dependsOn exclusion), and the validating webhook's checks
-   (on create: generated Job and Pod names DNS-1035 and at most 63 characters, known replicated-job
-   names in the success and failure policies, failure-policy rule names matching
-   `^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$` and unique; on update: `replicatedJobs` immutable
-   except the pod template's labels, annotations, nodeSelector, tolerations and schedulingGates
-   while suspended).
-Any failure is a 422 Invalid listing every cause.
+3. on create, the JobSet mutating webhook (`mjobset.kb.io`): it decodes the object into the Go
+   JobSet first (controller-runtime answers one it cannot decode, e.g. `replicas: "many"`, with 400),
+   then defaults success/startup policy, Indexed completion mode, `enableDNSHostnames`,
+   `restartPolicy: OnFailure`, failure-policy rule names;
+4. validate against the CRD's `openAPIV3Schema` (jsonschema; a wrong type is a FieldValueTypeInvalid
+   cause, as apiextensions-apiserver's kubeOpenAPIResultToFieldErrors writes it) and its CEL rules
+   (the immutability transition rules and the startupPolicy/dependsOn exclusion): 422 Invalid;
+5. the validating webhook (`vjobset.kb.io`, create and update; reached only by an object the schema
+   accepted): it decodes the Go JobSet (400 when it cannot, e.g. an int32 overflow the schema lets
+   through), then checks, on create, generated Job and Pod names DNS-1035 and at most 63
+   characters, known replicated-job names in the success and failure policies, failure-policy rule
+   names matching `^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$` and unique; on update,
+   `replicatedJobs` immutable except the pod template's labels, annotations, nodeSelector,
+   tolerations and schedulingGates while suspended: 422 Invalid.
+A webhook's refusal reads `admission webhook "<name>" denied the request: ...`, as the API server
+relays it (apiserver admission/plugin/webhook/errors ToStatusErr). A status write's status is
+pruned, defaulted and validated against the status schema (steps 1, 2, 4), without webhooks.
 
 The CRD ships with the package (`crds/jobset.x-k8s.io_jobsets.yaml`, upstream's v0.12.0 release file
 with a header naming its source and license); every JobSet is validated against it.
@@ -28,13 +35,16 @@ from typing import Any
 
 import yaml
 
-from launcher.embedded.errors import invalid
+from launcher.embedded import apitypes
+from launcher.embedded.errors import TYPE_INVALID, ApiError, Cause, invalid
+from launcher.embedded.gotypes import Mismatch, decode
 from launcher.embedded.resources import RESOURCES
 from launcher.embedded.validation import Causes, dns1035_label, dns1123_subdomain
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "crds"
 CRD_FILE = "jobset.x-k8s.io_jobsets.yaml"
 JOBSET_KIND = "JobSet.jobset.x-k8s.io"
+MUTATING_WEBHOOK, VALIDATING_WEBHOOK = "mjobset.kb.io", "vjobset.kb.io"
 
 _FAILURE_REASONS = (
     "BackoffLimitExceeded",
@@ -57,10 +67,23 @@ def crd_schema(schema_dir: Path = SCHEMA_DIR) -> dict[str, Any]:
 
 
 @functools.cache
-def _validator(schema_dir: Path = SCHEMA_DIR) -> Any:
+def _validator(schema_dir: Path = SCHEMA_DIR, part: str | None = None) -> Any:
+    """The schema's validator (of the whole object, or of one top-level `part` of it)."""
     import jsonschema  # a second of import time saved for servers that never see a JobSet
 
-    return jsonschema.Draft4Validator(crd_schema(schema_dir))
+    schema = crd_schema(schema_dir)
+    if part is not None:
+        schema = (schema.get("properties") or {}).get(part)
+    if schema is None:
+        return None
+    # kube-openapi's type validator takes an integral float for an integer (isFloatInt).
+    checker = jsonschema.Draft4Validator.TYPE_CHECKER.redefine(
+        "integer",
+        lambda _, v: (
+            not isinstance(v, bool) and (isinstance(v, int) or (isinstance(v, float) and v.is_integer()))
+        ),
+    )
+    return jsonschema.validators.extend(jsonschema.Draft4Validator, type_checker=checker)(schema)
 
 
 @functools.cache
@@ -150,12 +173,26 @@ def _field(path: Any) -> str:
     return out
 
 
-def schema_causes(js: dict[str, Any], schema_dir: Path = SCHEMA_DIR) -> Causes:
-    validator = _validator(schema_dir)
-    causes: Causes = []
+_JSON_TYPES = {str: "string", bool: "boolean", int: "integer", float: "number", list: "array", dict: "object"}
+
+
+def schema_causes(js: Any, schema_dir: Path = SCHEMA_DIR, part: str | None = None) -> list[Cause]:
+    """Schema violations of the object (or of its top-level `part`, when `js` is that part)."""
+    validator = _validator(schema_dir, part)
+    if validator is None:
+        return []
+    causes: list[Cause] = []
     for err in sorted(validator.iter_errors(js), key=lambda e: list(map(str, e.absolute_path))):
-        field = _field(err.absolute_path)
-        if err.validator == "required":
+        field = _field([part, *err.absolute_path] if part else err.absolute_path)
+        if err.validator == "type":
+            # kube-openapi's InvalidType: the bad value is the JSON type the data has.
+            got = _JSON_TYPES.get(type(err.instance), "null")
+            expected = (
+                err.validator_value if isinstance(err.validator_value, str) else ",".join(err.validator_value)
+            )
+            msg = f'Invalid value: "{got}": {field} in body must be of type {expected}: "{got}"'
+            causes.append((field, msg, TYPE_INVALID))
+        elif err.validator == "required":
             missing = err.message.split("'")[1]
             causes.append((f"{field}.{missing}" if field else missing, "Required value"))
         elif err.validator == "enum":
@@ -194,6 +231,11 @@ _SUBDOMAIN_TOO_LONG = ".spec.network.subdomain is too long, must be less than 63
 _GROUP_TOO_LONG = ".spec.replicatedJob[].groupName is too long, must be less than 63 characters"
 
 
+def _internal(message: str) -> tuple[str, str]:
+    """A webhook error without a field: JobSet's toFieldErrorList makes it field.InternalError(nil, err)."""
+    return ("<nil>", f"Internal error: {message}")
+
+
 def _dns1035(value: str, too_long: str) -> list[str]:
     """IsDNS1035Label with the webhook's own words for the length error."""
     return [too_long if m == "must be no more than 63 characters" else m for m in dns1035_label(value)]
@@ -221,7 +263,7 @@ def webhook_causes(js: dict[str, Any]) -> Causes:
     for target in (spec.get("successPolicy") or {}).get("targetReplicatedJobs") or []:
         if target not in known:
             causes.append(
-                ("", f"invalid replicatedJob name '{target}' does not appear in .spec.ReplicatedJobs")
+                _internal(f"invalid replicatedJob name '{target}' does not appear in .spec.ReplicatedJobs")
             )
     causes += _failure_policy_causes(spec.get("failurePolicy") or {}, known)
     in_order = (spec.get("startupPolicy") or {}).get("startupPolicyOrder") == "InOrder"
@@ -263,43 +305,38 @@ def _failure_policy_causes(policy: dict[str, Any], known: set[str]) -> Causes:
         by_name.setdefault(rule_name, []).append(i)
         if not 1 <= len(rule_name) <= 128:
             causes.append(
-                (
-                    "",
+                _internal(
                     f"invalid failure policy rule name of length {len(rule_name)}, the rule name must be at "
-                    "least 1 characters long and at most 128 characters long",
+                    "least 1 characters long and at most 128 characters long"
                 )
             )
         if not _RULE_NAME.match(rule_name):
             causes.append(
-                (
-                    "",
+                _internal(
                     f"invalid failure policy rule name '{rule_name}', a failure policy rule name must start "
                     "with an alphabetic character, optionally followed by a string of alphanumeric "
-                    "characters or '_,:', and must end with an alphanumeric character or '_'",
+                    "characters or '_,:', and must end with an alphanumeric character or '_'"
                 )
             )
         for target in rule.get("targetReplicatedJobs") or []:
             if target not in known:
                 causes.append(
-                    (
-                        "",
-                        f"invalid replicatedJob name '{target}' in failure policy does not appear in .spec.ReplicatedJobs",
+                    _internal(
+                        f"invalid replicatedJob name '{target}' in failure policy does not appear in .spec.ReplicatedJobs"
                     )
                 )
         for reason in rule.get("onJobFailureReasons") or []:
             if reason not in _FAILURE_REASONS:
                 causes.append(
-                    (
-                        "",
-                        f"invalid job failure reason '{reason}' in failure policy is not a recognized job failure reason",
+                    _internal(
+                        f"invalid job failure reason '{reason}' in failure policy is not a recognized job failure reason"
                     )
                 )
     for rule_name, indices in by_name.items():
         if len(indices) > 1:
             causes.append(
-                (
-                    "",
-                    f"rule names are not unique, rules with indices {indices} all have the same name '{rule_name}'",
+                _internal(
+                    f"rule names are not unique, rules with indices {indices} all have the same name '{rule_name}'"
                 )
             )
     return causes
@@ -320,13 +357,20 @@ def _values_at(obj: Any, path: tuple[str, ...], prefix: str = "") -> dict[str, A
     return out
 
 
-def update_causes(old: dict[str, Any], new: dict[str, Any], schema_dir: Path = SCHEMA_DIR) -> Causes:
+def cel_update_causes(old: dict[str, Any], new: dict[str, Any], schema_dir: Path = SCHEMA_DIR) -> Causes:
+    """The CRD's `self == oldSelf` transition rules (checked by the API server with the schema)."""
     causes: Causes = []
     for path in _immutable_paths(schema_dir):
         before, after = _values_at(old, path), _values_at(new, path)
         for field, value in after.items():
             if field in before and before[field] != value:
                 causes.append((field, 'Invalid value: "object": Value is immutable'))
+    return causes
+
+
+def webhook_update_causes(old: dict[str, Any], new: dict[str, Any]) -> Causes:
+    """The validating webhook's ValidateUpdate: replicated jobs immutable (Kueue's fields aside)."""
+    causes: Causes = []
     old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
     old_rjobs = old_spec.get("replicatedJobs") or []
     new_rjobs = new_spec.get("replicatedJobs") or []
@@ -352,16 +396,57 @@ def _without_kueue_fields(rjobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # ---- the store hook ---------------------------------------------------------------------------------
 
 
+def _denied(webhook: str, err: ApiError) -> ApiError:
+    return ApiError(
+        err.code,
+        err.reason,
+        f'admission webhook "{webhook}" denied the request: {err.message}',
+        details=err.details,
+    )
+
+
+def _webhook_decode(webhook: str, js: dict[str, Any]) -> None:
+    """controller-runtime decodes the request into the Go JobSet and answers 400 when it cannot."""
+    try:
+        decode(js, apitypes.JOBSET, lenient=True)
+    except Mismatch as m:
+        raise _denied(webhook, ApiError(400, "", m.message())) from None
+
+
+def _pruned(js: dict[str, Any], schema_dir: Path) -> dict[str, Any]:
+    return prune_and_default(drop_nulls(js), crd_schema(schema_dir), top=True)
+
+
 def admit_jobset(old: dict[str, Any] | None, new: dict[str, Any], schema_dir: Path = SCHEMA_DIR) -> None:
-    """Store validator for jobsets: mutates `new` (pruning, defaults) and raises 422 when invalid."""
-    cleaned = prune_and_default(drop_nulls(new), crd_schema(schema_dir), top=True)
-    if old is None:
-        webhook_defaults(cleaned)  # the mutating webhook is registered for create only
+    """Store validator for jobsets: mutates `new` (pruning, defaults) and raises 400 or 422."""
+    cleaned = _pruned(new, schema_dir)
+    if old is None:  # the mutating webhook is registered for create only
+        _webhook_decode(MUTATING_WEBHOOK, cleaned)
+        webhook_defaults(cleaned)
     new.clear()
     new.update(cleaned)
-    causes = schema_causes(new, schema_dir)
-    causes += webhook_causes(new) if old is None else update_causes(old, new, schema_dir)
+    name = new["metadata"].get("name", "")
+    causes = schema_causes(new, schema_dir) + ([] if old is None else cel_update_causes(old, new, schema_dir))
     if causes:
+        raise invalid(JOBSET_KIND, name, causes)
+    _webhook_decode(VALIDATING_WEBHOOK, new)
+    causes = webhook_causes(new) if old is None else webhook_update_causes(old, new)
+    if causes:
+        raise _denied(VALIDATING_WEBHOOK, invalid(JOBSET_KIND, name, causes))
+
+
+def admit_jobset_status(
+    old: dict[str, Any] | None, new: dict[str, Any], schema_dir: Path = SCHEMA_DIR
+) -> None:
+    """Store validator for jobsets/status: the schema checks the status (all a status write can
+    change; upstream validates the whole object, whose rest is the stored one); no webhook runs."""
+    if new.get("status") is None:
+        new.pop("status", None)
+        return
+    new["status"] = prune_and_default(
+        drop_nulls(new["status"]), crd_schema(schema_dir)["properties"]["status"]
+    )
+    if causes := schema_causes(new["status"], schema_dir, "status"):
         raise invalid(JOBSET_KIND, new["metadata"].get("name", ""), causes)
 
 
@@ -369,4 +454,5 @@ def install(store: Any) -> None:
     """Register JobSet admission on `store` (once)."""
     if not getattr(store, "_jobset_admission", False):
         store.add_validator(RESOURCES["jobsets"], admit_jobset)
+        store.add_validator(RESOURCES["jobsets"], admit_jobset_status, status=True)
         store._jobset_admission = True

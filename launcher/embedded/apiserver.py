@@ -24,9 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import yaml
-
-from launcher.embedded import admission, discovery
+from launcher.embedded import admission, bodies, discovery
 from launcher.embedded.errors import ApiError, bad_request
 from launcher.embedded.patches import PATCH_TYPES
 from launcher.embedded.resources import GROUPS, RESOURCES, Resource, lookup
@@ -221,15 +219,19 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _read_body(self) -> bytes | None:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            parts = []
-            while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
-                parts.append(self.rfile.read(size))
+        try:
+            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                parts = []
+                while size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16):
+                    parts.append(self.rfile.read(size))
+                    self.rfile.readline()
                 self.rfile.readline()
-            self.rfile.readline()
-            return b"".join(parts)
-        length = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(length) if length else None
+                return b"".join(parts)
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            self.close_connection = True  # the framing is lost: the next request cannot be found
+            raise bad_request("the request body could not be read") from None
+        return self.rfile.read(length) if length > 0 else None
 
     def send_body(self, code: int, data: bytes, content_type: str = "application/json") -> None:
         self.send_response(code)
@@ -367,7 +369,7 @@ class _Request:
         if self.method == "GET":
             self._list(res, namespace)
         elif self.method == "POST":
-            obj = self._body()
+            obj = self._body(kind=res.kind)
             self.h.send_json(201, self.store.create(res, obj, namespace))
         elif self.method == "DELETE":
             items, _ = self.store.list(
@@ -387,7 +389,7 @@ class _Request:
             )
 
     def _list(self, res: Resource, namespace: str | None) -> None:
-        limit = int(self.query["limit"]) if self.query.get("limit") else None
+        limit = bodies.int_param(self.query, "limit")
         raws, rv, token, remaining = self.store.list_raw(
             res,
             namespace,
@@ -420,19 +422,23 @@ class _Request:
             else:
                 self.h.send_json(200, obj)
         elif self.method == "PUT":
-            obj = self._body()
+            obj = self._body(kind=res.kind)
             meta = obj.setdefault("metadata", {})
-            if meta.get("name", name) != name:
-                raise bad_request(
-                    f"the name of the object ({meta['name']}) does not match the name on the URL ({name})"
-                )
-            if res.namespaced and meta.get("namespace", namespace) != namespace:
-                raise bad_request(
-                    "the namespace of the provided object does not match the namespace sent on the request"
-                )
-            meta["name"] = name
-            if res.namespaced:
-                meta["namespace"] = namespace
+            # Only names Go could decode are compared with the URL: the store refuses the rest (400).
+            if isinstance(meta, dict):
+                body_name, body_ns = meta.get("name"), meta.get("namespace")
+                if isinstance(body_name, str) and body_name != name:
+                    raise bad_request(
+                        f"the name of the object ({body_name}) does not match the name on the URL ({name})"
+                    )
+                if res.namespaced and isinstance(body_ns, str) and body_ns != namespace:
+                    raise bad_request(
+                        "the namespace of the provided object does not match the namespace sent on the request"
+                    )
+                if body_name is None or isinstance(body_name, str):
+                    meta["name"] = name
+                if res.namespaced and (body_ns is None or isinstance(body_ns, str)):
+                    meta["namespace"] = namespace
             self.h.send_json(200, self.store.update(res, obj, subresource=sub))
         elif self.method == "PATCH":
             content_type = (self.h.headers.get("Content-Type") or "").split(";")[0].strip()
@@ -443,9 +449,10 @@ class _Request:
                     "UnsupportedMediaType",
                     f"the body of the request was in an unknown format - accepted media types include: {', '.join(PATCH_TYPES)}",
                 )
-            patched = self.store.patch(
-                res, namespace, name, self._body(any_json=True), patch_type, subresource=sub
-            )
+            # An undecodable merge patch is jsonpatch.ErrBadJSONPatch upstream.
+            undecodable = "Invalid JSON Patch" if patch_type == "merge" else None
+            body = self._body(any_json=True, undecodable=undecodable)
+            patched = self.store.patch(res, namespace, name, body, patch_type, subresource=sub)
             self.h.send_json(200, patched)
         elif self.method == "DELETE" and sub is None:
             self.h.send_json(*self._delete_one(res, namespace, name))
@@ -455,8 +462,10 @@ class _Request:
             )
 
     def _delete_one(self, res: Resource, namespace: str | None, name: str) -> tuple[int, dict[str, Any]]:
-        opts = self._body(optional=True) or {}
-        grace = self.query.get("gracePeriodSeconds", opts.get("gracePeriodSeconds"))
+        opts = bodies.delete_options(self._body(optional=True) or {})
+        grace = bodies.int_param(self.query, "gracePeriodSeconds")
+        if grace is None:
+            grace = opts.get("gracePeriodSeconds")
         propagation = self.query.get("propagationPolicy") or opts.get("propagationPolicy")
         orphan = self.query.get("orphanDependents", opts.get("orphanDependents"))
         if propagation is None:
@@ -470,7 +479,7 @@ class _Request:
             namespace,
             name,
             propagation=propagation,
-            grace_period_seconds=None if grace in (None, "") else int(grace),
+            grace_period_seconds=grace,
             preconditions=opts.get("preconditions"),
         )
         meta = obj["metadata"]
@@ -499,7 +508,8 @@ class _Request:
         q = self.query
         initial = q.get("sendInitialEvents") in _TRUE
         bookmarks = q.get("allowWatchBookmarks") in _TRUE
-        timeout = float(q["timeoutSeconds"]) if q.get("timeoutSeconds") else random.uniform(1800, 3600)
+        seconds = bodies.int_param(q, "timeoutSeconds")
+        timeout = float(seconds) if seconds is not None else random.uniform(1800, 3600)
         try:
             w = self.store.watch(
                 res,
@@ -566,8 +576,8 @@ class _Request:
         pod = self.store.get(RESOURCES["pods"], namespace, name)
         container = self._container(pod)
         follow = self.query.get("follow") in _TRUE
-        tail = int(self.query["tailLines"]) if self.query.get("tailLines") else None
-        limit = int(self.query["limitBytes"]) if self.query.get("limitBytes") else None
+        tail = bodies.int_param(self.query, "tailLines")
+        limit = bodies.int_param(self.query, "limitBytes")
         source = self.api._log_source
         existing = b"".join(source(namespace, name, container, False)) if source else b""
         head = _tail(existing, tail) if tail is not None else existing
@@ -616,21 +626,24 @@ class _Request:
     def _wants_table(self) -> bool:
         return "as=Table" in (self.h.headers.get("Accept") or "")
 
-    def _body(self, optional: bool = False, any_json: bool = False) -> Any:
+    def _body(
+        self, optional: bool = False, any_json: bool = False, kind: str = "", undecodable: str | None = None
+    ) -> Any:
+        """The decoded body: an object, or with `any_json` (a patch) any JSON value; 400 when Go's
+        decoder could not read it (with the decoder's words, or `undecodable`)."""
         if not self.raw_body:
             if optional:
                 return None
             raise bad_request("the request body is empty")
-        content_type = (self.h.headers.get("Content-Type") or "").lower()
+        yaml_body = not any_json and "yaml" in (self.h.headers.get("Content-Type") or "").lower()
         try:
-            if "yaml" in content_type:
-                body = yaml.safe_load(self.raw_body)
-            else:
-                body = json.loads(self.raw_body)
-        except (ValueError, yaml.YAMLError) as e:
-            raise bad_request(f"the body of the request could not be decoded: {e}") from None
+            body = bodies.load(self.raw_body, yaml_body)
+        except bodies.Undecodable as e:
+            if any_json:
+                raise bad_request(undecodable or str(e)) from None
+            raise bodies.unrecognized(kind, self.raw_body, str(e)) from None
         if not any_json and not isinstance(body, dict):
-            raise bad_request("the body of the request must be a JSON object")
+            raise bodies.unrecognized(kind, self.raw_body, bodies.not_an_object(body))
         return body
 
 

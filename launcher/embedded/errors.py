@@ -36,6 +36,8 @@ class ApiError(Exception):
             "reason": self.reason,
             "code": self.code,
         }
+        if not self.reason:  # a webhook's refusal may carry none (omitempty upstream)
+            del body["reason"]
         if self.details:
             body["details"] = self.details
         return body
@@ -69,15 +71,40 @@ def conflict(qualified: str, name: str, why: str) -> ApiError:
 STALE = "the object has been modified; please apply your changes to the latest version and try again"
 
 
-def invalid(kind: str, name: str, causes: list[tuple[str, str]]) -> ApiError:
-    """422 with one cause per (field, message), shaped like the API server's field errors."""
-    text = "; ".join(f"{field}: {msg}" if field else msg for field, msg in causes)
-    details = {
-        "name": name,
-        "kind": kind,
-        "causes": [{"reason": "FieldValueInvalid", "message": msg, "field": field} for field, msg in causes],
-    }
-    return ApiError(422, "Invalid", f'{kind} "{name}" is invalid: {text}', details=details)
+# ErrorBody starts with the words of the error's type (apimachinery util/validation/field), so the
+# cause's reason follows from its message; a type error says "Invalid value" too and passes its own.
+_CAUSE_REASONS = (
+    ("Required value", "FieldValueRequired"),
+    ("Unsupported value", "FieldValueNotSupported"),
+    ("Duplicate value", "FieldValueDuplicate"),
+    ("Forbidden", "FieldValueForbidden"),
+    ("Too long", "FieldValueTooLong"),
+    ("Too many", "FieldValueTooMany"),
+    ("Not found", "FieldValueNotFound"),
+    ("Internal error", "InternalError"),
+)
+TYPE_INVALID = "FieldValueTypeInvalid"
+
+Cause = tuple[str, str] | tuple[str, str, str]
+
+
+def _cause_reason(message: str) -> str:
+    return next((r for words, r in _CAUSE_REASONS if message.startswith(words)), "FieldValueInvalid")
+
+
+def invalid(qualified_kind: str, name: str, causes: list[Cause]) -> ApiError:
+    """422 Invalid as apimachinery's errors.NewInvalid writes it: `qualified_kind` is the kind with
+    its group (`JobSet.jobset.x-k8s.io`, `Job.batch`, `Pod`); each cause is (field, message) or
+    (field, message, reason). The message aggregates the causes as utilerrors.NewAggregate does:
+    one as is, several deduplicated in brackets."""
+    kind, _, group = qualified_kind.partition(".")
+    items = [(c[0], c[1], c[2] if len(c) > 2 else _cause_reason(c[1])) for c in causes]  # type: ignore[misc]
+    texts = list(dict.fromkeys(f"{field}: {msg}" for field, msg, _ in items))
+    text = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
+    details: dict[str, Any] = {k: v for k, v in (("name", name), ("group", group), ("kind", kind)) if v}
+    details["causes"] = [{"reason": r, "message": msg, "field": field} for field, msg, r in items]
+    message = f'{qualified_kind} "{name}" is invalid' + (f": {text}" if texts else "")
+    return ApiError(422, "Invalid", message, details=details)
 
 
 def bad_request(message: str) -> ApiError:

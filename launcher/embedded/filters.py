@@ -7,13 +7,13 @@ preemption plugin's post-filter message.
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.embedded import objects as o
+from launcher.embedded.gotypes import parse_quantity
 
 # Filter failure reasons (kube-scheduler plugin messages).
 R_UNSCHEDULABLE = "node(s) were unschedulable"
@@ -31,30 +31,12 @@ def taint_reason(taint: Mapping[str, Any]) -> str:
     return f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value') or ''}}}"
 
 
-_QTY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
-_SUFFIX = {
-    "": 1,
-    "m": 1e-3,
-    "k": 1e3,
-    "K": 1e3,
-    "M": 1e6,
-    "G": 1e9,
-    "T": 1e12,
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-}
-
-
 def quantity(v: Any) -> float:
-    """resource.Quantity → float ('500m' → 0.5, '8Gi' → 8589934592)."""
-    if isinstance(v, int | float):
-        return float(v)
-    m = _QTY.match(str(v).strip())
-    if not m or m.group(2) not in _SUFFIX:
+    """resource.Quantity → float ('500m' → 0.5, '8Gi' → 8589934592, '1e3' → 1000)."""
+    parsed = parse_quantity(v)
+    if parsed is None:
         raise ValueError(f"bad quantity {v!r}")
-    return float(m.group(1)) * _SUFFIX[m.group(2)]
+    return parsed
 
 
 def pod_requests(pod: Mapping[str, Any]) -> dict[str, float]:

@@ -9,15 +9,23 @@
   `$patch: delete|replace|merge`, `$deleteFromPrimitiveList/<field>`, `$retainKeys`,
   `$setElementOrder/<field>` (accepted; order is kept as merged).
 
+A malformed patch document is refused as the API server refuses it (apiserver
+endpoints/handlers/patch.go): a JSON patch that is not a list of objects, a merge patch that is not
+an object or a list, and a strategic merge patch that is not an object are 400 BadRequest; a JSON
+patch operation that does not apply (unknown op, bad path, failed test) is 422 Invalid with the
+generic message. A patch whose result Go cannot decode is refused by `decoding` (422 on `patch`).
+
 Inputs are never modified; results share no mutable structure with the patch document.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 from launcher.embedded.errors import ApiError, bad_request
+from launcher.embedded.gotypes import json_kind
 
 PATCH_TYPES = {
     "application/merge-patch+json": "merge",
@@ -46,21 +54,34 @@ _MERGE_KEYS = {
 _PRIMITIVE_MERGE = {"finalizers"}
 
 
-def _invalid(message: str) -> ApiError:
-    return ApiError(422, "Invalid", message)
+MAX_JSON_PATCH_OPERATIONS = 10_000  # apiserver endpoints/handlers/patch.go maxJSONPatchOperations
+# What the API server answers for a JSON patch that does not apply (NewGenericServerResponse(422)):
+# the library's reason is not passed on.
+_REJECTED = "the server rejected our request due to an error in our request"
 
 
-def apply_patch(obj: dict[str, Any], patch: Any, patch_type: str) -> dict[str, Any]:
-    """`obj` patched; `obj` itself is left as it was."""
+class _Failed(Exception):
+    """A JSON patch operation that does not apply to the document."""
+
+
+def apply_patch(obj: dict[str, Any], patch: Any, patch_type: str) -> Any:
+    """`obj` patched (not necessarily an object: a merge patch that is a list replaces it whole, and
+    decoding then refuses it, as upstream); `obj` itself is left as it was."""
     if patch_type == "merge":
+        if isinstance(patch, list):
+            return copy.deepcopy(patch)
         if not isinstance(patch, dict):
-            raise bad_request("merge patch must be a JSON object")
+            raise bad_request("Invalid JSON Patch")  # jsonpatch.ErrBadJSONPatch
         return merge_patch(obj, patch)
     if patch_type == "json":
         return json_patch(obj, patch)
     if patch_type == "strategic":
+        if patch is None:  # json.Unmarshal of null into the patch map leaves it empty
+            patch = {}
         if not isinstance(patch, dict):
-            raise bad_request("strategic merge patch must be a JSON object")
+            raise bad_request(
+                f"json: cannot unmarshal {json_kind(patch)} into Go value of type map[string]interface {{}}"
+            )
         return strategic_merge(obj, patch)
     raise ApiError(415, "UnsupportedMediaType", f"the media type {patch_type!r} is not supported")
 
@@ -80,39 +101,37 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
-# ---- RFC 6902 -------------------------------------------------------------------------------------
+# ---- RFC 6902, as gopkg.in/evanphx/json-patch.v4 applies it -------------------------------------------
+
+_INDEX = re.compile(r"^(0|[1-9][0-9]*)$")
 
 
-def _pointer(path: str) -> list[str]:
-    if path == "":
-        return []
-    if not path.startswith("/"):
-        raise _invalid(f"json patch path {path!r} must start with '/'")
-    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+def _pointer(path: Any) -> list[str]:
+    if not isinstance(path, str) or (path and not path.startswith("/")):
+        raise _Failed(f"invalid path {path!r}")
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")] if path else []
 
 
 def _index(container: list[Any], token: str, *, adding: bool) -> int:
     if token == "-" and adding:
         return len(container)
-    if not token.isdigit() or (len(token) > 1 and token[0] == "0"):
-        raise _invalid(f"invalid array index {token!r}")
+    if not _INDEX.match(token):
+        raise _Failed(f"invalid array index {token!r}")
     i = int(token)
     if i > len(container) or (i == len(container) and not adding):
-        raise _invalid(f"array index {i} out of bounds")
+        raise _Failed(f"array index {i} out of bounds")
     return i
 
 
 def _parent(doc: Any, tokens: list[str]) -> Any:
     node = doc
     for token in tokens[:-1]:
-        if isinstance(node, dict):
-            if token not in node:
-                raise _invalid(f"doc is missing path: /{'/'.join(tokens)}")
+        if isinstance(node, dict) and token in node:
             node = node[token]
         elif isinstance(node, list):
             node = node[_index(node, token, adding=False)]
         else:
-            raise _invalid(f"doc is missing path: /{'/'.join(tokens)}")
+            raise _Failed(f"doc is missing path: /{'/'.join(tokens)}")
     return node
 
 
@@ -120,13 +139,11 @@ def _get(doc: Any, tokens: list[str]) -> Any:
     if not tokens:
         return doc
     parent, last = _parent(doc, tokens), tokens[-1]
-    if isinstance(parent, dict):
-        if last not in parent:
-            raise _invalid(f"doc is missing key: /{'/'.join(tokens)}")
+    if isinstance(parent, dict) and last in parent:
         return parent[last]
     if isinstance(parent, list):
         return parent[_index(parent, last, adding=False)]
-    raise _invalid(f"doc is missing path: /{'/'.join(tokens)}")
+    raise _Failed(f"doc is missing key: /{'/'.join(tokens)}")
 
 
 def _add(doc: Any, tokens: list[str], value: Any) -> Any:
@@ -138,55 +155,67 @@ def _add(doc: Any, tokens: list[str], value: Any) -> Any:
     elif isinstance(parent, list):
         parent.insert(_index(parent, last, adding=True), value)
     else:
-        raise _invalid(f"doc is missing path: /{'/'.join(tokens)}")
+        raise _Failed(f"doc is missing path: /{'/'.join(tokens)}")
     return doc
 
 
 def _remove(doc: Any, tokens: list[str]) -> Any:
     if not tokens:
-        raise _invalid("cannot remove the whole document")
+        raise _Failed("cannot remove the whole document")
     parent, last = _parent(doc, tokens), tokens[-1]
-    if isinstance(parent, dict):
-        if last not in parent:
-            raise _invalid(f"doc is missing key: /{'/'.join(tokens)}")
+    if isinstance(parent, dict) and last in parent:
         del parent[last]
     elif isinstance(parent, list):
         del parent[_index(parent, last, adding=False)]
     else:
-        raise _invalid(f"doc is missing path: /{'/'.join(tokens)}")
+        raise _Failed(f"doc is missing key: /{'/'.join(tokens)}")
     return doc
 
 
-def json_patch(obj: dict[str, Any], ops: Any) -> dict[str, Any]:
+def _operation(doc: Any, op: dict[str, Any]) -> Any:
+    kind, path = op.get("op"), _pointer(op.get("path"))
+    value = copy.deepcopy(op.get("value"))  # a missing value is null (Operation.value())
+    if kind == "add":
+        return _add(doc, path, value)
+    if kind == "remove":
+        return _remove(doc, path)
+    if kind == "replace":
+        _get(doc, path)  # must exist
+        return _add(_remove(doc, path), path, value) if path else value
+    if kind in ("move", "copy"):
+        source = _pointer(op.get("from"))
+        moved = copy.deepcopy(_get(doc, source))
+        return _add(_remove(doc, source) if kind == "move" else doc, path, moved)
+    if kind == "test":
+        if _get(doc, path) != value:
+            raise _Failed(f"testing value {op.get('path')} failed")
+        return doc
+    raise _Failed(f"Unexpected kind: {kind}")
+
+
+def json_patch(obj: dict[str, Any], ops: Any) -> Any:
+    """Decoding the patch (a list of objects) fails with 400, applying it with 422."""
+    if ops is None:  # json.Unmarshal of null into the operations: none
+        ops = []
     if not isinstance(ops, list):
-        raise bad_request("json patch must be a JSON array of operations")
-    doc: Any = copy.deepcopy(obj)
+        raise bad_request(f"json: cannot unmarshal {json_kind(ops)} into Go value of type jsonpatch.Patch")
     for op in ops:
-        if not isinstance(op, dict) or "op" not in op or "path" not in op:
-            raise bad_request(f"invalid json patch operation: {op!r}")
-        kind, path = op["op"], _pointer(op["path"])
-        if kind in ("add", "replace", "test") and "value" not in op:
-            raise bad_request(f"json patch operation {kind!r} needs a value")
-        if kind == "add":
-            doc = _add(doc, path, copy.deepcopy(op["value"]))
-        elif kind == "remove":
-            doc = _remove(doc, path)
-        elif kind == "replace":
-            _get(doc, path)  # must exist
-            doc = _add(_remove(doc, path), path, copy.deepcopy(op["value"])) if path else op["value"]
-        elif kind in ("move", "copy"):
-            source = _pointer(op.get("from", ""))
-            value = copy.deepcopy(_get(doc, source))
-            if kind == "move":
-                doc = _remove(doc, source)
-            doc = _add(doc, path, value)
-        elif kind == "test":
-            if _get(doc, path) != op["value"]:
-                raise _invalid(f"testing value {op['path']} failed")
-        else:
-            raise bad_request(f"unexpected json patch operation {kind!r}")
-    if not isinstance(doc, dict):
-        raise _invalid("json patch result is not an object")
+        if op is not None and not isinstance(op, dict):
+            raise bad_request(
+                f"json: cannot unmarshal {json_kind(op)} into Go value of type jsonpatch.Operation"
+            )
+    if len(ops) > MAX_JSON_PATCH_OPERATIONS:
+        raise ApiError(
+            413,
+            "RequestEntityTooLarge",
+            f"The allowed maximum operations in a JSON patch is {MAX_JSON_PATCH_OPERATIONS}, got {len(ops)}",
+        )
+    doc: Any = copy.deepcopy(obj)
+    try:
+        for op in ops:
+            doc = _operation(doc, op or {})
+    except _Failed:
+        raise ApiError(422, "Invalid", _REJECTED) from None
     return doc
 
 

@@ -32,6 +32,11 @@ class Resource:
         return f"{self.plural}.{self.group}" if self.group else self.plural
 
     @property
+    def qualified_kind(self) -> str:
+        """`Pod`, `Job.batch`: how a 422 Invalid names the kind (schema.GroupKind.String())."""
+        return f"{self.kind}.{self.group}" if self.group else self.kind
+
+    @property
     def singular(self) -> str:
         return self.kind.lower()
 

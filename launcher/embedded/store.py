@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from launcher.embedded import defaults, validation
+from launcher.embedded import decoding, defaults, rules
 from launcher.embedded.errors import (
     STALE,
     ApiError,
@@ -217,7 +217,7 @@ class Store:
         self._history: deque[_Event] = deque(maxlen=history)
         self._floor = 0  # events after this resourceVersion are all in the history
         self._watchers: dict[str, set[Watch]] = {p: set() for p in RESOURCES}
-        self._validators: dict[str, list[Validator]] = {}
+        self._validators: dict[tuple[str, bool], list[Validator]] = {}
         self._subscribers: list[Subscriber] = []
         self._dispatch: queue.SimpleQueue[tuple[str, Resource, str] | None] = queue.SimpleQueue()
         self._dispatcher: threading.Thread | None = None
@@ -309,20 +309,23 @@ class Store:
 
     # ---- public API: writes -----------------------------------------------------------------------
 
-    def add_validator(self, res: Resource, fn: Validator) -> None:
-        """Admission for `res`: fn(old or None, new) on create and on main-resource update/patch
-        (not on status writes); it may default fields of `new` and raises ApiError to refuse."""
+    def add_validator(self, res: Resource, fn: Validator, *, status: bool = False) -> None:
+        """Admission for `res`: fn(old or None, new) on create and on main-resource update/patch,
+        or with `status` on status writes instead; it may default fields of `new` and raises
+        ApiError to refuse."""
         with self._lock:
-            self._validators.setdefault(res.plural, []).append(fn)
+            self._validators.setdefault((res.plural, status), []).append(fn)
 
     def create(self, res: Resource, obj: dict[str, Any], namespace: str | None = None) -> dict[str, Any]:
         obj = json.loads(_dumps(obj))
+        decoding.check(res, obj, decoding.CREATE)
         with self._lock:
             rec = self._create(res, obj, namespace)
         return json.loads(rec.raw)
 
     def update(self, res: Resource, obj: dict[str, Any], subresource: str | None = None) -> dict[str, Any]:
         obj = json.loads(_dumps(obj))
+        decoding.check(res, obj, decoding.UPDATE)
         meta = obj.get("metadata") or {}
         with self._lock:
             rec = self._lookup(res, meta.get("namespace"), meta.get("name", ""))
@@ -350,6 +353,7 @@ class Store:
             rec = self._lookup(res, namespace, name)
             current = json.loads(rec.raw)
             patched = apply_patch(current, patch, patch_type)
+            decoding.check(res, patched, decoding.PATCH, patch, patch_type)
             meta = patched.setdefault("metadata", {})
             if meta.get("name") != name or meta.get("namespace") != current["metadata"].get("namespace"):
                 raise bad_request("metadata.name and metadata.namespace cannot be changed by a patch")
@@ -506,7 +510,6 @@ class Store:
         defaults.on_create(res, obj)
         defaults.normalize(res, obj)
         self._admit(res, None, obj)
-        validation.check(res, obj)
         rec = self._commit(res, ADDED, obj, None)
         refs = meta.get("ownerReferences") or []
         if refs and not any(r.get("uid") in self._uids for r in refs):
@@ -543,9 +546,14 @@ class Store:
             if self._find(res, ns, name) is None:
                 return name
 
-    def _admit(self, res: Resource, old: dict[str, Any] | None, new: dict[str, Any]) -> None:
-        for fn in self._validators.get(res.plural, ()):
+    def _admit(
+        self, res: Resource, old: dict[str, Any] | None, new: dict[str, Any], status: bool = False
+    ) -> None:
+        """Admission (the registered validators) and validation, on every write of `new` (already
+        decoded, defaulted on create, and for status writes merged with the old object)."""
+        for fn in self._validators.get((res.plural, status), ()):
             fn(old, new)
+        rules.check(res, new)
 
     def _update(self, res: Resource, rec: _Rec, new: dict[str, Any], subresource: str | None) -> _Rec:
         old = rec.obj
@@ -565,6 +573,7 @@ class Store:
                 merged["status"] = new["status"]
             else:
                 merged.pop("status", None)
+            self._admit(res, old, merged, status=True)
         elif subresource is None:
             merged = self._merge_main(res, old, new)
         else:
@@ -610,7 +619,6 @@ class Store:
         spec_changed = any(new.get(k) != old.get(k) for k in {*new, *old} - {"metadata", "status"})
         meta["generation"] = old_meta.get("generation", 1) + (1 if spec_changed else 0)
         self._admit(res, old, new)
-        validation.check(res, new)
         return new
 
     # ---- internals: delete and garbage collection -------------------------------------------------

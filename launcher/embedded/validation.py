@@ -1,4 +1,4 @@
-"""Validation every write goes through: object names, labels, and built-in kind rules.
+"""Names, labels and object metadata, validated on every write (the kinds' own rules: rules.py).
 
 Messages are the API server's (apimachinery `validation.IsDNS1123Label` & co.), so a name that a
 real cluster would reject (a too-long run name in a label, a JobSet name starting with a digit)
@@ -10,10 +10,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from launcher.embedded.errors import invalid
+from launcher.embedded.errors import Cause
 from launcher.embedded.resources import Resource
 
-Causes = list[tuple[str, str]]
+Causes = list[Cause]
 
 _LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_LABEL = re.compile(f"^{_LABEL}$")
@@ -54,6 +54,8 @@ def dns1035_label(value: str) -> list[str]:
     errs = [_TOO_LONG_63] if len(value) > 63 else []
     return errs + ([] if _DNS1035_LABEL.match(value) else [_MSG_1035_LABEL])
 
+
+_GROUP_VERSION = re.compile(r"^([^/]+/)?[^/]+$")  # schema.ParseGroupVersion with a version
 
 _NAME_RULES = {"namespaces": dns1123_label, "services": dns1035_label}
 
@@ -103,49 +105,37 @@ def object_meta(res: Resource, obj: dict[str, Any]) -> Causes:
     name = meta.get("name", "")
     rule = _NAME_RULES.get(res.plural, dns1123_subdomain)
     causes = [("metadata.name", f'Invalid value: "{name}": {m}') for m in rule(name)]
-    return causes + labels(meta.get("labels"), "metadata.labels")
+    return causes + labels(meta.get("labels"), "metadata.labels") + owner_references(meta)
 
 
-def _job(obj: dict[str, Any]) -> Causes:
-    spec = obj.get("spec") or {}
+def owner_references(meta: dict[str, Any]) -> Causes:
+    """apimachinery api/validation ValidateOwnerReferences."""
     causes: Causes = []
-    pod_spec = (spec.get("template") or {}).get("spec") or {}
-    policy = pod_spec.get("restartPolicy")
-    if policy not in ("OnFailure", "Never"):
+    refs = meta.get("ownerReferences") or []
+    controllers = [f"{r.get('kind', '')}/{r.get('name', '')}" for r in refs if r.get("controller")]
+    for i, ref in enumerate(refs):
+        field = f"metadata.ownerReferences[{i}]"
+        api_version = ref.get("apiVersion") or ""
+        if not api_version:
+            causes.append((f"{field}.apiVersion", "Required value: must not be empty"))
+        elif not _GROUP_VERSION.match(api_version):
+            causes.append(
+                (
+                    f"{field}.apiVersion",
+                    f'Invalid value: "{api_version}": must be <group>/<version> or <version>',
+                )
+            )
+        causes += [
+            (f"{field}.{k}", "Required value: must not be empty")
+            for k in ("kind", "name", "uid")
+            if not ref.get(k)
+        ]
+    if len(controllers) > 1:
         causes.append(
             (
-                "spec.template.spec.restartPolicy",
-                f'Unsupported value: "{policy}": supported values: "OnFailure", "Never"',
+                "metadata.ownerReferences",
+                'Invalid value: "array": Only one reference can have Controller set to true. '
+                f'Found "true" in references for {controllers[0]} and {controllers[1]}',
             )
         )
-    elif spec.get("podFailurePolicy") and policy != "Never":
-        causes.append(
-            (
-                "spec.template.spec.restartPolicy",
-                f'Invalid value: "{policy}": only "Never" is supported when podFailurePolicy is specified',
-            )
-        )
-    if spec.get("completionMode") == "Indexed" and spec.get("completions") is None:
-        causes.append(("spec.completions", "Required value: when completion mode is Indexed"))
-    causes += labels(
-        ((spec.get("template") or {}).get("metadata") or {}).get("labels"), "spec.template.labels"
-    )
     return causes
-
-
-def _pod(obj: dict[str, Any]) -> Causes:
-    if not (obj.get("spec") or {}).get("containers"):
-        return [("spec.containers", "Required value")]
-    return []
-
-
-_KIND_RULES = {"jobs": _job, "pods": _pod}
-
-
-def check(res: Resource, obj: dict[str, Any]) -> None:
-    """Raise 422 Invalid when `obj` breaks a rule a real server enforces for every write."""
-    causes = object_meta(res, obj)
-    if rule := _KIND_RULES.get(res.plural):
-        causes += rule(obj)
-    if causes:
-        raise invalid(res.kind, obj["metadata"].get("name", ""), causes)

@@ -129,7 +129,10 @@ def test_dependent_with_another_live_owner_survives(api: Api) -> None:
     b = api.client.sanitize_for_serialization(
         api.core.create_namespaced_config_map("default", {"metadata": {"name": "b"}})
     )
-    dep = {"metadata": {"name": "dep", "ownerReferences": [owner_ref(a), owner_ref(b)]}}
+    # At most one owner may be the controller (ValidateOwnerReferences upstream).
+    dep = {
+        "metadata": {"name": "dep", "ownerReferences": [owner_ref(a), {**owner_ref(b), "controller": False}]}
+    }
     api.core.create_namespaced_config_map("default", dep)
     api.core.delete_namespaced_config_map("a", "default")
     refs = api.core.read_namespaced_config_map("dep", "default").metadata.owner_references
