@@ -552,6 +552,22 @@ KINDS: dict[str, Struct] = {
     ),
     "rolebindings": _kind("RoleBinding", subjects=_SUBJECTS, roleRef=_ROLE_REF),
     "clusterrolebindings": _kind("ClusterRoleBinding", subjects=_SUBJECTS, roleRef=_ROLE_REF),
+    "priorityclasses": _kind("PriorityClass", value=I32, globalDefault=B, description=S, preemptionPolicy=S),
+    "resourcequotas": _kind(
+        "ResourceQuota",
+        spec=Struct(
+            "ResourceQuotaSpec",
+            hard=RESOURCES,
+            scopes=STRINGS,
+            scopeSelector=Struct(
+                "ScopeSelector",
+                matchExpressions=Slice(
+                    Struct("ScopedResourceSelectorRequirement", scopeName=S, operator=S, values=STRINGS)
+                ),
+            ),
+        ),
+        status=Struct("ResourceQuotaStatus", hard=RESOURCES, used=RESOURCES),
+    ),
 }
 
 DELETE_OPTIONS = Struct(

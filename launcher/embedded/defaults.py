@@ -124,7 +124,8 @@ def _service(svc: dict[str, Any]) -> None:
     spec.setdefault("sessionAffinity", "None")
     for port in spec.get("ports") or []:
         port.setdefault("protocol", "TCP")
-        port.setdefault("targetPort", port.get("port"))
+        if "port" in port:
+            port.setdefault("targetPort", port["port"])
     svc["status"] = {"loadBalancer": {}}
 
 

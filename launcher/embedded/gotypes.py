@@ -295,6 +295,9 @@ def parse_quantity(value: Any) -> float | None:
 class Quantity(GoType):
     go = "resource.Quantity"
 
+    def zero(self) -> Any:
+        return "0"  # Quantity.UnmarshalJSON takes null as the zero quantity
+
     def decode(self, value: Any, lenient: bool) -> Any:
         if parse_quantity(value) is None:
             raise Mismatch(value, self, QUANTITY_ERROR)
@@ -303,6 +306,9 @@ class Quantity(GoType):
 
 class IntOrString(GoType):
     go = "intstr.IntOrString"
+
+    def zero(self) -> Any:
+        return 0  # IntOrString.UnmarshalJSON decodes null as the integer 0
 
     def decode(self, value: Any, lenient: bool) -> Any:
         if isinstance(value, str):

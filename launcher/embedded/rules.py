@@ -173,7 +173,21 @@ def _conditions(obj: dict[str, Any]) -> Causes:
     ]
 
 
-_KIND_RULES = {"jobs": _job, "pods": _pod, "nodes": _conditions}
+def _service(obj: dict[str, Any]) -> Causes:
+    """ValidateService's port rule (pkg/apis/core/validation): every port is in 1-65535."""
+    causes: Causes = []
+    for i, port in enumerate((obj.get("spec") or {}).get("ports") or []):
+        value = port.get("port")
+        if value is None:
+            causes.append((f"spec.ports[{i}].port", "Required value"))
+        elif not 1 <= value <= 65535:
+            causes.append(
+                (f"spec.ports[{i}].port", f"Invalid value: {value}: must be between 1 and 65535, inclusive")
+            )
+    return causes
+
+
+_KIND_RULES = {"jobs": _job, "pods": _pod, "nodes": _conditions, "services": _service}
 
 
 def check(res: Resource, obj: dict[str, Any]) -> None:
