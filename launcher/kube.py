@@ -153,7 +153,7 @@ class Kube:
         except ApiException as e:
             if e.status == 409:
                 return False
-            if e.status == 422:
+            if e.status in (400, 422):  # invalid, or a webhook that cannot decode it: retrying cannot help
                 raise UserError(
                     f"the cluster rejected JobSet {jobset['metadata']['name']}: {_message(e)}"
                 ) from None
