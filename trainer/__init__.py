@@ -49,8 +49,9 @@ class Preemption:
         threading.Thread(target=self._watch, name="sigterm-watchdog", daemon=True).start()
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if not self.requested:  # the kubelet's signal and the supervisor's copy of it: say it once
+            print("trainer: SIGTERM: finishing the step in flight, then checkpoint and exit 42", flush=True)
         self.requested = True
-        print("trainer: SIGTERM: finishing the step in flight, then checkpoint and exit 42", flush=True)
 
     def step_done(self, seconds: float) -> None:
         if self._last_step is None:
