@@ -101,9 +101,22 @@ GracePeriodOpt = Annotated[int | None, typer.Option("--grace-period", help="Seco
 MaxRestartsOpt = Annotated[
     int, typer.Option("--max-restarts", help="JobSet restarts per segment (preemptions do not count).")
 ]
+InitTimeoutOpt = Annotated[
+    int,
+    typer.Option(
+        "--init-timeout", help="Seconds jax.distributed waits for the last host to join (JAX's default: 300)."
+    ),
+]
 QueueOpt = Annotated[str | None, typer.Option("--queue", help="Kueue LocalQueue.")]
 PriorityClassOpt = Annotated[str | None, typer.Option("--priority-class")]
 DEFAULT_IMAGE = "reslice-trainer:latest"
+DEFAULT_INIT_TIMEOUT = RunSpec.init_timeout_s
+
+
+def _check_init_timeout(seconds: int) -> int:
+    if seconds < 1:
+        raise UserError(f"--init-timeout {seconds}: expected at least 1 second")
+    return seconds
 
 
 @app.command()
@@ -169,6 +182,7 @@ def render(
     max_grad_accum: MaxAccumOpt = None,
     grace_period: GracePeriodOpt = 120,
     max_restarts: MaxRestartsOpt = 10,
+    init_timeout: InitTimeoutOpt = DEFAULT_INIT_TIMEOUT,
     queue: QueueOpt = None,
     priority_class: PriorityClassOpt = None,
     pull_policy: Annotated[str, typer.Option("--pull-policy")] = "IfNotPresent",
@@ -193,6 +207,7 @@ def render(
         max_grad_accum=max_grad_accum,
         grace_period_s=grace_period,
         max_restarts=max_restarts,
+        init_timeout_s=_check_init_timeout(init_timeout),
         queue=queue,
         priority_class=priority_class,
         image_pull_policy=pull_policy,
@@ -232,6 +247,7 @@ def launch(
     max_grad_accum: MaxAccumOpt = None,
     grace_period: GracePeriodOpt = None,
     max_restarts: MaxRestartsOpt = 3,
+    init_timeout: InitTimeoutOpt = DEFAULT_INIT_TIMEOUT,
     queue: QueueOpt = None,
     priority_class: PriorityClassOpt = None,
     unschedulable_grace: Annotated[float, typer.Option("--unschedulable-grace", help="Seconds.")] = 120.0,
@@ -266,6 +282,7 @@ def launch(
         max_micro_batch=max_micro_batch,
         max_grad_accum=max_grad_accum,
         max_restarts=max_restarts,
+        init_timeout_s=_check_init_timeout(init_timeout),
         queue=queue,
         priority_class=priority_class,
     )
