@@ -60,11 +60,15 @@ class JobSetCensus:
 
 
 class Harness:
-    def __init__(self, tmp: Path, pools: int, *, state_dir: Path | None = None, gcs_env: dict | None = None):
+    def __init__(
+        self, tmp: Path, pools: int, *, state_dir: Path | None = None, gcs_env: dict | None = None,
+        preset: str = PRESET,
+    ):  # fmt: skip
         self.tmp = tmp
+        self.preset = preset
         (tmp / "pods").mkdir(parents=True, exist_ok=True)
         self.cluster = EmbeddedCluster(
-            nodepools=[NodePoolSpec(PRESET, count=pools)],
+            nodepools=[NodePoolSpec(preset, count=pools)],
             mode="process",
             state_dir=state_dir,
             workdir=tmp / "pods",
@@ -90,7 +94,7 @@ class Harness:
                 os.environ[k] = v
 
     def pool(self, i: int) -> str:
-        return f"{PRESET}-np-{i}"
+        return f"{self.preset}-np-{i}"
 
     # --- runs ------------------------------------------------------------------------------------
 
@@ -111,7 +115,7 @@ class Harness:
             image_pull_policy="Never",
         )
         policy = policy or Policy(unschedulable_grace_s=20, grow_window_s=4, app_backoff_s=1)
-        rec, _ = prepare(spec, PRESET, slices, policy)
+        rec, _ = prepare(spec, self.preset, slices, policy)
         create_run(self.kube, rec)
         return rec
 

@@ -88,3 +88,51 @@ def test_api_server_restart_mid_run(tmp_path):
     assert any("interrupted" in k for k in errors), errors
     assert rec.state == FINISHED and len(rec.segments) == 1
     assert sorted(kept_steps(metrics)) == list(range(1, 201))
+
+
+def test_a_crashed_host_is_a_lost_peer_not_an_application_failure(tmp_path):
+    # One slice of two hosts (2 trainer processes). Process 0's host crashes: no graceful shutdown,
+    # no DisruptionTarget, its pod stays Running. The survivor's collectives fail (or JAX's
+    # coordination service aborts it) and it exits 43: JobSet restarts the segment without
+    # counting, and the controller books a lost peer, not an application failure.
+    h = Harness(tmp_path, pools=1, preset="tpu7x-2x2x2")
+    try:
+        h.launch("host", slices=1, steps=20, interval=INTERVAL, max_restarts=1)
+        h.start_controller("host")
+        h.wait_step("host", INTERVAL, timeout=150)
+        committed = h.rundir("host").latest_committed_step()
+        wait_for(lambda: h.rundir("host").latest_committed_step() != committed, 60, "the next commit", 0.02)
+        committed = h.rundir("host").latest_committed_step()
+        # Two steps past it (process 0 writes the metrics): they will be trained again.
+        wait_for(lambda: max(m["step"] for m in h.rundir("host").metrics()) >= committed + 2, 60, "2 steps")
+        victim = next(p for p in h.run_pods("host") if p["metadata"]["name"].startswith("host-0-slice-0-0-"))
+        h.cluster.crash_host("default", victim["metadata"]["name"])
+        rec = h.wait_state("host", {FINISHED}, timeout=240)
+        metrics, ledger = h.rundir("host").metrics(), h.rundir("host").ledger()
+        (js,) = h.kube.jobsets("host")
+    finally:
+        h.close()
+
+    assert len(rec.segments) == 1, "a lost peer must not change the segment"
+    seg = rec.segments[0]
+    assert (seg.restarts, seg.restarts_counted, seg.peer_lost) == (1, 0, 1)
+    assert js["status"]["restarts"] == 1 and js["status"].get("restartsCountTowardsMax", 0) == 0
+    assert rec.app_failures == 0 and rec.preemptions() == 0 and rec.peer_losses() == 1
+    # Nothing is lost beyond the latest committed checkpoint, and the steps trained again give the
+    # losses the first computation gave, bit for bit (same shape: a clean resume).
+    assert attempts(metrics) == [0, 1]
+    first = {m["step"]: m for m in metrics if m["restart_attempt"] == 0}
+    again = {m["step"]: m for m in metrics if m["restart_attempt"] == 1}
+    assert min(again) == committed + 1
+    assert 2 <= recomputed(metrics) < INTERVAL
+    for step in set(first) & set(again):
+        assert again[step]["learning/loss"] == first[step]["learning/loss"], step
+        assert again[step]["data/sample_digest"] == first[step]["data/sample_digest"], step
+    assert sorted(kept_steps(metrics)) == list(range(1, 21))
+    assert {(m["num_processes"], m["devices"]) for m in metrics} == {(2, 16)}
+    # The ledger names the cause; no disruption condition was ever set.
+    seen = [d for e in ledger if e.get("kind") == "observe" for d in e.get("disruptions", [])]
+    assert any("peer lost (exit 43)" in d for d in seen), seen
+    assert not any("DisruptionTarget" in d for d in seen)
+    waits = [e["reason"] for e in ledger if e.get("kind") == "wait"]
+    assert any("restarting (JobSet failure policy) after a lost peer" in r for r in waits), waits
