@@ -123,7 +123,7 @@ def failure_policies(spec: RunSpec) -> tuple[dict, dict]:
                 "onExitCodes": {
                     "containerName": CONTAINER,
                     "operator": "In",
-                    "values": [EXIT_PREEMPTED, EXIT_PEER_LOST],
+                    "values": [EXIT_PREEMPTED, EXIT_PEER_LOST],  # the API wants them ascending
                 },
             },
             {
