@@ -4,6 +4,8 @@ Module map: ``config`` (named configs, overrides, contract env) -> ``distributed
 -> ``mesh`` (data × expert) -> ``model`` / ``moe`` (flax nnx decoder, expert-parallel MoE) ->
 ``data`` (Grain, step-indexed order) -> ``step`` (jitted train step) -> ``checkpoint`` (Orbax) ->
 ``metrics`` (run directory) -> ``loop`` (the training loop) <- ``__main__`` (entry, exit codes).
+A multi-process run's ``__main__`` first starts ``supervisor`` (the parent that turns JAX's
+fate-sharing abort into exit 43); ``peers`` tells a lost peer from a bug (no JAX in either).
 """
 
 from __future__ import annotations
