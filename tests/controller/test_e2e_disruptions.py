@@ -99,7 +99,7 @@ def test_a_crashed_host_is_a_lost_peer_not_an_application_failure(tmp_path):
     try:
         h.launch("host", slices=1, steps=20, interval=INTERVAL, max_restarts=1)
         h.start_controller("host")
-        h.wait_step("host", INTERVAL, timeout=150)
+        h.wait_step("host", INTERVAL, timeout=300)
         committed = h.rundir("host").latest_committed_step()
         wait_for(lambda: h.rundir("host").latest_committed_step() != committed, 60, "the next commit", 0.02)
         committed = h.rundir("host").latest_committed_step()
@@ -107,7 +107,7 @@ def test_a_crashed_host_is_a_lost_peer_not_an_application_failure(tmp_path):
         wait_for(lambda: max(m["step"] for m in h.rundir("host").metrics()) >= committed + 2, 60, "2 steps")
         victim = next(p for p in h.run_pods("host") if p["metadata"]["name"].startswith("host-0-slice-0-0-"))
         h.cluster.crash_host("default", victim["metadata"]["name"])
-        rec = h.wait_state("host", {FINISHED}, timeout=240)
+        rec = h.wait_state("host", {FINISHED}, timeout=300)
         metrics, ledger = h.rundir("host").metrics(), h.rundir("host").ledger()
         (js,) = h.kube.jobsets("host")
     finally:
@@ -115,19 +115,23 @@ def test_a_crashed_host_is_a_lost_peer_not_an_application_failure(tmp_path):
 
     assert len(rec.segments) == 1, "a lost peer must not change the segment"
     seg = rec.segments[0]
-    assert (seg.restarts, seg.restarts_counted, seg.peer_lost) == (1, 0, 1)
-    assert js["status"]["restarts"] == 1 and js["status"].get("restartsCountTowardsMax", 0) == 0
-    assert rec.app_failures == 0 and rec.preemptions() == 0 and rec.peer_losses() == 1
+    # One restart, the crash's. (On a starved 2-core machine a restarted pair can lose another:
+    # Gloo's 30 s rendezvous times out when one process reaches its first collective that much
+    # later than the other; that exits 43 too, and must be booked the same way.)
+    assert seg.restarts >= 1 and seg.restarts_counted == 0 and seg.peer_lost == seg.restarts
+    assert js["status"]["restarts"] == seg.restarts and js["status"].get("restartsCountTowardsMax", 0) == 0
+    assert rec.app_failures == 0 and rec.preemptions() == 0 and rec.peer_losses() == seg.restarts
     # Nothing is lost beyond the latest committed checkpoint, and the steps trained again give the
     # losses the first computation gave, bit for bit (same shape: a clean resume).
-    assert attempts(metrics) == [0, 1]
-    first = {m["step"]: m for m in metrics if m["restart_attempt"] == 0}
-    again = {m["step"]: m for m in metrics if m["restart_attempt"] == 1}
-    assert min(again) == committed + 1
-    assert 2 <= recomputed(metrics) < INTERVAL
-    for step in set(first) & set(again):
-        assert again[step]["learning/loss"] == first[step]["learning/loss"], step
-        assert again[step]["data/sample_digest"] == first[step]["data/sample_digest"], step
+    assert attempts(metrics)[0] == 0 and len(attempts(metrics)) >= 2
+    first = {m["step"] for m in metrics if m["restart_attempt"] == 0}
+    assert min(m["step"] for m in metrics if m["restart_attempt"] > 0) == committed + 1
+    assert 2 <= len({s for s in first if s > committed}) < INTERVAL  # trained again after the crash
+    computed: dict[int, set] = {}
+    for m in metrics:
+        computed.setdefault(m["step"], set()).add((m["learning/loss"], m["data/sample_digest"]))
+    assert all(len(v) == 1 for v in computed.values()), {s: v for s, v in computed.items() if len(v) > 1}
+    assert recomputed(metrics) >= 2
     assert sorted(kept_steps(metrics)) == list(range(1, 21))
     assert {(m["num_processes"], m["devices"]) for m in metrics} == {(2, 16)}
     # The ledger names the cause; no disruption condition was ever set.
