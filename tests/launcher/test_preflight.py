@@ -323,7 +323,7 @@ QUOTA_CASES = [  # tpu7x-2x2x2 x1: 2 pods of 4 chips, 56 cpu and 240Gi each
     ("cpu requests counted", [quota({"requests.cpu": "100"})], {}, FAIL, "q: requests.cpu 100 < 112 for tpu7x-2x2x2 x1"),
     ("memory requests fit", [quota({"requests.memory": "480Gi", "memory": "1Ti"})], {}, OK, "none short"),
     ("cpu limits, pods state none", [quota({"limits.cpu": "1000"})], {}, WARN, "limits.cpu, which the trainer pods do not state"),
-    ("a quantity form not parsed", [quota({"requests.google.com/tpu": "1e3"})], {}, WARN, "cannot read"),
+    ("scientific notation", [quota({"requests.google.com/tpu": "1e3"})], {}, OK, "none short"),
     ("scoped to another priority class", [quota({"requests.google.com/tpu": "0"}, scope=HIGH)], {}, OK, "none short"),
     ("scoped to ours", [quota({"requests.google.com/tpu": "0"}, scope=HIGH)], {"priority_class": "high"}, FAIL,
      "0 < 8"),
