@@ -2,8 +2,9 @@
 
     .venv/bin/python -m bench.recovery [--cycles 3]
 
-A 2-slice run of the `tiny` MoE config loses one slice (`remove`), the controller shrinks it to one
-slice, the slice comes back and the run grows again; repeated. For every shrink it prints, from
+A 2-slice run of the `tiny` MoE config on tpu7x-2x2x2 (GKE multislice needs multi-host slices: 2
+hosts of 8 JAX devices per slice, 4 trainer processes) loses one slice (`remove`), the controller
+shrinks it to one slice, the slice comes back and the run grows again; repeated. For every shrink it prints, from
 the ledger, the run record and the trainer's metrics: fault -> observed -> decided -> old pods gone
 -> JobSet submitted -> pods running -> first step on the new shape. The controller-owned part is
 what the controller itself spends: noticing the fault, deciding, and submitting once the old pods
@@ -24,7 +25,7 @@ from rich.table import Table
 
 from launcher.launch import stop_run
 from launcher.record import Policy
-from tests.controller.harness import Harness, wait_for
+from tests.controller.harness import MULTI_HOST, MULTI_HOST_BATCH, Harness, wait_for
 
 
 def first(entries, after: float, pred):
@@ -63,11 +64,13 @@ def main() -> None:
     console = Console(width=140)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        h = Harness(Path(tmp), pools=2)
+        h = Harness(Path(tmp), pools=2, preset=MULTI_HOST)
         try:
             policy = Policy(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
             # Never finishes on its own: the single-slice segments would race to the end.
-            h.launch("bench", slices=2, steps=1_000_000, interval=5, policy=policy)
+            h.launch(
+                "bench", slices=2, steps=1_000_000, interval=5, policy=policy, global_batch=MULTI_HOST_BATCH
+            )
             h.start_controller("bench", resync_s=5.0)
             wait_for(lambda: h.record("bench").segments, 60, "segment 0")
             for cycle in range(args.cycles):

@@ -21,7 +21,7 @@ def connect(
     start_embedded: str | None = None,
 ) -> Connection:
     """In-cluster credentials or a kubeconfig when there is one; otherwise the embedded cluster
-    running on this machine, started with node pools `start_embedded` (e.g. "tpu7x-2x2x1:4") if
+    running on this machine, started with node pools `start_embedded` (e.g. "tpu7x-2x2x2:2") if
     none runs and that is given."""
     api = load_api_client(kubeconfig)
     if api is not None:

@@ -77,7 +77,9 @@ def shortfalls(quotas: tuple[dict, ...], pod: dict, count: int, what: str) -> tu
             need = usage.get(key, 0.0)
             try:
                 free = quantity(hard) - quantity(used.get(key, 0))
-            except ValueError:  # a quantity the API would have refused (objects read from elsewhere): say so, do not guess
+            except (
+                ValueError
+            ):  # a quantity the API would have refused (objects read from elsewhere): say so, do not guess
                 short.append(f"{name}: cannot read {key} {hard!r}; check it allows {need:g} for {what}")
                 continue
             if need > quantity(hard):

@@ -15,13 +15,13 @@ import sys
 import threading
 from pathlib import Path
 
-from launcher.embedded.cluster import EmbeddedCluster
+from launcher.embedded.cluster import DEFAULT_NODEPOOLS, EmbeddedCluster
 from launcher.errors import UserError
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m launcher.embedded")
-    ap.add_argument("--nodepools", default="tpu7x-2x2x1:2")
+    ap.add_argument("--nodepools", default=DEFAULT_NODEPOOLS)
     ap.add_argument("--state-dir", required=True, type=Path)
     ap.add_argument("--mode", default="process", choices=("process", "simulate"))
     ap.add_argument("--port", type=int, default=0)

@@ -1,8 +1,8 @@
 """`reslice cluster ...`: run an embedded cluster in the background and rehearse faults on it.
 
-    reslice cluster up --nodepools tpu7x-2x2x1:4,tpu7x-4x4x4:1     # prints: export KUBECONFIG=...
+    reslice cluster up --nodepools tpu7x-2x2x2:2,tpu7x-2x2x1:1     # prints: export KUBECONFIG=...
     reslice cluster status
-    reslice cluster preempt tpu7x-2x2x1-np-0 --grace 15
+    reslice cluster preempt tpu7x-2x2x2-np-0 --grace 15
     reslice cluster down
 
 `up` starts `python -m launcher.embedded` detached, with its pid, URL and kubeconfig in the state
@@ -111,8 +111,8 @@ def _call(
 @app.command()
 def up(
     nodepools: Annotated[
-        str, typer.Option("--nodepools", help="PRESET[:COUNT][:spot],... e.g. tpu7x-2x2x1:4,tpu7x-4x4x4:1")
-    ] = "tpu7x-2x2x1:2",
+        str, typer.Option("--nodepools", help="PRESET[:COUNT][:spot],... e.g. tpu7x-2x2x2:2,tpu7x-2x2x1:1")
+    ] = "tpu7x-2x2x2:2",  # cluster.DEFAULT_NODEPOOLS (not imported: it would load the whole cluster)
     directory: StateDir = None,
     mode: Annotated[
         str, typer.Option("--mode", help="process: run pods as processes; simulate: don't.")

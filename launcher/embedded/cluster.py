@@ -1,8 +1,8 @@
 """EmbeddedCluster: the store, the API server and the cluster's components, wired and started.
 
-    with EmbeddedCluster(nodepools=[NodePoolSpec("tpu7x-2x2x1", count=2)]) as cluster:
+    with EmbeddedCluster(nodepools=[NodePoolSpec("tpu7x-2x2x2", count=2)]) as cluster:
         client = cluster.api_client()          # the official kubernetes client, over HTTP
-        cluster.preempt("tpu7x-2x2x1-np-0", grace_s=5)
+        cluster.preempt("tpu7x-2x2x2-np-0", grace_s=5)
 
 Components (each its own thread, all reacting to store events): the JobSet controller, the Job
 controller, the scheduler and the kubelet of every node. Faults and test helpers are methods here;
@@ -31,7 +31,9 @@ from launcher.errors import UserError
 
 __all__ = ["EmbeddedCluster", "NodePoolSpec"]
 
-DEFAULT_NODEPOOLS = (NodePoolSpec("tpu7x-2x2x1", count=2),)
+# Two slices of the smallest multi-host tpu7x preset: GKE runs multislice only on multi-host slice
+# node pools, so this is the smallest cluster a 2-slice run (and losing one slice of it) fits.
+DEFAULT_NODEPOOLS = "tpu7x-2x2x2:2"
 ROUTE = "/embedded/v1/"
 
 
@@ -49,11 +51,8 @@ class EmbeddedCluster:
     ) -> None:
         if mode not in ("process", "simulate"):
             raise UserError(f"mode must be 'process' or 'simulate', got {mode!r}")
-        specs = (
-            nodes.parse_nodepools(nodepools)
-            if isinstance(nodepools, str)
-            else list(nodepools or DEFAULT_NODEPOOLS)
-        )
+        nodepools = nodepools or DEFAULT_NODEPOOLS
+        specs = nodes.parse_nodepools(nodepools) if isinstance(nodepools, str) else list(nodepools)
         self.mode = mode
         self.pools: dict[str, NodePool] = {p.name: p for p in nodes.expand_pools(specs, mode == "simulate")}
         self.state_dir = Path(state_dir) if state_dir is not None else None

@@ -386,6 +386,20 @@ def finished(pod: Mapping[str, Any]) -> bool:
     return o.pod_terminal(pod) or (o.pod_deleting(pod) and not (pod.get("spec") or {}).get("nodeName"))
 
 
+def leader_node(pods: list[Mapping[str, Any]]) -> str | None:
+    """The node of the Job's leader pod (completion index 0), or None while it is unbound.
+
+    JobSet's pod webhook finds the leader by name and admits followers once it has a nodeName,
+    whatever its phase (kubernetes-sigs/jobset v0.12.0, pkg/webhooks/pod_webhook.go): a leader
+    that already finished, or is terminating, still places its followers. A live leader wins
+    over an old one.
+    """
+    leaders = [p for p in pods if completion_index(p) == 0 and (p.get("spec") or {}).get("nodeName")]
+    live = [p for p in leaders if not o.pod_terminal(p) and not o.pod_deleting(p)]
+    chosen = (live or leaders)[:1]
+    return chosen[0]["spec"]["nodeName"] if chosen else None
+
+
 class JobController(Controller):
     name = "job-controller"
 
@@ -436,17 +450,13 @@ class JobController(Controller):
 
     def _leader_domain(self, job: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> str | None:
         topo = exclusive_topology(job)
-        if not topo:
+        node = leader_node(pods) if topo else None
+        if node is None:
             return None
-        for p in pods:
-            if completion_index(p) == 0 and not o.pod_terminal(p) and not o.pod_deleting(p):
-                node = (p.get("spec") or {}).get("nodeName")
-                if node:
-                    try:
-                        return o.labels(self.store.get(self.nodes, None, node)).get(topo)
-                    except Exception:
-                        return None
-        return None
+        try:
+            return o.labels(self.store.get(self.nodes, None, node)).get(topo)
+        except Exception:
+            return None
 
     def _release(self, pods: list[Mapping[str, Any]]) -> None:
         """Remove the tracking finalizer (the pod may now leave the API)."""

@@ -191,7 +191,11 @@ class Kubelet(Controller):
         if o.pod_deleting(pod):
             grace = float(o.meta(pod).get("deletionGracePeriodSeconds") or 0)
             if run is None:
-                # Never started here: nothing to stop.
+                # Never started here: nothing to stop, but the kubelet still reports a terminal
+                # phase before its grace-0 delete (Kubernetes >= 1.27). Without it the Job
+                # controller never releases the pod's tracking finalizer and the pod stays
+                # Terminating: a follower bound just as its Job was deleted held up BlockingRecreate.
+                self._lost(pod)
                 self._delete_now(ns, name, uid)
             else:
                 if not run.terminating:
@@ -223,6 +227,8 @@ class Kubelet(Controller):
         return None
 
     def _lost(self, pod: dict[str, Any]) -> None:
+        """Failed, every container 137 ContainerStatusUnknown: what the kubelet reports for
+        containers it cannot find when the pod terminates (status manager's TerminatePod)."""
         m = o.meta(pod)
         run = PodRun(m["uid"], m.get("namespace") or "default", m["name"], pod["spec"]["nodeName"], True)
         codes = {c["name"]: 137 for c in (pod.get("spec") or {}).get("containers") or []}

@@ -33,7 +33,7 @@ class NodePoolSpec:
 
 
 def parse_nodepools(spec: str) -> list[NodePoolSpec]:
-    """'tpu7x-2x2x1:4,tpu7x-4x4x4:1' → [NodePoolSpec('tpu7x-2x2x1', 4), NodePoolSpec('tpu7x-4x4x4', 1)].
+    """'tpu7x-2x2x2:2,tpu7x-4x4x4:1' → [NodePoolSpec('tpu7x-2x2x2', 2), NodePoolSpec('tpu7x-4x4x4', 1)].
     Suffixes: ':spot' marks spot capacity, ':sim' / ':process' pick the kubelet mode of those pools
     ('tpu7x-4x4x4:2:spot:sim')."""
     out = []
@@ -133,8 +133,9 @@ def node_labels(pool: NodePool, name: str) -> dict[str, str]:
     }
     if pool.spot:
         lbls["cloud.google.com/gke-spot"] = "true"
-    # Multi-host Ironwood pools carry their compact placement policy (xpk:
-    # tpu7x-128-4x4x4-placement-policy), which the pods select.
+    # Pools created with a compact placement policy carry its name (xpk names them like
+    # tpu7x-128-4x4x4-placement-policy). The name is the user's, so the fake pools carry one only
+    # when the preset names it, exactly as the renderer's pods then select it.
     if s.placement_policy:
         lbls["cloud.google.com/placement-policy-name"] = s.placement_policy
     return lbls

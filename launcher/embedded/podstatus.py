@@ -66,8 +66,9 @@ def terminated_status(
     when: str,
     lost: bool = False,
 ) -> dict[str, Any]:
-    """`lost`: the containers vanished with a previous kubelet (the cluster restarted): exit code
-    137, reason ContainerStatusUnknown, as the kubelet reports a container it can no longer find."""
+    """`lost`: the containers vanished with a previous kubelet (the cluster restarted) or never
+    started (the pod was deleted first): exit code 137, reason ContainerStatusUnknown, as the
+    kubelet reports a container it cannot find when the pod terminates."""
     st = copy.deepcopy(dict(pod.get("status") or {}))
     conds = st.setdefault("conditions", [])
     for t in ("PodReadyToStartContainers",):

@@ -1,5 +1,8 @@
 """Helpers for the cluster-half tests: a running EmbeddedCluster with the official client's APIs,
-rendered JobSets with a tiny command instead of the trainer, and polling."""
+rendered JobSets with a tiny command instead of the trainer, and polling.
+
+Several slices need a multi-host preset (GKE runs multislice only on multi-host slice node pools),
+so the rendered default is 2 slices of tpu7x-2x2x2: 2 child Jobs of HOSTS pods each."""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ from launcher.render import RunSpec, render_jobset
 from tests.support.wait import wait_for
 
 GROUP, VERSION = "jobset.x-k8s.io", "v1alpha2"
+PRESET = "tpu7x-2x2x2"  # the smallest multi-host tpu7x slice
+HOSTS = make_shape(PRESET).preset.hosts  # 2: pods per child Job (one per host)
 
 
 @dataclass
@@ -59,7 +64,7 @@ def running(nodepools: str, mode: str = "process", **kw: Any) -> Iterator[Kube]:
 def rendered(
     run: str,
     script: str,
-    preset: str = "tpu7x-2x2x1",
+    preset: str = PRESET,
     slices: int = 2,
     grace_s: int = 5,
     max_restarts: int = 3,

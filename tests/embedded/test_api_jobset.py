@@ -40,11 +40,12 @@ def test_the_shipped_crd_names_its_upstream_release_and_license() -> None:
 
 
 def test_a_jobset_the_schema_rejects_is_refused(api: Api) -> None:
-    """Schema validation always runs (it used to be skipped silently when the CRD file was not found)."""
+    """Schema validation always runs (it used to be skipped silently when the CRD file was not found). The
+    v0.12.0 CRD has no enum on the Job template's completionMode: restartStrategy's is its own."""
     body = jobset()
-    body["spec"]["failurePolicy"] = {"restartStrategy": "Sometimes"}
+    body["spec"]["failurePolicy"]["restartStrategy"] = "Sometimes"
     status = _invalid(api, body)
-    assert any(c["field"] == "spec.failurePolicy.restartStrategy" for c in status["details"]["causes"])
+    assert [c["field"] for c in status["details"]["causes"]] == ["spec.failurePolicy.restartStrategy"]
 
 
 def test_valid_jobset_is_created_with_webhook_and_schema_defaults(api: Api) -> None:
@@ -81,10 +82,11 @@ def test_rendered_example_jobsets_pass_admission(api: Api) -> None:
 
 def test_schema_violations_are_422_with_field_causes(api: Api) -> None:
     body = jobset()
+    body["spec"]["ttlSecondsAfterFinished"] = -1  # the CRD's minimum (replicas has none in v0.12.0)
     body["spec"]["failurePolicy"]["rules"][0]["action"] = "Explode"
     del body["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["name"]
     causes = {c["field"]: c["message"] for c in _invalid(api, body)["details"]["causes"]}
-    # (v0.12.0's CRD has no `minimum: 0` on replicas: kubernetes-sigs/jobset #1279 added it later.)
+    assert "should be greater than or equal to 0" in causes["spec.ttlSecondsAfterFinished"]
     assert causes["spec.failurePolicy.rules[0].action"].startswith('Unsupported value: "Explode"')
     assert causes["spec.replicatedJobs[0].template.spec.template.spec.containers[0].name"] == "Required value"
 

@@ -6,7 +6,7 @@ from kubernetes import client, config
 
 from launcher.cli import main
 from launcher.embedded.cli import read_info
-from tests.embedded.cluster_helpers import GROUP, VERSION, rendered, wait_for
+from tests.embedded.cluster_helpers import GROUP, HOSTS, VERSION, rendered, wait_for
 
 
 def run(capsys, *args) -> tuple[int, str, str]:
@@ -21,7 +21,8 @@ def run(capsys, *args) -> tuple[int, str, str]:
 
 def test_cluster_up_status_faults_down(tmp_path, capsys):
     d = str(tmp_path / "c")
-    code, out, err = run(capsys, "up", "--nodepools", "tpu7x-2x2x1:2", "--mode", "simulate", "--state-dir", d)
+    # The default node pools: two slices of tpu7x-2x2x2, room for a 2-slice run.
+    code, out, err = run(capsys, "up", "--mode", "simulate", "--state-dir", d)
     assert code == 0, err
     assert f"export KUBECONFIG={d}/kubeconfig" in out
     info = read_info(tmp_path / "c")
@@ -31,20 +32,20 @@ def test_cluster_up_status_faults_down(tmp_path, capsys):
 
         api = config.new_client_from_config(config_file=info["kubeconfig"])
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-        assert len(core.list_node().items) == 2
+        assert len(core.list_node().items) == 2 * HOSTS
         custom.create_namespaced_custom_object(
             GROUP, VERSION, "default", "jobsets", rendered("cli", "unused", max_restarts=0)
         )
 
         def running_pods():
             pods = [p for p in core.list_namespaced_pod("default").items if p.status.phase == "Running"]
-            return pods if len(pods) == 2 else None
+            return pods if len(pods) == 2 * HOSTS else None
 
-        pods = wait_for(running_pods, what="2 running pods")
+        pods = wait_for(running_pods, what="the 2 slices' pods running")
 
         code, out, _ = run(capsys, "status", "--state-dir", d)
         assert code == 0
-        assert "tpu7x-2x2x1-np-0" in out and "tpu7x-2x2x1-np-1" in out and "simulate" in out
+        assert "tpu7x-2x2x2-np-0" in out and "tpu7x-2x2x2-np-1" in out and "simulate" in out
         assert all(n.metadata.name in out for n in core.list_node().items)
         assert all(p.metadata.name in out for p in pods)
 
@@ -60,14 +61,14 @@ def test_cluster_up_status_faults_down(tmp_path, capsys):
         assert p.status.phase == "Failed" and p.status.container_statuses[0].state.terminated.exit_code == 137
 
         code, out, _ = run(capsys, "preempt", "np-1", "--grace", "0.5", "--wait", "--state-dir", d)
-        assert code == 0 and "Preempting tpu7x-2x2x1-np-1" in out
+        assert code == 0 and "Preempting tpu7x-2x2x2-np-1" in out
         assert [n.metadata.labels["cloud.google.com/gke-nodepool"] for n in core.list_node().items] == [
-            "tpu7x-2x2x1-np-0"
-        ]
+            "tpu7x-2x2x2-np-0"
+        ] * HOSTS
         code, out, _ = run(capsys, "remove", "np-0", "--state-dir", d)
         assert code == 0 and core.list_node().items == []
         code, out, _ = run(capsys, "restore", "np-0", "--state-dir", d)
-        assert code == 0 and "1 node(s) created" in out and len(core.list_node().items) == 1
+        assert code == 0 and f"{HOSTS} node(s) created" in out and len(core.list_node().items) == HOSTS
 
         for args, text in (
             (("preempt", "np-1"), "has no nodes"),  # preempted already
@@ -106,7 +107,7 @@ def test_a_crashed_cluster_comes_back_with_its_pods_lost(tmp_path, capsys):
     import signal
 
     d = str(tmp_path / "c")
-    assert run(capsys, "up", "--nodepools", "tpu7x-2x2x1:2", "--state-dir", d)[0] == 0
+    assert run(capsys, "up", "--nodepools", "tpu7x-2x2x2:2", "--state-dir", d)[0] == 0
     info = read_info(tmp_path / "c")
     api = config.new_client_from_config(config_file=info["kubeconfig"])
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
@@ -116,7 +117,7 @@ def test_a_crashed_cluster_comes_back_with_its_pods_lost(tmp_path, capsys):
     pods = wait_for(
         lambda: (
             len(p := [x for x in core.list_namespaced_pod("default").items if x.status.phase == "Running"])
-            == 2
+            == 2 * HOSTS
             and p
         )
     )
@@ -128,7 +129,7 @@ def test_a_crashed_cluster_comes_back_with_its_pods_lost(tmp_path, capsys):
         what="crash",
     )
     try:
-        assert run(capsys, "up", "--nodepools", "tpu7x-2x2x1:2", "--state-dir", d)[0] == 0
+        assert run(capsys, "up", "--nodepools", "tpu7x-2x2x2:2", "--state-dir", d)[0] == 0
         info = read_info(tmp_path / "c")
         api = config.new_client_from_config(config_file=info["kubeconfig"])
         core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)

@@ -12,14 +12,16 @@ from tests.embedded.cluster_helpers import condition, rendered, running, termina
 
 
 def per_attempt(codes: list[int], term_delay: float = 0.0) -> str:
-    """Slice 1 exits codes[attempt]; slice 0 exits 0 when that is 0, else runs until SIGTERM
-    (and then takes term_delay seconds to exit 143, like a trainer saving a checkpoint)."""
+    """Host 0 of slice 1 exits codes[attempt]; every other host exits 0 when that is 0, else runs
+    until SIGTERM (and then takes term_delay seconds to exit 143, like a trainer saving a
+    checkpoint). One failing pod, so the Job's failure message names a known pod."""
     return (
         "import os, signal, sys, time\n"
         "a = int(os.environ['RESLICE_RESTART_ATTEMPT']); s = int(os.environ['RESLICE_SLICE_INDEX'])\n"
+        "h = int(os.environ['JOB_COMPLETION_INDEX'])\n"
         f"code = {codes!r}[min(a, {len(codes) - 1})]\n"
         f"signal.signal(signal.SIGTERM, lambda *_: (time.sleep({term_delay}), sys.exit(143)))\n"
-        "if s == 1 or code == 0:\n"
+        "if (s, h) == (1, 0) or code == 0:\n"
         f"    time.sleep({0.5 if term_delay else 0} if code else 0)  # let slice 0 arm its handler\n"
         "    sys.exit(code)\n"
         "time.sleep(60)\n"
@@ -31,7 +33,7 @@ def total(events) -> int:
 
 
 def test_exit_42_restarts_without_counting_toward_max_restarts():
-    with running("tpu7x-2x2x1:2") as kube:
+    with running("tpu7x-2x2x2:2") as kube:
         kube.create_jobset(rendered("pre", per_attempt([42, 42, 0]), max_restarts=0))
         js = terminal(kube, "pre-0")
         st = js["status"]
@@ -51,7 +53,7 @@ def test_exit_42_restarts_without_counting_toward_max_restarts():
 
 
 def test_exit_2_fails_the_jobset_at_once():
-    with running("tpu7x-2x2x1:2") as kube:
+    with running("tpu7x-2x2x2:2") as kube:
         kube.create_jobset(rendered("cfg", per_attempt([2]), max_restarts=5))
         js = terminal(kube, "cfg-0")
         failed = condition(js, "Failed")
@@ -67,13 +69,14 @@ def test_exit_2_fails_the_jobset_at_once():
         assert jc.reason == "PodFailurePolicy"
         assert jc.message.startswith("Container trainer for pod default/cfg-0-slice-1-0-")
         assert jc.message.endswith("failed with exit code 2 matching FailJob rule at index 2")
-        # The finished JobSet deletes its still-active Job; that pod is stopped and goes away.
-        terminal_pods = [p for p in kube.pods() if p.metadata.labels["job-name"] == "cfg-0-slice-0"]
-        assert all(p.metadata.deletion_timestamp or p.status.phase != "Running" for p in terminal_pods)
+        # The failed Job stops its other host, and the finished JobSet deletes its still-active Job:
+        # those pods are stopped and go away.
+        others = [p for p in kube.pods() if not p.metadata.name.startswith("cfg-0-slice-1-0-")]
+        assert all(p.metadata.deletion_timestamp or p.status.phase != "Running" for p in others)
 
 
 def test_other_exits_restart_and_count_until_max_restarts():
-    with running("tpu7x-2x2x1:2") as kube:
+    with running("tpu7x-2x2x2:2") as kube:
         kube.create_jobset(rendered("app", per_attempt([1, 3, 1]), max_restarts=2))
         js = terminal(kube, "app-0")
         st = js["status"]
@@ -92,7 +95,7 @@ def test_other_exits_restart_and_count_until_max_restarts():
 
 
 def test_blocking_recreate_waits_until_every_old_pod_is_gone():
-    with running("tpu7x-2x2x1:2") as kube:
+    with running("tpu7x-2x2x2:2") as kube:
         seen: list[tuple[str, str, str, bool]] = []
         stop = threading.Event()
         w = watch.Watch()

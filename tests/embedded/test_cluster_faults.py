@@ -4,7 +4,7 @@ import os
 import signal
 import time
 
-from tests.embedded.cluster_helpers import PodRecorder, condition, rendered, running, wait_for
+from tests.embedded.cluster_helpers import HOSTS, PodRecorder, condition, rendered, running, wait_for
 
 # A trainer stand-in: on SIGTERM it "saves" and exits 42, as the real one does.
 TRAINER = (
@@ -15,17 +15,20 @@ TRAINER = (
 )
 
 
-def _pod_of_slice(kube, idx, attempt="0"):
-    """The slice's pod once its process has its SIGTERM handler (it says so in its log)."""
+def _slice_pods(kube, idx, attempt="0"):
+    """The slice's pods (one per host, by completion index) once each process has its SIGTERM
+    handler (it says so in its log)."""
     sel = f"jobset.sigs.k8s.io/job-index={idx},jobset.sigs.k8s.io/restart-attempt={attempt}"
-    pod = wait_for(
-        lambda: [p for p in kube.pods(sel) if p.status.phase == "Running"], what=f"slice {idx} running"
-    )[0]
-    wait_for(
-        lambda: "ready" in kube.core.read_namespaced_pod_log(pod.metadata.name, "default"),
-        what="trainer ready",
+    pods = wait_for(
+        lambda: len(r := [p for p in kube.pods(sel) if p.status.phase == "Running"]) == HOSTS and r,
+        what=f"slice {idx} running",
     )
-    return pod
+    for pod in pods:
+        wait_for(
+            lambda pod=pod: "ready" in kube.core.read_namespaced_pod_log(pod.metadata.name, "default"),
+            what="trainer ready",
+        )
+    return sorted(pods, key=lambda p: p.metadata.name)
 
 
 def _pool_of(kube, pod):
@@ -45,71 +48,87 @@ def _alive(pid: int) -> bool:
 
 
 def test_preempt_is_the_spot_sequence_and_restarts_without_counting():
-    with running("tpu7x-2x2x1:2") as kube:
+    with running("tpu7x-2x2x2:2") as kube:
         rec = PodRecorder(kube)
         kube.create_jobset(rendered("spot", TRAINER, grace_s=10, max_restarts=0))
-        victim = _pod_of_slice(kube, 0)
-        pool = _pool_of(kube, victim)
+        victims = _slice_pods(kube, 0)
+        names = [v.metadata.name for v in victims]
+        (pool,) = {_pool_of(kube, v) for v in victims}  # a slice is one node pool
         out = kube.cluster.preempt(pool, grace_s=3, wait=False)
-        assert out["pods"] == [victim.metadata.name]
-        # At once: the termination taint on the pool's nodes and DisruptionTarget on its pods.
-        (node,) = kube.pool_nodes(pool)
-        assert any(
-            t.key == "cloud.google.com/impending-node-termination" and t.effect == "NoSchedule"
-            for t in node.spec.taints
-        )
-        cur = kube.core.read_namespaced_pod(victim.metadata.name, "default")
-        dt = next(c for c in cur.status.conditions if c.type == "DisruptionTarget")
-        assert (dt.status, dt.reason, dt.message) == (
-            "True",
-            "TerminationByKubelet",
-            "Pod was terminated in response to imminent node shutdown.",
-        )
-        # Then the nodes go, and the pod with them.
+        assert out["pods"] == names
+        # At once: the termination taint on every node of the pool and DisruptionTarget on its pods.
+        nodes = kube.pool_nodes(pool)
+        assert len(nodes) == HOSTS
+        for node in nodes:
+            assert any(
+                t.key == "cloud.google.com/impending-node-termination" and t.effect == "NoSchedule"
+                for t in node.spec.taints
+            )
+        for name in names:
+            cur = kube.core.read_namespaced_pod(name, "default")
+            dt = next(c for c in cur.status.conditions if c.type == "DisruptionTarget")
+            assert (dt.status, dt.reason, dt.message) == (
+                "True",
+                "TerminationByKubelet",
+                "Pod was terminated in response to imminent node shutdown.",
+            )
+        # Then the nodes go, and the pods with them.
         wait_for(lambda: not kube.pool_nodes(pool), what="nodes removed")
-        wait_for(lambda: any(t == "DELETED" for t, _ in rec.states(victim.metadata.name)), what="pod removed")
-        failed = [p for t, p in rec.states(victim.metadata.name) if p.status.phase == "Failed"]
-        assert failed, "the pod must be seen Failed before it goes"
-        p = failed[0]
-        assert (p.status.reason, p.status.message) == (
-            "Terminated",
-            "Pod was terminated in response to imminent node shutdown.",
-        )
-        assert p.status.container_statuses[0].state.terminated.exit_code == 42  # SIGTERM reached the trainer
-        killing = [
-            e.message for e in kube.events("Killing", "Pod") if e.involved_object.name == victim.metadata.name
-        ]
-        assert killing == ["Stopping container trainer"]
-        assert wait_for(lambda: [e.reason for e in kube.events(kind="Node")]) == ["RemovingNode"]
+        for name in names:
+            wait_for(lambda n=name: any(t == "DELETED" for t, _ in rec.states(n)), what="pod removed")
+            failed = [p for t, p in rec.states(name) if p.status.phase == "Failed"]
+            assert failed, "the pod must be seen Failed before it goes"
+            p = failed[0]
+            assert (p.status.reason, p.status.message) == (
+                "Terminated",
+                "Pod was terminated in response to imminent node shutdown.",
+            )
+            assert p.status.container_statuses[0].state.terminated.exit_code == 42  # SIGTERM reached it
+            killing = [e.message for e in kube.events("Killing", "Pod") if e.involved_object.name == name]
+            assert killing == ["Stopping container trainer"]
+        removed = wait_for(lambda: len(r := kube.events(kind="Node")) == HOSTS and r, what="node events")
+        assert sorted(e.involved_object.name for e in removed) == sorted(n.metadata.name for n in nodes)
+        assert {e.reason for e in removed} == {"RemovingNode"}
         # DisruptionTarget matched rule 0 → "preempted" → restart without spending maxRestarts (0).
         js = wait_for(lambda: (j := kube.jobset("spot-0"))["status"].get("restarts") == 1 and j)
         assert js["status"].get("restartsCountTowardsMax", 0) == 0 and "terminalState" not in js["status"]
         (jev,) = kube.events("PodFailurePolicy", "Job")
-        assert (
-            jev.message
-            == f"Pod default/{victim.metadata.name} has condition DisruptionTarget matching FailJob rule at index 0"
-        )
+        assert jev.involved_object.name == "spot-0-slice-0"
+        assert jev.message in {
+            f"Pod default/{name} has condition DisruptionTarget matching FailJob rule at index 0"
+            for name in names
+        }
 
-        # One node pool left for two slices: the second one waits, unschedulable.
+        # One node pool left for two slices: the second slice's leader waits, unschedulable. The
+        # first leader holds one host; exclusive placement keeps the second off the other one.
         def unschedulable():
             for p in kube.pods("jobset.sigs.k8s.io/restart-attempt=1"):
                 for c in p.status.conditions or []:
                     if c.type == "PodScheduled" and c.status == "False":
-                        return c
+                        return p, c
             return None
 
-        msg = wait_for(unschedulable, what="an unschedulable slice").message
-        assert msg.startswith("0/1 nodes are available: 1 Insufficient google.com/tpu.")
+        pending, cond = wait_for(unschedulable, what="an unschedulable slice")
+        assert pending.metadata.labels["batch.kubernetes.io/job-completion-index"] == "0"
+        assert cond.message == (
+            "0/2 nodes are available: 1 Insufficient google.com/tpu, "
+            "1 node(s) didn't match pod anti-affinity rules. preemption: 0/2 nodes are available: "
+            "2 No preemption victims found for incoming pod."
+        )
         # Restore: the nodes come back clean and the slice is scheduled.
         kube.cluster.restore(pool)
-        (node,) = kube.pool_nodes(pool)
-        assert not any(t.key == "cloud.google.com/impending-node-termination" for t in node.spec.taints or [])
-        assert next(c for c in node.status.conditions if c.type == "Ready").status == "True"
-        assert "RegisteredNode" in [e.reason for e in kube.events(kind="Node")]
+        nodes = kube.pool_nodes(pool)
+        assert len(nodes) == HOSTS
+        for node in nodes:
+            assert not any(
+                t.key == "cloud.google.com/impending-node-termination" for t in node.spec.taints or []
+            )
+            assert next(c for c in node.status.conditions if c.type == "Ready").status == "True"
+        assert [e.reason for e in kube.events(kind="Node")].count("RegisteredNode") == HOSTS
         wait_for(
             lambda: (
                 sum(p.status.phase == "Running" for p in kube.pods("jobset.sigs.k8s.io/restart-attempt=1"))
-                == 2
+                == 2 * HOSTS
             ),
             what="both slices running again",
         )
@@ -117,38 +136,43 @@ def test_preempt_is_the_spot_sequence_and_restarts_without_counting():
 
 
 def test_remove_fails_pods_by_podgc_and_kills_their_processes():
-    with running("tpu7x-2x2x1:3") as kube:
+    with running("tpu7x-2x2x2:3") as kube:
         rec = PodRecorder(kube)
         kube.create_jobset(rendered("gone", TRAINER, grace_s=10, max_restarts=0))
-        victim = _pod_of_slice(kube, 1)
-        pid = _pid(victim)
-        assert _alive(pid)
-        pool = _pool_of(kube, victim)
+        victims = _slice_pods(kube, 1)
+        names = [v.metadata.name for v in victims]
+        pids = [_pid(v) for v in victims]
+        assert all(_alive(pid) for pid in pids)
+        (pool,) = {_pool_of(kube, v) for v in victims}
+        pool_nodes = sorted(n.metadata.name for n in kube.pool_nodes(pool))
         out = kube.cluster.remove(pool)
-        assert out["pods"] == [victim.metadata.name] and not kube.pool_nodes(pool)
-        wait_for(lambda: not _alive(pid), what="the process to die with its node")
-        states = rec.states(victim.metadata.name)
-        wait_for(lambda: any(t == "DELETED" for t, _ in rec.states(victim.metadata.name)), what="pod removed")
-        failed = next(p for _, p in rec.states(victim.metadata.name) if p.status.phase == "Failed")
-        dt = next(c for c in failed.status.conditions if c.type == "DisruptionTarget")
-        assert (dt.status, dt.reason, dt.message) == (
-            "True",
-            "DeletionByPodGC",
-            "PodGC: node no longer exists",
-        )
-        assert not any(
-            t == "MODIFIED" and p.status.reason == "Terminated" for t, p in states
-        )  # no graceful shutdown
-        assert [e.reason for e in kube.events(kind="Node")] == ["RemovingNode"]
-        # No graceful stop for the victim (the other slice's pod gets one: the restart deletes it).
-        assert not [e for e in kube.events("Killing") if e.involved_object.name == victim.metadata.name]
+        assert out["pods"] == names and not kube.pool_nodes(pool)
+        wait_for(lambda: not any(_alive(pid) for pid in pids), what="the processes to die with their nodes")
+        for name in names:
+            states = rec.states(name)
+            wait_for(lambda n=name: any(t == "DELETED" for t, _ in rec.states(n)), what="pod removed")
+            failed = next(p for _, p in rec.states(name) if p.status.phase == "Failed")
+            dt = next(c for c in failed.status.conditions if c.type == "DisruptionTarget")
+            assert (dt.status, dt.reason, dt.message) == (
+                "True",
+                "DeletionByPodGC",
+                "PodGC: node no longer exists",
+            )
+            assert not any(
+                t == "MODIFIED" and p.status.reason == "Terminated" for t, p in states
+            )  # no graceful shutdown
+        removed = kube.events(kind="Node")
+        assert sorted(e.involved_object.name for e in removed) == pool_nodes
+        assert {e.reason for e in removed} == {"RemovingNode"}
+        # No graceful stop for the victims (the other slice's pods get one: the restart deletes them).
+        assert not [e for e in kube.events("Killing") if e.involved_object.name in names]
         # A disruption: the JobSet restarts uncounted and, with a spare pool, runs on.
         js = wait_for(lambda: (j := kube.jobset("gone-0"))["status"].get("restarts") == 1 and j)
         assert js["status"].get("restartsCountTowardsMax", 0) == 0
         wait_for(
             lambda: (
                 sum(p.status.phase == "Running" for p in kube.pods("jobset.sigs.k8s.io/restart-attempt=1"))
-                == 2
+                == 2 * HOSTS
             )
         )
         assert pool not in {_pool_of(kube, p) for p in kube.pods("jobset.sigs.k8s.io/restart-attempt=1")}
@@ -162,10 +186,10 @@ SURVIVOR = TRAINER.replace(
 
 
 def test_crash_host_reports_nothing_and_the_survivors_exit_43_restarts_uncounted():
-    with running("tpu7x-2x2x1:2") as kube:
+    with running("tpu7x-2x2x2:2") as kube:
         rec = PodRecorder(kube)
         kube.create_jobset(rendered("crash", SURVIVOR, max_restarts=0))  # a counted restart would fail it
-        victim, survivor = _pod_of_slice(kube, 0), _pod_of_slice(kube, 1)
+        victim, survivor = _slice_pods(kube, 0)[0], _slice_pods(kube, 1)[0]
         pid = _pid(victim)
         out = kube.cluster.crash_host("default", victim.metadata.name)
         assert out == {"pod": f"default/{victim.metadata.name}", "node": victim.spec.node_name}
@@ -195,7 +219,7 @@ def test_crash_host_reports_nothing_and_the_survivors_exit_43_restarts_uncounted
         wait_for(
             lambda: (
                 sum(p.status.phase == "Running" for p in kube.pods("jobset.sigs.k8s.io/restart-attempt=1"))
-                == 2
+                == 2 * HOSTS
             ),
             what="both slices running again",
         )
@@ -203,9 +227,9 @@ def test_crash_host_reports_nothing_and_the_survivors_exit_43_restarts_uncounted
 
 
 def test_kill_pod_is_exit_137_and_counts_as_an_app_failure():
-    with running("tpu7x-2x2x1:2") as kube:
+    with running("tpu7x-2x2x2:2") as kube:
         kube.create_jobset(rendered("kill", TRAINER, max_restarts=0))
-        victim = _pod_of_slice(kube, 1)
+        victim, other = _slice_pods(kube, 1)
         out = kube.cluster.kill_pod("default", victim.metadata.name)
         assert out == {"pod": f"default/{victim.metadata.name}", "exitCode": 137}
         p = wait_for(
@@ -221,7 +245,14 @@ def test_kill_pod_is_exit_137_and_counts_as_an_app_failure():
         assert condition(js, "Failed")["reason"] == "ReachedMaxRestarts"  # 137 is neither 42 nor 2
         job = kube.batch.read_namespaced_job("kill-0-slice-1", "default")
         assert next(c for c in job.status.conditions if c.type == "Failed").reason == "BackoffLimitExceeded"
-        assert job.status.failed == 1
-        # The failed pod stays in the API (nothing deleted it), as on a real cluster.
+        # The killed pod, and its other host, which the failed Job stops: once a Job has failed,
+        # upstream's Job controller counts every pod of it that did not succeed as failed.
+        assert job.status.failed == HOSTS
+        # That one was deleted and goes; the failed pod stays in the API (nothing deleted it), as
+        # on a real cluster.
+        wait_for(
+            lambda: other.metadata.name not in {x.metadata.name for x in kube.pods()},
+            what="the other host gone",
+        )
         time.sleep(0.2)
         assert kube.core.read_namespaced_pod(victim.metadata.name, "default").status.phase == "Failed"

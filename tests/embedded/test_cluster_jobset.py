@@ -5,7 +5,7 @@ simulate mode, completion, ttlSecondsAfterFinished, suspend/resume and the succe
 import json
 import re
 
-from tests.embedded.cluster_helpers import condition, rendered, running, terminal, wait_for
+from tests.embedded.cluster_helpers import HOSTS, condition, rendered, running, terminal, wait_for
 
 PRINT_ENV = (
     "import json, os; "
@@ -15,7 +15,7 @@ PRINT_ENV = (
 
 
 def test_rendered_two_slice_jobset_runs_processes_that_know_who_they_are():
-    with running("tpu7x-2x2x1:4") as kube:
+    with running("tpu7x-2x2x2:4") as kube:
         kube.create_jobset(rendered("alpha", PRINT_ENV))
         kube.create_jobset(rendered("beta", PRINT_ENV))
         for name in ("alpha-0", "beta-0"):
@@ -35,17 +35,15 @@ def test_rendered_two_slice_jobset_runs_processes_that_know_who_they_are():
             for j in jobs.values()
         )
 
-        coordinators, pools = {}, {}
+        coordinators, pools, hosts = {}, {}, {}
         for pod in kube.pods():
             m, lbl = pod.metadata, pod.metadata.labels
             js_name, idx = lbl["jobset.sigs.k8s.io/jobset-name"], lbl["jobset.sigs.k8s.io/job-index"]
-            assert re.fullmatch(rf"{js_name}-slice-{idx}-0-[bcdfghjklmnpqrstvwxz2456789]{{5}}", m.name)
-            assert pod.spec.hostname == f"{js_name}-slice-{idx}-0" and pod.spec.subdomain == js_name
-            assert (
-                lbl["batch.kubernetes.io/job-completion-index"]
-                == "0"
-                == m.annotations["batch.kubernetes.io/job-completion-index"]
-            )
+            host = lbl["batch.kubernetes.io/job-completion-index"]
+            hosts.setdefault((js_name, idx), []).append(host)
+            assert re.fullmatch(rf"{js_name}-slice-{idx}-{host}-[bcdfghjklmnpqrstvwxz2456789]{{5}}", m.name)
+            assert pod.spec.hostname == f"{js_name}-slice-{idx}-{host}" and pod.spec.subdomain == js_name
+            assert host == m.annotations["batch.kubernetes.io/job-completion-index"]
             assert lbl["jobset.sigs.k8s.io/replicatedjob-name"] == "slice"
             assert lbl["jobset.sigs.k8s.io/job-global-index"] == idx
             assert lbl["jobset.sigs.k8s.io/restart-attempt"] == "0"
@@ -60,23 +58,29 @@ def test_rendered_two_slice_jobset_runs_processes_that_know_who_they_are():
             assert pod.status.container_statuses[0].state.terminated.exit_code == 0
             assert pod.status.container_statuses[0].state.terminated.reason == "Completed"
             node = kube.core.read_node(pod.spec.node_name)
-            pools[(js_name, idx)] = node.metadata.labels["cloud.google.com/gke-nodepool"]
+            pools.setdefault((js_name, idx), set()).add(node.metadata.labels["cloud.google.com/gke-nodepool"])
 
             env = json.loads(kube.core.read_namespaced_pod_log(m.name, "default").strip().splitlines()[-1])
             assert env["RESLICE_RUN"] == js_name[: -len("-0")]
             assert env["RESLICE_SLICE_INDEX"] == idx == env["MEGASCALE_SLICE_ID"]
-            assert env["JOB_COMPLETION_INDEX"] == "0"
+            assert env["JOB_COMPLETION_INDEX"] == host
             assert env["RESLICE_RESTART_ATTEMPT"] == "0"
-            assert env["RESLICE_NUM_SLICES"] == "2" and env["RESLICE_NUM_PROCESSES"] == "2"
+            assert env["RESLICE_NUM_SLICES"] == "2" and env["RESLICE_NUM_PROCESSES"] == str(2 * HOSTS)
+            assert env["RESLICE_HOSTS_PER_SLICE"] == str(HOSTS)
             assert env["JAX_PLATFORMS"] == "cpu" and env["JAX_NUM_CPU_DEVICES"] == "8"  # 4 chips x 2
             assert env["MEGASCALE_COORDINATOR_ADDRESS"] == "127.0.0.1"
             assert re.fullmatch(r"127\.0\.0\.1:\d+", env["RESLICE_COORDINATOR"])
             coordinators.setdefault(js_name, set()).add(env["RESLICE_COORDINATOR"])
+        # Every host of every slice ran once, as its own completion index.
+        assert {k: sorted(v) for k, v in hosts.items()} == {
+            (js, str(i)): [str(h) for h in range(HOSTS)] for js in ("alpha-0", "beta-0") for i in range(2)
+        }
         # One coordinator per JobSet, seen alike by its processes; two JobSets never share one.
         assert all(len(v) == 1 for v in coordinators.values())
         assert coordinators["alpha-0"] != coordinators["beta-0"]
-        # Exclusive topology: four child Jobs on four node pools.
-        assert len(set(pools.values())) == 4
+        # Exclusive topology: each child Job's hosts in one node pool, four Jobs on four pools.
+        assert all(len(v) == 1 for v in pools.values())
+        assert len(set.union(*pools.values())) == 4
         svc = kube.core.read_namespaced_service("alpha-0", "default")
         assert svc.spec.cluster_ip == "None" and svc.spec.selector == {
             "jobset.sigs.k8s.io/jobset-name": "alpha-0"
@@ -84,7 +88,7 @@ def test_rendered_two_slice_jobset_runs_processes_that_know_who_they_are():
 
 
 def test_unschedulable_slice_stays_pending_with_the_scheduler_message():
-    with running("tpu7x-2x2x1:1") as kube:
+    with running("tpu7x-2x2x2:1") as kube:
         kube.create_jobset(rendered("wide", "import time; time.sleep(30)", slices=2))
         pending = wait_for(
             lambda: [
@@ -95,11 +99,16 @@ def test_unschedulable_slice_stays_pending_with_the_scheduler_message():
             ],
             what="a pending pod",
         )
+        # Only the waiting slice's leader: its followers are created once it is bound.
         (pod,) = pending
+        assert pod.metadata.labels["batch.kubernetes.io/job-completion-index"] == "0"
         cond = next(c for c in pod.status.conditions if c.type == "PodScheduled")
+        # The other slice's leader holds one host of the only pool; exclusive placement (the
+        # leader's anti-affinity) keeps this leader off the other host.
         expected = (
-            "0/1 nodes are available: 1 Insufficient google.com/tpu. "
-            "preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod."
+            "0/2 nodes are available: 1 Insufficient google.com/tpu, "
+            "1 node(s) didn't match pod anti-affinity rules. "
+            "preemption: 0/2 nodes are available: 2 No preemption victims found for incoming pod."
         )
         assert (pod.status.phase, cond.reason, cond.message) == ("Pending", "Unschedulable", expected)
         ev = wait_for(lambda: kube.events("FailedScheduling"), what="FailedScheduling")
@@ -110,7 +119,8 @@ def test_unschedulable_slice_stays_pending_with_the_scheduler_message():
         )
         assert ev[0].source.component == "default-scheduler"
         wait_for(
-            lambda: sum(p.status.phase == "Running" for p in kube.pods()) == 1, what="the other slice running"
+            lambda: sum(p.status.phase == "Running" for p in kube.pods()) == HOSTS,
+            what="the other slice running",
         )
         st = wait_for(
             lambda: (s := kube.jobset("wide-0")["status"]["replicatedJobsStatus"][0])["ready"] == 1 and s
@@ -160,7 +170,7 @@ def test_simulated_jobset_completes_then_ttl_deletes_it():
 
 
 def test_suspend_and_resume():
-    with running("tpu7x-2x2x1:2", mode="simulate") as kube:
+    with running("tpu7x-2x2x2:2", mode="simulate") as kube:
         js = rendered("sus", "unused")
         js["spec"]["suspend"] = True
         kube.create_jobset(js)
@@ -173,20 +183,25 @@ def test_suspend_and_resume():
         kube.custom.patch_namespaced_custom_object(
             "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", "sus-0", {"spec": {"suspend": False}}
         )
-        wait_for(lambda: sum(p.status.phase == "Running" for p in kube.pods()) == 2, what="pods after resume")
+        wait_for(
+            lambda: sum(p.status.phase == "Running" for p in kube.pods()) == 2 * HOSTS,
+            what="pods after resume",
+        )
         st = condition(kube.jobset("sus-0"), "Suspended")
         assert (st["status"], st["reason"]) == ("False", "ResumeJobs")
         assert wait_for(lambda: [e.message for e in kube.events("ResumeJobs")]) == ["jobset is resumed"]
 
 
 def test_success_policy_any_of_a_target():
-    with running("tpu7x-2x2x1:3", mode="simulate") as kube:
+    with running("tpu7x-2x2x2:3", mode="simulate") as kube:
         js = rendered("any", "unused", slices=1)
         rj = js["spec"]["replicatedJobs"]
         rj.append(json.loads(json.dumps(rj[0])) | {"name": "workers", "replicas": 2})
         js["spec"]["successPolicy"] = {"operator": "Any", "targetReplicatedJobs": ["workers"]}
         kube.create_jobset(js)
-        wait_for(lambda: sum(p.status.phase == "Running" for p in kube.pods()) == 3, what="3 running")
+        wait_for(
+            lambda: sum(p.status.phase == "Running" for p in kube.pods()) == 3 * HOSTS, what="3 Jobs running"
+        )
         kube.cluster.sim_finish("jobset.sigs.k8s.io/replicatedjob-name=slice", 0)  # not a target
         wait_for(lambda: kube.jobset("any-0")["status"]["replicatedJobsStatus"][0]["succeeded"] == 1)
         assert "terminalState" not in kube.jobset("any-0")["status"]
@@ -207,8 +222,8 @@ def test_per_pool_kubelet_mode_and_simulated_run_time():
     from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 
     pools = [
-        NodePoolSpec("tpu7x-2x2x1", 1, names=("sim-pool",), simulate=True),
-        NodePoolSpec("tpu7x-2x2x1", 1),
+        NodePoolSpec("tpu7x-2x2x2", 1, names=("sim-pool",), simulate=True),
+        NodePoolSpec("tpu7x-2x2x2", 1),
     ]
     with EmbeddedCluster(pools, mode="process", sim_duration_s=0.3) as cluster:
         api = cluster.api_client()
@@ -227,9 +242,9 @@ def test_per_pool_kubelet_mode_and_simulated_run_time():
             ),
             what="both slices done (one by the timer)",
         )
-        logs = {}
+        logs: dict[str, list[str]] = {}
         for p in core.list_namespaced_pod("default").items:
             pool = core.read_node(p.spec.node_name).metadata.labels["cloud.google.com/gke-nodepool"]
-            logs[pool] = core.read_namespaced_pod_log(p.metadata.name, "default").strip()
+            logs.setdefault(pool, []).append(core.read_namespaced_pod_log(p.metadata.name, "default").strip())
             assert p.status.phase == "Succeeded"
-        assert logs == {"sim-pool": "", "tpu7x-2x2x1-np-0": "real process"}
+        assert logs == {"sim-pool": [""] * HOSTS, "tpu7x-2x2x2-np-0": ["real process"] * HOSTS}

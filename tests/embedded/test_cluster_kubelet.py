@@ -6,7 +6,7 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from tests.embedded.cluster_helpers import rendered, running, terminal, wait_for
+from tests.embedded.cluster_helpers import HOSTS, rendered, running, terminal, wait_for
 
 TPU_TOLERATION = {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}
 
@@ -144,9 +144,11 @@ def test_graceful_deletion_sigterm_then_sigkill_after_the_grace_period():
 
 def test_cluster_survives_an_api_server_restart(tmp_path):
     script = "import time; print('ready', flush=True); time.sleep(60)"
-    with running("tpu7x-2x2x1:2", state_dir=tmp_path / "state") as kube:
+    with running("tpu7x-2x2x2:2", state_dir=tmp_path / "state") as kube:
         old_rv = kube.create_jobset(rendered("rs", script, max_restarts=0))["metadata"]["resourceVersion"]
-        pods = wait_for(lambda: len(p := [x for x in kube.pods() if x.status.phase == "Running"]) == 2 and p)
+        pods = wait_for(
+            lambda: len(p := [x for x in kube.pods() if x.status.phase == "Running"]) == 2 * HOSTS and p
+        )
         kube.cluster.restart_apiserver(downtime_s=0.2)
         # Same objects (reloaded from the state dir), history gone: an old resourceVersion is 410.
         assert sorted(p.metadata.name for p in kube.pods()) == sorted(p.metadata.name for p in pods)

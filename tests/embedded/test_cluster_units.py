@@ -2,8 +2,10 @@
 failure-policy rule matching, Job status transitions, the kubelet's environment rewrite, node labels."""
 
 import datetime as dt
+import inspect
 import re
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -28,7 +30,8 @@ def test_node_labels_taints_and_capacity_match_gke():
     assert lbl["cloud.google.com/gke-tpu-accelerator"] == "tpu7x"
     assert lbl["cloud.google.com/gke-tpu-topology"] == "4x4x4"
     assert lbl["cloud.google.com/gke-nodepool"] == "np-a"
-    assert lbl["cloud.google.com/placement-policy-name"] == "tpu7x-128-4x4x4-placement-policy"
+    # A placement policy is the user's own: nodes carry one only when the preset names it.
+    assert "cloud.google.com/placement-policy-name" not in lbl
     assert lbl["node.kubernetes.io/instance-type"] == "tpu7x-standard-4t"
     assert lbl["cloud.google.com/machine-family"] == "tpu7x"
     assert lbl["kubernetes.io/hostname"] == n["metadata"]["name"]
@@ -37,6 +40,12 @@ def test_node_labels_taints_and_capacity_match_gke():
     assert n["status"]["allocatable"]["google.com/tpu"] == "4"
     # What the renderer's pods select is exactly what the node carries.
     assert make_shape("tpu7x-4x4x4").preset.node_selector().items() <= lbl.items()
+    named = replace(nodes.load_shape("tpu7x-4x4x4"), placement_policy="tpu7x-128-4x4x4-placement-policy")
+    placed = nodes.node_object(nodes.NodePool("np-p", named, spot=False, simulate=True), 0)["metadata"][
+        "labels"
+    ]
+    assert placed["cloud.google.com/placement-policy-name"] == "tpu7x-128-4x4x4-placement-policy"
+    assert named.node_selector().items() <= placed.items()
     single = nodes.node_object(pool("tpu7x-2x2x1", spot=True), 0)["metadata"]["labels"]
     assert "cloud.google.com/placement-policy-name" not in single  # single-host pools have none
     assert single["cloud.google.com/gke-spot"] == "true"
@@ -53,6 +62,16 @@ def test_nodepool_spec_parsing():
     for bad in ("tpu7x-2x2x1:0", "nope-1x1:2", "tpu7x-2x2x1:two", "tpu7x-2x2x1:vm", ""):
         with pytest.raises(UserError):
             nodes.parse_nodepools(bad)
+
+
+def test_the_default_cluster_fits_a_two_slice_run():
+    from launcher.embedded import cli
+    from launcher.embedded.cluster import DEFAULT_NODEPOOLS
+
+    assert inspect.signature(cli.up).parameters["nodepools"].default == DEFAULT_NODEPOOLS
+    (spec,) = nodes.parse_nodepools(DEFAULT_NODEPOOLS)
+    # GKE multislice needs multi-host slices: make_shape refuses 2 slices of a single-host preset.
+    assert spec.count == 2 and make_shape(spec.preset, spec.count).preset.multi_host
 
 
 def _pod(name, labels=None, sel=None, tpu=4, affinity=None, ns="default"):
@@ -194,8 +213,8 @@ def test_jobset_rules_tell_config_errors_from_preemption_and_crashes():
 
 def _js(max_restarts=1):
     js = render_jobset(
-        RunSpec(run="r", run_dir="/d", global_batch=16, max_restarts=max_restarts),
-        make_shape("tpu7x-2x2x1", 2),
+        RunSpec(run="r", run_dir="/d", global_batch=32, max_restarts=max_restarts),
+        make_shape("tpu7x-2x2x2", 2),
     )
     js["metadata"]["uid"] = "uid-js"
     return js
@@ -339,6 +358,23 @@ def test_job_followers_wait_for_the_leaders_domain():
     assert [p["spec"]["nodeSelector"] for p in plan.create] == [
         {"cloud.google.com/gke-nodepool": "pool-7"}
     ] * 2
+
+
+def test_followers_follow_a_leader_that_already_finished():
+    # JobSet's pod webhook admits followers once the leader pod has a node, whatever its phase: a
+    # leader that exits before its followers exist must not leave them uncreated.
+    def leader(phase, node, deleting=False):
+        meta = {"name": f"j-0-{node}", "annotations": {o.COMPLETION_INDEX: "0"}}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        return {"metadata": meta, "spec": {"nodeName": node}, "status": {"phase": phase}}
+
+    follower = {"metadata": {"annotations": {o.COMPLETION_INDEX: "1"}}, "spec": {"nodeName": "f"}}
+    assert jobctl.leader_node([leader("Succeeded", "done")]) == "done"
+    assert jobctl.leader_node([leader("Running", "going", deleting=True)]) == "going"
+    assert jobctl.leader_node([leader("Failed", "old"), leader("Running", "new")]) == "new"
+    assert jobctl.leader_node([{"metadata": {"annotations": {o.COMPLETION_INDEX: "0"}}, "spec": {}}]) is None
+    assert jobctl.leader_node([follower]) is None
 
 
 def test_hostname_rewrite_and_expansion():
