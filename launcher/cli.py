@@ -107,6 +107,12 @@ GracePeriodOpt = Annotated[
 MaxRestartsOpt = Annotated[
     int, typer.Option("--max-restarts", help="JobSet restarts per segment (preemptions do not count).")
 ]
+InitTimeoutOpt = Annotated[
+    int,
+    typer.Option(
+        "--init-timeout", help="Seconds jax.distributed waits for the last host to join (JAX's default: 300)."
+    ),
+]
 QueueOpt = Annotated[str | None, typer.Option("--queue", help="Kueue LocalQueue.")]
 PriorityClassOpt = Annotated[str | None, typer.Option("--priority-class")]
 ServiceAccountOpt = Annotated[
@@ -176,6 +182,13 @@ def placement_policies(preset: str, values: list[str] | None) -> tuple[tuple[str
 
 
 DEFAULT_IMAGE = "reslice-trainer:latest"
+DEFAULT_INIT_TIMEOUT = RunSpec.init_timeout_s
+
+
+def _check_init_timeout(seconds: int) -> int:
+    if seconds < 1:
+        raise UserError(f"--init-timeout {seconds}: expected at least 1 second")
+    return seconds
 
 
 @app.command()
@@ -241,6 +254,7 @@ def render(
     max_grad_accum: MaxAccumOpt = None,
     grace_period: GracePeriodOpt = None,
     max_restarts: MaxRestartsOpt = 10,
+    init_timeout: InitTimeoutOpt = DEFAULT_INIT_TIMEOUT,
     queue: QueueOpt = None,
     priority_class: PriorityClassOpt = None,
     service_account: ServiceAccountOpt = None,
@@ -270,6 +284,7 @@ def render(
         max_grad_accum=max_grad_accum,
         grace_period_s=grace_period,
         max_restarts=max_restarts,
+        init_timeout_s=_check_init_timeout(init_timeout),
         queue=queue,
         priority_class=priority_class,
         service_account=service_account,
@@ -318,6 +333,7 @@ def launch(
     max_grad_accum: MaxAccumOpt = None,
     grace_period: GracePeriodOpt = None,
     max_restarts: MaxRestartsOpt = 3,
+    init_timeout: InitTimeoutOpt = DEFAULT_INIT_TIMEOUT,
     queue: QueueOpt = None,
     priority_class: PriorityClassOpt = None,
     service_account: ServiceAccountOpt = None,
@@ -368,6 +384,7 @@ def launch(
         max_grad_accum=max_grad_accum,
         grace_period_s=grace_period,
         max_restarts=max_restarts,
+        init_timeout_s=_check_init_timeout(init_timeout),
         queue=queue,
         priority_class=priority_class,
         coordinator_port=coordinator_port,

@@ -8,8 +8,9 @@ The rules, in order (README "What the controller does", docs/design.md "Policy")
    one runs on the largest feasible shape of the ladder that fits.
 3. Capacity return — a larger feasible shape has fitted for a stability window — ends the segment
    the same way (the trainer checkpoints on SIGTERM and exits 42, so no step is lost) and grows.
-4. Application failures have their own budget with exponential backoff; preemptions and capacity
-   changes never spend it. Configuration errors end the run at once.
+4. Application failures have their own budget with exponential backoff; preemptions, lost peers
+   (trainer exit 43: a host died under the segment) and capacity changes never spend it.
+   Configuration errors end the run at once.
 5. When the trainer reports the final step, the run is finished.
 
 Every decision carries its reason, in words a person on call can act on.
@@ -23,6 +24,7 @@ from launcher import record as R
 from launcher import signals as S
 from launcher.plan import Plan, Rung
 from launcher.record import RunRecord, new_segment
+from launcher.render import EXIT_PEER_LOST
 
 # Actions.
 WAIT = "wait"
@@ -81,14 +83,37 @@ def bookkeep(rec: RunRecord, obs: S.Observation) -> RunRecord:
         if pools != seg.nodepools:
             changes["nodepools"] = pools
         if obs.restarts > seg.restarts:
-            changes["restarts"] = obs.restarts
-            changes["restarts_counted"] = max(seg.restarts_counted, obs.restarts_counted)
+            changes.update(restart_causes(seg, obs))
+            if "uncounted_failures" in changes:  # a crash all the same: the run's budget pays
+                rec = replace(rec, app_failures=rec.app_failures + 1)
+        elif (failing := S.stronger(seg.failing, obs.causes.get(seg.restarts))) != seg.failing:
+            changes["failing"] = failing
         if changes:
             rec = rec.with_segment(replace(seg, **changes))
     total = (obs.trainer or {}).get("total_steps")
     if total and rec.total_steps != total:
         rec = replace(rec, total_steps=int(total))
     return rec
+
+
+def restart_causes(seg: R.Segment, obs: S.Observation) -> dict:
+    """The segment's restart counters once JobSet has restarted it (obs.restarts > seg.restarts).
+
+    JobSet says which restarts counted toward maxRestarts (application failures). Of the others,
+    the first one's cause is what the failed pods of attempt `seg.restarts` showed, now or in an
+    earlier pass (`seg.failing`): a lost peer, or a crash that made its peers exit 43 first (which
+    the pod failure policy then took for a lost peer); any further ones in the same jump (missed
+    between two passes) stay preemptions, as JobSet's rule calls them.
+    """
+    counted = max(seg.restarts_counted, obs.restarts_counted)
+    uncounted = (obs.restarts - seg.restarts) - (counted - seg.restarts_counted)
+    cause = S.stronger(seg.failing, obs.causes.get(seg.restarts))
+    changes = {"restarts": obs.restarts, "restarts_counted": counted, "failing": None}
+    if uncounted > 0 and cause == S.PEER_LOST:
+        changes["peer_lost"] = seg.peer_lost + 1
+    elif uncounted > 0 and cause == S.APP_FAILURE:
+        changes["uncounted_failures"] = seg.uncounted_failures + 1
+    return changes
 
 
 def _end(rec: RunRecord, obs: S.Observation, kind: str, reason: str, state: str) -> RunRecord:
@@ -198,6 +223,16 @@ def decide(rec: RunRecord, obs: S.Observation, ladder: list[Rung]) -> Decision:
             END, reason, replace(ended, app_failures=failures, next_submit_at=now + backoff), seg.jobset
         )
 
+    # A crash whose peers' exit 43 made JobSet restart without counting still spends the budget.
+    if rec.app_failures > policy.app_failure_budget:
+        reason = (
+            f"crash loop: {rec.app_failures} application failures exceed the budget of "
+            f"{policy.app_failure_budget} (a trainer crashed and its peers exited {EXIT_PEER_LOST});"
+            f" preemptions so far: {rec.preemptions()}"
+        )
+        ended = _end(rec, obs, "app-failure", reason, R.FAILED)
+        return Decision(END, reason, replace(ended, finished_at=now), seg.jobset)  # JobSet would go on
+
     if obs.phase in {S.SUSPENDED, S.DELETING}:
         return Decision(WAIT, f"JobSet {seg.jobset} is {obs.phase}", rec)
 
@@ -247,5 +282,7 @@ def decide(rec: RunRecord, obs: S.Observation, ladder: list[Rung]) -> Decision:
 
     # 1. Anything else — running, pending inside the grace, restarting after a disruption — is
     # JobSet's to handle.
-    words = {S.RUNNING: "running", S.PENDING: "starting", S.RESTARTING: "restarting (JobSet failure policy)"}
+    cause = seg.failing or obs.causes.get(seg.restarts - 1)  # failing now, or the restart under way
+    restarting = "restarting (JobSet failure policy)" + (f" after {S.CAUSE_WORDS[cause]}" if cause else "")
+    words = {S.RUNNING: "running", S.PENDING: "starting", S.RESTARTING: restarting}
     return Decision(WAIT, f"segment {seg.index} on {current} {words.get(obs.phase, obs.phase)}", rec)

@@ -59,6 +59,11 @@ class Segment:
     jobset_uid: str | None = None  # set once the JobSet is seen: a later absence means it was deleted
     restarts: int = 0  # JobSet restarts within the segment (status.restarts)
     restarts_counted: int = 0  # of those, counted toward maxRestarts (application failures)
+    # Of the uncounted ones, those whose pods said a peer was lost (trainer exit 43), and those
+    # whose pods showed a crash next to the exit 43s it caused (they spend the run's budget).
+    peer_lost: int = 0
+    uncounted_failures: int = 0
+    failing: str | None = None  # why the current attempt's pods are failing (signals.pod_cause)
 
     def shape(self) -> Shape:
         return Shape(load_preset(self.preset), self.slices)
@@ -79,7 +84,7 @@ class RunRecord:
     created_at: float = 0.0
     finished_at: float | None = None
     segments: tuple[Segment, ...] = ()
-    app_failures: int = 0  # failed segments plus counted restarts, over the run
+    app_failures: int = 0  # failed segments plus counted restarts (and uncounted crashes), over the run
     next_submit_at: float = 0.0  # backoff after an application failure
     total_steps: int | None = None  # learned from the trainer's status.json
 
@@ -100,7 +105,12 @@ class RunRecord:
         return self.state in TERMINAL
 
     def preemptions(self) -> int:
-        return sum(s.restarts - s.restarts_counted for s in self.segments)
+        return sum(
+            s.restarts - s.restarts_counted - s.peer_lost - s.uncounted_failures for s in self.segments
+        )
+
+    def peer_losses(self) -> int:
+        return sum(s.peer_lost for s in self.segments)
 
     def with_segment(self, segment: Segment) -> RunRecord:
         """Replace the segment of the same index, or append the next one."""

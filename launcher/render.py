@@ -3,9 +3,9 @@
 What the JobSet must get right, and why (docs/platform.md §2–3):
 - one replicated job, one child Job per slice, one pod per host; `exclusive-topology` pins each
   child Job to its own node pool (= one slice);
-- the failure policy tells causes apart: a disruption or a trainer that saved and exited 42 restarts
-  the JobSet without spending `maxRestarts`; exit 2 (configuration error) fails it at once; any
-  other failure restarts and counts;
+- the failure policy tells causes apart: a disruption, a trainer that saved and exited 42, or one
+  whose peer was lost (exit 43) restarts the JobSet without spending `maxRestarts`; exit 2
+  (configuration error) fails it at once; any other failure restarts and counts;
 - `BlockingRecreate`, so that new pods never race the terminating ones for the same slice;
 - the trainer contract environment (docs/contract.md) and the distributed identity;
 - what GKE needs of a TPU pod: the node labels of the slice (machine type included, placement
@@ -34,6 +34,7 @@ LABEL_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 LABEL_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 
 EXIT_PREEMPTED = 42
+EXIT_PEER_LOST = 43  # a host of the segment died under the trainer (docs/contract.md)
 EXIT_CONFIG = 2
 
 # Rule names are part of the contract with the controller: signals.py reads which one fired.
@@ -76,6 +77,9 @@ class RunSpec:
     coordinator_port: int = DEFAULT_COORDINATOR_PORT
     megascale_port: int = 8080
     heartbeat_timeout_s: int | None = None
+    # How long jax.distributed waits for the last process to join: the pods of a 768-host slice
+    # are scheduled and pull the image over minutes (docs/contract.md).
+    init_timeout_s: int = 900
     env: tuple[tuple[str, str], ...] = field(default=())
     # (preset name, policy): the placement policy each preset's node pools were created with.
     placement_policies: tuple[tuple[str, str], ...] = ()
@@ -171,7 +175,11 @@ def failure_policies(spec: RunSpec) -> tuple[dict, dict]:
             {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
             {
                 "action": "FailJob",
-                "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_PREEMPTED]},
+                "onExitCodes": {
+                    "containerName": CONTAINER,
+                    "operator": "In",
+                    "values": [EXIT_PREEMPTED, EXIT_PEER_LOST],  # the API wants them ascending
+                },
             },
             {
                 "action": "FailJob",
@@ -190,6 +198,7 @@ def failure_policies(spec: RunSpec) -> tuple[dict, dict]:
                 "onJobFailureMessagePatterns": [f"failed with exit code {EXIT_CONFIG} matching FailJob rule"],
             },
             {
+                # Disruptions, exit 42 and exit 43: the controller tells them apart by the pods.
                 "name": RULE_PREEMPTED,
                 "action": "RestartJobSetAndIgnoreMaxRestarts",
                 "onJobFailureReasons": ["PodFailurePolicy"],
@@ -233,6 +242,7 @@ def trainer_env(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> list[d
     ]
     if spec.heartbeat_timeout_s is not None:
         env.append(_env("RESLICE_HEARTBEAT_TIMEOUT_S", spec.heartbeat_timeout_s))
+    env.append(_env("RESLICE_INIT_TIMEOUT_S", spec.init_timeout_s))
     if shape.slices > 1:
         env += [
             _env("MEGASCALE_COORDINATOR_ADDRESS", host0),

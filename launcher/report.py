@@ -192,6 +192,7 @@ def build_report(rec: RunRecord, metrics: list[dict], ledger: list[dict], now: f
             setattr(total, name, getattr(total, name) + getattr(b, name))
     restarts = {
         "preemption": rec.preemptions(),
+        "peer_lost": rec.peer_losses(),
         "application_failure": rec.app_failures,
         "capacity_lost": sum(s.end_kind == "capacity-lost" for s in rec.segments),
         "grow": sum(s.end_kind == "grow" for s in rec.segments),

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from launcher.presets import LABEL_NODEPOOL, Preset
-from launcher.render import LABEL_RESTART_ATTEMPT, LABEL_RUN, LABEL_SEGMENT
+from launcher.render import EXIT_PEER_LOST, EXIT_PREEMPTED, LABEL_RESTART_ATTEMPT, LABEL_RUN, LABEL_SEGMENT
 
 # Node taints that mean "this node is going away or cannot be trusted".
 BAD_TAINTS = {
@@ -139,6 +139,7 @@ class PodView:
     disruption: str | None  # DisruptionTarget reason
     exit_code: int | None
     reason: str | None  # pod status reason (Terminated, NodeShutdown, Evicted...)
+    exit_reason: str | None = None  # the container's: Error, OOMKilled, ContainerStatusUnknown...
 
     @property
     def alive(self) -> bool:
@@ -153,11 +154,11 @@ def pod_view(pod: dict) -> PodView:
         sched if sched and sched.get("status") == "False" and sched.get("reason") == "Unschedulable" else None
     )
     disruption = _true(pod, "DisruptionTarget")
-    exit_code = None
+    exit_code = exit_reason = None
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term is not None:
-            exit_code = term.get("exitCode")
+            exit_code, exit_reason = term.get("exitCode"), term.get("reason")
     segment = labels.get(LABEL_SEGMENT)
     return PodView(
         name=meta["name"],
@@ -171,7 +172,55 @@ def pod_view(pod: dict) -> PodView:
         disruption=disruption.get("reason") if disruption else None,
         exit_code=exit_code,
         reason=status.get("reason"),
+        exit_reason=exit_reason,
     )
+
+
+# --- why an attempt failed -----------------------------------------------------------------------
+
+# Causes of a JobSet restart, as the failed pods of the attempt tell it.
+PREEMPTION = "preemption"  # a DisruptionTarget, or the trainer saved and exited 42
+PEER_LOST = "peer-lost"  # the trainer exited 43: a host of the segment died under it
+APP_FAILURE = "app-failure"  # a trainer failed on its own (any other exit, no disruption)
+CAUSE_WORDS = {
+    PREEMPTION: "a preemption or disruption",
+    PEER_LOST: f"a lost peer: a host of the segment died (trainer exit {EXIT_PEER_LOST})",
+    APP_FAILURE: "an application failure",
+}
+# When the pods of one attempt disagree, the strongest cause wins: a crash makes its peers exit 43
+# (their collectives fail), and a preempted host's peers may do the same before it saves.
+_STRENGTH = {PEER_LOST: 0, PREEMPTION: 1, APP_FAILURE: 2}
+
+
+def stronger(a: str | None, b: str | None) -> str | None:
+    return max((c for c in (a, b) if c), key=_STRENGTH.__getitem__, default=None)
+
+
+def pod_cause(v: PodView) -> str | None:
+    """What a failed pod says about its attempt's failure. None when it says nothing: not failed;
+    failed while being deleted (the restart's doing, not its cause: the controller has usually seen
+    the cause before, as a pod fails a second or more before JobSet restarts); or a container that
+    vanished with its host (ContainerStatusUnknown)."""
+    if v.phase != "Failed":
+        return None
+    if v.disruption or v.reason in {"Terminated", "NodeShutdown"}:
+        return PREEMPTION
+    if v.deleting or v.exit_reason == "ContainerStatusUnknown":
+        return None
+    if v.exit_code == EXIT_PREEMPTED:
+        return PREEMPTION
+    if v.exit_code == EXIT_PEER_LOST:
+        return PEER_LOST
+    return APP_FAILURE
+
+
+def attempt_causes(pods: Iterable[PodView]) -> dict[int, str]:
+    """Per restart attempt that has failed pods in view: the strongest cause they show."""
+    out: dict[int, str] = {}
+    for v in pods:
+        if (cause := pod_cause(v)) is not None:
+            out[v.attempt] = stronger(out.get(v.attempt), cause) or cause
+    return out
 
 
 # --- the JobSet --------------------------------------------------------------------------------
@@ -247,6 +296,8 @@ class Observation:
     last_exit_code: int | None
     committed_step: int | None
     trainer: dict | None = field(default=None)  # status.json
+    # Restart attempt -> why its pods failed (attempt_causes), for those still in view.
+    causes: dict[int, str] = field(default_factory=dict)
 
     def fits(self, preset: str, slices: int) -> bool:
         return len(self.capacity.get(preset, ())) >= slices
@@ -328,6 +379,9 @@ def observe(
     disruptions += [
         f"pod {v.name}: {v.reason}" for v in seg_pods if v.reason in {"Terminated", "NodeShutdown"}
     ]
+    disruptions += [
+        f"pod {v.name}: peer lost (exit {EXIT_PEER_LOST})" for v in seg_pods if v.exit_code == EXIT_PEER_LOST
+    ]
     for node in nodes:
         if node_pool.get(node["metadata"]["name"]) in set(in_use) | set(segment_nodepools):
             for taint in (node.get("spec") or {}).get("taints") or []:
@@ -361,6 +415,7 @@ def observe(
         last_exit_code=exit_codes[-1] if exit_codes else None,
         committed_step=committed_step,
         trainer=trainer,
+        causes=attempt_causes(seg_pods),
     )
 
 

@@ -4,6 +4,8 @@ Module map: ``config`` (named configs, overrides, contract env) -> ``distributed
 -> ``mesh`` (data × expert) -> ``model`` / ``moe`` (flax nnx decoder, expert-parallel MoE) ->
 ``data`` (Grain, step-indexed order) -> ``step`` (jitted train step) -> ``checkpoint`` (Orbax) ->
 ``metrics`` (run directory) -> ``loop`` (the training loop) <- ``__main__`` (entry, exit codes).
+A multi-process run's ``__main__`` first starts ``supervisor`` (the parent that turns JAX's
+fate-sharing abort into exit 43); ``peers`` tells a lost peer from a bug (no JAX in either).
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ class Preemption:
         threading.Thread(target=self._watch, name="sigterm-watchdog", daemon=True).start()
 
     def _handle(self, signum: int, frame: Any) -> None:
+        if not self.requested:  # the kubelet's signal and the supervisor's copy of it: say it once
+            print("trainer: SIGTERM: finishing the step in flight, then checkpoint and exit 42", flush=True)
         self.requested = True
-        print("trainer: SIGTERM: finishing the step in flight, then checkpoint and exit 42", flush=True)
 
     def step_done(self, seconds: float) -> None:
         if self._last_step is None:

@@ -9,7 +9,7 @@ import os
 import sys
 import traceback
 
-from trainer import Preemption
+from trainer import Preemption, peers, supervisor
 from trainer.config import ConfigError
 
 
@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(json.dumps({"config_hash": config.config_hash(cfg), "config": cfg.to_dict()}))
         return 0
+    if peers.multi_process(os.environ) and not os.environ.get(supervisor.CHILD_ENV):
+        return supervisor.supervise(sys.argv[1:] if argv is None else argv)
     preemption = Preemption()  # before the slow imports: SIGTERM at any time means exit 42
     try:
         from trainer import config, loop
@@ -62,15 +64,24 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"trainer: config error: {e}", file=sys.stderr, flush=True)
         return 2
-    except Exception:
+    except Exception as e:
         from trainer import distributed
 
-        if not distributed.joined():
+        lost = peers.multi_process(os.environ) and peers.peer_lost(peers.error_text(e))
+        if not (lost or distributed.joined()):
             raise
-        # Most likely a peer is gone (its collectives fail here at once). JAX's exit handler would
-        # then wait at the shutdown barrier for that peer until the heartbeat timeout (100 s by
-        # default), holding this host and delaying the restart: leave now, as a failure.
+        # After a failure in a multi-process run, JAX's exit handler would wait at the shutdown
+        # barrier for a peer that may be gone until the heartbeat timeout (100 s by default),
+        # holding this host and delaying the restart: leave now. A lost peer is a disruption,
+        # with its own exit code; anything else is this process's own failure.
         traceback.print_exc()
+        if lost:
+            print(
+                f"trainer: a peer is lost (its collectives or the coordination service failed):"
+                f" exit {peers.EXIT_PEER_LOST} without the shutdown barrier",
+                flush=True,
+            )
+            _exit_now(peers.EXIT_PEER_LOST)
         print("trainer: failed in a multi-process run: exiting without the shutdown barrier", flush=True)
         _exit_now(1)
     finally:

@@ -6,7 +6,10 @@ process, unless this is a multi-host Cloud TPU slice (``TPU_WORKER_HOSTNAMES`` l
 or ``MEGASCALE_NUM_SLICES`` > 1), where JAX's own cluster detection is used.
 
 The heartbeat timeout decides how fast the survivors of a dead process give up (the launcher then
-restarts the whole set): ``RESLICE_HEARTBEAT_TIMEOUT_S``, default JAX's 100 s.
+restarts the whole set): ``RESLICE_HEARTBEAT_TIMEOUT_S``, default JAX's 100 s. The initialization
+timeout is how long the first process waits for the last one to join: ``RESLICE_INIT_TIMEOUT_S``,
+default 900 s (JAX's 300 s is short for hundreds of hosts whose pods start minutes apart; see
+docs/contract.md).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ def _tpu_multihost(env: Mapping[str, str]) -> bool:
 
 
 _joined = False
+INIT_TIMEOUT_S = 900
 
 
 def joined() -> bool:
@@ -67,6 +71,9 @@ def initialize(env: Mapping[str, str]) -> Identity:
     global _joined
     ident = identity(env)
     heartbeat = _int(env, "RESLICE_HEARTBEAT_TIMEOUT_S", 100)
+    init_timeout = _int(env, "RESLICE_INIT_TIMEOUT_S", INIT_TIMEOUT_S)
+    if init_timeout < 1 or heartbeat < 1:
+        raise ConfigError("RESLICE_INIT_TIMEOUT_S and RESLICE_HEARTBEAT_TIMEOUT_S must be >= 1 second")
     # JAX's preemption service would install its own SIGTERM handler over ours (trainer.Preemption):
     # the loop agrees on the stopping step through the step's own outputs instead.
     jax.config.update("jax_enable_preemption_service", False)
@@ -75,11 +82,12 @@ def initialize(env: Mapping[str, str]) -> Identity:
             ident.coordinator,
             ident.num_processes,
             ident.process_id,
+            initialization_timeout=init_timeout,
             heartbeat_timeout_seconds=heartbeat,
         )
         _joined = True
     elif _tpu_multihost(env):
-        jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat)
+        jax.distributed.initialize(initialization_timeout=init_timeout, heartbeat_timeout_seconds=heartbeat)
         _joined = True
         ident = Identity(jax.process_index(), jax.process_count(), None)
     return ident

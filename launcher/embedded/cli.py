@@ -327,6 +327,19 @@ def kill_pod(
     console.print(f"Killed {out['pod']} (exit code {out['exitCode']}).")
 
 
+@app.command("crash-host")
+def crash_host(
+    pod: Annotated[str, typer.Argument(help="Pod name.")],
+    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
+    directory: StateDir = None,
+) -> None:
+    """The pod's host crashes: its processes die, nothing reports it (no DisruptionTarget)."""
+    out = _call(_running(state_dir(directory)), "crash-host", {"namespace": namespace, "pod": pod})
+    console.print(
+        f"Crashed the host of {out['pod']} ({out['node']}): its processes are gone, the pod stays Running."
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     """Standalone entry (`python -m launcher.embedded.cli`), with `reslice`'s error handling:
     a user error is one line on stderr and exit 2."""

@@ -192,6 +192,9 @@ class EmbeddedCluster:
     def kill_pod(self, namespace: str, name: str) -> dict[str, Any]:
         return faults.kill_pod(self, namespace, name)
 
+    def crash_host(self, namespace: str, name: str) -> dict[str, Any]:
+        return faults.crash_host(self, namespace, name)
+
     # -- simulate mode and tests ---------------------------------------------------------------
     def sim_finish(
         self, label_selector: str | None = None, exit_code: int = 0, namespace: str | None = None
@@ -225,7 +228,7 @@ class EmbeddedCluster:
 
     # -- the fault routes ----------------------------------------------------------------------
     def handle_route(self, method: str, path: str, query: dict, body: bytes | None) -> tuple[int, dict]:
-        """POST /embedded/v1/{preempt,remove,restore,kill-pod} with a JSON body;
+        """POST /embedded/v1/{preempt,remove,restore,kill-pod,crash-host} with a JSON body;
         GET /embedded/v1/info: mode, the JobSet release it emulates, node pools."""
         action = path[len(ROUTE) :].strip("/")
         try:
@@ -244,6 +247,8 @@ class EmbeddedCluster:
                 out = self.restore(args["nodepool"])
             elif action == "kill-pod":
                 out = self.kill_pod(args.get("namespace") or "default", args["pod"])
+            elif action == "crash-host":
+                out = self.crash_host(args.get("namespace") or "default", args["pod"])
             else:
                 return 404, _status(404, "NotFound", f"no fault {action!r}")
             return 200, out

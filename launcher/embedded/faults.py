@@ -10,6 +10,13 @@
   processes die with the machine (SIGKILL).
 - restore: the node pool's nodes come back (same names, as a recreated instance group's do).
 - kill_pod: a container killed hard (SIGKILL): exit code 137, pod `Failed`, left in the API.
+- crash_host: the pod's host dies without notice (host error, kernel panic): its processes are
+  SIGKILLed and nothing reports it, so the pod stays `Running` without a `DisruptionTarget` — on
+  GKE the node's kubelet died with it: the node turns NotReady after ~40 s and its pods are only
+  evicted ~5 min 40 s after the last heartbeat, long after the surviving trainers failed. Once
+  deleted (by its Job or JobSet), the pod is reported as a container that could not be found
+  (exit 137, ContainerStatusUnknown) and removed, as after the host's reboot; the node stays
+  Ready throughout (the reboot is instant here).
 """
 
 from __future__ import annotations
@@ -180,17 +187,31 @@ def restore(cluster: EmbeddedCluster, pool: str) -> dict[str, Any]:
     return {"nodepool": pool, "nodes": created}
 
 
-def kill_pod(cluster: EmbeddedCluster, namespace: str, name: str) -> dict[str, Any]:
-    """SIGKILL the pod's containers: it ends Failed with exit code 137."""
+def _pod(cluster: EmbeddedCluster, namespace: str, name: str) -> dict[str, Any]:
     try:
-        pod = cluster.store.get(cluster.res["pods"], namespace, name)
+        return cluster.store.get(cluster.res["pods"], namespace, name)
     except Exception as e:
         if getattr(e, "code", None) == 404:
             raise UserError(f"pod {namespace}/{name} not found") from None
         raise
-    uid = o.meta(pod)["uid"]
+
+
+def kill_pod(cluster: EmbeddedCluster, namespace: str, name: str) -> dict[str, Any]:
+    """SIGKILL the pod's containers: it ends Failed with exit code 137."""
+    uid = o.meta(_pod(cluster, namespace, name))["uid"]
     run = next((r for r in cluster.kubelet.runs() if r.uid == uid), None)
     if run is None or not cluster.kubelet.kill(uid):
         raise UserError(f"pod {namespace}/{name} is not running")
     run.done.wait(10)
     return {"pod": f"{namespace}/{name}", "exitCode": 137}
+
+
+def crash_host(cluster: EmbeddedCluster, namespace: str, name: str) -> dict[str, Any]:
+    """The host of a running pod crashes: its processes die, the pod is left Running (module doc)."""
+    pod = _pod(cluster, namespace, name)
+    uid = o.meta(pod)["uid"]
+    run = next((r for r in cluster.kubelet.runs() if r.uid == uid), None)
+    if run is None or not cluster.kubelet.crash(uid):
+        raise UserError(f"pod {namespace}/{name} is not running")
+    run.done.wait(10)
+    return {"pod": f"{namespace}/{name}", "node": (pod.get("spec") or {}).get("nodeName")}

@@ -9,7 +9,10 @@ Termination: a pod with a deletionTimestamp gets SIGTERM, then SIGKILL after its
 terminal status is written, and it is deleted with grace 0 (the graceful-deletion handshake). The
 node-shutdown path (`shutdown`) is the kubelet's graceful node shutdown on a spot preemption: a
 DisruptionTarget condition first, then the same SIGTERM/grace/SIGKILL, and the pod ends Failed with
-reason Terminated — left in the API, as the real kubelet leaves it.
+reason Terminated — left in the API, as the real kubelet leaves it. A host crash (`crash`) kills
+the processes and reports nothing: the pod stays Running until it is deleted, then it is reported as
+a container that could not be found (exit 137, ContainerStatusUnknown) and removed, as a kubelet
+that comes back after a reboot does.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class PodRun:
     exit_codes: dict[str, int] = field(default_factory=dict)
     finished_at: dict[str, str] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
-    cause: str | None = None  # None | "delete" | "shutdown" | "gone"
+    cause: str | None = None  # None | "delete" | "shutdown" | "gone" | "crash"
     terminating: bool = False
     done: threading.Event = field(default_factory=threading.Event)
     kill_timer: threading.Timer | None = None
@@ -89,6 +92,7 @@ class Kubelet(Controller):
         self._runs_lock = threading.Lock()
         self._logs: dict[tuple[str, str], dict[str, Path]] = {}
         self._known_nodes: set[str] = set()
+        self._crashed: set[str] = set()  # pod uids whose host crashed: nothing reports them
 
     # -- wiring --------------------------------------------------------------------------------
     def resync(self) -> None:
@@ -164,6 +168,8 @@ class Kubelet(Controller):
             pod = None
         if pod is not None and o.meta(pod).get("uid") != uid:
             pod = None
+        if uid in self._crashed:
+            return self._reconcile_crashed(uid, pod)
         with self._runs_lock:
             run = self._runs.get(uid)
         if pod is None:
@@ -202,6 +208,18 @@ class Kubelet(Controller):
                 self._lost(pod)  # ran under an earlier kubelet (cluster restarted): its processes are gone
             else:
                 self._start(pod, node)
+        return None
+
+    def _reconcile_crashed(self, uid: str, pod: dict[str, Any] | None) -> None:
+        """A pod whose host crashed stays as it was until it is deleted; then the kubelet, back
+        after the reboot, reports the container it cannot find and completes the deletion."""
+        if pod is not None and not o.pod_deleting(pod):
+            return None
+        self._crashed.discard(uid)
+        if pod is not None:
+            if not o.pod_terminal(pod):
+                self._lost(pod)
+            self._delete_now(*o.key_of(pod), uid)
         return None
 
     def _lost(self, pod: dict[str, Any]) -> None:
@@ -375,6 +393,18 @@ class Kubelet(Controller):
         self._signal(run, signal.SIGKILL)
         return True
 
+    def crash(self, uid: str) -> bool:
+        """The pod's host crashes: its processes die (SIGKILL) and nothing reports it."""
+        with self._runs_lock:
+            run = self._runs.get(uid)
+        if run is None or run.done.is_set():
+            return False
+        with run.lock:
+            run.cause = "crash"
+        self._crashed.add(uid)
+        self._signal(run, signal.SIGKILL)
+        return True
+
     def finish_run(self, run: PodRun, code: int) -> None:
         """Simulate mode: every container of the pod exits with `code`."""
         with run.lock:
@@ -401,7 +431,7 @@ class Kubelet(Controller):
         if run.kill_timer is not None:
             run.kill_timer.cancel()
         ids = {c: f"process://{p.pid}" for c, p in run.procs.items()}
-        if run.cause != "gone":
+        if run.cause not in ("gone", "crash"):
             self._write(
                 run,
                 lambda p: terminated_status(

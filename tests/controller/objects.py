@@ -64,6 +64,7 @@ def pod(
     exit_code: int | None = None,
     reason: str | None = None,
     deleting: bool = False,
+    exit_reason: str | None = None,
 ) -> dict:
     conditions = []
     if unschedulable_since is not None:
@@ -104,7 +105,10 @@ def pod(
                 "ready": False,
                 "restartCount": 0,
                 "state": {
-                    "terminated": {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed"}
+                    "terminated": {
+                        "exitCode": exit_code,
+                        "reason": exit_reason or ("Error" if exit_code else "Completed"),
+                    }
                 },
             }
         ]

@@ -88,3 +88,55 @@ def test_api_server_restart_mid_run(tmp_path):
     assert any("interrupted" in k for k in errors), errors
     assert rec.state == FINISHED and len(rec.segments) == 1
     assert sorted(kept_steps(metrics)) == list(range(1, 201))
+
+
+def test_a_crashed_host_is_a_lost_peer_not_an_application_failure(tmp_path):
+    # One slice of two hosts (2 trainer processes). Process 0's host crashes: no graceful shutdown,
+    # no DisruptionTarget, its pod stays Running. The survivor's collectives fail (or JAX's
+    # coordination service aborts it) and it exits 43: JobSet restarts the segment without
+    # counting, and the controller books a lost peer, not an application failure.
+    h = Harness(tmp_path, pools=1, preset="tpu7x-2x2x2")
+    try:
+        h.launch("host", slices=1, steps=20, interval=INTERVAL, max_restarts=1)
+        h.start_controller("host")
+        h.wait_step("host", INTERVAL, timeout=300)
+        committed = h.rundir("host").latest_committed_step()
+        wait_for(lambda: h.rundir("host").latest_committed_step() != committed, 60, "the next commit", 0.02)
+        committed = h.rundir("host").latest_committed_step()
+        # Two steps past it (process 0 writes the metrics): they will be trained again.
+        wait_for(lambda: max(m["step"] for m in h.rundir("host").metrics()) >= committed + 2, 60, "2 steps")
+        victim = next(p for p in h.run_pods("host") if p["metadata"]["name"].startswith("host-0-slice-0-0-"))
+        h.cluster.crash_host("default", victim["metadata"]["name"])
+        rec = h.wait_state("host", {FINISHED}, timeout=300)
+        metrics, ledger = h.rundir("host").metrics(), h.rundir("host").ledger()
+        (js,) = h.kube.jobsets("host")
+    finally:
+        h.close()
+
+    assert len(rec.segments) == 1, "a lost peer must not change the segment"
+    seg = rec.segments[0]
+    # One restart, the crash's. (On a starved 2-core machine a restarted pair can lose another:
+    # Gloo's 30 s rendezvous times out when one process reaches its first collective that much
+    # later than the other; that exits 43 too, and must be booked the same way.)
+    assert seg.restarts >= 1 and seg.restarts_counted == 0 and seg.peer_lost == seg.restarts
+    assert js["status"]["restarts"] == seg.restarts and js["status"].get("restartsCountTowardsMax", 0) == 0
+    assert rec.app_failures == 0 and rec.preemptions() == 0 and rec.peer_losses() == seg.restarts
+    # Nothing is lost beyond the latest committed checkpoint, and the steps trained again give the
+    # losses the first computation gave, bit for bit (same shape: a clean resume).
+    assert attempts(metrics)[0] == 0 and len(attempts(metrics)) >= 2
+    first = {m["step"] for m in metrics if m["restart_attempt"] == 0}
+    assert min(m["step"] for m in metrics if m["restart_attempt"] > 0) == committed + 1
+    assert 2 <= len({s for s in first if s > committed}) < INTERVAL  # trained again after the crash
+    computed: dict[int, set] = {}
+    for m in metrics:
+        computed.setdefault(m["step"], set()).add((m["learning/loss"], m["data/sample_digest"]))
+    assert all(len(v) == 1 for v in computed.values()), {s: v for s, v in computed.items() if len(v) > 1}
+    assert recomputed(metrics) >= 2
+    assert sorted(kept_steps(metrics)) == list(range(1, 21))
+    assert {(m["num_processes"], m["devices"]) for m in metrics} == {(2, 16)}
+    # The ledger names the cause; no disruption condition was ever set.
+    seen = [d for e in ledger if e.get("kind") == "observe" for d in e.get("disruptions", [])]
+    assert any("peer lost (exit 43)" in d for d in seen), seen
+    assert not any("DisruptionTarget" in d for d in seen)
+    waits = [e["reason"] for e in ledger if e.get("kind") == "wait"]
+    assert any("restarting (JobSet failure policy) after a lost peer" in r for r in waits), waits

@@ -277,3 +277,63 @@ def test_kueue_suspended_waits():
     rec = record_on(4)
     d = P.decide(rec, observe(rec, jobsets=[jobset(suspend=True)], pods=[]), LADDER)
     assert d.action == P.WAIT and "suspended" in d.reason
+
+
+# --- what a JobSet restart is counted as: the record's counters after one pass ------------------
+def failed_pod(attempt=0, i=0, code=43, **kw):
+    return pod(f"demo-0-slice-{i}-0-{attempt}{code}", phase="Failed", exit_code=code, attempt=attempt, **kw)
+
+
+@pytest.mark.parametrize(
+    "failing,restarts,counted,pods,expect",
+    [
+        # The survivor of a dead host exited 43, JobSet has not restarted yet: remembered as failing.
+        (None, 0, 0, [failed_pod(), *running(4)[1:]], {"failing": S.PEER_LOST, "peer_lost": 0}),
+        # JobSet restarted (not counted); the failed pods are gone already: what was seen counts.
+        (S.PEER_LOST, 1, 0, running(4), {"failing": None, "peer_lost": 1, "preemptions": 0}),
+        # ... or still in view, seen for the first time in this pass.
+        (None, 1, 0, [failed_pod(i=1)], {"peer_lost": 1, "preemptions": 0}),
+        # A crash next to the 43s it caused, and the pod failure policy took the 43: an app failure.
+        (None, 0, 0, [failed_pod(), failed_pod(i=1, code=1)], {"failing": S.APP_FAILURE}),
+        (S.PEER_LOST, 0, 0, [failed_pod(i=1, code=1)], {"failing": S.APP_FAILURE}),  # the crash shows later
+        (S.APP_FAILURE, 1, 0, [], {"uncounted_failures": 1, "app_failures": 1, "preemptions": 0}),
+        # JobSet counted it (the crash's pod failed first): JobSet's count, nothing more here.
+        (S.APP_FAILURE, 1, 1, [], {"uncounted_failures": 0, "restarts_counted": 1, "app_failures": 0}),
+        # A saved preemption, or nothing seen at all: a preemption, as before.
+        (None, 1, 0, [failed_pod(code=42)], {"peer_lost": 0, "preemptions": 1}),
+        (None, 1, 0, [], {"peer_lost": 0, "preemptions": 1}),
+        # Two restarts between passes: the first gets the cause seen, the other stays a preemption.
+        (S.PEER_LOST, 2, 0, [], {"peer_lost": 1, "preemptions": 1}),
+    ],
+)  # fmt: skip
+def test_restart_causes_are_counted(failing, restarts, counted, pods, expect):
+    rec = record_on(4)
+    rec = rec.with_segment(replace(rec.current, failing=failing))
+    d = P.decide(rec, observe(rec, pods=pods, jobsets=[jobset(restarts=restarts, counted=counted)]), LADDER)
+    assert d.action == P.WAIT
+    seg = d.record.current
+    got = {
+        "failing": seg.failing, "peer_lost": seg.peer_lost, "uncounted_failures": seg.uncounted_failures,
+        "restarts_counted": seg.restarts_counted, "app_failures": d.record.app_failures,
+        "preemptions": d.record.preemptions(),
+    }  # fmt: skip
+    assert {k: got[k] for k in expect} == expect
+    assert seg.restarts == restarts
+
+
+def test_a_lost_peer_is_named_while_jobset_restarts():
+    rec = record_on(4)
+    d = P.decide(rec, observe(rec, pods=[failed_pod(), *running(4)[1:]]), LADDER)
+    assert d.action == P.WAIT and "restarting (JobSet failure policy) after a lost peer" in d.reason
+
+
+def test_lost_peers_never_spend_the_budget_but_uncounted_crashes_do():
+    rec = record_on(4, app_failures=POLICY.app_failure_budget)
+    rec = rec.with_segment(replace(rec.current, failing=S.PEER_LOST, restarts=40, peer_lost=40))
+    d = P.decide(rec, observe(rec, pods=running(4), jobsets=[jobset(restarts=41)]), LADDER)
+    assert d.action == P.WAIT and d.record.current.peer_lost == 41 and d.record.app_failures == 2
+    # The same restart after a crash that made its peers exit 43: over the budget, the run fails.
+    rec = rec.with_segment(replace(rec.current, failing=S.APP_FAILURE))
+    d = P.decide(rec, observe(rec, pods=running(4), jobsets=[jobset(restarts=41)]), LADDER)
+    assert d.action == P.END and d.jobset == "demo-0" and d.record.state == R.FAILED
+    assert "crash loop: 3 application failures exceed the budget of 2" in d.reason

@@ -105,3 +105,11 @@ def test_live_view_interleaves_disruptions_with_actions_in_time_order():
     order = [text.index(s) for s in ("launched", "np-1: gone", "shrinking", "finished step 6")]
     assert order == sorted(order)
     assert "step 6/" in text and "loss 4.4000" in text and "committed 6" in text
+
+
+def test_restarts_by_cause():
+    rec, metrics, ledger = history()
+    seg = replace(rec.segments[0], restarts=5, restarts_counted=1, peer_lost=2, uncounted_failures=1)
+    rec = replace(rec, segments=(seg, rec.segments[1]), app_failures=3)
+    restarts = build_report(rec, metrics, ledger, now=T0 + 999).restarts
+    assert (restarts["preemption"], restarts["peer_lost"], restarts["application_failure"]) == (1, 2, 3)

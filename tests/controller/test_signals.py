@@ -176,3 +176,42 @@ def test_exit_codes_and_other_runs_pods_are_separated():
     pods = [pod("demo-0-slice-0-0-a", phase="Failed", exit_code=1), pod("x-0", run="other", exit_code=2)]
     obs = observe(pods=pods, nodes=FOUR_POOLS)
     assert obs.last_exit_code == 1 and obs.run_pods_alive == 1
+
+
+# --- why an attempt failed: what its failed pods say (the cause of the JobSet restart) ---------
+def failed(name="demo-0-slice-0-0-a", **kw):
+    return pod(name, phase="Failed", **kw)
+
+
+@pytest.mark.parametrize(
+    "pods,causes",
+    [
+        # A host died: the survivor exits 43; the dead host's pod is still Running (nobody reports).
+        ([failed(exit_code=43), pod("b")], {0: S.PEER_LOST}),
+        # ... and once deleted, the dead host's pod is a container that could not be found.
+        ([failed(exit_code=43), failed("b", exit_code=137, exit_reason="ContainerStatusUnknown")],
+         {0: S.PEER_LOST}),
+        # A crash made its peer exit 43 first: the crash is the cause.
+        ([failed(exit_code=43), failed("b", exit_code=1)], {0: S.APP_FAILURE}),
+        ([failed(exit_code=43), failed("b", exit_code=137, exit_reason="OOMKilled")], {0: S.APP_FAILURE}),
+        # A preempted host saved (42) or carries DisruptionTarget: a preemption, whatever its peers did.
+        ([failed(exit_code=43), failed("b", exit_code=42)], {0: S.PREEMPTION}),
+        ([failed(exit_code=43), failed("b", disruption="TerminationByKubelet", exit_code=143)], {0: S.PREEMPTION}),
+        ([failed(reason="Terminated", exit_code=42)], {0: S.PREEMPTION}),
+        # Failed while being deleted: the restart's doing, not its cause.
+        ([failed(exit_code=143, deleting=True), failed("b", exit_code=43, deleting=True)], {}),
+        # Attempts are told apart.
+        ([failed(exit_code=43, attempt=0), failed("b", exit_code=1, attempt=1)], {0: S.PEER_LOST, 1: S.APP_FAILURE}),
+        ([pod("a"), failed("b", exit_code=0)], {0: S.APP_FAILURE}),  # Failed with 0: not a success
+        (RUNNING4, {}),
+    ],
+)  # fmt: skip
+def test_attempt_causes(pods, causes):
+    obs = observe(pods=pods, nodes=FOUR_POOLS, jobsets=[jobset(restarts=1)])
+    assert obs.causes == causes
+
+
+def test_peer_lost_pods_are_named_in_the_disruptions():
+    obs = observe(pods=[failed(exit_code=43), *RUNNING4[1:]], nodes=FOUR_POOLS)
+    assert "pod demo-0-slice-0-0-a: peer lost (exit 43)" in obs.disruptions
+    assert obs.phase == S.RESTARTING and obs.last_exit_code == 43

@@ -48,6 +48,11 @@ def test_cluster_up_status_faults_down(tmp_path, capsys):
         assert all(n.metadata.name in out for n in core.list_node().items)
         assert all(p.metadata.name in out for p in pods)
 
+        crashed = pods[1].metadata.name
+        code, out, _ = run(capsys, "crash-host", crashed, "--state-dir", d)
+        assert code == 0 and f"Crashed the host of default/{crashed}" in out
+        assert core.read_namespaced_pod(crashed, "default").status.phase == "Running"  # nobody reports it
+
         victim = pods[0].metadata.name
         code, out, _ = run(capsys, "kill-pod", victim, "--state-dir", d)
         assert code == 0 and f"Killed default/{victim} (exit code 137)" in out
@@ -68,6 +73,7 @@ def test_cluster_up_status_faults_down(tmp_path, capsys):
             (("preempt", "np-1"), "has no nodes"),  # preempted already
             (("preempt", "nope"), "unknown node pool 'nope'"),
             (("kill-pod", "no-such-pod"), "pod default/no-such-pod not found"),
+            (("crash-host", "no-such-pod"), "pod default/no-such-pod not found"),
         ):
             code, out, err = run(capsys, *args, "--state-dir", d)
             assert code == 2 and text in err and err.count("\n") == 1 and "Traceback" not in err

@@ -1,6 +1,7 @@
 """Every fault, and the objects it leaves: taints, conditions, events, phases, exit codes, nodes."""
 
 import os
+import signal
 import time
 
 from tests.embedded.cluster_helpers import PodRecorder, condition, rendered, running, wait_for
@@ -151,6 +152,53 @@ def test_remove_fails_pods_by_podgc_and_kills_their_processes():
             )
         )
         assert pool not in {_pool_of(kube, p) for p in kube.pods("jobset.sigs.k8s.io/restart-attempt=1")}
+        rec.close()
+
+
+# A survivor stand-in: SIGUSR1 plays its collectives failing because a peer is gone (exit 43).
+SURVIVOR = TRAINER.replace(
+    "print('ready'", "signal.signal(signal.SIGUSR1, lambda *_: sys.exit(43))\nprint('ready'"
+)
+
+
+def test_crash_host_reports_nothing_and_the_survivors_exit_43_restarts_uncounted():
+    with running("tpu7x-2x2x1:2") as kube:
+        rec = PodRecorder(kube)
+        kube.create_jobset(rendered("crash", SURVIVOR, max_restarts=0))  # a counted restart would fail it
+        victim, survivor = _pod_of_slice(kube, 0), _pod_of_slice(kube, 1)
+        pid = _pid(victim)
+        out = kube.cluster.crash_host("default", victim.metadata.name)
+        assert out == {"pod": f"default/{victim.metadata.name}", "node": victim.spec.node_name}
+        assert not _alive(pid)
+        kube.cluster.settle()
+        # Nothing reports a dead host's pod: still Running, no DisruptionTarget, no exit code.
+        cur = kube.core.read_namespaced_pod(victim.metadata.name, "default")
+        assert cur.status.phase == "Running" and cur.status.container_statuses[0].state.running
+        assert not any(c.type == "DisruptionTarget" for c in cur.status.conditions)
+        assert kube.jobset("crash-0")["status"].get("restarts", 0) == 0
+        # The survivor's collectives fail: it exits 43, which the pod failure policy maps like 42.
+        os.kill(_pid(survivor), signal.SIGUSR1)
+        js = wait_for(lambda: (j := kube.jobset("crash-0"))["status"].get("restarts") == 1 and j)
+        assert js["status"].get("restartsCountTowardsMax", 0) == 0 and "terminalState" not in js["status"]
+        (jev,) = kube.events("PodFailurePolicy", "Job")
+        assert jev.message == (
+            f"Container trainer for pod default/{survivor.metadata.name} failed with exit code 43"
+            " matching FailJob rule at index 1"
+        )
+        # Deleted by the restart, the dead host's pod is reported as a container that could not be
+        # found (the kubelet, back after the reboot) and removed; it was never Failed before.
+        wait_for(lambda: any(t == "DELETED" for t, _ in rec.states(victim.metadata.name)), what="pod removed")
+        states = [p for _, p in rec.states(victim.metadata.name)]
+        assert all(p.status.phase != "Failed" for p in states if not p.metadata.deletion_timestamp)
+        term = next(p for p in states if p.status.phase == "Failed").status.container_statuses[0].state
+        assert (term.terminated.exit_code, term.terminated.reason) == (137, "ContainerStatusUnknown")
+        wait_for(
+            lambda: (
+                sum(p.status.phase == "Running" for p in kube.pods("jobset.sigs.k8s.io/restart-attempt=1"))
+                == 2
+            ),
+            what="both slices running again",
+        )
         rec.close()
 
 

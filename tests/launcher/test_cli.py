@@ -47,6 +47,10 @@ def test_render_yaml_json_and_file(capsys, tmp_path):
     target = tmp_path / "js.yaml"
     code, out, _ = run_cli(capsys, *RENDER, "--output", str(target))
     assert code == 0 and out == "" and yaml.safe_load(target.read_text())["kind"] == "JobSet"
+    code, out, _ = run_cli(capsys, *RENDER, "--init-timeout", "1800", "--json")
+    container = json.loads(out)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in container["containers"][0]["env"]}
+    assert code == 0 and env["RESLICE_INIT_TIMEOUT_S"] == "1800"
 
 
 def _presets_dir(tmp_path, **files):
@@ -84,6 +88,12 @@ BAD_INPUTS = [
     ([*RENDER, "--slices", "0"], None, "slices must be at least 1"),
     ([*RENDER, "--set", "train.steps"], None, "expected key=value"),
     ([*RENDER, "--pull-policy", "Sometimes"], None, "expected Always, IfNotPresent or Never"),
+    ([*RENDER, "--init-timeout", "0"], None, "--init-timeout 0: expected at least 1 second"),
+    (
+        ["launch", "-p", "tpu7x-2x2x1", "--run", "x", "-b", "8", "--init-timeout", "-5"],
+        None,
+        "--init-timeout -5",
+    ),
     (["launchx"], None, "No such command"),
     (
         ["launch", "-p", "tpu7x-2x2x1", "--run", "x", "-b", "8", "--set", "train.stepz=1"],

@@ -110,6 +110,8 @@ def test_contract_environment():
     )
     assert "restart-attempt" in env["RESLICE_RESTART_ATTEMPT"]["fieldRef"]["fieldPath"]
     assert float(env["RESLICE_PEAK_TFLOPS"]) == pytest.approx(2307 / 2)
+    assert env["RESLICE_INIT_TIMEOUT_S"] == "900"  # not JAX's 300 s: see docs/contract.md
+    assert "RESLICE_HEARTBEAT_TIMEOUT_S" not in env  # JAX's default unless asked
     assert env["MEGASCALE_NUM_SLICES"] == "2"
     assert env["MEGASCALE_COORDINATOR_ADDRESS"] == "llm-2-slice-0-0.llm-2"
     assert "job-index" in env["MEGASCALE_SLICE_ID"]["fieldRef"]["fieldPath"]
@@ -198,6 +200,7 @@ def jobset_action(js: dict, reason: str, message: str) -> tuple[str, str]:
         ({"disruption": True}, "RestartJobSetAndIgnoreMaxRestarts"),
         ({"disruption": True, "exit_code": 143}, "RestartJobSetAndIgnoreMaxRestarts"),
         ({"exit_code": 42}, "RestartJobSetAndIgnoreMaxRestarts"),
+        ({"exit_code": 43}, "RestartJobSetAndIgnoreMaxRestarts"),  # a peer lost: a disruption
         ({"exit_code": 2}, "FailJobSet"),
         ({"exit_code": 1}, "RestartJobSet"),
         ({"exit_code": 137}, "RestartJobSet"),

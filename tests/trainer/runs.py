@@ -49,7 +49,8 @@ def env_for(
 
 
 class Trainer:
-    """One trainer process; stdout+stderr go to a log file."""
+    """One trainer process (with its supervisor child, when multi-process) in its own process group,
+    as the kubelet starts a container; stdout+stderr go to a log file."""
 
     def __init__(self, env: Mapping[str, str], log: Path, args: list[str] | None = None):
         self.log = log
@@ -57,21 +58,23 @@ class Trainer:
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "trainer", *sets, *(args or [])],
-                env=dict(env), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                env=dict(env), stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
             )  # fmt: skip
 
     def wait(self, timeout: float = 240) -> int:
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            self.signal(signal.SIGKILL)
             raise AssertionError(f"trainer timed out; log:\n{self.output()[-4000:]}") from None
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
     def signal(self, sig: int = signal.SIGTERM) -> None:
-        self.proc.send_signal(sig)
+        """To the whole process group, as the kubelet signals a container."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
 
 
 def run(

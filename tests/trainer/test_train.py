@@ -19,6 +19,7 @@ import pytest
 
 from tests.support.fake_gcs import FakeGCS
 from tests.trainer import runs
+from trainer.peers import EXIT_PEER_LOST
 
 CONTRACT_KEYS = {
     "step", "segment", "restart_attempt", "time", "learning/loss", "learning/total_loss", "learning/lr",
@@ -151,10 +152,13 @@ def test_two_processes_train_to_the_end(reference: dict, tmp_path: Path) -> None
     }
 
 
-def test_survivor_of_a_dead_peer_fails_at_once_instead_of_waiting_for_the_heartbeat(tmp_path: Path) -> None:
-    # A lost host: its peer's collectives fail at once, but JAX's exit handler would then wait at
-    # the shutdown barrier until the heartbeat timeout (here 60 s; 100 s on GKE by default) while
-    # the slice stays held. The trainer skips the barrier after a failure and exits 1.
+def test_survivor_of_a_dead_peer_exits_peer_lost_at_once_instead_of_waiting_for_the_heartbeat(
+    tmp_path: Path,
+) -> None:
+    # A lost host: its peer's collectives fail at once (Gloo: connection reset), but JAX's exit
+    # handler would then wait at the shutdown barrier until the heartbeat timeout (here 60 s; 100 s
+    # on GKE by default) while the slice stays held. The trainer skips the barrier and exits 43, a
+    # disruption rather than its own failure.
     run_dir = tmp_path / "run"
     procs = runs.processes(str(run_dir), tmp_path, grad_accum=2, extra={"RESLICE_HEARTBEAT_TIMEOUT_S": "60"})
     runs.wait_for(lambda: runs.last_step(run_dir) >= 12, 200, "step 12", procs[0])
@@ -163,10 +167,46 @@ def test_survivor_of_a_dead_peer_fails_at_once_instead_of_waiting_for_the_heartb
     rc = procs[0].wait(90)
     elapsed = time.monotonic() - t0
     out = procs[0].output()
-    assert rc == 1, out[-3000:]
-    assert "exiting without the shutdown barrier" in out
+    assert rc == EXIT_PEER_LOST, out[-3000:]
+    assert "Connection reset by peer" in out and "a peer is lost" in out
+    assert "without the shutdown barrier" in out
     assert elapsed < 15, f"the survivor took {elapsed:.1f} s to exit"
     assert 10 in runs.committed(run_dir)  # what a resume uses is intact
+
+
+def test_when_the_coordinator_dies_during_start_up_the_survivor_exits_peer_lost(tmp_path: Path) -> None:
+    # Process 0 hosts JAX's coordination service. Whether it dies before or after process 1 joined,
+    # process 1's client aborts the process itself (SIGABRT, fate sharing): at once, or when the
+    # initialization timeout runs out. The supervisor turns that abort into 43.
+    run_dir = tmp_path / "run"
+    procs = runs.processes(str(run_dir), tmp_path, extra={"RESLICE_INIT_TIMEOUT_S": "5"})
+    time.sleep(2.0)  # both are starting: importing JAX, or joining
+    procs[0].signal(signal.SIGKILL)
+    t0 = time.monotonic()
+    rc = procs[1].wait(60)
+    elapsed = time.monotonic() - t0
+    out = procs[1].output()
+    assert rc == EXIT_PEER_LOST, out[-3000:]
+    assert "Terminating process because the JAX distributed service detected fatal errors" in out
+    assert "ended this process because a peer is lost: exit 43" in out
+    assert elapsed < 20, f"took {elapsed:.1f} s"  # the 5 s initialization timeout at most, not 900 s
+    assert runs.last_step(run_dir) == 0
+
+
+def test_a_crash_in_a_multi_process_run_is_still_exit_1(tmp_path: Path) -> None:
+    # Both processes raise at step 1. Process 0 always exits 1 (its heartbeat timeout, 60 s, is far
+    # off). Process 1 exits 1 too, unless process 0 (the coordination service) went first: then
+    # JAX aborts it and it exits 43 — which is why the controller counts a crash next to exit 43s
+    # as an application failure.
+    run_dir = tmp_path / "run"
+    crash = {"RESLICE_SET": json.dumps(["train.crash_at_step=1"]), "RESLICE_HEARTBEAT_TIMEOUT_S": "60"}
+    procs = runs.processes(str(run_dir), tmp_path, extra=crash)
+    codes = [p.wait() for p in procs]
+    out = procs[0].output()
+    assert codes[0] == 1, out[-3000:]
+    assert "train.crash_at_step=1: failing on purpose" in out and "a peer is lost" not in out
+    assert codes[1] in (1, EXIT_PEER_LOST), procs[1].output()[-3000:]
+    assert runs.last_step(run_dir) == 0
 
 
 def test_sigterm_while_a_peer_hangs_exits_143_instead_of_waiting_for_the_heartbeat(tmp_path: Path) -> None:
@@ -200,14 +240,15 @@ def _gcs_committed(gcs: FakeGCS, prefix: str) -> list[int]:
 def test_gcs_run_dir_preempt_two_processes_then_resume_on_8_devices(
     reference: dict, gcs: FakeGCS, tmp_path: Path
 ) -> None:
-    """gs:// end to end: 2 processes × 2 devices (A=2) get preempted (SIGTERM to one process only:
-    both must stop at the same step); the newest checkpoint is then made half-written (commit file
-    removed, as a save killed on GCS leaves it); 8 devices resume from the one before it."""
+    """gs:// end to end: 2 processes × 2 devices (A=2) get preempted (SIGTERM to one process only,
+    and to its supervisor only, as a container runtime signals PID 1: both must stop at the same
+    step); the newest checkpoint is then made half-written (commit file removed, as a save killed
+    on GCS leaves it); 8 devices resume from the one before it."""
     prefix = f"run-{uuid.uuid4().hex[:8]}"
     run_dir = f"gs://reslice/{prefix}"
     procs = runs.processes(run_dir, tmp_path, grad_accum=2, extra=gcs.env)
     runs.wait_for(lambda: 10 in _gcs_committed(gcs, prefix), 180, "checkpoint 10 on gs://", procs[0])
-    procs[1].signal(signal.SIGTERM)
+    procs[1].proc.send_signal(signal.SIGTERM)  # the supervisor forwards it to the trainer
     assert [p.wait() for p in procs] == [42, 42], procs[0].output()[-3000:] + procs[1].output()[-3000:]
     committed = _gcs_committed(gcs, prefix)
     stopped, previous = committed[-1], committed[-2]
