@@ -1,8 +1,8 @@
 """reslice trainer: ``python -m trainer``. See docs/contract.md and the module docstrings.
 
-Module map: ``config`` (named configs, overrides, contract env) -> ``distributed`` (process group)
--> ``mesh`` (data × expert) -> ``model`` / ``moe`` (flax nnx decoder, expert-parallel MoE) ->
-``data`` (Grain, step-indexed order) -> ``step`` (jitted train step) -> ``checkpoint`` (Orbax) ->
+Module map: ``config`` (named configs, overrides, contract env) -> ``distributed`` (process group,
+start barrier) -> ``mesh`` (data × expert) -> ``model`` / ``moe`` (flax nnx decoder, expert-parallel
+MoE) -> ``data`` (Grain, step-indexed order) -> ``step`` (jitted train step) -> ``checkpoint`` (Orbax) ->
 ``metrics`` (run directory) -> ``loop`` (the training loop) <- ``__main__`` (entry, exit codes).
 A multi-process run's ``__main__`` first starts ``supervisor`` (the parent that turns JAX's
 fate-sharing abort into exit 43); ``peers`` tells a lost peer from a bug (no JAX in either).
@@ -61,6 +61,11 @@ class Preemption:
         else:
             self._longest_since_s = max(self._longest_since_s, seconds)
         self._last_step = time.monotonic()
+
+    @property
+    def stepped(self) -> bool:
+        """Whether a step has finished: before that, the processes of a run agree on nothing."""
+        return self._last_step is not None
 
     @contextlib.contextmanager
     def saving(self) -> Iterator[None]:
