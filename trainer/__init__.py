@@ -1,8 +1,8 @@
 """reslice trainer: ``python -m trainer``. See docs/contract.md and the module docstrings.
 
-Module map: ``config`` (named configs, overrides, contract env) -> ``distributed`` (process group)
--> ``mesh`` (data × expert) -> ``model`` / ``moe`` (flax nnx decoder, expert-parallel MoE) ->
-``data`` (Grain, step-indexed order) -> ``step`` (jitted train step) -> ``checkpoint`` (Orbax) ->
+Module map: ``config`` (named configs, overrides, contract env) -> ``distributed`` (process group,
+start barrier) -> ``mesh`` (data × expert) -> ``model`` / ``moe`` (flax nnx decoder, expert-parallel
+MoE) -> ``data`` (Grain, step-indexed order) -> ``step`` (jitted train step) -> ``checkpoint`` (Orbax) ->
 ``metrics`` (run directory) -> ``loop`` (the training loop) <- ``__main__`` (entry, exit codes).
 A multi-process run's ``__main__`` first starts ``supervisor`` (the parent that turns JAX's
 fate-sharing abort into exit 43); ``peers`` tells a lost peer from a bug (no JAX in either).
@@ -62,6 +62,11 @@ class Preemption:
             self._longest_since_s = max(self._longest_since_s, seconds)
         self._last_step = time.monotonic()
 
+    @property
+    def stepped(self) -> bool:
+        """Whether a step has finished: before that, the processes of a run agree on nothing."""
+        return self._last_step is not None
+
     @contextlib.contextmanager
     def saving(self) -> Iterator[None]:
         self._saving = True
@@ -77,30 +82,32 @@ class Preemption:
         return self.stall_timeout_s or max(3.0, 3 * (self._longest_since_s or self._first_step_s))
 
     def _watch(self) -> None:
+        # The read end stays open until restore(): a second SIGTERM (a supervised trainer gets the
+        # kubelet's and the supervisor's copy) must not find a closed pipe (EPIPE, a traceback).
         with os.fdopen(self._read, "rb", buffering=0) as wakeups:
             while signal.SIGTERM not in (got := wakeups.read(64)):  # a byte per signal caught
                 if not got:  # restore() closed the pipe
                     return
-        signalled = time.monotonic()
-        while not self._closed:
-            time.sleep(0.1)
-            if self._last_step is None or self._saving or self._closed:
-                continue
-            idle = time.monotonic() - max(self._last_step, signalled)
-            if idle > self.stall_s():
-                print(
-                    f"trainer: no step finished for {idle:.1f} s after SIGTERM (a peer is gone?):"
-                    f" exiting {EXIT_STALLED} without a checkpoint; the latest committed step stands",
-                    flush=True,
-                )
-                sys.stderr.flush()
-                os._exit(EXIT_STALLED)
+            signalled = time.monotonic()
+            while not self._closed:
+                time.sleep(0.1)
+                if self._last_step is None or self._saving or self._closed:
+                    continue
+                idle = time.monotonic() - max(self._last_step, signalled)
+                if idle > self.stall_s():
+                    print(
+                        f"trainer: no step finished for {idle:.1f} s after SIGTERM (a peer is gone?):"
+                        f" exiting {EXIT_STALLED} without a checkpoint; the latest committed step stands",
+                        flush=True,
+                    )
+                    sys.stderr.flush()
+                    os._exit(EXIT_STALLED)
 
     def restore(self) -> None:
         """Put the previous handler back and stop the watchdog (the loop has returned)."""
         if self._closed:
             return
-        self._closed = True
         signal.signal(signal.SIGTERM, self._previous)
         signal.set_wakeup_fd(self._previous_fd)
+        self._closed = True  # only now may the watchdog close the read end
         os.close(self._write)

@@ -57,10 +57,16 @@ def main(argv: list[str] | None = None) -> int:
         return supervisor.supervise(sys.argv[1:] if argv is None else argv)
     preemption = Preemption()  # before the slow imports: SIGTERM at any time means exit 42
     try:
-        from trainer import config, loop
+        from trainer import config, distributed, loop
 
         cfg = config.resolve(args.config, args.set, os.environ)
-        return loop.run(cfg, os.environ, preemption)
+        code = loop.run(cfg, os.environ, preemption)
+        if code == loop.EXIT_PREEMPTED and not preemption.stepped and distributed.joined():
+            # Preempted before the first step, the peers anywhere in their start-up (compiling, at
+            # the start barrier): JAX's shutdown barrier would hold this host until they all exit.
+            # Nothing to save; the peers learn of it from the coordination service (exit 43).
+            _exit_now(code)
+        return code
     except ConfigError as e:
         print(f"trainer: config error: {e}", file=sys.stderr, flush=True)
         return 2

@@ -101,6 +101,9 @@ class TrainConfig:
     # peer is gone and the step in flight will never finish). 0: max(3 s, 3 x the longest step
     # after the first, which waits for every peer to start).
     stall_timeout_s: float = 0.0
+    # Test hook: sleep this long after compiling, before the start barrier, as a process whose
+    # compile is that much slower than its peers' (0: never). Set it on one process only.
+    debug_start_delay_s: float = 0.0
 
 
 @dataclass
@@ -313,6 +316,7 @@ def validate(cfg: Config) -> None:
         (cfg.data.dtype in ("uint16", "uint32"), "data.dtype must be uint16 or uint32"),
         (cfg.data.workers >= 0 and cfg.data.prefetch >= 0, "data.workers and data.prefetch must be >= 0"),
         (cfg.train.stall_timeout_s >= 0, "train.stall_timeout_s must be >= 0 (0: automatic)"),
+        (cfg.train.debug_start_delay_s >= 0, "train.debug_start_delay_s must be >= 0"),
         (t.steps > 0 and t.global_batch > 0, "train.steps and train.global_batch must be positive"),
         (t.micro_batch >= 0 and t.grad_accum > 0, "train.grad_accum must be positive"),
         (cfg.checkpoint.interval > 0 and cfg.checkpoint.keep > 0, "checkpoint.interval and keep must be positive"),

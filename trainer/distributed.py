@@ -10,14 +10,22 @@ restarts the whole set): ``RESLICE_HEARTBEAT_TIMEOUT_S``, default JAX's 100 s. T
 timeout is how long the first process waits for the last one to join: ``RESLICE_INIT_TIMEOUT_S``,
 default 900 s (JAX's 300 s is short for hundreds of hosts whose pods start minutes apart; see
 docs/contract.md).
+
+Before the first step every process waits at a barrier of JAX's coordination service
+(``wait_for_peers``), with the initialization timeout: the first step's collectives set up Gloo's
+communicators (on CPU), whose rendezvous gives up after a fixed 30 s, and a process that compiled
+(or restored) faster than another would otherwise reach them that much earlier.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import jax
+from orbax.checkpoint import multihost
 
 from trainer.config import ConfigError
 
@@ -66,14 +74,20 @@ def joined() -> bool:
     return _joined
 
 
+def timeouts(env: Mapping[str, str]) -> tuple[int, int]:
+    """(initialization, heartbeat) timeouts in seconds, from the contract environment."""
+    init_timeout = _int(env, "RESLICE_INIT_TIMEOUT_S", INIT_TIMEOUT_S)
+    heartbeat = _int(env, "RESLICE_HEARTBEAT_TIMEOUT_S", 100)
+    if init_timeout < 1 or heartbeat < 1:
+        raise ConfigError("RESLICE_INIT_TIMEOUT_S and RESLICE_HEARTBEAT_TIMEOUT_S must be >= 1 second")
+    return init_timeout, heartbeat
+
+
 def initialize(env: Mapping[str, str]) -> Identity:
     """Join the process group (before anything touches the JAX backend)."""
     global _joined
     ident = identity(env)
-    heartbeat = _int(env, "RESLICE_HEARTBEAT_TIMEOUT_S", 100)
-    init_timeout = _int(env, "RESLICE_INIT_TIMEOUT_S", INIT_TIMEOUT_S)
-    if init_timeout < 1 or heartbeat < 1:
-        raise ConfigError("RESLICE_INIT_TIMEOUT_S and RESLICE_HEARTBEAT_TIMEOUT_S must be >= 1 second")
+    init_timeout, heartbeat = timeouts(env)
     # JAX's preemption service would install its own SIGTERM handler over ours (trainer.Preemption):
     # the loop agrees on the stopping step through the step's own outputs instead.
     jax.config.update("jax_enable_preemption_service", False)
@@ -91,3 +105,46 @@ def initialize(env: Mapping[str, str]) -> Identity:
         _joined = True
         ident = Identity(jax.process_index(), jax.process_count(), None)
     return ident
+
+
+def start_barrier_id(segment: int, attempt: int) -> str:
+    """The start barrier of one incarnation of the process group: a set restarted by JobSet (a new
+    restart attempt) or a later segment never meets the barrier of an earlier one."""
+    return f"reslice-first-step-segment-{segment}-attempt-{attempt}"
+
+
+def wait_for_peers(
+    barrier_id: str, timeout_s: float, interrupted: Callable[[], bool], poll_s: float = 0.1
+) -> float | None:
+    """Wait until every process of the group is at ``barrier_id``; the seconds waited (0 when this
+    process is alone), or None as soon as ``interrupted()`` (a SIGTERM).
+
+    The barrier is the coordination service's, not a collective (``multihost_utils``' barriers run
+    one over Gloo, with its 30 s rendezvous). Orbax's exported ``get_barrier_sync_fn`` is a thin
+    wrapper of the JAX client's ``wait_at_barrier``, which jax 0.10.2 does not expose publicly.
+    That call blocks in C++ (without the GIL), where no Python signal handler runs, so it waits in
+    a daemon thread while this thread watches ``interrupted``; an interrupted caller must exit
+    without JAX's shutdown barrier, which would wait for the peers. A peer that dies meanwhile
+    fails the barrier (its heartbeat timeout) and JAX's fate sharing aborts this process: a lost
+    peer either way (trainer.peers, trainer.supervisor)."""
+    if not _joined:
+        return 0.0
+    sync = multihost.get_barrier_sync_fn()
+    done, failed = threading.Event(), []
+
+    def wait() -> None:
+        try:
+            sync(key=barrier_id, timeout_ms=int(timeout_s * 1000))
+        except BaseException as e:  # handed to the main thread, which classifies it
+            failed.append(e)
+        finally:
+            done.set()
+
+    t0 = time.monotonic()
+    threading.Thread(target=wait, name="start-barrier", daemon=True).start()
+    while not done.wait(poll_s):
+        if interrupted():
+            return None
+    if failed:
+        raise failed[0]
+    return time.monotonic() - t0

@@ -102,6 +102,28 @@ class Recorder:
         }  # fmt: skip
 
 
+def _meet_peers(
+    cfg: Config, env: Mapping[str, str], processes: int, segment: int, attempt: int, preemption: Preemption
+) -> float | None:
+    """After the compile and the restore, before the first step's collectives: every process of the
+    group waits for the last one (trainer.distributed.wait_for_peers). The seconds waited, or None
+    on a SIGTERM (nothing trained yet: the caller exits 42)."""
+    if delay := cfg.train.debug_start_delay_s:
+        print(f"trainer: train.debug_start_delay_s={delay:g}: sleeping before the start barrier", flush=True)
+        deadline = time.monotonic() + delay
+        while time.monotonic() < deadline and not preemption.requested:
+            time.sleep(0.1)
+    if preemption.requested:
+        return None
+    barrier = distributed.start_barrier_id(segment, attempt)
+    if processes > 1:
+        print(f"trainer: at the start barrier {barrier}, waiting for the other processes", flush=True)
+    waited = distributed.wait_for_peers(barrier, distributed.timeouts(env)[0], lambda: preemption.requested)
+    if waited is not None and processes > 1:
+        print(f"trainer: all {processes} processes at the start barrier after {waited:.3f} s", flush=True)
+    return waited
+
+
 def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = None) -> int:
     """Train until ``train.steps`` (exit 0) or a SIGTERM (exit 42); see the module docstring."""
     preemption = preemption or Preemption()
@@ -176,6 +198,11 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
             token_spec = jax.ShapeDtypeStruct(global_shape, np.int32, sharding=tokens_sharding)
             train_step = train_step.lower(state, token_spec, flags[False]).compile()
             startup = {"perf/compile_seconds": time.perf_counter() - t_compile}
+            waited = _meet_peers(cfg, env, ident.num_processes, segment, attempt, preemption)
+            if waited is None:
+                print(f"trainer: preempted before the first step, step {start} stands, exit {EXIT_PREEMPTED}")
+                return EXIT_PREEMPTED
+            startup["perf/start_barrier_seconds"] = waited
 
             pending = None  # (n, device metrics, batch, data seconds) of the step in flight
             last_done, stop, n = time.perf_counter(), False, start

@@ -144,8 +144,10 @@ def processes(
     devices: int = 2,
     grad_accum: int = 1,
     extra: Mapping | None = None,
+    only: Mapping[int, Mapping[str, str]] | None = None,
 ) -> list[Trainer]:
-    """``count`` trainer processes of one segment on this machine (one slice, ``count`` hosts)."""
+    """``count`` trainer processes of one segment on this machine (one slice, ``count`` hosts);
+    ``only[i]`` is more environment for process i alone."""
     shared = {
         **(extra or {}),
         "RESLICE_COORDINATOR": f"127.0.0.1:{free_port()}",
@@ -156,9 +158,24 @@ def processes(
     return [
         Trainer(
             env_for(
-                run_dir, devices, grad_accum=grad_accum, extra={**shared, "JOB_COMPLETION_INDEX": str(i)}
+                run_dir,
+                devices,
+                grad_accum=grad_accum,
+                extra={**shared, **(only or {}).get(i, {}), "JOB_COMPLETION_INDEX": str(i)},
             ),
             log_dir / f"p{i}.log",
         )
         for i in range(count)
     ]
+
+
+def assert_matches_reference(records: dict[int, dict], reference: dict, *, exact: bool) -> None:
+    """The reference run's samples at every step, and its losses: bit for bit (same shape) or within
+    1e-5 (another shape)."""
+    ref = reference["records"]
+    for step, rec in records.items():
+        assert rec["data/sample_digest"] == ref[step]["data/sample_digest"], f"step {step}: different samples"
+        if exact:
+            assert rec["learning/loss"] == ref[step]["learning/loss"], f"step {step}"
+        else:
+            assert abs(rec["learning/loss"] - ref[step]["learning/loss"]) <= 1e-5, f"step {step}"

@@ -66,6 +66,7 @@ def test_precedence_config_then_overrides_then_contract_env(tmp_path: Path) -> N
         (["nope.x=1"], {}, "unknown config section 'nope'"),
         (["train.steps=1.5"], {}, "train.steps: expected int"),
         (["moe.top_k=20"], {}, "moe.top_k must be in"),
+        (["train.debug_start_delay_s=-1"], {}, "train.debug_start_delay_s must be >= 0"),
         (["train.steps"], {}, "not of the form"),
         ([], {"RESLICE_SET": "train.steps=3"}, "RESLICE_SET is not a JSON list"),
         ([], {"RESLICE_GLOBAL_BATCH": "many"}, "RESLICE_GLOBAL_BATCH='many' is not an integer"),
@@ -110,8 +111,15 @@ def test_batch_plan_is_checked_against_the_devices(cpu8: list, capsys, monkeypat
 def test_config_hash_covers_the_run_identity_not_the_layout() -> None:
     base = config.config_hash(config.load("tiny"))
     same = config.resolve(
-        "tiny", ["moe.ragged_buffer_factor=1.25", "moe.transport=dense", "data.workers=2"], {}
-    )
+        "tiny",
+        [
+            "moe.ragged_buffer_factor=1.25",
+            "moe.transport=dense",
+            "data.workers=2",
+            "train.debug_start_delay_s=40",
+        ],
+        {},
+    )  # the test hook is set on one process of a run only: it must not make it another run
     assert config.config_hash(same) == base
     for change in ("optim.lr=0.001", "model.d_model=32", "data.seed=5", "moe.top_k=1", "train.steps=41"):
         assert config.config_hash(config.resolve("tiny", [change], {})) != base, change

@@ -65,3 +65,17 @@ def test_no_watchdog_before_the_first_step() -> None:
         sys.exit(42)
     """)
     assert rc == 42, out
+
+
+def test_a_second_sigterm_is_quiet() -> None:
+    # A supervised trainer gets two: the one sent to its process group, and the supervisor's copy.
+    rc, out, _ = run_child("""
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)               # the watchdog has read the first one
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)
+        p.restore()
+        sys.exit(42 if p.requested else 1)
+    """)
+    assert rc == 42, out
+    assert "Exception ignored" not in out and "BrokenPipeError" not in out, out

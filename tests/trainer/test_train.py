@@ -30,16 +30,6 @@ CONTRACT_KEYS = {
 }  # fmt: skip
 
 
-def assert_matches_reference(records: dict[int, dict], reference: dict, *, exact: bool) -> None:
-    ref = reference["records"]
-    for step, rec in records.items():
-        assert rec["data/sample_digest"] == ref[step]["data/sample_digest"], f"step {step}: different samples"
-        if exact:
-            assert rec["learning/loss"] == ref[step]["learning/loss"], f"step {step}"
-        else:
-            assert abs(rec["learning/loss"] - ref[step]["learning/loss"]) <= 1e-5, f"step {step}"
-
-
 def tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Read the event files back (TFRecord framing: length, crc, payload, crc)."""
     from tensorboardX.proto.event_pb2 import Event
@@ -107,7 +97,7 @@ def test_same_shape_resume_after_kill_is_bitwise_equal(reference: dict, tmp_path
     newest = sorted((run_dir / "metrics").glob("*.jsonl"))[-1]
     resumed = runs.parse_metrics({newest.name: newest.read_text()})
     assert sorted(resumed) == list(range(resume_at + 1, 41)) and len(resumed) >= 20
-    assert_matches_reference(resumed, reference, exact=True)
+    runs.assert_matches_reference(resumed, reference, exact=True)
 
 
 def test_sigterm_exits_42_and_resumes_on_another_shape(reference: dict, tmp_path: Path) -> None:
@@ -131,7 +121,7 @@ def test_sigterm_exits_42_and_resumes_on_another_shape(reference: dict, tmp_path
     assert min(resumed) == stopped + 1  # nothing recomputed
     assert sorted(resumed) == list(range(stopped + 1, 41)) and len(resumed) >= 20
     assert {(r["devices"], r["micro_batch"], r["grad_accum"]) for r in resumed.values()} == {(2, 2, 4)}
-    assert_matches_reference(resumed, reference, exact=False)
+    runs.assert_matches_reference(resumed, reference, exact=False)
 
 
 def test_two_processes_train_to_the_end(reference: dict, tmp_path: Path) -> None:
@@ -144,7 +134,7 @@ def test_two_processes_train_to_the_end(reference: dict, tmp_path: Path) -> None
     records = runs.parse_metrics(files)
     assert sorted(records) == list(range(1, 41))
     assert {(r["devices"], r["micro_batch"], r["num_processes"]) for r in records.values()} == {(4, 2, 2)}
-    assert_matches_reference(records, reference, exact=False)
+    runs.assert_matches_reference(records, reference, exact=False)
     assert runs.committed(run_dir) == [20, 30, 40]
     assert {p.name for p in (run_dir / "checkpoints" / "40" / "state").glob("ocdbt.process_*")} == {
         "ocdbt.process_0",
@@ -268,8 +258,8 @@ def test_gcs_run_dir_preempt_two_processes_then_resume_on_8_devices(
     newest = sorted(names)[-1]
     resumed = runs.parse_metrics({newest: gcs.read_object("reslice", newest).decode()})
     assert sorted(resumed) == list(range(previous + 1, 41))
-    assert_matches_reference(resumed, reference, exact=False)
-    assert_matches_reference(first, reference, exact=False)
+    runs.assert_matches_reference(resumed, reference, exact=False)
+    runs.assert_matches_reference(first, reference, exact=False)
     status = json.loads(gcs.read_object("reslice", f"{prefix}/status.json"))
     assert (status["state"], status["step"]) == ("finished", 40)
     assert _gcs_committed(gcs, prefix) == [20, 30, 40]
