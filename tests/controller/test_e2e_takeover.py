@@ -16,7 +16,7 @@ def test_controller_killed_mid_shrink(tmp_path):
     census = JobSetCensus(h.kube, "takeover").start()
     first = second = None
     try:
-        h.launch("takeover", slices=2, steps=30, interval=5, global_batch=MULTI_HOST_BATCH)
+        h.launch("takeover", slices=2, steps=20, interval=5, global_batch=MULTI_HOST_BATCH)
         first = h.controller_process(
             "takeover", tmp_path / "controller-1.log", crash_point="after-record:submit:1"
         )
@@ -50,4 +50,4 @@ def test_controller_killed_mid_shrink(tmp_path):
     first_id, second_id = submits[0]["controller"], takeovers[0]["holder"]
     assert first_id != second_id and takeovers[0]["previous"] == first_id
     assert submits[1]["controller"] == first_id and creates[0]["controller"] == second_id
-    assert sorted(kept_steps(metrics)) == list(range(1, 31))
+    assert sorted(kept_steps(metrics)) == list(range(1, 21))
