@@ -259,16 +259,23 @@ def _shortfall(shape: Shape, pools: list[Pool], near: list[str], fit: list[Pool]
     return "; ".join(found), "; ".join(fixes)
 
 
-def run_checks(facts: ClusterFacts, req: Request) -> list[Check]:
-    """Every row but the write probe's, in the order they are shown."""
-    spec = req.spec
-    rows = [check_jobset_api(facts), check_jobset_controller(facts), check_namespace(facts, spec.namespace)]
+def _named_objects(facts: ClusterFacts, spec: RunSpec) -> list[Check]:
+    """The rows for what the run names, when it names it: service account, priority class, queue."""
+    rows = []
     if spec.service_account:
         rows.append(check_service_account(facts, spec))
     if spec.priority_class:
         rows.append(check_priority_class(facts, spec.priority_class))
     if spec.queue:
         rows.append(check_queue(facts, spec))
+    return rows
+
+
+def run_checks(facts: ClusterFacts, req: Request) -> list[Check]:
+    """Every row but the write probe's, in the order they are shown."""
+    spec = req.spec
+    rows = [check_jobset_api(facts), check_jobset_controller(facts), check_namespace(facts, spec.namespace)]
+    rows += _named_objects(facts, spec)
     rows.append(check_quota(facts.quotas, req))
     for i, s in enumerate(req.ladder):
         shape = run_shape(spec, s)
@@ -289,11 +296,6 @@ def launch_blockers(facts: ClusterFacts, req: Request) -> list[Check]:
         rung_exists(shape := run_shape(spec, req.shape), *pools_of(facts, spec, shape)),
         check_run_dir(spec.run_dir, facts.embedded is not None),
         check_quota(facts.quotas, req),
+        *_named_objects(facts, spec),
     ]
-    if spec.service_account:
-        rows.append(check_service_account(facts, spec))
-    if spec.priority_class:
-        rows.append(check_priority_class(facts, spec.priority_class))
-    if spec.queue:
-        rows.append(check_queue(facts, spec))
     return [c for c in rows if c.status == FAIL]
