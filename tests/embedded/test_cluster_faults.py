@@ -31,6 +31,16 @@ def _slice_pods(kube, idx, attempt="0"):
     return sorted(pods, key=lambda p: p.metadata.name)
 
 
+def _wait_both_slices_restarted(kube) -> None:
+    wait_for(
+        lambda: (
+            sum(p.status.phase == "Running" for p in kube.pods("jobset.sigs.k8s.io/restart-attempt=1"))
+            == 2 * HOSTS
+        ),
+        what="both slices running again",
+    )
+
+
 def _pool_of(kube, pod):
     return kube.core.read_node(pod.spec.node_name).metadata.labels["cloud.google.com/gke-nodepool"]
 
@@ -125,13 +135,7 @@ def test_preempt_is_the_spot_sequence_and_restarts_without_counting():
             )
             assert next(c for c in node.status.conditions if c.type == "Ready").status == "True"
         assert [e.reason for e in kube.events(kind="Node")].count("RegisteredNode") == HOSTS
-        wait_for(
-            lambda: (
-                sum(p.status.phase == "Running" for p in kube.pods("jobset.sigs.k8s.io/restart-attempt=1"))
-                == 2 * HOSTS
-            ),
-            what="both slices running again",
-        )
+        _wait_both_slices_restarted(kube)
         rec.close()
 
 
@@ -216,13 +220,7 @@ def test_crash_host_reports_nothing_and_the_survivors_exit_43_restarts_uncounted
         assert all(p.status.phase != "Failed" for p in states if not p.metadata.deletion_timestamp)
         term = next(p for p in states if p.status.phase == "Failed").status.container_statuses[0].state
         assert (term.terminated.exit_code, term.terminated.reason) == (137, "ContainerStatusUnknown")
-        wait_for(
-            lambda: (
-                sum(p.status.phase == "Running" for p in kube.pods("jobset.sigs.k8s.io/restart-attempt=1"))
-                == 2 * HOSTS
-            ),
-            what="both slices running again",
-        )
+        _wait_both_slices_restarted(kube)
         rec.close()
 
 
