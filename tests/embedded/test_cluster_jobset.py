@@ -4,6 +4,9 @@ simulate mode, completion, ttlSecondsAfterFinished, suspend/resume and the succe
 
 import json
 import re
+import threading
+
+from kubernetes import watch
 
 from tests.embedded.cluster_helpers import HOSTS, condition, rendered, running, terminal, wait_for
 
@@ -152,17 +155,29 @@ def test_simulated_jobset_completes_then_ttl_deletes_it():
             )
         )
         assert st["replicatedJobsStatus"][0]["active"] == 2
+        # A 1 s TTL can delete the JobSet before a poll sees it finished, so read its life from a
+        # watch: the Completed state, then the deletion.
+        seen: list[tuple[str, str | None]] = []
+        stream = watch.Watch()
+
+        def record() -> None:
+            for ev in stream.stream(
+                kube.custom.list_namespaced_custom_object,
+                "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", timeout_seconds=60,
+            ):  # fmt: skip
+                seen.append((ev["type"], (ev["object"].get("status") or {}).get("terminalState")))
+                if ev["type"] == "DELETED":
+                    return
+
+        recorder = threading.Thread(target=record, daemon=True)
+        recorder.start()
         assert kube.cluster.sim_finish("jobset.sigs.k8s.io/jobset-name=sim-0", 0) == 32
-        done = terminal(kube, "sim-0")
-        assert done["status"]["terminalState"] == "Completed"
-        wait_for(
-            lambda: (
-                not kube.custom.list_namespaced_custom_object(
-                    "jobset.x-k8s.io", "v1alpha2", "default", "jobsets"
-                )["items"]
-            ),
-            what="TTL deletion",
-        )
+        recorder.join(timeout=30)
+        stream.stop()
+        assert any(state == "Completed" for _, state in seen) and seen[-1][0] == "DELETED", seen
+        assert not kube.custom.list_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", "default", "jobsets"
+        )["items"]
         wait_for(
             lambda: not kube.pods() and not kube.batch.list_namespaced_job("default").items,
             what="children collected",
