@@ -57,7 +57,16 @@ def test(args: list[str]) -> None:
     setup()
     _run(str(BIN / "ruff"), "check", ".")
     _run(str(BIN / "ruff"), "format", "--check", ".")
-    _exec(str(BIN / "pytest"), *args)
+    _exec(str(BIN / "pytest"), *_workers(args), *args)
+
+
+def _workers(args: list[str]) -> list[str]:
+    """Two pytest workers, whole files each: most of an e2e test's wall time is waiting on the
+    cluster and the controller, so two files side by side fill 2 cores; whole files keep a module's
+    reference run computed once. ``-n 0`` (or any -n) overrides."""
+    if any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in args):
+        return []
+    return ["-n", "2", "--dist", "loadfile"]
 
 
 def demo(args: list[str]) -> None:
