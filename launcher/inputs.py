@@ -150,6 +150,8 @@ def spec_options(
     queue: str | None = None,
     priority_class: str | None = None,
     service_account: str | None = None,
+    cpu_request: str | None = None,
+    memory_request: str | None = None,
 ) -> None:
     """The options of a run's spec that render, launch, preflight and sweep share."""
     image(image_ref)
@@ -160,3 +162,20 @@ def spec_options(
     label_value("--queue", queue)
     object_name("--priority-class", priority_class)
     object_name("--service-account", service_account)
+    quantity("--cpu-request", cpu_request)
+    quantity("--memory-request", memory_request)
+
+
+def quantity(flag: str, value: str | None) -> str | None:
+    """A positive Kubernetes quantity (what the API server accepts as a request)."""
+    if value is None:
+        return None
+    from kubernetes.utils import parse_quantity
+
+    try:
+        ok = parse_quantity(value) > 0
+    except (ValueError, ArithmeticError):
+        ok = False
+    if not ok:
+        raise UserError(f"{flag} {value!r} is not a positive Kubernetes quantity (e.g. 56, 500m, 240Gi)")
+    return value
