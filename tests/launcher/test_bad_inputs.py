@@ -27,8 +27,8 @@ from trainer.__main__ import main as trainer_main
 PRESET = ["--preset", "tpu7x-2x2x2"]
 PLAN = ["plan", *PRESET, "-b", "32"]
 RENDER = ["render", *PRESET, "--run", "r", "--run-dir", "rd", "-b", "32"]
-LAUNCH = ["launch", *PRESET, "--run", "r", "-b", "32", "--detach"]
-PREFLIGHT = ["preflight", *PRESET, "--run", "r", "--run-dir", "rd", "-b", "32", "--no-probe"]
+LAUNCH = ["launch", *PRESET, "--run", "r", "--detach", "-b", "32"]
+PREFLIGHT = ["preflight", *PRESET, "--run", "r", "--run-dir", "rd", "--no-probe", "-b", "32"]
 SWEEP = ["sweep", *PRESET, "--steps", "20"]
 WITH_SPEC = {"render": RENDER, "launch": LAUNCH, "preflight": PREFLIGHT}
 WITH_SHAPE = {"plan": PLAN, **WITH_SPEC}
@@ -49,7 +49,7 @@ def _cases() -> list[tuple[list[str], int]]:
             "--max-grad-accum": ["0", "-2"],
         }.items():
             for v in values:
-                add([*[a for a in base if a != "-b" or flag != "--global-batch"], flag, v])
+                add([*(base[:-2] if flag == "--global-batch" and base[-2] == "-b" else base), flag, v])
     # The spec options of render, launch and preflight.
     for name, base in WITH_SPEC.items():
         spec_flags: dict[str, list[str]] = {
@@ -145,7 +145,7 @@ def _cases() -> list[tuple[list[str], int]]:
     add(["demo", "--steps", "1000000000"])
     add(["demo", "--workdir", "afile"])
     # The environment: kubeconfigs that are missing, malformed or point at nothing.
-    for cmd in (["runs"], ["status", "r"], [*LAUNCH[:-1]], ["stop", "r"]):
+    for cmd in (["runs"], ["status", "r"], [a for a in LAUNCH if a != "--detach"], ["stop", "r"]):
         add([*cmd, "--kubeconfig", "missing.yaml"])
         add([*cmd, "--kubeconfig", "malformed.yaml"])
         add([*cmd, "--kubeconfig", "nocontext.yaml"])
