@@ -507,7 +507,7 @@ def preflight(
         memory_request=memory_request,
     )
     inputs.seconds("--probe-timeout", probe_timeout, positive=True)
-    inputs.run_dir("--run-dir", run_dir)
+    inputs.run_dir("--run-dir", run_dir, here=False)
     shape = make_shape(preset, slices)
     shapes, skipped = ladder(shape, global_batch, max_micro_batch, max_grad_accum)
     directory = run_dir if run_dir.startswith("gs://") else str(Path(run_dir).resolve())

@@ -92,8 +92,9 @@ def namespace(value: str) -> str:
     return value
 
 
-def run_dir(flag: str, value: str) -> str:
-    """A gs://BUCKET/PREFIX with a valid bucket name, or a local path that is not a file."""
+def run_dir(flag: str, value: str, *, here: bool = True) -> str:
+    """A gs://BUCKET/PREFIX with a valid bucket name, or a local path that is not a file (`here`:
+    a path of this machine; preflight's is the pods', which its write probe checks from a pod)."""
     if value.startswith("gs://"):
         bucket = value.removeprefix("gs://").split("/", 1)[0]
         if not GCS_BUCKET.match(bucket) or ".." in bucket or any(len(p) > 63 for p in bucket.split(".")):
@@ -103,7 +104,8 @@ def run_dir(flag: str, value: str) -> str:
         raise UserError(f"{flag} {value!r}: expected a local path or gs://BUCKET/PREFIX")
     if not value.strip():
         raise UserError(f"{flag}: expected a path, got an empty string")
-    directory(flag, Path(value))
+    if here:
+        directory(flag, Path(value))
     return value
 
 
