@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.controller import Controller
 from tests.support.fake_gcs import FakeGCS
 from tests.trainer import runs
 from trainer.__main__ import main
@@ -98,7 +99,12 @@ def test_unusable_steps_are_set_aside_and_the_run_resumes_from_the_previous_one(
         kept = {f.relative_to(p) for f in p.rglob("*")} - {Path(UNUSABLE_REASON)}
         assert kept == (original if step != 4 else {f for f in original if f.parts[0] != "state"})
     status = json.loads((run_dir / "status.json").read_text())
-    assert [u["step"] for u in status["unusable_checkpoints"]] == [8, 6, 4]  # what the controller logs
+    assert [u["step"] for u in status["unusable_checkpoints"]] == [8, 6, 4]
+    # The controller ledgers each once, from the status.json it reads every pass.
+    controller = Controller(kube=None)
+    entries = controller._new_unusable(status)
+    assert [(e["kind"], e["step"]) for e in entries] == [("unusable-checkpoint", s) for s in (8, 6, 4)]
+    assert all(e["moved_to"] and e["reason"] for e in entries) and controller._new_unusable(status) == []
     assert runs.committed(run_dir) == [2, 4, 6, 8, 10]
 
 
