@@ -237,12 +237,20 @@ def _quiet_abandoned_reads() -> Iterator[None]:
         if not inspect.iscoroutine(unraisable.object):
             previous(unraisable)
 
-    sys.unraisablehook = hook
+    # A read abandoned on gs:// may also call back into Orbax's closed event loop from tensorstore's
+    # thread, which prints "RuntimeError: Event loop is closed" through sys.excepthook.
+    previous_excepthook = sys.excepthook
+
+    def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        if not (kind is RuntimeError and "Event loop is closed" in str(value)):
+            previous_excepthook(kind, value, tb)
+
+    sys.unraisablehook, sys.excepthook = hook, excepthook
     try:
         yield
         gc.collect()  # the abandoned coroutines go now, while the hook is in place
     finally:
-        sys.unraisablehook = previous
+        sys.unraisablehook, sys.excepthook = previous, previous_excepthook
         asyncio_log.setLevel(level)
 
 
