@@ -169,3 +169,15 @@ def test_a_yaml_file_takes_scientific_notation_too(tmp_path: Path) -> None:
 def test_numbers_out_of_range_are_config_errors(override: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         config.resolve("tiny", [override], {})
+
+
+def test_a_missing_token_file_is_exit_2_before_anything_is_written(
+    cpu8: list, capsys, monkeypatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("RESLICE_RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("RESLICE_GLOBAL_BATCH", "16")
+    args = ["--config", "tiny", "--set", "data.source=files", "--set", f"data.path={tmp_path / 'none.bin'}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not exist" in err[0]
+    assert not (tmp_path / "run").exists()  # no checkpoints/, no metrics/
