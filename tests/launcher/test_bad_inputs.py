@@ -317,3 +317,20 @@ def test_the_longest_run_name_the_advice_allows_is_accepted(shape: tuple, capsys
     assert code == 0, err
     with pytest.raises(Exception, match=f"use at most {room} characters"):
         prepare(RunSpec(run="r" * (room + 1), run_dir="runs/x", global_batch=batch), preset, slices, Policy())
+
+
+def test_no_cloud_credentials_for_a_gcs_run_dir(
+    world: Path, cluster: EmbeddedCluster, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    for k in ("GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST", "CLOUDSDK_CONFIG"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("HOME", str(world))  # no ~/.config/gcloud
+    monkeypatch.setenv("NO_GCE_CHECK", "true")  # not on GCE: skip the metadata server's probe
+    from launcher import runs as runs_module
+
+    runs_module._client_for.cache_clear()
+    before = (_objects(cluster), _files(world))
+    code, _, err = run_cli(capsys, *LAUNCH, "--run-dir", "gs://my-bucket/x", "--no-preflight")
+    runs_module._client_for.cache_clear()
+    assert code == 2 and err.count("\n") == 1 and "no Google Cloud credentials" in err, err
+    assert (_objects(cluster), _files(world)) == before
