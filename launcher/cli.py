@@ -5,21 +5,24 @@ User errors (UserError, bad options) print one line on stderr and exit 2, with n
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 import yaml
 from rich.console import Console
 from rich.table import Table
 
+from launcher import inputs
 from launcher.embedded.cli import app as cluster_app
-from launcher.errors import ClusterNotReady, UserError
+from launcher.errors import ClusterNotReady, UserError, environment_error
 from launcher.plan import Plan, shrink_ladder
 from launcher.presets import load_presets, make_shape
 from launcher.render import DEFAULT_COORDINATOR_PORT, RunSpec, render_jobset
@@ -185,12 +188,6 @@ DEFAULT_IMAGE = "reslice-trainer:latest"
 DEFAULT_INIT_TIMEOUT = RunSpec.init_timeout_s
 
 
-def _check_init_timeout(seconds: int) -> int:
-    if seconds < 1:
-        raise UserError(f"--init-timeout {seconds}: expected at least 1 second")
-    return seconds
-
-
 @app.command()
 def plan(
     preset: PresetOpt,
@@ -201,6 +198,7 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show the shrink ladder: every shape the run may fall back to, with its batch plan."""
+    inputs.shape_options(slices, global_batch, max_micro_batch, max_grad_accum)
     shape = make_shape(preset, slices)
     rungs = shrink_ladder(shape, global_batch, max_micro_batch, max_grad_accum)
     if not rungs[0].feasible:
@@ -267,9 +265,17 @@ def render(
     as_json: Annotated[bool, typer.Option("--json", help="JSON instead of YAML.")] = False,
 ) -> None:
     """Render the JobSet of one segment as YAML (or JSON)."""
-    for kv in overrides or []:
-        if "=" not in kv:
-            raise UserError(f"--set {kv!r}: expected key=value")
+    inputs.overrides(overrides)
+    inputs.shape_options(slices, global_batch, max_micro_batch, max_grad_accum)
+    inputs.spec_options(
+        image_ref=image, ns=namespace, grace_period=grace_period, max_restarts=max_restarts,
+        init_timeout=init_timeout, queue=queue, priority_class=priority_class, service_account=service_account,
+        cpu_request=cpu_request, memory_request=memory_request,
+    )  # fmt: skip
+    inputs.integer("--segment", segment, low=0, high=10_000)
+    inputs.run_dir("--run-dir", run_dir)
+    if output is not None:
+        inputs.output_file("--output", output)
     if pull_policy not in {"Always", "IfNotPresent", "Never"}:
         raise UserError(f"--pull-policy {pull_policy!r}: expected Always, IfNotPresent or Never")
     spec = RunSpec(
@@ -284,7 +290,7 @@ def render(
         max_grad_accum=max_grad_accum,
         grace_period_s=grace_period,
         max_restarts=max_restarts,
-        init_timeout_s=_check_init_timeout(init_timeout),
+        init_timeout_s=init_timeout,
         queue=queue,
         priority_class=priority_class,
         service_account=service_account,
@@ -300,7 +306,10 @@ def render(
         sys.stdout.write(text)
     else:
         output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text)
+        try:
+            output.write_text(text)
+        except OSError as e:
+            raise UserError(f"--output {output}: {e.strerror}") from None
 
 
 # --- runs -------------------------------------------------------------------------------------
@@ -362,6 +371,20 @@ def launch(
     from launcher.launch import create_run, prepare, short_notice_presets
     from launcher.record import Policy
 
+    inputs.overrides(overrides)
+    inputs.shape_options(slices, global_batch, max_micro_batch, max_grad_accum)
+    inputs.spec_options(
+        image_ref=image, ns=namespace, grace_period=grace_period, max_restarts=max_restarts,
+        init_timeout=init_timeout, queue=queue, priority_class=priority_class, service_account=service_account,
+        cpu_request=cpu_request, memory_request=memory_request,
+    )  # fmt: skip
+    inputs.seconds("--unschedulable-grace", unschedulable_grace)
+    inputs.seconds("--grow-window", grow_window)
+    inputs.integer("--app-failure-budget", app_failure_budget, low=0, high=10_000)
+    inputs.seconds("--app-backoff", app_backoff)
+    inputs.seconds("--save-seconds", save_seconds, positive=True)
+    inputs.integer("--short-notice-interval", short_notice_interval, high=inputs.MAX_STEPS)
+    inputs.run_dir("--run-dir", run_dir or f"runs/{run}")
     shape = make_shape(preset, slices)
     local = run_dir is None or not run_dir.startswith("gs://")
     directory = str(Path(run_dir or f"runs/{run}").resolve()) if local else run_dir
@@ -384,7 +407,7 @@ def launch(
         max_grad_accum=max_grad_accum,
         grace_period_s=grace_period,
         max_restarts=max_restarts,
-        init_timeout_s=_check_init_timeout(init_timeout),
+        init_timeout_s=init_timeout,
         queue=queue,
         priority_class=priority_class,
         coordinator_port=coordinator_port,
@@ -471,8 +494,20 @@ def preflight(
     from launcher.preflight import preflight as run_preflight
     from launcher.render import DNS1035
 
-    if not DNS1035.match(run):
-        raise UserError(f"--run {run!r} is not a DNS-1035 label (lowercase letters, digits and '-')")
+    if not DNS1035.match(run) or len(run) > 63:  # the probe pod carries it as a label value
+        raise UserError(f"--run {run!r} is not a DNS-1035 label of at most 63 characters")
+    inputs.shape_options(slices, global_batch, max_micro_batch, max_grad_accum)
+    inputs.spec_options(
+        image_ref=image,
+        ns=namespace,
+        queue=queue,
+        priority_class=priority_class,
+        service_account=service_account,
+        cpu_request=cpu_request,
+        memory_request=memory_request,
+    )
+    inputs.seconds("--probe-timeout", probe_timeout, positive=True)
+    inputs.run_dir("--run-dir", run_dir, here=False)
     shape = make_shape(preset, slices)
     shapes, skipped = ladder(shape, global_batch, max_micro_batch, max_grad_accum)
     directory = run_dir if run_dir.startswith("gs://") else str(Path(run_dir).resolve())
@@ -524,9 +559,10 @@ def demo(
     """The elastic demo on the embedded cluster: 2 slices of tpu7x-2x2x2, lose 1, resume on 1, grow back."""
     from launcher.demo import run_demo
 
-    if steps < 25:
+    inputs.directory("--workdir", workdir)
+    if not 25 <= steps <= 100_000:
         raise UserError(
-            "--steps must be at least 25 (capacity goes at step 5; the run must outlive the regrowth)"
+            "--steps must be between 25 and 100000 (capacity goes at step 5; the run must outlive the regrowth)"
         )
     if run_demo(workdir, steps, console) != "Finished":
         raise typer.Exit(1)
@@ -556,6 +592,9 @@ def watch(
 
     if (run is None) == (not all_runs):
         raise UserError("give a RUN or --all (not both)")
+    inputs.namespace(namespace)
+    inputs.seconds("--resync", resync, positive=True)
+    inputs.integer("--lease", lease, low=1, high=3600)
     if not 0 <= health_port <= 65535:
         raise UserError(f"--health-port must be a TCP port (0-65535, 0 = off), not {health_port}")
     if health_port and not all_runs:
@@ -581,6 +620,7 @@ def status(
     from launcher.status import run_report
     from launcher.view import badput_table, segments_table
 
+    inputs.namespace(namespace)
     rec, report, rundir = run_report(connect(kubeconfig, namespace).kube, run)
     committed = rundir.latest_committed_step()
     if as_json:
@@ -600,6 +640,7 @@ def runs(namespace: NamespaceOpt = "default", kubeconfig: KubeconfigOpt = None) 
     """List the runs of the namespace."""
     from launcher.connect import connect
 
+    inputs.namespace(namespace)
     table = Table(title=f"runs in {namespace}")
     for col in ("run", "state", "shape now", "requested", "segments", "global batch", "reason"):
         table.add_column(col, overflow="fold")
@@ -627,6 +668,7 @@ def stop(
     from launcher.connect import connect
     from launcher.launch import stop_run
 
+    inputs.namespace(namespace)
     kube = connect(kubeconfig, namespace).kube
     deleted = stop_run(kube, run)
     console.print(
@@ -645,6 +687,9 @@ def report(
     from launcher.connect import connect
     from launcher.status import write_plots
 
+    inputs.namespace(namespace)
+    if out is not None:
+        inputs.directory("--out", out)
     for path in write_plots(connect(kubeconfig, namespace).kube, run, out):
         console.print(str(path))
 
@@ -687,6 +732,15 @@ def sweep(
     from launcher.sweep import make_sweep, plan_sweep, run_sweep
     from launcher.sweep_results import sweep_table
 
+    inputs.overrides(overrides)
+    inputs.shape_options(slices, global_batch, 16, None)
+    inputs.spec_options(image_ref=image, ns=namespace, grace_period=grace_period)
+    inputs.integer("--steps", steps, high=inputs.MAX_STEPS)
+    inputs.integer("--max-parallel", max_parallel, high=256)
+    inputs.integer("--warmup", warmup, low=0, high=inputs.MAX_STEPS)
+    inputs.fraction("--max-drop", max_drop)
+    if sweep_dir is not None:
+        inputs.run_dir("--sweep-dir", sweep_dir)
     spec = make_sweep(
         name=name, preset=preset, slices=slices, config=config, factors=factors, steps=steps,
         global_batch=global_batch, overrides=tuple(overrides or ()), warmup=warmup, max_drop=max_drop,
@@ -732,11 +786,18 @@ def sweep_report(
     console.print(f"plot: {png}")
 
 
+@functools.cache
+def _command() -> Callable[..., Any]:
+    """The click command of `app`, built once: building it is most of the cost of a refused input
+    (56 ms), which the bad-input suite pays for hundreds of cases in one process."""
+    return typer.main.get_command(app)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: one line and exit 2 for every user error."""
     try:
         # Without standalone mode, typer returns a command's exit code instead of exiting.
-        code = app(args=argv, prog_name="reslice", standalone_mode=False)
+        code = _command()(args=argv, prog_name="reslice", standalone_mode=False)
     except UserError as e:
         print(f"reslice: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -751,6 +812,12 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         print("reslice: aborted", file=sys.stderr)
         sys.exit(130)
+    except Exception as e:
+        known = environment_error(e)
+        if known is None:
+            raise
+        print(f"reslice: {'error: ' if known[0] == 2 else ''}{known[1]}", file=sys.stderr)
+        sys.exit(known[0])
     if isinstance(code, int) and code:
         sys.exit(code)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.errors import UserError
-from launcher.kube import Kube, load_api_client
+from launcher.kube import Kube, is_embedded, load_api_client
 
 
 @dataclass
@@ -25,7 +25,7 @@ def connect(
     none runs and that is given."""
     api = load_api_client(kubeconfig)
     if api is not None:
-        return Connection(Kube(api, namespace), embedded=False)
+        return Connection(Kube(api, namespace), embedded=is_embedded(api))
     from launcher.embedded import cli as embedded
 
     d = embedded.state_dir(None)
@@ -40,4 +40,5 @@ def connect(
         if info is None:
             raise UserError(f"the embedded cluster did not start (see {d / 'cluster.log'})")
     api = load_api_client(info["kubeconfig"])
+    is_embedded(api)  # a cluster whose state directory outlived it is unreachable: exit 1, one line
     return Connection(Kube(api, namespace), embedded=True)

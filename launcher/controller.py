@@ -76,6 +76,7 @@ class Controller:
     # Per run: what the ledger last recorded, so that only changes get a line.
     _last: dict[str, tuple[dict, str]] = field(default_factory=dict)
     _held: set[str] = field(default_factory=set)
+    _unusable_seen: set[str] = field(default_factory=set)
     _wake: threading.Event = field(default_factory=threading.Event)
     # Why the loop was woken, counted: watch events per kind, and watch errors such as 410 Gone.
     wakeups: Counter = field(default_factory=Counter)
@@ -107,6 +108,7 @@ class Controller:
         last_summary, last_reason = self._last.get(run, ({}, ""))
         if summary != last_summary:
             entries.append({"kind": "observe", **summary})
+        entries += self._new_unusable(obs.trainer)
         if decision.record != rec:
             try:
                 self.kube.update_record(decision.record, rv)
@@ -160,6 +162,18 @@ class Controller:
             except Conflict:
                 continue
         self._log(rundir, [{"kind": "act", "action": P.FAIL, "reason": reason, "state": R.FAILED}])
+
+    def _new_unusable(self, trainer: dict | None) -> list[dict]:
+        """Ledger lines for the checkpoints the trainer found unusable and moved aside (status.json),
+        each once per controller: the run lost the steps since the previous committed one."""
+        out = []
+        for u in (trainer or {}).get("unusable_checkpoints") or []:
+            if isinstance(u, dict) and u.get("moved_to") not in self._unusable_seen:
+                self._unusable_seen.add(u.get("moved_to"))
+                out.append(
+                    {"kind": "unusable-checkpoint", **{k: u.get(k) for k in ("step", "moved_to", "reason")}}
+                )
+        return out
 
     def _log(self, rundir: RunDir, entries: list[dict]) -> None:
         if entries:

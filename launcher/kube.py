@@ -16,7 +16,7 @@ from pathlib import Path
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
-from launcher.errors import UserError
+from launcher.errors import ClusterNotReady, UserError
 from launcher.record import RunRecord
 from launcher.render import API_VERSION, LABEL_RUN
 
@@ -51,11 +51,35 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
         path = str(Path.home() / ".kube" / "config")
     if path is None:
         return None
-    if not Path(path).exists():
-        raise UserError(f"kubeconfig {path} does not exist")
+    if not Path(path).is_file():
+        raise UserError(f"kubeconfig {path} does not exist or is not a file")
     cfg = client.Configuration()
-    config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
+    try:
+        config.load_kube_config(config_file=path, context=context, client_configuration=cfg)
+    except Exception as e:  # malformed YAML, no current context, a missing certificate file...
+        raise UserError(f"kubeconfig {path} cannot be used: {' '.join(str(e).split())[:200]}") from None
     return client.ApiClient(cfg)
+
+
+EMBEDDED_VERSION_SUFFIX = "-reslice-embedded"  # the embedded API server's gitVersion ends so
+
+
+def is_embedded(api_client: client.ApiClient) -> bool:
+    """Whether the server is the embedded cluster, asked of the server itself (GET /version), however
+    its kubeconfig was found. An unreachable server raises ClusterNotReady (exit 1) here, before
+    any command acts; a server that hides its version is not the embedded one."""
+    import urllib3
+
+    try:
+        version = client.VersionApi(api_client).get_code(_request_timeout=15)
+    except urllib3.exceptions.HTTPError as e:
+        reason = " ".join(str(getattr(e, "reason", None) or e).split())[:200]
+        raise ClusterNotReady(
+            f"the cluster at {api_client.configuration.host} is unreachable: {reason}"
+        ) from None
+    except ApiException:
+        return False
+    return str(version.git_version or "").endswith(EMBEDDED_VERSION_SUFFIX)
 
 
 def _now() -> datetime:
@@ -110,6 +134,14 @@ class Kube:
         if resp.status >= 400:
             raise ApiException(status=resp.status, reason=_status_message(resp.data))
         return json.loads(resp.data)
+
+    def namespace_exists(self) -> bool:
+        """False only when the server says the namespace is not there (a client that may not read
+        namespaces finds out at its first create)."""
+        try:
+            return self.get(f"/api/v1/namespaces/{self.namespace}") is not None
+        except Forbidden:
+            return True
 
     # --- pods of our own (the preflight write probe) -------------------------------------------
 

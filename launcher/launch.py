@@ -7,6 +7,7 @@ name is free and the run directory does not belong to another run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -20,10 +21,9 @@ from launcher.presets import make_shape
 from launcher.record import Policy, RunRecord
 from launcher.render import (
     RunSpec,
-    check_name,
     coordinator_port_error,
     grace_period,
-    jobset_name,
+    run_name_error,
     short_notice,
 )
 from launcher.runs import RunDir
@@ -64,10 +64,9 @@ def prepare(
     if not isinstance(first.plan, Plan):
         raise UserError(f"{shape}: {first.plan.reason}")
     # The longest JobSet name this run may need: the last segment the policy allows.
-    longest = jobset_name(spec.run, policy.max_segments - 1)
     for rung in ladder:
-        if rung.feasible:
-            check_name(longest, rung.shape)
+        if rung.feasible and (err := run_name_error(spec.run, rung.shape, policy.max_segments - 1)):
+            raise UserError(err)
     if spec.short_notice_interval is not None and spec.short_notice_interval < 1:
         raise UserError(
             f"--short-notice-interval must be a positive number of steps, got {spec.short_notice_interval}"
@@ -128,14 +127,27 @@ def create_run(kube, rec: RunRecord) -> None:
                 f"run {rec.name!r} already finished in {rec.spec.run_dir} (step {status.get('step')}): "
                 "launch a new --run, or give another --run-dir"
             )
+    if not kube.namespace_exists():
+        raise UserError(
+            f"namespace {kube.namespace!r} does not exist: `kubectl create namespace {kube.namespace}`"
+        )
     if kube.get_record(rec.name) is not None:
         raise UserError(
             f"run {rec.name!r} already exists: `reslice status {rec.name}` (or `reslice stop` it)"
         )
+    created = rundir.missing_dirs()
     if existing is None:
         rundir.write_text("run.json", json.dumps({"run": rec.name, "spec": asdict(rec.spec), "preset": rec.preset,
                                                   "slices": rec.slices}, indent=2))  # fmt: skip
-    kube.create_record(rec)
+    try:
+        kube.create_record(rec)
+    except BaseException:
+        if existing is None:  # the claim was this launch's own: leave the directory as it was
+            rundir.delete("run.json")
+            for d in created:
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+        raise
     rundir.log([{"time": rec.created_at, "kind": "launch", "shape": f"{rec.preset} x{rec.slices}",
                  "global_batch": rec.spec.global_batch}])  # fmt: skip
 

@@ -141,7 +141,17 @@ def decide(rec: RunRecord, obs: S.Observation, ladder: list[Rung]) -> Decision:
     # 5. The trainer reports the final step: done, whatever else is going on.
     if _trainer_finished(rec, obs):
         reason = f"trainer finished step {obs.committed_step}"
-        done = _end(rec, obs, "finished", reason, R.FINISHED) if seg and seg.live else rec
+        if seg and seg.live:
+            done = _end(rec, obs, "finished", reason, R.FINISHED)
+        elif seg and seg.end_step != obs.committed_step:
+            # Ended (say for a grow) but its trainer reached the final step before it stopped: the
+            # segment ended by finishing, and the restart it was ended for never happened.
+            was = f"{reason}, before the {seg.end_kind} it was ended for: {seg.end_reason}"
+            done = rec.with_segment(
+                replace(seg, end_kind="finished", end_reason=was, end_step=obs.committed_step)
+            )
+        else:
+            done = rec
         return Decision(FINISH, reason, replace(done, state=R.FINISHED, reason=reason, finished_at=now))
 
     # No live segment: submit the next one once the previous one's pods are gone.

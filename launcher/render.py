@@ -155,6 +155,26 @@ def check_name(name: str, shape: Shape) -> None:
         raise UserError(err)
 
 
+def run_name_room(shape: Shape, segment: int) -> int:
+    """The longest run name whose JobSet of segment `segment` on `shape` has pod names of at most 63
+    characters: the advice `run_name_error` gives is this number, so following it is accepted."""
+    pod = f"-{segment}-{REPLICATED_JOB}-{shape.slices - 1}-{shape.preset.hosts - 1}"
+    return 63 - len(pod) - POD_SUFFIX
+
+
+def run_name_error(run: str, shape: Shape, segment: int) -> str | None:
+    """Why `run` cannot name a run that may reach segment `segment` on `shape`, or None."""
+    if not DNS1035.match(run):
+        return f"run name {run!r} is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter)"
+    room = run_name_room(shape, segment)
+    if len(run) > room:
+        return (
+            f"run name {run!r} ({len(run)} characters) is too long for {shape}: the pod names of its "
+            f"segment {segment} would be longer than 63 characters; use at most {room} characters"
+        )
+    return None
+
+
 def plan_for(spec: RunSpec, shape: Shape) -> Plan:
     plan = plan_batch(spec.global_batch, shape.devices, spec.max_micro_batch, spec.max_grad_accum)
     if not isinstance(plan, Plan):
@@ -321,7 +341,8 @@ def render_jobset(spec: RunSpec, shape: Shape, segment: int = 0) -> dict:
     name = jobset_name(spec.run, segment)
     if err := shape.error or coordinator_port_error(spec.coordinator_port):
         raise UserError(err)
-    check_name(name, shape)
+    if err := run_name_error(spec.run, shape, segment):
+        raise UserError(err)
     plan = plan_for(spec, shape)
     pod_failure_policy, jobset_failure_policy = failure_policies(spec)
     labels = segment_labels(spec.run, segment)

@@ -7,6 +7,7 @@ to, so the ledger is rewritten with a generation precondition: two writers never
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -78,6 +79,23 @@ class RunDir:
             tmp.replace(path)  # atomic: readers never see half a file
             return
         self._blob(rel).upload_from_string(text)
+
+    def delete(self, rel: str) -> None:
+        """Remove one file (absent is fine)."""
+        if self.root is not None:
+            (self.root / rel).unlink(missing_ok=True)
+            return
+        from google.api_core.exceptions import NotFound
+
+        with contextlib.suppress(NotFound):
+            self._blob(rel).delete()
+
+    def missing_dirs(self) -> list[Path]:
+        """The local run directory and its ancestors that do not exist yet, innermost first."""
+        if self.root is None:
+            return []
+        root = self.root.resolve()
+        return [p for p in (root, *root.parents) if not p.exists()]
 
     def append_lines(self, rel: str, lines: Iterable[str]) -> None:
         chunk = "".join(line.rstrip("\n") + "\n" for line in lines)

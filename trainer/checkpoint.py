@@ -14,8 +14,13 @@ manager opens, so a save killed half-way is never restored from.
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import inspect
 import logging
+import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -26,6 +31,8 @@ from orbax.checkpoint._src.serialization import jax_array_handlers
 from trainer.config import ConfigError
 
 COMMIT_FILE = "commit_success.txt"
+UNUSABLE_DIR = "checkpoints-unusable"  # beside checkpoints/: steps that did not restore, kept
+UNUSABLE_REASON = "UNUSABLE.txt"
 
 
 def _first_difference(saved: Any, current: Any, prefix: str = "") -> str | None:
@@ -67,6 +74,7 @@ class Checkpointer:
     def __init__(self, run_dir: str, keep: int, async_save: bool = True):
         _use_replica_parallel_only_for_large_arrays()
         self.directory = epath.Path(run_dir) / "checkpoints"
+        self.set_aside: list[dict[str, Any]] = []  # the unusable steps moved aside at start-up
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             save_interval_steps=1,  # the loop decides when to save
@@ -98,6 +106,61 @@ class Checkpointer:
                 f"{where} has config hash {meta.get('config_hash')}, this run {config_hash} ({diff}): refusing to resume"
             )
 
+    def usable_start(
+        self, total_steps: int, abstract: Any, check: Callable[[int, dict[str, Any]], None]
+    ) -> tuple[int, Any]:
+        """(step, state) of the newest committed step that restores, or (0, None) when none does.
+
+        A step already at or past `total_steps` is returned without its state (the run is done).
+        `check` refuses a foreign checkpoint (ConfigError: exit 2, never skipped over). A step whose
+        meta is not JSON of this layout, or whose state is missing or does not restore (truncated
+        arrays), is unusable: one line says so, it is moved aside (never deleted), and the previous
+        committed step is tried, which costs the steps since then and no more."""
+        with _quiet_abandoned_reads():
+            for step in sorted(self.manager.all_steps(), reverse=True):
+                try:
+                    meta = self.read_meta(step)
+                    if not isinstance(meta, dict) or meta.get("step") != step or "config_hash" not in meta:
+                        raise ValueError(f"its meta is not a checkpoint's (step {meta.get('step')!r})")
+                except Exception as e:
+                    self._set_aside(step, e)
+                    continue
+                check(step, meta)
+                if step >= total_steps:
+                    return step, None
+                try:
+                    return step, self.restore(step, abstract)
+                except Exception as e:
+                    self._set_aside(step, e)
+        if self.set_aside:
+            raise ConfigError(
+                f"no usable checkpoint in {self.directory}: all {len(self.set_aside)} committed steps were "
+                f"moved to {self.directory.parent / UNUSABLE_DIR}; resume from none (a new run directory) or repair them"
+            )
+        return 0, None
+
+    def _set_aside(self, step: int, error: BaseException) -> None:
+        """Move checkpoint `step` to ``<run_dir>/checkpoints-unusable/<step>-<unix time>``, where no
+        reader takes it for a step, and keep it for a post-mortem."""
+        if transient(error):  # the storage failed, not the checkpoint: keep it, fail this attempt
+            raise error
+        reason = _reason(error)
+        target = self.directory.parent / UNUSABLE_DIR / f"{step}-{int(time.time())}"
+        print(
+            f"trainer: checkpoint {self.directory}/{step} is unusable ({reason}): moved to {target}",
+            flush=True,
+        )
+        if jax.process_index() == 0:  # one mover; every process skips the step the same way
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # Also what makes the folder exist on gs://, where epath's rename needs its destination's.
+            (target.parent / "README.txt").write_text(
+                "Checkpoints the trainer could not restore, moved here from checkpoints/ (never deleted).\n"
+            )
+            _move(self.directory / str(step), target)
+            (target / UNUSABLE_REASON).write_text(reason + "\n")
+        self.set_aside.append({"step": step, "moved_to": str(target), "reason": reason})
+        self.manager.reload()
+
     def restore(self, step: int, abstract: Any) -> Any:
         """Restore ``state`` into the shardings carried by ``abstract`` (the current mesh)."""
         restored = self.manager.restore(
@@ -121,6 +184,93 @@ class Checkpointer:
 
     def close(self) -> None:
         self.manager.close()
+
+
+# Status codes (absl / tensorstore / gRPC) of a storage that failed for now: retrying may succeed.
+_TRANSIENT = (
+    "UNAVAILABLE",
+    "DEADLINE_EXCEEDED",
+    "PERMISSION_DENIED",
+    "UNAUTHENTICATED",
+    "RESOURCE_EXHAUSTED",
+)
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    e: BaseException | None = error
+    while e is not None and e not in out:
+        out.append(e)
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    return out
+
+
+def transient(error: BaseException) -> bool:
+    """Whether a failed read is the storage's (network, credentials), not the checkpoint's content."""
+    return any(
+        isinstance(e, (ConnectionError, TimeoutError, PermissionError))
+        or any(c in str(e) for c in _TRANSIENT)
+        for e in _chain(error)
+    )
+
+
+def _reason(error: BaseException) -> str:
+    """One short line: the innermost message that says what is wrong (tensorstore's, under Orbax's)."""
+    for e in reversed(_chain(error)):
+        text = " ".join(str(e).split()).split(" See full TensorStore details")[0]
+        if text:
+            return f"{type(e).__name__}: {text}"[:240]
+    return type(error).__name__
+
+
+@contextlib.contextmanager
+def _quiet_abandoned_reads() -> Iterator[None]:
+    """A failed restore abandons Orbax's other array reads; when collected, each prints "Exception
+    ignored in <coroutine>" or asyncio's "Task exception was never retrieved" with a traceback
+    (2500 lines for the tiny model). The one line that says the step is unusable is the report."""
+    previous = sys.unraisablehook
+    asyncio_log = logging.getLogger("asyncio")
+    level = asyncio_log.level
+    asyncio_log.setLevel(logging.CRITICAL)
+
+    def hook(unraisable: Any) -> None:
+        if not inspect.iscoroutine(unraisable.object):
+            previous(unraisable)
+
+    # A read abandoned on gs:// may also call back into Orbax's closed event loop from tensorstore's
+    # thread, which prints "RuntimeError: Event loop is closed" through sys.excepthook.
+    previous_excepthook = sys.excepthook
+
+    def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        if not (kind is RuntimeError and "Event loop is closed" in str(value)):
+            previous_excepthook(kind, value, tb)
+
+    sys.unraisablehook, sys.excepthook = hook, excepthook
+    try:
+        yield
+        gc.collect()  # the abandoned coroutines go now, while the hook is in place
+    finally:
+        sys.unraisablehook, sys.excepthook = previous, previous_excepthook
+        asyncio_log.setLevel(level)
+
+
+def _move(src: epath.Path, dst: epath.Path) -> None:
+    """A rename locally; object by object on an object store (gcsfs's move falls back to this after
+    logging a traceback where the bucket has no moveTo, as non-HNS buckets do)."""
+    if "://" not in str(src):
+        src.rename(dst)
+        return
+    for f in _files(src):
+        f.copy(dst / str(f)[len(str(src)) + 1 :])
+    src.rmtree()
+
+
+def _files(root: epath.Path) -> list[epath.Path]:
+    """Every file under `root` (epath refuses `**` on gs://)."""
+    out: list[epath.Path] = []
+    for p in root.iterdir():
+        out += _files(p) if p.is_dir() else [p]
+    return out
 
 
 def committed_steps(run_dir: str) -> list[int]:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -176,8 +178,24 @@ def _section(cfg: Config, name: str) -> Any:
     return getattr(cfg, name)
 
 
+# YAML 1.1 (PyYAML) reads `1e-3` and `1e2` as strings: its float needs a dot and a signed exponent.
+# The contract's own example is `optim.lr=1e-3`, so a number field also takes this decimal form.
+_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+def _number(value: Any) -> Any:
+    """`value` as a float when it is a string in decimal or scientific notation, else unchanged."""
+    if isinstance(value, str) and _NUMBER.match(value.strip()):
+        return float(value.strip())
+    return value
+
+
 def _coerce(key: str, value: Any, current: Any) -> Any:
     """Convert a parsed value to the type of the field it replaces, refusing lossy conversions."""
+    if isinstance(current, (int, float)) and not isinstance(current, bool):
+        value = _number(value)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
     if isinstance(current, bool):
         if isinstance(value, bool):
             return value
@@ -301,7 +319,7 @@ def resolve(config: str | None, overrides: Sequence[str], env: Mapping[str, str]
 
 
 def validate(cfg: Config) -> None:
-    m, e, t = cfg.model, cfg.moe, cfg.train
+    m, e, t, o = cfg.model, cfg.moe, cfg.train, cfg.optim
     checks = [
         (m.vocab_size > 0 and m.seq_len > 0 and m.d_model > 0 and m.n_layers > 0, "model sizes must be positive"),
         (m.n_heads > 0 and m.head_dim > 0 and m.head_dim % 2 == 0, "model.head_dim must be positive and even (RoPE)"),
@@ -321,6 +339,16 @@ def validate(cfg: Config) -> None:
         (t.micro_batch >= 0 and t.grad_accum > 0, "train.grad_accum must be positive"),
         (cfg.checkpoint.interval > 0 and cfg.checkpoint.keep > 0, "checkpoint.interval and keep must be positive"),
         (cfg.optim.warmup_steps >= 0 and cfg.optim.lr > 0, "optim.lr must be positive"),
+        (0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio must be in [0, 1]"),
+        (0 <= o.b1 < 1 and 0 <= o.b2 < 1, "optim.b1 and optim.b2 must be in [0, 1)"),
+        (o.eps > 0 and o.weight_decay >= 0 and o.clip_norm >= 0, "optim.eps must be positive, weight_decay and clip_norm >= 0"),
+        (o.decay_steps >= 0, "optim.decay_steps must be >= 0 (0: train.steps)"),
+        (m.rope_theta > 0 and m.init_std > 0, "model.rope_theta and model.init_std must be positive"),
+        (e.load_balance_weight >= 0 and e.z_loss_weight >= 0, "moe loss weights must be >= 0"),
+        (0 <= cfg.data.copy_prob <= 1, "data.copy_prob must be in [0, 1]"),
+        (cfg.data.num_records > 0 and cfg.data.zipf_exponent > 0, "data.num_records and zipf_exponent must be positive"),
+        (cfg.metrics.flush_seconds > 0 and cfg.metrics.log_every > 0, "metrics.flush_seconds and log_every must be positive"),
+        (t.crash_at_step >= 0 and cfg.mesh.expert >= 0, "train.crash_at_step and mesh.expert must be >= 0"),
     ]  # fmt: skip
     for ok, message in checks:
         if not ok:

@@ -133,6 +133,8 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
         # collective for it) and before anything is written: a run directory this node pool
         # cannot write is a configuration error (exit 2), reported with its fix.
         storage.probe_write(cfg.run_dir)
+    if cfg.data.source == "files":  # a missing or short token file: exit 2 before anything is written
+        data.make_source(cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
     ident = distributed.initialize(env)
     segment = _env_number(env, "RESLICE_SEGMENT", int)
     attempt = _env_number(env, "RESLICE_RESTART_ATTEMPT", int)
@@ -159,20 +161,23 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
     try:
         with jax.set_mesh(mesh):
             graphdef, abstract = abstract_state(cfg, mesh)
-            start = ckpt.latest_step() or 0
-            if start:  # refuse a foreign checkpoint before writing anything into its run directory
-                ckpt.check_compatible(start, ckpt.read_meta(start), chash, ident_dict, gb)
+            # A foreign checkpoint is refused before anything is written into its run directory.
+            start, restored = ckpt.usable_start(
+                total_steps, abstract, lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb)
+            )
             writer = RunWriter(
                 cfg.run_dir, segment, attempt, cfg.metrics.flush_seconds, ident.process_id == 0
             )
             status = {"total_steps": total_steps, "segment": segment, "config_hash": chash}
+            if ckpt.set_aside:  # the controller puts them in the run's ledger
+                status["unusable_checkpoints"] = ckpt.set_aside
             if start >= total_steps:
                 writer.status(state="finished", step=start, **status)
                 return EXIT_FINISHED
             # Opened before the state so that a bad data path fails fast; it starts reading ahead.
             batches = iter(data.make_dataset(cfg.data, cfg.model.vocab_size, seq, layout, start, total_steps))
             if start:
-                state = jax.block_until_ready(ckpt.restore(start, abstract))
+                state = jax.block_until_ready(restored)
                 print(f"trainer: resumed step {start} from {ckpt.directory} on {plan}", flush=True)
             else:
                 state = init_state(cfg, mesh, abstract)

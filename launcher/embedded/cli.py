@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -126,7 +127,12 @@ def up(
     if mode not in ("process", "simulate"):
         raise UserError(f"--mode must be process or simulate, got {mode!r}")
     parse_nodepools(nodepools)  # a bad spec fails here, not in the background
-    d = state_dir(directory)
+    from launcher import inputs
+
+    inputs.integer("--port", port, low=0, high=65535)
+    inputs.seconds("--timeout", timeout, positive=True)
+    d = inputs.directory("--state-dir", state_dir(directory))
+    created = [p for p in (d, *d.parents) if not p.exists()]
     info = read_info(d)
     if info is not None:
         raise UserError(
@@ -148,6 +154,8 @@ def up(
             break
         if proc.poll() is not None:
             tail = (d / "cluster.log").read_text(errors="replace").strip().splitlines()[-1:]
+            if created:  # the state directory was this command's: leave nothing behind
+                shutil.rmtree(created[-1], ignore_errors=True)
             raise UserError(f"the cluster exited at start (code {proc.returncode}): {' '.join(tail)}")
         time.sleep(0.1)
     else:
@@ -285,6 +293,9 @@ def preempt(
     directory: StateDir = None,
 ) -> None:
     """Spot preemption: taint, DisruptionTarget, SIGTERM, grace, nodes removed."""
+    from launcher import inputs
+
+    inputs.seconds("--grace", grace)
     out = _call(
         _running(state_dir(directory)), "preempt", {"nodepool": nodepool, "grace_s": grace, "wait": wait}
     )

@@ -86,3 +86,14 @@ def test_launching_a_finished_run_again_is_refused(capsys, cluster, tmp_path):
     assert "run 'done' already finished" in err and "--run" in err and "--run-dir" in err
     assert kube.get_record("done") is None and kube.jobsets("done") == []
     assert {p.name: p.read_text() for p in run_dir.iterdir()} == before
+
+
+def test_the_embedded_cluster_is_known_by_its_server_not_by_how_it_was_found(capsys, cluster, tmp_path):
+    # Reached through --kubeconfig (as through $KUBECONFIG): still the embedded cluster's local
+    # defaults, a short grace and no image to pull.
+    code, _, err = launch(capsys, cluster, "local", tmp_path / "local")
+    assert code == 0, err
+    (js,) = Kube(cluster.api_client()).jobsets("local")
+    pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["terminationGracePeriodSeconds"] == 30
+    assert {c["imagePullPolicy"] for c in pod["containers"]} == {"Never"}

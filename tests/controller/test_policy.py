@@ -247,6 +247,22 @@ def test_trainer_finished_finishes():
     assert d.action == P.FINISH and d.record.state == R.FINISHED and d.record.total_steps == 100
 
 
+def test_a_segment_ended_for_a_grow_that_finished_first_is_labelled_finished():
+    rec = record_on(1, total_steps=60)
+    rec = rec.with_segment(replace(rec.current, start_step=40))
+    grow = P.decide(
+        rec, observe(rec, pods=running(1), pools=4, now=T0 + 111, pool_since=T0 + 80, committed=55), LADDER
+    )
+    assert grow.action == P.END and grow.record.current.end_kind == "grow"
+    # The trainer got SIGTERM at step 59 of 60, finished the last step and committed it.
+    done = {"state": "finished", "step": 60, "total_steps": 60}
+    d = P.decide(grow.record, observe(grow.record, pods=running(1), committed=60, trainer=done), LADDER)
+    assert d.action == P.FINISH and d.record.state == R.FINISHED
+    seg = d.record.current
+    assert (seg.end_kind, seg.end_step) == ("finished", 60) and "before the grow" in seg.end_reason
+    assert len(d.record.segments) == 1
+
+
 def test_completed_without_final_step_fails():
     rec = record_on(4, total_steps=100)
     js = jobset(condition=("Completed", "AllJobsCompleted", "done"))

@@ -126,3 +126,58 @@ def test_config_hash_covers_the_run_identity_not_the_layout() -> None:
     assert config.config_hash(config.resolve("tiny", ["train.steps=41", "optim.decay_steps=60"], {})) == (
         config.config_hash(config.resolve("tiny", ["train.steps=99", "optim.decay_steps=60"], {}))
     )
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "value"),
+    [
+        ("optim.lr=1e-3", "lr", 1e-3),  # YAML 1.1 reads this as a string; the contract's example
+        ("optim.lr=5E-4", "lr", 5e-4),
+        ("optim.lr=.002", "lr", 0.002),
+        ("optim.lr=3", "lr", 3.0),
+        ("train.steps=1e2", "steps", 100),
+        ("train.steps=2.0e1", "steps", 20),
+    ],
+)
+def test_numbers_in_scientific_notation_are_numbers(override: str, key: str, value: float) -> None:
+    cfg = config.resolve("tiny", [override], {})
+    section = cfg.optim if override.startswith("optim") else cfg.train
+    got = getattr(section, key)
+    assert got == value and type(got) is type(value)
+
+
+def test_a_yaml_file_takes_scientific_notation_too(tmp_path: Path) -> None:
+    path = tmp_path / "cfg.yaml"
+    path.write_text("base: tiny\noptim:\n  lr: 1e-4\n")
+    assert config.load(str(path)).optim.lr == 1e-4
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("optim.lr=.inf", "finite"),
+        ("optim.lr=.nan", "finite"),
+        ("optim.lr=-1e-3", "positive"),
+        ("train.steps=1.5e0", "expected int"),
+        ("optim.b2=1", r"\[0, 1\)"),
+        ("data.copy_prob=2", r"\[0, 1\]"),
+        ("optim.eps=0", "eps must be positive"),
+        ("metrics.log_every=0", "log_every"),
+        ("model.dtype=1e2", "float32 or bfloat16"),
+    ],
+)
+def test_numbers_out_of_range_are_config_errors(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        config.resolve("tiny", [override], {})
+
+
+def test_a_missing_token_file_is_exit_2_before_anything_is_written(
+    cpu8: list, capsys, monkeypatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("RESLICE_RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("RESLICE_GLOBAL_BATCH", "16")
+    args = ["--config", "tiny", "--set", "data.source=files", "--set", f"data.path={tmp_path / 'none.bin'}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not exist" in err[0]
+    assert not (tmp_path / "run").exists()  # no checkpoints/, no metrics/

@@ -1,0 +1,336 @@
+"""Every command, every class of bad input: one short line on stderr, the documented exit code, no
+traceback, and nothing created, deleted or overwritten — checked against a snapshot of the cluster's
+objects (the real client over HTTP against the embedded cluster, simulate mode) and of the files
+under the working directory, taken before and after each case. And the valid inputs that must be
+accepted (scientific notation, the README's examples, the longest run name the advice allows).
+
+Everything runs in-process (`launcher.cli.main`, `trainer.__main__.main`): ~270 cases in ~15 s of CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from launcher.embedded.cluster import EmbeddedCluster
+from launcher.launch import prepare
+from launcher.record import Policy
+from launcher.render import RunSpec
+from tests.support.cli import run_cli
+from trainer.__main__ import main as trainer_main
+
+PRESET = ["--preset", "tpu7x-2x2x2"]
+PLAN = ["plan", *PRESET, "-b", "32"]
+RENDER = ["render", *PRESET, "--run", "r", "--run-dir", "rd", "-b", "32"]
+LAUNCH = ["launch", *PRESET, "--run", "r", "--detach", "-b", "32"]
+PREFLIGHT = ["preflight", *PRESET, "--run", "r", "--run-dir", "rd", "--no-probe", "-b", "32"]
+SWEEP = ["sweep", *PRESET, "--steps", "20"]
+WITH_SPEC = {"render": RENDER, "launch": LAUNCH, "preflight": PREFLIGHT}
+WITH_SHAPE = {"plan": PLAN, **WITH_SPEC}
+
+
+def _cases() -> list[tuple[list[str], int]]:
+    cases: list[tuple[list[str], int]] = []
+
+    def add(argv: list[str], code: int = 2) -> None:
+        cases.append((argv, code))
+
+    # Numbers nobody checked: the shape options of every planning command.
+    for base in WITH_SHAPE.values():
+        for flag, values in {
+            "--slices": ["0", "-1", "1000000000", "nan", "1.5"],
+            "--global-batch": ["0", "-8", "1000000000000", "inf"],
+            "--max-micro-batch": ["0", "-1", "1000000000"],
+            "--max-grad-accum": ["0", "-2"],
+        }.items():
+            for v in values:
+                add([*(base[:-2] if flag == "--global-batch" and base[-2] == "-b" else base), flag, v])
+    # The spec options of render, launch and preflight.
+    for name, base in WITH_SPEC.items():
+        spec_flags: dict[str, list[str]] = {
+            "--image": ["", "two words"],
+            "--namespace": ["Bad", "", "a_b", "x" * 64],
+            "--queue": ["bad queue", "-q", "x" * 64],
+            "--priority-class": ["Bad", "a_b"],
+            "--service-account": ["UPPER", "a b"],
+            "--placement-policy": ["=x", "nope=x"],
+            "--cpu-request": ["lots"] if name != "render" else [],
+        }
+        if name != "preflight":
+            spec_flags |= {
+                "--grace-period": ["-5", "nan"],
+                "--max-restarts": ["-1", "1000000"],
+                "--init-timeout": ["0", "-5"],
+                "--coordinator-port": ["0", "99999", "8080", "8476"],
+                "--set": ["noequals", "=1"],
+                "--memory-request": ["-1Gi"],
+            }
+        for flag, values in spec_flags.items():
+            for v in values:
+                add([*base, flag, v])
+        add([*[a if a != "r" else "Bad" for a in base]])  # run name not DNS-1035
+        add([*[a if a != "r" else "x" * 64 for a in base]])
+    # Run directories that cannot be: a file, below a file, an invalid bucket, another scheme.
+    for base in (RENDER, PREFLIGHT):
+        for rd in ("afile", "afile/sub", "gs://UPPER/x", "gs://a/x", "gs://bad..name/x", "s3://b/x", ""):
+            if base is RENDER or not rd.startswith("afile"):  # preflight's local path is the pods'
+                add([*[a if a != "rd" else rd for a in base]])
+    for rd in ("afile", "afile/sub", "gs://Bad_Bucket/x", "http://x"):
+        add([*LAUNCH, "--run-dir", rd])
+    # render: the segment, the pull policy, the output file.
+    for seg in ("-1", "10001", "x"):
+        add([*RENDER, "--segment", seg])
+    add([*RENDER, "--pull-policy", "Sometimes"])
+    for out in ("adir", "afile/x.yaml"):
+        add([*RENDER, "-o", out])
+    # launch: the policy's numbers and the save options.
+    for flag, values in {
+        "--unschedulable-grace": ["nan", "-1", "inf", "1e12"],
+        "--grow-window": ["nan", "-1"],
+        "--app-failure-budget": ["-1"],
+        "--app-backoff": ["-1", "inf"],
+        "--save-seconds": ["0", "nan", "-1"],
+        "--short-notice-interval": ["0", "-3"],
+    }.items():
+        for v in values:
+            add([*LAUNCH, flag, v])
+    # launch: config errors the trainer finds (through its --check contract).
+    for kv in (
+        "optim.lr=.inf",
+        "optim.lr=nan",
+        "train.stepz=1",
+        "train.steps=0",
+        "train.steps=1.5",
+        "optim.b2=2",
+    ):
+        add([*LAUNCH, "--set", kv])
+    add([*LAUNCH, "--config", "nosuch"])
+    add(["launch", "-p", "tpu7x-8x8x48", "-n", "4", "--run", "r" * 44, "-b", "24576"])  # name too long
+    # sweep.
+    for flag, values in {
+        "--steps": ["0", "-1"],
+        "--factors": ["", "a,b", "nan"],
+        "--max-parallel": ["0", "1000"],
+        "--max-drop": ["2", "nan", "-0.1"],
+        "--warmup": ["-1"],
+        "--name": ["Bad", "x" * 80],
+        "--sweep-dir": ["afile", "gs://UPPER/x"],
+        "--namespace": ["Bad"],
+        "--image": [""],
+        "--slices": ["0", "1000000000"],
+        "--global-batch": ["0", "-1"],
+        "--grace-period": ["-5"],
+        "--set": ["noequals"],
+    }.items():
+        for v in values:
+            add([*SWEEP, flag, v])
+    add(["sweep-report", "nosuch", "--sweep-dir", "afile"])
+    # The run commands, by name and by namespace.
+    for cmd in (["status", "r"], ["stop", "r"], ["report", "r"], ["runs"], ["watch", "r"]):
+        add([*cmd, "--namespace", "Bad_NS"])
+    for cmd in (["status", "nosuch"], ["stop", "nosuch"], ["report", "nosuch"]):
+        add(cmd)
+    add(["report", "r", "--out", "afile"])
+    add(["report", "r", "--out", "afile/sub"])
+    for extra in (["--resync", "0"], ["--resync", "nan"], ["--lease", "0"], ["--health-port", "70000"]):
+        add(["watch", "--all", *extra])
+    add(["watch"])
+    add(["watch", "r", "--all"])
+    add(["watch", "r", "--health-port", "8081"])
+    add(["demo", "--steps", "5"])
+    add(["demo", "--steps", "1000000000"])
+    add(["demo", "--workdir", "afile"])
+    # The environment: kubeconfigs that are missing, malformed or point at nothing.
+    for cmd in (["runs"], ["status", "r"], [a for a in LAUNCH if a != "--detach"], ["stop", "r"]):
+        add([*cmd, "--kubeconfig", "missing.yaml"])
+        add([*cmd, "--kubeconfig", "malformed.yaml"])
+        add([*cmd, "--kubeconfig", "nocontext.yaml"])
+        add([*cmd, "--kubeconfig", "nowhere.yaml"], 1)  # the cluster is unreachable: exit 1
+    # A namespace that does not exist: preflight's check refuses it (1); without it, the launch (2).
+    add([*LAUNCH, "--namespace", "nosuch"], 1)
+    add([*LAUNCH, "--namespace", "nosuch", "--no-preflight"])
+    # The embedded cluster's commands.
+    for extra in (["--port", "99999"], ["--port", "-1"], ["--timeout", "0"], ["--timeout", "nan"]):
+        add(["cluster", "up", "--state-dir", "newstate", *extra])
+    add(["cluster", "up", "--mode", "fast", "--state-dir", "newstate"])
+    add(["cluster", "up", "--nodepools", "tpu9:2", "--state-dir", "newstate"])
+    add(["cluster", "up", "--state-dir", "afile"])
+    for grace in ("nan", "-5", "inf", "1e9"):
+        add(["cluster", "preempt", "tpu7x-2x2x2-np-0", "--grace", grace])
+    # Unknown commands and options.
+    add(["launchx"])
+    add([*PLAN, "--colour", "red"])
+    add(["plan", *PRESET])
+    return cases
+
+
+CASES = _cases()
+TRAINER_CASES = [
+    ["--check", "--set", kv]
+    for kv in (
+        "optim.lr=.inf",
+        "optim.lr=.nan",
+        "optim.lr=-1e-3",
+        "optim.lr=abc",
+        "train.steps=1.5",
+        "train.steps=-1e2",
+        "train.stepz=1",
+        "nosection",
+        "model.dtype=int8",
+        "data.copy_prob=2",
+        "optim.b1=1",
+        "checkpoint.interval=0",
+        "metrics.log_every=0",
+        "moe.top_k=0",
+        "data.source=files",
+    )
+] + [["--check", "--config", "nosuch"], ["--check", "--config", "malformed.yaml"], ["--bogus"]]
+
+
+def test_the_table_is_big_enough() -> None:
+    assert len(CASES) + len(TRAINER_CASES) >= 150
+    commands = {argv[0] for argv, _ in CASES}
+    assert commands >= {"plan", "render", "launch", "preflight", "sweep", "sweep-report", "status", "stop"}
+    assert commands >= {"report", "runs", "watch", "demo", "cluster"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedCluster]:
+    with EmbeddedCluster("tpu7x-2x2x2:2", mode="simulate") as c:
+        yield c
+
+
+@pytest.fixture
+def world(cluster: EmbeddedCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory with the files the cases name, and the cluster as $KUBECONFIG."""
+    monkeypatch.chdir(tmp_path)
+    for k in [k for k in os.environ if k.startswith("RESLICE_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+    monkeypatch.setenv("RESLICE_CLUSTER_DIR", str(tmp_path / "nostate"))  # no background cluster here
+    (tmp_path / "afile").write_text("a file, not a directory\n")
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "malformed.yaml").write_text("apiVersion: v1\nclusters: [oops\n")
+    (tmp_path / "nocontext.yaml").write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\n")
+    nowhere = Path(cluster.kubeconfig).read_text().replace(cluster.url, "http://127.0.0.1:9")
+    (tmp_path / "nowhere.yaml").write_text(nowhere)
+    return tmp_path
+
+
+def _objects(cluster: EmbeddedCluster) -> set[tuple[str, ...]]:
+    api = cluster.api_client()
+    core, custom, coord = client.CoreV1Api(api), client.CustomObjectsApi(api), client.CoordinationV1Api(api)
+    items = [("ns", "", n.metadata.name, n.metadata.resource_version) for n in core.list_namespace().items]
+    for kind, listing in (
+        ("cm", core.list_config_map_for_all_namespaces().items),
+        ("pod", core.list_pod_for_all_namespaces().items),
+        ("lease", coord.list_lease_for_all_namespaces().items),
+    ):
+        items += [(kind, o.metadata.namespace, o.metadata.name, o.metadata.resource_version) for o in listing]
+    jobsets = custom.list_cluster_custom_object("jobset.x-k8s.io", "v1alpha2", "jobsets")["items"]
+    items += [("js", j["metadata"]["namespace"], j["metadata"]["name"], "") for j in jobsets]
+    return set(items)
+
+
+def _files(root: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize(("argv", "code"), CASES, ids=[" ".join(a)[:90] for a, _ in CASES])
+def test_bad_input(argv: list[str], code: int, world: Path, cluster: EmbeddedCluster, capsys) -> None:
+    before = (_objects(cluster), _files(world))
+    got, _, err = run_cli(capsys, *argv)
+    assert (got, err.count("\n") <= 3, "Traceback" not in err) == (code, True, True), err
+    assert err.startswith("reslice: "), err
+    assert (_objects(cluster), _files(world)) == before
+
+
+@pytest.mark.parametrize("argv", TRAINER_CASES, ids=[" ".join(a) for a in TRAINER_CASES])
+def test_bad_trainer_input(argv: list[str], world: Path, capsys) -> None:
+    before = _files(world)
+    code = _trainer(argv)
+    err = capsys.readouterr().err
+    assert (code, len(err.splitlines()), "Traceback" not in err) == (2, 1, True), err
+    assert _files(world) == before
+
+
+def _trainer(argv: list[str]) -> int:
+    try:
+        return trainer_main(argv)
+    except SystemExit as e:  # argparse's usage error
+        return int(e.code or 0)
+
+
+VALID = [
+    [*RENDER, "--set", "optim.lr=1e-3", "--set", "train.steps=1e2"],
+    [*RENDER, "--set", "optim.lr=5E-4", "--segment", "998"],
+    ["plan", "--preset", "tpu7x-4x4x4", "--slices", "4", "-b", "512"],  # the README's
+    [
+        "render",
+        "--preset",
+        "tpu7x-4x4x4",
+        "--slices",
+        "4",
+        "--run",
+        "llm",
+        "--image",
+        "IMG",
+        "--run-dir",
+        "gs://bucket/runs/llm",
+        "--global-batch",
+        "512",
+    ],
+    [*RENDER, "--grace-period", "0", "--max-restarts", "0", "--queue", "team-a.q_1"],
+    [*RENDER, "--priority-class", "high.priority", "--service-account", "trainer-sa", "--namespace", "ml-1"],
+    ["plan", *PRESET, "--slices", "64", "-b", "1024"],
+    ["presets"],
+]
+
+
+@pytest.mark.parametrize("argv", VALID, ids=[" ".join(a)[:80] for a in VALID])
+def test_valid_input_is_accepted(argv: list[str], world: Path, capsys) -> None:
+    code, out, err = run_cli(capsys, *argv)
+    assert (code, err) == (0, "") and out
+
+
+@pytest.mark.parametrize("argv", [["--check", "--set", "optim.lr=1e-3", "--set", "train.steps=1e2"]])
+def test_valid_trainer_input_is_accepted(argv: list[str], capsys) -> None:
+    assert _trainer(argv) == 0 and '"lr": 0.001' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("shape", [("tpu7x-8x8x48", 4, 24576), ("tpu7x-2x2x2", 2, 32)])
+def test_the_longest_run_name_the_advice_allows_is_accepted(shape: tuple, capsys, world: Path) -> None:
+    preset, slices, batch = shape
+    code, _, err = run_cli(
+        capsys, "launch", "-p", preset, "-n", str(slices), "--run", "r" * 70, "-b", str(batch)
+    )
+    room = int(re.search(r"use at most (\d+) characters", err).group(1))
+    spec = RunSpec(run="r" * room, run_dir="runs/x", global_batch=batch)
+    prepare(spec, preset, slices, Policy())  # launch's own checks: no error
+    code, _, err = run_cli(capsys, *RENDER[:1], "-p", preset, "-n", str(slices), "--run", "r" * room,
+                             "--run-dir", "rd", "-b", str(batch), "--segment", str(Policy().max_segments - 1))  # fmt: skip
+    assert code == 0, err
+    with pytest.raises(Exception, match=f"use at most {room} characters"):
+        prepare(RunSpec(run="r" * (room + 1), run_dir="runs/x", global_batch=batch), preset, slices, Policy())
+
+
+def test_no_cloud_credentials_for_a_gcs_run_dir(
+    world: Path, cluster: EmbeddedCluster, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    for k in ("GOOGLE_APPLICATION_CREDENTIALS", "STORAGE_EMULATOR_HOST", "CLOUDSDK_CONFIG"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("HOME", str(world))  # no ~/.config/gcloud
+    monkeypatch.setenv("NO_GCE_CHECK", "true")  # not on GCE: skip the metadata server's probe
+    from launcher import runs as runs_module
+
+    runs_module._client_for.cache_clear()
+    before = (_objects(cluster), _files(world))
+    code, _, err = run_cli(capsys, *LAUNCH, "--run-dir", "gs://my-bucket/x", "--no-preflight")
+    runs_module._client_for.cache_clear()
+    assert code == 2 and err.count("\n") == 1 and "no Google Cloud credentials" in err, err
+    assert (_objects(cluster), _files(world)) == before
