@@ -108,7 +108,13 @@ class TrainConfig:
 
 @dataclass
 class MeshConfig:
-    expert: int = 0  # expert-parallel size; 0: the largest divisor of devices that divides num_experts
+    """Mesh axis sizes (trainer.mesh); 0: automatic. data × fsdp × expert × tensor = devices."""
+
+    data: int = 0  # across slices; 0: 1
+    fsdp: int = 0  # 0: the devices left by the other axes
+    tensor: int = 0  # model-parallel degree (heads, MLP hidden, vocab); 0: 1
+    expert: int = 0  # 0: the largest divisor of the devices left by data × tensor that divides num_experts
+    shard_over_data: bool = False  # shard parameters and optimizer state over data too (ZeRO across slices)
 
 
 @dataclass
@@ -319,6 +325,7 @@ def validate(cfg: Config) -> None:
         (cfg.train.debug_start_delay_s >= 0, "train.debug_start_delay_s must be >= 0"),
         (t.steps > 0 and t.global_batch > 0, "train.steps and train.global_batch must be positive"),
         (t.micro_batch >= 0 and t.grad_accum > 0, "train.grad_accum must be positive"),
+        (min(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, cfg.mesh.expert) >= 0, "mesh sizes must be >= 0 (0: automatic)"),
         (cfg.checkpoint.interval > 0 and cfg.checkpoint.keep > 0, "checkpoint.interval and keep must be positive"),
         (cfg.optim.warmup_steps >= 0 and cfg.optim.lr > 0, "optim.lr must be positive"),
     ]  # fmt: skip

@@ -1,8 +1,9 @@
 """Decoder-only language model (flax nnx): embeddings, RMSNorm, causal attention with RoPE, MoE.
 
-Parameters are float32 and carry partitioning metadata: expert weights are split over the mesh axis
-``expert``, everything else is replicated (the states here are small next to the experts').
-Activations run in ``model.dtype``.
+Parameters are float32 and carry *logical* axis names (``embed``, ``heads``, ``mlp``, ``experts``,
+``vocab`` ...), which ``trainer.mesh.logical_rules`` maps to mesh axes when the state is built.
+Activations run in ``model.dtype``; their batch dimension is pinned to the data-parallel axes at
+every block boundary (left to propagation, XLA may replicate the batch after the embedding gather).
 """
 
 from __future__ import annotations
@@ -11,14 +12,21 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import AbstractMesh, AxisType
+from jax.sharding import PartitionSpec as P
 
 from trainer.config import Config, ModelConfig
-from trainer.moe import MLP, MoE
+from trainer.mesh import AXES, logical_rules
+from trainer.moe import BATCH_AXES, MLP, MoE
+
+
+def pin_batch(x: jax.Array) -> jax.Array:
+    """[B, ...]: batch over the data-parallel axes, the rest replicated (inside a mesh context)."""
+    return jax.lax.with_sharding_constraint(x, P(BATCH_AXES, *([None] * (x.ndim - 1))))
 
 
 class RMSNorm(nnx.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
-        self.scale = nnx.Param(nnx.with_partitioning(nnx.initializers.ones, (None,))(None, (dim,)))
+        self.scale = nnx.Param(nnx.with_partitioning(nnx.initializers.ones, ("norm",))(None, (dim,)))
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -40,11 +48,14 @@ def rope(x: jax.Array, theta: float) -> jax.Array:
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d, h, hd = cfg.d_model, cfg.n_heads, cfg.head_dim
-        init = nnx.with_partitioning(nnx.initializers.normal(cfg.init_std), (None, None, None))
+        normal = nnx.initializers.normal(cfg.init_std)
+        init = nnx.with_partitioning(normal, ("embed", "heads", "head_dim"))
         self.wq = nnx.Param(init(rngs.params(), (d, h, hd)))
         self.wk = nnx.Param(init(rngs.params(), (d, h, hd)))
         self.wv = nnx.Param(init(rngs.params(), (d, h, hd)))
-        self.wo = nnx.Param(init(rngs.params(), (h, hd, d)))
+        self.wo = nnx.Param(
+            nnx.with_partitioning(normal, ("heads", "head_dim", "embed"))(rngs.params(), (h, hd, d))
+        )
         self.theta = cfg.rope_theta
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -81,21 +92,22 @@ class Transformer(nnx.Module):
         m = cfg.model
         init = nnx.initializers.normal(m.init_std)
         self.embed = nnx.Param(
-            nnx.with_partitioning(init, (None, None))(rngs.params(), (m.vocab_size, m.d_model))
+            nnx.with_partitioning(init, ("vocab", "embed"))(rngs.params(), (m.vocab_size, m.d_model))
         )
         self.blocks = nnx.List([Block(cfg, i >= m.dense_layers, rngs=rngs) for i in range(m.n_layers)])
         self.final_norm = RMSNorm(m.d_model)
         self.lm_head = nnx.Param(
-            nnx.with_partitioning(init, (None, None))(rngs.params(), (m.d_model, m.vocab_size))
+            nnx.with_partitioning(init, ("embed", "vocab"))(rngs.params(), (m.d_model, m.vocab_size))
         )
         self.dtype = jnp.dtype(m.dtype)
 
     def __call__(self, tokens: jax.Array) -> tuple[jax.Array, list[dict]]:
         """tokens [B, T] -> float32 logits [B, T, V] and the MoE aux outputs of every MoE layer."""
-        x = self.embed[...][tokens].astype(self.dtype)
+        x = pin_batch(self.embed[...][tokens].astype(self.dtype))
         aux = []
         for block in self.blocks:
             x, a = block(x)
+            x = pin_batch(x)
             if a is not None:
                 aux.append(a)
         x = self.final_norm(x)
@@ -104,8 +116,8 @@ class Transformer(nnx.Module):
 
 def abstract_model(cfg: Config) -> Transformer:
     """The model with ``ShapeDtypeStruct`` parameters: nothing is allocated, no devices needed."""
-    mesh = AbstractMesh((1, 1), ("data", "expert"), axis_types=(AxisType.Auto, AxisType.Auto))
-    with jax.sharding.use_abstract_mesh(mesh):
+    mesh = AbstractMesh((1,) * len(AXES), AXES, axis_types=(AxisType.Auto,) * len(AXES))
+    with jax.sharding.use_abstract_mesh(mesh), nnx.logical_axis_rules(logical_rules(cfg.mesh)):
         return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(cfg.train.seed)))
 
 
