@@ -198,44 +198,60 @@ def plan(
     slices: SlicesOpt = None,
     max_micro_batch: MaxMicroOpt = 16,
     max_grad_accum: MaxAccumOpt = None,
+    config: Annotated[
+        str | None, typer.Option("--config", "-c", help="Trainer config: its mesh.tensor divides the batch.")
+    ] = None,
+    overrides: SetOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show the shrink ladder: every shape the run may fall back to, with its batch plan."""
+    from launcher.launch import trainer_model_parallel
+
     shape = make_shape(preset, slices)
-    rungs = shrink_ladder(shape, global_batch, max_micro_batch, max_grad_accum)
+    mp = (
+        trainer_model_parallel(config or "tiny", tuple(overrides or ()), strict=False)
+        if config or overrides
+        else 1
+    )
+    rungs = shrink_ladder(shape, global_batch, max_micro_batch, max_grad_accum, model_parallel=mp)
     if not rungs[0].feasible:
         raise UserError(f"{shape}: {rungs[0].plan.reason}")
     if as_json:
-        _print_json(
-            [
-                {
-                    "preset": r.shape.preset.name,
-                    "slices": r.shape.slices,
-                    "chips": r.shape.chips,
-                    "hosts": r.shape.hosts,
-                    "devices": r.shape.devices,
-                    **(
-                        {"micro_batch": r.plan.micro_batch, "grad_accum": r.plan.grad_accum}
-                        if isinstance(r.plan, Plan)
-                        else {"infeasible": r.plan.reason}
-                    ),
-                }
-                for r in rungs
-            ]
-        )
+        _print_json([_rung_json(r) for r in rungs])
         return
     table = Table(title=f"shrink ladder of {shape} at global batch {global_batch}")
-    for col in ("preset", "slices", "chips", "hosts", "devices", "micro-batch", "grad accum"):
+    cols = ("preset", "slices", "chips", "hosts", "devices", "dp ranks", "micro-batch", "grad accum")
+    for col in cols:
         table.add_column(col, justify="left" if col == "preset" else "right")
     table.add_column("note")
     for r in rungs:
         s = r.shape
         cells = [s.preset.name, str(s.slices), str(s.chips), str(s.hosts), str(s.devices)]
         if isinstance(r.plan, Plan):
-            table.add_row(*cells, str(r.plan.micro_batch), str(r.plan.grad_accum), "")
+            table.add_row(*cells, str(r.plan.dp_ranks), str(r.plan.micro_batch), str(r.plan.grad_accum), "")
         else:
-            table.add_row(*cells, "-", "-", f"[dim]{r.plan.reason}[/dim]")
+            table.add_row(*cells, "-", "-", "-", f"[dim]{r.plan.reason}[/dim]")
     console.print(table)
+
+
+def _rung_json(r) -> dict:
+    s = r.shape
+    row = {
+        "preset": s.preset.name,
+        "slices": s.slices,
+        "chips": s.chips,
+        "hosts": s.hosts,
+        "devices": s.devices,
+    }
+    if isinstance(r.plan, Plan):
+        plan = {
+            "micro_batch": r.plan.micro_batch,
+            "grad_accum": r.plan.grad_accum,
+            "dp_ranks": r.plan.dp_ranks,
+            "model_parallel": r.plan.model_parallel,
+        }
+        return {**row, "feasible": True, **plan, "plan": plan}
+    return {**row, "feasible": False, "infeasible": r.plan.reason, "plan": None}
 
 
 @app.command()
@@ -267,6 +283,8 @@ def render(
     as_json: Annotated[bool, typer.Option("--json", help="JSON instead of YAML.")] = False,
 ) -> None:
     """Render the JobSet of one segment as YAML (or JSON)."""
+    from launcher.launch import trainer_model_parallel
+
     for kv in overrides or []:
         if "=" not in kv:
             raise UserError(f"--set {kv!r}: expected key=value")
@@ -282,6 +300,7 @@ def render(
         namespace=namespace,
         max_micro_batch=max_micro_batch,
         max_grad_accum=max_grad_accum,
+        model_parallel=trainer_model_parallel(config, tuple(overrides or ()), strict=False),
         grace_period_s=grace_period,
         max_restarts=max_restarts,
         init_timeout_s=_check_init_timeout(init_timeout),

@@ -97,8 +97,13 @@ class Controller:
         snap = snap or Snapshot.read(self.kube)
         rundir = RunDir(rec.spec.run_dir)
         obs = observe(rec, snap, rundir, self.clock())
+        spec = rec.spec
         ladder = shrink_ladder(
-            rec.requested, rec.spec.global_batch, rec.spec.max_micro_batch, rec.spec.max_grad_accum
+            rec.requested,
+            spec.global_batch,
+            spec.max_micro_batch,
+            spec.max_grad_accum,
+            model_parallel=spec.model_parallel,
         )
         decision = P.decide(rec, obs, ladder)
 
