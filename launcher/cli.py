@@ -205,15 +205,20 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show the shrink ladder: every shape the run may fall back to, with its batch plan."""
-    from launcher.launch import trainer_model_parallel
+    from launcher.launch import model_parallel, resolve_trainer_config
 
     shape = make_shape(preset, slices)
-    mp = (
-        trainer_model_parallel(config or "tiny", tuple(overrides or ()), strict=False)
-        if config or overrides
-        else 1
+    sets = tuple(overrides or ())
+    # Without --config or --set: the batch plan alone (no trainer asked, no memory estimate).
+    resolved = resolve_trainer_config(config or "tiny", sets, strict=False) if config or sets else None
+    rungs = shrink_ladder(
+        shape,
+        global_batch,
+        max_micro_batch,
+        max_grad_accum,
+        model_parallel=model_parallel(resolved, sets),
+        trainer_config=resolved,
     )
-    rungs = shrink_ladder(shape, global_batch, max_micro_batch, max_grad_accum, model_parallel=mp)
     if not rungs[0].feasible:
         raise UserError(f"{shape}: {rungs[0].plan.reason}")
     if as_json:
@@ -228,7 +233,8 @@ def plan(
         s = r.shape
         cells = [s.preset.name, str(s.slices), str(s.chips), str(s.hosts), str(s.devices)]
         if isinstance(r.plan, Plan):
-            table.add_row(*cells, str(r.plan.dp_ranks), str(r.plan.micro_batch), str(r.plan.grad_accum), "")
+            mem = f"~{r.memory['total'] / 2**30:.1f} GiB/device" if r.memory else ""
+            table.add_row(*cells, str(r.plan.dp_ranks), str(r.plan.micro_batch), str(r.plan.grad_accum), mem)
         else:
             table.add_row(*cells, "-", "-", "-", f"[dim]{r.plan.reason}[/dim]")
     console.print(table)
@@ -250,8 +256,8 @@ def _rung_json(r) -> dict:
             "dp_ranks": r.plan.dp_ranks,
             "model_parallel": r.plan.model_parallel,
         }
-        return {**row, "feasible": True, **plan, "plan": plan}
-    return {**row, "feasible": False, "infeasible": r.plan.reason, "plan": None}
+        return {**row, "feasible": True, **plan, "plan": plan, "memory": r.memory}
+    return {**row, "feasible": False, "infeasible": r.plan.reason, "plan": None, "memory": r.memory}
 
 
 @app.command()

@@ -11,6 +11,7 @@ was observed and every action.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -104,6 +105,7 @@ class Controller:
             spec.max_micro_batch,
             spec.max_grad_accum,
             model_parallel=spec.model_parallel,
+            trainer_config=json.loads(spec.trainer_config) if spec.trainer_config else None,
         )
         decision = P.decide(rec, obs, ladder)
 

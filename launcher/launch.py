@@ -62,17 +62,26 @@ def model_parallel(resolved: dict | None, overrides: tuple[str, ...]) -> int:
     return 1
 
 
-def trainer_model_parallel(config: str, overrides: tuple[str, ...], strict: bool = True) -> int:
-    """The model-parallel degree of a trainer config, resolved by the trainer itself. Not
-    ``strict`` (plan, render): a config the trainer refuses here (e.g. a data path that exists only
-    in the image) falls back to the overrides; ``launch`` refuses it."""
+def resolve_trainer_config(config: str, overrides: tuple[str, ...], strict: bool = True) -> dict | None:
+    """The trainer config as the trainer resolves it. Not ``strict`` (plan, render): a config the
+    trainer refuses here (e.g. a data path that exists only in the image) is None, and what the
+    launcher needs of it comes from the overrides; ``launch`` refuses it."""
     try:
-        resolved = check_trainer_config(config, overrides)
+        return check_trainer_config(config, overrides)
     except UserError:
         if strict:
             raise
-        resolved = None
-    return model_parallel(resolved, overrides)
+        return None
+
+
+def memory_view(resolved: dict) -> dict:
+    """What the memory estimate reads of a resolved trainer config (kept in the run record)."""
+    return {k: resolved[k] for k in ("model", "moe", "mesh") if k in resolved}
+
+
+def trainer_model_parallel(config: str, overrides: tuple[str, ...], strict: bool = True) -> int:
+    """The model-parallel degree of a trainer config."""
+    return model_parallel(resolve_trainer_config(config, overrides, strict), overrides)
 
 
 def prepare(

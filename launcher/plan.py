@@ -73,6 +73,7 @@ class Rung:
 
     shape: Shape
     plan: Plan | Infeasible
+    memory: dict[str, float] | None = None  # launcher.memory.estimate, when the config is known
 
     @property
     def feasible(self) -> bool:
@@ -106,14 +107,41 @@ def shrink_ladder(
     max_grad_accum: int | None = None,
     presets_dir: Path | None = None,
     model_parallel: int = 1,
+    trainer_config: dict | None = None,
 ) -> list[Rung]:
+    """Every rung with its plan; given the trainer config, with its memory estimate per device, and
+    infeasible where that does not fit the preset's HBM (the run never shrinks onto it)."""
     presets = load_presets(presets_dir)
     return [
-        Rung(
-            shape,
-            Infeasible(shape.error)
-            if shape.error
-            else plan_batch(global_batch, shape.devices, max_micro_batch, max_grad_accum, model_parallel),
-        )
+        _rung(shape, global_batch, max_micro_batch, max_grad_accum, model_parallel, trainer_config)
         for shape in ladder_shapes(requested, presets)
     ]
+
+
+def _rung(
+    shape: Shape,
+    global_batch: int,
+    max_micro_batch: int,
+    max_grad_accum: int | None,
+    model_parallel: int,
+    trainer_config: dict | None,
+) -> Rung:
+    from launcher.memory import estimate
+
+    if shape.error:
+        return Rung(shape, Infeasible(shape.error))
+    plan = plan_batch(global_batch, shape.devices, max_micro_batch, max_grad_accum, model_parallel)
+    if trainer_config is None or not isinstance(plan, Plan):
+        return Rung(shape, plan)
+    memory = estimate(trainer_config, plan)
+    hbm = shape.preset.hbm_bytes_per_device
+    if hbm is not None and memory["total"] > hbm:
+        return Rung(
+            shape,
+            Infeasible(
+                f"needs ~{memory['total'] / 2**30:.1f} GiB per device (estimate),"
+                f" more than its {hbm / 2**30:.0f} GiB of HBM"
+            ),
+            memory,
+        )
+    return Rung(shape, plan, memory)

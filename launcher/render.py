@@ -68,6 +68,9 @@ class RunSpec:
     # Devices per data-parallel rank (the trainer config's mesh.tensor): the batch plan's divisor is
     # devices / model_parallel (docs/contract.md). Learned from the config by `launch`.
     model_parallel: int = 1
+    # JSON of the trainer config's model, moe and mesh sections (launcher.memory), "" when unknown:
+    # the controller then never shrinks onto a rung whose memory estimate exceeds its HBM.
+    trainer_config: str = ""
     # Seconds from SIGTERM to SIGKILL. None: the termination notice the shape's capacity gives
     # (Preset.notice_s: 15 s on spot), since a longer grace period is not honoured there anyway.
     grace_period_s: int | None = None

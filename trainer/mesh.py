@@ -42,6 +42,7 @@ def logical_rules(mesh_cfg: MeshConfig) -> tuple[tuple[str, str | tuple[str, ...
         ("experts", "expert"),
         ("router", None),  # the router's expert dimension: small, used whole on every device
         ("norm", None),
+        ("layers", None),  # the stacked-layer axis of a scanned stack
     )
 
 

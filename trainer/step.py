@@ -66,11 +66,6 @@ def init_state(cfg: Config, mesh: Mesh, abstract: nnx.State) -> nnx.State:
         return jax.jit(lambda: nnx.state(_build(cfg)), out_shardings=shardings_of(abstract))()
 
 
-def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
-
-
 SCALARS = ("loss", "total_loss", "lb_loss", "z_loss", "grad_norm", "lr", "stop")
 
 
@@ -96,12 +91,10 @@ def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: n
     param_shardings = shardings_of(nnx.state(abstract_model))
 
     def loss_fn(params: nnx.State, gdef: nnx.GraphDef, tokens: jax.Array) -> tuple[jax.Array, dict]:
-        logits, aux = nnx.merge(gdef, params)(tokens[:, :-1])
-        ce = cross_entropy(logits, tokens[:, 1:])
-        if aux:
-            lb = jnp.mean(jnp.stack([a["lb_loss"] for a in aux]))
-            z = jnp.mean(jnp.stack([a["z_loss"] for a in aux]))
-            layers = jnp.stack([jnp.stack([a["dropped_rows"], a["total_rows"], a["max_load"]]) for a in aux])
+        ce, aux = nnx.merge(gdef, params).loss(tokens[:, :-1], tokens[:, 1:])
+        if aux:  # each [MoE layers]
+            lb, z = jnp.mean(aux["lb_loss"]), jnp.mean(aux["z_loss"])
+            layers = jnp.stack([aux["dropped_rows"], aux["total_rows"], aux["max_load"]], axis=-1)
         else:
             lb = z = jnp.zeros(())
             layers = jnp.zeros((0, 3))

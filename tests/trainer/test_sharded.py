@@ -6,12 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from tests.trainer import runs
 from trainer import config
 from trainer.config import ConfigError, MeshConfig
 from trainer.mesh import mesh_for, mesh_shape, process_block
+from trainer.model import blocked_attention, chunked_cross_entropy
 from trainer.step import abstract_state
 
 # The reference run's schedule (40 steps) while a segment stops early: same config hash.
@@ -51,13 +53,34 @@ def test_parameters_and_adam_moments_are_sharded_by_the_logical_rules(cpu8: list
 
     m = cfg.model
     # embed over fsdp (4), vocab/heads/mlp over tensor (2); moments (mu, nu) as their parameters.
+    # Scanned stacks: a leading layer axis, never split.
     assert shard("0/embed/value") == (m.vocab_size // 2, m.d_model // 4)
-    assert shard("0/blocks/0/attn/wq/value") == (m.d_model // 4, m.n_heads // 2, m.head_dim)
-    assert shard("0/blocks/0/ffn/w_down/value") == (m.d_ff // 2, m.d_model // 4)
-    assert shard("mu/blocks/0/ffn/w_down/value") == (m.d_ff // 2, m.d_model // 4)
+    assert shard("0/dense/layers/attn/wq/value") == (1, m.d_model // 4, m.n_heads // 2, m.head_dim)
+    assert shard("0/dense/layers/ffn/w_down/value") == (1, m.d_ff // 2, m.d_model // 4)
+    assert shard("mu/dense/layers/ffn/w_down/value") == (1, m.d_ff // 2, m.d_model // 4)
     assert shard("nu/lm_head/value") == (m.d_model // 4, m.vocab_size // 2)
-    assert shard("0/blocks/1/ffn/w_up/value") == (cfg.moe.num_experts, m.d_model // 4, cfg.moe.d_expert // 2)
+    assert shard("0/moe/layers/ffn/w_up/value") == (
+        1,
+        cfg.moe.num_experts,
+        m.d_model // 4,
+        cfg.moe.d_expert // 2,
+    )
     assert shard("0/final_norm/scale/value") == (m.d_model,)
+
+
+def test_query_blocked_attention_and_chunked_loss_equal_the_whole_computation(cpu8: list) -> None:
+    q, k, v = (jax.random.normal(jax.random.key(i), (2, 64, 4, 16)) for i in range(3))
+    whole = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    assert float(jnp.abs(blocked_attention(q, k, v, 16) - whole).max()) < 1e-5
+    x, w = jax.random.normal(jax.random.key(3), (2, 64, 32)), jax.random.normal(jax.random.key(4), (32, 100))
+    targets = jax.random.randint(jax.random.key(5), (2, 64), 0, 100)
+
+    def loss(chunk: int):
+        return jax.value_and_grad(chunked_cross_entropy, argnums=(0, 1))(x, w, targets, chunk)
+
+    (l_all, g_all), (l_chunk, g_chunk) = loss(0), loss(16)
+    assert abs(float(l_all) - float(l_chunk)) < 1e-5
+    assert max(float(jnp.abs(a - b).max()) for a, b in zip(g_all, g_chunk, strict=True)) < 1e-5
 
 
 def test_process_blocks_of_a_tensor_group_spanning_processes() -> None:
