@@ -104,6 +104,9 @@ class TrainConfig:
     # peer is gone and the step in flight will never finish). 0: max(3 s, 3 x the longest step
     # after the first, which waits for every peer to start).
     stall_timeout_s: float = 0.0
+    # Keep compiled executables in <run_dir>/compile_cache (JAX's persistent cache), so that a
+    # segment on a shape the run has seen loads its train step instead of compiling it.
+    compile_cache: bool = True
     # Test hook: sleep this long after compiling, before the start barrier, as a process whose
     # compile is that much slower than its peers' (0: never). Set it on one process only.
     debug_start_delay_s: float = 0.0

@@ -123,3 +123,5 @@ def test_resume_from_fsdp_and_tensor_parallel_onto_two_devices_matches_the_unint
     }
     runs.assert_matches_reference(first, reference, exact=False)
     runs.assert_matches_reference(resumed, reference, exact=False)
+    # A shape this run has not compiled for misses the compile cache.
+    assert first[1]["perf/compile_cache_hits"] == resumed[11]["perf/compile_cache_hits"] == 0
