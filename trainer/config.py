@@ -365,8 +365,9 @@ def decay_steps(cfg: Config) -> int:
 def identity(cfg: Config) -> dict[str, Any]:
     """What a checkpoint must agree on to be resumed: model, optimizer and data, not the layout.
 
-    Left out on purpose: the batch plan (checked separately, global batch explicitly), the buffer
-    factor and transport (they change which rows drop, not the state), loader workers, steps.
+    Left out on purpose: the batch plan (checked separately, global batch explicitly), the mesh, the
+    buffer factor and transport (they change which rows drop, not the state), remat, attention
+    blocks and loss chunks (how a step is computed), loader workers, steps.
     """
     moe = dataclasses.asdict(cfg.moe)
     for k in ("ragged_buffer_factor", "transport"):
@@ -376,8 +377,11 @@ def identity(cfg: Config) -> dict[str, Any]:
         data.pop(k)
     optim = dataclasses.asdict(cfg.optim)
     optim["decay_steps"] = decay_steps(cfg)
+    model = dataclasses.asdict(cfg.model)
+    for k in ("remat", "attention_block", "loss_chunk"):  # how the step is computed, not the model
+        model.pop(k)
     return {
-        "model": dataclasses.asdict(cfg.model),
+        "model": model,
         "moe": moe,
         "optim": optim,
         "data": data,

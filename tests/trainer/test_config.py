@@ -119,6 +119,11 @@ def test_config_hash_covers_the_run_identity_not_the_layout() -> None:
             "moe.transport=dense",
             "data.workers=2",
             "train.debug_start_delay_s=40",
+            "mesh.fsdp=4",
+            "mesh.tensor=2",
+            "model.remat=full",
+            "model.attention_block=8",
+            "model.loss_chunk=16",
         ],
         {},
     )  # the test hook is set on one process of a run only: it must not make it another run
