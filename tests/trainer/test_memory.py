@@ -9,7 +9,6 @@ from launcher.memory import estimate
 from launcher.plan import plan_batch
 from trainer import config
 from trainer.__main__ import main
-from trainer.memory import aot_memory
 
 # A small dense decoder with every memory feature on: bf16, whole-block remat, query blocks of 128
 # of 512 positions, a chunked loss; fsdp 4 × tensor 2 on the 8 simulated devices.
@@ -38,9 +37,8 @@ def test_memory_json_and_the_analytic_estimate_within_25_percent(cpu8: list, cap
     assert plan.micro_batch == report["micro_batch"]
     est = estimate(dataclasses.asdict(cfg), plan)
     assert 0.75 <= est["total"] / report["per_device_bytes"] <= 1.25, (est, report)
-    # Without the query blocks and the chunked loss the step needs more, in both figures.
+    # Without the query blocks and the chunked loss the estimate grows by the whole scores and logits.
     whole = config.resolve(
         "tiny", [*MINI, "model.attention_block=0", "model.loss_chunk=0"], {"RESLICE_GLOBAL_BATCH": "16"}
     )
-    assert aot_memory(whole)["temp_bytes"] > report["temp_bytes"]
-    assert estimate(dataclasses.asdict(whole), plan)["total"] > est["total"]
+    assert estimate(dataclasses.asdict(whole), plan)["total"] > 1.5 * est["total"]
