@@ -38,14 +38,12 @@ class Bare:
     def __init__(self, cfg) -> None:
         import jax
         import numpy as np
-        from jax.sharding import NamedSharding
-        from jax.sharding import PartitionSpec as P
 
-        from trainer import data, moe
-        from trainer.mesh import batch_sharding, make_mesh
+        from trainer import data
+        from trainer.mesh import batch_sharding, device_sharding, mesh_for
         from trainer.step import abstract_state, init_state, make_train_step
 
-        self.mesh = make_mesh(cfg.moe.num_experts, cfg.mesh.expert)
+        self.mesh = mesh_for(cfg)
         gb, a, seq = cfg.train.global_batch, cfg.train.grad_accum, cfg.model.seq_len
         with jax.set_mesh(self.mesh):
             graphdef, abstract = abstract_state(cfg, self.mesh)
@@ -55,9 +53,7 @@ class Bare:
                 iter(data.make_dataset(cfg.data, cfg.model.vocab_size, seq, data.Layout(gb, a), 0, 1))
             )
             self.tokens = jax.device_put(batch["tokens"], batch_sharding(self.mesh))
-            self.stop = jax.device_put(
-                np.zeros(self.mesh.size, np.int32), NamedSharding(self.mesh, P(moe.BATCH_AXES))
-            )
+            self.stop = jax.device_put(np.zeros(self.mesh.size, np.int32), device_sharding(self.mesh))
         self.seconds_per_step(1)  # compile
 
     def seconds_per_step(self, steps: int) -> float:

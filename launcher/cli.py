@@ -195,45 +195,68 @@ def plan(
     slices: SlicesOpt = None,
     max_micro_batch: MaxMicroOpt = 16,
     max_grad_accum: MaxAccumOpt = None,
+    config: Annotated[
+        str | None, typer.Option("--config", "-c", help="Trainer config: its mesh.tensor divides the batch.")
+    ] = None,
+    overrides: SetOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Show the shrink ladder: every shape the run may fall back to, with its batch plan."""
+    from launcher.launch import model_parallel, resolve_trainer_config
+
+    inputs.overrides(overrides)
     inputs.shape_options(slices, global_batch, max_micro_batch, max_grad_accum)
     shape = make_shape(preset, slices)
-    rungs = shrink_ladder(shape, global_batch, max_micro_batch, max_grad_accum)
+    sets = tuple(overrides or ())
+    # Without --config or --set: the batch plan alone (no trainer asked, no memory estimate).
+    resolved = resolve_trainer_config(config or "tiny", sets, strict=False) if config or sets else None
+    rungs = shrink_ladder(
+        shape,
+        global_batch,
+        max_micro_batch,
+        max_grad_accum,
+        model_parallel=model_parallel(resolved, sets),
+        trainer_config=resolved,
+    )
     if not rungs[0].feasible:
         raise UserError(f"{shape}: {rungs[0].plan.reason}")
     if as_json:
-        _print_json(
-            [
-                {
-                    "preset": r.shape.preset.name,
-                    "slices": r.shape.slices,
-                    "chips": r.shape.chips,
-                    "hosts": r.shape.hosts,
-                    "devices": r.shape.devices,
-                    **(
-                        {"micro_batch": r.plan.micro_batch, "grad_accum": r.plan.grad_accum}
-                        if isinstance(r.plan, Plan)
-                        else {"infeasible": r.plan.reason}
-                    ),
-                }
-                for r in rungs
-            ]
-        )
+        _print_json([_rung_json(r) for r in rungs])
         return
     table = Table(title=f"shrink ladder of {shape} at global batch {global_batch}")
-    for col in ("preset", "slices", "chips", "hosts", "devices", "micro-batch", "grad accum"):
+    cols = ("preset", "slices", "chips", "hosts", "devices", "dp ranks", "micro-batch", "grad accum")
+    for col in cols:
         table.add_column(col, justify="left" if col == "preset" else "right")
     table.add_column("note")
     for r in rungs:
         s = r.shape
         cells = [s.preset.name, str(s.slices), str(s.chips), str(s.hosts), str(s.devices)]
         if isinstance(r.plan, Plan):
-            table.add_row(*cells, str(r.plan.micro_batch), str(r.plan.grad_accum), "")
+            mem = f"~{r.memory['total'] / 2**30:.1f} GiB/device" if r.memory else ""
+            table.add_row(*cells, str(r.plan.dp_ranks), str(r.plan.micro_batch), str(r.plan.grad_accum), mem)
         else:
-            table.add_row(*cells, "-", "-", f"[dim]{r.plan.reason}[/dim]")
+            table.add_row(*cells, "-", "-", "-", f"[dim]{r.plan.reason}[/dim]")
     console.print(table)
+
+
+def _rung_json(r) -> dict:
+    s = r.shape
+    row = {
+        "preset": s.preset.name,
+        "slices": s.slices,
+        "chips": s.chips,
+        "hosts": s.hosts,
+        "devices": s.devices,
+    }
+    if isinstance(r.plan, Plan):
+        plan = {
+            "micro_batch": r.plan.micro_batch,
+            "grad_accum": r.plan.grad_accum,
+            "dp_ranks": r.plan.dp_ranks,
+            "model_parallel": r.plan.model_parallel,
+        }
+        return {**row, "feasible": True, **plan, "plan": plan, "memory": r.memory}
+    return {**row, "feasible": False, "infeasible": r.plan.reason, "plan": None, "memory": r.memory}
 
 
 @app.command()
@@ -265,6 +288,8 @@ def render(
     as_json: Annotated[bool, typer.Option("--json", help="JSON instead of YAML.")] = False,
 ) -> None:
     """Render the JobSet of one segment as YAML (or JSON)."""
+    from launcher.launch import trainer_model_parallel
+
     inputs.overrides(overrides)
     inputs.shape_options(slices, global_batch, max_micro_batch, max_grad_accum)
     inputs.spec_options(
@@ -288,6 +313,7 @@ def render(
         namespace=namespace,
         max_micro_batch=max_micro_batch,
         max_grad_accum=max_grad_accum,
+        model_parallel=trainer_model_parallel(config, tuple(overrides or ()), strict=False),
         grace_period_s=grace_period,
         max_restarts=max_restarts,
         init_timeout_s=init_timeout,

@@ -11,6 +11,7 @@ was observed and every action.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
@@ -98,8 +99,14 @@ class Controller:
         snap = snap or Snapshot.read(self.kube)
         rundir = RunDir(rec.spec.run_dir)
         obs = observe(rec, snap, rundir, self.clock())
+        spec = rec.spec
         ladder = shrink_ladder(
-            rec.requested, rec.spec.global_batch, rec.spec.max_micro_batch, rec.spec.max_grad_accum
+            rec.requested,
+            spec.global_batch,
+            spec.max_micro_batch,
+            spec.max_grad_accum,
+            model_parallel=spec.model_parallel,
+            trainer_config=json.loads(spec.trainer_config) if spec.trainer_config else None,
         )
         decision = P.decide(rec, obs, ladder)
 

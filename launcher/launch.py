@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from launcher.errors import UserError
 from launcher.plan import Plan, Rung, shrink_ladder
@@ -29,12 +29,13 @@ from launcher.render import (
 from launcher.runs import RunDir
 
 
-def check_trainer_config(config: str, overrides: tuple[str, ...]) -> None:
+def check_trainer_config(config: str, overrides: tuple[str, ...]) -> dict | None:
     """Ask the trainer (`python -m trainer --check`, no JAX) whether the config and overrides are
-    valid, through the contract (exit code 2 and one line), not an import. A config path that
-    exists only inside the image (e.g. `/app/cfg.yaml`) cannot be checked here."""
+    valid, through the contract (exit code 2 and one line), not an import; the resolved config.
+    A config path that exists only inside the image (e.g. `/app/cfg.yaml`) cannot be checked here:
+    None."""
     if ("/" in config or config.endswith((".yaml", ".yml"))) and not os.path.exists(config):
-        return
+        return None
     cmd = [sys.executable, "-m", "trainer", "--check", "--config", config]
     for kv in overrides:
         cmd += ["--set", kv]
@@ -43,6 +44,47 @@ def check_trainer_config(config: str, overrides: tuple[str, ...]) -> None:
     if proc.returncode != 0:
         lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit code {proc.returncode}"]
         raise UserError(lines[-1].removeprefix("trainer: "))
+    return json.loads(proc.stdout)["config"]
+
+
+def model_parallel(resolved: dict | None, overrides: tuple[str, ...]) -> int:
+    """Devices per data-parallel rank: the config's ``mesh.tensor`` (0 means 1). For a config the
+    launcher cannot resolve, the last ``mesh.tensor`` override, else 1."""
+    if resolved is not None:
+        return int(resolved.get("mesh", {}).get("tensor") or 1)
+    for kv in reversed(overrides):
+        key, _, value = kv.partition("=")
+        if key.strip() == "mesh.tensor":
+            try:
+                return int(value.strip() or 1) or 1
+            except ValueError:
+                raise UserError(f"--set {kv!r}: mesh.tensor must be an integer") from None
+    return 1
+
+
+def resolve_trainer_config(config: str, overrides: tuple[str, ...], strict: bool = True) -> dict | None:
+    """The trainer config as the trainer resolves it. Not ``strict`` (plan, render): a config the
+    trainer refuses here (e.g. a data path that exists only in the image) is None, and what the
+    launcher needs of it comes from the overrides; ``launch`` refuses it."""
+    try:
+        return check_trainer_config(config, overrides)
+    except UserError:
+        if strict:
+            raise
+    try:  # the plan needs the model and mesh, not the data: a token file only the image has is fine
+        return check_trainer_config(config, (*overrides, "data.source=synthetic"))
+    except UserError:
+        return None
+
+
+def memory_view(resolved: dict) -> dict:
+    """What the memory estimate reads of a resolved trainer config (kept in the run record)."""
+    return {k: resolved[k] for k in ("model", "moe", "mesh") if k in resolved}
+
+
+def trainer_model_parallel(config: str, overrides: tuple[str, ...], strict: bool = True) -> int:
+    """The model-parallel degree of a trainer config."""
+    return model_parallel(resolve_trainer_config(config, overrides, strict), overrides)
 
 
 def prepare(
@@ -58,8 +100,14 @@ def prepare(
     for flag, value in (("--cpu-request", spec.cpu_request), ("--memory-request", spec.memory_request)):
         if value is not None and not _positive_quantity(value):
             raise UserError(f"{flag} {value!r} is not a positive Kubernetes quantity (e.g. 56, 500m, 240Gi)")
-    check_trainer_config(spec.config, spec.overrides)
-    ladder = shrink_ladder(shape, spec.global_batch, spec.max_micro_batch, spec.max_grad_accum)
+    spec = replace(spec, model_parallel=trainer_model_parallel(spec.config, spec.overrides))
+    ladder = shrink_ladder(
+        shape,
+        spec.global_batch,
+        spec.max_micro_batch,
+        spec.max_grad_accum,
+        model_parallel=spec.model_parallel,
+    )
     first = ladder[0]
     if not isinstance(first.plan, Plan):
         raise UserError(f"{shape}: {first.plan.reason}")

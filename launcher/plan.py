@@ -1,9 +1,11 @@
 """The batch plan and the shrink ladder.
 
 The global batch GB (sequences per optimizer step) is fixed for the life of a run. On a shape with D
-devices the trainer runs A micro-steps of b sequences per device, D·b·A = GB, so that losing a slice
-changes step time but not the optimisation. The plan prefers the largest micro-batch that fits
-(fewest micro-steps, best device utilisation).
+devices and a model-parallel (tensor-parallel) degree T from the trainer config, the batch is split
+over R = D / T data-parallel ranks (the T devices of a rank share one slice of the batch), and the
+trainer runs A micro-steps of b sequences per rank, R·b·A = GB, so that losing a slice changes step
+time but not the optimisation. The plan prefers the largest micro-batch that fits (fewest
+micro-steps, best device utilisation).
 """
 
 from __future__ import annotations
@@ -17,12 +19,17 @@ from launcher.presets import Preset, Shape, load_presets
 @dataclass(frozen=True)
 class Plan:
     devices: int
-    micro_batch: int  # b: sequences per device per micro-step
+    micro_batch: int  # b: sequences per data-parallel rank per micro-step
     grad_accum: int  # A: micro-steps per optimizer step
+    model_parallel: int = 1  # T: devices per data-parallel rank (mesh.tensor)
+
+    @property
+    def dp_ranks(self) -> int:
+        return self.devices // self.model_parallel
 
     @property
     def global_batch(self) -> int:
-        return self.devices * self.micro_batch * self.grad_accum
+        return self.dp_ranks * self.micro_batch * self.grad_accum
 
 
 @dataclass(frozen=True)
@@ -31,21 +38,33 @@ class Infeasible:
 
 
 def plan_batch(
-    global_batch: int, devices: int, max_micro_batch: int, max_grad_accum: int | None = None
+    global_batch: int,
+    devices: int,
+    max_micro_batch: int,
+    max_grad_accum: int | None = None,
+    model_parallel: int = 1,
 ) -> Plan | Infeasible:
-    """(b, A) with devices·b·A = global_batch, b <= max_micro_batch, largest b; else why not."""
-    if global_batch < 1 or devices < 1 or max_micro_batch < 1:
-        return Infeasible("global batch, devices and maximum micro-batch must be positive")
-    if global_batch % devices:
-        return Infeasible(f"global batch {global_batch} is not divisible by {devices} devices")
-    per_device = global_batch // devices
-    micro = max(b for b in range(1, min(per_device, max_micro_batch) + 1) if per_device % b == 0)
-    accum = per_device // micro
-    if max_grad_accum is not None and accum > max_grad_accum:
+    """(b, A) with (devices / model_parallel)·b·A = global_batch, b <= max_micro_batch, largest b;
+    else why not."""
+    if global_batch < 1 or devices < 1 or max_micro_batch < 1 or model_parallel < 1:
         return Infeasible(
-            f"needs {accum} micro-steps of {micro} per device, more than the {max_grad_accum} allowed"
+            "global batch, devices, maximum micro-batch and tensor parallelism must be positive"
         )
-    return Plan(devices=devices, micro_batch=micro, grad_accum=accum)
+    if devices % model_parallel:
+        return Infeasible(f"tensor parallelism {model_parallel} does not divide {devices} devices")
+    ranks = devices // model_parallel
+    what = f"{ranks} data-parallel ranks" if model_parallel > 1 else f"{devices} devices"
+    if global_batch % ranks:
+        return Infeasible(f"global batch {global_batch} is not divisible by {what}")
+    per_rank = global_batch // ranks
+    micro = max(b for b in range(1, min(per_rank, max_micro_batch) + 1) if per_rank % b == 0)
+    accum = per_rank // micro
+    if max_grad_accum is not None and accum > max_grad_accum:
+        unit = "data-parallel rank" if model_parallel > 1 else "device"
+        return Infeasible(
+            f"needs {accum} micro-steps of {micro} per {unit}, more than the {max_grad_accum} allowed"
+        )
+    return Plan(devices=devices, micro_batch=micro, grad_accum=accum, model_parallel=model_parallel)
 
 
 @dataclass(frozen=True)
@@ -54,6 +73,7 @@ class Rung:
 
     shape: Shape
     plan: Plan | Infeasible
+    memory: dict[str, float] | None = None  # launcher.memory.estimate, when the config is known
 
     @property
     def feasible(self) -> bool:
@@ -86,14 +106,42 @@ def shrink_ladder(
     max_micro_batch: int,
     max_grad_accum: int | None = None,
     presets_dir: Path | None = None,
+    model_parallel: int = 1,
+    trainer_config: dict | None = None,
 ) -> list[Rung]:
+    """Every rung with its plan; given the trainer config, with its memory estimate per device, and
+    infeasible where that does not fit the preset's HBM (the run never shrinks onto it)."""
     presets = load_presets(presets_dir)
     return [
-        Rung(
-            shape,
-            Infeasible(shape.error)
-            if shape.error
-            else plan_batch(global_batch, shape.devices, max_micro_batch, max_grad_accum),
-        )
+        _rung(shape, global_batch, max_micro_batch, max_grad_accum, model_parallel, trainer_config)
         for shape in ladder_shapes(requested, presets)
     ]
+
+
+def _rung(
+    shape: Shape,
+    global_batch: int,
+    max_micro_batch: int,
+    max_grad_accum: int | None,
+    model_parallel: int,
+    trainer_config: dict | None,
+) -> Rung:
+    from launcher.memory import estimate
+
+    if shape.error:
+        return Rung(shape, Infeasible(shape.error))
+    plan = plan_batch(global_batch, shape.devices, max_micro_batch, max_grad_accum, model_parallel)
+    if trainer_config is None or not isinstance(plan, Plan):
+        return Rung(shape, plan)
+    memory = estimate(trainer_config, plan)
+    hbm = shape.preset.hbm_bytes_per_device
+    if hbm is not None and memory["total"] > hbm:
+        return Rung(
+            shape,
+            Infeasible(
+                f"needs ~{memory['total'] / 2**30:.1f} GiB per device (estimate),"
+                f" more than its {hbm / 2**30:.0f} GiB of HBM"
+            ),
+            memory,
+        )
+    return Rung(shape, plan, memory)

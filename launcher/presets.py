@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -76,6 +77,7 @@ REQUIRED = {
     "peak_tflops_per_chip",
 }
 OPTIONAL = {
+    "hbm_gib_per_chip",
     "slices",
     "spot",
     "fallbacks",
@@ -96,6 +98,7 @@ class Preset:
     chips_per_host: int
     devices_per_chip: int
     peak_tflops_per_chip: float
+    hbm_gib_per_chip: float | None = None  # None: unknown, no memory check
     slices: int = 1
     spot: bool = False
     fallbacks: tuple[str, ...] = ()
@@ -120,6 +123,12 @@ class Preset:
     def hosts(self) -> int:
         """Hosts (nodes, pods) per slice."""
         return self.chips // self.chips_per_host
+
+    @property
+    def hbm_bytes_per_device(self) -> float | None:
+        if self.hbm_gib_per_chip is None:
+            return None
+        return self.hbm_gib_per_chip * 2**30 / self.devices_per_chip
 
     @property
     def devices(self) -> int:
@@ -284,6 +293,7 @@ def parse_preset(raw: object, source: str) -> Preset:
         chips_per_host=raw["chips_per_host"],
         devices_per_chip=raw["devices_per_chip"],
         peak_tflops_per_chip=float(peak),
+        hbm_gib_per_chip=_hbm(source, raw.get("hbm_gib_per_chip")),
         slices=raw.get("slices", 1),
         spot=raw.get("spot", False),
         fallbacks=tuple(fallbacks),
@@ -305,6 +315,14 @@ def parse_preset(raw: object, source: str) -> Preset:
             f"{source}: {preset.chips} chips of {preset.topology} do not divide into hosts of {preset.chips_per_host}"
         )
     return preset
+
+
+def _hbm(source: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        raise UserError(f"{source}: hbm_gib_per_chip must be a positive number, got {value!r}")
+    return float(value)
 
 
 def _opt_str(value: object) -> str | None:

@@ -65,6 +65,12 @@ class RunSpec:
     namespace: str = "default"
     max_micro_batch: int = 16
     max_grad_accum: int | None = None
+    # Devices per data-parallel rank (the trainer config's mesh.tensor): the batch plan's divisor is
+    # devices / model_parallel (docs/contract.md). Learned from the config by `launch`.
+    model_parallel: int = 1
+    # JSON of the trainer config's model, moe and mesh sections (launcher.memory), "" when unknown:
+    # the controller then never shrinks onto a rung whose memory estimate exceeds its HBM.
+    trainer_config: str = ""
     # Seconds from SIGTERM to SIGKILL. None: the termination notice the shape's capacity gives
     # (Preset.notice_s: 15 s on spot), since a longer grace period is not honoured there anyway.
     grace_period_s: int | None = None
@@ -176,7 +182,9 @@ def run_name_error(run: str, shape: Shape, segment: int) -> str | None:
 
 
 def plan_for(spec: RunSpec, shape: Shape) -> Plan:
-    plan = plan_batch(spec.global_batch, shape.devices, spec.max_micro_batch, spec.max_grad_accum)
+    plan = plan_batch(
+        spec.global_batch, shape.devices, spec.max_micro_batch, spec.max_grad_accum, spec.model_parallel
+    )
     if not isinstance(plan, Plan):
         raise UserError(f"{shape}: {plan.reason}")
     return plan

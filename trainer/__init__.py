@@ -1,7 +1,7 @@
 """reslice trainer: ``python -m trainer``. See docs/contract.md and the module docstrings.
 
 Module map: ``config`` (named configs, overrides, contract env) -> ``distributed`` (process group,
-start barrier) -> ``mesh`` (data × expert) -> ``model`` / ``moe`` (flax nnx decoder, expert-parallel
+start barrier) -> ``mesh`` (data × fsdp × expert × tensor, logical-axis rules) -> ``model`` / ``moe`` (flax nnx decoder, expert-parallel
 MoE) -> ``data`` (Grain, step-indexed order) -> ``step`` (jitted train step) -> ``checkpoint`` (Orbax) ->
 ``metrics`` (run directory) -> ``loop`` (the training loop) <- ``__main__`` (entry, exit codes).
 A multi-process run's ``__main__`` first starts ``supervisor`` (the parent that turns JAX's

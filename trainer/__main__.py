@@ -33,7 +33,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--probe-write", metavar="DIR", help="write and delete a probe object under DIR and exit (no JAX)"
     )
+    parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="compile the train step for this environment's devices ahead of time (nothing allocated)"
+        " and print its per-device memory as JSON",
+    )
     args = parser.parse_args(argv)
+    if args.memory:
+        try:
+            from trainer import config, memory
+
+            cfg = config.resolve(args.config, args.set, os.environ)
+            print(json.dumps(memory.aot_memory(cfg)), flush=True)
+        except ConfigError as e:
+            print(f"trainer: config error: {e}", file=sys.stderr, flush=True)
+            return 2
+        return 0
     if args.probe_write:  # what the `reslice preflight` pod runs on the target node pools
         from trainer import storage
 

@@ -44,6 +44,9 @@ class ModelConfig:
     rope_theta: float = 10000.0
     init_std: float = 0.02
     dtype: str = "float32"  # activation/compute dtype; parameters are always float32
+    remat: str = "none"  # none | full | save_dots: what a block keeps for the backward pass
+    attention_block: int = 0  # queries per attention block (0: all at once, T × T scores)
+    loss_chunk: int = 0  # positions per loss chunk (0: all at once, the whole B × T × V logits)
 
 
 @dataclass
@@ -103,6 +106,9 @@ class TrainConfig:
     # peer is gone and the step in flight will never finish). 0: max(3 s, 3 x the longest step
     # after the first, which waits for every peer to start).
     stall_timeout_s: float = 0.0
+    # Keep compiled executables in <run_dir>/compile_cache (JAX's persistent cache), so that a
+    # segment on a shape the run has seen loads its train step instead of compiling it.
+    compile_cache: bool = True
     # Test hook: sleep this long after compiling, before the start barrier, as a process whose
     # compile is that much slower than its peers' (0: never). Set it on one process only.
     debug_start_delay_s: float = 0.0
@@ -110,7 +116,13 @@ class TrainConfig:
 
 @dataclass
 class MeshConfig:
-    expert: int = 0  # expert-parallel size; 0: the largest divisor of devices that divides num_experts
+    """Mesh axis sizes (trainer.mesh); 0: automatic. data × fsdp × expert × tensor = devices."""
+
+    data: int = 0  # across slices; 0: 1
+    fsdp: int = 0  # 0: the devices left by the other axes
+    tensor: int = 0  # model-parallel degree (heads, MLP hidden, vocab); 0: 1
+    expert: int = 0  # 0: the largest divisor of the devices left by data × tensor that divides num_experts
+    shard_over_data: bool = False  # shard parameters and optimizer state over data too (ZeRO across slices)
 
 
 @dataclass
@@ -159,10 +171,23 @@ NAMED: dict[str, dict[str, dict[str, Any]]] = {
         "train": {"steps": 500, "global_batch": 32},
         "checkpoint": {"interval": 100},
     },
+    # OLMo-3-7B-like dense model (d_model 4096, 32 layers, SwiGLU 11008, vocab padded to 100352,
+    # 8192-token sequences, 512 × 8192 = 4.19 M tokens per step): FSDP over the slice, every block
+    # rematerialised, attention in query blocks and the loss in chunks, so that a step fits the
+    # 96 GiB of one Ironwood device on a quarter slice (`python -m trainer --config olmo-7b --memory`).
+    "olmo-7b": {
+        "model": {"vocab_size": 100352, "seq_len": 8192, "d_model": 4096, "n_layers": 32, "n_heads": 32,
+                  "head_dim": 128, "d_ff": 11008, "dense_layers": 32, "rope_theta": 500000.0,
+                  "dtype": "bfloat16", "remat": "full", "attention_block": 512, "loss_chunk": 1024},
+        "optim": {"lr": 3e-4, "warmup_steps": 2000, "weight_decay": 0.1},
+        "train": {"steps": 100_000, "global_batch": 512},
+        "checkpoint": {"interval": 500, "keep": 3},
+    },
     # OLMoE-1B-7B-like: ~1.3 B active of ~6.9 B parameters. For TPU; tests only build it abstractly.
     "olmoe-1b": {
         "model": {"vocab_size": 50304, "seq_len": 4096, "d_model": 2048, "n_layers": 16, "n_heads": 16,
-                  "head_dim": 128, "d_ff": 8192, "dense_layers": 0, "dtype": "bfloat16"},
+                  "head_dim": 128, "d_ff": 8192, "dense_layers": 0, "dtype": "bfloat16", "remat": "full",
+                  "attention_block": 512, "loss_chunk": 1024},
         "moe": {"num_experts": 64, "top_k": 8, "d_expert": 1024, "ragged_buffer_factor": 1.0625},
         "optim": {"lr": 4e-4, "warmup_steps": 2000, "weight_decay": 0.1},
         "data": {"source": "files", "dtype": "uint32"},
@@ -325,6 +350,11 @@ def validate(cfg: Config) -> None:
         (m.n_heads > 0 and m.head_dim > 0 and m.head_dim % 2 == 0, "model.head_dim must be positive and even (RoPE)"),
         (0 <= m.dense_layers <= m.n_layers, "model.dense_layers must be in [0, model.n_layers]"),
         (m.dtype in ("float32", "bfloat16"), "model.dtype must be float32 or bfloat16"),
+        (m.remat in ("none", "full", "save_dots"), "model.remat must be none, full or save_dots"),
+        (m.attention_block >= 0 and (not m.attention_block or m.seq_len % m.attention_block == 0),
+         "model.attention_block must divide model.seq_len (0: whole)"),
+        (m.loss_chunk >= 0 and (not m.loss_chunk or m.seq_len % m.loss_chunk == 0),
+         "model.loss_chunk must divide model.seq_len (0: whole)"),
         (e.num_experts > 0 and 0 < e.top_k <= e.num_experts, "moe.top_k must be in [1, moe.num_experts]"),
         (e.d_expert > 0 and e.shared_expert_dim >= 0, "moe.d_expert must be positive"),
         (e.transport in ("auto", "ragged", "dense"), "moe.transport must be auto, ragged or dense"),
@@ -337,6 +367,7 @@ def validate(cfg: Config) -> None:
         (cfg.train.debug_start_delay_s >= 0, "train.debug_start_delay_s must be >= 0"),
         (t.steps > 0 and t.global_batch > 0, "train.steps and train.global_batch must be positive"),
         (t.micro_batch >= 0 and t.grad_accum > 0, "train.grad_accum must be positive"),
+        (min(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, cfg.mesh.expert) >= 0, "mesh sizes must be >= 0 (0: automatic)"),
         (cfg.checkpoint.interval > 0 and cfg.checkpoint.keep > 0, "checkpoint.interval and keep must be positive"),
         (cfg.optim.warmup_steps >= 0 and cfg.optim.lr > 0, "optim.lr must be positive"),
         (0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio must be in [0, 1]"),
@@ -362,8 +393,9 @@ def decay_steps(cfg: Config) -> int:
 def identity(cfg: Config) -> dict[str, Any]:
     """What a checkpoint must agree on to be resumed: model, optimizer and data, not the layout.
 
-    Left out on purpose: the batch plan (checked separately, global batch explicitly), the buffer
-    factor and transport (they change which rows drop, not the state), loader workers, steps.
+    Left out on purpose: the batch plan (checked separately, global batch explicitly), the mesh, the
+    buffer factor and transport (they change which rows drop, not the state), remat, attention
+    blocks and loss chunks (how a step is computed), loader workers, steps.
     """
     moe = dataclasses.asdict(cfg.moe)
     for k in ("ragged_buffer_factor", "transport"):
@@ -373,8 +405,11 @@ def identity(cfg: Config) -> dict[str, Any]:
         data.pop(k)
     optim = dataclasses.asdict(cfg.optim)
     optim["decay_steps"] = decay_steps(cfg)
+    model = dataclasses.asdict(cfg.model)
+    for k in ("remat", "attention_block", "loss_chunk"):  # how the step is computed, not the model
+        model.pop(k)
     return {
-        "model": dataclasses.asdict(cfg.model),
+        "model": model,
         "moe": moe,
         "optim": optim,
         "data": data,

@@ -173,7 +173,11 @@ def make_source(cfg: DataConfig, vocab_size: int, seq_len: int) -> SyntheticSour
 
 @dataclass(frozen=True)
 class Layout:
-    """How one process takes its part of every global batch."""
+    """How one process takes its part of every global batch.
+
+    ``num_processes``/``process_index``: the contiguous blocks the batch splits into and this
+    process's block; processes of one tensor-parallel group read the same block
+    (``trainer.mesh.process_block``)."""
 
     global_batch: int
     grad_accum: int

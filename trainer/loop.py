@@ -19,13 +19,11 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from trainer import Preemption, data, distributed, model, moe, storage
+from trainer import Preemption, compile_cache, data, distributed, model, moe, storage
 from trainer.checkpoint import Checkpointer
 from trainer.config import Config, ConfigError, config_hash, identity
-from trainer.mesh import batch_sharding, make_mesh
+from trainer.mesh import batch_sharding, device_sharding, dp_ranks, mesh_for, process_block
 from trainer.metrics import RunWriter
 from trainer.step import abstract_state, init_state, make_train_step, unpack
 
@@ -35,26 +33,35 @@ EXIT_FINISHED, EXIT_CONFIG, EXIT_PREEMPTED = 0, 2, 42
 @dataclass(frozen=True)
 class Plan:
     devices: int
-    micro_batch: int
+    micro_batch: int  # sequences per data-parallel rank per micro-step
     grad_accum: int
     num_processes: int
     expert_parallel: int
+    dp_ranks: int  # data-parallel ranks = devices / tensor
+    fsdp: int = 1
+    tensor: int = 1
 
 
-def batch_plan(cfg: Config, devices: int, num_processes: int, expert_parallel: int) -> Plan:
-    """Check devices × micro-batch × grad-accum = global batch against the devices JAX sees."""
+def batch_plan(
+    cfg: Config, devices: int, num_processes: int, expert_parallel: int, ranks: int = 0, fsdp: int = 1
+) -> Plan:
+    """Check dp ranks × micro-batch × grad-accum = global batch against the mesh JAX gives.
+
+    A data-parallel rank is the ``tensor`` devices that share one slice of the batch."""
     t = cfg.train
-    b = t.micro_batch or t.global_batch // (devices * t.grad_accum)
-    if b < 1 or devices * b * t.grad_accum != t.global_batch:
+    ranks = ranks or devices
+    b = t.micro_batch or t.global_batch // (ranks * t.grad_accum)
+    if b < 1 or ranks * b * t.grad_accum != t.global_batch:
         raise ConfigError(
-            f"devices × micro-batch × grad-accum = {devices} × {b} × {t.grad_accum}"
-            f" = {devices * b * t.grad_accum} ≠ global batch {t.global_batch}"
+            f"data-parallel ranks × micro-batch × grad-accum = {ranks} × {b} × {t.grad_accum}"
+            f" = {ranks * b * t.grad_accum} ≠ global batch {t.global_batch}"
+            f" ({devices} devices, tensor parallel {devices // ranks})"
         )
-    if (devices * b) % cfg.moe.balance_group:
+    if (ranks * b) % cfg.moe.balance_group:
         raise ConfigError(
-            f"moe.balance_group={cfg.moe.balance_group} must divide the micro-batch {devices * b}"
+            f"moe.balance_group={cfg.moe.balance_group} must divide the micro-batch {ranks * b}"
         )
-    return Plan(devices, b, t.grad_accum, num_processes, expert_parallel)
+    return Plan(devices, b, t.grad_accum, num_processes, expert_parallel, ranks, fsdp, devices // ranks)
 
 
 def _env_number(env: Mapping[str, str], key: str, kind: type = float) -> Any:
@@ -97,7 +104,7 @@ class Recorder:
             "moe/max_load_over_balanced": max((x["max_load_over_balanced"] for x in layers), default=0.0),
             "moe/layers": layers, "moe/buffer_rows": self.buffer_rows,
             "data/sample_digest": batch.get("digest"), "data/first_sample": batch.get("first_sample"),
-            "devices": self.plan.devices, "micro_batch": self.plan.micro_batch,
+            "devices": self.plan.devices, "micro_batch": self.plan.micro_batch, "dp_ranks": self.plan.dp_ranks,
             "grad_accum": self.plan.grad_accum, "num_processes": self.plan.num_processes,
         }  # fmt: skip
 
@@ -136,12 +143,16 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
     if cfg.data.source == "files":  # a missing or short token file: exit 2 before anything is written
         data.make_source(cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
     ident = distributed.initialize(env)
+    if cfg.train.compile_cache:
+        compile_cache.enable(cfg.run_dir)
     segment = _env_number(env, "RESLICE_SEGMENT", int)
     attempt = _env_number(env, "RESLICE_RESTART_ATTEMPT", int)
-    mesh = make_mesh(cfg.moe.num_experts, cfg.mesh.expert)
-    plan = batch_plan(cfg, mesh.size, ident.num_processes, mesh.shape["expert"])
+    mesh = mesh_for(cfg)
+    plan = batch_plan(
+        cfg, mesh.size, ident.num_processes, mesh.shape["expert"], dp_ranks(mesh), mesh.shape["fsdp"]
+    )
     gb, seq, total_steps = cfg.train.global_batch, cfg.model.seq_len, cfg.train.steps
-    layout = data.Layout(gb, plan.grad_accum, ident.num_processes, ident.process_id)
+    layout = data.Layout(gb, plan.grad_accum, *process_block(mesh, ident.process_id))
     chash, ident_dict = config_hash(cfg), identity(cfg)
     e = cfg.moe
     recorder = Recorder(
@@ -185,7 +196,7 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
             train_step = make_train_step(cfg, graphdef, mesh, abstract)
             tokens_sharding = batch_sharding(mesh)
             global_shape = (plan.grad_accum, gb // plan.grad_accum, seq + 1)
-            flag_sharding = NamedSharding(mesh, P(moe.BATCH_AXES))
+            flag_sharding = device_sharding(mesh)
             local_flag = {v: np.full((len(mesh.local_devices),), int(v), np.int32) for v in (False, True)}
             # The two possible values of this process's SIGTERM flag, built once.
             flags = {
@@ -199,10 +210,14 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
 
             # Compile before the clock starts: the first step's time is then a step's, and the
             # compilation is reported on its own (start-up is badput, not training).
-            t_compile = time.perf_counter()
+            t_compile, hits = time.perf_counter(), compile_cache.hits()
             token_spec = jax.ShapeDtypeStruct(global_shape, np.int32, sharding=tokens_sharding)
             train_step = train_step.lower(state, token_spec, flags[False]).compile()
-            startup = {"perf/compile_seconds": time.perf_counter() - t_compile}
+            startup = {
+                "perf/compile_seconds": time.perf_counter() - t_compile,
+                # 1: the train step was loaded from the run's compile cache, not compiled.
+                "perf/compile_cache_hits": compile_cache.hits() - hits,
+            }
             waited = _meet_peers(cfg, env, ident.num_processes, segment, attempt, preemption)
             if waited is None:
                 print(f"trainer: preempted before the first step, step {start} stands, exit {EXIT_PREEMPTED}")

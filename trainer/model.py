@@ -1,8 +1,9 @@
 """Decoder-only language model (flax nnx): embeddings, RMSNorm, causal attention with RoPE, MoE.
 
-Parameters are float32 and carry partitioning metadata: expert weights are split over the mesh axis
-``expert``, everything else is replicated (the states here are small next to the experts').
-Activations run in ``model.dtype``.
+Parameters are float32 and carry *logical* axis names (``embed``, ``heads``, ``mlp``, ``experts``,
+``vocab`` ...), which ``trainer.mesh.logical_rules`` maps to mesh axes when the state is built.
+Activations run in ``model.dtype``; their batch dimension is pinned to the data-parallel axes at
+every block boundary (left to propagation, XLA may replicate the batch after the embedding gather).
 """
 
 from __future__ import annotations
@@ -11,14 +12,21 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import AbstractMesh, AxisType
+from jax.sharding import PartitionSpec as P
 
 from trainer.config import Config, ModelConfig
-from trainer.moe import MLP, MoE
+from trainer.mesh import AXES, logical_rules
+from trainer.moe import BATCH_AXES, MLP, MoE
+
+
+def pin_batch(x: jax.Array) -> jax.Array:
+    """[B, ...]: batch over the data-parallel axes, the rest replicated (inside a mesh context)."""
+    return jax.lax.with_sharding_constraint(x, P(BATCH_AXES, *([None] * (x.ndim - 1))))
 
 
 class RMSNorm(nnx.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
-        self.scale = nnx.Param(nnx.with_partitioning(nnx.initializers.ones, (None,))(None, (dim,)))
+        self.scale = nnx.Param(nnx.with_partitioning(nnx.initializers.ones, ("norm",))(None, (dim,)))
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -37,22 +45,51 @@ def rope(x: jax.Array, theta: float) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
+def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, block: int) -> jax.Array:
+    """Causal attention on [B, T, H, hd], ``block`` queries at a time: the [B, H, block, T] scores
+    of one block exist at once, never the whole T × T (each block is rematerialised in the backward
+    pass). ``block`` 0 or >= T: ``jax.nn.dot_product_attention`` (XLA's, or the platform's fused
+    kernel), which on CPU materialises the whole score matrix."""
+    b, t, h, hd = q.shape
+    if not block or block >= t:
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    if t % block:
+        raise ValueError(f"model.attention_block={block} must divide model.seq_len={t}")
+    scale = hd**-0.5
+    keys = jnp.arange(t)
+
+    @jax.checkpoint
+    def one(args: tuple[jax.Array, jax.Array]) -> jax.Array:
+        i, qi = args  # qi [B, block, H, hd]
+        scores = jnp.einsum("bqhd,bkhd->bhqk", qi, k, preferred_element_type=jnp.float32) * scale
+        causal = (i * block + jnp.arange(block))[:, None] >= keys[None, :]
+        probs = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1).astype(v.dtype)
+        return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+
+    qb = q.reshape(b, t // block, block, h, hd).swapaxes(0, 1)
+    out = jax.lax.map(one, (jnp.arange(t // block), qb))
+    return out.swapaxes(0, 1).reshape(b, t, h, hd)
+
+
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d, h, hd = cfg.d_model, cfg.n_heads, cfg.head_dim
-        init = nnx.with_partitioning(nnx.initializers.normal(cfg.init_std), (None, None, None))
+        normal = nnx.initializers.normal(cfg.init_std)
+        init = nnx.with_partitioning(normal, ("embed", "heads", "head_dim"))
         self.wq = nnx.Param(init(rngs.params(), (d, h, hd)))
         self.wk = nnx.Param(init(rngs.params(), (d, h, hd)))
         self.wv = nnx.Param(init(rngs.params(), (d, h, hd)))
-        self.wo = nnx.Param(init(rngs.params(), (h, hd, d)))
-        self.theta = cfg.rope_theta
+        self.wo = nnx.Param(
+            nnx.with_partitioning(normal, ("heads", "head_dim", "embed"))(rngs.params(), (h, hd, d))
+        )
+        self.theta, self.block = cfg.rope_theta, cfg.attention_block
 
     def __call__(self, x: jax.Array) -> jax.Array:
         dt = x.dtype
         q = rope(jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(dt)), self.theta)
         k = rope(jnp.einsum("btd,dhk->bthk", x, self.wk[...].astype(dt)), self.theta)
         v = jnp.einsum("btd,dhk->bthk", x, self.wv[...].astype(dt))
-        out = jax.nn.dot_product_attention(q, k, v, is_causal=True)  # fused kernels where available
+        out = blocked_attention(q, k, v, self.block)
         return jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt))
 
 
@@ -68,12 +105,70 @@ class Block(nnx.Module):
         else:
             self.ffn = MLP(m.d_model, m.d_ff, m.init_std, rngs=rngs)
 
-    def __call__(self, x: jax.Array) -> tuple[jax.Array, dict | None]:
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, dict]:
         x = x + self.attn(self.attn_norm(x))
         if self.is_moe:
             y, aux = self.ffn(self.ffn_norm(x))
-            return x + y, aux
-        return x + self.ffn(self.ffn_norm(x)), None
+            return pin_batch(x + y), aux
+        return pin_batch(x + self.ffn(self.ffn_norm(x))), {}
+
+
+REMAT_POLICIES = {
+    "full": None,  # save nothing inside a block: recompute it whole in the backward pass
+    "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep matmul outputs
+}
+
+
+class Stack(nnx.Module):
+    """``n`` identical blocks whose parameters are stacked on a leading ``layers`` axis and applied
+    under ``nnx.scan``: one block is compiled, whatever the depth."""
+
+    def __init__(self, cfg: Config, moe: bool, n: int, *, rngs: nnx.Rngs):
+        @nnx.split_rngs(splits=n)
+        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+        def create(r: nnx.Rngs) -> Block:
+            return Block(cfg, moe, rngs=r)
+
+        self.layers = create(rngs)
+        self.remat = cfg.model.remat
+
+    def __call__(self, x: jax.Array) -> tuple[jax.Array, dict]:
+        def body(block: Block, x: jax.Array) -> tuple[jax.Array, dict]:
+            return block(x)
+
+        if self.remat != "none":
+            body = nnx.remat(body, policy=REMAT_POLICIES[self.remat])
+
+        @nnx.scan(in_axes=(0, nnx.Carry), out_axes=(nnx.Carry, 0))
+        def forward(block: Block, x: jax.Array) -> tuple[jax.Array, dict]:
+            return body(block, x)
+
+        return forward(self.layers, x)
+
+
+def chunked_cross_entropy(x: jax.Array, w: jax.Array, targets: jax.Array, chunk: int) -> jax.Array:
+    """Mean next-token cross entropy of hidden states x [B, T, D] through the head w [D, V],
+    ``chunk`` positions at a time: the [B, chunk, V] logits of one chunk exist at once, never the
+    whole [B, T, V] (each chunk is rematerialised in the backward pass). 0 or >= T: all at once."""
+    b, t, d = x.shape
+    if not chunk or chunk >= t:
+        logits = jnp.einsum("btd,dv->btv", x, w).astype(jnp.float32)
+        picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+        return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
+    if t % chunk:
+        raise ValueError(f"model.loss_chunk={chunk} must divide model.seq_len={t}")
+
+    @jax.checkpoint
+    def one(total: jax.Array, xt: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, None]:
+        xc, tc = xt
+        logits = jnp.einsum("btd,dv->btv", xc, w).astype(jnp.float32)
+        picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
+        return total + jnp.sum(jax.nn.logsumexp(logits, axis=-1) - picked), None
+
+    xs = x.reshape(b, t // chunk, chunk, d).swapaxes(0, 1)
+    ts = targets.reshape(b, t // chunk, chunk).swapaxes(0, 1)
+    total, _ = jax.lax.scan(one, jnp.zeros((), jnp.float32), (xs, ts))
+    return total / (b * t)
 
 
 class Transformer(nnx.Module):
@@ -81,31 +176,43 @@ class Transformer(nnx.Module):
         m = cfg.model
         init = nnx.initializers.normal(m.init_std)
         self.embed = nnx.Param(
-            nnx.with_partitioning(init, (None, None))(rngs.params(), (m.vocab_size, m.d_model))
+            nnx.with_partitioning(init, ("vocab", "embed"))(rngs.params(), (m.vocab_size, m.d_model))
         )
-        self.blocks = nnx.List([Block(cfg, i >= m.dense_layers, rngs=rngs) for i in range(m.n_layers)])
+        n_moe = m.n_layers - m.dense_layers
+        self.dense = Stack(cfg, False, m.dense_layers, rngs=rngs) if m.dense_layers else None
+        self.moe = Stack(cfg, True, n_moe, rngs=rngs) if n_moe else None
         self.final_norm = RMSNorm(m.d_model)
         self.lm_head = nnx.Param(
-            nnx.with_partitioning(init, (None, None))(rngs.params(), (m.d_model, m.vocab_size))
+            nnx.with_partitioning(init, ("embed", "vocab"))(rngs.params(), (m.d_model, m.vocab_size))
         )
         self.dtype = jnp.dtype(m.dtype)
+        self.loss_chunk = m.loss_chunk
 
-    def __call__(self, tokens: jax.Array) -> tuple[jax.Array, list[dict]]:
-        """tokens [B, T] -> float32 logits [B, T, V] and the MoE aux outputs of every MoE layer."""
-        x = self.embed[...][tokens].astype(self.dtype)
-        aux = []
-        for block in self.blocks:
-            x, a = block(x)
-            if a is not None:
-                aux.append(a)
-        x = self.final_norm(x)
+    def hidden(self, tokens: jax.Array) -> tuple[jax.Array, dict]:
+        """tokens [B, T] -> final normed hidden states [B, T, D] and the MoE aux outputs, each
+        stacked over the MoE layers ({} for a dense model)."""
+        x = pin_batch(self.embed[...][tokens].astype(self.dtype))
+        if self.dense is not None:
+            x, _ = self.dense(x)
+        aux: dict = {}
+        if self.moe is not None:
+            x, aux = self.moe(x)
+        return self.final_norm(x), aux
+
+    def __call__(self, tokens: jax.Array) -> tuple[jax.Array, dict]:
+        """tokens [B, T] -> float32 logits [B, T, V] (whole: for inspection, not for training)."""
+        x, aux = self.hidden(tokens)
         return jnp.einsum("btd,dv->btv", x, self.lm_head[...].astype(self.dtype)).astype(jnp.float32), aux
+
+    def loss(self, tokens: jax.Array, targets: jax.Array) -> tuple[jax.Array, dict]:
+        x, aux = self.hidden(tokens)
+        return chunked_cross_entropy(x, self.lm_head[...].astype(self.dtype), targets, self.loss_chunk), aux
 
 
 def abstract_model(cfg: Config) -> Transformer:
     """The model with ``ShapeDtypeStruct`` parameters: nothing is allocated, no devices needed."""
-    mesh = AbstractMesh((1, 1), ("data", "expert"), axis_types=(AxisType.Auto, AxisType.Auto))
-    with jax.sharding.use_abstract_mesh(mesh):
+    mesh = AbstractMesh((1,) * len(AXES), AXES, axis_types=(AxisType.Auto,) * len(AXES))
+    with jax.sharding.use_abstract_mesh(mesh), nnx.logical_axis_rules(logical_rules(cfg.mesh)):
         return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(cfg.train.seed)))
 
 

@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 from trainer.config import MoEConfig
 
 EXPERT_AXIS = "expert"
-BATCH_AXES = ("data", "expert")  # the token/batch dimension is split over every device
+BATCH_AXES = ("data", "fsdp", "expert")  # the token/batch dimension: every axis but ``tensor``
 
 
 def buffer_rows(local_tokens: int, top_k: int, factor: float, ep: int, num_experts: int) -> int:
@@ -212,10 +212,13 @@ class MLP(nnx.Module):
     """SwiGLU feed-forward: the dense layers and the shared expert."""
 
     def __init__(self, d_model: int, d_ff: int, init_std: float, *, rngs: nnx.Rngs):
-        init = nnx.with_partitioning(nnx.initializers.normal(init_std), (None, None))
-        self.w_gate = nnx.Param(init(rngs.params(), (d_model, d_ff)))
-        self.w_up = nnx.Param(init(rngs.params(), (d_model, d_ff)))
-        self.w_down = nnx.Param(init(rngs.params(), (d_ff, d_model)))
+        normal = nnx.initializers.normal(init_std)
+        init_in = nnx.with_partitioning(normal, ("embed", "mlp"))
+        self.w_gate = nnx.Param(init_in(rngs.params(), (d_model, d_ff)))
+        self.w_up = nnx.Param(init_in(rngs.params(), (d_model, d_ff)))
+        self.w_down = nnx.Param(
+            nnx.with_partitioning(normal, ("mlp", "embed"))(rngs.params(), (d_ff, d_model))
+        )
 
     def __call__(self, x: jax.Array) -> jax.Array:
         dt = x.dtype
@@ -232,11 +235,13 @@ class MoE(nnx.Module):
         self.num_experts, self.top_k, self.balance_group = e, cfg.top_k, cfg.balance_group
         self.factor, self.transport = cfg.ragged_buffer_factor, resolve_transport(cfg.transport)
         init = nnx.initializers.normal(init_std)
-        expert = partial(nnx.with_partitioning, sharding=(EXPERT_AXIS, None, None))
-        self.router = nnx.Param(nnx.with_partitioning(init, (None, None))(rngs.params(), (d_model, e)))
-        self.w_gate = nnx.Param(expert(init)(rngs.params(), (e, d_model, f)))
-        self.w_up = nnx.Param(expert(init)(rngs.params(), (e, d_model, f)))
-        self.w_down = nnx.Param(expert(init)(rngs.params(), (e, f, d_model)))
+        expert_in = nnx.with_partitioning(init, ("experts", "embed", "mlp"))
+        self.router = nnx.Param(nnx.with_partitioning(init, ("embed", "router"))(rngs.params(), (d_model, e)))
+        self.w_gate = nnx.Param(expert_in(rngs.params(), (e, d_model, f)))
+        self.w_up = nnx.Param(expert_in(rngs.params(), (e, d_model, f)))
+        self.w_down = nnx.Param(
+            nnx.with_partitioning(init, ("experts", "mlp", "embed"))(rngs.params(), (e, f, d_model))
+        )
         self.shared = (
             MLP(d_model, cfg.shared_expert_dim, init_std, rngs=rngs) if cfg.shared_expert_dim else None
         )

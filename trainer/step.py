@@ -13,13 +13,11 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import Mesh
 
 from trainer.config import Config, decay_steps
-from trainer.mesh import batch_sharding, replicated
+from trainer.mesh import batch_sharding, device_sharding, logical_rules, replicated
 from trainer.model import Transformer
-from trainer.moe import BATCH_AXES
 
 
 def schedule(cfg: Config) -> optax.Schedule:
@@ -51,8 +49,9 @@ def abstract_state(cfg: Config, mesh: Mesh) -> tuple[nnx.GraphDef, nnx.State]:
     Call under ``jax.set_mesh(mesh)``. Nothing is allocated: this is also the restore target that
     puts a checkpoint written on any other mesh onto this one.
     """
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: _build(cfg)))
-    shardings = nnx.get_named_sharding(state, mesh)
+    with nnx.logical_axis_rules(logical_rules(cfg.mesh)):
+        graphdef, state = nnx.split(nnx.eval_shape(lambda: _build(cfg)))
+        shardings = nnx.get_named_sharding(state, mesh)
     state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state, shardings)
     return graphdef, state
 
@@ -63,12 +62,8 @@ def shardings_of(state: nnx.State) -> Any:
 
 def init_state(cfg: Config, mesh: Mesh, abstract: nnx.State) -> nnx.State:
     """Materialise the initial state directly in its shardings (no host-side full copy)."""
-    return jax.jit(lambda: nnx.state(_build(cfg)), out_shardings=shardings_of(abstract))()
-
-
-def cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
+    with nnx.logical_axis_rules(logical_rules(cfg.mesh)):
+        return jax.jit(lambda: nnx.state(_build(cfg)), out_shardings=shardings_of(abstract))()
 
 
 SCALARS = ("loss", "total_loss", "lb_loss", "z_loss", "grad_norm", "lr", "stop")
@@ -85,19 +80,21 @@ def unpack(metrics: dict) -> dict[str, Any]:
 def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: nnx.State) -> Callable:
     """jit(state, tokens [A, GB/A, T+1], stop [devices]) -> (state, metrics).
 
+    Gradients take the parameters' shardings (FSDP: reduce-scattered, never whole on a device).
+
     ``stop`` carries each process's SIGTERM flag; its maximum comes back in the metrics, so every
     process learns about a preemption at the same step without an extra collective.
     """
     lb_w, z_w = cfg.moe.load_balance_weight, cfg.moe.z_loss_weight
     lr_at = schedule(cfg)
+    abstract_model, _ = nnx.merge(graphdef, abstract)
+    param_shardings = shardings_of(nnx.state(abstract_model))
 
     def loss_fn(params: nnx.State, gdef: nnx.GraphDef, tokens: jax.Array) -> tuple[jax.Array, dict]:
-        logits, aux = nnx.merge(gdef, params)(tokens[:, :-1])
-        ce = cross_entropy(logits, tokens[:, 1:])
-        if aux:
-            lb = jnp.mean(jnp.stack([a["lb_loss"] for a in aux]))
-            z = jnp.mean(jnp.stack([a["z_loss"] for a in aux]))
-            layers = jnp.stack([jnp.stack([a["dropped_rows"], a["total_rows"], a["max_load"]]) for a in aux])
+        ce, aux = nnx.merge(gdef, params).loss(tokens[:, :-1], tokens[:, 1:])
+        if aux:  # each [MoE layers]
+            lb, z = jnp.mean(aux["lb_loss"]), jnp.mean(aux["z_loss"])
+            layers = jnp.stack([aux["dropped_rows"], aux["total_rows"], aux["max_load"]], axis=-1)
         else:
             lb = z = jnp.zeros(())
             layers = jnp.zeros((0, 3))
@@ -110,9 +107,11 @@ def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: n
 
         def micro(acc: nnx.State, mb: jax.Array) -> tuple[nnx.State, tuple]:
             (total, parts), grads = grad_fn(params, gdef, mb)
-            return jax.tree.map(jnp.add, acc, grads), (total, parts)
+            acc = jax.lax.with_sharding_constraint(jax.tree.map(jnp.add, acc, grads), param_shardings)
+            return acc, (total, parts)
 
-        grads, (total, parts) = jax.lax.scan(micro, jax.tree.map(jnp.zeros_like, params), tokens)
+        zeros = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, params), param_shardings)
+        grads, (total, parts) = jax.lax.scan(micro, zeros, tokens)
         grads = jax.tree.map(lambda g: g / tokens.shape[0], grads)
         lr = lr_at(opt.step[...])
         opt.update(model, grads)
@@ -142,7 +141,7 @@ def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: n
     rep = replicated(mesh)
     return jax.jit(
         step,
-        in_shardings=(shardings_of(abstract), batch_sharding(mesh), NamedSharding(mesh, P(BATCH_AXES))),
+        in_shardings=(shardings_of(abstract), batch_sharding(mesh), device_sharding(mesh)),
         out_shardings=(shardings_of(abstract), rep),
         donate_argnums=0,
     )

@@ -197,3 +197,45 @@ def test_render_service_account_names_the_pods_service_account(capsys):
     assert code == 0 and pod["serviceAccountName"] == "trainer"
     code, out, _ = run_cli(capsys, *RENDER)
     assert "serviceAccountName" not in out  # the namespace's default ServiceAccount
+
+
+def test_plan_and_render_learn_the_tensor_parallel_degree_from_the_trainer_config(capsys):
+    """48 sequences do not split over 64 devices; over 16 data-parallel ranks of tensor 4 they do."""
+    args = ["-p", "tpu7x-2x2x2", "-n", "4", "-b", "48"]
+    code, _, err = run_cli(capsys, "plan", *args)
+    assert code == 2 and "not divisible by 64 devices" in err
+    code, out, _ = run_cli(capsys, "plan", *args, "--config", "tiny", "--set", "mesh.tensor=4", "--json")
+    assert code == 0
+    top = json.loads(out)[0]
+    assert top["feasible"] and top["plan"] == {
+        "micro_batch": 3,
+        "grad_accum": 1,
+        "dp_ranks": 16,
+        "model_parallel": 4,
+    }
+    render = ["render", "--preset", "tpu7x-2x2x2", "--slices", "4", "--run", "tp", "--run-dir", "/tmp/r"]
+    code, out, _ = run_cli(capsys, *render, "--global-batch", "48", "--set", "mesh.tensor=4", "--json")
+    assert code == 0
+    env = {
+        e["name"]: e.get("value")
+        for e in json.loads(out)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+            "containers"
+        ][0]["env"]
+    }
+    assert (env["RESLICE_MICRO_BATCH"], env["RESLICE_GRAD_ACCUM"]) == ("3", "1")
+
+
+def test_plan_marks_rungs_the_model_cannot_live_on_infeasible(capsys):
+    """olmo-7b at global batch 512: a quarter slice (128 Ironwood devices, 96 GiB each) holds it, a
+    tpu7x-2x2x2 (16 devices) does not; the launch-time ladder uses the same estimate."""
+    code, out, _ = run_cli(capsys, "plan", "-p", "tpu7x-4x4x4", "-b", "512", "--config", "olmo-7b", "--json")
+    assert code == 0
+    rungs = {r["preset"]: r for r in json.loads(out) if r["slices"] == 1}
+    quarter, small = rungs["tpu7x-4x4x4"], rungs["tpu7x-2x2x2"]
+    assert quarter["feasible"] and 20 * 2**30 < quarter["memory"]["total"] < 96 * 2**30
+    assert quarter["memory"]["state"] < 2**30  # fp32 parameters and Adam moments, 128 ways
+    assert (
+        not small["feasible"]
+        and "GiB of HBM" in small["infeasible"]
+        and small["memory"]["total"] > 96 * 2**30
+    )

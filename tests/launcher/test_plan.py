@@ -73,3 +73,24 @@ def test_shrink_ladder_follows_fallbacks_transitively_largest_first():
         assert r.shape.devices <= rungs[0].shape.devices
         if r.feasible:
             assert r.plan.global_batch == 256
+
+
+def test_tensor_parallelism_divides_the_devices_into_data_parallel_ranks():
+    # 128 devices, tensor 4: 32 ranks of 4 devices share the batch, 16 sequences each.
+    plan = plan_batch(512, 128, 16, model_parallel=4)
+    assert plan == Plan(128, 16, 1, 4) and plan.dp_ranks == 32 and plan.global_batch == 512
+    # 24 sequences cannot split over 16 devices, but can over 4 ranks of 4.
+    assert isinstance(plan_batch(24, 16, 16), Infeasible)
+    assert plan_batch(24, 16, 16, model_parallel=4) == Plan(16, 6, 1, 4)
+    assert "does not divide 6 devices" in plan_batch(8, 6, 16, model_parallel=4).reason
+    rungs = shrink_ladder(make_shape("tpu7x-2x2x2", 4), 48, 16, model_parallel=4)
+    assert [
+        (r.shape.slices, r.plan.micro_batch)
+        for r in rungs
+        if r.feasible and r.shape.preset.name == "tpu7x-2x2x2"
+    ] == [
+        (4, 3),
+        (3, 4),
+        (2, 6),
+        (1, 12),
+    ]

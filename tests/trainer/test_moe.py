@@ -53,7 +53,11 @@ def skewed_routing(seed: int = 0) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def mesh(cpu8: list) -> Mesh:
-    return Mesh(np.array(cpu8).reshape(DATA, EP), ("data", "expert"), axis_types=(AxisType.Auto,) * 2)
+    return Mesh(
+        np.array(cpu8).reshape(DATA, 1, EP, 1),
+        ("data", "fsdp", "expert", "tensor"),
+        axis_types=(AxisType.Auto,) * 4,
+    )
 
 
 @pytest.fixture(scope="module")

@@ -98,6 +98,13 @@ def test_same_shape_resume_after_kill_is_bitwise_equal(reference: dict, tmp_path
     resumed = runs.parse_metrics({newest.name: newest.read_text()})
     assert sorted(resumed) == list(range(resume_at + 1, 41)) and len(resumed) >= 20
     runs.assert_matches_reference(resumed, reference, exact=True)
+    # The same shape again: its train step came from the run's compile cache, not the compiler.
+    first_records = runs.parse_metrics(
+        {p.name: p.read_text() for p in sorted((run_dir / "metrics").glob("*.jsonl"))[:1]}
+    )
+    assert first_records[min(first_records)]["perf/compile_cache_hits"] == 0
+    assert resumed[resume_at + 1]["perf/compile_cache_hits"] == 1
+    assert any((run_dir / "compile_cache").iterdir())
 
 
 def test_sigterm_exits_42_and_resumes_on_another_shape(reference: dict, tmp_path: Path) -> None:

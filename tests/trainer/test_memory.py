@@ -1,0 +1,44 @@
+"""``python -m trainer --memory`` (the AOT figure) and the launcher's analytic estimate of it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from launcher.memory import estimate
+from launcher.plan import plan_batch
+from trainer import config
+from trainer.__main__ import main
+
+# A small dense decoder with every memory feature on: bf16, whole-block remat, query blocks of 128
+# of 512 positions, a chunked loss; fsdp 4 × tensor 2 on the 8 simulated devices.
+MINI = [
+    "model.vocab_size=4096", "model.seq_len=512", "model.d_model=256", "model.n_layers=4",
+    "model.n_heads=8", "model.head_dim=32", "model.d_ff=768", "model.dense_layers=4",
+    "model.dtype=bfloat16", "model.remat=full", "model.attention_block=128", "model.loss_chunk=128",
+    "mesh.fsdp=4", "mesh.tensor=2",
+]  # fmt: skip
+
+
+def test_memory_json_and_the_analytic_estimate_within_25_percent(cpu8: list, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("RESLICE_GLOBAL_BATCH", "16")
+    assert main(["--config", "tiny", "--memory", *(a for s in MINI for a in ("--set", s))]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["mesh"] == {"data": 1, "fsdp": 4, "expert": 1, "tensor": 2}
+    assert (report["dp_ranks"], report["micro_batch"], report["grad_accum"]) == (4, 4, 1)
+    assert report["per_device_bytes"] == (
+        report["argument_bytes"] + report["output_bytes"] - report["alias_bytes"] + report["temp_bytes"]
+    )
+    # The state is donated: its buffers are the step's outputs, counted once.
+    assert report["alias_bytes"] == report["state_bytes"] > 0
+
+    cfg = config.resolve("tiny", MINI, {"RESLICE_GLOBAL_BATCH": "16"})
+    plan = plan_batch(16, 8, 16, model_parallel=2)
+    assert plan.micro_batch == report["micro_batch"]
+    est = estimate(dataclasses.asdict(cfg), plan)
+    assert 0.75 <= est["total"] / report["per_device_bytes"] <= 1.25, (est, report)
+    # Without the query blocks and the chunked loss the estimate grows by the whole scores and logits.
+    whole = config.resolve(
+        "tiny", [*MINI, "model.attention_block=0", "model.loss_chunk=0"], {"RESLICE_GLOBAL_BATCH": "16"}
+    )
+    assert estimate(dataclasses.asdict(whole), plan)["total"] > 1.5 * est["total"]

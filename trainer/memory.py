@@ -1,0 +1,69 @@
+"""Per-device memory of the train step, known before launching (``python -m trainer --memory``).
+
+The step is lowered and compiled ahead of time for the shape of this environment (the devices JAX
+sees: simulated CPU devices are fine) from abstract arguments that carry their shardings, so no
+state is allocated; ``compiled.memory_analysis()`` gives what XLA reserves on one device.
+Per-device bytes = arguments + outputs − aliased (the donated state is updated in place) +
+temporaries. The figures are XLA:CPU's buffer assignment for this program; an accelerator backend
+fuses differently, so treat them as an estimate of the same order, not a guarantee.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from trainer.config import Config
+
+
+def aot_memory(cfg: Config) -> dict[str, Any]:
+    """Compile the train step for this environment's devices and report its memory per device."""
+    from trainer.loop import batch_plan
+    from trainer.mesh import batch_sharding, device_sharding, dp_ranks, mesh_for
+    from trainer.step import abstract_state, make_train_step
+
+    mesh = mesh_for(cfg)
+    plan = batch_plan(cfg, mesh.size, 1, mesh.shape["expert"], dp_ranks(mesh), mesh.shape["fsdp"])
+    gb, seq = cfg.train.global_batch, cfg.model.seq_len
+    with jax.set_mesh(mesh):
+        graphdef, abstract = abstract_state(cfg, mesh)
+        step = make_train_step(cfg, graphdef, mesh, abstract)
+        tokens = jax.ShapeDtypeStruct(
+            (plan.grad_accum, gb // plan.grad_accum, seq + 1), np.int32, sharding=batch_sharding(mesh)
+        )
+        stop = jax.ShapeDtypeStruct((mesh.size,), np.int32, sharding=device_sharding(mesh))
+        t0 = time.perf_counter()
+        compiled = step.lower(abstract, tokens, stop).compile()
+        seconds = time.perf_counter() - t0
+    m = compiled.memory_analysis()
+    args, out, alias, temp = (
+        int(m.argument_size_in_bytes),
+        int(m.output_size_in_bytes),
+        int(m.alias_size_in_bytes),
+        int(m.temp_size_in_bytes),
+    )
+    state_bytes = sum(
+        int(np.prod(a.sharding.shard_shape(a.shape))) * a.dtype.itemsize for a in jax.tree.leaves(abstract)
+    )
+    per_device = args + out - alias + temp
+    return {
+        "config": cfg.name,
+        "devices": mesh.size,
+        "mesh": dict(mesh.shape),
+        "dp_ranks": plan.dp_ranks,
+        "micro_batch": plan.micro_batch,
+        "grad_accum": plan.grad_accum,
+        "global_batch": gb,
+        "argument_bytes": args,
+        "output_bytes": out,
+        "alias_bytes": alias,
+        "temp_bytes": temp,
+        "state_bytes": state_bytes,
+        "per_device_bytes": per_device,
+        "per_device_gib": per_device / 2**30,
+        "compile_seconds": seconds,
+        "backend": jax.default_backend(),
+    }
