@@ -213,9 +213,12 @@ def decide(
     terminal: Mapping[str, Mapping[str, Any]],
     leader_domain: str | None,
     now: dt.datetime,
+    suspended_out: frozenset[str] | set[str] = frozenset(),
 ) -> Plan:
     """One reconcile of one Job. `pods`: its pods in the API now; `terminal`: every pod (by uid) seen
-    reach Succeeded/Failed, including ones since removed (the job-tracking finalizer's role)."""
+    reach Succeeded/Failed, including ones since removed (the job-tracking finalizer's role);
+    `suspended_out`: uids of pods deleted because the Job was suspended, which are no failures
+    (a queue suspending a Job to preempt it must not spend its backoffLimit or fail it)."""
     spec = job.get("spec") or {}
     old = job.get("status") or {}
     status = copy.deepcopy(dict(old))
@@ -240,8 +243,15 @@ def decide(
     terminating = [p for p in live if o.pod_deleting(p)]
 
     succeeded = [p for p in finished.values() if o.pod_phase(p) == "Succeeded"]
+    suspending = bool(spec.get("suspend"))
     failed_pods = sorted(
-        (p for p in finished.values() if o.pod_phase(p) == "Failed"),
+        (
+            p
+            for p in finished.values()
+            if o.pod_phase(p) == "Failed"
+            and o.meta(p).get("uid") not in suspended_out
+            and not (suspending and o.pod_deleting(p))
+        ),
         key=lambda p: (finish_time(p), o.meta(p).get("name", "")),
     )
     # Classify failures through the pod failure policy (first FailJob wins, Ignore doesn't count).
@@ -414,6 +424,7 @@ class JobController(Controller):
         self._terminal: dict[str, dict[str, dict[str, Any]]] = {}  # job uid → pod uid → pod
         self._job_keys: dict[str, tuple[str, str]] = {}  # job uid → (ns, name)
         self._generations: dict[str, int | None] = {}  # job uid → last generation seen
+        self._suspended_out: dict[str, set[str]] = {}  # job uid → pods deleted by its suspension
 
     def resync(self) -> None:
         jobs, _ = self.store.list(self.jobs)
@@ -431,6 +442,7 @@ class JobController(Controller):
                 self._terminal.pop(uid, None)
                 self._job_keys.pop(uid, None)
                 self._generations.pop(uid, None)
+                self._suspended_out.pop(uid, None)
                 # Its pods that already finished may have had their events before the deletion
                 # and will get no more: release them now (upstream's orphan-pod cleanup).
                 return [("orphans", o.meta(obj).get("namespace"), uid)]
@@ -497,7 +509,13 @@ class JobController(Controller):
         for p in release:
             if o.pod_terminal(p):
                 ledger[o.meta(p)["uid"]] = p
-        plan = decide(job, pods, ledger, self._leader_domain(job, pods), o.now())
+        out = self._suspended_out.setdefault(uid, set())
+        out.update(
+            o.meta(p)["uid"] for p in pods if (job.get("spec") or {}).get("suspend") and o.pod_deleting(p)
+        )
+        plan = decide(job, pods, ledger, self._leader_domain(job, pods), o.now(), out)
+        if (job.get("spec") or {}).get("suspend"):
+            out.update(o.meta(p)["uid"] for p in pods if o.meta(p)["name"] in plan.delete)
         for pname in plan.delete:
             try:
                 self.store.delete(self.pods, ns, pname)
