@@ -29,6 +29,7 @@ BACKOFF_MAX_S = 360.0
 SYNC_BATCH_S = 1.0  # upstream syncJobBatchPeriod
 MSG_BACKOFF = "Job has reached the specified backoff limit"
 MSG_COMPLETIONS = "Reached expected number of succeeded pods"
+MSG_DEADLINE = "Job was active longer than specified deadline"
 # Upstream's job-tracking finalizer: a pod cannot leave the API before the controller counted it.
 TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
 
@@ -266,6 +267,14 @@ def decide(
             failure = ("PodFailurePolicy", msg or "")
     if failure is None and counted > backoff_limit:
         failure = ("BackoffLimitExceeded", MSG_BACKOFF)
+    # activeDeadlineSeconds counts from startTime, which a suspension resets (upstream pastActiveDeadline).
+    deadline, started = spec.get("activeDeadlineSeconds"), o.parse_time(old.get("startTime"))
+    if failure is None and deadline is not None and started is not None and not spec.get("suspend"):
+        left = int(deadline) - (now - started).total_seconds()
+        if left <= 0:
+            failure = ("DeadlineExceeded", MSG_DEADLINE)
+        else:
+            plan.requeue_after = left
 
     done_indexes = {completion_index(p) for p in succeeded} - {None} if indexed else set()
     if indexed:  # counted before a controller restart, their pods possibly gone since
@@ -346,7 +355,8 @@ def decide(
         delay = min(BACKOFF_BASE_S * 2 ** (counted - 1), BACKOFF_MAX_S)
         lt = o.parse_time(last)
         if lt is not None and (now - lt).total_seconds() < delay:
-            plan.requeue_after = delay - (now - lt).total_seconds()
+            wait = delay - (now - lt).total_seconds()
+            plan.requeue_after = min(wait, plan.requeue_after) if plan.requeue_after is not None else wait
             return plan
 
     # Replacement waits for the old pod to be terminal when podFailurePolicy is set

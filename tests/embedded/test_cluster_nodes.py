@@ -222,3 +222,49 @@ def test_suspending_a_running_jobset_fails_and_restarts_nothing():
         _running_pods(kube)
         assert kube.jobset("q-0")["status"]["restarts"] == 0
         assert all(p.metadata.labels["jobset.sigs.k8s.io/restart-attempt"] == "0" for p in kube.pods())
+
+
+def test_active_deadline_seconds_fails_the_job_and_stops_its_pods():
+    with running("tpu7x-2x2x2:1", mode="simulate") as kube:
+        tolerate = [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}]
+        job = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "dl"},
+            "spec": {
+                "activeDeadlineSeconds": 1,
+                "backoffLimit": 0,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "tolerations": tolerate,
+                        "containers": [{"name": "c", "image": "busybox", "command": ["sleep", "60"]}],
+                    }
+                },
+            },
+        }
+        kube.batch.create_namespaced_job("default", job)
+        wait_for(lambda: [p for p in kube.pods("job-name=dl") if p.status.phase == "Running"], what="running")
+        failed = wait_for(
+            lambda: next(
+                (
+                    c
+                    for c in kube.batch.read_namespaced_job("dl", "default").status.conditions or []
+                    if c.type == "Failed"
+                ),
+                None,
+            ),
+            timeout=10,
+            what="Failed",
+        )
+        assert (failed.status, failed.reason, failed.message) == (
+            "True",
+            "DeadlineExceeded",
+            "Job was active longer than specified deadline",
+        )
+        wait_for(
+            lambda: all(p.status.phase == "Failed" for p in kube.pods("job-name=dl")), what="pods stopped"
+        )
+        assert [e.message for e in kube.events("DeadlineExceeded")] == [
+            "Job was active longer than specified deadline"
+        ]
