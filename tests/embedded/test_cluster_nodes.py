@@ -268,3 +268,52 @@ def test_active_deadline_seconds_fails_the_job_and_stops_its_pods():
         assert [e.message for e in kube.events("DeadlineExceeded")] == [
             "Job was active longer than specified deadline"
         ]
+
+
+def test_a_jobs_template_is_immutable_unless_suspended_and_never_started():
+    with running("tpu7x-2x2x2:1", mode="simulate") as kube:
+        job = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": {"name": "im"},
+            "spec": {
+                "suspend": True,
+                "template": {
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{"name": "c", "image": "busybox", "command": ["sleep", "60"]}],
+                    }
+                },
+            },
+        }
+        kube.batch.create_namespaced_job("default", job)
+        # Suspended, never started: the scheduling directives may change (Kueue's admission) ...
+        tolerate = [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}]
+        kube.batch.patch_namespaced_job(
+            "im", "default", {"spec": {"template": {"spec": {"tolerations": tolerate}}}}
+        )
+        # ... the containers may not, and nothing may once it ran.
+        with pytest.raises(ApiException) as e:
+            kube.batch.patch_namespaced_job(
+                "im",
+                "default",
+                {"spec": {"template": {"spec": {"containers": [{"name": "c", "image": "other"}]}}}},
+            )
+        assert (
+            e.value.status == 422
+            and "spec.template: Invalid value" in e.value.body
+            and "field is immutable" in e.value.body
+        )
+        kube.batch.patch_namespaced_job("im", "default", {"spec": {"suspend": False}})
+        wait_for(lambda: kube.batch.read_namespaced_job("im", "default").status.start_time, what="started")
+        with pytest.raises(ApiException) as e:
+            kube.batch.patch_namespaced_job(
+                "im", "default", {"spec": {"template": {"spec": {"nodeSelector": {"a": "b"}}}}}
+            )
+        assert e.value.status == 422 and "field is immutable" in e.value.body
+        with pytest.raises(ApiException) as e:
+            kube.batch.patch_namespaced_job(
+                "im", "default", {"spec": {"completionMode": "Indexed", "completions": 1}}
+            )
+        assert e.value.status == 422 and "spec.completionMode" in e.value.body
+        assert kube.batch.read_namespaced_job("im", "default").spec.completion_mode == "NonIndexed"
