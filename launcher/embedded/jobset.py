@@ -93,6 +93,7 @@ def jobset_labels(js: Mapping[str, Any], rjob: Mapping[str, Any], idx: int) -> d
     total = sum(int(r.get("replicas", 1)) for r in js["spec"]["replicatedJobs"])
     out = {
         o.JOBSET_NAME: m["name"],
+        o.JOBSET_UID: m.get("uid", ""),
         o.RJOB_NAME: rjob["name"],
         o.RESTART_ATTEMPT: str(int((js.get("status") or {}).get("restarts") or 0)),
         o.RJOB_REPLICAS: str(int(rjob.get("replicas", 1))),

@@ -13,6 +13,7 @@ from typing import Any
 
 # Upstream label and annotation keys (kubernetes-sigs/jobset api/jobset/v1alpha2, kubernetes batch/v1).
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_UID = "jobset.sigs.k8s.io/jobset-uid"
 RJOB_NAME = "jobset.sigs.k8s.io/replicatedjob-name"
 RJOB_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
 GLOBAL_REPLICAS = "jobset.sigs.k8s.io/global-replicas"

@@ -317,3 +317,12 @@ def test_a_jobs_template_is_immutable_unless_suspended_and_never_started():
             )
         assert e.value.status == 422 and "spec.completionMode" in e.value.body
         assert kube.batch.read_namespaced_job("im", "default").spec.completion_mode == "NonIndexed"
+
+
+def test_jobs_and_pods_carry_the_jobset_uid_label():
+    with running("tpu7x-2x2x2:2", mode="simulate") as kube:
+        uid = kube.create_jobset(rendered("lb", "unused"))["metadata"]["uid"]
+        _running_pods(kube)
+        sel = f"jobset.sigs.k8s.io/jobset-uid={uid}"
+        assert len(kube.batch.list_namespaced_job("default", label_selector=sel).items) == 2
+        assert len(kube.pods(sel)) == 2 * HOSTS
