@@ -326,3 +326,48 @@ def test_jobs_and_pods_carry_the_jobset_uid_label():
         sel = f"jobset.sigs.k8s.io/jobset-uid={uid}"
         assert len(kube.batch.list_namespaced_job("default", label_selector=sel).items) == 2
         assert len(kube.pods(sel)) == 2 * HOSTS
+        for j in kube.batch.list_namespaced_job("default", label_selector=sel).items:
+            lbl = j.metadata.labels
+            assert lbl["jobset.sigs.k8s.io/group-name"] == "default"
+            assert lbl["jobset.sigs.k8s.io/group-replicas"] == "2"
+            assert lbl["jobset.sigs.k8s.io/job-group-index"] == lbl["jobset.sigs.k8s.io/job-index"]
+
+
+def test_in_order_startup_policy_creates_each_replicated_job_once_the_previous_is_ready():
+    import copy
+    import threading
+
+    from kubernetes import watch
+
+    with running("tpu7x-2x2x2:2", mode="simulate") as kube:
+        seen: list[tuple[str, str, int]] = []
+        w = watch.Watch()
+
+        def record() -> None:
+            try:
+                for ev in w.stream(kube.batch.list_namespaced_job, "default", timeout_seconds=30):
+                    j = ev["object"]
+                    seen.append((ev["type"], j.metadata.name, j.status.ready or 0))
+            except Exception:
+                pass  # the stream ends with the cluster
+
+        threading.Thread(target=record, daemon=True).start()
+        js = rendered("io", "unused", slices=1)
+        rj = js["spec"]["replicatedJobs"]
+        rj.append(copy.deepcopy(rj[0]) | {"name": "second"})
+        js["spec"]["startupPolicy"] = {"startupPolicyOrder": "InOrder"}
+        kube.create_jobset(js)
+        done = wait_for(lambda: condition(kube.jobset("io-0"), "StartupPolicyCompleted"), what="startup done")
+        assert (done["status"], done["reason"], done["message"]) == (
+            "True",
+            "InOrderStartupPolicyCompleted",
+            "in order startup policy has completed",
+        )
+        progress = condition(kube.jobset("io-0"), "StartupPolicyInProgress")
+        assert (progress["status"], progress["reason"]) == ("False", "InOrderStartupPolicyInProgress")
+        w.stop()
+        first_added = next(i for i, (t, n, _) in enumerate(seen) if t == "ADDED" and n == "io-0-second-0")
+        slice_job = [r for t, n, r in seen[:first_added] if n == "io-0-slice-0"]
+        assert slice_job and slice_job[-1] == HOSTS, seen  # the first Job was ready before the second came
+        reasons = [e.reason for e in sorted(kube.events(kind="JobSet"), key=lambda e: e.first_timestamp)]
+        assert "InOrderStartupPolicyInProgress" in reasons and "InOrderStartupPolicyCompleted" in reasons
