@@ -17,6 +17,10 @@
   deleted (by its Job or JobSet), the pod is reported as a container that could not be found
   (exit 137, ContainerStatusUnknown) and removed, as after the host's reboot; the node stays
   Ready throughout (the reboot is instant here).
+
+Node faults (one node): `drain` (kubectl drain: cordon, evict through the eviction API),
+`uncordon`, `repair` (GKE auto-repair: the node deleted and recreated, PodGC fails its pods),
+`partition` / `heal` (the kubelet's heartbeats stop and resume; launcher/embedded/nodelife.py).
 """
 
 from __future__ import annotations
