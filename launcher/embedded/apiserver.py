@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from launcher.embedded import admission, bodies, discovery
+from launcher.embedded import admission, bodies, discovery, eviction
 from launcher.embedded.errors import ApiError, bad_request
 from launcher.embedded.patches import PATCH_TYPES
 from launcher.embedded.resources import GROUPS, RESOURCES, Resource, lookup
@@ -360,6 +360,13 @@ class _Request:
             self._collection(res, namespace)
         elif sub == "log":
             self._log(namespace or "default", name)
+        elif sub == "eviction":
+            if self.method != "POST":
+                raise ApiError(
+                    405, "MethodNotAllowed", "the server does not allow this method on the requested resource"
+                )
+            body = self._body(kind="Eviction")
+            self.h.send_json(201, eviction.evict(self.store, namespace or "default", name, body))
         else:
             self._object(res, namespace, name, sub)
 

@@ -568,6 +568,25 @@ KINDS: dict[str, Struct] = {
         ),
         status=Struct("ResourceQuotaStatus", hard=RESOURCES, used=RESOURCES),
     ),
+    "poddisruptionbudgets": _kind(
+        "PodDisruptionBudget",
+        spec=Struct(
+            "PodDisruptionBudgetSpec",
+            minAvailable=IntOrString(),
+            maxUnavailable=IntOrString(),
+            selector=LABEL_SELECTOR,
+            unhealthyPodEvictionPolicy=S,
+        ),
+        status=Struct(
+            "PodDisruptionBudgetStatus",
+            observedGeneration=I64,
+            disruptedPods=Map(S),
+            disruptionsAllowed=I32,
+            currentHealthy=I32,
+            desiredHealthy=I32,
+            expectedPods=I32,
+        ),
+    ),
 }
 
 DELETE_OPTIONS = Struct(

@@ -351,6 +351,54 @@ def crash_host(
     )
 
 
+NodeArg = Annotated[str, typer.Argument(help="Node name (kubectl get nodes).")]
+
+
+@app.command()
+def drain(
+    node: NodeArg,
+    timeout: Annotated[
+        float,
+        typer.Option("--timeout", help="Seconds to keep retrying evictions a disruption budget refuses."),
+    ] = 60.0,
+    directory: StateDir = None,
+) -> None:
+    """`kubectl drain`: cordon the node and evict its pods (eviction API, PodDisruptionBudgets)."""
+    out = _call(_running(state_dir(directory)), "drain", {"node": node, "timeout_s": timeout})
+    console.print(
+        f"Drained {out['node']}: {len(out['evicted'])} pod(s) evicted; cordoned (`reslice cluster uncordon`)."
+    )
+
+
+@app.command()
+def uncordon(node: NodeArg, directory: StateDir = None) -> None:
+    """Make a drained node schedulable again."""
+    out = _call(_running(state_dir(directory)), "uncordon", {"node": node})
+    console.print(f"Uncordoned {out['node']}.")
+
+
+@app.command()
+def repair(node: NodeArg, directory: StateDir = None) -> None:
+    """GKE auto-repair: the node is deleted and recreated, no graceful shutdown (PodGC fails its pods)."""
+    out = _call(_running(state_dir(directory)), "repair", {"node": node})
+    console.print(f"Repaired {out['node']}: recreated, {len(out['pods'])} pod(s) lost.")
+
+
+@app.command()
+def partition(node: NodeArg, directory: StateDir = None) -> None:
+    """The node's kubelet stops heartbeating: NotReady, unreachable taints, its pods evicted after
+    their tolerationSeconds (until `reslice cluster heal`)."""
+    out = _call(_running(state_dir(directory)), "partition", {"node": node})
+    console.print(f"Partitioned {out['node']}: NotReady after {out['grace_s']:g} s without heartbeats.")
+
+
+@app.command()
+def heal(node: NodeArg, directory: StateDir = None) -> None:
+    """End a partition: heartbeats resume, the kubelet catches up with its pods."""
+    out = _call(_running(state_dir(directory)), "heal", {"node": node})
+    console.print(f"Healed {out['node']}.")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Standalone entry (`python -m launcher.embedded.cli`), with `reslice`'s error handling:
     a user error is one line on stderr and exit 2."""

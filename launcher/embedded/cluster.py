@@ -24,6 +24,7 @@ from launcher.embedded import objects as o
 from launcher.embedded.job import JobController
 from launcher.embedded.jobset import EMULATED_VERSION, JobSetController
 from launcher.embedded.kubelet import Kubelet
+from launcher.embedded.nodelife import NODE_MONITOR_GRACE_S, NodeLifecycle
 from launcher.embedded.nodes import NodePool, NodePoolSpec
 from launcher.embedded.runtime import EventRecorder, Hub
 from launcher.embedded.scheduler import Scheduler
@@ -48,6 +49,7 @@ class EmbeddedCluster:
         sim_duration_s: float | None = None,
         sim_term_exit_code: int = 143,
         workdir: Path | None = None,
+        node_monitor_grace_s: float = NODE_MONITOR_GRACE_S,
     ) -> None:
         if mode not in ("process", "simulate"):
             raise UserError(f"mode must be 'process' or 'simulate', got {mode!r}")
@@ -60,6 +62,7 @@ class EmbeddedCluster:
         self.sim_duration_s = sim_duration_s
         self.sim_term_exit_code = sim_term_exit_code
         self.workdir = workdir
+        self.node_monitor_grace_s = node_monitor_grace_s
         self._tmp: str | None = None
         self._gone: set[str] = set()
         self._node_pool: dict[str, str] = {n: p.name for p in self.pools.values() for n in p.node_names}
@@ -99,7 +102,8 @@ class EmbeddedCluster:
             cwd=self.workdir,
             events=self.hub,
         )
-        self._components = [self.kubelet, self.scheduler, self.jobs, self.jobsets]
+        self.nodelife = NodeLifecycle(self.store, self.hub, self.node_monitor_grace_s)
+        self._components = [self.kubelet, self.nodelife, self.scheduler, self.jobs, self.jobsets]
         self._create_nodes()
         for c in self._components:
             c.start()
@@ -159,6 +163,11 @@ class EmbeddedCluster:
                 if name not in existing:
                     self.store.create(self.res["nodes"], nodes.node_object(pool, i))
 
+    @property
+    def node_pool_of(self) -> dict[str, str]:
+        """Node name → its node pool, for every node the pools define (present or not)."""
+        return self._node_pool
+
     def pool_name(self, name: str) -> str:
         """A node pool by name, or by a unique suffix ('np-0' when only one pool ends so)."""
         if name in self.pools:
@@ -194,6 +203,21 @@ class EmbeddedCluster:
     def crash_host(self, namespace: str, name: str) -> dict[str, Any]:
         return faults.crash_host(self, namespace, name)
 
+    def drain(self, node: str, timeout_s: float = 60.0, wait: bool = True) -> dict[str, Any]:
+        return faults.drain(self, node, timeout_s, wait)
+
+    def uncordon(self, node: str) -> dict[str, Any]:
+        return faults.uncordon(self, node)
+
+    def repair(self, node: str) -> dict[str, Any]:
+        return faults.repair(self, node)
+
+    def partition(self, node: str) -> dict[str, Any]:
+        return faults.partition(self, node)
+
+    def heal(self, node: str) -> dict[str, Any]:
+        return faults.heal(self, node)
+
     # -- simulate mode and tests ---------------------------------------------------------------
     def sim_finish(
         self, label_selector: str | None = None, exit_code: int = 0, namespace: str | None = None
@@ -227,7 +251,8 @@ class EmbeddedCluster:
 
     # -- the fault routes ----------------------------------------------------------------------
     def handle_route(self, method: str, path: str, query: dict, body: bytes | None) -> tuple[int, dict]:
-        """POST /embedded/v1/{preempt,remove,restore,kill-pod,crash-host} with a JSON body;
+        """POST /embedded/v1/{preempt,remove,restore,kill-pod,crash-host} with a JSON body, and
+        /embedded/v1/{drain,uncordon,repair,partition,heal} with {"node": ...};
         GET /embedded/v1/info: mode, the JobSet release it emulates, node pools."""
         action = path[len(ROUTE) :].strip("/")
         try:
@@ -248,6 +273,12 @@ class EmbeddedCluster:
                 out = self.kill_pod(args.get("namespace") or "default", args["pod"])
             elif action == "crash-host":
                 out = self.crash_host(args.get("namespace") or "default", args["pod"])
+            elif action == "drain":
+                out = self.drain(
+                    args["node"], float(args.get("timeout_s", 60.0)), bool(args.get("wait", True))
+                )
+            elif action in ("uncordon", "repair", "partition", "heal"):
+                out = getattr(self, action)(args["node"])
             else:
                 return 404, _status(404, "NotFound", f"no fault {action!r}")
             return 200, out

@@ -79,16 +79,17 @@ def resource_list(group: str, version: str) -> dict[str, Any]:
     for res in GROUPS[group][version].values():
         resources.append(_resource_entry(res))
         for sub in res.subresources:
-            verbs = ["get"] if sub == "log" else ["get", "patch", "update"]
-            resources.append(
-                {
-                    "name": f"{res.plural}/{sub}",
-                    "singularName": "",
-                    "namespaced": res.namespaced,
-                    "kind": res.kind,
-                    "verbs": verbs,
-                }
-            )
+            verbs = {"log": ["get"], "eviction": ["create"]}.get(sub, ["get", "patch", "update"])
+            entry = {
+                "name": f"{res.plural}/{sub}",
+                "singularName": "",
+                "namespaced": res.namespaced,
+                "kind": "Eviction" if sub == "eviction" else res.kind,
+                "verbs": verbs,
+            }
+            if sub == "eviction":
+                entry.update(group="policy", version="v1")
+            resources.append(entry)
     return {
         "kind": "APIResourceList",
         "apiVersion": "v1",

@@ -17,6 +17,10 @@
   deleted (by its Job or JobSet), the pod is reported as a container that could not be found
   (exit 137, ContainerStatusUnknown) and removed, as after the host's reboot; the node stays
   Ready throughout (the reboot is instant here).
+
+Node faults (one node): `drain` (kubectl drain: cordon, evict through the eviction API),
+`uncordon`, `repair` (GKE auto-repair: the node deleted and recreated, PodGC fails its pods),
+`partition` / `heal` (the kubelet's heartbeats stop and resume; launcher/embedded/nodelife.py).
 """
 
 from __future__ import annotations
@@ -215,3 +219,122 @@ def crash_host(cluster: EmbeddedCluster, namespace: str, name: str) -> dict[str,
         raise UserError(f"pod {namespace}/{name} is not running")
     run.done.wait(10)
     return {"pod": f"{namespace}/{name}", "node": (pod.get("spec") or {}).get("nodeName")}
+
+
+# ---- node faults (one node, as GKE's upgrades, auto-repair and network faults hit them) --------
+
+
+def _node(cluster: EmbeddedCluster, name: str) -> dict[str, Any]:
+    try:
+        return cluster.store.get(cluster.res["nodes"], None, name)
+    except Exception as e:
+        if getattr(e, "code", None) == 404:
+            raise UserError(f"node {name} not found") from None
+        raise
+
+
+def _known_node(cluster: EmbeddedCluster, name: str) -> str:
+    if name not in cluster.node_pool_of:
+        raise UserError(f"unknown node {name!r}")
+    return name
+
+
+def drain(cluster: EmbeddedCluster, node: str, timeout_s: float = 60.0, wait: bool = True) -> dict[str, Any]:
+    """`kubectl drain`: cordon the node, then evict each of its pods through the eviction API,
+    retrying refusals by a PodDisruptionBudget every second until `timeout_s`; with `wait`, until
+    the evicted pods are gone."""
+    from launcher.embedded import eviction
+    from launcher.embedded.nodelife import UNSCHEDULABLE_TAINT
+
+    cur = _node(cluster, node)
+    taints = [t for t in (cur.get("spec") or {}).get("taints") or [] if t.get("key") != UNSCHEDULABLE_TAINT]
+    taints.append({"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule", "timeAdded": o.rfc3339()})
+    cluster.store.patch(
+        cluster.res["nodes"], None, node, {"spec": {"unschedulable": True, "taints": taints}}, "merge"
+    )
+    cluster.node_events.event(
+        cur, "Normal", "NodeNotSchedulable", f"Node {node} status is now: NodeNotSchedulable"
+    )
+    deadline = time.monotonic() + timeout_s
+    evicted: list[str] = []
+    pending = [p for p in _pods_on(cluster, {node}) if not o.pod_terminal(p)]
+    while pending:
+        refused = []
+        for p in pending:
+            ns, name = o.key_of(p)
+            try:
+                eviction.evict(cluster.store, ns, name, {"kind": "Eviction", "metadata": {"name": name}})
+                evicted.append(name)
+            except Exception as e:
+                if getattr(e, "code", None) == 429:
+                    refused.append(p)
+                elif getattr(e, "code", None) != 404:
+                    raise
+        pending = refused
+        if pending:
+            if time.monotonic() > deadline:
+                raise UserError(
+                    f"drain {node}: a disruption budget still refuses {', '.join(o.meta(p)['name'] for p in pending)}"
+                )
+            time.sleep(1.0)
+    while wait and _pods_on(cluster, {node}) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {"node": node, "evicted": sorted(evicted)}
+
+
+def uncordon(cluster: EmbeddedCluster, node: str) -> dict[str, Any]:
+    from launcher.embedded.nodelife import UNSCHEDULABLE_TAINT
+
+    cur = _node(cluster, node)
+    taints = [t for t in (cur.get("spec") or {}).get("taints") or [] if t.get("key") != UNSCHEDULABLE_TAINT]
+    cluster.store.patch(
+        cluster.res["nodes"], None, node, {"spec": {"unschedulable": None, "taints": taints}}, "merge"
+    )
+    return {"node": node}
+
+
+def repair(cluster: EmbeddedCluster, node: str) -> dict[str, Any]:
+    """GKE auto-repair of a broken node: the VM is deleted and recreated, with no graceful
+    shutdown. The node leaves the API, PodGC fails and force-deletes its pods (DeletionByPodGC,
+    the node lifecycle controller's work), their processes die; the node registers again."""
+    _known_node(cluster, node)
+    cur = _node(cluster, node)
+    pods = [o.meta(p)["name"] for p in _pods_on(cluster, {node})]
+    cluster.store.delete(cluster.res["nodes"], None, node)
+    cluster.node_events.event(
+        cur, "Normal", "RemovingNode", f"Node {node} event: Removing Node {node} from Controller"
+    )
+    deadline = time.monotonic() + 10.0
+    while _pods_on(cluster, {node}) and time.monotonic() < deadline:
+        time.sleep(0.02)  # PodGC acts on the node's DELETED event
+    cluster.kubelet.partitioned.discard(node)
+    cluster.nodelife.resume_heartbeats(node)
+    pool = cluster.pools[cluster.node_pool_of[node]]
+    made = cluster.store.create(cluster.res["nodes"], nd.node_object(pool, pool.node_names.index(node)))
+    cluster.node_events.event(
+        made, "Normal", "RegisteredNode", f"Node {node} event: Registered Node {node} in Controller"
+    )
+    return {"node": node, "pods": sorted(pods)}
+
+
+def partition(cluster: EmbeddedCluster, node: str) -> dict[str, Any]:
+    """The node's kubelet loses the API server: no heartbeats, no pod status. After the node
+    monitor grace period the node is NotReady with the unreachable taints and its pods follow the
+    NoExecute taint (after their tolerationSeconds, 300 s by default); deleted pods stay
+    Terminating, as no kubelet completes their deletion, until `heal` or `repair`."""
+    _known_node(cluster, node)
+    _node(cluster, node)
+    cluster.kubelet.partitioned.add(node)
+    cluster.nodelife.stop_heartbeats(node)
+    return {"node": node, "grace_s": cluster.nodelife.grace_s}
+
+
+def heal(cluster: EmbeddedCluster, node: str) -> dict[str, Any]:
+    """The partition ends: heartbeats resume (Ready, the unreachable taints removed) and the
+    kubelet catches up with its pods (terminating the ones deleted meanwhile)."""
+    _known_node(cluster, node)
+    _node(cluster, node)
+    cluster.kubelet.partitioned.discard(node)
+    cluster.nodelife.resume_heartbeats(node)
+    cluster.kubelet.resync()
+    return {"node": node}

@@ -29,6 +29,7 @@ BACKOFF_MAX_S = 360.0
 SYNC_BATCH_S = 1.0  # upstream syncJobBatchPeriod
 MSG_BACKOFF = "Job has reached the specified backoff limit"
 MSG_COMPLETIONS = "Reached expected number of succeeded pods"
+MSG_DEADLINE = "Job was active longer than specified deadline"
 # Upstream's job-tracking finalizer: a pod cannot leave the API before the controller counted it.
 TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
 
@@ -213,9 +214,12 @@ def decide(
     terminal: Mapping[str, Mapping[str, Any]],
     leader_domain: str | None,
     now: dt.datetime,
+    suspended_out: frozenset[str] | set[str] = frozenset(),
 ) -> Plan:
     """One reconcile of one Job. `pods`: its pods in the API now; `terminal`: every pod (by uid) seen
-    reach Succeeded/Failed, including ones since removed (the job-tracking finalizer's role)."""
+    reach Succeeded/Failed, including ones since removed (the job-tracking finalizer's role);
+    `suspended_out`: uids of pods deleted because the Job was suspended, which are no failures
+    (a queue suspending a Job to preempt it must not spend its backoffLimit or fail it)."""
     spec = job.get("spec") or {}
     old = job.get("status") or {}
     status = copy.deepcopy(dict(old))
@@ -240,8 +244,15 @@ def decide(
     terminating = [p for p in live if o.pod_deleting(p)]
 
     succeeded = [p for p in finished.values() if o.pod_phase(p) == "Succeeded"]
+    suspending = bool(spec.get("suspend"))
     failed_pods = sorted(
-        (p for p in finished.values() if o.pod_phase(p) == "Failed"),
+        (
+            p
+            for p in finished.values()
+            if o.pod_phase(p) == "Failed"
+            and o.meta(p).get("uid") not in suspended_out
+            and not (suspending and o.pod_deleting(p))
+        ),
         key=lambda p: (finish_time(p), o.meta(p).get("name", "")),
     )
     # Classify failures through the pod failure policy (first FailJob wins, Ignore doesn't count).
@@ -256,6 +267,14 @@ def decide(
             failure = ("PodFailurePolicy", msg or "")
     if failure is None and counted > backoff_limit:
         failure = ("BackoffLimitExceeded", MSG_BACKOFF)
+    # activeDeadlineSeconds counts from startTime, which a suspension resets (upstream pastActiveDeadline).
+    deadline, started = spec.get("activeDeadlineSeconds"), o.parse_time(old.get("startTime"))
+    if failure is None and deadline is not None and started is not None and not spec.get("suspend"):
+        left = int(deadline) - (now - started).total_seconds()
+        if left <= 0:
+            failure = ("DeadlineExceeded", MSG_DEADLINE)
+        else:
+            plan.requeue_after = left
 
     done_indexes = {completion_index(p) for p in succeeded} - {None} if indexed else set()
     if indexed:  # counted before a controller restart, their pods possibly gone since
@@ -336,7 +355,8 @@ def decide(
         delay = min(BACKOFF_BASE_S * 2 ** (counted - 1), BACKOFF_MAX_S)
         lt = o.parse_time(last)
         if lt is not None and (now - lt).total_seconds() < delay:
-            plan.requeue_after = delay - (now - lt).total_seconds()
+            wait = delay - (now - lt).total_seconds()
+            plan.requeue_after = min(wait, plan.requeue_after) if plan.requeue_after is not None else wait
             return plan
 
     # Replacement waits for the old pod to be terminal when podFailurePolicy is set
@@ -414,6 +434,7 @@ class JobController(Controller):
         self._terminal: dict[str, dict[str, dict[str, Any]]] = {}  # job uid → pod uid → pod
         self._job_keys: dict[str, tuple[str, str]] = {}  # job uid → (ns, name)
         self._generations: dict[str, int | None] = {}  # job uid → last generation seen
+        self._suspended_out: dict[str, set[str]] = {}  # job uid → pods deleted by its suspension
 
     def resync(self) -> None:
         jobs, _ = self.store.list(self.jobs)
@@ -431,6 +452,7 @@ class JobController(Controller):
                 self._terminal.pop(uid, None)
                 self._job_keys.pop(uid, None)
                 self._generations.pop(uid, None)
+                self._suspended_out.pop(uid, None)
                 # Its pods that already finished may have had their events before the deletion
                 # and will get no more: release them now (upstream's orphan-pod cleanup).
                 return [("orphans", o.meta(obj).get("namespace"), uid)]
@@ -497,7 +519,13 @@ class JobController(Controller):
         for p in release:
             if o.pod_terminal(p):
                 ledger[o.meta(p)["uid"]] = p
-        plan = decide(job, pods, ledger, self._leader_domain(job, pods), o.now())
+        out = self._suspended_out.setdefault(uid, set())
+        out.update(
+            o.meta(p)["uid"] for p in pods if (job.get("spec") or {}).get("suspend") and o.pod_deleting(p)
+        )
+        plan = decide(job, pods, ledger, self._leader_domain(job, pods), o.now(), out)
+        if (job.get("spec") or {}).get("suspend"):
+            out.update(o.meta(p)["uid"] for p in pods if o.meta(p)["name"] in plan.delete)
         for pname in plan.delete:
             try:
                 self.store.delete(self.pods, ns, pname)

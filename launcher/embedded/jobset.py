@@ -39,6 +39,17 @@ COMPLETED = ("AllJobsCompleted", "jobset completed successfully")
 SUSPENDED = ("SuspendedJobs", "jobset is suspended")
 RESUMED = ("ResumeJobs", "jobset is resumed")
 RESTARTING = "RestartingJobSet"
+# (type, reason, message) of the InOrder startup policy's conditions (pkg/constants, startup_policy.go).
+STARTUP_IN_PROGRESS = (
+    "StartupPolicyInProgress",
+    "InOrderStartupPolicyInProgress",
+    "in order startup policy is in progress",
+)
+STARTUP_COMPLETED = (
+    "StartupPolicyCompleted",
+    "InOrderStartupPolicyCompleted",
+    "in order startup policy has completed",
+)
 
 
 @dataclass
@@ -86,6 +97,26 @@ def global_job_index(js: Mapping[str, Any], rjob: str, idx: int) -> int:
     return total + idx
 
 
+def group_labels(js: Mapping[str, Any], rjob: Mapping[str, Any], idx: int) -> dict[str, str]:
+    """groupName (the CRD defaults it to "default"), replicas in the group, the Job's index in it."""
+    group = rjob.get("groupName") or "default"
+    members = [
+        r
+        for r in (js.get("spec") or {}).get("replicatedJobs") or []
+        if (r.get("groupName") or "default") == group
+    ]
+    before = 0
+    for r in members:
+        if r["name"] == rjob["name"]:
+            break
+        before += int(r.get("replicas", 1))
+    return {
+        o.GROUP_NAME: group,
+        o.GROUP_REPLICAS: str(sum(int(r.get("replicas", 1)) for r in members)),
+        o.JOB_GROUP_INDEX: str(before + idx),
+    }
+
+
 def jobset_labels(js: Mapping[str, Any], rjob: Mapping[str, Any], idx: int) -> dict[str, str]:
     """labelAndAnnotateObject: the same map goes on Jobs and pod templates, as labels and annotations."""
     m = o.meta(js)
@@ -93,6 +124,7 @@ def jobset_labels(js: Mapping[str, Any], rjob: Mapping[str, Any], idx: int) -> d
     total = sum(int(r.get("replicas", 1)) for r in js["spec"]["replicatedJobs"])
     out = {
         o.JOBSET_NAME: m["name"],
+        o.JOBSET_UID: m.get("uid", ""),
         o.RJOB_NAME: rjob["name"],
         o.RESTART_ATTEMPT: str(int((js.get("status") or {}).get("restarts") or 0)),
         o.RJOB_REPLICAS: str(int(rjob.get("replicas", 1))),
@@ -100,6 +132,7 @@ def jobset_labels(js: Mapping[str, Any], rjob: Mapping[str, Any], idx: int) -> d
         o.JOB_INDEX: str(idx),
         o.JOB_KEY: job_key(m.get("namespace") or "default", name),
         o.JOB_GLOBAL_INDEX: str(global_job_index(js, rjob["name"], idx)),
+        **group_labels(js, rjob, idx),
     }
     coord = (js.get("spec") or {}).get("coordinator")
     if coord:
@@ -238,6 +271,20 @@ def _msg(base: str, job: Mapping[str, Any]) -> str:
     return f"{base} (first failed job: {o.meta(job)['name']})"
 
 
+def set_startup(conds: list[dict[str, Any]], cond: tuple[str, str, str], when: str, plan: Plan) -> None:
+    """Upstream updateCondition for the two exclusive startup conditions: a True one flips the other
+    True one to False (status only); an event when anything changed."""
+    ctype, reason, msg = cond
+    other = STARTUP_COMPLETED[0] if ctype == STARTUP_IN_PROGRESS[0] else STARTUP_IN_PROGRESS[0]
+    changed = False
+    for c in conds:
+        if c.get("type") == other and c.get("status") == "True":
+            c["status"] = "False"
+            changed = True
+    if o.set_condition(conds, ctype, "True", reason, msg, when) or changed:
+        plan.events.append(("Normal", reason, msg))
+
+
 def _finished(js: Mapping[str, Any]) -> dict[str, Any] | None:
     for c in (js.get("status") or {}).get("conditions") or []:
         if c.get("type") in ("Completed", "Failed") and c.get("status") == "True":
@@ -351,11 +398,26 @@ def decide(js: Mapping[str, Any], jobs: list[dict[str, Any]], service_exists: bo
 
     blocking = (spec.get("failurePolicy") or {}).get("restartStrategy") == "BlockingRecreate"
     existing = {o.meta(j)["name"] for j in jobs}
+    in_order = (spec.get("startupPolicy") or {}).get("startupPolicyOrder") == "InOrder" and not spec.get(
+        "suspend"
+    )
     if not (blocking and children.previous):
+        rstats = {s["name"]: s for s in status["replicatedJobsStatus"]}
+        waiting = False
         for r in spec.get("replicatedJobs") or []:
-            for idx in range(int(r.get("replicas", 1))):
+            replicas = int(r.get("replicas", 1))
+            st = rstats.get(r["name"]) or {}
+            if in_order and st.get("failed", 0) + st.get("ready", 0) + st.get("succeeded", 0) == replicas:
+                continue  # upstream allReplicasStarted: on to the next replicated Job
+            for idx in range(replicas):
                 if job_name(o.meta(js)["name"], r["name"], idx) not in existing:
                     plan.create_jobs.append(construct_job(js, r, idx))
+            if in_order:  # wait for this replicated Job's Jobs to be ready before the next
+                waiting = True
+                set_startup(conds, STARTUP_IN_PROGRESS, when, plan)
+                break
+        if in_order and not waiting:
+            set_startup(conds, STARTUP_COMPLETED, when, plan)
 
     if spec.get("suspend"):
         for j in children.active:

@@ -93,6 +93,9 @@ class Kubelet(Controller):
         self._logs: dict[tuple[str, str], dict[str, Path]] = {}
         self._known_nodes: set[str] = set()
         self._crashed: set[str] = set()  # pod uids whose host crashed: nothing reports them
+        # Nodes cut off from the API server (a partition): their kubelet neither reads nor writes
+        # the API; their processes keep running. Healing resyncs them.
+        self.partitioned: set[str] = set()
 
     # -- wiring --------------------------------------------------------------------------------
     def resync(self) -> None:
@@ -180,7 +183,7 @@ class Kubelet(Controller):
             self._logs.pop((ns, name), None)
             return None
         node = (pod.get("spec") or {}).get("nodeName")
-        if not node:
+        if not node or node in self.partitioned:
             return None
         if o.pod_terminal(pod):
             if run is not None and not run.done.is_set():
@@ -459,6 +462,8 @@ class Kubelet(Controller):
     # -- API writes ----------------------------------------------------------------------------
     def _write(self, run: PodRun, mutate: Callable[[dict[str, Any]], dict[str, Any]]) -> bool:
         """Read-modify-write of the pod status, retried on conflict."""
+        if run.node in self.partitioned:
+            return False  # the API is out of reach; the status is reported after healing (resync)
         for _ in range(20):
             try:
                 pod = self.store.get(self.pods, run.namespace, run.name)

@@ -13,6 +13,10 @@ from typing import Any
 
 # Upstream label and annotation keys (kubernetes-sigs/jobset api/jobset/v1alpha2, kubernetes batch/v1).
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_UID = "jobset.sigs.k8s.io/jobset-uid"
+GROUP_NAME = "jobset.sigs.k8s.io/group-name"
+GROUP_REPLICAS = "jobset.sigs.k8s.io/group-replicas"
+JOB_GROUP_INDEX = "jobset.sigs.k8s.io/job-group-index"
 RJOB_NAME = "jobset.sigs.k8s.io/replicatedjob-name"
 RJOB_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
 GLOBAL_REPLICAS = "jobset.sigs.k8s.io/global-replicas"

@@ -67,7 +67,7 @@ _ALL = (
         "Pod",
         "pods",
         True,
-        ("status", "log"),
+        ("status", "log", "eviction"),
         ("po",),
         ("all",),
         ("spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.hostNetwork", "status.phase"),
@@ -91,6 +91,8 @@ _ALL = (
     # no quota controller filling status.used here; docs/embedded.md).
     Resource("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", False, (), ("pc",)),
     Resource("", "v1", "ResourceQuota", "resourcequotas", True, ("status",), ("quota",)),
+    # Honoured by the eviction subresource (launcher/embedded/eviction.py).
+    Resource("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", True, ("status",), ("pdb",)),
 )
 
 RESOURCES: dict[str, Resource] = {r.plural: r for r in _ALL}

@@ -190,6 +190,47 @@ def _service(obj: dict[str, Any]) -> Causes:
 _KIND_RULES = {"jobs": _job, "pods": _pod, "nodes": _conditions, "services": _service}
 
 
+# Pod template fields a suspended Job that never started may change (upstream
+# ValidateJobSpecUpdate with JobMutableNodeSchedulingDirectives, GA since 1.27).
+_MUTABLE_WHILE_SUSPENDED = ("nodeSelector", "tolerations", "schedulingGates", "affinity")
+_IMMUTABLE_JOB_FIELDS = ("selector", "completionMode", "podFailurePolicy", "backoffLimitPerIndex")
+
+
+def _template_core(template: dict[str, Any]) -> dict[str, Any]:
+    spec = {k: v for k, v in (template.get("spec") or {}).items() if k not in _MUTABLE_WHILE_SUSPENDED}
+    return {"spec": spec}
+
+
+def _job_update(old: dict[str, Any], new: dict[str, Any]) -> Causes:
+    """ValidateJobSpecUpdate: the template and the fields that shape the pods are immutable; a Job
+    that is suspended and has never started may change its pods' scheduling directives, labels
+    and annotations (what Kueue writes when it admits a Job)."""
+    o_spec, n_spec = old.get("spec") or {}, new.get("spec") or {}
+    causes: Causes = [
+        (f"spec.{k}", f"Invalid value: {_go_value(n_spec.get(k))}: field is immutable")
+        for k in _IMMUTABLE_JOB_FIELDS
+        if o_spec.get(k) != n_spec.get(k)
+    ]
+    o_t, n_t = o_spec.get("template") or {}, n_spec.get("template") or {}
+    if o_t != n_t:
+        may = bool(o_spec.get("suspend")) and not (old.get("status") or {}).get("startTime")
+        if not may or _template_core(o_t) != _template_core(n_t):
+            causes.append(("spec.template", "Invalid value: core.PodTemplateSpec{...}: field is immutable"))
+    return causes
+
+
+def _go_value(v: Any) -> str:
+    return '"object"' if isinstance(v, dict) else f'"{v}"' if isinstance(v, str) else str(v)
+
+
+def check_update(res: Resource, old: dict[str, Any], new: dict[str, Any]) -> None:
+    """Raise 422 Invalid when a main-resource update changes what the kind makes immutable."""
+    if res.plural == "jobs":
+        causes = _job_update(old, new)
+        if causes:
+            raise invalid(res.qualified_kind, new["metadata"].get("name", ""), causes)
+
+
 def check(res: Resource, obj: dict[str, Any]) -> None:
     """Raise 422 Invalid when `obj` breaks a rule a real server enforces for every write."""
     causes = object_meta(res, obj)

@@ -554,6 +554,8 @@ class Store:
         for fn in self._validators.get((res.plural, status), ()):
             fn(old, new)
         rules.check(res, new)
+        if old is not None and not status:
+            rules.check_update(res, old, new)
 
     def _update(self, res: Resource, rec: _Rec, new: dict[str, Any], subresource: str | None) -> _Rec:
         old = rec.obj

@@ -31,6 +31,7 @@ def test_legacy_discovery_documents(api: Api) -> None:
         "batch": "v1",
         "coordination.k8s.io": "v1",
         "jobset.x-k8s.io": "v1alpha2",
+        "policy": "v1",
         "rbac.authorization.k8s.io": "v1",
         "scheduling.k8s.io": "v1",
     }
@@ -38,6 +39,8 @@ def test_legacy_discovery_documents(api: Api) -> None:
     assert {"pods", "pods/log", "pods/status", "nodes", "events", "configmaps", "namespaces"} <= set(core)
     assert core["pods"].namespaced and not core["nodes"].namespaced and core["pods"].short_names == ["po"]
     assert "watch" in core["pods"].verbs
+    ev = core["pods/eviction"]  # what kubectl drain looks for (policy/v1 Eviction)
+    assert (ev.group, ev.version, ev.kind, ev.verbs) == ("policy", "v1", "Eviction", ["create"])
     jobsets = client.CustomObjectsApi(api.client).get_api_resources("jobset.x-k8s.io", "v1alpha2")
     assert {r.name for r in jobsets.resources} == {"jobsets", "jobsets/status"}
     assert client.VersionApi(api.client).get_code().major == "1"

@@ -70,11 +70,27 @@ def test_cluster_up_status_faults_down(tmp_path, capsys):
         code, out, _ = run(capsys, "restore", "np-0", "--state-dir", d)
         assert code == 0 and f"{HOSTS} node(s) created" in out and len(core.list_node().items) == HOSTS
 
+        node = core.list_node().items[0].metadata.name
+        code, out, _ = run(capsys, "drain", node, "--state-dir", d)
+        assert code == 0 and f"Drained {node}" in out and core.read_node(node).spec.unschedulable
+        code, out, _ = run(capsys, "uncordon", node, "--state-dir", d)
+        assert code == 0 and not core.read_node(node).spec.unschedulable
+        uid = core.read_node(node).metadata.uid
+        code, out, _ = run(capsys, "repair", node, "--state-dir", d)
+        assert code == 0 and f"Repaired {node}" in out and core.read_node(node).metadata.uid != uid
+        code, out, _ = run(capsys, "partition", node, "--state-dir", d)
+        assert code == 0 and f"Partitioned {node}" in out
+        code, out, _ = run(capsys, "heal", node, "--state-dir", d)
+        assert code == 0 and f"Healed {node}" in out
+
         for args, text in (
             (("preempt", "np-1"), "has no nodes"),  # preempted already
             (("preempt", "nope"), "unknown node pool 'nope'"),
             (("kill-pod", "no-such-pod"), "pod default/no-such-pod not found"),
             (("crash-host", "no-such-pod"), "pod default/no-such-pod not found"),
+            (("drain", "no-such-node"), "node no-such-node not found"),
+            (("repair", "no-such-node"), "unknown node 'no-such-node'"),
+            (("partition", "no-such-node"), "unknown node 'no-such-node'"),
         ):
             code, out, err = run(capsys, *args, "--state-dir", d)
             assert code == 2 and text in err and err.count("\n") == 1 and "Traceback" not in err

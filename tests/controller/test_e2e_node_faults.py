@@ -1,0 +1,69 @@
+"""The controller on GKE's node-level disruption paths (issue 13), one run through all of them:
+a `kubectl drain` (eviction API), an auto-repair without graceful shutdown (the node deleted and
+recreated: PodGC), and a queue suspending the JobSet (Kueue's preemption). Each restart is
+uncounted, no failure budget is spent, the suspension waits for re-admission, and the run
+finishes with every step kept, on one segment."""
+
+import pytest
+
+from launcher.record import FINISHED
+from launcher.render import LABEL_RUN
+from tests.controller.harness import Harness, kept_steps, wait_for
+
+pytestmark = pytest.mark.e2e
+INTERVAL = 5
+STEPS = 40
+
+
+def _node(h: Harness, run: str) -> str:
+    pods = [p for p in h.kube.pods(f"{LABEL_RUN}={run}") if p["spec"].get("nodeName")]
+    return pods[0]["spec"]["nodeName"]
+
+
+def _attempt(h: Harness, run: str) -> int:
+    return max((m["restart_attempt"] for m in h.rundir(run).metrics()), default=-1)
+
+
+def test_drain_repair_and_suspension(tmp_path):
+    h = Harness(tmp_path, pools=2)
+    try:
+        h.launch("nf", slices=1, steps=STEPS, interval=INTERVAL, max_restarts=0)
+        h.start_controller("nf")
+        h.wait_step("nf", 5, timeout=120)
+        # 1. drain: the eviction API gives the pod DisruptionTarget (EvictionByEvictionAPI) and a
+        # graceful deletion; the trainer checkpoints and exits 42; JobSet restarts it, uncounted.
+        drained = _node(h, "nf")
+        h.cluster.drain(drained, wait=False)
+        wait_for(lambda: _attempt(h, "nf") == 1, 120, "the trainer after the drain")
+        h.cluster.uncordon(drained)
+        # 2. repair: the node is deleted and recreated, no graceful shutdown; PodGC fails the pod.
+        h.cluster.repair(_node(h, "nf"))
+        wait_for(lambda: _attempt(h, "nf") == 2, 120, "the trainer after the repair")
+        # 3. a queue suspends the JobSet: its pods go, nothing fails; the controller waits.
+        (js,) = h.kube.jobsets("nf")
+        name = js["metadata"]["name"]
+        h.kube.custom.patch_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", name, {"spec": {"suspend": True}}
+        )
+        wait_for(lambda: not h.run_pods("nf"), 60, "the suspended run's pods gone")
+        h.cluster.settle()
+        (js,) = h.kube.jobsets("nf")
+        assert js["status"].get("restartsCountTowardsMax", 0) == 0 and "terminalState" not in js["status"]
+        h.kube.custom.patch_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", name, {"spec": {"suspend": False}}
+        )
+        rec = h.wait_state("nf", {FINISHED}, timeout=240)
+        metrics, ledger = h.rundir("nf").metrics(), h.rundir("nf").ledger()
+        (js,) = h.kube.jobsets("nf")
+    finally:
+        h.close()
+
+    assert len(rec.segments) == 1, "node faults and a suspension must not change the segment"
+    seg = rec.segments[0]
+    assert seg.restarts == 2 and seg.restarts_counted == 0
+    assert js["status"]["restarts"] == 2 and js["status"].get("restartsCountTowardsMax", 0) == 0
+    assert rec.app_failures == 0
+    assert sorted(kept_steps(metrics)) == list(range(1, STEPS + 1))
+    seen = [d for e in ledger if e.get("kind") == "observe" for d in e.get("disruptions", [])]
+    assert any("EvictionByEvictionAPI" in d for d in seen), seen
+    assert any("DeletionByPodGC" in d for d in seen), seen
