@@ -511,11 +511,21 @@ def preflight(
         float,
         typer.Option("--probe-timeout", help="Seconds to wait for the probe pod (image pull included)."),
     ] = 300.0,
+    config: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            "-c",
+            help="Trainer config: with -b, its mesh.tensor and memory estimate shape the ladder.",
+        ),
+    ] = None,
+    overrides: SetOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """Check that the cluster can run a run before anything is created (exit 1 if it cannot)."""
     from launcher.checks import FAIL, Request
     from launcher.connect import connect
+    from launcher.launch import model_parallel, resolve_trainer_config
     from launcher.preflight import check_requests, failed, ladder, table
     from launcher.preflight import preflight as run_preflight
     from launcher.render import DNS1035
@@ -534,8 +544,14 @@ def preflight(
     )
     inputs.seconds("--probe-timeout", probe_timeout, positive=True)
     inputs.run_dir("--run-dir", run_dir, here=False)
+    inputs.overrides(overrides)
     shape = make_shape(preset, slices)
-    shapes, skipped = ladder(shape, global_batch, max_micro_batch, max_grad_accum)
+    sets = tuple(overrides or ())
+    # As `plan`: without --config or --set, the batch plan alone (no trainer asked, no memory estimate).
+    resolved = resolve_trainer_config(config or "tiny", sets, strict=False) if config or sets else None
+    shapes, skipped = ladder(
+        shape, global_batch, max_micro_batch, max_grad_accum, model_parallel(resolved, sets), resolved
+    )
     directory = run_dir if run_dir.startswith("gs://") else str(Path(run_dir).resolve())
     spec = RunSpec(
         run=run,

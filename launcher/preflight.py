@@ -32,17 +32,31 @@ MARK = {
 
 
 def ladder(
-    shape: Shape, global_batch: int | None, max_micro_batch: int, max_grad_accum: int | None
+    shape: Shape,
+    global_batch: int | None,
+    max_micro_batch: int,
+    max_grad_accum: int | None,
+    model_parallel: int = 1,
+    trainer_config: dict | None = None,
 ) -> tuple[tuple[Shape, ...], tuple[tuple[Shape, str], ...]]:
     """(the shapes to check, the requested one first; the shapes of the ladder the run never takes,
-    with why). Without a global batch every shape GKE can run is checked. UserError if the requested
-    shape is infeasible itself."""
+    with why). Without a global batch every shape GKE can run is checked. With one, the batch plan
+    divides by ``model_parallel``, and given the trainer config a rung whose memory estimate exceeds
+    its HBM is one the run never takes (as `reslice plan`). UserError if the requested shape is
+    infeasible itself."""
     if global_batch is None:
         if shape.error:
             raise UserError(shape.error)
         shapes = ladder_shapes(shape, load_presets())
         return tuple(s for s in shapes if not s.error), tuple((s, _why(s, "")) for s in shapes if s.error)
-    rungs = shrink_ladder(shape, global_batch, max_micro_batch, max_grad_accum)
+    rungs = shrink_ladder(
+        shape,
+        global_batch,
+        max_micro_batch,
+        max_grad_accum,
+        model_parallel=model_parallel,
+        trainer_config=trainer_config,
+    )
     if not rungs[0].feasible:
         raise UserError(rungs[0].plan.reason if shape.error else f"{shape}: {rungs[0].plan.reason}")
     feasible = tuple(r.shape for r in rungs if r.feasible)

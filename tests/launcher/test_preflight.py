@@ -163,6 +163,30 @@ def test_shapes_the_run_never_takes_are_shown_as_not_needed() -> None:
     )
 
 
+def test_the_trainer_config_shapes_the_ladder_as_in_plan() -> None:
+    from launcher.errors import UserError
+    from launcher.launch import model_parallel, resolve_trainer_config
+    from launcher.preflight import ladder
+
+    # 8 sequences on 32 devices: no plan; with mesh.tensor=4 a data-parallel rank is 4 devices.
+    shape = make_shape("tpu7x-2x2x2", 2)
+    with pytest.raises(UserError, match="not divisible by 32 devices"):
+        ladder(shape, 8, 16, None)
+    sets = ("mesh.tensor=4",)
+    tiny = resolve_trainer_config("tiny", sets, strict=False)
+    shapes, skipped = ladder(shape, 8, 16, None, model_parallel(tiny, sets), tiny)
+    assert [s.label for s in shapes] == ["tpu7x-2x2x2 x2", "tpu7x-2x2x2 x1", "tpu7x-2x2x1 x1"]
+    # A 7B at global batch 32 does not fit one v6e-2x4 (32 GiB of HBM a chip): a shape it never takes.
+    olmo = resolve_trainer_config("olmo-7b", (), strict=False)
+    shapes, skipped = ladder(make_shape("v6e-4x4", 2), 32, 16, None, 1, olmo)
+    assert [s.label for s in shapes] == ["v6e-4x4 x2", "v6e-4x4 x1", "v6e-2x4 x2"]
+    assert [(s.label, why) for s, why in skipped] == [
+        ("v6e-2x4 x1", "needs ~45.7 GiB per device (estimate), more than its 32 GiB of HBM")
+    ]
+    shapes, skipped = ladder(make_shape("v6e-4x4", 2), 32, 16, None)  # no config: no estimate
+    assert "v6e-2x4 x1" in [s.label for s in shapes] and skipped == ()
+
+
 def test_a_pool_that_lacks_one_selected_label_is_named_as_a_near_miss() -> None:
     spot = replace(P2, spot=True)  # selects cloud.google.com/gke-spot=true (and tolerates its taint)
     found, near = pools(spot, GOOD)
@@ -607,6 +631,11 @@ def test_bad_input_is_exit_2_before_any_cluster_is_asked(capsys, tmp_path: Path)
             ["-p", "tpu7x-2x2x2", "--placement-policy", "nope=wp", "--run-dir", "/tmp/r"],
             "unknown preset 'nope'",
         ),
+        (
+            ["-p", "v6e-2x4", "-b", "32", "--config", "olmo-7b", "--run-dir", "/tmp/r"],
+            "v6e-2x4 x1: needs ~45.7 GiB per device (estimate), more than its 32 GiB of HBM",
+        ),
+        (["-p", "v6e-2x4", "-b", "8", "--set", "mesh.tensor", "--run-dir", "/tmp/r"], "--set 'mesh.tensor'"),
     ):
         code, out, err = run_cli(capsys, "preflight", "--kubeconfig", str(tmp_path / "none"), *argv)
         assert code == 2 and needle in err and err.count("\n") == 1 and out == "", err
