@@ -3,14 +3,17 @@ change of sharding that keeps the run on the uninterrupted run's losses and samp
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from tests.trainer import runs
 from trainer import config
+from trainer.checkpoint import Checkpointer
 from trainer.config import ConfigError, MeshConfig
 from trainer.mesh import mesh_for, mesh_shape, process_block
 from trainer.model import blocked_attention, chunked_cross_entropy
@@ -18,6 +21,38 @@ from trainer.step import abstract_state
 
 # The reference run's schedule (40 steps) while a segment stops early: same config hash.
 SCHEDULE = ["--set", "optim.decay_steps=40"]
+SHARDED = ["mesh.fsdp=4", "mesh.tensor=2"]
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """8 devices (fsdp 4 × tensor 2: 4 data-parallel ranks of 4 sequences), uninterrupted to step 10,
+    committed at 5 and 10: the first segment of the cross-shape resume and the yardstick of the
+    same-shape one. Tests copy its run directory, never write into it."""
+    run_dir = tmp_path_factory.mktemp("sharded") / "run"
+    sets = [*SHARDED, "train.steps=10", "checkpoint.interval=5"]
+    args = [a for s in sets for a in ("--set", s)] + SCHEDULE
+    rc, out = runs.run(runs.env_for(str(run_dir), 8), run_dir.parent / "trainer.log", args)
+    assert rc == 0, out[-4000:]
+    assert runs.committed(run_dir) == [5, 10]
+    return {"dir": run_dir, "records": runs.parse_metrics(runs.metrics_files(run_dir))}
+
+
+def sharded_state(run_dir: Path, step: int) -> dict[str, np.ndarray]:
+    """The committed state of ``step`` restored onto this process's fsdp 4 × tensor 2 mesh."""
+    cfg = config.resolve("tiny", SHARDED, {})
+    mesh = mesh_for(cfg)
+    with jax.set_mesh(mesh):
+        _, abstract = abstract_state(cfg, mesh)
+        ckpt = Checkpointer(str(run_dir), keep=3, async_save=False)
+        try:
+            state = ckpt.restore(step, abstract)
+        finally:
+            ckpt.close()
+    return {
+        jax.tree_util.keystr(k, simple=True, separator="/"): np.asarray(v)
+        for k, v in jax.tree_util.tree_flatten_with_path(state)[0]
+    }
 
 
 def test_mesh_sizes_default_to_fsdp_and_refuse_what_does_not_divide() -> None:
@@ -96,16 +131,41 @@ def test_process_blocks_of_a_tensor_group_spanning_processes() -> None:
     assert [process_block(mesh, p) for p in range(2)] == [(2, 0), (2, 1)]
 
 
+def test_same_shape_resume_on_fsdp_and_tensor_parallel_is_bitwise_equal(
+    sharded: dict, tmp_path: Path, cpu8: list
+) -> None:
+    """Killed after step 5 committed (its later checkpoint never committed), resumed on the same
+    sharded shape: the uninterrupted run's losses and parameters, bit for bit."""
+    run_dir = tmp_path / "run"
+    # What a SIGKILL between steps 6 and 10 leaves, made without a race: metrics past the
+    # resume step, no commit after it. Copying the fixture keeps the test to one short segment.
+    shutil.copytree(sharded["dir"], run_dir)
+    shutil.rmtree(run_dir / "checkpoints" / "10")
+    args = [a for s in [*SHARDED, "train.steps=10"] for a in ("--set", s)] + SCHEDULE
+    rc, out = runs.run(runs.env_for(str(run_dir), 8), tmp_path / "second.log", args)
+    assert rc == 0, out[-4000:]
+    assert "resumed step 5 " in out
+    newest = sorted((run_dir / "metrics").glob("*.jsonl"))[-1]
+    resumed = runs.parse_metrics({newest.name: newest.read_text()})
+    assert sorted(resumed) == list(range(6, 11))
+    assert {(r["devices"], r["dp_ranks"], r["micro_batch"]) for r in resumed.values()} == {(8, 4, 4)}
+    runs.assert_matches_reference(resumed, sharded, exact=True)
+    expected, got = sharded_state(sharded["dir"], 10), sharded_state(run_dir, 10)
+    assert sorted(got) == sorted(expected)
+    different = [k for k in expected if not np.array_equal(got[k], expected[k])]
+    assert not different, f"parameters or moments differ after the resume: {different[:5]}"
+    # The resume also changes them from step 5's (a no-op resume would pass the comparison above).
+    assert not np.array_equal(sharded_state(run_dir, 5)["0/embed/value"], got["0/embed/value"])
+
+
 def test_resume_from_fsdp_and_tensor_parallel_onto_two_devices_matches_the_uninterrupted_run(
-    reference: dict, tmp_path: Path
+    sharded: dict, reference: dict, tmp_path: Path
 ) -> None:
     """8 devices (fsdp 4 × tensor 2: 4 data-parallel ranks of 4 sequences) to step 10, then 2
     devices (fsdp 2, no tensor parallelism, 2 × 4 accumulation) to step 30, global batch 16."""
     run_dir = tmp_path / "run"
-    first_args = ["--set", "mesh.fsdp=4", "--set", "mesh.tensor=2", "--set", "train.steps=10", *SCHEDULE]
-    rc, out = runs.run(runs.env_for(str(run_dir), 8), tmp_path / "first.log", first_args)
-    assert rc == 0, out[-4000:]
-    first = runs.parse_metrics(runs.metrics_files(run_dir))
+    shutil.copytree(sharded["dir"], run_dir)
+    first = sharded["records"]
     assert sorted(first) == list(range(1, 11))
     assert {(r["devices"], r["dp_ranks"], r["micro_batch"], r["grad_accum"]) for r in first.values()} == {
         (8, 4, 4, 1)
