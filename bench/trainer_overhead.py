@@ -1,6 +1,6 @@
 """Training-loop overhead against a bare jitted step, measured side by side in one process.
 
-    python -m bench.trainer_overhead [--config tiny] [--set key=value ...] [--steps N]
+    python -m bench.trainer_overhead [--config tiny] [--set key=value ...] [--steps N] [--sharded k=v,...]
 
 1. bare: the jitted train step of the config, called back to back on one device-resident batch,
    keeping one step in flight like the loop does (queueing every step at once is slower on the
@@ -17,6 +17,8 @@ steps. On CPU the "devices" are the host's cores, so every millisecond of host w
 ~10 ms per step of data, metrics and save) is taken from them: the ratio depends on how long a
 step is (2 cores: global batch 128 ≈ 1.07, 256 ≈ 1.03, 512 ≈ 1.00). On an accelerator the host
 work overlaps the device step.
+A second row measures the same config sharded (default fsdp 4 × tensor 2 on the 8 devices), in the
+same process and run, and the last line gives its ratios to the first row's.
 Prints figures; it is not a timed test.
 """
 
@@ -30,6 +32,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+# The second row: the dense parameters and Adam moments sharded (fsdp), heads and MLP split (tensor).
+SHARDED = ["mesh.fsdp=4", "mesh.tensor=2"]
 
 
 class Bare:
@@ -86,6 +91,46 @@ def _loop_round(cfg_name: str, overrides: list[str], steps: int) -> list[dict]:
     return sorted(records, key=lambda r: r["step"])
 
 
+def measure(cfg_name: str, overrides: list[str], steps_arg: int, rounds: int) -> dict:
+    """One row: bare and loop seconds per step, their ratio per round, save and data blocking times."""
+    from trainer import config
+
+    cfg = config.resolve(cfg_name, overrides, {})
+    steps = steps_arg or 3 * cfg.checkpoint.interval + 1
+    bare_steps = max(steps // 2, 10)
+    bare = Bare(cfg)
+    bares, loops, records = [bare.seconds_per_step(bare_steps)], [], []
+    for _ in range(rounds):
+        records = _loop_round(cfg_name, overrides, steps)
+        # Step 1 compiles; the final step's save is not steady state: time from step 1 to the end.
+        loops.append((records[-1]["time"] - records[0]["time"]) / (len(records) - 1))
+        bares.append(bare.seconds_per_step(bare_steps))
+    return {
+        "cfg": cfg,
+        "steps": steps,
+        "devices": records[-1]["devices"],
+        "dp_ranks": records[-1]["dp_ranks"],
+        "bares": bares,
+        "loops": loops,
+        "ratios": [lp / ((b0 + b1) / 2) for lp, b0, b1 in zip(loops, bares, bares[1:], strict=False)],
+        "saves": [
+            r["perf/checkpoint_save_seconds"] for r in records if r["perf/checkpoint_save_seconds"] > 0
+        ],
+        "data": [r["perf/data_loading_seconds"] for r in records[1:]],
+    }
+
+
+def report(label: str, row: dict, rounds: int) -> None:
+    cfg, saves, data_s = row["cfg"], row["saves"], row["data"]
+    print(f"{label}: global batch {cfg.train.global_batch}, {row['devices']} devices ({row['dp_ranks']} data-parallel"
+          f" ranks), checkpoint every {cfg.checkpoint.interval} steps, {row['steps']} loop steps x {rounds} rounds")  # fmt: skip
+    print(f"  bare jitted step        {statistics.median(row['bares']) * 1e3:8.2f} ms/step  (each: {_ms(row['bares'])})")  # fmt: skip
+    print(f"  training loop           {statistics.median(row['loops']) * 1e3:8.2f} ms/step  (each: {_ms(row['loops'])})")  # fmt: skip
+    print(f"  overhead ratio          {statistics.median(row['ratios']):8.3f}        (each: {', '.join(f'{r:.3f}' for r in row['ratios'])}; target <= 1.03)")  # fmt: skip
+    print(f"  save blocking time      {statistics.mean(saves) * 1e3:8.2f} ms mean, {max(saves) * 1e3:.2f} ms max over {len(saves)} saves")  # fmt: skip
+    print(f"  data loading (blocking) {statistics.median(data_s) * 1e3:8.2f} ms/step median, {statistics.mean(data_s) * 1e3:.2f} mean")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.trainer_overhead", description=__doc__.split("\n")[0]
@@ -97,40 +142,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--devices", type=int, default=8, help="simulated CPU devices when no accelerator")
     parser.add_argument("--rounds", type=int, default=2, help="loop runs, each between two bare measurements")
+    parser.add_argument(
+        "--sharded",
+        default=",".join(SHARDED),
+        metavar="KEY=VALUE,...",
+        help=f"more settings for a second, sharded row of the same config (default {','.join(SHARDED)}; '' for none)",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(args.devices))
 
-    from trainer import config
-
     overrides = ["train.global_batch=256", *args.set] if args.config == "tiny" else list(args.set)
     overrides.append("metrics.log_every=1000000")
-    cfg = config.resolve(args.config, overrides, {})
-    steps = args.steps or 3 * cfg.checkpoint.interval + 1
-    bare_steps = max(steps // 2, 10)
-    bare = Bare(cfg)
-    bares, loops, records = [bare.seconds_per_step(bare_steps)], [], []
-    for _ in range(args.rounds):
-        records = _loop_round(args.config, overrides, steps)
-        # Step 1 compiles; the final step's save is not steady state: time from step 1 to the end.
-        loops.append((records[-1]["time"] - records[0]["time"]) / (len(records) - 1))
-        bares.append(bare.seconds_per_step(bare_steps))
-    ratios = [lp / ((b0 + b1) / 2) for lp, b0, b1 in zip(loops, bares, bares[1:], strict=False)]
-    saves = [r["perf/checkpoint_save_seconds"] for r in records if r["perf/checkpoint_save_seconds"] > 0]
-    data_s = [r["perf/data_loading_seconds"] for r in records[1:]]
-    print(f"config {cfg.name}: global batch {cfg.train.global_batch}, {records[-1]['devices']} devices,"
-          f" checkpoint every {cfg.checkpoint.interval} steps, {steps} loop steps x {args.rounds} rounds")  # fmt: skip
-    print(f"bare jitted step        {statistics.median(bares) * 1e3:8.2f} ms/step  (each: {_ms(bares)})")
-    print(f"training loop           {statistics.median(loops) * 1e3:8.2f} ms/step  (each: {_ms(loops)})")
-    print(
-        f"overhead ratio          {statistics.median(ratios):8.3f}        (each: {', '.join(f'{r:.3f}' for r in ratios)}; target <= 1.03)"
-    )
-    print(
-        f"save blocking time      {statistics.mean(saves) * 1e3:8.2f} ms mean, {max(saves) * 1e3:.2f} ms max over {len(saves)} saves"
-    )
-    print(
-        f"data loading (blocking) {statistics.median(data_s) * 1e3:8.2f} ms/step median, {statistics.mean(data_s) * 1e3:.2f} mean"
-    )
+    rows = [(args.config, overrides)]
+    if args.sharded:
+        extra = [s for s in args.sharded.split(",") if s]
+        rows.append((f"{args.config} {' '.join(extra)}", [*overrides, *extra]))
+    measured = []
+    for label, sets in rows:
+        measured.append(measure(args.config, sets, args.steps, args.rounds))
+        report(label, measured[-1], args.rounds)
+    if len(measured) == 2:
+        base, other = (statistics.median(m["ratios"]) for m in measured)
+        bare_ratio = statistics.median(measured[1]["bares"]) / statistics.median(measured[0]["bares"])
+        print(f"sharded / {args.config}: overhead ratio {other / base:.3f}, bare step {bare_ratio:.3f}")
     return 0
 
 
