@@ -1,8 +1,8 @@
 """The reconcile loop: watch -> observe -> decide -> act -> record.
 
-Level-triggered, as Kubernetes controllers are written: watches on JobSets, Pods, Nodes and Events
-only wake the loop (and a timer resyncs it); each pass re-reads the world, builds one observation
-per run, asks the pure policy for one decision, writes the run record with a compare-and-swap, and
+Level-triggered, as Kubernetes controllers are written: watches on JobSets, Pods, Nodes, Events
+and the run records keep caches (launcher/informer.py) and wake the loop (a timer resyncs it);
+each pass reads the caches, never the API, builds one observation per run, asks the pure policy for one decision, writes the run record with a compare-and-swap, and
 only then acts. Whoever loses the swap re-reads and decides again, and segment k's JobSet has a
 fixed name, so a second controller or a restarted one never submits a segment twice. Each run is
 owned by whoever holds its Lease; the ledger (`events.jsonl`) gets a line for every change in what
@@ -25,14 +25,42 @@ from launcher import record as R
 from launcher import signals as S
 from launcher.errors import UserError
 from launcher.health import LoopState
-from launcher.kube import Conflict, Kube
+from launcher.informer import Cache, Source
+from launcher.kube import RECORD_KEY as R_KEY
+from launcher.kube import Conflict, Kube, record_name, record_of
 from launcher.plan import shrink_ladder
-from launcher.presets import load_presets
+from launcher.presets import LABEL_ACCELERATOR, LABEL_NODEPOOL, load_presets
 from launcher.record import RunRecord
-from launcher.render import LABEL_RUN, render_jobset, run_preset
+from launcher.render import LABEL_RUN, LABEL_SEGMENT, render_jobset, run_preset
 from launcher.runs import RunDir
 
-WATCHED = ("jobsets", "pods", "nodes", "events")
+
+def _slim_pod(pod: dict) -> dict:
+    """All a pod of another workload tells the controller: that its node is taken."""
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    return {
+        "metadata": {"name": meta["name"], "namespace": meta.get("namespace")},
+        "spec": {"nodeName": spec.get("nodeName")},
+    }
+
+
+# What the caches hold, filtered by the server (label and field selectors as kube-apiserver
+# serves them), so that a namespace and a cluster full of other workloads cost a pass nothing:
+SOURCES = {
+    "jobsets": Source("jobsets", LABEL_RUN),
+    "pods": Source("pods", LABEL_RUN),
+    # Pods of other workloads only mark nodes busy: the live, scheduled ones, a name and a node each.
+    "foreign-pods": Source(
+        "pods", f"!{LABEL_RUN}", "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed", _slim_pod
+    ),
+    # The shrink ladder only ever uses TPU node pools.
+    "nodes": Source("nodes", f"{LABEL_ACCELERATOR},{LABEL_NODEPOOL}"),
+    # The events the signals read (signals._latest_failed_scheduling); a field selector has no OR.
+    "events": Source("events", None, "involvedObject.kind=Pod,reason=FailedScheduling"),
+    "events-scale-up": Source("events", None, "involvedObject.kind=Pod,reason=NotTriggerScaleUp"),
+    "records": Source("configmaps", LABEL_RUN),
+}
+WATCHED = tuple(SOURCES)
 
 
 def lease_name(run: str) -> str:
@@ -51,10 +79,29 @@ class Snapshot:
     pods: list[dict]
     nodes: list[dict]
     events: list[dict]
+    foreign_nodes: frozenset[str] = frozenset()  # nodes live pods of other workloads are on
 
     @staticmethod
     def read(kube: Kube) -> Snapshot:
-        return Snapshot(kube.jobsets(), kube.pods(), kube.nodes(), kube.events())
+        """From the API (a controller whose caches do not run: `reslice launch`'s first pass)."""
+        return Snapshot.of({name: _listed(kube, src) for name, src in SOURCES.items() if name != "records"})
+
+    @staticmethod
+    def of(items: dict[str, list[dict]]) -> Snapshot:
+        return Snapshot(
+            items["jobsets"],
+            items["pods"],
+            items["nodes"],
+            items["events"] + items["events-scale-up"],
+            frozenset(p["spec"]["nodeName"] for p in items["foreign-pods"]),
+        )
+
+
+def _listed(kube: Kube, src: Source) -> list[dict]:
+    keep = src.keep or (lambda o: o)
+    return [
+        keep(o) for items, _ in kube.list_raw(src.kind, src.label_selector, src.field_selector) for o in items
+    ]
 
 
 @dataclass
@@ -84,17 +131,62 @@ class Controller:
     started_at: float = field(default_factory=time.monotonic)
     turned_at: float | None = None
     pass_ok: bool = False
+    # Fed by the watches while run_forever runs; empty otherwise (then a pass reads the API).
+    caches: dict[str, Cache] = field(default_factory=dict)
+    # Per run: when its Lease was last renewed (time.monotonic).
+    _renewed: dict[str, float] = field(default_factory=dict)
+    # Per run: (the version we replaced, the record we wrote, its version), until the cache shows
+    # it: a pass right after a write must not decide on the record from before it.
+    _written: dict[str, tuple[str, RunRecord, str]] = field(default_factory=dict)
+    _stale: set[str] = field(default_factory=set)  # runs whose record lost a swap: GET it next
+
+    @property
+    def renew_every_s(self) -> float:
+        """Half the lease: a late pass still renews in time; a renewal is one PUT."""
+        return self.lease_s / 2
+
+    def synced(self) -> bool:
+        return bool(self.caches) and all(c.synced.is_set() for c in self.caches.values())
+
+    def snapshot(self) -> Snapshot:
+        if self.synced():
+            return Snapshot.of({name: c.items() for name, c in self.caches.items() if name != "records"})
+        return Snapshot.read(self.kube)
+
+    def record(self, run: str) -> tuple[RunRecord, str] | None:
+        """The run record and its version: from the cache (with our own last write laid over it
+        until the watch delivers it), or from the API."""
+        if not self.synced() or run in self._stale:
+            self._stale.discard(run)
+            return self.kube.get_record(run)
+        cm = self.caches["records"].get(self.kube.namespace, record_name(run))
+        if cm is None:
+            return None
+        got = record_of(cm)
+        written = self._written.get(run)
+        if written is not None:
+            if got[1] == written[0]:
+                return written[1], written[2]
+            del self._written[run]
+        return got
+
+    def live_runs(self) -> list[str]:
+        """Every run of the namespace that has not ended."""
+        if not self.synced():
+            return [r.name for r in self.kube.records() if not r.terminal]
+        recs = (record_of(cm) for cm in self.caches["records"].items() if R_KEY in (cm.get("data") or {}))
+        return [rec.name for rec, _ in recs if not rec.terminal]
 
     # --- one pass ------------------------------------------------------------------------------
 
     def reconcile(self, run: str, snap: Snapshot | None = None) -> PassResult:
-        got = self.kube.get_record(run)
+        got = self.record(run)
         if got is None:
             return PassResult(run, None, None)
         rec, rv = got
         if rec.terminal:
             return PassResult(run, P.Decision(P.WAIT, f"run is {rec.state}", rec), None)
-        snap = snap or Snapshot.read(self.kube)
+        snap = snap or self.snapshot()
         rundir = RunDir(rec.spec.run_dir)
         obs = observe(rec, snap, rundir, self.clock())
         ladder = shrink_ladder(
@@ -109,9 +201,11 @@ class Controller:
             entries.append({"kind": "observe", **summary})
         if decision.record != rec:
             try:
-                self.kube.update_record(decision.record, rv)
+                self._written[run] = (rv, decision.record, self.kube.update_record(decision.record, rv))
             except Conflict:
                 # Someone else changed the record since we read it: decide again on fresh state.
+                self._written.pop(run, None)
+                self._stale.add(run)
                 self._log(rundir, entries + [{"kind": "conflict", "reason": "record changed; re-reading"}])
                 self._last[run] = (summary, last_reason)
                 self._wake.set()
@@ -148,6 +242,8 @@ class Controller:
             self.kube.create_jobset(render_jobset(d.record.spec, seg.shape(), seg.index))
         elif d.action in {P.END, P.DELETE} and d.jobset:
             self.kube.delete_jobset(d.jobset)
+            if d.force and (seg := d.record.current) is not None:
+                self.kube.delete_pods_now(f"{LABEL_RUN}={d.record.name},{LABEL_SEGMENT}={seg.index}")
 
     def _fail(self, run: str, rundir: RunDir, reason: str) -> None:
         for _ in range(5):
@@ -169,8 +265,14 @@ class Controller:
     # --- ownership -----------------------------------------------------------------------------
 
     def own(self, run: str, rundir: RunDir | None = None) -> bool:
-        """Hold (or renew) the run's Lease. The ledger notes a takeover from another controller."""
+        """Hold the run's Lease, renewing it every `renew_every_s`: between renewals it is held (no
+        one may take it before `lease_s` has passed since the last). The ledger notes a takeover."""
+        now = time.monotonic()
+        if run in self._held and now - self._renewed.get(run, -1e9) < self.renew_every_s:
+            return True
         held, previous = self.kube.acquire_lease(lease_name(run), self.identity, self.lease_s)
+        if held:
+            self._renewed[run] = now
         if held and run not in self._held:
             self._held.add(run)
             entry = {"kind": "takeover" if previous else "lease", "holder": self.identity}
@@ -186,9 +288,14 @@ class Controller:
     def release(self, run: str) -> None:
         self.kube.release_lease(lease_name(run), self.identity)
         self._held.discard(run)
+        self._renewed.pop(run, None)
+
+    def _until_renewal(self) -> float:
+        due = [t + self.renew_every_s - time.monotonic() for r, t in self._renewed.items() if r in self._held]
+        return max(0.0, min(due, default=self.resync_s))
 
     def _rundir(self, run: str) -> RunDir | None:
-        got = self.kube.get_record(run)
+        got = self.record(run)
         return RunDir(got[0].spec.run_dir) if got else None
 
     # --- the loop ------------------------------------------------------------------------------
@@ -203,20 +310,21 @@ class Controller:
         """Reconcile `runs()` on every wake-up or resync until `stop` (or, with `until_done`,
         until every run is terminal)."""
         halt = threading.Event()  # stops the watches when this loop ends, whatever ended it
+        self.caches = {name: Cache(src) for name, src in SOURCES.items()}
         watchers = [
             threading.Thread(
-                target=self.kube.watch_forever,
-                args=(kind, self.wake, halt),
-                kwargs={"label_selector": LABEL_RUN if kind in {"jobsets", "pods"} else None},
-                name=f"watch-{kind}",
-                daemon=True,
+                target=cache.run, args=(self.kube, self.wake, halt), name=f"watch-{name}", daemon=True
             )
-            for kind in WATCHED
+            for name, cache in self.caches.items()
         ]
         self.started_at = time.monotonic()
         for t in watchers:
             t.start()
         try:
+            # As client-go's WaitForCacheSync: no pass decides on a half-listed world.
+            while not stop.is_set() and not self.synced():
+                self._wake.clear()
+                self._wake.wait(1.0)
             while not stop.is_set():
                 self._wake.clear()
                 try:
@@ -229,11 +337,12 @@ class Controller:
                 self._turned(ok=True)
                 if until_done and done:
                     return
-                self._wake.wait(self.resync_s)
+                self._wake.wait(min(self.resync_s, self._until_renewal()))
                 # Coalesce a burst of watch events into one pass.
                 stop.wait(0.05)
         finally:
             halt.set()
+            self.caches = {}
 
     def _turned(self, ok: bool) -> None:
         self.pass_ok = ok
@@ -245,8 +354,9 @@ class Controller:
             turned_at=self.turned_at,
             pass_ok=self.pass_ok,
             error=None if self.pass_ok else self.last_error,
-            # A watch wakes the loop with its bare kind once its list succeeded (errors carry text).
-            unsynced=tuple(kind for kind in WATCHED if not self.wakeups[kind]),
+            unsynced=tuple(
+                name for name in WATCHED if not (c := self.caches.get(name)) or not c.synced.is_set()
+            ),
         )
 
     def pass_once(self, runs: list[str]) -> bool:
@@ -257,7 +367,7 @@ class Controller:
             if not self.own(run):
                 all_done = False
                 continue
-            snap = snap or Snapshot.read(self.kube)
+            snap = snap or self.snapshot()
             result = self.reconcile(run, snap)
             rec = result.decision.record if result.decision else None
             if rec is None or not rec.terminal:
@@ -288,6 +398,7 @@ def observe(rec: RunRecord, snap: Snapshot, rundir: RunDir, now: float) -> S.Obs
         expected_pods=seg.shape().hosts if seg else 0,
         jobsets=[j for j in snap.jobsets if (j["metadata"].get("labels") or {}).get(LABEL_RUN) == rec.name],
         pods=snap.pods,
+        foreign_nodes=snap.foreign_nodes,
         nodes=snap.nodes,
         events=snap.events,
         presets=[run_preset(rec.spec, p) for p in load_presets().values()],

@@ -298,6 +298,7 @@ class Observation:
     trainer: dict | None = field(default=None)  # status.json
     # Restart attempt -> why its pods failed (attempt_causes), for those still in view.
     causes: dict[int, str] = field(default_factory=dict)
+    gone_nodepools: tuple[str, ...] = ()  # of lost_nodepools: those with no node left at all
 
     def fits(self, preset: str, slices: int) -> bool:
         return len(self.capacity.get(preset, ())) >= slices
@@ -336,15 +337,17 @@ def observe(
     nodes: list[dict],
     events: list[dict],
     presets: Iterable[Preset],
+    foreign_nodes: Iterable[str] = (),
     committed_step: int | None,
     trainer: dict | None,
 ) -> Observation:
-    """Build the observation of `run` whose current segment is `segment` (JobSet `segment_jobset`)."""
+    """Build the observation of `run` whose current segment is `segment` (JobSet `segment_jobset`).
+    `foreign_nodes`: nodes that live pods of other workloads (not in `pods`) are on."""
     own = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_RUN) == run]
     views = [pod_view(p) for p in own]
     seg_pods = [v for v in views if v.segment == segment]
     own_names = {p["metadata"]["name"] for p in own}
-    foreign_nodes = {
+    foreign_nodes = set(foreign_nodes) | {
         p["spec"]["nodeName"]
         for p in pods
         if p["metadata"]["name"] not in own_names
@@ -416,6 +419,7 @@ def observe(
         committed_step=committed_step,
         trainer=trainer,
         causes=attempt_causes(seg_pods),
+        gone_nodepools=tuple(name for name in lost if name not in pools),
     )
 
 
