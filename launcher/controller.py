@@ -139,6 +139,10 @@ class Controller:
     # it: a pass right after a write must not decide on the record from before it.
     _written: dict[str, tuple[str, RunRecord, str]] = field(default_factory=dict)
     _stale: set[str] = field(default_factory=set)  # runs whose record lost a swap: GET it next
+    # When the first watch event since the last pass arrived: an action's ledger line says how
+    # long the controller took from there to the record written (`woken_at`).
+    _woken_at: float | None = None
+    _pass_woken_at: float | None = None
 
     @property
     def renew_every_s(self) -> float:
@@ -218,6 +222,7 @@ class Controller:
                     "reason": decision.reason,
                     "segment": decision.record.current.index if decision.record.current else None,
                     "state": decision.record.state,
+                    **({"woken_at": woken} if decision.acts and (woken := self._pass_woken_at) else {}),
                 }
             )
         # The ledger gets the decision before the action: a controller that dies in between
@@ -302,6 +307,7 @@ class Controller:
 
     def wake(self, why: str = "") -> None:
         self.wakeups[why] += 1
+        self._woken_at = self._woken_at or time.time()
         self._wake.set()
 
     def run_forever(
@@ -310,16 +316,8 @@ class Controller:
         """Reconcile `runs()` on every wake-up or resync until `stop` (or, with `until_done`,
         until every run is terminal)."""
         halt = threading.Event()  # stops the watches when this loop ends, whatever ended it
-        self.caches = {name: Cache(src) for name, src in SOURCES.items()}
-        watchers = [
-            threading.Thread(
-                target=cache.run, args=(self.kube, self.wake, halt), name=f"watch-{name}", daemon=True
-            )
-            for name, cache in self.caches.items()
-        ]
         self.started_at = time.monotonic()
-        for t in watchers:
-            t.start()
+        self.start_caches(halt)
         try:
             # As client-go's WaitForCacheSync: no pass decides on a half-listed world.
             while not stop.is_set() and not self.synced():
@@ -344,6 +342,14 @@ class Controller:
             halt.set()
             self.caches = {}
 
+    def start_caches(self, halt: threading.Event) -> None:
+        """Start a watch thread per cache; they run until `halt`."""
+        self.caches = {name: Cache(src) for name, src in SOURCES.items()}
+        for name, cache in self.caches.items():
+            threading.Thread(
+                target=cache.run, args=(self.kube, self.wake, halt), name=f"watch-{name}", daemon=True
+            ).start()
+
     def _turned(self, ok: bool) -> None:
         self.pass_ok = ok
         self.turned_at = time.monotonic()
@@ -361,6 +367,7 @@ class Controller:
 
     def pass_once(self, runs: list[str]) -> bool:
         """One pass over `runs`; True when all of them are terminal."""
+        self._pass_woken_at, self._woken_at = self._woken_at, None
         snap = None
         all_done = True
         for run in runs:
@@ -396,6 +403,7 @@ def observe(rec: RunRecord, snap: Snapshot, rundir: RunDir, now: float) -> S.Obs
         segment_jobset=seg.jobset if seg else None,
         segment_nodepools=seg.nodepools if live else (),
         expected_pods=seg.shape().hosts if seg else 0,
+        slice_hosts=seg.shape().preset.hosts if seg else 0,
         jobsets=[j for j in snap.jobsets if (j["metadata"].get("labels") or {}).get(LABEL_RUN) == rec.name],
         pods=snap.pods,
         foreign_nodes=snap.foreign_nodes,

@@ -298,7 +298,8 @@ class Observation:
     trainer: dict | None = field(default=None)  # status.json
     # Restart attempt -> why its pods failed (attempt_causes), for those still in view.
     causes: dict[int, str] = field(default_factory=dict)
-    gone_nodepools: tuple[str, ...] = ()  # of lost_nodepools: those with no node left at all
+    # Of lost_nodepools: those whose nodes were deleted (not merely unhealthy): their hosts are gone.
+    gone_nodepools: tuple[str, ...] = ()
 
     def fits(self, preset: str, slices: int) -> bool:
         return len(self.capacity.get(preset, ())) >= slices
@@ -340,9 +341,11 @@ def observe(
     foreign_nodes: Iterable[str] = (),
     committed_step: int | None,
     trainer: dict | None,
+    slice_hosts: int = 0,
 ) -> Observation:
     """Build the observation of `run` whose current segment is `segment` (JobSet `segment_jobset`).
-    `foreign_nodes`: nodes that live pods of other workloads (not in `pods`) are on."""
+    `foreign_nodes`: nodes that live pods of other workloads (not in `pods`) are on; `slice_hosts`:
+    nodes per slice of the segment (a pool with fewer has lost hosts for good)."""
     own = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_RUN) == run]
     views = [pod_view(p) for p in own]
     seg_pods = [v for v in views if v.segment == segment]
@@ -369,7 +372,9 @@ def observe(
     lost = sorted(
         name
         for name in set(segment_nodepools) | set(in_use)
-        if name not in pools or pools[name].healthy < pools[name].nodes or pools[name].healthy == 0
+        if name not in pools
+        or pools[name].healthy < max(pools[name].nodes, slice_hosts)  # unhealthy, or hosts deleted
+        or pools[name].healthy == 0
     )
 
     pending = [v for v in seg_pods if v.alive and not v.deleting and v.node is None]
@@ -419,7 +424,7 @@ def observe(
         committed_step=committed_step,
         trainer=trainer,
         causes=attempt_causes(seg_pods),
-        gone_nodepools=tuple(name for name in lost if name not in pools),
+        gone_nodepools=tuple(n for n in lost if n not in pools or pools[n].nodes < slice_hosts),
     )
 
 
