@@ -223,6 +223,7 @@ class Controller:
                     "segment": decision.record.current.index if decision.record.current else None,
                     "state": decision.record.state,
                     **({"woken_at": woken} if decision.acts and (woken := self._pass_woken_at) else {}),
+                    **({"zero_grace": True} if decision.force else {}),
                 }
             )
         # The ledger gets the decision before the action: a controller that dies in between
