@@ -369,6 +369,9 @@ class Controller:
     def pass_once(self, runs: list[str]) -> bool:
         """One pass over `runs`; True when all of them are terminal."""
         self._pass_woken_at, self._woken_at = self._woken_at, None
+        for gone in set(self._renewed) - set(runs):  # ended, or deleted: its Lease may lapse
+            self._renewed.pop(gone)
+            self._held.discard(gone)
         snap = None
         all_done = True
         for run in runs:
