@@ -9,6 +9,7 @@ FailedScheduling events, JobSet conditions and counters, Kueue suspension.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -89,7 +90,7 @@ class NodePool:
         return all(self.labels.get(k) == v for k, v in sel.items()) and self.healthy == preset.hosts
 
 
-def nodepools(nodes: Iterable[dict], foreign_nodes: set[str]) -> dict[str, NodePool]:
+def nodepools(nodes: Iterable[dict], foreign_nodes: AbstractSet[str]) -> dict[str, NodePool]:
     """Group nodes by `cloud.google.com/gke-nodepool`. `foreign_nodes`: nodes running other workloads."""
     groups: dict[str, list[dict]] = {}
     for node in nodes:
@@ -338,7 +339,7 @@ def observe(
     nodes: list[dict],
     events: list[dict],
     presets: Iterable[Preset],
-    foreign_nodes: Iterable[str] = (),
+    foreign_nodes: AbstractSet[str] = frozenset(),
     committed_step: int | None,
     trainer: dict | None,
     slice_hosts: int = 0,
@@ -350,13 +351,15 @@ def observe(
     views = [pod_view(p) for p in own]
     seg_pods = [v for v in views if v.segment == segment]
     own_names = {p["metadata"]["name"] for p in own}
-    foreign_nodes = set(foreign_nodes) | {
+    others = {
         p["spec"]["nodeName"]
         for p in pods
         if p["metadata"]["name"] not in own_names
         and (p.get("spec") or {}).get("nodeName")
         and (p.get("status") or {}).get("phase") not in {"Succeeded", "Failed"}
     }
+    # No copy of a big set of other workloads' nodes when no other run shares the namespace.
+    foreign_nodes = (others | foreign_nodes) if others else foreign_nodes
     by_name = {j["metadata"]["name"]: j for j in jobsets}
     jobset = by_name.get(segment_jobset) if segment_jobset else None
     phase, failure = jobset_phase(jobset, seg_pods, expected_pods)

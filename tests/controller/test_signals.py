@@ -25,7 +25,7 @@ def observe(*, pods=(), nodes=(), jobsets=(jobset(),), events=(), segment=0, exp
         committed_step=kw.get("committed_step"),
         trainer=kw.get("trainer"),
         slice_hosts=kw.get("slice_hosts", 0),
-        foreign_nodes=kw.get("foreign_nodes", ()),
+        foreign_nodes=kw.get("foreign_nodes", frozenset()),
     )
 
 
