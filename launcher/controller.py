@@ -338,7 +338,7 @@ class Controller:
                     return
                 self._wake.wait(min(self.resync_s, self._until_renewal()))
                 # Coalesce a burst of watch events into one pass.
-                stop.wait(0.05)
+                stop.wait(0.02)
         finally:
             halt.set()
             self.caches = {}

@@ -90,6 +90,31 @@ class NodePool:
         return all(self.labels.get(k) == v for k, v in sel.items()) and self.healthy == preset.hosts
 
 
+class _Memo:
+    """What a function made of an object, by the object's uid and resourceVersion: the API never
+    serves two different objects under one pair, so a pass at 3,072 pods re-reads only those that
+    changed since the last (as client-go's indexers spare the reconcilers). Objects without a
+    version (tables in tests) are computed every time. Bounded: cleared when full."""
+
+    def __init__(self, fn, most: int = 100_000) -> None:
+        self._fn, self._most, self._got = fn, most, {}
+
+    def __call__(self, obj: dict):
+        meta = obj["metadata"]
+        key = (meta.get("uid"), meta.get("resourceVersion"))
+        if key[1] is None:
+            return self._fn(obj)
+        got = self._got.get(key)
+        if got is None:
+            if len(self._got) >= self._most:
+                self._got.clear()
+            got = self._got[key] = self._fn(obj)
+        return got
+
+
+_node_facts = _Memo(lambda n: (node_healthy(n), node_since(n)))
+
+
 def nodepools(nodes: Iterable[dict], foreign_nodes: AbstractSet[str]) -> dict[str, NodePool]:
     """Group nodes by `cloud.google.com/gke-nodepool`. `foreign_nodes`: nodes running other workloads."""
     groups: dict[str, list[dict]] = {}
@@ -99,14 +124,14 @@ def nodepools(nodes: Iterable[dict], foreign_nodes: AbstractSet[str]) -> dict[st
             groups.setdefault(pool, []).append(node)
     pools = {}
     for name, members in groups.items():
-        healthy = [n for n in members if node_healthy(n)]
+        facts = [_node_facts(n) for n in members]
         labels = members[0]["metadata"].get("labels") or {}
         pools[name] = NodePool(
             name=name,
             labels=labels,
             nodes=len(members),
-            healthy=len(healthy),
-            since=max((node_since(n) for n in healthy), default=0.0),
+            healthy=sum(ok for ok, _ in facts),
+            since=max((since for ok, since in facts if ok), default=0.0),
             busy=any(n["metadata"]["name"] in foreign_nodes for n in members),
         )
     return pools
@@ -175,6 +200,9 @@ def pod_view(pod: dict) -> PodView:
         reason=status.get("reason"),
         exit_reason=exit_reason,
     )
+
+
+_pod_view = _Memo(pod_view)
 
 
 # --- why an attempt failed -----------------------------------------------------------------------
@@ -348,7 +376,7 @@ def observe(
     `foreign_nodes`: nodes that live pods of other workloads (not in `pods`) are on; `slice_hosts`:
     nodes per slice of the segment (a pool with fewer has lost hosts for good)."""
     own = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_RUN) == run]
-    views = [pod_view(p) for p in own]
+    views = [_pod_view(p) for p in own]
     seg_pods = [v for v in views if v.segment == segment]
     own_names = {p["metadata"]["name"] for p in own}
     others = {
