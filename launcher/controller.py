@@ -44,17 +44,38 @@ def _slim_pod(pod: dict) -> dict:
     }
 
 
+_META = ("name", "namespace", "uid", "resourceVersion", "labels", "creationTimestamp", "deletionTimestamp")
+
+
+def _trim(obj: dict, spec: tuple[str, ...], status: tuple[str, ...]) -> dict:
+    """Only the fields signals.py reads: a trainer pod's spec (env, args, volumes) is most of it."""
+    meta, sp, st = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+    return {
+        "metadata": {k: meta[k] for k in _META if k in meta},
+        "spec": {k: sp[k] for k in spec if k in sp},
+        "status": {k: st[k] for k in status if k in st},
+    }
+
+
+def _run_pod(pod: dict) -> dict:
+    return _trim(pod, ("nodeName",), ("phase", "reason", "conditions", "containerStatuses"))
+
+
+def _node(node: dict) -> dict:
+    return _trim(node, ("unschedulable", "taints"), ("conditions",))
+
+
 # What the caches hold, filtered by the server (label and field selectors as kube-apiserver
 # serves them), so that a namespace and a cluster full of other workloads cost a pass nothing:
 SOURCES = {
     "jobsets": Source("jobsets", LABEL_RUN),
-    "pods": Source("pods", LABEL_RUN),
+    "pods": Source("pods", LABEL_RUN, keep=_run_pod),
     # Pods of other workloads only mark nodes busy: the live, scheduled ones, a name and a node each.
     "foreign-pods": Source(
         "pods", f"!{LABEL_RUN}", "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed", _slim_pod
     ),
     # The shrink ladder only ever uses TPU node pools.
-    "nodes": Source("nodes", f"{LABEL_ACCELERATOR},{LABEL_NODEPOOL}"),
+    "nodes": Source("nodes", f"{LABEL_ACCELERATOR},{LABEL_NODEPOOL}", keep=_node),
     # The events the signals read (signals._latest_failed_scheduling); a field selector has no OR.
     "events": Source("events", None, "involvedObject.kind=Pod,reason=FailedScheduling"),
     "events-scale-up": Source("events", None, "involvedObject.kind=Pod,reason=NotTriggerScaleUp"),

@@ -421,8 +421,9 @@ def observe(
     disruptions += [
         f"pod {v.name}: peer lost (exit {EXIT_PEER_LOST})" for v in seg_pods if v.exit_code == EXIT_PEER_LOST
     ]
+    ours = set(in_use) | set(segment_nodepools)
     for node in nodes:
-        if node_pool.get(node["metadata"]["name"]) in set(in_use) | set(segment_nodepools):
+        if node_pool.get(node["metadata"]["name"]) in ours:
             for taint in (node.get("spec") or {}).get("taints") or []:
                 if taint.get("key") in BAD_TAINTS:
                     disruptions.append(f"node {node['metadata']['name']}: taint {taint['key']}")
