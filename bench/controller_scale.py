@@ -1,23 +1,35 @@
 """The controller at scale: a 4 x tpu7x-8x8x48 run (3,072 simulated pods on 3,072 nodes) loses a
-node pool; how long until the controller decides, and how much memory does it take?
+node pool, first with the run alone in the cluster, then with unrelated load in the same namespace
+and cluster (10,000 nodes of other pools, 20,000 pods of other workloads, 5,000 events). Its cost
+should follow the run, not the cluster (issue 12).
 
-    .venv/bin/python -m bench.controller_scale [--slices 4] [--losses 3]
+    .venv/bin/python -m bench.controller_scale [--slices 4] [--nodes 10000 --pods 20000 --events 5000] [--json]
 
 The embedded cluster runs in simulate mode in this process; the controller runs as `reslice watch
 RUN` in its own process (as in a cluster), so its memory is its own: peak RSS (VmHWM) from /proc.
-Decision latency = the ledger time of the end-segment decision minus the time the node pool was
-removed (watch delivery, one full observation of 3,072 pods + 3,072 nodes, the policy, the
-record's compare-and-swap). Pass time = how long one reconcile pass takes at that size.
+Per phase, a fresh run and a fresh controller process (whose caches list what exists then):
+
+- pass_s: one reconcile pass, read from synced caches (a probe Controller in this process, which
+  observes and decides but holds no Lease and writes nothing in a steady state); median of 20.
+- idle_requests_per_min: requests the controller process makes at the embedded API while nothing
+  changes (Lease renewals, watch reconnects), counted by the server over --idle-s.
+- decision_latency_s: controller-owned, from the first watch event of the node-pool loss reaching
+  the controller (the ledger's `woken_at`) to the run record written (the end-segment line).
+- rss_mb: the controller process's peak RSS.
+
+With --json the last line printed is one JSON object with both phases and the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -25,18 +37,18 @@ from bench.embedded_scale import build_cluster, rss_mib
 from launcher.controller import Controller
 from launcher.kube import Kube
 from launcher.launch import create_run, prepare
-from launcher.presets import make_shape
+from launcher.presets import LABEL_NODEPOOL, make_shape
 from launcher.record import Policy
-from launcher.render import RunSpec
+from launcher.render import LABEL_RUN, RunSpec
 from launcher.runs import RunDir
 
 
-def wait(cond, timeout: float, what: str) -> None:
+def wait(cond, timeout: float, what: str, poll: float = 0.2) -> None:
     deadline = time.monotonic() + timeout
     while not cond():
         if time.monotonic() > deadline:
             raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(0.2)
+        time.sleep(poll)
 
 
 def proc_mib(pid: int, field: str) -> float:
@@ -46,77 +58,164 @@ def proc_mib(pid: int, field: str) -> float:
     return float("nan")
 
 
+def add_load(cluster, nodes: int, pods: int, events: int) -> dict:
+    """Unrelated objects, written to the store directly (35,000 POSTs would take minutes): CPU
+    nodes of other pools, pods of another workload bound to them, events about those pods."""
+    rss0, t = rss_mib(), time.perf_counter()
+    store, res = cluster.store, cluster.res
+    ready = [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
+    for i in range(nodes):
+        labels = {
+            LABEL_NODEPOOL: f"other-pool-{i // 100}",
+            "node.kubernetes.io/instance-type": "n2-standard-8",
+        }
+        store.create(
+            res["nodes"], {"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"other-{i}", "labels": labels},
+                           "status": {"conditions": ready}},
+        )  # fmt: skip
+    for i in range(pods):
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"web-{i}", "labels": {"app": "web", "shard": str(i % 50)}},
+            "spec": {
+                "nodeName": f"other-{i % max(nodes, 1)}",
+                "containers": [{"name": "web", "image": "nginx"}],
+            },
+        }
+        store.create(res["pods"], pod, "default")
+    for i in range(events):
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"web-{i}.{i:x}"},
+            "involvedObject": {"kind": "Pod", "name": f"web-{i % max(pods, 1)}", "namespace": "default"},
+            "reason": ("Pulled", "Created", "Started")[i % 3],
+            "message": "container web",
+            "type": "Normal",
+        }
+        store.create(res["events"], event, "default")
+    return {
+        "unrelated_objects": nodes + pods + events,
+        "load_s": round(time.perf_counter() - t, 1),
+        "rss_mb_before": round(rss0),
+        "rss_mb_after": round(rss_mib()),
+    }
+
+
+def running(kube: Kube, run: str) -> int:
+    return sum(p["status"].get("phase") == "Running" for p in kube.pods(f"{LABEL_RUN}={run}"))
+
+
+def phase(cluster, kube: Kube, tmp: Path, run: str, args) -> dict:
+    shape = make_shape(args.preset, args.slices)
+    spec = RunSpec(run=run, run_dir=str(tmp / run), global_batch=shape.devices * 12, grace_period_s=1)
+    rec, _ = prepare(spec, args.preset, args.slices, Policy(unschedulable_grace_s=5))
+    create_run(kube, rec)
+    first = Controller(kube)
+    first.pass_once([run])  # segment 0, as `reslice launch` submits it
+    first.release(run)
+    t = time.perf_counter()
+    wait(lambda: running(kube, run) == shape.hosts, 600, "all pods", poll=1.0)
+    print(f"[{run}] {shape}: {shape.hosts} pods Running {time.perf_counter() - t:.1f} s after submit")
+
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "RESLICE_RESYNC_S": "30"}
+    log = (tmp / f"{run}-controller.log").open("wb")
+    ctl = subprocess.Popen([sys.executable, "-m", "launcher", "watch", run], env=env, stdout=log, stderr=log)
+    try:
+        ledger = lambda: RunDir(spec.run_dir).ledger()  # noqa: E731
+        # Its caches are synced once its first pass has written an observation.
+        wait(lambda: any(e.get("kind") == "observe" and e["controller"] != first.identity for e in ledger()),
+             300, "the controller's first pass")  # fmt: skip
+
+        probe, halt = Controller(kube), threading.Event()
+        probe.start_caches(halt)
+        wait(probe.synced, 300, "the probe's caches")
+        probe.reconcile(run)
+        times = []
+        for _ in range(20):
+            t = time.perf_counter()
+            probe.reconcile(run)
+            times.append(time.perf_counter() - t)
+        halt.set()
+        pass_s = statistics.median(times)
+        print(f"[{run}] one pass from the caches: median {pass_s * 1e3:.1f} ms")
+
+        time.sleep(2.0)  # the probe's watches close
+        cluster.server.requests.clear()
+        time.sleep(args.idle_s)
+        idle = dict(cluster.server.requests)
+        per_min = sum(idle.values()) * 60 / args.idle_s
+        print(f"[{run}] idle for {args.idle_s:.0f} s: {per_min:.1f} requests/min {idle}")
+
+        pool = f"{args.preset}-np-{args.slices - 1}"
+        t_fault = time.time()
+        cluster.remove(pool)
+
+        def ends() -> list[dict]:
+            return [e for e in ledger() if e.get("action") == "end-segment" and e["time"] >= t_fault]
+
+        wait(ends, 120, "the shrink decision", poll=0.05)
+        end = ends()[0]
+        latency = end["time"] - end["woken_at"]
+        print(f"[{run}] lost {pool}: record written {latency * 1e3:.0f} ms after the first watch event "
+              f"({(end['time'] - t_fault) * 1e3:.0f} ms after the fault; zero-grace: {end.get('zero_grace', False)})")  # fmt: skip
+        wait(lambda: len(kube.get_record(run)[0].segments) > 1, 600, "the next segment", poll=1.0)
+        rss = proc_mib(ctl.pid, "VmHWM")
+    finally:
+        ctl.terminate()
+        ctl.wait(timeout=30)
+    # Leave the cluster as it was: no JobSet of this run, the pool back.
+    for js in kube.jobsets(run):
+        kube.delete_jobset(js["metadata"]["name"])
+    kube.delete_record(run)
+    wait(lambda: not kube.pods(f"{LABEL_RUN}={run}"), 600, "the run's pods gone", poll=1.0)
+    cluster.restore(pool)
+    return {
+        "pods": shape.hosts,
+        "pass_s": round(pass_s, 4),
+        "decision_latency_s": round(latency, 4),
+        "fault_to_decision_s": round(end["time"] - t_fault, 4),
+        "rss_mb": round(rss),
+        "idle_requests_per_min": round(per_min, 1),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--slices", type=int, default=4)
     ap.add_argument("--preset", default="tpu7x-8x8x48")
-    ap.add_argument("--losses", type=int, default=3, help="node pools lost one after another")
+    ap.add_argument("--nodes", type=int, default=10_000, help="unrelated nodes (other pools)")
+    ap.add_argument("--pods", type=int, default=20_000, help="unrelated pods (another workload)")
+    ap.add_argument("--events", type=int, default=5_000, help="unrelated events")
+    ap.add_argument("--idle-s", type=float, default=60.0, help="how long to count idle requests")
+    ap.add_argument("--json", action="store_true", help="print one JSON line last")
     args = ap.parse_args()
-    shape = make_shape(args.preset, args.slices)
-    # A global batch every rung of the ladder down to one slice can divide.
-    gb = shape.preset.devices * 12
     cluster = build_cluster(args.slices, args.preset)
     tmp = Path(tempfile.mkdtemp())
     try:
         kube = Kube(cluster.api_client(), "default")
-        spec = RunSpec(run="scale", run_dir=str(tmp / "scale"), global_batch=gb, grace_period_s=1)
-        rec, _ = prepare(spec, args.preset, args.slices, Policy(unschedulable_grace_s=5))
-        create_run(kube, rec)
-        pods = lambda: kube.pods("reslice.dev/run=scale")  # noqa: E731
-        t = time.perf_counter()
-        passes = Controller(kube)
-        passes.pass_once(["scale"])  # segment 0, from this process: measures one pass
-        wait(
-            lambda: sum(p["status"].get("phase") == "Running" for p in pods()) == shape.hosts, 300, "all pods"
-        )
-        print(f"{shape}: {shape.hosts} pods Running {time.perf_counter() - t:.1f} s after submit")
-        pass_times = []
-        for _ in range(5):
-            t = time.perf_counter()
-            passes.reconcile("scale")
-            pass_times.append(time.perf_counter() - t)
-        print(f"one reconcile pass at {shape.hosts} pods / {len(kube.nodes())} nodes: "
-              f"median {statistics.median(pass_times) * 1e3:.0f} ms")  # fmt: skip
-        passes.release("scale")  # hand the run to the controller process below
-        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "RESLICE_RESYNC_S": "30"}
-        log = (tmp / "controller.log").open("wb")
-        ctl = subprocess.Popen(
-            [sys.executable, "-m", "launcher", "watch", "scale"], env=env, stdout=log, stderr=log
-        )
-        time.sleep(5)
-        latencies = []
-        for i in range(1, args.losses + 1):
-            pool = f"{args.preset}-np-{args.slices - i}"
-            before = len(kube.get_record("scale")[0].segments)
-            t_fault = time.time()
-            cluster.remove(pool)
-
-            def ends(t: float = t_fault) -> list[dict]:
-                ledger = RunDir(spec.run_dir).ledger()
-                return [e for e in ledger if e.get("action") == "end-segment" and e["time"] >= t]
-
-            wait(ends, 120, "the shrink decision")
-            latencies.append(ends()[0]["time"] - t_fault)
-            wait(lambda b=before: len(kube.get_record("scale")[0].segments) > b, 600, "the next segment")
-            seg = kube.get_record("scale")[0].current
-            print(
-                f"lost {pool}: decided in {latencies[-1] * 1e3:.0f} ms -> {seg.preset} x{seg.slices}, submitted "
-                f"{seg.submitted_at - t_fault:.1f} s after the loss (once the old pods were gone)"
-            )
-            want = seg.slices * shape.preset.hosts
-            wait(
-                lambda w=want: sum(p["status"].get("phase") == "Running" for p in pods()) == w,
-                300,
-                "new pods",
-            )
-        print(f"decision latency after a node-pool loss: median {statistics.median(latencies) * 1e3:.0f} ms "
-              f"(n={len(latencies)})")  # fmt: skip
-        print(f"controller process memory: peak RSS {proc_mib(ctl.pid, 'VmHWM'):.0f} MiB, "
-              f"now {proc_mib(ctl.pid, 'VmRSS'):.0f} MiB; embedded cluster + bench process RSS {rss_mib():.0f} MiB")  # fmt: skip
-        ctl.terminate()
-        ctl.wait(timeout=30)
+        alone = phase(cluster, kube, tmp, "alone", args)
+        embedded = add_load(cluster, args.nodes, args.pods, args.events)
+        print(f"unrelated load: {embedded}")
+        loaded = phase(cluster, kube, tmp, "loaded", args)
+        embedded["rss_mb_end"] = round(rss_mib())
     finally:
         cluster.stop()
+    out = {
+        "pods": loaded["pods"],
+        "unrelated_objects": embedded["unrelated_objects"],
+        **{k: loaded[k] for k in ("pass_s", "decision_latency_s", "rss_mb", "idle_requests_per_min")},
+        "unrelated_ratio": round(loaded["pass_s"] / alone["pass_s"], 2),
+        "alone": alone,
+        "loaded": loaded,
+        "embedded": embedded,
+    }
+    print(f"with {out['unrelated_objects']} unrelated objects: pass {loaded['pass_s'] * 1e3:.1f} ms "
+          f"(x{out['unrelated_ratio']} alone), decision {loaded['decision_latency_s'] * 1e3:.0f} ms, "
+          f"controller peak RSS {loaded['rss_mb']} MiB, {loaded['idle_requests_per_min']} idle requests/min")  # fmt: skip
+    if args.json:
+        print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The reconcile loop: watch -> observe -> decide -> act -> record.
 
-Level-triggered, as Kubernetes controllers are written: watches on JobSets, Pods, Nodes and Events
-only wake the loop (and a timer resyncs it); each pass re-reads the world, builds one observation
-per run, asks the pure policy for one decision, writes the run record with a compare-and-swap, and
+Level-triggered, as Kubernetes controllers are written: watches on JobSets, Pods, Nodes, Events
+and the run records keep caches (launcher/informer.py) and wake the loop (a timer resyncs it);
+each pass reads the caches, never the API, builds one observation per run, asks the pure policy for one decision, writes the run record with a compare-and-swap, and
 only then acts. Whoever loses the swap re-reads and decides again, and segment k's JobSet has a
 fixed name, so a second controller or a restarted one never submits a segment twice. Each run is
 owned by whoever holds its Lease; the ledger (`events.jsonl`) gets a line for every change in what
@@ -26,14 +26,63 @@ from launcher import record as R
 from launcher import signals as S
 from launcher.errors import UserError
 from launcher.health import LoopState
-from launcher.kube import Conflict, Kube
+from launcher.informer import Cache, Source
+from launcher.kube import RECORD_KEY as R_KEY
+from launcher.kube import Conflict, Kube, record_name, record_of
 from launcher.plan import shrink_ladder
-from launcher.presets import load_presets
+from launcher.presets import LABEL_ACCELERATOR, LABEL_NODEPOOL, load_presets
 from launcher.record import RunRecord
-from launcher.render import LABEL_RUN, render_jobset, run_preset
+from launcher.render import LABEL_RUN, LABEL_SEGMENT, render_jobset, run_preset
 from launcher.runs import RunDir
 
-WATCHED = ("jobsets", "pods", "nodes", "events")
+
+def _slim_pod(pod: dict) -> dict:
+    """All a pod of another workload tells the controller: that its node is taken."""
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    return {
+        "metadata": {"name": meta["name"], "namespace": meta.get("namespace")},
+        "spec": {"nodeName": spec.get("nodeName")},
+    }
+
+
+_META = ("name", "namespace", "uid", "resourceVersion", "labels", "creationTimestamp", "deletionTimestamp")
+
+
+def _trim(obj: dict, spec: tuple[str, ...], status: tuple[str, ...]) -> dict:
+    """Only the fields signals.py reads: a trainer pod's spec (env, args, volumes) is most of it."""
+    meta, sp, st = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+    return {
+        "metadata": {k: meta[k] for k in _META if k in meta},
+        "spec": {k: sp[k] for k in spec if k in sp},
+        "status": {k: st[k] for k in status if k in st},
+    }
+
+
+def _run_pod(pod: dict) -> dict:
+    return _trim(pod, ("nodeName",), ("phase", "reason", "conditions", "containerStatuses"))
+
+
+def _node(node: dict) -> dict:
+    return _trim(node, ("unschedulable", "taints"), ("conditions",))
+
+
+# What the caches hold, filtered by the server (label and field selectors as kube-apiserver
+# serves them), so that a namespace and a cluster full of other workloads cost a pass nothing:
+SOURCES = {
+    "jobsets": Source("jobsets", LABEL_RUN),
+    "pods": Source("pods", LABEL_RUN, keep=_run_pod),
+    # Pods of other workloads only mark nodes busy: the live, scheduled ones, a name and a node each.
+    "foreign-pods": Source(
+        "pods", f"!{LABEL_RUN}", "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed", _slim_pod
+    ),
+    # The shrink ladder only ever uses TPU node pools.
+    "nodes": Source("nodes", f"{LABEL_ACCELERATOR},{LABEL_NODEPOOL}", keep=_node),
+    # The events the signals read (signals._latest_failed_scheduling); a field selector has no OR.
+    "events": Source("events", None, "involvedObject.kind=Pod,reason=FailedScheduling"),
+    "events-scale-up": Source("events", None, "involvedObject.kind=Pod,reason=NotTriggerScaleUp"),
+    "records": Source("configmaps", LABEL_RUN),
+}
+WATCHED = tuple(SOURCES)
 
 
 def lease_name(run: str) -> str:
@@ -52,10 +101,29 @@ class Snapshot:
     pods: list[dict]
     nodes: list[dict]
     events: list[dict]
+    foreign_nodes: frozenset[str] = frozenset()  # nodes live pods of other workloads are on
 
     @staticmethod
     def read(kube: Kube) -> Snapshot:
-        return Snapshot(kube.jobsets(), kube.pods(), kube.nodes(), kube.events())
+        """From the API (a controller whose caches do not run: `reslice launch`'s first pass)."""
+        return Snapshot.of({name: _listed(kube, src) for name, src in SOURCES.items() if name != "records"})
+
+    @staticmethod
+    def of(items: dict[str, list[dict]]) -> Snapshot:
+        return Snapshot(
+            items["jobsets"],
+            items["pods"],
+            items["nodes"],
+            items["events"] + items["events-scale-up"],
+            frozenset(p["spec"]["nodeName"] for p in items["foreign-pods"]),
+        )
+
+
+def _listed(kube: Kube, src: Source) -> list[dict]:
+    keep = src.keep or (lambda o: o)
+    return [
+        keep(o) for items, _ in kube.list_raw(src.kind, src.label_selector, src.field_selector) for o in items
+    ]
 
 
 @dataclass
@@ -86,17 +154,66 @@ class Controller:
     started_at: float = field(default_factory=time.monotonic)
     turned_at: float | None = None
     pass_ok: bool = False
+    # Fed by the watches while run_forever runs; empty otherwise (then a pass reads the API).
+    caches: dict[str, Cache] = field(default_factory=dict)
+    # Per run: when its Lease was last renewed (time.monotonic).
+    _renewed: dict[str, float] = field(default_factory=dict)
+    # Per run: (the version we replaced, the record we wrote, its version), until the cache shows
+    # it: a pass right after a write must not decide on the record from before it.
+    _written: dict[str, tuple[str, RunRecord, str]] = field(default_factory=dict)
+    _stale: set[str] = field(default_factory=set)  # runs whose record lost a swap: GET it next
+    # When the first watch event since the last pass arrived: an action's ledger line says how
+    # long the controller took from there to the record written (`woken_at`).
+    _woken_at: float | None = None
+    _pass_woken_at: float | None = None
+
+    @property
+    def renew_every_s(self) -> float:
+        """Half the lease: a late pass still renews in time; a renewal is one PUT."""
+        return self.lease_s / 2
+
+    def synced(self) -> bool:
+        return bool(self.caches) and all(c.synced.is_set() for c in self.caches.values())
+
+    def snapshot(self) -> Snapshot:
+        if self.synced():
+            return Snapshot.of({name: c.items() for name, c in self.caches.items() if name != "records"})
+        return Snapshot.read(self.kube)
+
+    def record(self, run: str) -> tuple[RunRecord, str] | None:
+        """The run record and its version: from the cache (with our own last write laid over it
+        until the watch delivers it), or from the API."""
+        if not self.synced() or run in self._stale:
+            self._stale.discard(run)
+            return self.kube.get_record(run)
+        cm = self.caches["records"].get(self.kube.namespace, record_name(run))
+        if cm is None:
+            return None
+        got = record_of(cm)
+        written = self._written.get(run)
+        if written is not None:
+            if got[1] == written[0]:
+                return written[1], written[2]
+            del self._written[run]
+        return got
+
+    def live_runs(self) -> list[str]:
+        """Every run of the namespace that has not ended."""
+        if not self.synced():
+            return [r.name for r in self.kube.records() if not r.terminal]
+        recs = (record_of(cm) for cm in self.caches["records"].items() if R_KEY in (cm.get("data") or {}))
+        return [rec.name for rec, _ in recs if not rec.terminal]
 
     # --- one pass ------------------------------------------------------------------------------
 
     def reconcile(self, run: str, snap: Snapshot | None = None) -> PassResult:
-        got = self.kube.get_record(run)
+        got = self.record(run)
         if got is None:
             return PassResult(run, None, None)
         rec, rv = got
         if rec.terminal:
             return PassResult(run, P.Decision(P.WAIT, f"run is {rec.state}", rec), None)
-        snap = snap or Snapshot.read(self.kube)
+        snap = snap or self.snapshot()
         rundir = RunDir(rec.spec.run_dir)
         obs = observe(rec, snap, rundir, self.clock())
         spec = rec.spec
@@ -118,9 +235,11 @@ class Controller:
         entries += self._new_unusable(obs.trainer)
         if decision.record != rec:
             try:
-                self.kube.update_record(decision.record, rv)
+                self._written[run] = (rv, decision.record, self.kube.update_record(decision.record, rv))
             except Conflict:
                 # Someone else changed the record since we read it: decide again on fresh state.
+                self._written.pop(run, None)
+                self._stale.add(run)
                 self._log(rundir, entries + [{"kind": "conflict", "reason": "record changed; re-reading"}])
                 self._last[run] = (summary, last_reason)
                 self._wake.set()
@@ -133,6 +252,8 @@ class Controller:
                     "reason": decision.reason,
                     "segment": decision.record.current.index if decision.record.current else None,
                     "state": decision.record.state,
+                    **({"woken_at": woken} if decision.acts and (woken := self._pass_woken_at) else {}),
+                    **({"zero_grace": True} if decision.force else {}),
                 }
             )
         # The ledger gets the decision before the action: a controller that dies in between
@@ -157,6 +278,8 @@ class Controller:
             self.kube.create_jobset(render_jobset(d.record.spec, seg.shape(), seg.index))
         elif d.action in {P.END, P.DELETE} and d.jobset:
             self.kube.delete_jobset(d.jobset)
+            if d.force and (seg := d.record.current) is not None:
+                self.kube.delete_pods_now(f"{LABEL_RUN}={d.record.name},{LABEL_SEGMENT}={seg.index}")
 
     def _fail(self, run: str, rundir: RunDir, reason: str) -> None:
         for _ in range(5):
@@ -190,8 +313,14 @@ class Controller:
     # --- ownership -----------------------------------------------------------------------------
 
     def own(self, run: str, rundir: RunDir | None = None) -> bool:
-        """Hold (or renew) the run's Lease. The ledger notes a takeover from another controller."""
+        """Hold the run's Lease, renewing it every `renew_every_s`: between renewals it is held (no
+        one may take it before `lease_s` has passed since the last). The ledger notes a takeover."""
+        now = time.monotonic()
+        if run in self._held and now - self._renewed.get(run, -1e9) < self.renew_every_s:
+            return True
         held, previous = self.kube.acquire_lease(lease_name(run), self.identity, self.lease_s)
+        if held:
+            self._renewed[run] = now
         if held and run not in self._held:
             self._held.add(run)
             entry = {"kind": "takeover" if previous else "lease", "holder": self.identity}
@@ -207,15 +336,21 @@ class Controller:
     def release(self, run: str) -> None:
         self.kube.release_lease(lease_name(run), self.identity)
         self._held.discard(run)
+        self._renewed.pop(run, None)
+
+    def _until_renewal(self) -> float:
+        due = [t + self.renew_every_s - time.monotonic() for r, t in self._renewed.items() if r in self._held]
+        return max(0.0, min(due, default=self.resync_s))
 
     def _rundir(self, run: str) -> RunDir | None:
-        got = self.kube.get_record(run)
+        got = self.record(run)
         return RunDir(got[0].spec.run_dir) if got else None
 
     # --- the loop ------------------------------------------------------------------------------
 
     def wake(self, why: str = "") -> None:
         self.wakeups[why] += 1
+        self._woken_at = self._woken_at or time.time()
         self._wake.set()
 
     def run_forever(
@@ -224,20 +359,13 @@ class Controller:
         """Reconcile `runs()` on every wake-up or resync until `stop` (or, with `until_done`,
         until every run is terminal)."""
         halt = threading.Event()  # stops the watches when this loop ends, whatever ended it
-        watchers = [
-            threading.Thread(
-                target=self.kube.watch_forever,
-                args=(kind, self.wake, halt),
-                kwargs={"label_selector": LABEL_RUN if kind in {"jobsets", "pods"} else None},
-                name=f"watch-{kind}",
-                daemon=True,
-            )
-            for kind in WATCHED
-        ]
         self.started_at = time.monotonic()
-        for t in watchers:
-            t.start()
+        self.start_caches(halt)
         try:
+            # As client-go's WaitForCacheSync: no pass decides on a half-listed world.
+            while not stop.is_set() and not self.synced():
+                self._wake.clear()
+                self._wake.wait(1.0)
             while not stop.is_set():
                 self._wake.clear()
                 try:
@@ -250,11 +378,20 @@ class Controller:
                 self._turned(ok=True)
                 if until_done and done:
                     return
-                self._wake.wait(self.resync_s)
+                self._wake.wait(min(self.resync_s, self._until_renewal()))
                 # Coalesce a burst of watch events into one pass.
-                stop.wait(0.05)
+                stop.wait(0.02)
         finally:
             halt.set()
+            self.caches = {}
+
+    def start_caches(self, halt: threading.Event) -> None:
+        """Start a watch thread per cache; they run until `halt`."""
+        self.caches = {name: Cache(src) for name, src in SOURCES.items()}
+        for name, cache in self.caches.items():
+            threading.Thread(
+                target=cache.run, args=(self.kube, self.wake, halt), name=f"watch-{name}", daemon=True
+            ).start()
 
     def _turned(self, ok: bool) -> None:
         self.pass_ok = ok
@@ -266,19 +403,24 @@ class Controller:
             turned_at=self.turned_at,
             pass_ok=self.pass_ok,
             error=None if self.pass_ok else self.last_error,
-            # A watch wakes the loop with its bare kind once its list succeeded (errors carry text).
-            unsynced=tuple(kind for kind in WATCHED if not self.wakeups[kind]),
+            unsynced=tuple(
+                name for name in WATCHED if not (c := self.caches.get(name)) or not c.synced.is_set()
+            ),
         )
 
     def pass_once(self, runs: list[str]) -> bool:
         """One pass over `runs`; True when all of them are terminal."""
+        self._pass_woken_at, self._woken_at = self._woken_at, None
+        for gone in set(self._renewed) - set(runs):  # ended, or deleted: its Lease may lapse
+            self._renewed.pop(gone)
+            self._held.discard(gone)
         snap = None
         all_done = True
         for run in runs:
             if not self.own(run):
                 all_done = False
                 continue
-            snap = snap or Snapshot.read(self.kube)
+            snap = snap or self.snapshot()
             result = self.reconcile(run, snap)
             rec = result.decision.record if result.decision else None
             if rec is None or not rec.terminal:
@@ -307,8 +449,10 @@ def observe(rec: RunRecord, snap: Snapshot, rundir: RunDir, now: float) -> S.Obs
         segment_jobset=seg.jobset if seg else None,
         segment_nodepools=seg.nodepools if live else (),
         expected_pods=seg.shape().hosts if seg else 0,
+        slice_hosts=seg.shape().preset.hosts if seg else 0,
         jobsets=[j for j in snap.jobsets if (j["metadata"].get("labels") or {}).get(LABEL_RUN) == rec.name],
         pods=snap.pods,
+        foreign_nodes=snap.foreign_nodes,
         nodes=snap.nodes,
         events=snap.events,
         presets=[run_preset(rec.spec, p) for p in load_presets().values()],

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from kubernetes import client, config, watch
+from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 from launcher.errors import ClusterNotReady, UserError
 from launcher.record import RunRecord
@@ -82,6 +83,11 @@ def is_embedded(api_client: client.ApiClient) -> bool:
     return str(version.git_version or "").endswith(EMBEDDED_VERSION_SUFFIX)
 
 
+def record_of(cm: dict) -> tuple[RunRecord, str]:
+    """A run record's ConfigMap (a plain dict, as a list or watch serves it) -> (record, version)."""
+    return RunRecord.from_json(cm["data"][RECORD_KEY]), cm["metadata"]["resourceVersion"]
+
+
 def _now() -> datetime:
     return datetime.now(UTC)
 
@@ -95,6 +101,8 @@ class Kube:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.coordination = client.CoordinationV1Api(api_client)
+        # Lease name -> the Lease as we last wrote it: a renewal is then one PUT, not a GET and a PUT.
+        self._leases: dict[str, client.V1Lease] = {}
 
     # --- reads (raw dicts) ---------------------------------------------------------------------
 
@@ -174,6 +182,13 @@ class Kube:
         except ApiException as e:
             if e.status != 404:
                 raise
+
+    def delete_pods_now(self, label_selector: str) -> None:
+        """Delete the selected pods with a zero grace period: SIGKILL, no SIGTERM save (the
+        kubelet still gives a container its 2 s minimum on a real node; docs/design.md)."""
+        self.core.delete_collection_namespaced_pod(
+            self.namespace, label_selector=label_selector, grace_period_seconds=0
+        )
 
     # --- JobSets -------------------------------------------------------------------------------
 
@@ -263,6 +278,16 @@ class Kube:
         write is a compare-and-swap, so two candidates never both win.
         """
         now = _now()
+        mine = self._leases.pop(name, None)
+        if mine is not None and mine.spec.holder_identity == holder:
+            mine.spec.renew_time, mine.spec.lease_duration_seconds = now, duration_s
+            try:
+                self._leases[name] = self.coordination.replace_namespaced_lease(name, self.namespace, mine)
+                return True, None
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                # Changed behind our back (released, taken over): read it and decide as below.
         try:
             lease = self.coordination.read_namespaced_lease(name, self.namespace)
         except ApiException as e:
@@ -276,7 +301,7 @@ class Kube:
                 ),
             )  # fmt: skip
             try:
-                self.coordination.create_namespaced_lease(self.namespace, body)
+                self._leases[name] = self.coordination.create_namespaced_lease(self.namespace, body)
                 return True, None
             except ApiException as e2:
                 if e2.status == 409:
@@ -296,7 +321,7 @@ class Kube:
             spec.lease_transitions = (spec.lease_transitions or 0) + 1
         spec.holder_identity, spec.renew_time, spec.lease_duration_seconds = holder, now, duration_s
         try:
-            self.coordination.replace_namespaced_lease(name, self.namespace, lease)
+            self._leases[name] = self.coordination.replace_namespaced_lease(name, self.namespace, lease)
         except ApiException as e:
             if e.status == 409:
                 return False, None
@@ -324,6 +349,7 @@ class Kube:
         return {h for h in holders if h and h != exclude}
 
     def release_lease(self, name: str, holder: str) -> None:
+        self._leases.pop(name, None)
         try:
             lease = self.coordination.read_namespaced_lease(name, self.namespace)
             if lease.spec.holder_identity == holder:
@@ -332,58 +358,79 @@ class Kube:
         except ApiException:
             pass  # best effort: an unreleased lease simply expires
 
-    # --- watches -------------------------------------------------------------------------------
+    # --- lists and watches for the caches (launcher/informer.py) -------------------------------
 
-    def watch_forever(
-        self, kind: str, wake: Callable[[str], None], stop: threading.Event, label_selector=None
-    ) -> None:
-        """Call `wake(kind)` on every change of `kind` until `stop` is set.
-
-        Watches only wake the reconcile loop; it re-reads everything itself. A watch that ends
-        (timeout, API restart) or answers 410 Gone is restarted from a fresh list.
-        """
-        list_fn, args = {
+    def _list_fn(self, kind: str) -> tuple[Callable, tuple]:
+        return {
             "pods": (self.core.list_namespaced_pod, (self.namespace,)),
             "nodes": (self.core.list_node, ()),
             "events": (self.core.list_namespaced_event, (self.namespace,)),
+            "configmaps": (self.core.list_namespaced_config_map, (self.namespace,)),
             "jobsets": (
                 self.custom.list_namespaced_custom_object,
                 (GROUP, VERSION, self.namespace, "jobsets"),
             ),
         }[kind]
-        kwargs = {"label_selector": label_selector} if label_selector else {}
-        resource_version = None
-        while not stop.is_set():
-            w = watch.Watch()
-            try:
-                if resource_version is None:
-                    listed = list_fn(*args, **kwargs)
-                    meta = listed["metadata"] if isinstance(listed, dict) else listed.metadata
-                    resource_version = (
-                        meta["resourceVersion"] if isinstance(meta, dict) else meta.resource_version
-                    )
-                    wake(kind)
-                for event in w.stream(
-                    list_fn, *args, resource_version=resource_version, timeout_seconds=30, **kwargs
-                ):
-                    if stop.is_set():
-                        break
-                    obj = event["object"]
-                    meta = obj["metadata"] if isinstance(obj, dict) else obj.metadata
-                    rv = meta.get("resourceVersion") if isinstance(meta, dict) else meta.resource_version
-                    resource_version = rv or resource_version
-                    if event["type"] != "BOOKMARK":
-                        wake(kind)
-            except ApiException as e:
-                resource_version = None  # 410 Gone or any API error: relist
-                wake(f"{kind}: watch error {e.status}")
-                stop.wait(0.5)
-            except Exception as e:  # connection refused/reset while the API server restarts
-                # Resume from where we were, as informers do; a compacted history answers 410.
-                wake(f"{kind}: watch interrupted ({type(e).__name__})")
-                stop.wait(0.5)
-            finally:
-                w.stop()
+
+    @staticmethod
+    def _selectors(label_selector: str | None, field_selector: str | None) -> dict:
+        return {
+            k: v for k, v in (("label_selector", label_selector), ("field_selector", field_selector)) if v
+        }
+
+    def list_raw(
+        self,
+        kind: str,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page: int | None = None,
+    ) -> Iterator[tuple[list[dict], str]]:
+        """LIST `kind` (the namespace's, or the cluster's nodes) in pages of `page` objects, as
+        client-go's reflector does (a page at a time keeps a big list's memory bounded): (items,
+        resourceVersion) per page; the last page's resourceVersion is the list's."""
+        fn, args = self._list_fn(kind)
+        token = None
+        while True:
+            paging = {"limit": page, **({"_continue": token} if token else {})} if page else {}
+            got = self._raw(fn, *args, **self._selectors(label_selector, field_selector), **paging)
+            yield got["items"], got["metadata"]["resourceVersion"]
+            token = got["metadata"].get("continue")
+            if not token:
+                return
+
+    def watch_raw(
+        self,
+        kind: str,
+        resource_version: str,
+        timeout_s: int,
+        label_selector: str | None,
+        field_selector: str | None,
+        stop: threading.Event,
+    ) -> Iterator[tuple[str, dict]]:
+        """(type, object) of each event of one watch request from `resource_version`, until the
+        server ends it or `stop` is set (which closes the connection at once)."""
+        fn, args = self._list_fn(kind)
+        resp = fn(
+            *args,
+            watch=True,
+            resource_version=resource_version,
+            timeout_seconds=timeout_s,
+            allow_watch_bookmarks=True,
+            _preload_content=False,
+            **self._selectors(label_selector, field_selector),
+        )
+        closer = threading.Thread(target=_close_on, args=(stop, resp), daemon=True)
+        closer.start()
+        try:
+            for line in iter_resp_lines(resp):
+                if stop.is_set():
+                    return
+                if line:
+                    event = json.loads(line)
+                    yield event["type"], event["object"]
+        finally:
+            resp.close()
+            resp.release_conn()
 
 
 def _status_message(data: bytes) -> str:
@@ -408,3 +455,12 @@ def _live_holder(lease) -> str | None:
     if _now() - renewed > timedelta(seconds=spec.lease_duration_seconds or 0):
         return None
     return spec.holder_identity
+
+
+def _close_on(stop: threading.Event, resp) -> None:
+    """Shut a watch's connection when `stop` is set, so that its reader returns at once (a watch
+    otherwise blocks until the server next speaks, minutes when nothing changes)."""
+    while not stop.wait(1.0):
+        if resp.closed:
+            return
+    resp.shutdown()

@@ -42,6 +42,9 @@ class Decision:
     reason: str
     record: RunRecord  # the record to write (compare-and-swap) before acting
     jobset: str | None = None  # JobSet to create or delete
+    # Delete the segment's pods with a zero grace period: its hosts are gone, so its survivors'
+    # collectives can never finish a step and the SIGTERM save has nothing to write.
+    force: bool = False
 
     @property
     def acts(self) -> bool:
@@ -269,7 +272,9 @@ def decide(rec: RunRecord, obs: S.Observation, ladder: list[Rung]) -> Decision:
             if rung is None:
                 return Decision(WAIT, f"{cause}; no smaller feasible shape fits either", rec)
             reason = f"capacity lost: {cause}; shrinking {current} -> {_shape_words(rung)}"
-            return Decision(END, reason, _end(rec, obs, "capacity-lost", reason, R.RESHAPING), seg.jobset)
+            ended = _end(rec, obs, "capacity-lost", reason, R.RESHAPING)
+            # A node pool terminating (a preemption notice) still lets the trainer save; one gone does not.
+            return Decision(END, reason, ended, seg.jobset, force=bool(obs.gone_nodepools))
         return Decision(
             WAIT,
             f"{obs.unschedulable} pod(s) unschedulable for {waited:.0f}s (grace {policy.unschedulable_grace_s:.0f}s)",

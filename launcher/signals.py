@@ -9,6 +9,7 @@ FailedScheduling events, JobSet conditions and counters, Kueue suspension.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -89,7 +90,32 @@ class NodePool:
         return all(self.labels.get(k) == v for k, v in sel.items()) and self.healthy == preset.hosts
 
 
-def nodepools(nodes: Iterable[dict], foreign_nodes: set[str]) -> dict[str, NodePool]:
+class _Memo:
+    """What a function made of an object, by the object's uid and resourceVersion: the API never
+    serves two different objects under one pair, so a pass at 3,072 pods re-reads only those that
+    changed since the last (as client-go's indexers spare the reconcilers). Objects without a
+    version (tables in tests) are computed every time. Bounded: cleared when full."""
+
+    def __init__(self, fn, most: int = 100_000) -> None:
+        self._fn, self._most, self._got = fn, most, {}
+
+    def __call__(self, obj: dict):
+        meta = obj["metadata"]
+        key = (meta.get("uid"), meta.get("resourceVersion"))
+        if key[1] is None:
+            return self._fn(obj)
+        got = self._got.get(key)
+        if got is None:
+            if len(self._got) >= self._most:
+                self._got.clear()
+            got = self._got[key] = self._fn(obj)
+        return got
+
+
+_node_facts = _Memo(lambda n: (node_healthy(n), node_since(n)))
+
+
+def nodepools(nodes: Iterable[dict], foreign_nodes: AbstractSet[str]) -> dict[str, NodePool]:
     """Group nodes by `cloud.google.com/gke-nodepool`. `foreign_nodes`: nodes running other workloads."""
     groups: dict[str, list[dict]] = {}
     for node in nodes:
@@ -98,14 +124,14 @@ def nodepools(nodes: Iterable[dict], foreign_nodes: set[str]) -> dict[str, NodeP
             groups.setdefault(pool, []).append(node)
     pools = {}
     for name, members in groups.items():
-        healthy = [n for n in members if node_healthy(n)]
+        facts = [_node_facts(n) for n in members]
         labels = members[0]["metadata"].get("labels") or {}
         pools[name] = NodePool(
             name=name,
             labels=labels,
             nodes=len(members),
-            healthy=len(healthy),
-            since=max((node_since(n) for n in healthy), default=0.0),
+            healthy=sum(ok for ok, _ in facts),
+            since=max((since for ok, since in facts if ok), default=0.0),
             busy=any(n["metadata"]["name"] in foreign_nodes for n in members),
         )
     return pools
@@ -174,6 +200,9 @@ def pod_view(pod: dict) -> PodView:
         reason=status.get("reason"),
         exit_reason=exit_reason,
     )
+
+
+_pod_view = _Memo(pod_view)
 
 
 # --- why an attempt failed -----------------------------------------------------------------------
@@ -298,6 +327,8 @@ class Observation:
     trainer: dict | None = field(default=None)  # status.json
     # Restart attempt -> why its pods failed (attempt_causes), for those still in view.
     causes: dict[int, str] = field(default_factory=dict)
+    # Of lost_nodepools: those whose nodes were deleted (not merely unhealthy): their hosts are gone.
+    gone_nodepools: tuple[str, ...] = ()
 
     def fits(self, preset: str, slices: int) -> bool:
         return len(self.capacity.get(preset, ())) >= slices
@@ -336,21 +367,27 @@ def observe(
     nodes: list[dict],
     events: list[dict],
     presets: Iterable[Preset],
+    foreign_nodes: AbstractSet[str] = frozenset(),
     committed_step: int | None,
     trainer: dict | None,
+    slice_hosts: int = 0,
 ) -> Observation:
-    """Build the observation of `run` whose current segment is `segment` (JobSet `segment_jobset`)."""
+    """Build the observation of `run` whose current segment is `segment` (JobSet `segment_jobset`).
+    `foreign_nodes`: nodes that live pods of other workloads (not in `pods`) are on; `slice_hosts`:
+    nodes per slice of the segment (a pool with fewer has lost hosts for good)."""
     own = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_RUN) == run]
-    views = [pod_view(p) for p in own]
+    views = [_pod_view(p) for p in own]
     seg_pods = [v for v in views if v.segment == segment]
     own_names = {p["metadata"]["name"] for p in own}
-    foreign_nodes = {
+    others = {
         p["spec"]["nodeName"]
         for p in pods
         if p["metadata"]["name"] not in own_names
         and (p.get("spec") or {}).get("nodeName")
         and (p.get("status") or {}).get("phase") not in {"Succeeded", "Failed"}
     }
+    # No copy of a big set of other workloads' nodes when no other run shares the namespace.
+    foreign_nodes = (others | foreign_nodes) if others else foreign_nodes
     by_name = {j["metadata"]["name"]: j for j in jobsets}
     jobset = by_name.get(segment_jobset) if segment_jobset else None
     phase, failure = jobset_phase(jobset, seg_pods, expected_pods)
@@ -366,7 +403,9 @@ def observe(
     lost = sorted(
         name
         for name in set(segment_nodepools) | set(in_use)
-        if name not in pools or pools[name].healthy < pools[name].nodes or pools[name].healthy == 0
+        if name not in pools
+        or pools[name].healthy < max(pools[name].nodes, slice_hosts)  # unhealthy, or hosts deleted
+        or pools[name].healthy == 0
     )
 
     pending = [v for v in seg_pods if v.alive and not v.deleting and v.node is None]
@@ -382,8 +421,9 @@ def observe(
     disruptions += [
         f"pod {v.name}: peer lost (exit {EXIT_PEER_LOST})" for v in seg_pods if v.exit_code == EXIT_PEER_LOST
     ]
+    ours = set(in_use) | set(segment_nodepools)
     for node in nodes:
-        if node_pool.get(node["metadata"]["name"]) in set(in_use) | set(segment_nodepools):
+        if node_pool.get(node["metadata"]["name"]) in ours:
             for taint in (node.get("spec") or {}).get("taints") or []:
                 if taint.get("key") in BAD_TAINTS:
                     disruptions.append(f"node {node['metadata']['name']}: taint {taint['key']}")
@@ -416,6 +456,7 @@ def observe(
         committed_step=committed_step,
         trainer=trainer,
         causes=attempt_causes(seg_pods),
+        gone_nodepools=tuple(n for n in lost if n not in pools or pools[n].nodes < slice_hosts),
     )
 
 

@@ -103,7 +103,7 @@ def watch_all(
         + (f"; /healthz and /readyz on port {health.port}" if health else "")
     )
     try:
-        controller.run_forever(lambda: [r.name for r in kube.records() if not r.terminal], stop)
+        controller.run_forever(controller.live_runs, stop)
     finally:
         if health is not None:
             health.stop()

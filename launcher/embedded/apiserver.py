@@ -19,6 +19,7 @@ import socket
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -81,6 +82,10 @@ class ApiServer:
         # Every (verb, resource) any client used, as an RBAC rule names them: what a
         # least-privilege Role must allow, measured rather than guessed.
         self.audit: set[tuple[str, str, str]] = set()
+        # Requests per (verb, resource), counted as they arrive: what a client costs the server
+        # (a controller's idle rate, a pass that must not LIST).
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self._requests_lock = threading.Lock()
         admission.install(store)
 
     # ---- lifecycle --------------------------------------------------------------------------------
@@ -347,9 +352,10 @@ class _Request:
         if sub is not None and sub not in res.subresources:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         watching = watch_path or (self.method == "GET" and self.query.get("watch") in _TRUE)
-        self.api.audit.add(
-            (_verb(self.method, name, watching), group, f"{res.plural}/{sub}" if sub else res.plural)
-        )
+        verb, resource = _verb(self.method, name, watching), f"{res.plural}/{sub}" if sub else res.plural
+        self.api.audit.add((verb, group, resource))
+        with self.api._requests_lock:
+            self.api.requests[verb, resource] += 1
         if watching:
             if name is not None:  # a watch of one object: a field selector on its name
                 self.query["fieldSelector"] = ",".join(

@@ -15,7 +15,7 @@ from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from launcher.kube import Kube
 from launcher.launch import create_run, prepare
 from launcher.record import Policy
-from launcher.render import RunSpec
+from launcher.render import LABEL_RUN, RunSpec
 from launcher.watch import watch_all
 from tests.controller.harness import wait_for
 from tests.support.kubectl import find_kubectl, kubectl
@@ -100,7 +100,7 @@ def test_kubectl_apply_k_creates_on_a_fresh_cluster_and_reapplies(tmp_path):
         c = pod.containers[0]
         assert c.args == ["watch", "--all", "--namespace", "$(POD_NAMESPACE)", "--health-port", "8081"]
         assert c.liveness_probe.http_get.path == "/healthz" and c.readiness_probe.http_get.path == "/readyz"
-        assert c.resources.limits == {"memory": "1Gi"}
+        assert c.resources.limits == {"memory": "384Mi"}
 
         rbac = client.RbacAuthorizationV1Api(api)
         role = api.sanitize_for_serialization(rbac.read_namespaced_role("reslice-controller", "reslice"))
@@ -135,11 +135,16 @@ def test_rbac_is_exactly_what_the_controller_uses(tmp_path):
         cluster.server.audit.clear()
         stop = threading.Event()
         t = threading.Thread(
-            target=watch_all, args=(kube, stop), kwargs={"resync_s": 0.5, "log": lambda _: None}
+            # A 1 s lease is renewed (updated) every 0.5 s: within the test.
+            target=watch_all,
+            args=(kube, stop),
+            kwargs={"resync_s": 0.5, "lease_s": 1, "log": lambda _: None},
         )
         t.start()
         try:
-            wait_for(lambda: kube.jobsets("rbac"), 30, "segment 0")
+            # Running, so that the pool's loss is a pool gone under the segment (a zero-grace end).
+            running = lambda: sum(p["status"].get("phase") == "Running" for p in kube.pods(LABEL_RUN))  # noqa: E731
+            wait_for(lambda: running() == 4, 30, "segment 0 running")
             cluster.remove("tpu7x-2x2x2-np-1")
             wait_for(
                 lambda: len(kube.get_record("rbac")[0].segments) == 2 and kube.jobsets("rbac"),

@@ -131,6 +131,17 @@ def test_node_pools_lost_while_restarting_shrinks_without_waiting_for_the_restar
     assert d.action == P.END and "node pools lost: np-2, np-3" in d.reason and "-> tpu7x-2x2x2 x2" in d.reason
 
 
+def test_pools_gone_end_with_zero_grace_a_preemption_notice_keeps_the_save():
+    rec = record_on(4)
+    rec = rec.with_segment(replace(rec.current, nodepools=("np-0", "np-1", "np-2", "np-3")))
+    gone = P.decide(rec, observe(rec, pods=running(2), pools=2), LADDER)
+    assert gone.action == P.END and gone.force
+    tainted = observe(rec, pods=running(4), pools=4)
+    noticed = replace(tainted, lost_nodepools=("np-3",), capacity={"tpu7x-2x2x2": (T0,) * 3})
+    d = P.decide(rec, noticed, LADDER)
+    assert d.action == P.END and "node pools lost: np-3" in d.reason and not d.force
+
+
 def test_node_pool_lost_but_spare_capacity_is_left_to_jobset():
     rec = record_on(1)
     rec = rec.with_segment(replace(rec.current, nodepools=("np-9",)))  # np-9 is gone; np-0.. are spare

@@ -24,6 +24,8 @@ def observe(*, pods=(), nodes=(), jobsets=(jobset(),), events=(), segment=0, exp
         presets=PRESETS,
         committed_step=kw.get("committed_step"),
         trainer=kw.get("trainer"),
+        slice_hosts=kw.get("slice_hosts", 0),
+        foreign_nodes=kw.get("foreign_nodes", frozenset()),
     )
 
 
@@ -119,6 +121,23 @@ def test_node_pool_vanishing_is_lost():
     obs = observe(pods=RUNNING4[1:], nodes=nodes, seg_pools=("np-0", "np-1", "np-2", "np-3"))
     assert obs.lost_nodepools == ("np-0",)
     assert "node pool np-0: gone" in obs.disruptions
+
+
+def test_a_pool_whose_nodes_were_deleted_is_gone_a_terminating_one_is_not():
+    big = [f"big-{i}" for i in range(3)]
+    nodes = (
+        pool("big-0", "tpu7x-4x4x4")[:-1]  # a host deleted: its node is gone for good
+        + pool("big-1", "tpu7x-4x4x4", taints=("cloud.google.com/impending-node-termination",))
+        + pool("big-2", "tpu7x-4x4x4")
+    )
+    obs = observe(nodes=nodes, pods=[], expected=48, seg_pools=big, slice_hosts=16)
+    assert obs.lost_nodepools == ("big-0", "big-1")
+    assert obs.gone_nodepools == ("big-0",)  # the preemption notice still lets the trainer save
+
+
+def test_nodes_of_other_workloads_given_apart_are_busy():
+    obs = observe(nodes=pool("np-0") + pool("np-1"), pods=[], expected=1, foreign_nodes={"gke-np-1-0"})
+    assert len(obs.capacity["tpu7x-2x2x1"]) == 1
 
 
 def test_multi_host_slice_counts_only_when_whole():

@@ -1,0 +1,114 @@
+"""A cache of one kind, kept by its watch: list once, then apply each event in order.
+
+What client-go's informers do, in the small: the reconcile loop reads the cache and never the API.
+The watch resumes from the last resourceVersion it saw (an interrupted connection costs no list),
+and only a 410 Gone (history compacted) or another API error makes it list again. Selectors are
+the server's (label and field selectors), so unrelated objects never travel. `keep` can trim
+what is stored (the controller needs a few fields of a pod of another workload, not all of it).
+
+The python client's SharedInformer does not exist and its Watch deserializes every event into the
+typed models (a millisecond per pod); events here stay plain dicts, as `kubectl get -o json` shows.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+# A watch the server ends after this long is resumed from its resourceVersion: each reconnect is
+# one request, so few of them while idle. client-go's reflector picks 5-10 min at random too.
+WATCH_TIMEOUT_S = (300, 600)
+# Objects per LIST page (client-go's reflector: 500): a relist of 20,000 pods never sits in memory
+# as one response.
+LIST_PAGE = 500
+
+
+@dataclass(frozen=True)
+class Source:
+    """What one cache holds: a kind (launcher.kube.Kube.list_raw names them) and its selectors."""
+
+    kind: str
+    label_selector: str | None = None
+    field_selector: str | None = None
+    keep: Callable[[dict], dict] | None = None
+
+    @property
+    def name(self) -> str:
+        return "|".join(filter(None, [self.kind, self.label_selector, self.field_selector]))
+
+
+def key(obj: dict) -> tuple[str, str]:
+    meta = obj["metadata"]
+    return meta.get("namespace") or "", meta["name"]
+
+
+@dataclass
+class Cache:
+    source: Source
+    _items: dict[tuple[str, str], dict] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    resource_version: str | None = None
+    synced: threading.Event = field(default_factory=threading.Event)
+    lists: int = 0  # how many times it listed: 1 + one per 410 or API error
+
+    def items(self) -> list[dict]:
+        with self._lock:
+            return list(self._items.values())
+
+    def get(self, namespace: str, name: str) -> dict | None:
+        with self._lock:
+            return self._items.get((namespace, name))
+
+    def replace(self, pages: Iterable[tuple[list[dict], str]]) -> None:
+        keep = self.source.keep or (lambda o: o)
+        fresh, resource_version = {}, None
+        for items, page_version in pages:
+            fresh.update((key(o), keep(o)) for o in items)
+            resource_version = page_version
+        with self._lock:
+            self._items, self.resource_version = fresh, resource_version
+        self.lists += 1
+        self.synced.set()
+
+    def apply(self, etype: str, obj: dict) -> bool:
+        """Apply one watch event; True when the cached set changed (not a bookmark)."""
+        rv = obj["metadata"].get("resourceVersion")
+        with self._lock:
+            if rv:
+                self.resource_version = rv
+            if etype == "BOOKMARK":
+                return False
+            if etype == "DELETED":
+                self._items.pop(key(obj), None)
+            else:
+                self._items[key(obj)] = self.source.keep(obj) if self.source.keep else obj
+        return True
+
+    def run(self, kube, wake: Callable[[str], None], stop: threading.Event) -> None:
+        """List, then watch and apply, until `stop`; `wake(kind)` after every change.
+
+        Errors wake with words (the health probe tells a synced watch by a bare-kind wake-up)."""
+        kind, src = self.source.kind, self.source
+        while not stop.is_set():
+            try:
+                if self.resource_version is None:
+                    self.replace(kube.list_raw(kind, src.label_selector, src.field_selector, page=LIST_PAGE))
+                    wake(kind)
+                timeout = random.randint(*WATCH_TIMEOUT_S)
+                for etype, obj in kube.watch_raw(
+                    kind, self.resource_version, timeout, src.label_selector, src.field_selector, stop
+                ):
+                    if etype == "ERROR":
+                        self.resource_version = None  # 410 Gone: the history is compacted, relist
+                        wake(f"{kind}: watch error {obj.get('code')}")
+                        break
+                    if self.apply(etype, obj):
+                        wake(kind)
+            except Exception as e:  # connection refused/reset while the API server restarts
+                status = getattr(e, "status", None)
+                if status:  # an API error answer (not a dropped connection): start over from a list
+                    self.resource_version = None
+                wake(f"{kind}: watch interrupted ({type(e).__name__}{f' {status}' if status else ''})")
+                stop.wait(0.5)

@@ -1,0 +1,109 @@
+"""The controller reads caches kept by its watches (issue 12): once they are synced a pass makes no
+request but its decisions' writes, unrelated objects never reach the caches (server-side
+selectors), and the run's Lease is renewed on a period with one PUT."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from kubernetes import client
+
+from launcher import policy as P
+from launcher.controller import Controller, PassResult, lease_name
+from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
+from launcher.kube import Kube
+from launcher.launch import create_run, prepare
+from launcher.presets import LABEL_ACCELERATOR
+from launcher.record import Policy
+from launcher.render import RunSpec
+from tests.controller.harness import wait_for
+
+PRESET = "tpu7x-2x2x2"
+
+
+def unrelated(api: client.ApiClient) -> None:
+    """A CPU node, a pod of another workload running on it, and an event about it."""
+    core = client.CoreV1Api(api)
+    labels = {
+        "cloud.google.com/gke-nodepool": "cpu-pool",
+        "node.kubernetes.io/instance-type": "e2-standard-8",
+    }
+    core.create_node({"metadata": {"name": "cpu-0", "labels": labels}})
+    pod = {
+        "metadata": {"name": "web-0", "labels": {"app": "web"}},
+        "spec": {"nodeName": "cpu-0", "containers": [{"name": "web", "image": "nginx"}]},
+    }
+    core.create_namespaced_pod("default", pod)
+    event = {
+        "metadata": {"name": "web-0.pulled"},
+        "involvedObject": {"kind": "Pod", "name": "web-0", "namespace": "default"},
+        "reason": "Pulled",
+        "message": "pulled nginx",
+        "type": "Normal",
+    }
+    core.create_namespaced_event("default", event)
+
+
+def test_a_synced_pass_reads_the_caches_and_lists_nothing(tmp_path):
+    with EmbeddedCluster(nodepools=[NodePoolSpec(PRESET, count=2)], mode="simulate") as cluster:
+        kube = Kube(cluster.api_client(), "default")
+        unrelated(cluster.api_client())
+        spec = RunSpec(run="cache", run_dir=str(tmp_path / "cache"), global_batch=32, grace_period_s=30)
+        create_run(kube, prepare(spec, PRESET, 2, Policy(unschedulable_grace_s=5))[0])
+        results: list[PassResult] = []
+        # A long lease: no renewal falls inside the test.
+        controller = Controller(kube, resync_s=0.1, lease_s=60, on_pass=results.append)
+        stop = threading.Event()
+        loop = threading.Thread(target=controller.run_forever, args=(lambda: ["cache"], stop), daemon=True)
+        loop.start()
+        try:
+            # Waits read what the passes saw: the test's own polling would be counted too.
+            wait_for(lambda: results and results[-1].observation.pods_running == 4, 30, "segment 0 running")
+            caches = controller.caches
+            nodes = caches["nodes"].items()
+            assert len(nodes) == 4 and all(LABEL_ACCELERATOR in n["metadata"]["labels"] for n in nodes)
+            assert "cpu-0" not in {n["metadata"]["name"] for n in caches["nodes"].items()}
+            assert [p["spec"]["nodeName"] for p in caches["foreign-pods"].items()] == ["cpu-0"]
+            assert all(e["reason"] == "FailedScheduling" for e in caches["events"].items())
+            lists = {name: c.lists for name, c in caches.items()}
+            cluster.server.requests.clear()
+            seen = len(results)
+            cluster.remove(f"{PRESET}-np-1")
+            wait_for(
+                lambda: any(r.decision.action == P.SUBMIT and r.decision.record.current.index == 1 for r in results),
+                30,
+                "segment 1",
+            )  # fmt: skip
+            passes = len(results) - seen
+            wait_for(lambda: len(results) >= seen + passes + 5, 10, "five more passes")
+        finally:
+            stop.set()
+            loop.join(timeout=10)
+        requests = dict(cluster.server.requests)
+    ended = next(r.decision for r in results if r.decision.action == P.END)
+    assert ended.force and "node pools lost" in ended.reason
+    # The shrink's writes, and nothing else: no LIST, no GET, in a dozen passes.
+    assert not [k for k in requests if k[0] in {"list", "get"}], requests
+    assert requests.get(("deletecollection", "pods")) == 1, requests  # the zero-grace end
+    assert requests.get(("create", "jobsets")) == 1 and requests.get(("delete", "jobsets")) == 1, requests
+    # The watches never relisted: each cache listed once.
+    assert set(lists.values()) == {1}, lists
+
+
+def test_the_lease_is_renewed_on_a_period_with_one_put(tmp_path):
+    with EmbeddedCluster(nodepools=[NodePoolSpec(PRESET, count=1)], mode="simulate") as cluster:
+        kube = Kube(cluster.api_client(), "default")
+        spec = RunSpec(run="lease", run_dir=str(tmp_path / "lease"), global_batch=16, grace_period_s=1)
+        create_run(kube, prepare(spec, PRESET, 1, Policy())[0])
+        controller = Controller(kube, lease_s=1)
+        requests = cluster.server.requests
+        assert controller.own("lease")
+        requests.clear()
+        for _ in range(20):
+            assert controller.own("lease")
+        assert not requests, "no request between renewals"
+        time.sleep(controller.renew_every_s + 0.05)
+        assert controller.own("lease")
+        assert dict(requests) == {("update", "leases"): 1}
+        assert kube.lease_holder(lease_name("lease")) == controller.identity
