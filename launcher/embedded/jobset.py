@@ -3,7 +3,8 @@
 Reconcile follows upstream's order: replicated-job statuses; a finished JobSet deletes its active
 Jobs and honours ttlSecondsAfterFinished; Jobs of earlier restart attempts are deleted (foreground,
 so a Job disappears only after its pods); a failed Job runs the failure policy; succeeded Jobs run
-the success policy; missing Jobs are created (not while old ones remain under BlockingRecreate);
+the success policy; missing Jobs are created (not while old ones remain under BlockingRecreate, nor
+before the replicated Jobs they depend on are Ready/Complete);
 suspend/resume. Names, labels, condition reasons, messages and events are upstream's.
 
 `decide` is pure; `JobSetController` reads, calls it and applies the plan.
@@ -267,6 +268,24 @@ def match_failure_policy(
     return None, first_failed(failed)
 
 
+def dependencies_reached(
+    rjob: Mapping[str, Any], replicas_of: Mapping[str, int], stats: Mapping[str, Mapping[str, int]]
+) -> bool:
+    """Upstream dependencyReachedStatus (pkg/controllers/depends_on.go): every replicated Job this one
+    depends on has all its Jobs succeeded (Complete) or ready, failed or succeeded (Ready). Only
+    earlier replicated Jobs count (the webhook rejects a later one)."""
+    for dep in rjob.get("dependsOn") or []:
+        st, want = stats.get(dep.get("name", "")), replicas_of.get(dep.get("name", ""))
+        if st is None:
+            return False
+        if dep.get("status") == "Complete" and want != st.get("succeeded", 0):
+            return False
+        reached = st.get("ready", 0) + st.get("failed", 0) + st.get("succeeded", 0)
+        if dep.get("status") == "Ready" and want != reached:
+            return False
+    return True
+
+
 def _msg(base: str, job: Mapping[str, Any]) -> str:
     return f"{base} (first failed job: {o.meta(job)['name']})"
 
@@ -404,8 +423,12 @@ def decide(js: Mapping[str, Any], jobs: list[dict[str, Any]], service_exists: bo
     if not (blocking and children.previous):
         rstats = {s["name"]: s for s in status["replicatedJobsStatus"]}
         waiting = False
+        replicas_of: dict[str, int] = {}
         for r in spec.get("replicatedJobs") or []:
             replicas = int(r.get("replicas", 1))
+            replicas_of[r["name"]] = replicas
+            if not dependencies_reached(r, replicas_of, rstats):
+                continue  # upstream: created once what it depends on is Ready/Complete
             st = rstats.get(r["name"]) or {}
             if in_order and st.get("failed", 0) + st.get("ready", 0) + st.get("succeeded", 0) == replicas:
                 continue  # upstream allReplicasStarted: on to the next replicated Job
