@@ -35,3 +35,101 @@ def test_depends_on_complete_creates_the_replicated_job_once_the_first_succeeded
         kube.cluster.sim_finish(f"{RJOB}=after", 0)
         done = wait_for(lambda: condition(kube.jobset("do-0"), "Completed"), what="completed")
         assert done["status"] == "True"
+
+
+def _indexed_job(name, **spec):
+    tolerate = [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": 3,
+            "parallelism": 3,
+            **spec,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "tolerations": tolerate,
+                    "containers": [{"name": "c", "image": "busybox", "command": ["sleep", "60"]}],
+                }
+            },
+        },
+    }
+
+
+def _index(n):
+    return f"batch.kubernetes.io/job-completion-index={n}"
+
+
+def test_backoff_limit_per_index_fail_index_and_max_failed_indexes():
+    with running("tpu7x-2x2x2:1", mode="simulate") as kube:
+        rules = [{"action": "FailIndex", "onExitCodes": {"operator": "In", "values": [42]}}]
+        job = _indexed_job(
+            "pi", backoffLimitPerIndex=0, maxFailedIndexes=1, podFailurePolicy={"rules": rules}
+        )
+        kube.batch.create_namespaced_job("default", job)
+        _running(kube, "job-name=pi", 3)
+        pods = kube.pods("job-name=pi")
+        assert {p.metadata.annotations["batch.kubernetes.io/job-index-failure-count"] for p in pods} == {"0"}
+        read = lambda: kube.batch.read_namespaced_job("pi", "default")  # noqa: E731
+        assert read().spec.backoff_limit == 2**31 - 1  # defaulted so only the per-index limit applies
+        kube.cluster.sim_finish(_index(0), 42)  # FailIndex: index 0 is failed, not retried
+        wait_for(lambda: read().status.failed_indexes == "0", what="index 0 failed")
+        kube.cluster.sim_finish(_index(2), 0)
+        wait_for(lambda: read().status.completed_indexes == "2", what="index 2 done")
+        kube.cluster.settle()
+        assert len(kube.pods(_index(0))) == 1 and read().status.active == 1
+        assert not [c for c in read().status.conditions or [] if c.type == "FailureTarget"]
+        kube.cluster.sim_finish(_index(1), 1)  # a counted failure at backoffLimitPerIndex 0
+        failed = wait_for(
+            lambda: next((c for c in read().status.conditions or [] if c.type == "Failed"), None),
+            what="Failed",
+        )
+        assert (failed.reason, failed.message) == (
+            "MaxFailedIndexesExceeded",
+            "Job has exceeded the specified maximal number of failed indexes",
+        )
+        st = read().status
+        assert (st.failed_indexes, st.failed, st.succeeded) == ("0,1", 2, 1)
+
+
+def test_a_retried_index_carries_its_failure_count_and_all_indexes_finished_is_failed_indexes():
+    import datetime as dt
+
+    from launcher.embedded import job as jc
+
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    spec = _indexed_job("r", backoffLimitPerIndex=1)["spec"] | {"completions": 2, "parallelism": 2}
+    js = {"metadata": {"name": "r", "namespace": "default", "uid": "u"}, "spec": spec, "status": {}}
+
+    def pod(uid, index, phase, count, ago_s):
+        end = jc.o.rfc3339(now - dt.timedelta(seconds=ago_s))
+        return {
+            "metadata": {
+                "uid": uid,
+                "name": f"r-{index}-{uid}",
+                "annotations": {jc.o.COMPLETION_INDEX: str(index), jc.INDEX_FAILURE_COUNT: str(count)},
+            },
+            "status": {
+                "phase": phase,
+                "containerStatuses": [
+                    {"name": "c", "state": {"terminated": {"exitCode": 1, "finishedAt": end}}}
+                ],
+            },
+        }
+
+    first, done = pod("a", 0, "Failed", 0, 5), pod("b", 1, "Succeeded", 0, 5)
+    plan = jc.decide(js, [first, done], {}, None, now)
+    assert plan.create == [] and 4 < plan.requeue_after <= 5  # the index's own 10 s backoff
+    plan = jc.decide(js, [first, done], {}, None, now + dt.timedelta(seconds=5))
+    [new] = plan.create
+    assert new["metadata"]["annotations"][jc.INDEX_FAILURE_COUNT] == "1"
+    assert plan.status["failedIndexes"] == ""
+    # The retry fails too (count 1 == the limit): the index is failed; with index 1 done, the Job is.
+    js["status"] = {"completedIndexes": "1"}
+    plan = jc.decide(js, [first, pod("c", 0, "Failed", 1, 1)], {}, None, now)
+    assert plan.status["failedIndexes"] == "0" and plan.create == []
+    target = next(c for c in plan.status["conditions"] if c["type"] == "FailureTarget")
+    assert (target["reason"], target["message"]) == ("FailedIndexes", "Job has failed indexes")
