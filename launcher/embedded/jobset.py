@@ -40,6 +40,11 @@ COMPLETED = ("AllJobsCompleted", "jobset completed successfully")
 SUSPENDED = ("SuspendedJobs", "jobset is suspended")
 RESUMED = ("ResumeJobs", "jobset is resumed")
 RESTARTING = "RestartingJobSet"
+# RestartingJobSet=False reasons and messages (pkg/constants, setRestartingConditionFalse callers).
+RESTART_JOBS_READY = ("JobsReady", "all jobs are ready")
+RESTART_JOBSET_FAILED = ("JobSetFailed", "jobset failed")
+RESTART_JOBSET_COMPLETED = "JobSetCompleted"  # message: "jobset completed successfully"
+RESTART_JOBSET_SUSPENDED = "JobSetSuspended"  # message: "jobset is suspended"
 # (type, reason, message) of the InOrder startup policy's conditions (pkg/constants, startup_policy.go).
 STARTUP_IN_PROGRESS = (
     "StartupPolicyInProgress",
@@ -326,14 +331,15 @@ def decide(js: Mapping[str, Any], jobs: list[dict[str, Any]], service_exists: bo
             plan.events.append((etype, reason, msg))
 
     def restarting_false(reason: str, msg: str) -> None:
-        c = o.get_condition({"status": status}, RESTARTING)
-        if c is not None and c.get("status") == "True":
-            o.set_condition(conds, RESTARTING, "False", reason, msg, when)
+        # setRestartingConditionFalse: never added, but an existing one (True or False) takes the
+        # new terminal reason and message, with a Normal event when it changed.
+        if o.get_condition({"status": status}, RESTARTING) is not None:
+            set_cond(RESTARTING, "False", reason, msg, "Normal")
 
     def fail(reason: str, msg: str) -> None:
         set_cond("Failed", "True", reason, msg, "Warning")
         status["terminalState"] = "Failed"
-        restarting_false("JobSetFailed", "jobset failed")
+        restarting_false(*RESTART_JOBSET_FAILED)
 
     done = _finished({"status": status})
     if done is not None:
@@ -349,6 +355,10 @@ def decide(js: Mapping[str, Any], jobs: list[dict[str, Any]], service_exists: bo
         return plan
 
     plan.delete_jobs = [o.meta(j)["name"] for j in children.previous if not o.pod_deleting(j)]
+    total = sum(int(r.get("replicas", 1)) for r in spec.get("replicatedJobs") or [])
+    ready = sum(s["ready"] + s["succeeded"] for s in status["replicatedJobsStatus"])
+    if not spec.get("suspend") and ready == total:  # allJobsReady, before the failure policy
+        restarting_false(*RESTART_JOBS_READY)
 
     if children.failed:
         fp = spec.get("failurePolicy")
@@ -392,7 +402,7 @@ def decide(js: Mapping[str, Any], jobs: list[dict[str, Any]], service_exists: bo
         if len(ok) >= need:
             set_cond("Completed", "True", COMPLETED[0], COMPLETED[1], "Normal")
             status["terminalState"] = "Completed"
-            restarting_false("JobSetCompleted", "jobset completed")
+            restarting_false(RESTART_JOBSET_COMPLETED, COMPLETED[1])
             plan.delete_jobs += [o.meta(j)["name"] for j in children.active if not o.pod_deleting(j)]
             return plan
 
@@ -447,7 +457,7 @@ def decide(js: Mapping[str, Any], jobs: list[dict[str, Any]], service_exists: bo
             if not (j.get("spec") or {}).get("suspend"):
                 plan.suspend_jobs[o.meta(j)["name"]] = True
         set_cond("Suspended", "True", SUSPENDED[0], SUSPENDED[1], "Normal")
-        restarting_false("JobSetSuspended", "jobset is suspended")
+        restarting_false(RESTART_JOBSET_SUSPENDED, SUSPENDED[1])
     else:
         for j in children.active:
             if (j.get("spec") or {}).get("suspend"):
@@ -455,11 +465,6 @@ def decide(js: Mapping[str, Any], jobs: list[dict[str, Any]], service_exists: bo
         sus = o.get_condition({"status": status}, "Suspended")
         if sus is not None and sus.get("status") == "True":
             set_cond("Suspended", "False", RESUMED[0], RESUMED[1], "Normal")
-
-    total = sum(int(r.get("replicas", 1)) for r in spec.get("replicatedJobs") or [])
-    ready = sum(s["ready"] + s["succeeded"] for s in status["replicatedJobsStatus"])
-    if total and ready >= total:
-        restarting_false("JobsReady", "all jobs are ready")
     return plan
 
 

@@ -133,3 +133,50 @@ def test_a_retried_index_carries_its_failure_count_and_all_indexes_finished_is_f
     assert plan.status["failedIndexes"] == "0" and plan.create == []
     target = next(c for c in plan.status["conditions"] if c["type"] == "FailureTarget")
     assert (target["reason"], target["message"]) == ("FailedIndexes", "Job has failed indexes")
+
+
+def test_restarting_jobset_condition_takes_each_terminal_reason():
+    import datetime as dt
+
+    from launcher.embedded import jobset as jsc
+
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    js = rendered("rs", "unused")
+    js["metadata"] |= {"uid": "u", "namespace": "default"}
+    rjob = js["spec"]["replicatedJobs"][0]
+
+    def jobs(**status):
+        out = []
+        for i in range(2):
+            j = jsc.construct_job(js, rjob, i)
+            j["metadata"]["ownerReferences"][0]["uid"] = "u"
+            j["status"] = dict(status)
+            out.append(j)
+        return out
+
+    def restarting(plan):
+        c = jsc.o.get_condition({"status": plan.status}, "RestartingJobSet")
+        return c and (c["status"], c["reason"], c["message"])
+
+    # Never added by a terminal reason: only a restart creates it.
+    assert restarting(jsc.decide(js, jobs(ready=HOSTS), True, now)) is None
+    js["status"] = {
+        "conditions": [{"type": "RestartingJobSet", "status": "True", "reason": "DefaultFailurePolicy"}]
+    }
+    plan = jsc.decide(js, jobs(ready=HOSTS), True, now)
+    assert restarting(plan) == ("False", "JobsReady", "all jobs are ready")
+    assert ("Normal", "JobsReady", "all jobs are ready") in plan.events
+    js["spec"]["suspend"] = True  # a False one still takes the next reason
+    js["status"] = plan.status
+    assert restarting(jsc.decide(js, jobs(ready=HOSTS), True, now)) == (
+        "False",
+        "JobSetSuspended",
+        "jobset is suspended",
+    )
+    js["spec"]["suspend"] = False
+    done = jobs(succeeded=HOSTS, conditions=[{"type": "Complete", "status": "True"}])
+    assert restarting(jsc.decide(js, done, True, now)) == (
+        "False",
+        "JobSetCompleted",
+        "jobset completed successfully",
+    )
