@@ -105,6 +105,25 @@ def match_pod_failure_policy(
     return None, None
 
 
+def past_backoff_limit_on_failure(
+    spec: Mapping[str, Any], pods: list[Mapping[str, Any]], backoff_limit: int
+) -> bool:
+    """restartPolicy OnFailure restarts containers in place, so no pod fails: upstream counts the
+    restarts of the running and pending pods against backoffLimit (pastBackoffLimitOnFailure)."""
+    if ((spec.get("template") or {}).get("spec") or {}).get("restartPolicy") != "OnFailure":
+        return False
+    restarts = sum(
+        int(cs.get("restartCount") or 0)
+        for p in pods
+        if o.pod_phase(p) in ("Running", "Pending")
+        for cs in [
+            *((p.get("status") or {}).get("initContainerStatuses") or []),
+            *((p.get("status") or {}).get("containerStatuses") or []),
+        ]
+    )
+    return restarts > 0 if backoff_limit == 0 else restarts >= backoff_limit
+
+
 def expand_indexes(s: str) -> set[int]:
     """'1,3-5,7' → {1, 3, 4, 5, 7}."""
     out: set[int] = set()
@@ -313,7 +332,9 @@ def decide(
         )
         if at_limit and ix is not None and ix < n_indexes:
             failed_indexes.add(ix)
-    if failure is None and counted > backoff_limit:
+    if failure is None and (
+        counted > backoff_limit or past_backoff_limit_on_failure(spec, pods, backoff_limit)
+    ):
         failure = ("BackoffLimitExceeded", MSG_BACKOFF)
     # activeDeadlineSeconds counts from startTime, which a suspension resets (upstream pastActiveDeadline).
     deadline, started = spec.get("activeDeadlineSeconds"), o.parse_time(old.get("startTime"))

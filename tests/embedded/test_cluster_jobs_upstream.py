@@ -63,36 +63,40 @@ def _index(n):
     return f"batch.kubernetes.io/job-completion-index={n}"
 
 
-def test_backoff_limit_per_index_fail_index_and_max_failed_indexes():
+def test_job_controller_per_index_limits_and_on_failure_restarts():
+    """One cluster for both (a cluster start costs more than either check)."""
     with running("tpu7x-2x2x2:1", mode="simulate") as kube:
-        rules = [{"action": "FailIndex", "onExitCodes": {"operator": "In", "values": [42]}}]
-        job = _indexed_job(
-            "pi", backoffLimitPerIndex=0, maxFailedIndexes=1, podFailurePolicy={"rules": rules}
-        )
-        kube.batch.create_namespaced_job("default", job)
-        _running(kube, "job-name=pi", 3)
-        pods = kube.pods("job-name=pi")
-        assert {p.metadata.annotations["batch.kubernetes.io/job-index-failure-count"] for p in pods} == {"0"}
-        read = lambda: kube.batch.read_namespaced_job("pi", "default")  # noqa: E731
-        assert read().spec.backoff_limit == 2**31 - 1  # defaulted so only the per-index limit applies
-        kube.cluster.sim_finish(_index(0), 42)  # FailIndex: index 0 is failed, not retried
-        wait_for(lambda: read().status.failed_indexes == "0", what="index 0 failed")
-        kube.cluster.sim_finish(_index(2), 0)
-        wait_for(lambda: read().status.completed_indexes == "2", what="index 2 done")
-        kube.cluster.settle()
-        assert len(kube.pods(_index(0))) == 1 and read().status.active == 1
-        assert not [c for c in read().status.conditions or [] if c.type == "FailureTarget"]
-        kube.cluster.sim_finish(_index(1), 1)  # a counted failure at backoffLimitPerIndex 0
-        failed = wait_for(
-            lambda: next((c for c in read().status.conditions or [] if c.type == "Failed"), None),
-            what="Failed",
-        )
-        assert (failed.reason, failed.message) == (
-            "MaxFailedIndexesExceeded",
-            "Job has exceeded the specified maximal number of failed indexes",
-        )
-        st = read().status
-        assert (st.failed_indexes, st.failed, st.succeeded) == ("0,1", 2, 1)
+        _backoff_limit_per_index_fail_index_and_max_failed_indexes(kube)
+        _restart_policy_on_failure_restarts_in_place_and_counts_against_backoff_limit(kube)
+
+
+def _backoff_limit_per_index_fail_index_and_max_failed_indexes(kube):
+    rules = [{"action": "FailIndex", "onExitCodes": {"operator": "In", "values": [42]}}]
+    job = _indexed_job("pi", backoffLimitPerIndex=0, maxFailedIndexes=1, podFailurePolicy={"rules": rules})
+    kube.batch.create_namespaced_job("default", job)
+    _running(kube, "job-name=pi", 3)
+    pods = kube.pods("job-name=pi")
+    assert {p.metadata.annotations["batch.kubernetes.io/job-index-failure-count"] for p in pods} == {"0"}
+    read = lambda: kube.batch.read_namespaced_job("pi", "default")  # noqa: E731
+    assert read().spec.backoff_limit == 2**31 - 1  # defaulted so only the per-index limit applies
+    kube.cluster.sim_finish(_index(0), 42)  # FailIndex: index 0 is failed, not retried
+    wait_for(lambda: read().status.failed_indexes == "0", what="index 0 failed")
+    kube.cluster.sim_finish(_index(2), 0)
+    wait_for(lambda: read().status.completed_indexes == "2", what="index 2 done")
+    kube.cluster.settle()
+    assert len(kube.pods(_index(0))) == 1 and read().status.active == 1
+    assert not [c for c in read().status.conditions or [] if c.type == "FailureTarget"]
+    kube.cluster.sim_finish(_index(1), 1)  # a counted failure at backoffLimitPerIndex 0
+    failed = wait_for(
+        lambda: next((c for c in read().status.conditions or [] if c.type == "Failed"), None),
+        what="Failed",
+    )
+    assert (failed.reason, failed.message) == (
+        "MaxFailedIndexesExceeded",
+        "Job has exceeded the specified maximal number of failed indexes",
+    )
+    st = read().status
+    assert (st.failed_indexes, st.failed, st.succeeded) == ("0,1", 2, 1)
 
 
 def test_a_retried_index_carries_its_failure_count_and_all_indexes_finished_is_failed_indexes():
@@ -180,3 +184,39 @@ def test_restarting_jobset_condition_takes_each_terminal_reason():
         "JobSetCompleted",
         "jobset completed successfully",
     )
+
+
+def _restart_policy_on_failure_restarts_in_place_and_counts_against_backoff_limit(kube):
+    for name, limit in (("oa", 3), ("ob", 1)):
+        job = _indexed_job(name, completions=1, parallelism=1, backoffLimit=limit)
+        job["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"
+        kube.batch.create_namespaced_job("default", job)
+    [first] = _running(kube, "job-name=oa", 1)
+    _running(kube, "job-name=ob", 1)
+    kube.cluster.sim_finish("job-name=oa", 1)
+    cs = wait_for(
+        lambda: (p := kube.pods("job-name=oa")[0]).status.container_statuses[0].restart_count == 1 and p,
+        what="restarted",
+    )
+    # The same pod, running again; the exit is its container's lastState.
+    assert cs.metadata.uid == first.metadata.uid and cs.status.phase == "Running"
+    status = cs.status.container_statuses[0]
+    assert status.state.running and status.last_state.terminated.exit_code == 1
+    kube.cluster.sim_finish("job-name=ob", 1)  # one restart reaches backoffLimit 1
+    read = lambda: kube.batch.read_namespaced_job("ob", "default")  # noqa: E731
+    failed = wait_for(
+        lambda: next((c for c in read().status.conditions or [] if c.type == "Failed"), None),
+        what="Failed",
+    )
+    assert (failed.reason, failed.message) == (
+        "BackoffLimitExceeded",
+        "Job has reached the specified backoff limit",
+    )
+    kube.cluster.settle()
+    oa = kube.batch.read_namespaced_job("oa", "default").status
+    assert oa.active == 1 and not oa.failed and not oa.conditions
+    created = [e for e in kube.events("SuccessfulCreate") if e.involved_object.kind == "Job"]
+    assert sorted(e.involved_object.name for e in created if e.involved_object.name in ("oa", "ob")) == [
+        "oa",
+        "ob",
+    ]  # no replacement pods
