@@ -1,6 +1,7 @@
 """The JobSet validating webhook with v0.12.0's default feature gates, over HTTP: feature-gated
 failure-policy actions and strategies, managedBy, replicas x parallelism, dependsOn references and
-the coordinator, each a 422 Invalid with upstream's message."""
+the coordinator, each a 422 Invalid with upstream's message; and batch/v1 validation of the
+per-index Job fields those failure policies act on."""
 
 from __future__ import annotations
 
@@ -92,3 +93,32 @@ def test_the_coordinator_must_name_a_pod_that_exists_and_fit_a_label(api: Api) -
     body = jobset("ok")
     body["spec"]["coordinator"] = {"replicatedJob": "slice", "jobIndex": 1, "podIndex": 1}
     assert api.custom.create_namespaced_custom_object(*JS, body)["spec"]["coordinator"]["podIndex"] == 1
+
+
+def test_per_index_job_fields_need_an_indexed_job_and_each_other(api: Api) -> None:
+    """batch/v1 validation (not the webhook): the per-index fields are refused where they cannot act."""
+    from tests.embedded.conftest import job
+
+    def causes(**spec) -> list[tuple[str, str]]:
+        body = job("j", 2)
+        body["spec"] |= spec
+        with pytest.raises(ApiException) as err:
+            api.batch.create_namespaced_job("default", body)
+        assert err.value.status == 422
+        return [(c["field"], c["message"]) for c in json.loads(err.value.body)["details"]["causes"]]
+
+    assert causes(completionMode="NonIndexed", backoffLimitPerIndex=1) == [
+        ("spec.backoffLimitPerIndex", "Invalid value: 1: requires indexed completion mode")
+    ]
+    assert ("spec.backoffLimitPerIndex", "Required value: when maxFailedIndexes is specified") in causes(
+        completionMode="Indexed", maxFailedIndexes=1
+    )
+    assert causes(completionMode="Indexed", backoffLimitPerIndex=0, maxFailedIndexes=3) == [
+        ("spec.maxFailedIndexes", "Invalid value: 3: must be less than or equal to completions")
+    ]
+    rules = [{"action": "FailIndex", "onExitCodes": {"operator": "In", "values": [1]}}]
+    assert (
+        "spec.podFailurePolicy.rules[0].action",
+        'Invalid value: "FailIndex": requires the backoffLimitPerIndex to be set',
+    ) in causes(completionMode="Indexed", podFailurePolicy={"rules": rules})
+    assert api.batch.list_namespaced_job("default").items == []
