@@ -172,6 +172,10 @@ class Kubelet(Controller):
         with self._runs_lock:
             runs = list(self._runs.values())
         for r in runs:
+            with r.lock:
+                r.terminating = True  # a kubelet going away restarts nothing in place
+            if not r.simulate and self._end_backoff(r):
+                continue
             self._signal(r, signal.SIGKILL)
         for r in runs:
             r.done.wait(5)
@@ -460,15 +464,21 @@ class Kubelet(Controller):
         if run.simulate:
             self.finish_run(run, self.sim_term_exit_code if grace > 0 else 137)
             return
-        with run.lock:  # containers waiting out a crash back-off end with their last exit
+        if self._end_backoff(run):
+            return
+        if first:
+            self._signal(run, signal.SIGTERM)
+
+    def _end_backoff(self, run: PodRun) -> bool:
+        """Containers waiting out a crash back-off end with their last exit; True when that was the
+        pod's last running container (it is finalized)."""
+        with run.lock:
             waiting, run.backoff = dict(run.backoff), {}
             run.exit_codes.update(waiting)
             last = bool(waiting) and len(run.exit_codes) == len(run.procs)
         if last:
             self._finalize(run)
-            return
-        if first:
-            self._signal(run, signal.SIGTERM)
+        return last
 
     def kill(self, uid: str) -> bool:
         """Hard kill (SIGKILL) of a running pod's processes: it ends Failed with exit code 137."""
