@@ -39,7 +39,7 @@ from launcher.embedded import apitypes
 from launcher.embedded.errors import TYPE_INVALID, ApiError, Cause, invalid
 from launcher.embedded.gotypes import Mismatch, decode
 from launcher.embedded.resources import RESOURCES
-from launcher.embedded.validation import Causes, dns1035_label, dns1123_subdomain
+from launcher.embedded.validation import Causes, dns1035_label, dns1123_subdomain, label_value_errors
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "crds"
 CRD_FILE = "jobset.x-k8s.io_jobsets.yaml"
@@ -52,6 +52,9 @@ _FAILURE_REASONS = (
     "PodFailurePolicy",
     "MaxFailedIndexesExceeded",
 )
+_MAX_INT32 = 2**31 - 1
+_HTTP_PATH_FMT = r"[A-Za-z0-9/\-._~%!$&'()*+,;=:]+"  # apimachinery validation's httpPathFmt
+_HTTP_PATH = re.compile(_HTTP_PATH_FMT)
 _RULE_NAME = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
 # Pod template fields Kueue may change on a suspended JobSet (the webhook's exception).
 _MUTABLE_WHEN_SUSPENDED = ("annotations", "labels")
@@ -251,14 +254,39 @@ def webhook_causes(js: dict[str, Any]) -> Causes:
     for i, rjob_name in enumerate(names):
         if rjob_name in names[:i]:
             causes.append((f"spec.replicatedJobs[{i}]", f'Duplicate value: {{"name":"{rjob_name}"}}'))
+    # Feature gates at their v0.12.0 defaults (pkg/features/features.go): InPlaceRestart and
+    # RestartJob are alpha, off.
+    if (spec.get("failurePolicy") or {}).get("restartStrategy") == "InPlaceRestart":
+        causes.append(
+            _internal(
+                "InPlaceRestart restart strategy cannot be set when InPlaceRestart feature gate is disabled"
+            )
+        )
     if rjobs and rjobs[0].get("dependsOn") is not None:
         causes.append(("spec.replicatedJobs[0]", "DependsOn can't be set for the first ReplicatedJob"))
     subdomain = (spec.get("network") or {}).get("subdomain")
     if subdomain:
         for msg in dns1123_subdomain(subdomain) + _dns1035(subdomain, _SUBDOMAIN_TOO_LONG):
             causes.append(("spec.network.subdomain", f'Invalid value: "{subdomain}": {msg}'))
+    if spec.get("managedBy") is not None:
+        causes += _managed_by_causes(str(spec["managedBy"]))
     for i, rjob in enumerate(rjobs):
+        parallelism = ((rjob.get("template") or {}).get("spec") or {}).get("parallelism")
+        if int(parallelism if parallelism is not None else 1) * int(rjob.get("replicas", 1)) > _MAX_INT32:
+            causes.append(
+                _internal(
+                    f"the product of replicas and parallelism must not exceed {_MAX_INT32} for "
+                    f"replicatedJob '{rjob.get('name', '')}'"
+                )
+            )
         causes += _name_causes(name, rjob, i)
+        for dep in rjob.get("dependsOn") or []:
+            if dep.get("name") not in names[: i + 1]:
+                causes.append(
+                    _internal(
+                        f"replicatedJob: {rjob.get('name', '')} cannot depend on replicatedJob: {dep.get('name')}"
+                    )
+                )
     known = set(names)
     for target in (spec.get("successPolicy") or {}).get("targetReplicatedJobs") or []:
         if target not in known:
@@ -266,6 +294,8 @@ def webhook_causes(js: dict[str, Any]) -> Causes:
                 _internal(f"invalid replicatedJob name '{target}' does not appear in .spec.ReplicatedJobs")
             )
     causes += _failure_policy_causes(spec.get("failurePolicy") or {}, known)
+    if spec.get("coordinator") is not None:
+        causes += _coordinator_causes(js, rjobs)
     in_order = (spec.get("startupPolicy") or {}).get("startupPolicyOrder") == "InOrder"
     if in_order and any("dependsOn" in r for r in rjobs):
         causes.append(
@@ -297,8 +327,83 @@ def _name_causes(js_name: str, rjob: dict[str, Any], i: int) -> Causes:
     return causes
 
 
+def _managed_by_causes(manager: str) -> Causes:
+    """IsDomainPrefixedPath and the 63-byte limit (apimachinery validation, the webhook's managedBy)."""
+    field, causes = "spec.managedBy", []
+    host, sep, path = manager.partition("/")
+    if not manager:
+        causes.append((field, "Required value"))
+    elif not (sep and host and path):
+        causes.append(
+            (field, f'Invalid value: "{manager}": must be a domain-prefixed path (such as "acme.io/foo")')
+        )
+    else:
+        causes += [(field, f'Invalid value: "{host}": {m}') for m in dns1123_subdomain(host)]
+        if not _HTTP_PATH.fullmatch(path):
+            causes.append(
+                (
+                    field,
+                    f"Invalid value: \"{path}\": Invalid path (regex used for validation is '{_HTTP_PATH_FMT}')",
+                )
+            )
+    if len(manager) > 63:
+        causes.append((field, "Too long: may not be more than 63 bytes"))
+    return causes
+
+
+def _coordinator_causes(js: dict[str, Any], rjobs: list[dict[str, Any]]) -> Causes:
+    """validateCoordinator, then validateCoordinatorLabelValue (both always run upstream)."""
+    coord = js["spec"]["coordinator"]
+    rname, job_idx, pod_idx = (
+        coord.get("replicatedJob", ""),
+        int(coord.get("jobIndex", 0)),
+        int(coord.get("podIndex", 0)),
+    )
+    rjob = next((r for r in rjobs if r.get("name") == rname), None)
+    job_spec = ((rjob or {}).get("template") or {}).get("spec") or {}
+    causes: Causes = []
+    if rjob is None:
+        causes.append(_internal(f"coordinator replicatedJob {rname} does not exist"))
+    elif not 0 <= job_idx < int(rjob.get("replicas", 1)):
+        causes.append(_internal(f"coordinator job index {job_idx} is invalid for replicatedJob {rname}"))
+    elif job_spec.get("completionMode") != "Indexed" or job_spec.get("completions") is None:
+        causes.append(
+            _internal(
+                "job for coordinator pod must be indexed completion mode, and completions number must be set"
+            )
+        )
+    elif not 0 <= pod_idx < int(job_spec["completions"]):
+        causes.append(
+            _internal(
+                f"coordinator pod index {pod_idx} is invalid for replicatedJob {rname} job index {job_idx}"
+            )
+        )
+    sub = (js["spec"].get("network") or {}).get("subdomain") or js["metadata"].get("name", "")
+    value = f"{js['metadata'].get('name', '')}-{rname}-{job_idx}-{pod_idx}.{sub}"
+    errs = label_value_errors(value)
+    if errs:
+        causes.append(
+            _internal(
+                f'spec will lead to invalid label value "{value}" for coordinator label '
+                f'"jobset.sigs.k8s.io/coordinator" (long JobSet / ReplicatedJob / SubDomain name?): '
+                + ", ".join(errs)
+            )
+        )
+    return causes
+
+
 def _failure_policy_causes(policy: dict[str, Any], known: set[str]) -> Causes:
     causes: Causes = []
+    if any(
+        r.get("action") in ("RestartJob", "RestartJobAndIgnoreMaxRestarts") for r in policy.get("rules") or []
+    ):
+        # The RestartJob gate is off: upstream returns this error alone for the failure policy.
+        return [
+            _internal(
+                "RestartJob and RestartJobAndIgnoreMaxRestarts failure policy actions are not allowed "
+                "when RestartJob feature gate is disabled"
+            )
+        ]
     by_name: dict[str, list[int]] = {}
     for i, rule in enumerate(policy.get("rules") or []):
         rule_name = rule.get("name", "")

@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from launcher.embedded import admission, bodies, discovery, eviction
+from launcher.embedded import objects as o
 from launcher.embedded.errors import ApiError, bad_request
 from launcher.embedded.patches import PATCH_TYPES
 from launcher.embedded.resources import GROUPS, RESOURCES, Resource, lookup
@@ -36,9 +37,16 @@ log = logging.getLogger(__name__)
 RouteHandler = Callable[[str, str, dict[str, str], bytes | None], tuple[int, dict[str, Any]]]
 LogSource = Callable[[str, str, str, bool], Iterator[bytes]]
 
-# Kinds whose DELETE answers with the object rather than a Status (ReturnDeletedObject upstream).
-_DELETE_RETURNS_OBJECT = {"pods", "namespaces", "jobsets"}
+# Kinds whose DELETE answers with the object rather than a Status once it is gone: the registries
+# that set ReturnDeletedObject (pkg/registry/core/{pod,serviceaccount}/storage) and namespaces, whose
+# REST Delete returns the object. A custom resource's store leaves it unset
+# (apiextensions-apiserver pkg/registry/customresource/etcd.go): a JobSet removed at once answers
+# with a Status, one kept by finalizers (foreground, orphan) with the object, as every kind.
+_DELETE_RETURNS_OBJECT = {"pods", "namespaces", "serviceaccounts"}
 _TRUE = ("true", "1")
+# The finalizer the API server puts on an object deleted with these propagation policies
+# (staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go, deletionFinalizersForGarbageCollection).
+_GC_FINALIZERS = {"Foreground": "foregroundDeletion", "Orphan": "orphan"}
 
 
 class _Server(ThreadingHTTPServer):
@@ -496,9 +504,19 @@ class _Request:
             preconditions=opts.get("preconditions"),
         )
         meta = obj["metadata"]
-        still_there = bool(meta.get("deletionTimestamp")) and self._exists(res, meta)
+        # kube-apiserver answers before the garbage collector acts: an object that a finalizer kept
+        # (foreground, orphan) is answered with, even if the embedded GC has removed it since.
+        still_there = bool(meta.get("deletionTimestamp")) and (
+            bool(meta.get("finalizers")) or self._exists(res, meta)
+        )
         if still_there or res.plural in _DELETE_RETURNS_OBJECT:
             return 200, obj
+        if propagation in _GC_FINALIZERS and meta.get("deletionTimestamp") is None:
+            # Upstream the API server only adds the GC's finalizer and answers with the object; the
+            # garbage collector removes it afterwards (the embedded store does both at once).
+            meta = {**meta, "deletionTimestamp": o.rfc3339(o.now()), "deletionGracePeriodSeconds": 0}
+            meta["finalizers"] = [*(meta.get("finalizers") or []), _GC_FINALIZERS[propagation]]
+            return 200, {**obj, "metadata": meta}
         details = {"name": name, "group": res.group, "kind": res.plural, "uid": meta.get("uid")}
         return 200, {
             "kind": "Status",

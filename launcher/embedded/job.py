@@ -1,5 +1,6 @@
 """The Job controller (batch/v1), the part of it JobSet relies on: Indexed and NonIndexed Jobs,
-`podFailurePolicy`, `backoffLimit`, `suspend`, and the status and conditions the upstream
+`podFailurePolicy`, `backoffLimit`, `backoffLimitPerIndex` with `maxFailedIndexes` and the `FailIndex`
+action, `suspend`, and the status and conditions the upstream
 controller (Kubernetes 1.31+) writes: `FailureTarget` then `Failed` once no pod is left running,
 `SuccessCriteriaMet` then `Complete`.
 
@@ -30,6 +31,11 @@ SYNC_BATCH_S = 1.0  # upstream syncJobBatchPeriod
 MSG_BACKOFF = "Job has reached the specified backoff limit"
 MSG_COMPLETIONS = "Reached expected number of succeeded pods"
 MSG_DEADLINE = "Job was active longer than specified deadline"
+MSG_MAX_FAILED_INDEXES = "Job has exceeded the specified maximal number of failed indexes"
+MSG_FAILED_INDEXES = "Job has failed indexes"
+# backoffLimitPerIndex: each index's failures travel on its pods (pkg/controller/job/indexed_job_utils.go).
+INDEX_FAILURE_COUNT = "batch.kubernetes.io/job-index-failure-count"
+INDEX_IGNORED_FAILURE_COUNT = "batch.kubernetes.io/job-index-ignored-failure-count"
 # Upstream's job-tracking finalizer: a pod cannot leave the API before the controller counted it.
 TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
 
@@ -99,6 +105,25 @@ def match_pod_failure_policy(
     return None, None
 
 
+def past_backoff_limit_on_failure(
+    spec: Mapping[str, Any], pods: list[Mapping[str, Any]], backoff_limit: int
+) -> bool:
+    """restartPolicy OnFailure restarts containers in place, so no pod fails: upstream counts the
+    restarts of the running and pending pods against backoffLimit (pastBackoffLimitOnFailure)."""
+    if ((spec.get("template") or {}).get("spec") or {}).get("restartPolicy") != "OnFailure":
+        return False
+    restarts = sum(
+        int(cs.get("restartCount") or 0)
+        for p in pods
+        if o.pod_phase(p) in ("Running", "Pending")
+        for cs in [
+            *((p.get("status") or {}).get("initContainerStatuses") or []),
+            *((p.get("status") or {}).get("containerStatuses") or []),
+        ]
+    )
+    return restarts > 0 if backoff_limit == 0 else restarts >= backoff_limit
+
+
 def expand_indexes(s: str) -> set[int]:
     """'1,3-5,7' → {1, 3, 4, 5, 7}."""
     out: set[int] = set()
@@ -146,13 +171,43 @@ def exclusive_topology(job: Mapping[str, Any]) -> str | None:
     return None
 
 
-def pod_for_index(job: Mapping[str, Any], index: int | None, leader_domain: str | None) -> dict[str, Any]:
+def _ann_count(pod: Mapping[str, Any], key: str) -> int:
+    """An index failure count annotation; 0 when missing or not an int32 (parseInt32 upstream)."""
+    v = str(o.annotations(pod).get(key, ""))
+    return int(v) if v.isdigit() and int(v) <= 2**31 - 1 else 0
+
+
+def index_failure_counts(
+    replaced: Mapping[str, Any] | None, action: str | None, policy: Mapping[str, Any] | None
+) -> dict[str, str]:
+    """The failure-count annotations of the pod replacing `replaced` (getNewIndexFailureCounts): its
+    counts, plus one failure, or one ignored failure when the pod failure policy ignored it."""
+    if replaced is None:
+        return {INDEX_FAILURE_COUNT: "0"}
+    failures = _ann_count(replaced, INDEX_FAILURE_COUNT)
+    ignored = _ann_count(replaced, INDEX_IGNORED_FAILURE_COUNT)
+    if policy and action == "Ignore":
+        ignored += 1
+    else:
+        failures += 1
+    out = {INDEX_FAILURE_COUNT: str(failures)}
+    if ignored:
+        out[INDEX_IGNORED_FAILURE_COUNT] = str(ignored)
+    return out
+
+
+def pod_for_index(
+    job: Mapping[str, Any],
+    index: int | None,
+    leader_domain: str | None,
+    extra_annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
     """The pod the Job controller creates for a completion index (None for NonIndexed)."""
     m = o.meta(job)
     tmpl = copy.deepcopy((job.get("spec") or {}).get("template") or {})
     tm = tmpl.get("metadata") or {}
     lbls = dict(tm.get("labels") or {})
-    ann = dict(tm.get("annotations") or {})
+    ann = {**(tm.get("annotations") or {}), **(extra_annotations or {})}
     lbls.update(
         {
             o.CONTROLLER_UID: m["uid"],
@@ -255,17 +310,31 @@ def decide(
         ),
         key=lambda p: (finish_time(p), o.meta(p).get("name", "")),
     )
+    per_index = spec.get("backoffLimitPerIndex") if indexed else None
+    n_indexes = int(completions or 0)
+    failed_indexes = expand_indexes(old.get("failedIndexes") or "") if per_index is not None else set()
     # Classify failures through the pod failure policy (first FailJob wins, Ignore doesn't count).
     failure: tuple[str, str] | None = None
     counted = 0
+    actions: dict[str, str | None] = {}
     for p in failed_pods:
         action, msg = match_pod_failure_policy(policy, p)
+        actions[o.meta(p).get("uid", "")] = action
         if action == "Ignore":
             continue
         counted += 1
         if action == "FailJob" and failure is None:
             failure = ("PodFailurePolicy", msg or "")
-    if failure is None and counted > backoff_limit:
+        ix = completion_index(p)
+        # isIndexFailed: FailIndex, or a counted failure of an index already at its limit.
+        at_limit = per_index is not None and (
+            action == "FailIndex" or _ann_count(p, INDEX_FAILURE_COUNT) >= int(per_index)
+        )
+        if at_limit and ix is not None and ix < n_indexes:
+            failed_indexes.add(ix)
+    if failure is None and (
+        counted > backoff_limit or past_backoff_limit_on_failure(spec, pods, backoff_limit)
+    ):
         failure = ("BackoffLimitExceeded", MSG_BACKOFF)
     # activeDeadlineSeconds counts from startTime, which a suspension resets (upstream pastActiveDeadline).
     deadline, started = spec.get("activeDeadlineSeconds"), o.parse_time(old.get("startTime"))
@@ -279,6 +348,12 @@ def decide(
     done_indexes = {completion_index(p) for p in succeeded} - {None} if indexed else set()
     if indexed:  # counted before a controller restart, their pods possibly gone since
         done_indexes |= expand_indexes(old.get("completedIndexes") or "")
+    if failure is None and per_index is not None:  # after backoffLimit and the deadline, as upstream
+        max_failed = spec.get("maxFailedIndexes")
+        if max_failed is not None and len(failed_indexes) > int(max_failed):
+            failure = ("MaxFailedIndexesExceeded", MSG_MAX_FAILED_INDEXES)
+        elif failed_indexes and len(failed_indexes) + len(done_indexes) >= n_indexes:
+            failure = ("FailedIndexes", MSG_FAILED_INDEXES)
     status.update(
         {
             "active": len(active),
@@ -293,6 +368,8 @@ def decide(
     )
     if indexed:
         status["completedIndexes"] = o.compress_indexes(i for i in done_indexes if i is not None)
+    if per_index is not None:  # a *string upstream: "" is written, not left out
+        status["failedIndexes"] = o.compress_indexes(failed_indexes)
     if not status["failed"]:
         status.pop("failed")
     if not status["succeeded"] and not indexed:
@@ -349,8 +426,9 @@ def decide(
         plan.events.append(("Normal", "Resumed", "Job resumed"))
     status.setdefault("startTime", when)
 
-    # Backoff before replacing failed pods: 10 s doubling, capped (upstream podBackoff).
-    if counted:
+    # Backoff before replacing failed pods: 10 s doubling, capped (upstream podBackoff); with
+    # backoffLimitPerIndex each index backs off on its own failures instead.
+    if counted and per_index is None:
         last = max((finish_time(p) for p in failed_pods), default="")
         delay = min(BACKOFF_BASE_S * 2 ** (counted - 1), BACKOFF_MAX_S)
         lt = o.parse_time(last)
@@ -369,17 +447,49 @@ def decide(
         for i in range(int(completions or 0)):
             if room <= 0:
                 break
-            if i in done_indexes or i in busy:
+            if i in done_indexes or i in busy or i in failed_indexes:
                 continue
             if topo and i > 0 and leader_domain is None:
                 continue  # the webhook rejects followers until the leader is scheduled
-            plan.create.append(pod_for_index(job, i, leader_domain))
+            extra = None
+            if per_index is not None:
+                last = _last_failed(failed_pods, i)
+                wait = _index_backoff(last, now)
+                if wait > 0:
+                    plan.requeue_after = min(wait, plan.requeue_after or wait)
+                    continue
+                extra = index_failure_counts(last, actions.get(o.meta(last or {}).get("uid", "")), policy)
+            plan.create.append(pod_for_index(job, i, leader_domain, extra))
             room -= 1
     else:
         want = parallelism if completions is None else min(parallelism, int(completions) - len(succeeded))
         for _ in range(max(0, want - len(blocking))):
             plan.create.append(pod_for_index(job, None, None))
     return plan
+
+
+def _last_failed(failed_pods: list[Mapping[str, Any]], index: int) -> Mapping[str, Any] | None:
+    """The index's pod to replace: most failures, then the latest (getPodsWithDelayedDeletionPerIndex)."""
+    mine = [p for p in failed_pods if completion_index(p) == index]
+    return max(
+        mine,
+        key=lambda p: (
+            _ann_count(p, INDEX_FAILURE_COUNT) + _ann_count(p, INDEX_IGNORED_FAILURE_COUNT),
+            finish_time(p),
+        ),
+        default=None,
+    )
+
+
+def _index_backoff(last: Mapping[str, Any] | None, now: dt.datetime) -> float:
+    """Seconds the index still waits: 10 s doubling per failure of the index, capped."""
+    if last is None:
+        return 0.0
+    n = _ann_count(last, INDEX_FAILURE_COUNT) + _ann_count(last, INDEX_IGNORED_FAILURE_COUNT) + 1
+    lt = o.parse_time(finish_time(last))
+    if lt is None:
+        return 0.0
+    return min(BACKOFF_BASE_S * 2 ** (n - 1), BACKOFF_MAX_S) - (now - lt).total_seconds()
 
 
 # ---- the controller ---------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 Reconcile follows upstream's order: replicated-job statuses; a finished JobSet deletes its active
 Jobs and honours ttlSecondsAfterFinished; Jobs of earlier restart attempts are deleted (foreground,
 so a Job disappears only after its pods); a failed Job runs the failure policy; succeeded Jobs run
-the success policy; missing Jobs are created (not while old ones remain under BlockingRecreate);
+the success policy; missing Jobs are created (not while old ones remain under BlockingRecreate, nor
+before the replicated Jobs they depend on are Ready/Complete);
 suspend/resume. Names, labels, condition reasons, messages and events are upstream's.
 
 `decide` is pure; `JobSetController` reads, calls it and applies the plan.
@@ -39,6 +40,11 @@ COMPLETED = ("AllJobsCompleted", "jobset completed successfully")
 SUSPENDED = ("SuspendedJobs", "jobset is suspended")
 RESUMED = ("ResumeJobs", "jobset is resumed")
 RESTARTING = "RestartingJobSet"
+# RestartingJobSet=False reasons and messages (pkg/constants, setRestartingConditionFalse callers).
+RESTART_JOBS_READY = ("JobsReady", "all jobs are ready")
+RESTART_JOBSET_FAILED = ("JobSetFailed", "jobset failed")
+RESTART_JOBSET_COMPLETED = "JobSetCompleted"  # message: "jobset completed successfully"
+RESTART_JOBSET_SUSPENDED = "JobSetSuspended"  # message: "jobset is suspended"
 # (type, reason, message) of the InOrder startup policy's conditions (pkg/constants, startup_policy.go).
 STARTUP_IN_PROGRESS = (
     "StartupPolicyInProgress",
@@ -267,6 +273,24 @@ def match_failure_policy(
     return None, first_failed(failed)
 
 
+def dependencies_reached(
+    rjob: Mapping[str, Any], replicas_of: Mapping[str, int], stats: Mapping[str, Mapping[str, int]]
+) -> bool:
+    """Upstream dependencyReachedStatus (pkg/controllers/depends_on.go): every replicated Job this one
+    depends on has all its Jobs succeeded (Complete) or ready, failed or succeeded (Ready). Only
+    earlier replicated Jobs count (the webhook rejects a later one)."""
+    for dep in rjob.get("dependsOn") or []:
+        st, want = stats.get(dep.get("name", "")), replicas_of.get(dep.get("name", ""))
+        if st is None:
+            return False
+        if dep.get("status") == "Complete" and want != st.get("succeeded", 0):
+            return False
+        reached = st.get("ready", 0) + st.get("failed", 0) + st.get("succeeded", 0)
+        if dep.get("status") == "Ready" and want != reached:
+            return False
+    return True
+
+
 def _msg(base: str, job: Mapping[str, Any]) -> str:
     return f"{base} (first failed job: {o.meta(job)['name']})"
 
@@ -307,14 +331,15 @@ def decide(js: Mapping[str, Any], jobs: list[dict[str, Any]], service_exists: bo
             plan.events.append((etype, reason, msg))
 
     def restarting_false(reason: str, msg: str) -> None:
-        c = o.get_condition({"status": status}, RESTARTING)
-        if c is not None and c.get("status") == "True":
-            o.set_condition(conds, RESTARTING, "False", reason, msg, when)
+        # setRestartingConditionFalse: never added, but an existing one (True or False) takes the
+        # new terminal reason and message, with a Normal event when it changed.
+        if o.get_condition({"status": status}, RESTARTING) is not None:
+            set_cond(RESTARTING, "False", reason, msg, "Normal")
 
     def fail(reason: str, msg: str) -> None:
         set_cond("Failed", "True", reason, msg, "Warning")
         status["terminalState"] = "Failed"
-        restarting_false("JobSetFailed", "jobset failed")
+        restarting_false(*RESTART_JOBSET_FAILED)
 
     done = _finished({"status": status})
     if done is not None:
@@ -330,6 +355,10 @@ def decide(js: Mapping[str, Any], jobs: list[dict[str, Any]], service_exists: bo
         return plan
 
     plan.delete_jobs = [o.meta(j)["name"] for j in children.previous if not o.pod_deleting(j)]
+    total = sum(int(r.get("replicas", 1)) for r in spec.get("replicatedJobs") or [])
+    ready = sum(s["ready"] + s["succeeded"] for s in status["replicatedJobsStatus"])
+    if not spec.get("suspend") and ready == total:  # allJobsReady, before the failure policy
+        restarting_false(*RESTART_JOBS_READY)
 
     if children.failed:
         fp = spec.get("failurePolicy")
@@ -373,7 +402,7 @@ def decide(js: Mapping[str, Any], jobs: list[dict[str, Any]], service_exists: bo
         if len(ok) >= need:
             set_cond("Completed", "True", COMPLETED[0], COMPLETED[1], "Normal")
             status["terminalState"] = "Completed"
-            restarting_false("JobSetCompleted", "jobset completed")
+            restarting_false(RESTART_JOBSET_COMPLETED, COMPLETED[1])
             plan.delete_jobs += [o.meta(j)["name"] for j in children.active if not o.pod_deleting(j)]
             return plan
 
@@ -404,8 +433,12 @@ def decide(js: Mapping[str, Any], jobs: list[dict[str, Any]], service_exists: bo
     if not (blocking and children.previous):
         rstats = {s["name"]: s for s in status["replicatedJobsStatus"]}
         waiting = False
+        replicas_of: dict[str, int] = {}
         for r in spec.get("replicatedJobs") or []:
             replicas = int(r.get("replicas", 1))
+            replicas_of[r["name"]] = replicas
+            if not dependencies_reached(r, replicas_of, rstats):
+                continue  # upstream: created once what it depends on is Ready/Complete
             st = rstats.get(r["name"]) or {}
             if in_order and st.get("failed", 0) + st.get("ready", 0) + st.get("succeeded", 0) == replicas:
                 continue  # upstream allReplicasStarted: on to the next replicated Job
@@ -424,7 +457,7 @@ def decide(js: Mapping[str, Any], jobs: list[dict[str, Any]], service_exists: bo
             if not (j.get("spec") or {}).get("suspend"):
                 plan.suspend_jobs[o.meta(j)["name"]] = True
         set_cond("Suspended", "True", SUSPENDED[0], SUSPENDED[1], "Normal")
-        restarting_false("JobSetSuspended", "jobset is suspended")
+        restarting_false(RESTART_JOBSET_SUSPENDED, SUSPENDED[1])
     else:
         for j in children.active:
             if (j.get("spec") or {}).get("suspend"):
@@ -432,11 +465,6 @@ def decide(js: Mapping[str, Any], jobs: list[dict[str, Any]], service_exists: bo
         sus = o.get_condition({"status": status}, "Suspended")
         if sus is not None and sus.get("status") == "True":
             set_cond("Suspended", "False", RESUMED[0], RESUMED[1], "Normal")
-
-    total = sum(int(r.get("replicas", 1)) for r in spec.get("replicatedJobs") or [])
-    ready = sum(s["ready"] + s["succeeded"] for s in status["replicatedJobsStatus"])
-    if total and ready >= total:
-        restarting_false("JobsReady", "all jobs are ready")
     return plan
 
 

@@ -32,7 +32,13 @@ from typing import Any
 from launcher.embedded import objects as o
 from launcher.embedded import podenv
 from launcher.embedded.nodes import devices_per_chip
-from launcher.embedded.podstatus import exit_code, running_status, terminated_status
+from launcher.embedded.podstatus import (
+    crashed_status,
+    exit_code,
+    restarted_status,
+    running_status,
+    terminated_status,
+)
 from launcher.embedded.runtime import Controller, EventRecorder, log
 
 
@@ -54,6 +60,16 @@ class PodRun:
     kill_timer: threading.Timer | None = None
     deadline: float = float("inf")
     lock: threading.Lock = field(default_factory=threading.Lock)
+    restart_policy: str = "Never"
+    restarts: int = 0
+    plans: dict[str, tuple[list[str], dict[str, str], str]] = field(default_factory=dict)
+    backoff: dict[str, int] = field(default_factory=dict)  # container → exit code, awaiting restart
+
+
+# The kubelet's crash back-off: the first restart at once, then 10 s doubling to 5 min
+# (pkg/kubelet/kuberuntime, initialBackOff / MaxContainerBackOff).
+CRASH_BACKOFF_S = 10.0
+CRASH_BACKOFF_MAX_S = 300.0
 
 
 # ---- the kubelet ------------------------------------------------------------------------------
@@ -156,6 +172,10 @@ class Kubelet(Controller):
         with self._runs_lock:
             runs = list(self._runs.values())
         for r in runs:
+            with r.lock:
+                r.terminating = True  # a kubelet going away restarts nothing in place
+            if not r.simulate and self._end_backoff(r):
+                continue
             self._signal(r, signal.SIGKILL)
         for r in runs:
             r.done.wait(5)
@@ -243,6 +263,7 @@ class Kubelet(Controller):
         m = o.meta(pod)
         run = PodRun(m["uid"], m.get("namespace") or "default", m["name"], node, self.simulated(node))
         run.started_at = o.rfc3339()
+        run.restart_policy = (pod.get("spec") or {}).get("restartPolicy") or "Always"
         with self._runs_lock:
             self._runs[run.uid] = run
         if run.simulate:
@@ -311,20 +332,70 @@ class Kubelet(Controller):
             cwd = wd if wd and Path(wd).is_dir() else str(self.cwd)
             plans.append((c["name"], args, env, cwd))
         for cname, args, env, cwd in plans:
-            path = d / f"{cname}.log"
-            with open(path, "ab") as out:
-                proc = subprocess.Popen(
-                    args,
-                    env=env,
-                    cwd=cwd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # own process group: signals reach the whole tree
-                )
-            run.procs[cname] = proc
-            run.logs[cname] = path
+            run.plans[cname] = (args, env, cwd)
+            run.logs[cname] = d / f"{cname}.log"
+            self._launch(run, cname)
         self._logs[(run.namespace, run.name)] = dict(run.logs)
+
+    def _launch(self, run: PodRun, cname: str) -> None:
+        args, env, cwd = run.plans[cname]
+        with open(run.logs[cname], "ab") as out:  # a restarted container appends, as its log does
+            run.procs[cname] = subprocess.Popen(
+                args,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: signals reach the whole tree
+            )
+
+    def _restart_in_place(self, run: PodRun, names: list[str]) -> bool:
+        """restartPolicy OnFailure and a non-zero exit: the kubelet restarts the container in the same
+        pod, after the crash back-off; the pod stays Running. False when nothing restarts. (Always is
+        not restarted here: bare pods and Deployments in this cluster end when their process does.)"""
+        with run.lock:
+            if run.terminating or run.cause is not None or run.done.is_set():
+                return False
+            again = [
+                c
+                for c in names
+                if c in run.exit_codes and run.restart_policy == "OnFailure" and run.exit_codes[c] != 0
+            ]
+            if not again:
+                return False
+            codes = {c: run.exit_codes.pop(c) for c in again}
+            finished = {c: run.finished_at.pop(c, o.rfc3339()) for c in again}
+            run.backoff.update(codes)
+            run.restarts += 1
+            delay = (
+                0.0
+                if run.restarts == 1
+                else min(CRASH_BACKOFF_S * 2 ** (run.restarts - 2), CRASH_BACKOFF_MAX_S)
+            )
+        self._write(run, lambda p: crashed_status(p, codes, finished, delay, o.rfc3339()))
+        if delay > 0:
+            t = threading.Timer(delay, self._relaunch, args=(run, again))
+            t.daemon = True
+            t.start()
+        else:
+            self._relaunch(run, again)
+        return True
+
+    def _relaunch(self, run: PodRun, names: list[str]) -> None:
+        with run.lock:
+            if run.terminating or run.done.is_set():
+                return  # terminate() accounted for the waiting containers
+            for c in names:
+                run.backoff.pop(c, None)
+        if not run.simulate:
+            for c in names:
+                self._launch(run, c)
+                threading.Thread(
+                    target=self._wait, args=(run, c, run.procs[c]), daemon=True, name=f"wait-{run.name}"
+                ).start()
+        ids = {c: f"process://{p.pid}" for c, p in run.procs.items()}
+        self._write(run, lambda p: restarted_status(p, names, ids, o.rfc3339()))
 
     def _config_error(self, run: PodRun, pod: Mapping[str, Any], msg: str) -> None:
         """CreateContainerConfigError: the pod stays Pending; retried on the next event."""
@@ -356,7 +427,10 @@ class Kubelet(Controller):
         with run.lock:
             run.exit_codes[cname] = exit_code(rc)
             run.finished_at[cname] = o.rfc3339()
-            last = len(run.exit_codes) == len(run.procs)
+        if self._restart_in_place(run, [cname]):
+            return
+        with run.lock:
+            last = len(run.exit_codes) == len(run.procs) and not run.backoff
         if last:
             self._finalize(run)
 
@@ -390,8 +464,21 @@ class Kubelet(Controller):
         if run.simulate:
             self.finish_run(run, self.sim_term_exit_code if grace > 0 else 137)
             return
+        if self._end_backoff(run):
+            return
         if first:
             self._signal(run, signal.SIGTERM)
+
+    def _end_backoff(self, run: PodRun) -> bool:
+        """Containers waiting out a crash back-off end with their last exit; True when that was the
+        pod's last running container (it is finalized)."""
+        with run.lock:
+            waiting, run.backoff = dict(run.backoff), {}
+            run.exit_codes.update(waiting)
+            last = bool(waiting) and len(run.exit_codes) == len(run.procs)
+        if last:
+            self._finalize(run)
+        return last
 
     def kill(self, uid: str) -> bool:
         """Hard kill (SIGKILL) of a running pod's processes: it ends Failed with exit code 137."""
@@ -423,6 +510,9 @@ class Kubelet(Controller):
             for c in self._container_names(run):
                 run.exit_codes[c] = code
                 run.finished_at[c] = when
+            run.backoff = {}
+        if self._restart_in_place(run, list(run.exit_codes)):
+            return
         self._finalize(run)
 
     def _container_names(self, run: PodRun) -> list[str]:

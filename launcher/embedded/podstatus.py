@@ -1,11 +1,11 @@
 """Pod status as the kubelet writes it, pure: Running with its conditions and container states, and
 the terminal status (exit codes as a container runtime reports them, phase, the node-shutdown
-reason and message)."""
+reason and message), and a container restarted in place with its lastState and restartCount."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from launcher.embedded import objects as o
@@ -82,8 +82,10 @@ def terminated_status(
         elif c["type"] in ("Ready", "ContainersReady"):
             c.pop("message", None)
     statuses = []
+    before = {cs.get("name"): cs for cs in st.get("containerStatuses") or []}
     for c in (pod.get("spec") or {}).get("containers") or []:
         code = int(codes.get(c["name"], 137))
+        prev = before.get(c["name"]) or {}
         statuses.append(
             {
                 "name": c["name"],
@@ -99,10 +101,10 @@ def terminated_status(
                         "containerID": ids.get(c["name"], ""),
                     }
                 },
-                "lastState": {},
+                "lastState": prev.get("lastState") or {},  # earlier in-place restarts stay counted
                 "ready": False,
                 "started": False,
-                "restartCount": 0,
+                "restartCount": int(prev.get("restartCount") or 0),
                 "image": c.get("image", ""),
                 "imageID": "",
                 "containerID": ids.get(c["name"], ""),
@@ -113,4 +115,47 @@ def terminated_status(
     st["phase"] = "Succeeded" if ok and not shutdown else "Failed"
     if shutdown:
         st["reason"], st["message"] = SHUTDOWN_REASON, SHUTDOWN_MESSAGE
+    return st
+
+
+def crashed_status(
+    pod: Mapping[str, Any], codes: Mapping[str, int], finished: Mapping[str, str], backoff_s: float, when: str
+) -> dict[str, Any]:
+    """Containers the kubelet will restart in place (restartPolicy OnFailure/Always): the exit goes
+    to lastState; while the crash back-off runs they wait in CrashLoopBackOff, not ready."""
+    st = copy.deepcopy(dict(pod.get("status") or {}))
+    name = o.meta(pod).get("name")
+    for cs in st.get("containerStatuses") or []:
+        if cs.get("name") not in codes:
+            continue
+        code = int(codes[cs["name"]])
+        began = ((cs.get("state") or {}).get("running") or {}).get("startedAt") or when
+        cs["lastState"] = {
+            "terminated": {
+                "exitCode": code,
+                "reason": "Completed" if code == 0 else "Error",
+                "startedAt": began,
+                "finishedAt": finished.get(cs["name"], when),
+                "containerID": cs.get("containerID", ""),
+            }
+        }
+        if backoff_s > 0:
+            msg = f"back-off {int(backoff_s)}s restarting failed container={cs['name']} pod={name}"
+            cs["state"] = {"waiting": {"reason": "CrashLoopBackOff", "message": msg}}
+            cs["ready"] = cs["started"] = False
+    return st
+
+
+def restarted_status(
+    pod: Mapping[str, Any], names: Iterable[str], ids: Mapping[str, str], when: str
+) -> dict[str, Any]:
+    """The restarted containers run again, each restartCount one higher."""
+    st = copy.deepcopy(dict(pod.get("status") or {}))
+    names = set(names)
+    for cs in st.get("containerStatuses") or []:
+        if cs.get("name") in names:
+            cs["restartCount"] = int(cs.get("restartCount") or 0) + 1
+            cs["state"] = {"running": {"startedAt": when}}
+            cs["ready"] = cs["started"] = True
+            cs["containerID"] = ids.get(cs["name"], cs.get("containerID", ""))
     return st

@@ -131,6 +131,39 @@ def _nonnegative(spec: dict[str, Any], path: str, *keys: str) -> Causes:
     ]
 
 
+def _per_index(spec: dict[str, Any], mode: str | None) -> Causes:
+    """backoffLimitPerIndex, maxFailedIndexes and FailIndex belong together, on Indexed Jobs
+    (pkg/apis/batch/validation validateJobSpec, validatePodFailurePolicyRule)."""
+    per_index, max_failed = spec.get("backoffLimitPerIndex"), spec.get("maxFailedIndexes")
+    causes = _nonnegative(spec, "spec", "backoffLimitPerIndex", "maxFailedIndexes")
+    if max_failed is not None and per_index is None:
+        causes.append(("spec.backoffLimitPerIndex", "Required value: when maxFailedIndexes is specified"))
+    if mode == "Indexed":
+        completions = spec.get("completions")
+        if max_failed is not None and completions is not None and max_failed > completions:
+            causes.append(
+                (
+                    "spec.maxFailedIndexes",
+                    f"Invalid value: {max_failed}: must be less than or equal to completions",
+                )
+            )
+    else:
+        causes += [
+            (f"spec.{k}", f"Invalid value: {spec[k]}: requires indexed completion mode")
+            for k in ("backoffLimitPerIndex", "maxFailedIndexes")
+            if spec.get(k) is not None
+        ]
+    for i, rule in enumerate((spec.get("podFailurePolicy") or {}).get("rules") or []):
+        if rule.get("action") == "FailIndex" and per_index is None:
+            causes.append(
+                (
+                    f"spec.podFailurePolicy.rules[{i}].action",
+                    'Invalid value: "FailIndex": requires the backoffLimitPerIndex to be set',
+                )
+            )
+    return causes
+
+
 def _job(obj: dict[str, Any]) -> Causes:
     spec = obj.get("spec") or {}
     template = spec.get("template") or {}
@@ -139,6 +172,7 @@ def _job(obj: dict[str, Any]) -> Causes:
     if mode is not None and mode not in _COMPLETION_MODES:
         allowed = ", ".join(f'"{m}"' for m in _COMPLETION_MODES)
         causes.append(("spec.completionMode", f'Unsupported value: "{mode}": supported values: {allowed}'))
+    causes += _per_index(spec, mode)
     pod = template.get("spec") or {}
     policy = pod.get("restartPolicy")
     if policy not in ("OnFailure", "Never"):

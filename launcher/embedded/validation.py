@@ -92,6 +92,11 @@ def _label_value(value: Any) -> list[str]:
     return errs
 
 
+def label_value_errors(value: Any) -> list[str]:
+    """IsValidLabelValue's messages."""
+    return _label_value(value)
+
+
 def labels(labels: Any, field: str) -> Causes:
     causes: Causes = []
     for key, value in (labels or {}).items():

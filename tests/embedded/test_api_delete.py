@@ -111,14 +111,11 @@ def test_batch_v1_jobs_orphan_pods_by_default(api: Api) -> None:
     """Upstream keeps the batch/v1 default of orphaning for back compatibility: a Job deleted
     without a propagationPolicy leaves its pods running."""
     _, _, pods = _family(api)
-    status = api.batch.delete_namespaced_job("train-slice-0", "default")
-    assert status["kind"] == "Status" and status["status"] == "Success"
-    assert status["details"] == {
-        "name": "train-slice-0",
-        "group": "batch",
-        "kind": "jobs",
-        "uid": status["details"]["uid"],
-    }
+    answer = api.batch.delete_namespaced_job("train-slice-0", "default")
+    # The API server answers with the Job carrying the GC's orphan finalizer (pending, so no Status).
+    assert answer["kind"] == "Job" and answer["metadata"]["finalizers"] == ["orphan"]
+    assert answer["metadata"]["deletionTimestamp"]
+    assert not _exists(api.batch.read_namespaced_job, "train-slice-0", "default")
     assert [p.metadata.name for p in api.core.list_namespaced_pod("default").items] == pods
 
 
@@ -197,3 +194,28 @@ def test_dependents_of_an_owner_already_gone_are_collected(api: Api) -> None:
     body["metadata"]["ownerReferences"] = [ref]
     api.core.create_namespaced_pod("default", body)
     assert not _exists(api.core.read_namespaced_pod, "late", "default")
+
+
+def test_delete_answers_with_the_object_or_a_status_as_kube_apiserver(api: Api) -> None:
+    # A JobSet removed at once: a Status naming it (the CRD store has no ReturnDeletedObject).
+    js = api.custom.create_namespaced_custom_object(*JS, jobset("gone"))
+    gone = api.custom.delete_namespaced_custom_object(*JS, "gone")
+    assert gone["kind"] == "Status" and gone["status"] == "Success"
+    assert gone["details"] == {
+        "name": "gone",
+        "group": "jobset.x-k8s.io",
+        "kind": "jobsets",
+        "uid": js["metadata"]["uid"],
+    }
+    # One kept by the foreground finalizer: the object, marked.
+    api.custom.create_namespaced_custom_object(*JS, jobset("kept"))
+    body = client.V1DeleteOptions(propagation_policy="Foreground")
+    kept = api.custom.delete_namespaced_custom_object(*JS, "kept", body=body)
+    assert kept["kind"] == "JobSet" and kept["metadata"]["deletionTimestamp"]
+    # ServiceAccounts set ReturnDeletedObject; ConfigMaps do not.
+    api.core.create_namespaced_service_account("default", {"metadata": {"name": "sa"}})
+    sa = api.core.delete_namespaced_service_account("sa", "default")
+    assert sa.kind == "ServiceAccount" and sa.metadata.name == "sa"
+    api.core.create_namespaced_config_map("default", {"metadata": {"name": "cm"}})
+    status = api.core.delete_namespaced_config_map("cm", "default")
+    assert status["kind"] == "Status" and status["details"]["kind"] == "configmaps"
