@@ -6,11 +6,16 @@ the program, its shardings, the devices' topology and the compiler version, so a
 or config simply misses. The path is local or gs:// (JAX reads and writes it through
 ``etils.epath``); in a multi-process run JAX writes an entry from one process only.
 
+``JAX_COMPILATION_CACHE_DIR``, when set, wins: one cache shared by many runs (a cache baked into
+the image, a team bucket, the test suite's) is the operator's choice, and JAX already reads it.
+
 ``hits()`` counts JAX's own ``/jax/compilation_cache/cache_hits`` events, so the loop can report
 whether its compile was a load (``perf/compile_cache_hits``).
 """
 
 from __future__ import annotations
+
+import os
 
 import jax
 from jax.experimental.compilation_cache import compilation_cache
@@ -28,7 +33,7 @@ def _listen(event: str, **_: object) -> None:
 def enable(run_dir: str) -> str:
     """Point JAX's cache at this run directory (before the first compile of the run)."""
     global _dir
-    path = f"{run_dir.rstrip('/')}/compile_cache"
+    path = os.environ.get("JAX_COMPILATION_CACHE_DIR") or f"{run_dir.rstrip('/')}/compile_cache"
     if _dir is None:
         jax.monitoring.register_event_listener(_listen)
         # Cache every executable: the default 1 s threshold would skip the small programs of a run

@@ -24,6 +24,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def own_compile_cache(env: dict[str, str]) -> dict[str, str]:
+    """The run's own compile cache (<run_dir>/compile_cache) instead of the suite's shared one."""
+    return {k: v for k, v in env.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+
+
 def env_for(
     run_dir: str,
     devices: int,

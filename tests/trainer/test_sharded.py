@@ -32,7 +32,9 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> dict:
     run_dir = tmp_path_factory.mktemp("sharded") / "run"
     sets = [*SHARDED, "train.steps=10", "checkpoint.interval=5"]
     args = [a for s in sets for a in ("--set", s)] + SCHEDULE
-    rc, out = runs.run(runs.env_for(str(run_dir), 8), run_dir.parent / "trainer.log", args)
+    rc, out = runs.run(
+        runs.own_compile_cache(runs.env_for(str(run_dir), 8)), run_dir.parent / "trainer.log", args
+    )
     assert rc == 0, out[-4000:]
     assert runs.committed(run_dir) == [5, 10]
     return {"dir": run_dir, "records": runs.parse_metrics(runs.metrics_files(run_dir))}
@@ -172,7 +174,11 @@ def test_resume_from_fsdp_and_tensor_parallel_onto_two_devices_matches_the_unint
     }
 
     second_args = ["--set", "mesh.fsdp=2", "--set", "mesh.tensor=1", "--set", "train.steps=30", *SCHEDULE]
-    rc, out = runs.run(runs.env_for(str(run_dir), 2, grad_accum=4), tmp_path / "second.log", second_args)
+    rc, out = runs.run(
+        runs.own_compile_cache(runs.env_for(str(run_dir), 2, grad_accum=4)),
+        tmp_path / "second.log",
+        second_args,
+    )
     assert rc == 0, out[-4000:]
     assert "resumed step 10 " in out
     newest = sorted((run_dir / "metrics").glob("*.jsonl"))[-1]

@@ -71,7 +71,7 @@ def test_tiny_trains_on_8_devices(reference: dict) -> None:
 def test_same_shape_resume_after_kill_is_bitwise_equal(reference: dict, tmp_path: Path) -> None:
     """SIGKILL during an async save (a save every step), restart on the same shape."""
     run_dir = tmp_path / "run"
-    env = runs.env_for(str(run_dir), 8)
+    env = runs.own_compile_cache(runs.env_for(str(run_dir), 8))
     first = runs.Trainer(env, tmp_path / "first.log", ["--set", "checkpoint.interval=1"])
 
     def saving_after_a_commit() -> bool:
