@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from trainer.config import Config, decay_steps
 from trainer.mesh import batch_sharding, device_sharding, logical_rules, replicated
@@ -52,8 +53,25 @@ def abstract_state(cfg: Config, mesh: Mesh) -> tuple[nnx.GraphDef, nnx.State]:
     with nnx.logical_axis_rules(logical_rules(cfg.mesh)):
         graphdef, state = nnx.split(nnx.eval_shape(lambda: _build(cfg)))
         shardings = nnx.get_named_sharding(state, mesh)
-    state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), state, shardings)
+    state = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=_fitted(s, a.shape)), state, shardings
+    )
     return graphdef, state
+
+
+def _fitted(sharding: NamedSharding, shape: tuple[int, ...]) -> NamedSharding:
+    """The rule's sharding, less the mesh axes that do not divide their dimension: that dimension
+    stays whole on them (a 64-wide embedding on 3 devices), as XLA cannot split it unevenly."""
+    entries = []
+    for dim, entry in zip(
+        shape, tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec)), strict=True
+    ):
+        names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        size = 1
+        for name in names:
+            size *= sharding.mesh.shape[name]
+        entries.append(entry if dim % size == 0 else None)
+    return NamedSharding(sharding.mesh, P(*entries))
 
 
 def shardings_of(state: nnx.State) -> Any:

@@ -191,3 +191,19 @@ def test_resume_from_fsdp_and_tensor_parallel_onto_two_devices_matches_the_unint
     runs.assert_matches_reference(resumed, reference, exact=False)
     # A shape this run has not compiled for misses the compile cache.
     assert first[1]["perf/compile_cache_hits"] == resumed[11]["perf/compile_cache_hits"] == 0
+
+
+def test_a_mesh_axis_that_does_not_divide_a_dimension_leaves_it_whole(cpu8: list) -> None:
+    # Three processes of one device each (the start-barrier tests): fsdp 3 cannot split a
+    # 64-wide dimension, so that dimension is replicated and the divisible ones stay sharded.
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from trainer.step import _fitted
+
+    mesh = Mesh(np.array(cpu8[:6]).reshape(3, 2), ("fsdp", "tensor"))
+    rule = NamedSharding(mesh, P("tensor", "fsdp"))
+    assert _fitted(rule, (256, 64)).spec == P("tensor", None)
+    assert _fitted(rule, (256, 96)).spec == P("tensor", "fsdp")
+    assert _fitted(NamedSharding(mesh, P(("fsdp", "tensor"))), (6,)).spec == P(("fsdp", "tensor"))
+    assert _fitted(NamedSharding(mesh, P(("fsdp", "tensor"))), (4,)).spec == P(None)
