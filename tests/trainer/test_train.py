@@ -167,7 +167,8 @@ def test_survivor_of_a_dead_peer_exits_peer_lost_at_once_instead_of_waiting_for_
     assert rc == EXIT_PEER_LOST, out[-3000:]
     # Which failure it sees first (Gloo's connection reset or the coordination service) is a race.
     assert "a peer is lost" in out
-    assert "without the shutdown barrier" in out
+    # Either the trainer saw it (and skipped the barrier) or JAX's client aborted it first.
+    assert "without the shutdown barrier" in out or "JAX's coordination service ended this process" in out
     assert elapsed < 15, f"the survivor took {elapsed:.1f} s to exit"
     assert 10 in runs.committed(run_dir)  # what a resume uses is intact
 
