@@ -1,8 +1,11 @@
-"""What a person watching a run sees: the live view, the status tables. Rich renderables only."""
+"""What a person sees: the live view of a run, the status, runs, presets and shrink-ladder tables.
+Rich renderables only; called by the command modules (`launcher.commands.*`), `launcher.watch` and
+`launcher.status`."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from datetime import datetime
 
 from rich.console import Group
@@ -11,6 +14,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from launcher.plan import Plan, Rung
+from launcher.presets import Preset, Shape
 from launcher.record import FAILED, FINISHED, RunRecord
 from launcher.report import LOSS, TOKENS, RunReport
 
@@ -119,3 +124,64 @@ class Throttle:
             self.last = now
             return True
         return False
+
+
+def presets_table(rows: Iterable[Preset]) -> Table:
+    """`reslice presets`: one row per preset, per slice."""
+    table = Table(title="reslice presets (per slice)")
+    for col in ("preset", "accelerator", "topology", "chips", "hosts", "devices", "peak TFLOP/s/chip"):
+        table.add_column(col, justify="right" if col in {"chips", "hosts", "devices"} else "left")
+    table.add_column("slices", justify="right")
+    table.add_column("spot")
+    table.add_column("fallbacks")
+    for p in rows:
+        table.add_row(
+            p.name,
+            p.accelerator,
+            p.topology,
+            str(p.chips),
+            str(p.hosts),
+            str(p.devices),
+            f"{p.peak_tflops_per_chip:g}",
+            str(p.slices),
+            "yes" if p.spot else "",
+            ", ".join(p.fallbacks),
+        )
+    return table
+
+
+def ladder_table(shape: Shape, global_batch: int, rungs: Iterable[Rung]) -> Table:
+    """`reslice plan`: every shape of the shrink ladder with its batch plan, or why it has none."""
+    table = Table(title=f"shrink ladder of {shape} at global batch {global_batch}")
+    cols = ("preset", "slices", "chips", "hosts", "devices", "dp ranks", "micro-batch", "grad accum")
+    for col in cols:
+        table.add_column(col, justify="left" if col == "preset" else "right")
+    table.add_column("note")
+    for r in rungs:
+        s = r.shape
+        cells = [s.preset.name, str(s.slices), str(s.chips), str(s.hosts), str(s.devices)]
+        if isinstance(r.plan, Plan):
+            mem = f"~{r.memory['total'] / 2**30:.1f} GiB/device" if r.memory else ""
+            table.add_row(*cells, str(r.plan.dp_ranks), str(r.plan.micro_batch), str(r.plan.grad_accum), mem)
+        else:
+            table.add_row(*cells, "-", "-", "-", f"[dim]{r.plan.reason}[/dim]")
+    return table
+
+
+def runs_table(namespace: str, records: Iterable[RunRecord]) -> Table:
+    """`reslice runs`: one row per run record of the namespace."""
+    table = Table(title=f"runs in {namespace}")
+    for col in ("run", "state", "shape now", "requested", "segments", "global batch", "reason"):
+        table.add_column(col, overflow="fold")
+    for rec in records:
+        seg = rec.current
+        table.add_row(
+            rec.name,
+            rec.state,
+            f"{seg.preset} x{seg.slices}" if seg else "-",
+            f"{rec.preset} x{rec.slices}",
+            str(len(rec.segments)),
+            str(rec.spec.global_batch),
+            rec.reason,
+        )
+    return table

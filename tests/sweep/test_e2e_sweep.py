@@ -24,7 +24,8 @@ from dataclasses import replace
 import pytest
 from rich.console import Console
 
-from launcher.cli import for_cluster, main
+from launcher.cli import main
+from launcher.commands.spec import for_cluster
 from launcher.launch import stop_run
 from launcher.record import FINISHED, STOPPED, Policy
 from launcher.render import RunSpec
