@@ -1,6 +1,7 @@
 """The results of a ragged-buffer sweep: per-factor aggregation of the trainer's own metrics, the
 recommendation, and their presentation (rich table, CSV, PNG). Pure but for `plot_sweep`, which
-writes its PNG; `launcher/sweep.py` runs the sweep and does the rest of the I/O.
+writes its PNG; `launcher/sweep.py` runs the sweep, `launcher/sweep_files.py` reads and writes its files;
+both call this, as `reslice sweep-report` does (`launcher/commands/sweeping.py`).
 """
 
 from __future__ import annotations
@@ -11,34 +12,11 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rich.table import Table
 
 from launcher.record import FINISHED
-
-if TYPE_CHECKING:
-    from launcher.sweep import SweepSpec
-
-FACTOR_KEY = "moe.ragged_buffer_factor"
-
-
-def is_dropless(factor: float) -> bool:
-    return factor <= 0
-
-
-def factor_label(factor: float) -> str:
-    """``1.0625``, ``2`` or ``dropless``: short, and exact (falls back to repr when ``g`` rounds)."""
-    if is_dropless(factor):
-        return "dropless"
-    short = format(factor, "g")
-    return short if float(short) == factor else repr(factor)
-
-
-def sort_key(factor: float) -> tuple[int, float]:
-    """Ascending factor, dropless last (it is the largest buffer of all)."""
-    return (1, 0.0) if is_dropless(factor) else (0, factor)
-
+from launcher.sweep_spec import FACTOR_KEY, SweepSpec, factor_label, is_dropless, sort_key
 
 # --- aggregation (pure) --------------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """`reslice sweep` and `sweep-report`: the MoE ragged-buffer sweep (`launcher.sweep`) and its table
-and plot (`launcher.sweep_results`). Mounted by `launcher.cli`."""
+and plot (`launcher.sweep_results`, `launcher.sweep_files`). Mounted by `launcher.cli`."""
 
 from __future__ import annotations
 
@@ -56,8 +56,9 @@ def sweep(
     """Sweep the MoE ragged buffer factor: one run per factor; drops, load and step time side by side."""
     from launcher.connect import connect
     from launcher.record import Policy
-    from launcher.sweep import make_sweep, plan_sweep, run_sweep
+    from launcher.sweep import plan_sweep, run_sweep
     from launcher.sweep_results import sweep_table
+    from launcher.sweep_spec import make_sweep
 
     check_run_options(
         overrides=overrides, slices=slices, global_batch=global_batch, max_micro_batch=16, max_grad_accum=None,
@@ -104,8 +105,9 @@ def sweep_report(
     ] = None,
 ) -> None:
     """Redraw a sweep's table and plot from its stored results (sweep.json)."""
-    from launcher.sweep import default_sweep_dir, load_sweep, plot_path
+    from launcher.sweep_files import load_sweep, plot_path
     from launcher.sweep_results import plot_sweep, sweep_table
+    from launcher.sweep_spec import default_sweep_dir
 
     spec, results, rec = load_sweep(default_sweep_dir(name, sweep_dir))
     console.print(sweep_table(spec, results, rec))

@@ -9,21 +9,21 @@ import pytest
 from launcher.errors import UserError
 from launcher.record import FAILED, FINISHED, PENDING, RUNNING, STOPPED, RunRecord
 from launcher.render import DNS1035, RunSpec
-from launcher.sweep import (
+from launcher.sweep_files import load_sweep, write_outputs
+from launcher.sweep_results import FactorResult, aggregate, recommend
+from launcher.sweep_spec import (
     ATTACH,
     DONE,
     LAUNCH,
     MISSING,
     RELAUNCH,
+    factor_label,
     factor_slug,
-    load_sweep,
     make_sweep,
     next_action,
     parse_factors,
     run_name,
-    write_outputs,
 )
-from launcher.sweep_results import FactorResult, aggregate, factor_label, recommend
 
 
 def rec(step, *, dropped=(0, 0), total=(64, 64), load=(1.0, 1.0), buffer=128, loss=3.0, t=None, st=0.02,

@@ -6,8 +6,9 @@ import json
 import pytest
 
 import launcher.connect
-from launcher.sweep import make_sweep, write_outputs
+from launcher.sweep_files import write_outputs
 from launcher.sweep_results import FactorResult
+from launcher.sweep_spec import make_sweep
 from tests.support.cli import run_cli
 
 

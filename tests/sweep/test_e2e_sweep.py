@@ -29,7 +29,8 @@ from launcher.commands.spec import for_cluster
 from launcher.launch import stop_run
 from launcher.record import FINISHED, STOPPED, Policy
 from launcher.render import RunSpec
-from launcher.sweep import ATTACH, LAUNCH, RELAUNCH, make_sweep, run_sweep
+from launcher.sweep import run_sweep
+from launcher.sweep_spec import ATTACH, LAUNCH, RELAUNCH, make_sweep
 from tests.controller.harness import PRESET, Harness, wait_for
 
 pytestmark = pytest.mark.e2e
