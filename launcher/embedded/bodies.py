@@ -24,6 +24,8 @@ from launcher.embedded.errors import ApiError, bad_request
 from launcher.embedded.gotypes import Mismatch, decode, json_kind
 
 MAX_DEPTH = 200
+# Query parameter values that mean true (watch, follow, allowWatchBookmarks, orphanDependents...).
+TRUE = ("true", "1")
 _INT = re.compile(r"^[+-]?[0-9]{1,18}$")
 
 _TYPE_META = (
