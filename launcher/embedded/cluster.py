@@ -7,7 +7,9 @@
 Components (each its own thread, all reacting to store events): the JobSet controller, the Job
 controller, the scheduler and the kubelet of every node. Faults and test helpers are methods here;
 `reslice cluster ...` reaches a cluster running in another process through the extra HTTP routes
-under /embedded/v1/ (see `handle_route`).
+under /embedded/v1/ (see `handle_route`). Started by `python -m launcher.embedded` (what
+`reslice cluster up` runs, and `reslice launch`/`sweep` when no cluster is configured:
+`launcher/connect.py`), by `reslice demo` (`launcher/demo.py`) and by the tests.
 """
 
 from __future__ import annotations

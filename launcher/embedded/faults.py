@@ -21,6 +21,10 @@
 Node faults (one node): `drain` (kubectl drain: cordon, evict through the eviction API),
 `uncordon`, `repair` (GKE auto-repair: the node deleted and recreated, PodGC fails its pods),
 `partition` / `heal` (the kubelet's heartbeats stop and resume; launcher/embedded/nodelife.py).
+
+Called by `EmbeddedCluster`'s fault methods (launcher/embedded/cluster.py), which tests call and
+`reslice cluster ...` reaches through the cluster's /embedded/v1/ routes; typed against
+`FaultTarget`, not the cluster, so that this module does not import it.
 """
 
 from __future__ import annotations
@@ -28,31 +32,48 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from launcher.embedded import nodes as nd
 from launcher.embedded import objects as o
 from launcher.embedded.podstatus import SHUTDOWN_MESSAGE
 from launcher.errors import UserError
 
-if TYPE_CHECKING:
-    from launcher.embedded.cluster import EmbeddedCluster
-
 PODGC_MESSAGE = "PodGC: node no longer exists"
 IMPENDING_TAINT = {"key": o.IMPENDING_TERMINATION_TAINT, "value": "", "effect": "NoSchedule"}
 
 
-def _pods_on(cluster: EmbeddedCluster, node_names: set[str]) -> list[dict[str, Any]]:
+class FaultTarget(Protocol):
+    """What a fault acts through: the embedded cluster's store, components and node pools.
+    `EmbeddedCluster` (launcher/embedded/cluster.py) is one and calls these functions with itself;
+    this module does not import it, so the two are no import circle."""
+
+    store: Any
+    res: dict[str, Any]
+    kubelet: Any
+    nodelife: Any
+    node_events: Any
+    pools: dict[str, nd.NodePool]
+
+    @property
+    def node_pool_of(self) -> dict[str, str]: ...
+
+    def pool_name(self, name: str) -> str: ...
+
+    def mark_gone(self, pool: str, gone: bool) -> None: ...
+
+
+def _pods_on(cluster: FaultTarget, node_names: set[str]) -> list[dict[str, Any]]:
     pods, _ = cluster.store.list(cluster.res["pods"])
     return [p for p in pods if (p.get("spec") or {}).get("nodeName") in node_names]
 
 
-def _existing_nodes(cluster: EmbeddedCluster, pool: str) -> list[dict[str, Any]]:
+def _existing_nodes(cluster: FaultTarget, pool: str) -> list[dict[str, Any]]:
     items, _ = cluster.store.list(cluster.res["nodes"], label_selector=f"{o.NODEPOOL_LABEL}={pool}")
     return items
 
 
-def _gc_pod(cluster: EmbeddedCluster, pod: dict[str, Any]) -> None:
+def _gc_pod(cluster: FaultTarget, pod: dict[str, Any]) -> None:
     """PodGC on an orphaned pod: a running one is marked Failed with DisruptionTarget first."""
     ns, name = o.key_of(pod)
     res = cluster.res["pods"]
@@ -85,7 +106,7 @@ def _gc_pod(cluster: EmbeddedCluster, pod: dict[str, Any]) -> None:
             raise
 
 
-def _delete_nodes(cluster: EmbeddedCluster, pool: str) -> list[str]:
+def _delete_nodes(cluster: FaultTarget, pool: str) -> list[str]:
     names = []
     for n in _existing_nodes(cluster, pool):
         name = o.meta(n)["name"]
@@ -102,7 +123,7 @@ def _delete_nodes(cluster: EmbeddedCluster, pool: str) -> list[str]:
     return names
 
 
-def preempt(cluster: EmbeddedCluster, pool: str, grace_s: float = 15.0, wait: bool = True) -> dict[str, Any]:
+def preempt(cluster: FaultTarget, pool: str, grace_s: float = 15.0, wait: bool = True) -> dict[str, Any]:
     """The GKE spot preemption sequence on every node of `pool`. Pods get `grace_s` (capped by their
     own terminationGracePeriodSeconds) between SIGTERM and SIGKILL: GKE's kubelet gives ordinary pods
     15 s of a spot VM's 30 s notice. With wait=False it returns once the pods have their
@@ -152,7 +173,7 @@ def preempt(cluster: EmbeddedCluster, pool: str, grace_s: float = 15.0, wait: bo
     return {"nodepool": pool, "nodes": sorted(names), "pods": sorted(o.meta(p)["name"] for p in pods)}
 
 
-def remove(cluster: EmbeddedCluster, pool: str) -> dict[str, Any]:
+def remove(cluster: FaultTarget, pool: str) -> dict[str, Any]:
     """Capacity gone: nodes deleted, pods on them failed by PodGC and removed, processes killed."""
     pool = cluster.pool_name(pool)
     nodes = _existing_nodes(cluster, pool)
@@ -171,7 +192,7 @@ def remove(cluster: EmbeddedCluster, pool: str) -> dict[str, Any]:
     return {"nodepool": pool, "nodes": sorted(names), "pods": sorted(o.meta(p)["name"] for p in pods)}
 
 
-def restore(cluster: EmbeddedCluster, pool: str) -> dict[str, Any]:
+def restore(cluster: FaultTarget, pool: str) -> dict[str, Any]:
     """Recreate the node pool's nodes (Ready, untainted)."""
     pool = cluster.pool_name(pool)
     np = cluster.pools[pool]
@@ -191,7 +212,7 @@ def restore(cluster: EmbeddedCluster, pool: str) -> dict[str, Any]:
     return {"nodepool": pool, "nodes": created}
 
 
-def _pod(cluster: EmbeddedCluster, namespace: str, name: str) -> dict[str, Any]:
+def _pod(cluster: FaultTarget, namespace: str, name: str) -> dict[str, Any]:
     try:
         return cluster.store.get(cluster.res["pods"], namespace, name)
     except Exception as e:
@@ -200,7 +221,7 @@ def _pod(cluster: EmbeddedCluster, namespace: str, name: str) -> dict[str, Any]:
         raise
 
 
-def kill_pod(cluster: EmbeddedCluster, namespace: str, name: str) -> dict[str, Any]:
+def kill_pod(cluster: FaultTarget, namespace: str, name: str) -> dict[str, Any]:
     """SIGKILL the pod's containers: it ends Failed with exit code 137."""
     uid = o.meta(_pod(cluster, namespace, name))["uid"]
     run = next((r for r in cluster.kubelet.runs() if r.uid == uid), None)
@@ -210,7 +231,7 @@ def kill_pod(cluster: EmbeddedCluster, namespace: str, name: str) -> dict[str, A
     return {"pod": f"{namespace}/{name}", "exitCode": 137}
 
 
-def crash_host(cluster: EmbeddedCluster, namespace: str, name: str) -> dict[str, Any]:
+def crash_host(cluster: FaultTarget, namespace: str, name: str) -> dict[str, Any]:
     """The host of a running pod crashes: its processes die, the pod is left Running (module doc)."""
     pod = _pod(cluster, namespace, name)
     uid = o.meta(pod)["uid"]
@@ -224,7 +245,7 @@ def crash_host(cluster: EmbeddedCluster, namespace: str, name: str) -> dict[str,
 # ---- node faults (one node, as GKE's upgrades, auto-repair and network faults hit them) --------
 
 
-def _node(cluster: EmbeddedCluster, name: str) -> dict[str, Any]:
+def _node(cluster: FaultTarget, name: str) -> dict[str, Any]:
     try:
         return cluster.store.get(cluster.res["nodes"], None, name)
     except Exception as e:
@@ -233,13 +254,13 @@ def _node(cluster: EmbeddedCluster, name: str) -> dict[str, Any]:
         raise
 
 
-def _known_node(cluster: EmbeddedCluster, name: str) -> str:
+def _known_node(cluster: FaultTarget, name: str) -> str:
     if name not in cluster.node_pool_of:
         raise UserError(f"unknown node {name!r}")
     return name
 
 
-def drain(cluster: EmbeddedCluster, node: str, timeout_s: float = 60.0, wait: bool = True) -> dict[str, Any]:
+def drain(cluster: FaultTarget, node: str, timeout_s: float = 60.0, wait: bool = True) -> dict[str, Any]:
     """`kubectl drain`: cordon the node, then evict each of its pods through the eviction API,
     retrying refusals by a PodDisruptionBudget every second until `timeout_s`; with `wait`, until
     the evicted pods are gone."""
@@ -282,7 +303,7 @@ def drain(cluster: EmbeddedCluster, node: str, timeout_s: float = 60.0, wait: bo
     return {"node": node, "evicted": sorted(evicted)}
 
 
-def uncordon(cluster: EmbeddedCluster, node: str) -> dict[str, Any]:
+def uncordon(cluster: FaultTarget, node: str) -> dict[str, Any]:
     from launcher.embedded.nodelife import UNSCHEDULABLE_TAINT
 
     cur = _node(cluster, node)
@@ -293,7 +314,7 @@ def uncordon(cluster: EmbeddedCluster, node: str) -> dict[str, Any]:
     return {"node": node}
 
 
-def repair(cluster: EmbeddedCluster, node: str) -> dict[str, Any]:
+def repair(cluster: FaultTarget, node: str) -> dict[str, Any]:
     """GKE auto-repair of a broken node: the VM is deleted and recreated, with no graceful
     shutdown. The node leaves the API, PodGC fails and force-deletes its pods (DeletionByPodGC,
     the node lifecycle controller's work), their processes die; the node registers again."""
@@ -317,7 +338,7 @@ def repair(cluster: EmbeddedCluster, node: str) -> dict[str, Any]:
     return {"node": node, "pods": sorted(pods)}
 
 
-def partition(cluster: EmbeddedCluster, node: str) -> dict[str, Any]:
+def partition(cluster: FaultTarget, node: str) -> dict[str, Any]:
     """The node's kubelet loses the API server: no heartbeats, no pod status. After the node
     monitor grace period the node is NotReady with the unreachable taints and its pods follow the
     NoExecute taint (after their tolerationSeconds, 300 s by default); deleted pods stay
@@ -329,7 +350,7 @@ def partition(cluster: EmbeddedCluster, node: str) -> dict[str, Any]:
     return {"node": node, "grace_s": cluster.nodelife.grace_s}
 
 
-def heal(cluster: EmbeddedCluster, node: str) -> dict[str, Any]:
+def heal(cluster: FaultTarget, node: str) -> dict[str, Any]:
     """The partition ends: heartbeats resume (Ready, the unreachable taints removed) and the
     kubelet catches up with its pods (terminating the ones deleted meanwhile)."""
     _known_node(cluster, node)
