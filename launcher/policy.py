@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from launcher import record as R
-from launcher import signals as S
+from launcher import record, signals
 from launcher.plan import Plan, Rung
 from launcher.record import RunRecord, new_segment
 from launcher.render import EXIT_PEER_LOST
@@ -51,7 +50,9 @@ class Decision:
         return self.action != WAIT
 
 
-def best_fit(ladder: list[Rung], obs: S.Observation, *, stable_before: float | None = None) -> Rung | None:
+def best_fit(
+    ladder: list[Rung], obs: signals.Observation, *, stable_before: float | None = None
+) -> Rung | None:
     """The largest feasible rung that fits the schedulable capacity (and has fitted since
     `stable_before`, when given). Ladders are sorted largest first."""
     for rung in ladder:
@@ -72,7 +73,7 @@ def _shape_words(rung: Rung) -> str:
     return f"{rung.shape} ({rung.shape.devices} devices, micro-batch {plan.micro_batch} × {plan.grad_accum} accum)"
 
 
-def bookkeep(rec: RunRecord, obs: S.Observation) -> RunRecord:
+def bookkeep(rec: RunRecord, obs: signals.Observation) -> RunRecord:
     """Facts the observation adds to the record: when the segment first ran, on which node pools,
     its JobSet's uid and restart counters, the trainer's step target."""
     seg = rec.current
@@ -80,7 +81,7 @@ def bookkeep(rec: RunRecord, obs: S.Observation) -> RunRecord:
         changes: dict = {}
         if obs.jobset_uid and seg.jobset_uid != obs.jobset_uid:
             changes["jobset_uid"] = obs.jobset_uid
-        if obs.phase == S.RUNNING and seg.running_at is None:
+        if obs.phase == signals.RUNNING and seg.running_at is None:
             changes["running_at"] = obs.now
         pools = tuple(sorted(set(seg.nodepools) | set(obs.nodepools_in_use)))
         if pools != seg.nodepools:
@@ -89,7 +90,7 @@ def bookkeep(rec: RunRecord, obs: S.Observation) -> RunRecord:
             changes.update(restart_causes(seg, obs))
             if "uncounted_failures" in changes:  # a crash all the same: the run's budget pays
                 rec = replace(rec, app_failures=rec.app_failures + 1)
-        elif (failing := S.stronger(seg.failing, obs.causes.get(seg.restarts))) != seg.failing:
+        elif (failing := signals.stronger(seg.failing, obs.causes.get(seg.restarts))) != seg.failing:
             changes["failing"] = failing
         if changes:
             rec = rec.with_segment(replace(seg, **changes))
@@ -99,7 +100,7 @@ def bookkeep(rec: RunRecord, obs: S.Observation) -> RunRecord:
     return rec
 
 
-def restart_causes(seg: R.Segment, obs: S.Observation) -> dict:
+def restart_causes(seg: record.Segment, obs: signals.Observation) -> dict:
     """The segment's restart counters once JobSet has restarted it (obs.restarts > seg.restarts).
 
     JobSet says which restarts counted toward maxRestarts (application failures). Of the others,
@@ -110,29 +111,29 @@ def restart_causes(seg: R.Segment, obs: S.Observation) -> dict:
     """
     counted = max(seg.restarts_counted, obs.restarts_counted)
     uncounted = (obs.restarts - seg.restarts) - (counted - seg.restarts_counted)
-    cause = S.stronger(seg.failing, obs.causes.get(seg.restarts))
+    cause = signals.stronger(seg.failing, obs.causes.get(seg.restarts))
     changes = {"restarts": obs.restarts, "restarts_counted": counted, "failing": None}
-    if uncounted > 0 and cause == S.PEER_LOST:
+    if uncounted > 0 and cause == signals.PEER_LOST:
         changes["peer_lost"] = seg.peer_lost + 1
-    elif uncounted > 0 and cause == S.APP_FAILURE:
+    elif uncounted > 0 and cause == signals.APP_FAILURE:
         changes["uncounted_failures"] = seg.uncounted_failures + 1
     return changes
 
 
-def _end(rec: RunRecord, obs: S.Observation, kind: str, reason: str, state: str) -> RunRecord:
+def _end(rec: RunRecord, obs: signals.Observation, kind: str, reason: str, state: str) -> RunRecord:
     seg = rec.current
     assert seg is not None
     ended = replace(seg, ended_at=obs.now, end_kind=kind, end_reason=reason, end_step=obs.committed_step)
     return replace(rec.with_segment(ended), state=state, reason=reason)
 
 
-def _trainer_finished(rec: RunRecord, obs: S.Observation) -> bool:
+def _trainer_finished(rec: RunRecord, obs: signals.Observation) -> bool:
     status = obs.trainer or {}
     total = rec.total_steps or status.get("total_steps")
     return status.get("state") == "finished" and total is not None and obs.committed_step == total
 
 
-def decide(rec: RunRecord, obs: S.Observation, ladder: list[Rung]) -> Decision:
+def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung]) -> Decision:
     now = obs.now
     if rec.terminal:
         return Decision(WAIT, f"run is {rec.state}: {rec.reason}", rec)
@@ -145,7 +146,7 @@ def decide(rec: RunRecord, obs: S.Observation, ladder: list[Rung]) -> Decision:
     if _trainer_finished(rec, obs):
         reason = f"trainer finished step {obs.committed_step}"
         if seg and seg.live:
-            done = _end(rec, obs, "finished", reason, R.FINISHED)
+            done = _end(rec, obs, "finished", reason, record.FINISHED)
         elif seg and seg.end_step != obs.committed_step:
             # Ended (say for a grow) but its trainer reached the final step before it stopped: the
             # segment ended by finishing, and the restart it was ended for never happened.
@@ -155,7 +156,7 @@ def decide(rec: RunRecord, obs: S.Observation, ladder: list[Rung]) -> Decision:
             )
         else:
             done = rec
-        return Decision(FINISH, reason, replace(done, state=R.FINISHED, reason=reason, finished_at=now))
+        return Decision(FINISH, reason, replace(done, state=record.FINISHED, reason=reason, finished_at=now))
 
     # No live segment: submit the next one once the previous one's pods are gone.
     if seg is None or not seg.live:
@@ -174,7 +175,7 @@ def decide(rec: RunRecord, obs: S.Observation, ladder: list[Rung]) -> Decision:
             )
         if len(rec.segments) >= policy.max_segments:
             reason = f"reached the limit of {policy.max_segments} segments"
-            return Decision(FAIL, reason, replace(rec, state=R.FAILED, reason=reason, finished_at=now))
+            return Decision(FAIL, reason, replace(rec, state=record.FAILED, reason=reason, finished_at=now))
         if seg is None:
             # The first segment asks for the requested shape even if it does not fit yet: node
             # pools may be autoscaled from zero. Rule 2 shrinks it if capacity never comes.
@@ -184,37 +185,39 @@ def decide(rec: RunRecord, obs: S.Observation, ladder: list[Rung]) -> Decision:
             rung = best_fit(ladder, obs)
             if rung is None:
                 reason = "waiting for capacity: no feasible shape of the ladder fits the cluster"
-                return Decision(WAIT, reason, replace(rec, state=R.WAITING, reason=reason))
+                return Decision(WAIT, reason, replace(rec, state=record.WAITING, reason=reason))
             why = f"after segment {seg.index} ({seg.end_kind})"
         plan = rung.plan
         assert isinstance(plan, Plan)
         new = new_segment(rec, rung.shape, plan, now, why, obs.committed_step)
         reason = f"segment {new.index} on {_shape_words(rung)} {why}"
         return Decision(
-            SUBMIT, reason, replace(rec.with_segment(new), state=R.RUNNING, reason=reason), new.jobset
+            SUBMIT, reason, replace(rec.with_segment(new), state=record.RUNNING, reason=reason), new.jobset
         )
 
     # A live segment whose JobSet does not exist: never created (the controller stopped between
     # recording and creating it), or deleted behind our back.
-    if obs.phase == S.ABSENT:
+    if obs.phase == signals.ABSENT:
         if seg.jobset_uid is None:
             return Decision(CREATE, f"creating JobSet {seg.jobset} of segment {seg.index}", rec, seg.jobset)
         reason = f"JobSet {seg.jobset} disappeared"
-        return Decision(END, reason, _end(rec, obs, "lost", reason, R.RESHAPING), None)
+        return Decision(END, reason, _end(rec, obs, "lost", reason, record.RESHAPING), None)
 
-    if obs.phase == S.COMPLETED:
+    if obs.phase == signals.COMPLETED:
         reason = (
             f"JobSet {seg.jobset} completed but the trainer did not report the final step "
             f"(committed step {obs.committed_step}, target {rec.total_steps})"
         )
-        return Decision(FAIL, reason, replace(_end(rec, obs, "failed", reason, R.FAILED), finished_at=now))
+        return Decision(
+            FAIL, reason, replace(_end(rec, obs, "failed", reason, record.FAILED), finished_at=now)
+        )
 
     # 4. Failures that JobSet gave up on.
-    if obs.phase == S.FAILED and obs.failure is not None:
+    if obs.phase == signals.FAILED and obs.failure is not None:
         if obs.failure.kind == "config-error":
             reason = f"configuration error (trainer exit code 2): {obs.failure.message}"
             return Decision(
-                FAIL, reason, replace(_end(rec, obs, "failed", reason, R.FAILED), finished_at=now)
+                FAIL, reason, replace(_end(rec, obs, "failed", reason, record.FAILED), finished_at=now)
             )
         failures = rec.app_failures + obs.restarts_counted + 1
         last = (
@@ -225,13 +228,13 @@ def decide(rec: RunRecord, obs: S.Observation, ladder: list[Rung]) -> Decision:
                 f"crash loop: {failures} application failures exceed the budget of "
                 f"{policy.app_failure_budget} ({last}); preemptions so far: {rec.preemptions()}"
             )
-            ended = _end(rec, obs, "app-failure", reason, R.FAILED)
+            ended = _end(rec, obs, "app-failure", reason, record.FAILED)
             return Decision(FAIL, reason, replace(ended, app_failures=failures, finished_at=now))
         backoff = policy.app_backoff_s * 2 ** (failures - 1)
         reason = (
             f"application failure {failures}/{policy.app_failure_budget} ({last}); retrying in {backoff:.0f}s"
         )
-        ended = _end(rec, obs, "app-failure", reason, R.RESHAPING)
+        ended = _end(rec, obs, "app-failure", reason, record.RESHAPING)
         return Decision(
             END, reason, replace(ended, app_failures=failures, next_submit_at=now + backoff), seg.jobset
         )
@@ -243,10 +246,10 @@ def decide(rec: RunRecord, obs: S.Observation, ladder: list[Rung]) -> Decision:
             f"{policy.app_failure_budget} (a trainer crashed and its peers exited {EXIT_PEER_LOST});"
             f" preemptions so far: {rec.preemptions()}"
         )
-        ended = _end(rec, obs, "app-failure", reason, R.FAILED)
+        ended = _end(rec, obs, "app-failure", reason, record.FAILED)
         return Decision(END, reason, replace(ended, finished_at=now), seg.jobset)  # JobSet would go on
 
-    if obs.phase in {S.SUSPENDED, S.DELETING}:
+    if obs.phase in {signals.SUSPENDED, signals.DELETING}:
         return Decision(WAIT, f"JobSet {seg.jobset} is {obs.phase}", rec)
 
     current = seg.shape()
@@ -272,7 +275,7 @@ def decide(rec: RunRecord, obs: S.Observation, ladder: list[Rung]) -> Decision:
             if rung is None:
                 return Decision(WAIT, f"{cause}; no smaller feasible shape fits either", rec)
             reason = f"capacity lost: {cause}; shrinking {current} -> {_shape_words(rung)}"
-            ended = _end(rec, obs, "capacity-lost", reason, R.RESHAPING)
+            ended = _end(rec, obs, "capacity-lost", reason, record.RESHAPING)
             # A node pool terminating (a preemption notice) still lets the trainer save; one gone does not.
             return Decision(END, reason, ended, seg.jobset, force=bool(obs.gone_nodepools))
         return Decision(
@@ -286,18 +289,20 @@ def decide(rec: RunRecord, obs: S.Observation, ladder: list[Rung]) -> Decision:
     # Only at a checkpoint this segment committed itself: a segment that never got to train
     # must not be torn down again (no flapping), and the resize then costs no progress.
     progressed = obs.committed_step is not None and obs.committed_step > (seg.start_step or 0)
-    if policy.grow and obs.phase == S.RUNNING and current.devices < requested.devices and progressed:
+    if policy.grow and obs.phase == signals.RUNNING and current.devices < requested.devices and progressed:
         rung = best_fit(ladder, obs, stable_before=now - policy.grow_window_s)
         if rung is not None and rung.shape.devices > current.devices:
             reason = (
                 f"capacity returned: {rung.shape} has fitted for {policy.grow_window_s:.0f}s; "
                 f"growing {current} -> {_shape_words(rung)} (the trainer checkpoints on SIGTERM)"
             )
-            return Decision(END, reason, _end(rec, obs, "grow", reason, R.RESHAPING), seg.jobset)
+            return Decision(END, reason, _end(rec, obs, "grow", reason, record.RESHAPING), seg.jobset)
 
     # 1. Anything else — running, pending inside the grace, restarting after a disruption — is
     # JobSet's to handle.
     cause = seg.failing or obs.causes.get(seg.restarts - 1)  # failing now, or the restart under way
-    restarting = "restarting (JobSet failure policy)" + (f" after {S.CAUSE_WORDS[cause]}" if cause else "")
-    words = {S.RUNNING: "running", S.PENDING: "starting", S.RESTARTING: restarting}
+    restarting = "restarting (JobSet failure policy)" + (
+        f" after {signals.CAUSE_WORDS[cause]}" if cause else ""
+    )
+    words = {signals.RUNNING: "running", signals.PENDING: "starting", signals.RESTARTING: restarting}
     return Decision(WAIT, f"segment {seg.index} on {current} {words.get(obs.phase, obs.phase)}", rec)

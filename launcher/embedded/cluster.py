@@ -21,8 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.embedded import faults, nodes
-from launcher.embedded import objects as o
+from launcher.embedded import faults, nodes, objects
 from launcher.embedded.job import JobController
 from launcher.embedded.jobset import EMULATED_VERSION, JobSetController
 from launcher.embedded.kubelet import Kubelet
@@ -157,7 +156,7 @@ class EmbeddedCluster:
         return pool.simulate if pool is not None else self.mode == "simulate"
 
     def _create_nodes(self) -> None:
-        existing = {o.meta(n)["name"] for n in self.store.list(self.res["nodes"])[0]}
+        existing = {objects.meta(n)["name"] for n in self.store.list(self.res["nodes"])[0]}
         for pool in self.pools.values():
             if pool.name in self._gone:
                 continue
@@ -226,7 +225,7 @@ class EmbeddedCluster:
     ) -> int:
         """Simulated pods matching the selector (running ones) exit with `exit_code`; returns how many."""
         pods, _ = self.store.list(self.res["pods"], namespace=namespace, label_selector=label_selector)
-        uids = {o.meta(p)["uid"] for p in pods}
+        uids = {objects.meta(p)["uid"] for p in pods}
         n = 0
         for run in self.kubelet.runs():
             if run.uid in uids and run.simulate and not run.done.is_set():

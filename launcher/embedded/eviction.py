@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from launcher.embedded import objects as o
+from launcher.embedded import objects
 from launcher.embedded.errors import ApiError, bad_request
 
 EVICTION_MESSAGE = "Eviction API: evicting"
@@ -31,13 +31,13 @@ MULTIPLE_PDBS = (
 
 
 def _healthy(pod: Mapping[str, Any]) -> bool:
-    return o.pod_phase(pod) == "Running" and o.pod_ready(pod) and not o.pod_deleting(pod)
+    return objects.pod_phase(pod) == "Running" and objects.pod_ready(pod) and not objects.pod_deleting(pod)
 
 
 def budget(pdb: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> tuple[int, int]:
     """(desired healthy, currently healthy) for a PodDisruptionBudget over `pods` (its matches)."""
     spec = pdb.get("spec") or {}
-    expected = len([p for p in pods if not o.pod_terminal(p)])
+    expected = len([p for p in pods if not objects.pod_terminal(p)])
     healthy = sum(1 for p in pods if _healthy(p))
 
     def amount(v: Any) -> int:
@@ -57,12 +57,14 @@ def budget(pdb: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> tuple[int, 
 def matching(pdbs: list[Mapping[str, Any]], pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """Budgets whose selector matches the pod (an empty selector matches every pod, as in policy/v1)."""
     return [
-        p for p in pdbs if o.match_label_selector(o.labels(pod), (p.get("spec") or {}).get("selector") or {})
+        p
+        for p in pdbs
+        if objects.match_label_selector(objects.labels(pod), (p.get("spec") or {}).get("selector") or {})
     ]
 
 
 def can_ignore_budgets(pod: Mapping[str, Any]) -> bool:
-    return o.pod_phase(pod) in ("Pending", "Succeeded", "Failed") or o.pod_deleting(pod)
+    return objects.pod_phase(pod) in ("Pending", "Succeeded", "Failed") or objects.pod_deleting(pod)
 
 
 def evict(store: Any, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
@@ -86,9 +88,11 @@ def evict(store: Any, namespace: str, name: str, body: Mapping[str, Any]) -> dic
             pdb = hits[0]
             sel = (pdb.get("spec") or {}).get("selector") or {}
             all_pods, _ = store.list(pods_res, namespace)
-            desired, healthy = budget(pdb, [p for p in all_pods if o.match_label_selector(o.labels(p), sel)])
+            desired, healthy = budget(
+                pdb, [p for p in all_pods if objects.match_label_selector(objects.labels(p), sel)]
+            )
             if healthy - desired <= 0:
-                pname = o.meta(pdb)["name"]
+                pname = objects.meta(pdb)["name"]
                 raise ApiError(
                     429,
                     "TooManyRequests",
@@ -108,17 +112,19 @@ def evict(store: Any, namespace: str, name: str, body: Mapping[str, Any]) -> dic
                 disruptionsAllowed=healthy - desired - 1,
                 currentHealthy=healthy,
                 desiredHealthy=desired,
-                expectedPods=len([p for p in all_pods if o.match_label_selector(o.labels(p), sel)]),
-                disruptedPods={**(st.get("disruptedPods") or {}), name: o.rfc3339()},
-                observedGeneration=o.meta(pdb).get("generation", 1),
+                expectedPods=len(
+                    [p for p in all_pods if objects.match_label_selector(objects.labels(p), sel)]
+                ),
+                disruptedPods={**(st.get("disruptedPods") or {}), name: objects.rfc3339()},
+                observedGeneration=objects.meta(pdb).get("generation", 1),
             )
             pdb = dict(pdb)
             pdb["status"] = st
             store.update(pdb_res, pdb, subresource="status")
-        if not o.pod_terminal(pod):
+        if not objects.pod_terminal(pod):
             cur = store.get(pods_res, namespace, name)
             conds = cur.setdefault("status", {}).setdefault("conditions", [])
-            o.set_condition(
+            objects.set_condition(
                 conds,
                 "DisruptionTarget",
                 "True",

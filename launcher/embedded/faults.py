@@ -35,12 +35,12 @@ import time
 from typing import Any, Protocol
 
 from launcher.embedded import nodes as nd
-from launcher.embedded import objects as o
+from launcher.embedded import objects
 from launcher.embedded.podstatus import SHUTDOWN_MESSAGE
 from launcher.errors import UserError
 
 PODGC_MESSAGE = "PodGC: node no longer exists"
-IMPENDING_TAINT = {"key": o.IMPENDING_TERMINATION_TAINT, "value": "", "effect": "NoSchedule"}
+IMPENDING_TAINT = {"key": objects.IMPENDING_TERMINATION_TAINT, "value": "", "effect": "NoSchedule"}
 
 
 class FaultTarget(Protocol):
@@ -69,17 +69,17 @@ def _pods_on(cluster: FaultTarget, node_names: set[str]) -> list[dict[str, Any]]
 
 
 def _existing_nodes(cluster: FaultTarget, pool: str) -> list[dict[str, Any]]:
-    items, _ = cluster.store.list(cluster.res["nodes"], label_selector=f"{o.NODEPOOL_LABEL}={pool}")
+    items, _ = cluster.store.list(cluster.res["nodes"], label_selector=f"{objects.NODEPOOL_LABEL}={pool}")
     return items
 
 
 def _gc_pod(cluster: FaultTarget, pod: dict[str, Any]) -> None:
     """PodGC on an orphaned pod: a running one is marked Failed with DisruptionTarget first."""
-    ns, name = o.key_of(pod)
+    ns, name = objects.key_of(pod)
     res = cluster.res["pods"]
-    if not o.pod_terminal(pod):
+    if not objects.pod_terminal(pod):
         st = copy.deepcopy(pod.get("status") or {})
-        o.set_condition(
+        objects.set_condition(
             st.setdefault("conditions", []),
             "DisruptionTarget",
             "True",
@@ -109,7 +109,7 @@ def _gc_pod(cluster: FaultTarget, pod: dict[str, Any]) -> None:
 def _delete_nodes(cluster: FaultTarget, pool: str) -> list[str]:
     names = []
     for n in _existing_nodes(cluster, pool):
-        name = o.meta(n)["name"]
+        name = objects.meta(n)["name"]
         try:
             cluster.store.delete(cluster.res["nodes"], None, name)
         except Exception as e:
@@ -137,17 +137,17 @@ def preempt(cluster: FaultTarget, pool: str, grace_s: float = 15.0, wait: bool =
         taints = [
             t
             for t in (n.get("spec") or {}).get("taints") or []
-            if t.get("key") != o.IMPENDING_TERMINATION_TAINT
+            if t.get("key") != objects.IMPENDING_TERMINATION_TAINT
         ]
-        taints.append({**IMPENDING_TAINT, "timeAdded": o.rfc3339()})
-        cluster.store.patch(res, None, o.meta(n)["name"], {"spec": {"taints": taints}}, "merge")
-    names = {o.meta(n)["name"] for n in nodes}
-    pods = [p for p in _pods_on(cluster, names) if not o.pod_terminal(p)]
+        taints.append({**IMPENDING_TAINT, "timeAdded": objects.rfc3339()})
+        cluster.store.patch(res, None, objects.meta(n)["name"], {"spec": {"taints": taints}}, "merge")
+    names = {objects.meta(n)["name"] for n in nodes}
+    pods = [p for p in _pods_on(cluster, names) if not objects.pod_terminal(p)]
     kubelet = cluster.kubelet
     runs = {r.uid: r for r in kubelet.runs()}
     waiting = []
     for p in pods:
-        uid = o.meta(p)["uid"]
+        uid = objects.meta(p)["uid"]
         grace = min(float(grace_s), float((p.get("spec") or {}).get("terminationGracePeriodSeconds") or 30))
         run = runs.get(uid)
         if run is None:
@@ -170,7 +170,7 @@ def preempt(cluster: FaultTarget, pool: str, grace_s: float = 15.0, wait: bool =
         finish()
     else:
         threading.Thread(target=finish, name=f"preempt-{pool}", daemon=True).start()
-    return {"nodepool": pool, "nodes": sorted(names), "pods": sorted(o.meta(p)["name"] for p in pods)}
+    return {"nodepool": pool, "nodes": sorted(names), "pods": sorted(objects.meta(p)["name"] for p in pods)}
 
 
 def remove(cluster: FaultTarget, pool: str) -> dict[str, Any]:
@@ -179,28 +179,28 @@ def remove(cluster: FaultTarget, pool: str) -> dict[str, Any]:
     nodes = _existing_nodes(cluster, pool)
     if not nodes:
         raise UserError(f"node pool {pool} has no nodes (removed already?)")
-    names = {o.meta(n)["name"] for n in nodes}
+    names = {objects.meta(n)["name"] for n in nodes}
     pods = _pods_on(cluster, names)
     _delete_nodes(cluster, pool)
     runs = {r.uid: r for r in cluster.kubelet.runs()}
     for p in pods:
-        run = runs.get(o.meta(p)["uid"])
+        run = runs.get(objects.meta(p)["uid"])
         if run is not None:
             run.cause = "gone"  # the machine is gone: nobody reports the exit
             cluster.kubelet.kill(run.uid)
         _gc_pod(cluster, p)
-    return {"nodepool": pool, "nodes": sorted(names), "pods": sorted(o.meta(p)["name"] for p in pods)}
+    return {"nodepool": pool, "nodes": sorted(names), "pods": sorted(objects.meta(p)["name"] for p in pods)}
 
 
 def restore(cluster: FaultTarget, pool: str) -> dict[str, Any]:
     """Recreate the node pool's nodes (Ready, untainted)."""
     pool = cluster.pool_name(pool)
     np = cluster.pools[pool]
-    existing = {o.meta(n)["name"] for n in _existing_nodes(cluster, pool)}
+    existing = {objects.meta(n)["name"] for n in _existing_nodes(cluster, pool)}
     created = []
     for i in range(np.shape.hosts):
         node = nd.node_object(np, i)
-        name = o.meta(node)["name"]
+        name = objects.meta(node)["name"]
         if name in existing:
             continue
         made = cluster.store.create(cluster.res["nodes"], node)
@@ -223,7 +223,7 @@ def _pod(cluster: FaultTarget, namespace: str, name: str) -> dict[str, Any]:
 
 def kill_pod(cluster: FaultTarget, namespace: str, name: str) -> dict[str, Any]:
     """SIGKILL the pod's containers: it ends Failed with exit code 137."""
-    uid = o.meta(_pod(cluster, namespace, name))["uid"]
+    uid = objects.meta(_pod(cluster, namespace, name))["uid"]
     run = next((r for r in cluster.kubelet.runs() if r.uid == uid), None)
     if run is None or not cluster.kubelet.kill(uid):
         raise UserError(f"pod {namespace}/{name} is not running")
@@ -234,7 +234,7 @@ def kill_pod(cluster: FaultTarget, namespace: str, name: str) -> dict[str, Any]:
 def crash_host(cluster: FaultTarget, namespace: str, name: str) -> dict[str, Any]:
     """The host of a running pod crashes: its processes die, the pod is left Running (module doc)."""
     pod = _pod(cluster, namespace, name)
-    uid = o.meta(pod)["uid"]
+    uid = objects.meta(pod)["uid"]
     run = next((r for r in cluster.kubelet.runs() if r.uid == uid), None)
     if run is None or not cluster.kubelet.crash(uid):
         raise UserError(f"pod {namespace}/{name} is not running")
@@ -269,7 +269,7 @@ def drain(cluster: FaultTarget, node: str, timeout_s: float = 60.0, wait: bool =
 
     cur = _node(cluster, node)
     taints = [t for t in (cur.get("spec") or {}).get("taints") or [] if t.get("key") != UNSCHEDULABLE_TAINT]
-    taints.append({"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule", "timeAdded": o.rfc3339()})
+    taints.append({"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule", "timeAdded": objects.rfc3339()})
     cluster.store.patch(
         cluster.res["nodes"], None, node, {"spec": {"unschedulable": True, "taints": taints}}, "merge"
     )
@@ -278,11 +278,11 @@ def drain(cluster: FaultTarget, node: str, timeout_s: float = 60.0, wait: bool =
     )
     deadline = time.monotonic() + timeout_s
     evicted: list[str] = []
-    pending = [p for p in _pods_on(cluster, {node}) if not o.pod_terminal(p)]
+    pending = [p for p in _pods_on(cluster, {node}) if not objects.pod_terminal(p)]
     while pending:
         refused = []
         for p in pending:
-            ns, name = o.key_of(p)
+            ns, name = objects.key_of(p)
             try:
                 eviction.evict(cluster.store, ns, name, {"kind": "Eviction", "metadata": {"name": name}})
                 evicted.append(name)
@@ -295,7 +295,7 @@ def drain(cluster: FaultTarget, node: str, timeout_s: float = 60.0, wait: bool =
         if pending:
             if time.monotonic() > deadline:
                 raise UserError(
-                    f"drain {node}: a disruption budget still refuses {', '.join(o.meta(p)['name'] for p in pending)}"
+                    f"drain {node}: a disruption budget still refuses {', '.join(objects.meta(p)['name'] for p in pending)}"
                 )
             time.sleep(1.0)
     while wait and _pods_on(cluster, {node}) and time.monotonic() < deadline:
@@ -320,7 +320,7 @@ def repair(cluster: FaultTarget, node: str) -> dict[str, Any]:
     the node lifecycle controller's work), their processes die; the node registers again."""
     _known_node(cluster, node)
     cur = _node(cluster, node)
-    pods = [o.meta(p)["name"] for p in _pods_on(cluster, {node})]
+    pods = [objects.meta(p)["name"] for p in _pods_on(cluster, {node})]
     cluster.store.delete(cluster.res["nodes"], None, node)
     cluster.node_events.event(
         cur, "Normal", "RemovingNode", f"Node {node} event: Removing Node {node} from Controller"

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.embedded import objects as o
+from launcher.embedded import objects
 from launcher.embedded.gotypes import parse_quantity
 
 # Filter failure reasons (kube-scheduler plugin messages).
@@ -55,7 +55,7 @@ def pod_requests(pod: Mapping[str, Any]) -> dict[str, float]:
 
 def node_selector_matches(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bool:
     spec = pod.get("spec") or {}
-    lbls = o.labels(node)
+    lbls = objects.labels(node)
     for k, v in (spec.get("nodeSelector") or {}).items():
         if lbls.get(k) != v:
             return False
@@ -64,13 +64,13 @@ def node_selector_matches(pod: Mapping[str, Any], node: Mapping[str, Any]) -> bo
     )
     if not na:
         return True
-    fields = {"metadata.name": o.meta(node).get("name", "")}
+    fields = {"metadata.name": objects.meta(node).get("name", "")}
     for term in na.get("nodeSelectorTerms") or []:
         exprs, fexprs = term.get("matchExpressions") or [], term.get("matchFields") or []
         if not exprs and not fexprs:
             continue  # an empty term matches no objects
-        if all(o.match_expression(lbls, e) for e in exprs) and all(
-            o.match_expression(fields, e) for e in fexprs
+        if all(objects.match_expression(lbls, e) for e in exprs) and all(
+            objects.match_expression(fields, e) for e in fexprs
         ):
             return True
     return False
@@ -81,7 +81,7 @@ def untolerated_taint(pod: Mapping[str, Any], node: Mapping[str, Any]) -> dict[s
     for t in (node.get("spec") or {}).get("taints") or []:
         if t.get("effect") not in ("NoSchedule", "NoExecute"):
             continue
-        if not o.tolerates(tols, t):
+        if not objects.tolerates(tols, t):
             return t
     return None
 
@@ -95,9 +95,9 @@ def _term_namespaces(term: Mapping[str, Any], pod_ns: str) -> set[str] | None:
 
 def _term_matches(term: Mapping[str, Any], owner_ns: str, pod: Mapping[str, Any]) -> bool:
     nss = _term_namespaces(term, owner_ns)
-    if nss is not None and (o.meta(pod).get("namespace") or "") not in nss:
+    if nss is not None and (objects.meta(pod).get("namespace") or "") not in nss:
         return False
-    return o.match_label_selector(o.labels(pod), term.get("labelSelector"))
+    return objects.match_label_selector(objects.labels(pod), term.get("labelSelector"))
 
 
 def _required(pod: Mapping[str, Any], kind: str) -> list[dict[str, Any]]:
@@ -147,7 +147,7 @@ class ClusterView:
         return self.alloc(node).get(resource, 0.0) - self.used.get(node, {}).get(resource, 0.0)
 
     def domain(self, node: str, key: str) -> str | None:
-        return o.labels(self.nodes[node]).get(key) if node in self.nodes else None
+        return objects.labels(self.nodes[node]).get(key) if node in self.nodes else None
 
     def any_bound_match(self, term: Mapping[str, Any], ns: str) -> bool:
         k = json.dumps([term, ns], sort_keys=True)
@@ -182,7 +182,7 @@ def insufficient(
 def inter_pod_affinity(pod: Mapping[str, Any], node: str, view: ClusterView) -> str | None:
     """InterPodAffinity filter for required terms, in upstream's order (the pod's affinity, its
     anti-affinity, then existing pods' anti-affinity); returns a failure reason or None."""
-    ns = o.meta(pod).get("namespace") or ""
+    ns = objects.meta(pod).get("namespace") or ""
     for term in _required(pod, "podAffinity"):
         key = term.get("topologyKey")
         dv = view.domain(node, key)
@@ -204,7 +204,7 @@ def inter_pod_affinity(pod: Mapping[str, Any], node: str, view: ClusterView) -> 
             key = term.get("topologyKey")
             dv = view.domain(node, key)
             same = dv is not None and dv == view.domain(n, key)
-            if same and _term_matches(term, o.meta(e).get("namespace") or "", pod):
+            if same and _term_matches(term, objects.meta(e).get("namespace") or "", pod):
                 return R_EXISTING_ANTI
     return None
 
@@ -220,7 +220,7 @@ def filter_node(
         return [taint_reason(t)]
     if not node_selector_matches(pod, node):
         return [R_SELECTOR]
-    name = o.meta(node)["name"]
+    name = objects.meta(node)["name"]
     bad = insufficient(
         req if req is not None else pod_requests(pod), view.alloc(name), view.used.get(name, {})
     )
@@ -268,7 +268,7 @@ def pool_order(view: ClusterView) -> list[list[str]]:
     """Nodes grouped by node pool (name order) so a pass can skip whole pools at once."""
     pools: dict[str, list[str]] = {}
     for name in sorted(view.nodes):
-        pools.setdefault(o.labels(view.nodes[name]).get(o.NODEPOOL_LABEL, ""), []).append(name)
+        pools.setdefault(objects.labels(view.nodes[name]).get(objects.NODEPOOL_LABEL, ""), []).append(name)
     return [pools[k] for k in sorted(pools)]
 
 
@@ -295,12 +295,12 @@ def schedule_fast(
     nodes without the chips skipped before the full filter chain. Only when nothing fits are the
     exact per-node reasons computed, for the message."""
     req = pod_requests(pod)
-    tpu = req.get(o.TPU_RESOURCE, 0.0)
+    tpu = req.get(objects.TPU_RESOURCE, 0.0)
     for names in pools:
         if pool_uniform_reason(pod, view.nodes[names[0]]) is not None:
             continue
         for name in names:
-            if tpu and view.free(name, o.TPU_RESOURCE) < tpu:
+            if tpu and view.free(name, objects.TPU_RESOURCE) < tpu:
                 continue
             if not filter_node(pod, view.nodes[name], view, req):
                 return name, None

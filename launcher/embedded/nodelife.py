@@ -29,7 +29,7 @@ import time
 from collections.abc import Hashable, Mapping
 from typing import Any
 
-from launcher.embedded import objects as o
+from launcher.embedded import objects
 from launcher.embedded.runtime import Controller, EventRecorder, log
 
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
@@ -55,7 +55,7 @@ def eviction_delay(pod: Mapping[str, Any], taints: list[Mapping[str, Any]]) -> f
     tolerations = (pod.get("spec") or {}).get("tolerations") or []
     least: float | None = None
     for taint in taints:
-        matching = [t for t in tolerations if o.tolerates([t], taint)]
+        matching = [t for t in tolerations if objects.tolerates([t], taint)]
         if not matching:
             return 0.0
         for t in matching:
@@ -74,16 +74,16 @@ def evictions(
     taints = no_execute_taints(node)
     if not taints:
         return []
-    added = [o.parse_time(t.get("timeAdded")) for t in taints]
+    added = [objects.parse_time(t.get("timeAdded")) for t in taints]
     since = max((a for a in added if a is not None), default=now)
     elapsed = max(0.0, (now - since).total_seconds())
     out = []
     for p in pods:
-        if o.pod_terminal(p) or o.pod_deleting(p):
+        if objects.pod_terminal(p) or objects.pod_deleting(p):
             continue
         delay = eviction_delay(p, taints)
         if delay is not None:
-            ns, name = o.key_of(p)
+            ns, name = objects.key_of(p)
             out.append((ns, name, max(0.0, delay - elapsed)))
     return out
 
@@ -165,18 +165,18 @@ class NodeLifecycle(Controller):
     # -- wiring ------------------------------------------------------------------------------------
     def resync(self) -> None:
         nodes, _ = self.store.list(self.nodes)
-        self._known = {o.meta(n)["name"] for n in nodes}
+        self._known = {objects.meta(n)["name"] for n in nodes}
         for n in self._known:
             self.enqueue(("taints", n))
         pods, _ = self.store.list(self.pods)
         for p in pods:
             node = (p.get("spec") or {}).get("nodeName")
             if node and node not in self._known:
-                self.enqueue(("gc", *o.key_of(p)))
+                self.enqueue(("gc", *objects.key_of(p)))
 
     def keys_for(self, event: str, res: Any, obj: Mapping[str, Any]) -> list[Hashable]:
         if res.plural == "nodes":
-            name = o.meta(obj)["name"]
+            name = objects.meta(obj)["name"]
             if event == "DELETED":
                 self._known.discard(name)
                 return [("gc-node", name)]
@@ -185,8 +185,8 @@ class NodeLifecycle(Controller):
         if res.plural == "pods" and event != "DELETED":
             node = (obj.get("spec") or {}).get("nodeName")
             if node and node not in self._known:
-                return [("gc", *o.key_of(obj))]
-            if node and not o.pod_terminal(obj) and not o.pod_deleting(obj):
+                return [("gc", *objects.key_of(obj))]
+            if node and not objects.pod_terminal(obj) and not objects.pod_deleting(obj):
                 return [("taints", node)]
         return []
 
@@ -220,7 +220,7 @@ class NodeLifecycle(Controller):
             return None
         with self._lock:
             since = self._silent.get(name)
-        when = o.rfc3339()
+        when = objects.rfc3339()
         if since is None:
             if any(t.get("key") == UNREACHABLE_TAINT for t in (node.get("spec") or {}).get("taints") or []):
                 self._write_node(reachable_node(node, when))
@@ -229,18 +229,21 @@ class NodeLifecycle(Controller):
         left = since + self.grace_s - time.monotonic()
         if left > 0:
             return left
-        if o.get_condition(node, "Ready") and o.get_condition(node, "Ready").get("status") == "Unknown":
+        if (
+            objects.get_condition(node, "Ready")
+            and objects.get_condition(node, "Ready").get("status") == "Unknown"
+        ):
             return None
         self._write_node(unreachable_node(node, when))
         self.recorder.event(node, "Normal", "NodeNotReady", f"Node {name} status is now: NodeNotReady")
         pods, _ = self.store.list(self.pods, field_selector=f"spec.nodeName={name}")
         for p in pods:  # upstream MarkPodsNotReady
-            if not o.pod_terminal(p):
+            if not objects.pod_terminal(p):
                 self._set_pod_conditions(p, [("Ready", "False", "NodeNotReady", "")])
         return None
 
     def _write_node(self, node: dict[str, Any]) -> None:
-        name = o.meta(node)["name"]
+        name = objects.meta(node)["name"]
         self.store.patch(self.nodes, None, name, {"spec": {"taints": node["spec"]["taints"]}}, "merge")
         cur = self._get(self.nodes, None, name)
         if cur is not None:
@@ -253,12 +256,12 @@ class NodeLifecycle(Controller):
             return None
         pods, _ = self.store.list(self.pods, field_selector=f"spec.nodeName={name}")
         later: list[float] = []
-        for ns, pname, delay in evictions(node, pods, o.now()):
+        for ns, pname, delay in evictions(node, pods, objects.now()):
             if delay > 0:
                 later.append(delay)
                 continue
             pod = self._get(self.pods, ns, pname)
-            if pod is None or o.pod_deleting(pod):
+            if pod is None or objects.pod_deleting(pod):
                 continue
             self.taint_recorder.event(
                 pod, "Normal", "TaintManagerEviction", f"Marking for deletion Pod {ns}/{pname}"
@@ -274,14 +277,14 @@ class NodeLifecycle(Controller):
         return min(later) if later else None
 
     def _set_pod_conditions(self, pod: Mapping[str, Any], conds: list[tuple[str, str, str, str]]) -> None:
-        ns, name = o.key_of(pod)
+        ns, name = objects.key_of(pod)
         for _ in range(10):  # read-modify-write: the kubelet writes this pod too
             cur = self._get(self.pods, ns, name)
-            if cur is None or o.meta(cur).get("uid") != o.meta(pod).get("uid"):
+            if cur is None or objects.meta(cur).get("uid") != objects.meta(pod).get("uid"):
                 return
             st = cur.setdefault("status", {})
             for ctype, status, reason, msg in conds:
-                o.set_condition(
+                objects.set_condition(
                     st.setdefault("conditions", []), ctype, status, reason, msg, probe_fields=True
                 )
             try:
@@ -295,14 +298,14 @@ class NodeLifecycle(Controller):
 
     def gc_pod(self, pod: Mapping[str, Any]) -> None:
         """PodGC on a pod whose node is gone: Failed with DisruptionTarget, then force-deleted."""
-        ns, name = o.key_of(pod)
-        if not o.pod_terminal(pod):
+        ns, name = objects.key_of(pod)
+        if not objects.pod_terminal(pod):
             for _ in range(10):
                 cur = self._get(self.pods, ns, name)
-                if cur is None or o.pod_terminal(cur):
+                if cur is None or objects.pod_terminal(cur):
                     break
                 st = cur.setdefault("status", {})
-                o.set_condition(
+                objects.set_condition(
                     st.setdefault("conditions", []),
                     "DisruptionTarget",
                     "True",

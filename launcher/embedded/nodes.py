@@ -10,7 +10,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.embedded import objects as o
+from launcher.embedded import objects
 from launcher.errors import UserError
 from launcher.presets import Preset, load_preset
 
@@ -141,12 +141,12 @@ def node_labels(pool: NodePool, name: str) -> dict[str, str]:
     return lbls
 
 
-TPU_TAINT = {"key": o.TPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
+TPU_TAINT = {"key": objects.TPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
 
 
 def node_object(pool: NodePool, i: int, when: str | None = None) -> dict[str, Any]:
     name = node_name(pool.name, i)
-    when = when or o.rfc3339()
+    when = when or objects.rfc3339()
     chips = str(pool.shape.chips_per_host)
     # cpu/memory are not the machine type's real figures: large enough that only google.com/tpu
     # ever limits placement, which is true of TPU hosts in practice.
@@ -155,7 +155,7 @@ def node_object(pool: NodePool, i: int, when: str | None = None) -> dict[str, An
         "memory": "800Gi",
         "ephemeral-storage": "100Gi",
         "pods": "110",
-        o.TPU_RESOURCE: chips,
+        objects.TPU_RESOURCE: chips,
     }
     ready = {
         "type": "Ready",

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from launcher.embedded import objects as o
+from launcher.embedded import objects
 
 _FIELD = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.\-]*)\)")
@@ -35,7 +35,7 @@ def expand(s: str, env: Mapping[str, str]) -> str:
 
 def field_value(pod: Mapping[str, Any], path: str) -> str:
     """Downward API fieldRef."""
-    m = o.meta(pod)
+    m = objects.meta(pod)
     simple = {
         "metadata.name": m.get("name"),
         "metadata.namespace": m.get("namespace"),
@@ -51,7 +51,7 @@ def field_value(pod: Mapping[str, Any], path: str) -> str:
         return str(simple[path] or "")
     fm = _FIELD.match(path)
     if fm:
-        src = o.labels(pod) if fm.group(1) == "labels" else o.annotations(pod)
+        src = objects.labels(pod) if fm.group(1) == "labels" else objects.annotations(pod)
         return str(src.get(fm.group(2), ""))
     raise ValueError(f"unsupported fieldRef {path!r}")
 
@@ -81,7 +81,7 @@ def container_env(
     configmap: Callable[[str, str], Mapping[str, Any] | None],
 ) -> dict[str, str]:
     """The variables the pod spec defines for one container (envFrom, then env), expanded."""
-    ns = o.meta(pod).get("namespace") or "default"
+    ns = objects.meta(pod).get("namespace") or "default"
     env: dict[str, str] = {}
     for src in container.get("envFrom") or []:
         ref = src.get("configMapRef")
@@ -154,7 +154,7 @@ class PortMap:
 
 def hostname_pattern(jobset: Mapping[str, Any]) -> re.Pattern[str]:
     """Pod hostnames of a JobSet, `<js>-<rjob>-<j>-<p>[.<subdomain>[.more]][:port]`."""
-    m = o.meta(jobset)
+    m = objects.meta(jobset)
     rjobs = [r["name"] for r in (jobset.get("spec") or {}).get("replicatedJobs") or []] or ["[a-z0-9-]+"]
     net = (jobset.get("spec") or {}).get("network") or {}
     sub = net.get("subdomain") or m["name"]

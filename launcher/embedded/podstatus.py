@@ -8,7 +8,7 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from launcher.embedded import objects as o
+from launcher.embedded import objects
 
 SHUTDOWN_REASON = "Terminated"
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
@@ -19,7 +19,7 @@ def running_status(pod: Mapping[str, Any], started: str, ids: Mapping[str, str])
     st = copy.deepcopy(dict(pod.get("status") or {}))
     conds = st.setdefault("conditions", [])
     for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"):
-        o.set_condition(conds, t, "True", "", "", started, probe_fields=True)
+        objects.set_condition(conds, t, "True", "", "", started, probe_fields=True)
     for c in conds:
         if c["type"] != "DisruptionTarget" and c.get("status") == "True":
             c.pop("reason", None)
@@ -72,9 +72,9 @@ def terminated_status(
     st = copy.deepcopy(dict(pod.get("status") or {}))
     conds = st.setdefault("conditions", [])
     for t in ("PodReadyToStartContainers",):
-        o.set_condition(conds, t, "False", "", "", when, probe_fields=True)
+        objects.set_condition(conds, t, "False", "", "", when, probe_fields=True)
     for t in ("Ready", "ContainersReady"):
-        o.set_condition(conds, t, "False", "PodCompleted", "", when, probe_fields=True)
+        objects.set_condition(conds, t, "False", "PodCompleted", "", when, probe_fields=True)
     for c in conds:
         if c["type"] == "PodReadyToStartContainers":
             c.pop("reason", None)
@@ -124,7 +124,7 @@ def crashed_status(
     """Containers the kubelet will restart in place (restartPolicy OnFailure/Always): the exit goes
     to lastState; while the crash back-off runs they wait in CrashLoopBackOff, not ready."""
     st = copy.deepcopy(dict(pod.get("status") or {}))
-    name = o.meta(pod).get("name")
+    name = objects.meta(pod).get("name")
     for cs in st.get("containerStatuses") or []:
         if cs.get("name") not in codes:
             continue

@@ -8,8 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from launcher.embedded import bodies, discovery, eviction
-from launcher.embedded import objects as o
+from launcher.embedded import bodies, discovery, eviction, objects
 from launcher.embedded.errors import ApiError, bad_request
 from launcher.embedded.patches import PATCH_TYPES
 from launcher.embedded.resources import GROUPS, Resource, lookup
@@ -255,7 +254,11 @@ class Request(Streams):
         if propagation in _GC_FINALIZERS and meta.get("deletionTimestamp") is None:
             # Upstream the API server only adds the GC's finalizer and answers with the object; the
             # garbage collector removes it afterwards (the embedded store does both at once).
-            meta = {**meta, "deletionTimestamp": o.rfc3339(o.now()), "deletionGracePeriodSeconds": 0}
+            meta = {
+                **meta,
+                "deletionTimestamp": objects.rfc3339(objects.now()),
+                "deletionGracePeriodSeconds": 0,
+            }
             meta["finalizers"] = [*(meta.get("finalizers") or []), _GC_FINALIZERS[propagation]]
             return 200, {**obj, "metadata": meta}
         details = {"name": name, "group": res.group, "kind": res.plural, "uid": meta.get("uid")}

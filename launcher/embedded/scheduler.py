@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from launcher.embedded import objects as o
+from launcher.embedded import objects
 from launcher.embedded.filters import ClusterView, pod_requests, pool_order, schedule_fast
 from launcher.embedded.runtime import EventRecorder, log
 
@@ -33,8 +33,8 @@ def _needs_scheduling(pod: Mapping[str, Any]) -> bool:
     spec = pod.get("spec") or {}
     return (
         not spec.get("nodeName")
-        and not o.pod_terminal(pod)
-        and not o.pod_deleting(pod)
+        and not objects.pod_terminal(pod)
+        and not objects.pod_deleting(pod)
         and (spec.get("schedulerName") or "default-scheduler") == "default-scheduler"
         and not spec.get("schedulingGates")
     )
@@ -48,7 +48,7 @@ def _signature(pod: Mapping[str, Any]) -> str | None:
         return None
     return json.dumps(
         [
-            o.meta(pod).get("namespace"),
+            objects.meta(pod).get("namespace"),
             spec.get("nodeSelector"),
             aff.get("nodeAffinity"),
             spec.get("tolerations"),
@@ -99,8 +99,8 @@ class Scheduler:
         nodes, _ = self.store.list(self.nodes_res)
         pods, _ = self.store.list(self.pods_res)
         with self._lock:
-            self._nodes = {o.meta(n)["name"]: n for n in nodes}
-            self._pods = {o.meta(p)["uid"]: p for p in pods if not o.pod_terminal(p)}
+            self._nodes = {objects.meta(n)["name"]: n for n in nodes}
+            self._pods = {objects.meta(p)["uid"]: p for p in pods if not objects.pod_terminal(p)}
         self.kick()
 
     def kick(self) -> None:
@@ -114,7 +114,7 @@ class Scheduler:
 
     def _on_event(self, event: str, res: Any, obj: Mapping[str, Any]) -> None:
         if res.plural == "nodes":
-            name = o.meta(obj)["name"]
+            name = objects.meta(obj)["name"]
             with self._lock:
                 if event == "DELETED":
                     self._nodes.pop(name, None)
@@ -122,8 +122,8 @@ class Scheduler:
                     self._nodes[name] = obj  # type: ignore[assignment]
             self.kick()
         elif res.plural == "pods":
-            uid = o.meta(obj).get("uid")
-            gone = event == "DELETED" or o.pod_terminal(obj)
+            uid = objects.meta(obj).get("uid")
+            gone = event == "DELETED" or objects.pod_terminal(obj)
             with self._lock:
                 was_bound = bool(((self._pods.get(uid) or {}).get("spec") or {}).get("nodeName"))
                 if gone:
@@ -172,8 +172,8 @@ class Scheduler:
         pending.sort(
             key=lambda p: (
                 -int((p.get("spec") or {}).get("priority") or 0),
-                o.meta(p).get("creationTimestamp") or "",
-                int(o.meta(p).get("resourceVersion") or 0),
+                objects.meta(p).get("creationTimestamp") or "",
+                int(objects.meta(p).get("resourceVersion") or 0),
             )
         )
         view = ClusterView(nodes=nodes, bound=bound)
@@ -197,21 +197,21 @@ class Scheduler:
         """Two writes where the pods/binding subresource makes one: spec.nodeName, then the
         PodScheduled condition — with a resourceVersion precondition, because the kubelet may
         already be writing the pod's status (a merge patch would replace its conditions)."""
-        ns, name = o.key_of(pod)
-        uid = o.meta(pod).get("uid")
+        ns, name = objects.key_of(pod)
+        uid = objects.meta(pod).get("uid")
         try:
             cur = self.store.patch(
                 self.pods_res, ns, name, {"metadata": {"uid": uid}, "spec": {"nodeName": node}}, "merge"
             )
             for _ in range(20):
                 conds = copy.deepcopy((cur.get("status") or {}).get("conditions") or [])
-                o.set_condition(conds, "PodScheduled", "True", "", "", probe_fields=True)
+                objects.set_condition(conds, "PodScheduled", "True", "", "", probe_fields=True)
                 for c in conds:
                     if c["type"] == "PodScheduled":
                         c.pop("reason", None)
                         c.pop("message", None)
                 patch = {
-                    "metadata": {"resourceVersion": o.meta(cur)["resourceVersion"]},
+                    "metadata": {"resourceVersion": objects.meta(cur)["resourceVersion"]},
                     "status": {"conditions": conds},
                 }
                 try:
@@ -229,8 +229,8 @@ class Scheduler:
         return True
 
     def _unschedulable(self, pod: Mapping[str, Any], msg: str) -> None:
-        uid = o.meta(pod).get("uid")
-        ns, name = o.key_of(pod)
+        uid = objects.meta(pod).get("uid")
+        ns, name = objects.key_of(pod)
         with self._lock:
             repeat = self._last_msg.get(uid) == msg
             self._last_msg[uid] = msg
@@ -240,7 +240,9 @@ class Scheduler:
         try:
             cur = self.store.get(self.pods_res, ns, name)
             conds = list((cur.get("status") or {}).get("conditions") or [])
-            if not o.set_condition(conds, "PodScheduled", "False", "Unschedulable", msg, probe_fields=True):
+            if not objects.set_condition(
+                conds, "PodScheduled", "False", "Unschedulable", msg, probe_fields=True
+            ):
                 return
             self.store.patch(
                 self.pods_res,
