@@ -1,6 +1,12 @@
 """Store: the objects of the embedded Kubernetes API, in memory, with the semantics of etcd + the
 generic registry of a real API server (see docs/embedded.md for the contract).
 
+Used by the HTTP layer (`apiserver.py`, `rest.py`, `streams.py`), by the in-process controllers of
+the cluster half (`cluster.py` wires them) and by tests. The class is composed of one part per
+concern: create/update in `writes.py`, deletion and garbage collection in `deletion.py`, watches and
+subscribers in `watches.py`, persistence in `persistence.py`; reads, the commit path and the
+indexes are here.
+
 Design notes (why it looks like this):
 - One `RLock` guards everything; every write is a short critical section that ends in `_commit`,
   which bumps the single global resourceVersion, records the event in a bounded history (watch
