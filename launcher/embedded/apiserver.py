@@ -8,7 +8,7 @@ server sends it), `meta.k8s.io/v1` Tables for kubectl, and `Status` bodies for e
 admission (CRD schema and webhook checks) is installed on the store.
 
 This module is the HTTP/1.1 server (listener, connections, framing, restart); each request is a
-`rest.Request` (routing and verbs), whose watch and log streams are `streams.py`'s. Started by
+`rest.ApiRequest` (routing and verbs), whose watch and log streams are `streams.py`'s. Started by
 `launcher/embedded/cluster.py` and the embedded API tests.
 """
 
@@ -30,7 +30,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from launcher.embedded import admission
 from launcher.embedded.errors import ApiError, bad_request
-from launcher.embedded.rest import Request
+from launcher.embedded.rest import ApiRequest
 from launcher.embedded.store import Store
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ class _Handler(BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         try:
             body = self._read_body()
-            Request(self, method, url.path, query, body).dispatch()
+            ApiRequest(self, method, url.path, query, body).dispatch()
         except ApiError as e:
             self._fail(e)
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):

@@ -25,7 +25,7 @@ _DELETE_RETURNS_OBJECT = {"pods", "namespaces", "serviceaccounts"}
 _GC_FINALIZERS = {"Foreground": "foregroundDeletion", "Orphan": "orphan"}
 
 
-class Request(Streams):
+class ApiRequest(Streams):
     """One API request: parse the path, route it, answer it. `h` is the ApiServer's HTTP handler
     (`apiserver._Handler`: headers, send_json, send_body, start_stream, chunk, end_stream,
     peer_closed), `h.server.api` the ApiServer."""

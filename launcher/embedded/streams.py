@@ -1,6 +1,6 @@
 """The streaming answers of the embedded API server: watch streams (chunked, one JSON event per
 line, BOOKMARKs, `timeoutSeconds`, the 410 `ERROR` event) and pods/log (tail, limit, follow). A part
-of `Request` (`launcher/embedded/rest.py`), which routes to it; it writes through the HTTP handler
+of `ApiRequest` (`launcher/embedded/rest.py`), which routes to it; it writes through the HTTP handler
 of `launcher/embedded/apiserver.py`."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from launcher.embedded.resources import RESOURCES, Resource
 
 
 class Streams:
-    """The watch and pods/log verbs of `Request`."""
+    """The watch and pods/log verbs of `ApiRequest`."""
 
     def _watch(self, res: Resource, namespace: str | None) -> None:
         q = self.query
