@@ -88,7 +88,7 @@ def initialize(env: Mapping[str, str]) -> Identity:
     global _joined
     ident = identity(env)
     init_timeout, heartbeat = timeouts(env)
-    # JAX's preemption service would install its own SIGTERM handler over ours (trainer.Preemption):
+    # JAX's preemption service would install its own SIGTERM handler over ours (trainer.watchdog.Preemption):
     # the loop agrees on the stopping step through the step's own outputs instead.
     jax.config.update("jax_enable_preemption_service", False)
     if ident.coordinator is not None and ident.num_processes > 1:

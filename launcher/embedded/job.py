@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.embedded import objects as o
+from launcher.embedded.clock import REAL, Clock
 from launcher.embedded.runtime import Batched, Controller, EventRecorder
 
 DEFAULT_BACKOFF_LIMIT = 6
@@ -533,8 +534,8 @@ def leader_node(pods: list[Mapping[str, Any]]) -> str | None:
 class JobController(Controller):
     name = "job-controller"
 
-    def __init__(self, store: Any, events: Any = None) -> None:
-        super().__init__(store, events)
+    def __init__(self, store: Any, events: Any = None, clock: Clock = REAL) -> None:
+        super().__init__(store, events, clock)
         from launcher.embedded.store import RESOURCES
 
         self.jobs = RESOURCES["jobs"]
