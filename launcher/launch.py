@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, replace
 
 from launcher.errors import UserError
+from launcher.inputs import quantity
 from launcher.plan import Plan, Rung, shrink_ladder
 from launcher.presets import make_shape
 from launcher.record import Policy, RunRecord
@@ -97,9 +98,8 @@ def prepare(
             raise UserError(f"--set {kv!r}: expected key=value")
     if err := coordinator_port_error(spec.coordinator_port):
         raise UserError(err)
-    for flag, value in (("--cpu-request", spec.cpu_request), ("--memory-request", spec.memory_request)):
-        if value is not None and not _positive_quantity(value):
-            raise UserError(f"{flag} {value!r} is not a positive Kubernetes quantity (e.g. 56, 500m, 240Gi)")
+    quantity("--cpu-request", spec.cpu_request)
+    quantity("--memory-request", spec.memory_request)
     spec = replace(spec, model_parallel=trainer_model_parallel(spec.config, spec.overrides))
     ladder = shrink_ladder(
         shape,
@@ -136,15 +136,6 @@ def prepare(
         reason="launched",
     )
     return rec, ladder
-
-
-def _positive_quantity(value: str) -> bool:
-    from kubernetes.utils import parse_quantity
-
-    try:
-        return parse_quantity(value) > 0
-    except (ValueError, ArithmeticError):
-        return False
 
 
 def short_notice_presets(spec: RunSpec, ladder: list[Rung]) -> list[str]:
