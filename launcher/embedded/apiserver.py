@@ -25,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from launcher import rfc3339
 from launcher.embedded import admission, bodies, discovery, eviction
 from launcher.embedded import objects as o
 from launcher.embedded.errors import ApiError, bad_request
@@ -514,7 +515,7 @@ class _Request:
         if propagation in _GC_FINALIZERS and meta.get("deletionTimestamp") is None:
             # Upstream the API server only adds the GC's finalizer and answers with the object; the
             # garbage collector removes it afterwards (the embedded store does both at once).
-            meta = {**meta, "deletionTimestamp": o.rfc3339(o.now()), "deletionGracePeriodSeconds": 0}
+            meta = {**meta, "deletionTimestamp": rfc3339.stamp(o.now()), "deletionGracePeriodSeconds": 0}
             meta["finalizers"] = [*(meta.get("finalizers") or []), _GC_FINALIZERS[propagation]]
             return 200, {**obj, "metadata": meta}
         details = {"name": name, "group": res.group, "kind": res.plural, "uid": meta.get("uid")}

@@ -20,6 +20,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from launcher import rfc3339
 from launcher.embedded import objects as o
 from launcher.embedded.errors import ApiError, bad_request
 
@@ -109,7 +110,7 @@ def evict(store: Any, namespace: str, name: str, body: Mapping[str, Any]) -> dic
                 currentHealthy=healthy,
                 desiredHealthy=desired,
                 expectedPods=len([p for p in all_pods if o.match_label_selector(o.labels(p), sel)]),
-                disruptedPods={**(st.get("disruptedPods") or {}), name: o.rfc3339()},
+                disruptedPods={**(st.get("disruptedPods") or {}), name: rfc3339.stamp()},
                 observedGeneration=o.meta(pdb).get("generation", 1),
             )
             pdb = dict(pdb)

@@ -30,6 +30,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from launcher import rfc3339
 from launcher.embedded import nodes as nd
 from launcher.embedded import objects as o
 from launcher.embedded.podstatus import SHUTDOWN_MESSAGE
@@ -118,7 +119,7 @@ def preempt(cluster: EmbeddedCluster, pool: str, grace_s: float = 15.0, wait: bo
             for t in (n.get("spec") or {}).get("taints") or []
             if t.get("key") != o.IMPENDING_TERMINATION_TAINT
         ]
-        taints.append({**IMPENDING_TAINT, "timeAdded": o.rfc3339()})
+        taints.append({**IMPENDING_TAINT, "timeAdded": rfc3339.stamp()})
         cluster.store.patch(res, None, o.meta(n)["name"], {"spec": {"taints": taints}}, "merge")
     names = {o.meta(n)["name"] for n in nodes}
     pods = [p for p in _pods_on(cluster, names) if not o.pod_terminal(p)]
@@ -248,7 +249,7 @@ def drain(cluster: EmbeddedCluster, node: str, timeout_s: float = 60.0, wait: bo
 
     cur = _node(cluster, node)
     taints = [t for t in (cur.get("spec") or {}).get("taints") or [] if t.get("key") != UNSCHEDULABLE_TAINT]
-    taints.append({"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule", "timeAdded": o.rfc3339()})
+    taints.append({"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule", "timeAdded": rfc3339.stamp()})
     cluster.store.patch(
         cluster.res["nodes"], None, node, {"spec": {"unschedulable": True, "taints": taints}}, "merge"
     )

@@ -11,6 +11,8 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from launcher import rfc3339
+
 # Upstream label and annotation keys (kubernetes-sigs/jobset api/jobset/v1alpha2, kubernetes batch/v1).
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 JOBSET_UID = "jobset.sigs.k8s.io/jobset-uid"
@@ -46,17 +48,6 @@ JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 
 def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-def rfc3339(t: dt.datetime | None = None) -> str:
-    """Kubernetes metav1.Time: second precision, UTC, 'Z'."""
-    return (t or now()).astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(s: str | None) -> dt.datetime | None:
-    if not s:
-        return None
-    return dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
 
 
 def meta(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -105,7 +96,7 @@ def set_condition(
     lastTransitionTime moves only when the status changes, as upstream helpers do. Pod and Job
     conditions also carry lastProbeTime (probe_fields=True) — null for conditions nobody probes.
     """
-    when = when or rfc3339()
+    when = when or rfc3339.stamp()
     for c in conditions:
         if c.get("type") != ctype:
             continue

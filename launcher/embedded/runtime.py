@@ -16,6 +16,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from launcher import rfc3339
 from launcher.embedded import objects as o
 from launcher.embedded.clock import REAL, Clock
 
@@ -220,7 +221,7 @@ class EventRecorder:
         if host or self.host:
             source["host"] = host or self.host
         key = (m.get("uid"), etype, reason, message, self.component)
-        stamp = o.rfc3339()
+        stamp = rfc3339.stamp()
         res = RESOURCES["events"]
         with self._lock:
             name = self._seen.get(key)

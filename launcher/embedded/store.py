@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from launcher import rfc3339
 from launcher.embedded import decoding, defaults, rules
 from launcher.embedded.errors import (
     STALE,
@@ -57,10 +58,6 @@ _dumps = json.JSONEncoder(separators=(",", ":")).encode
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 _SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 _TERMINAL = ("Succeeded", "Failed")
-
-
-def now_rfc3339(t: float | None = None) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if t is None else t))
 
 
 class _Rec:
@@ -505,7 +502,7 @@ class Store:
         for key in ("deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink"):
             meta.pop(key, None)
         meta["uid"] = str(uuid.uuid4())
-        meta["creationTimestamp"] = now_rfc3339()
+        meta["creationTimestamp"] = rfc3339.stamp()
         meta["generation"] = 1
         defaults.on_create(res, obj)
         defaults.normalize(res, obj)
@@ -654,7 +651,7 @@ class Store:
         obj = json.loads(rec.raw)
         meta = obj["metadata"]
         if not meta.get("deletionTimestamp") or grace < meta.get("deletionGracePeriodSeconds", grace + 1):
-            meta["deletionTimestamp"] = now_rfc3339(time.time() + grace)
+            meta["deletionTimestamp"] = rfc3339.stamp(time.time() + grace)
             meta["deletionGracePeriodSeconds"] = grace
         if finalizer and finalizer not in meta.setdefault("finalizers", []):
             meta["finalizers"].append(finalizer)
@@ -733,7 +730,7 @@ class Store:
         ns_res = RESOURCES["namespaces"]
         obj = json.loads(rec.raw)
         if not obj["metadata"].get("deletionTimestamp"):
-            obj["metadata"]["deletionTimestamp"] = now_rfc3339()
+            obj["metadata"]["deletionTimestamp"] = rfc3339.stamp()
             obj["metadata"]["deletionGracePeriodSeconds"] = 0
             obj["status"] = {"phase": "Terminating"}
             rec = self._commit(ns_res, MODIFIED, obj, rec)
