@@ -39,7 +39,7 @@ from launcher.launch import create_run, prepare
 from launcher.presets import make_shape
 from launcher.record import FINISHED, Policy, RunRecord
 from launcher.render import DNS1035, LABEL_RUN, RunSpec
-from launcher.runs import RunDir
+from launcher.runs import RunDir, read_jsonl
 from launcher.sweep_results import (
     FACTOR_KEY,
     FactorResult,
@@ -294,13 +294,7 @@ def read_incarnations(rundir: RunDir) -> list[list[dict]]:
     for name in rundir.list_dir("metrics"):
         if not name.endswith(".jsonl"):
             continue
-        recs = []
-        for line in (rundir.read_text(f"metrics/{name}") or "").splitlines():
-            try:
-                recs.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line being written; a finished run has none
-        files.append(recs)
+        files.append(read_jsonl(rundir.read_text(f"metrics/{name}")))
     return files
 
 
