@@ -264,11 +264,3 @@ def _files(root: epath.Path) -> list[epath.Path]:
     for p in root.iterdir():
         out += _files(p) if p.is_dir() else [p]
     return out
-
-
-def committed_steps(run_dir: str) -> list[int]:
-    """Committed steps as a reader outside Orbax sees them (the contract's rule)."""
-    root = epath.Path(run_dir) / "checkpoints"
-    if not root.exists():
-        return []
-    return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit() and (p / COMMIT_FILE).exists())
