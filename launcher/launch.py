@@ -78,11 +78,6 @@ def resolve_trainer_config(config: str, overrides: tuple[str, ...], strict: bool
         return None
 
 
-def memory_view(resolved: dict) -> dict:
-    """What the memory estimate reads of a resolved trainer config (kept in the run record)."""
-    return {k: resolved[k] for k in ("model", "moe", "mesh") if k in resolved}
-
-
 def trainer_model_parallel(config: str, overrides: tuple[str, ...], strict: bool = True) -> int:
     """The model-parallel degree of a trainer config."""
     return model_parallel(resolve_trainer_config(config, overrides, strict), overrides)

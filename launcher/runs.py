@@ -48,10 +48,6 @@ class RunDir:
         else:
             self.root = Path(self.url)
 
-    @property
-    def is_gcs(self) -> bool:
-        return self.root is None
-
     def _blob(self, rel: str):
         name = f"{self.prefix}/{rel}" if self.prefix else rel
         return _gcs_client().bucket(self.bucket_name).blob(name)

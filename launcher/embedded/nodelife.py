@@ -159,10 +159,6 @@ class NodeLifecycle(Controller):
             self._silent.pop(node, None)
         self.enqueue(("hb", node))
 
-    def silent(self, node: str) -> bool:
-        with self._lock:
-            return node in self._silent
-
     # -- wiring ------------------------------------------------------------------------------------
     def resync(self) -> None:
         nodes, _ = self.store.list(self.nodes)

@@ -152,40 +152,6 @@ def match_label_selector(lbls: Mapping[str, str], selector: Mapping[str, Any] | 
     return all(match_expression(lbls, e) for e in selector.get("matchExpressions") or [])
 
 
-def parse_selector_string(s: str | None) -> dict[str, Any]:
-    """'a=b,c!=d,e in (x,y),!f,g' → LabelSelector dict (the subset kubectl users write)."""
-    sel: dict[str, Any] = {"matchLabels": {}, "matchExpressions": []}
-    if not s:
-        return sel
-    parts, depth, cur = [], 0, ""
-    for ch in s:
-        depth += ch == "("
-        depth -= ch == ")"
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    parts.append(cur)
-    for p in (p.strip() for p in parts if p.strip()):
-        if " notin " in p or " in " in p:
-            op = "NotIn" if " notin " in p else "In"
-            k, rest = p.split(" notin " if op == "NotIn" else " in ", 1)
-            vals = [v.strip() for v in rest.strip().strip("()").split(",") if v.strip()]
-            sel["matchExpressions"].append({"key": k.strip(), "operator": op, "values": vals})
-        elif "!=" in p:
-            k, v = p.split("!=", 1)
-            sel["matchExpressions"].append({"key": k.strip(), "operator": "NotIn", "values": [v.strip()]})
-        elif "=" in p:
-            k, v = p.replace("==", "=").split("=", 1)
-            sel["matchLabels"][k.strip()] = v.strip()
-        elif p.startswith("!"):
-            sel["matchExpressions"].append({"key": p[1:].strip(), "operator": "DoesNotExist"})
-        else:
-            sel["matchExpressions"].append({"key": p, "operator": "Exists"})
-    return sel
-
-
 # ---- owner references -------------------------------------------------------------------------
 
 
