@@ -25,7 +25,6 @@ Prints figures; it is not a timed test.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -79,15 +78,14 @@ class Bare:
 
 
 def _loop_round(cfg_name: str, overrides: list[str], steps: int) -> list[dict]:
+    from launcher.runs import read_jsonl
     from trainer import config, loop
 
     with tempfile.TemporaryDirectory(prefix="reslice-bench-") as tmp:
         cfg = config.resolve(cfg_name, [*overrides, f"train.steps={steps}", f"run_dir={tmp}"], {})
         if loop.run(cfg, {}) != 0:
             raise SystemExit("bench: the training loop did not finish")
-        records = [
-            json.loads(line) for f in sorted(Path(tmp, "metrics").glob("*.jsonl")) for line in f.open()
-        ]
+        records = [r for f in sorted(Path(tmp, "metrics").glob("*.jsonl")) for r in read_jsonl(f.read_text())]
     return sorted(records, key=lambda r: r["step"])
 
 

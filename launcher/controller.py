@@ -141,6 +141,7 @@ class Controller:
     resync_s: float = 5.0
     lease_s: int = 15
     clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic  # Lease renewals: passed in so tests step it
     on_pass: Callable[[PassResult], None] | None = None
     # Per run: what the ledger last recorded, so that only changes get a line.
     _last: dict[str, tuple[dict, str]] = field(default_factory=dict)
@@ -315,7 +316,7 @@ class Controller:
     def own(self, run: str, rundir: RunDir | None = None) -> bool:
         """Hold the run's Lease, renewing it every `renew_every_s`: between renewals it is held (no
         one may take it before `lease_s` has passed since the last). The ledger notes a takeover."""
-        now = time.monotonic()
+        now = self.monotonic()
         if run in self._held and now - self._renewed.get(run, -1e9) < self.renew_every_s:
             return True
         held, previous = self.kube.acquire_lease(lease_name(run), self.identity, self.lease_s)
@@ -339,7 +340,7 @@ class Controller:
         self._renewed.pop(run, None)
 
     def _until_renewal(self) -> float:
-        due = [t + self.renew_every_s - time.monotonic() for r, t in self._renewed.items() if r in self._held]
+        due = [t + self.renew_every_s - self.monotonic() for r, t in self._renewed.items() if r in self._held]
         return max(0.0, min(due, default=self.resync_s))
 
     def _rundir(self, run: str) -> RunDir | None:

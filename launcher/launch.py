@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, replace
 
 from launcher.errors import UserError
+from launcher.inputs import quantity
 from launcher.plan import Plan, Rung, shrink_ladder
 from launcher.presets import make_shape
 from launcher.record import Policy, RunRecord
@@ -77,11 +78,6 @@ def resolve_trainer_config(config: str, overrides: tuple[str, ...], strict: bool
         return None
 
 
-def memory_view(resolved: dict) -> dict:
-    """What the memory estimate reads of a resolved trainer config (kept in the run record)."""
-    return {k: resolved[k] for k in ("model", "moe", "mesh") if k in resolved}
-
-
 def trainer_model_parallel(config: str, overrides: tuple[str, ...], strict: bool = True) -> int:
     """The model-parallel degree of a trainer config."""
     return model_parallel(resolve_trainer_config(config, overrides, strict), overrides)
@@ -97,9 +93,8 @@ def prepare(
             raise UserError(f"--set {kv!r}: expected key=value")
     if err := coordinator_port_error(spec.coordinator_port):
         raise UserError(err)
-    for flag, value in (("--cpu-request", spec.cpu_request), ("--memory-request", spec.memory_request)):
-        if value is not None and not _positive_quantity(value):
-            raise UserError(f"{flag} {value!r} is not a positive Kubernetes quantity (e.g. 56, 500m, 240Gi)")
+    quantity("--cpu-request", spec.cpu_request)
+    quantity("--memory-request", spec.memory_request)
     spec = replace(spec, model_parallel=trainer_model_parallel(spec.config, spec.overrides))
     ladder = shrink_ladder(
         shape,
@@ -136,15 +131,6 @@ def prepare(
         reason="launched",
     )
     return rec, ladder
-
-
-def _positive_quantity(value: str) -> bool:
-    from kubernetes.utils import parse_quantity
-
-    try:
-        return parse_quantity(value) > 0
-    except (ValueError, ArithmeticError):
-        return False
 
 
 def short_notice_presets(spec: RunSpec, ladder: list[Rung]) -> list[str]:

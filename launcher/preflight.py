@@ -13,8 +13,8 @@ from rich.table import Table
 
 from launcher import checks
 from launcher.checks import SKIP, Check, ClusterFacts, Request
-from launcher.embedded.filters import quantity
 from launcher.errors import ClusterNotReady, UserError
+from launcher.inputs import quantity
 from launcher.kube import Forbidden, Kube
 from launcher.plan import ladder_shapes, shrink_ladder
 from launcher.presets import LABEL_NODEPOOL, Shape, load_presets
@@ -73,15 +73,8 @@ def _why(shape: Shape, reason: str) -> str:
 def check_requests(spec: RunSpec) -> None:
     """UserError for a --cpu-request/--memory-request that is not a quantity: every check that
     compares it (quotas, node allocatable) would otherwise guess."""
-    for flag, value in (("--cpu-request", spec.cpu_request), ("--memory-request", spec.memory_request)):
-        if value is None:
-            continue
-        try:
-            ok = quantity(value) > 0
-        except ValueError:
-            ok = False
-        if not ok:
-            raise UserError(f"{flag} {value!r} is not a positive Kubernetes quantity (e.g. 56, 500m, 240Gi)")
+    quantity("--cpu-request", spec.cpu_request)
+    quantity("--memory-request", spec.memory_request)
 
 
 def read_facts(kube: Kube, req: Request) -> ClusterFacts:

@@ -136,15 +136,6 @@ class Preset:
         return self.chips * self.devices_per_chip
 
     @property
-    def devices_per_host(self) -> int:
-        return self.chips_per_host * self.devices_per_chip
-
-    @property
-    def accelerator_type(self) -> str:
-        """GCE accelerator type name: `<gen>-<TensorCores>` (tpu7x-128 is 64 chips)."""
-        return f"{self.generation}-{self.chips * self.devices_per_chip}"
-
-    @property
     def multi_host(self) -> bool:
         return self.hosts > 1
 

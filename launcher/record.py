@@ -3,6 +3,10 @@
 Stored as JSON in the ConfigMap `reslice-<run>` (kube.py does the I/O with optimistic concurrency),
 so that a restarted controller, a second `reslice watch` and the in-cluster controller all read one
 truth. Every change to it goes through a compare-and-swap on the ConfigMap's resourceVersion.
+
+The JSON carries `schema_version`. A field this reslice does not know is refused (UserError), not
+dropped: a record written by a newer reslice, rewritten by an older one, would lose it silently.
+A record from before the version (none) still loads; its retired fields are dropped.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields, replace
 
+from launcher.errors import UserError
 from launcher.plan import Plan
 from launcher.presets import Shape, load_preset
 from launcher.render import RunSpec, jobset_name
@@ -22,6 +27,10 @@ WAITING = "WaitingForCapacity"  # no shape in the ladder fits what the cluster h
 FINISHED = "Finished"
 FAILED = "Failed"
 STOPPED = "Stopped"
+
+SCHEMA_VERSION = 1
+# What records without a schema_version may hold that this reslice no longer has (section -> names).
+_RETIRED_V0 = {"policy": {"preemption_budget"}}
 TERMINAL = {FINISHED, FAILED, STOPPED}
 
 
@@ -34,7 +43,6 @@ class Policy:
     grow: bool = True
     app_failure_budget: int = 3  # failed segments (after JobSet's own maxRestarts) before giving up
     app_backoff_s: float = 30.0  # doubled after each failed segment
-    preemption_budget: int = 1000  # same-size restarts JobSet may do, summed over segments
     max_segments: int = 999
 
 
@@ -123,24 +131,45 @@ class RunRecord:
         return replace(self, segments=tuple(segs))
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps({"schema_version": SCHEMA_VERSION, **asdict(self)}, sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> RunRecord:
         raw = json.loads(text)
-        spec = raw.pop("spec")
+        name = repr(raw["spec"].get("run")) if isinstance(raw.get("spec"), dict) else "?"
+        version = raw.pop("schema_version", 0)
+        if not isinstance(version, int) or not 0 <= version <= SCHEMA_VERSION:
+            raise UserError(
+                f"run record {name}: schema_version {version!r} is not one this reslice reads"
+                f" (0-{SCHEMA_VERSION}): upgrade reslice"
+            )
+        retired = _RETIRED_V0 if version == 0 else {}
+
+        def known(section: dict, cls: type, where: str) -> dict:
+            names = {f.name for f in fields(cls)}
+            # Before the version, unknown top-level fields were dropped on read: they still are.
+            if version == 0 and where == "record":
+                return {k: v for k, v in section.items() if k in names}
+            unknown = sorted(k for k in section if k not in names and k not in retired.get(where, ()))
+            if unknown:
+                raise UserError(
+                    f"run record {name}: unknown field(s) {', '.join(f'{where}.{k}' for k in unknown)}"
+                    f" (written by a newer reslice? this one reads schema_version {SCHEMA_VERSION}):"
+                    " upgrade reslice"
+                )
+            return {k: v for k, v in section.items() if k in names}
+
+        spec = known(raw.pop("spec"), RunSpec, "spec")
         spec["overrides"] = tuple(spec.get("overrides", ()))
         spec["env"] = tuple(tuple(kv) for kv in spec.get("env", ()))
+        spec["placement_policies"] = tuple(tuple(kv) for kv in spec.get("placement_policies", ()))
         segments = tuple(
-            Segment(**{**s, "nodepools": tuple(s.get("nodepools", ()))}) for s in raw.pop("segments", [])
+            Segment(**{**seg, "nodepools": tuple(seg.get("nodepools", ()))})
+            for seg in (known(s, Segment, "segments") for s in raw.pop("segments", []))
         )
-        policy = Policy(**raw.pop("policy", {}))
-        known = {f.name for f in fields(RunRecord)}
+        policy = Policy(**known(raw.pop("policy", {}), Policy, "policy"))
         return RunRecord(
-            spec=RunSpec(**spec),
-            policy=policy,
-            segments=segments,
-            **{k: v for k, v in raw.items() if k in known},
+            spec=RunSpec(**spec), policy=policy, segments=segments, **known(raw, RunRecord, "record")
         )
 
 

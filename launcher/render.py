@@ -156,11 +156,6 @@ def name_error(name: str, shape: Shape) -> str | None:
     return None
 
 
-def check_name(name: str, shape: Shape) -> None:
-    if err := name_error(name, shape):
-        raise UserError(err)
-
-
 def run_name_room(shape: Shape, segment: int) -> int:
     """The longest run name whose JobSet of segment `segment` on `shape` has pod names of at most 63
     characters: the advice `run_name_error` gives is this number, so following it is accepted."""

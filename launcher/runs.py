@@ -48,10 +48,6 @@ class RunDir:
         else:
             self.root = Path(self.url)
 
-    @property
-    def is_gcs(self) -> bool:
-        return self.root is None
-
     def _blob(self, rel: str):
         name = f"{self.prefix}/{rel}" if self.prefix else rel
         return _gcs_client().bucket(self.bucket_name).blob(name)
@@ -172,7 +168,7 @@ class RunDir:
         records = []
         for name in self.list_dir("metrics"):
             if name.endswith(".jsonl"):
-                records += _jsonl(self.read_text(f"metrics/{name}"))
+                records += read_jsonl(self.read_text(f"metrics/{name}"))
         return sorted(records, key=lambda r: (r.get("time", 0.0), r.get("step", 0)))
 
     def latest_metrics(self) -> dict | None:
@@ -181,7 +177,7 @@ class RunDir:
         restart attempt and start time)."""
         names = [n for n in self.list_dir("metrics") if n.endswith(".jsonl")]
         for name in reversed(names):  # the newest file may not have its first line yet
-            records = _jsonl(self._tail(f"metrics/{name}"))
+            records = read_jsonl(self._tail(f"metrics/{name}"))
             if records:
                 return records[-1]
         return None
@@ -202,13 +198,15 @@ class RunDir:
     # --- what the launcher writes --------------------------------------------------------------
 
     def ledger(self) -> list[dict]:
-        return _jsonl(self.read_text(LEDGER))
+        return read_jsonl(self.read_text(LEDGER))
 
     def log(self, entries: Iterable[dict]) -> None:
         self.append_lines(LEDGER, (json.dumps(e, sort_keys=True) for e in entries))
 
 
-def _jsonl(text: str | None) -> list[dict]:
+def read_jsonl(text: str | None) -> list[dict]:
+    """The records of a JSON-lines text (metrics, the ledger), skipping blank lines and a line
+    caught half-written."""
     out = []
     for line in (text or "").splitlines():
         line = line.strip()

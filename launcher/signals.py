@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
+from launcher import rfc3339
 from launcher.presets import LABEL_NODEPOOL, Preset
 from launcher.render import EXIT_PEER_LOST, EXIT_PREEMPTED, LABEL_RESTART_ATTEMPT, LABEL_RUN, LABEL_SEGMENT
 
@@ -24,17 +24,6 @@ BAD_TAINTS = {
     "node.kubernetes.io/unschedulable",
     "ToBeDeletedByClusterAutoscaler",
 }
-
-
-def parse_time(value: str | None) -> float | None:
-    if not value:
-        return None
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-
-
-def iso(ts: float) -> str:
-    """RFC 3339 as the API server writes it."""
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _conditions(obj: dict) -> dict[str, dict]:
@@ -71,8 +60,8 @@ def node_healthy(node: dict) -> bool:
 
 def node_since(node: dict) -> float:
     """When the node became usable: created, or last turned Ready, whichever is later."""
-    created = parse_time(node["metadata"].get("creationTimestamp")) or 0.0
-    ready = parse_time((_conditions(node).get("Ready") or {}).get("lastTransitionTime")) or 0.0
+    created = rfc3339.seconds(node["metadata"].get("creationTimestamp")) or 0.0
+    ready = rfc3339.seconds((_conditions(node).get("Ready") or {}).get("lastTransitionTime")) or 0.0
     return max(created, ready)
 
 
@@ -193,7 +182,7 @@ def pod_view(pod: dict) -> PodView:
         phase=status.get("phase") or "Pending",
         node=(pod.get("spec") or {}).get("nodeName"),
         deleting=bool(meta.get("deletionTimestamp")),
-        unschedulable_since=parse_time(unsched.get("lastTransitionTime")) if unsched else None,
+        unschedulable_since=rfc3339.seconds(unsched.get("lastTransitionTime")) if unsched else None,
         unschedulable_message=unsched.get("message") if unsched else None,
         disruption=disruption.get("reason") if disruption else None,
         exit_code=exit_code,
@@ -467,5 +456,5 @@ def _latest_failed_scheduling(events: list[dict], pod_names: set[str]) -> str | 
         if e.get("reason") in {"FailedScheduling", "NotTriggerScaleUp"}
         and (e.get("involvedObject") or {}).get("name") in pod_names
     ]
-    hits.sort(key=lambda e: parse_time(e.get("lastTimestamp") or e.get("eventTime")) or 0.0)
+    hits.sort(key=lambda e: rfc3339.seconds(e.get("lastTimestamp") or e.get("eventTime")) or 0.0)
     return hits[-1].get("message") if hits else None

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from launcher.errors import UserError
-from launcher.runs import RunDir
+from launcher.runs import RunDir, read_jsonl
 from launcher.sweep_results import (
     FactorResult,
     Recommendation,
@@ -37,13 +37,7 @@ def read_incarnations(rundir: RunDir) -> list[list[dict]]:
     for name in rundir.list_dir("metrics"):
         if not name.endswith(".jsonl"):
             continue
-        recs = []
-        for line in (rundir.read_text(f"metrics/{name}") or "").splitlines():
-            try:
-                recs.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line being written; a finished run has none
-        files.append(recs)
+        files.append(read_jsonl(rundir.read_text(f"metrics/{name}")))
     return files
 
 

@@ -9,8 +9,9 @@ import os
 import sys
 import traceback
 
-from trainer import Preemption, peers, supervisor
+from trainer import peers, supervisor
 from trainer.config import ConfigError
+from trainer.watchdog import Preemption
 
 
 class _Parser(argparse.ArgumentParser):

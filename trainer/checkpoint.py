@@ -26,7 +26,6 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
-from orbax.checkpoint._src.serialization import jax_array_handlers
 
 from trainer.config import ConfigError
 
@@ -47,27 +46,21 @@ def _first_difference(saved: Any, current: Any, prefix: str = "") -> str | None:
     return None
 
 
-_HANDLER_SET = False
-
-
 def _use_replica_parallel_only_for_large_arrays() -> None:
     """Orbax splits every replicated array into one slice per replica to write them in parallel.
 
     For small arrays that is hundreds of tiny device slices inside the *blocking* part of an async
     save (0.2 s for the tiny model on 8 CPU devices); below 4 MiB per slice one replica writes it.
+    Registering again (each Checkpointer) replaces the handler with an equal one: no flag needed.
     """
-    global _HANDLER_SET
-    if _HANDLER_SET:
-        return
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
     absl_logger.setLevel(logging.ERROR)  # "overriding jax.Array" is what we mean
     try:
-        handler = jax_array_handlers.ArrayHandler(min_slice_bytes_for_replica_parallel=4 << 20)
+        handler = ocp.type_handlers.ArrayHandler(min_slice_bytes_for_replica_parallel=4 << 20)
         ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
     finally:
         absl_logger.setLevel(level)
-    _HANDLER_SET = True
 
 
 class Checkpointer:
@@ -271,11 +264,3 @@ def _files(root: epath.Path) -> list[epath.Path]:
     for p in root.iterdir():
         out += _files(p) if p.is_dir() else [p]
     return out
-
-
-def committed_steps(run_dir: str) -> list[int]:
-    """Committed steps as a reader outside Orbax sees them (the contract's rule)."""
-    root = epath.Path(run_dir) / "checkpoints"
-    if not root.exists():
-        return []
-    return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit() and (p / COMMIT_FILE).exists())

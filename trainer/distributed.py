@@ -65,13 +65,13 @@ def _tpu_multihost(env: Mapping[str, str]) -> bool:
     return len(hosts) > 1 or _int(env, "MEGASCALE_NUM_SLICES", 1) > 1
 
 
-_joined = False
 INIT_TIMEOUT_S = 900
 
 
 def joined() -> bool:
-    """Whether this process joined a multi-process group (its exit then involves the peers)."""
-    return _joined
+    """Whether this process joined a multi-process group (its exit then involves the peers): JAX's
+    own answer, which also holds once a join began and failed half-way (the client exists)."""
+    return jax.distributed.is_initialized()
 
 
 def timeouts(env: Mapping[str, str]) -> tuple[int, int]:
@@ -85,10 +85,9 @@ def timeouts(env: Mapping[str, str]) -> tuple[int, int]:
 
 def initialize(env: Mapping[str, str]) -> Identity:
     """Join the process group (before anything touches the JAX backend)."""
-    global _joined
     ident = identity(env)
     init_timeout, heartbeat = timeouts(env)
-    # JAX's preemption service would install its own SIGTERM handler over ours (trainer.Preemption):
+    # JAX's preemption service would install its own SIGTERM handler over ours (trainer.watchdog.Preemption):
     # the loop agrees on the stopping step through the step's own outputs instead.
     jax.config.update("jax_enable_preemption_service", False)
     if ident.coordinator is not None and ident.num_processes > 1:
@@ -99,10 +98,8 @@ def initialize(env: Mapping[str, str]) -> Identity:
             initialization_timeout=init_timeout,
             heartbeat_timeout_seconds=heartbeat,
         )
-        _joined = True
     elif _tpu_multihost(env):
         jax.distributed.initialize(initialization_timeout=init_timeout, heartbeat_timeout_seconds=heartbeat)
-        _joined = True
         ident = Identity(jax.process_index(), jax.process_count(), None)
     return ident
 
@@ -127,7 +124,7 @@ def wait_for_peers(
     without JAX's shutdown barrier, which would wait for the peers. A peer that dies meanwhile
     fails the barrier (its heartbeat timeout) and JAX's fate sharing aborts this process: a lost
     peer either way (trainer.peers, trainer.supervisor)."""
-    if not _joined:
+    if not joined():
         return 0.0
     sync = multihost.get_barrier_sync_fn()
     done, failed = threading.Event(), []

@@ -20,12 +20,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from trainer import Preemption, compile_cache, data, distributed, model, moe, storage
+from trainer import compile_cache, data, distributed, model, moe, storage
 from trainer.checkpoint import Checkpointer
 from trainer.config import Config, ConfigError, config_hash, identity
 from trainer.mesh import batch_sharding, device_sharding, dp_ranks, mesh_for, process_block
 from trainer.metrics import RunWriter
 from trainer.step import abstract_state, init_state, make_train_step, unpack
+from trainer.watchdog import Preemption
 
 EXIT_FINISHED, EXIT_CONFIG, EXIT_PREEMPTED = 0, 2, 42
 

@@ -104,11 +104,6 @@ def mesh_shape(num_devices: int, cfg: MeshConfig, num_experts: int, has_moe: boo
     return MeshShape(data, fsdp, expert, tensor)
 
 
-def expert_parallel_size(num_devices: int, num_experts: int, requested: int = 0) -> int:
-    """The expert-parallel size on a mesh with no tensor or data axes (kept for callers and tests)."""
-    return mesh_shape(num_devices, MeshConfig(expert=requested), num_experts).expert
-
-
 def has_moe_layers(cfg: Config) -> bool:
     return cfg.model.dense_layers < cfg.model.n_layers
 

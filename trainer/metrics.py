@@ -43,9 +43,11 @@ class RunWriter:
 
     def _tensorboard(self) -> Any:
         if self._tb is None:
-            from tensorboardX import SummaryWriter  # slow import, process 0 only
+            from tensorboardX import FileWriter  # slow import, process 0 only
 
-            self._tb = SummaryWriter(
+            # The event-file writer itself: the loop adds whole Summary protos (below), which is
+            # all SummaryWriter would do with it.
+            self._tb = FileWriter(
                 str(self.run_dir / "tensorboard"), flush_secs=int(max(self.flush_seconds, 1))
             )
         return self._tb
@@ -72,7 +74,7 @@ class RunWriter:
             for k, v in record.items()
             if "/" in k and isinstance(v, (int, float)) and not isinstance(v, bool)
         ]
-        self._tensorboard()._get_file_writer().add_summary(Summary(value=values), record["step"])
+        self._tensorboard().add_summary(Summary(value=values), record["step"])
 
     def flush(self) -> None:
         if not self.enabled:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import nnx
 from jax.sharding import AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
@@ -153,8 +154,7 @@ def chunked_cross_entropy(x: jax.Array, w: jax.Array, targets: jax.Array, chunk:
     b, t, d = x.shape
     if not chunk or chunk >= t:
         logits = jnp.einsum("btd,dv->btv", x, w).astype(jnp.float32)
-        picked = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-        return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
+        return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, targets))
     if t % chunk:
         raise ValueError(f"model.loss_chunk={chunk} must divide model.seq_len={t}")
 
@@ -162,8 +162,7 @@ def chunked_cross_entropy(x: jax.Array, w: jax.Array, targets: jax.Array, chunk:
     def one(total: jax.Array, xt: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, None]:
         xc, tc = xt
         logits = jnp.einsum("btd,dv->btv", xc, w).astype(jnp.float32)
-        picked = jnp.take_along_axis(logits, tc[..., None], axis=-1)[..., 0]
-        return total + jnp.sum(jax.nn.logsumexp(logits, axis=-1) - picked), None
+        return total + jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits, tc)), None
 
     xs = x.reshape(b, t // chunk, chunk, d).swapaxes(0, 1)
     ts = targets.reshape(b, t // chunk, chunk).swapaxes(0, 1)

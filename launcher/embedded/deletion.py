@@ -9,9 +9,10 @@ import json
 import time
 from typing import Any
 
+from launcher import rfc3339
 from launcher.embedded.errors import ApiError
 from launcher.embedded.resources import RESOURCES, Resource
-from launcher.embedded.stored import DELETED, MODIFIED, Rec, now_rfc3339
+from launcher.embedded.stored import DELETED, MODIFIED, Rec
 
 _TERMINAL = ("Succeeded", "Failed")
 
@@ -48,7 +49,7 @@ class Deletion:
         obj = json.loads(rec.raw)
         meta = obj["metadata"]
         if not meta.get("deletionTimestamp") or grace < meta.get("deletionGracePeriodSeconds", grace + 1):
-            meta["deletionTimestamp"] = now_rfc3339(time.time() + grace)
+            meta["deletionTimestamp"] = rfc3339.stamp(time.time() + grace)
             meta["deletionGracePeriodSeconds"] = grace
         if finalizer and finalizer not in meta.setdefault("finalizers", []):
             meta["finalizers"].append(finalizer)
@@ -127,7 +128,7 @@ class Deletion:
         ns_res = RESOURCES["namespaces"]
         obj = json.loads(rec.raw)
         if not obj["metadata"].get("deletionTimestamp"):
-            obj["metadata"]["deletionTimestamp"] = now_rfc3339()
+            obj["metadata"]["deletionTimestamp"] = rfc3339.stamp()
             obj["metadata"]["deletionGracePeriodSeconds"] = 0
             obj["status"] = {"phase": "Terminating"}
             rec = self._commit(ns_res, MODIFIED, obj, rec)

@@ -8,11 +8,11 @@ RESTARTS AGE ...; JobSets: the CRD's additionalPrinterColumns).
 
 from __future__ import annotations
 
-import calendar
 import time
 from collections.abc import Callable
 from typing import Any
 
+from launcher import rfc3339
 from launcher.embedded.resources import GROUPS, VERBS, Resource
 
 KUBE_VERSION = {
@@ -129,11 +129,9 @@ OPENAPI_V2_JSON = {
 
 
 def _parse_time(ts: str | None) -> float | None:
-    if not ts:
-        return None
     try:
-        return calendar.timegm(time.strptime(ts, "%Y-%m-%dT%H:%M:%SZ"))
-    except ValueError:
+        return rfc3339.seconds(ts)
+    except ValueError:  # a table shows what it can of an object written elsewhere
         return None
 
 

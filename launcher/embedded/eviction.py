@@ -20,6 +20,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from launcher import rfc3339
 from launcher.embedded import objects
 from launcher.embedded.errors import ApiError, bad_request
 
@@ -115,7 +116,7 @@ def evict(store: Any, namespace: str, name: str, body: Mapping[str, Any]) -> dic
                 expectedPods=len(
                     [p for p in all_pods if objects.match_label_selector(objects.labels(p), sel)]
                 ),
-                disruptedPods={**(st.get("disruptedPods") or {}), name: objects.rfc3339()},
+                disruptedPods={**(st.get("disruptedPods") or {}), name: rfc3339.stamp()},
                 observedGeneration=objects.meta(pdb).get("generation", 1),
             )
             pdb = dict(pdb)

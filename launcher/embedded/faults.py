@@ -34,6 +34,7 @@ import threading
 import time
 from typing import Any, Protocol
 
+from launcher import rfc3339
 from launcher.embedded import nodes as nd
 from launcher.embedded import objects
 from launcher.embedded.podstatus import SHUTDOWN_MESSAGE
@@ -139,7 +140,7 @@ def preempt(cluster: FaultTarget, pool: str, grace_s: float = 15.0, wait: bool =
             for t in (n.get("spec") or {}).get("taints") or []
             if t.get("key") != objects.IMPENDING_TERMINATION_TAINT
         ]
-        taints.append({**IMPENDING_TAINT, "timeAdded": objects.rfc3339()})
+        taints.append({**IMPENDING_TAINT, "timeAdded": rfc3339.stamp()})
         cluster.store.patch(res, None, objects.meta(n)["name"], {"spec": {"taints": taints}}, "merge")
     names = {objects.meta(n)["name"] for n in nodes}
     pods = [p for p in _pods_on(cluster, names) if not objects.pod_terminal(p)]
@@ -269,7 +270,7 @@ def drain(cluster: FaultTarget, node: str, timeout_s: float = 60.0, wait: bool =
 
     cur = _node(cluster, node)
     taints = [t for t in (cur.get("spec") or {}).get("taints") or [] if t.get("key") != UNSCHEDULABLE_TAINT]
-    taints.append({"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule", "timeAdded": objects.rfc3339()})
+    taints.append({"key": UNSCHEDULABLE_TAINT, "effect": "NoSchedule", "timeAdded": rfc3339.stamp()})
     cluster.store.patch(
         cluster.res["nodes"], None, node, {"spec": {"unschedulable": True, "taints": taints}}, "merge"
     )

@@ -270,12 +270,12 @@ class Time(GoType):
         return value
 
 
-# resource.ParseQuantity: a signed decimal, then a binary or decimal SI suffix or an exponent.
+# What resource.ParseQuantity accepts: a signed decimal, then a binary or decimal SI suffix or an
+# exponent. The value is kubernetes.utils.parse_quantity's; this only refuses what Go refuses and
+# Python's Decimal would take ("NaN", "1_000", " 1").
 _QUANTITY = re.compile(
     r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
 )
-_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
 QUANTITY_ERROR = "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
 
 
@@ -283,13 +283,16 @@ def parse_quantity(value: Any) -> float | None:
     """A resource.Quantity (a JSON string or number) as a float, or None where Go would refuse it."""
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         return None
-    m = _QUANTITY.match(str(value).strip())
+    from kubernetes.utils import parse_quantity as k8s_quantity  # late: kubernetes.client is slow
+
+    text = str(value).strip()
+    m = _QUANTITY.match(text)
     if m is None:
         return None
-    number, suffix = float(m.group(1)), m.group(2) or ""
-    if suffix[:1] in ("e", "E"):
-        return number * 10.0 ** int(suffix[1:]) if abs(int(suffix[1:])) < 300 else None
-    return number * _BINARY.get(suffix, _DECIMAL.get(suffix, 1))
+    suffix = m.group(2) or ""
+    if len(suffix) > 1 and suffix[0] in "eE" and abs(int(suffix[1:])) >= 300:  # "E" alone: exa
+        return None  # past a float; Go's Quantity would hold it, nothing here needs it
+    return float(k8s_quantity(text))
 
 
 class Quantity(GoType):

@@ -21,7 +21,9 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher import rfc3339
 from launcher.embedded import objects as o
+from launcher.embedded.clock import REAL, Clock
 from launcher.embedded.runtime import Batched, Controller, EventRecorder
 
 DEFAULT_BACKOFF_LIMIT = 6
@@ -279,7 +281,7 @@ def decide(
     old = job.get("status") or {}
     status = copy.deepcopy(dict(old))
     conds: list[dict[str, Any]] = status.setdefault("conditions", [])
-    when = o.rfc3339(now)
+    when = rfc3339.stamp(now)
     plan = Plan(status=status)
     indexed = spec.get("completionMode") == "Indexed"
     completions = spec.get("completions")
@@ -337,7 +339,7 @@ def decide(
     ):
         failure = ("BackoffLimitExceeded", MSG_BACKOFF)
     # activeDeadlineSeconds counts from startTime, which a suspension resets (upstream pastActiveDeadline).
-    deadline, started = spec.get("activeDeadlineSeconds"), o.parse_time(old.get("startTime"))
+    deadline, started = spec.get("activeDeadlineSeconds"), rfc3339.parse(old.get("startTime"))
     if failure is None and deadline is not None and started is not None and not spec.get("suspend"):
         left = int(deadline) - (now - started).total_seconds()
         if left <= 0:
@@ -431,7 +433,7 @@ def decide(
     if counted and per_index is None:
         last = max((finish_time(p) for p in failed_pods), default="")
         delay = min(BACKOFF_BASE_S * 2 ** (counted - 1), BACKOFF_MAX_S)
-        lt = o.parse_time(last)
+        lt = rfc3339.parse(last)
         if lt is not None and (now - lt).total_seconds() < delay:
             wait = delay - (now - lt).total_seconds()
             plan.requeue_after = min(wait, plan.requeue_after) if plan.requeue_after is not None else wait
@@ -486,7 +488,7 @@ def _index_backoff(last: Mapping[str, Any] | None, now: dt.datetime) -> float:
     if last is None:
         return 0.0
     n = _ann_count(last, INDEX_FAILURE_COUNT) + _ann_count(last, INDEX_IGNORED_FAILURE_COUNT) + 1
-    lt = o.parse_time(finish_time(last))
+    lt = rfc3339.parse(finish_time(last))
     if lt is None:
         return 0.0
     return min(BACKOFF_BASE_S * 2 ** (n - 1), BACKOFF_MAX_S) - (now - lt).total_seconds()
@@ -533,8 +535,8 @@ def leader_node(pods: list[Mapping[str, Any]]) -> str | None:
 class JobController(Controller):
     name = "job-controller"
 
-    def __init__(self, store: Any, events: Any = None) -> None:
-        super().__init__(store, events)
+    def __init__(self, store: Any, events: Any = None, clock: Clock = REAL) -> None:
+        super().__init__(store, events, clock)
         from launcher.embedded.store import RESOURCES
 
         self.jobs = RESOURCES["jobs"]

@@ -20,6 +20,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher import rfc3339
 from launcher.embedded import objects as o
 from launcher.embedded.runtime import Controller, EventRecorder
 
@@ -321,7 +322,7 @@ def decide(js: Mapping[str, Any], jobs: list[dict[str, Any]], service_exists: bo
     status = copy.deepcopy(dict(js.get("status") or {}))
     status.setdefault("restarts", 0)
     conds: list[dict[str, Any]] = status.setdefault("conditions", [])
-    when = o.rfc3339(now)
+    when = rfc3339.stamp(now)
     plan = Plan(status=status)
     children = classify(js, jobs)
     status["replicatedJobsStatus"] = replicated_jobs_status(js, children)
@@ -346,7 +347,7 @@ def decide(js: Mapping[str, Any], jobs: list[dict[str, Any]], service_exists: bo
         plan.delete_jobs = [o.meta(j)["name"] for j in children.active if not o.pod_deleting(j)]
         ttl = spec.get("ttlSecondsAfterFinished")
         if ttl is not None:
-            at = o.parse_time(done.get("lastTransitionTime"))
+            at = rfc3339.parse(done.get("lastTransitionTime"))
             left = int(ttl) - ((now - at).total_seconds() if at else 0)
             if left <= 0:
                 plan.delete_jobset = True

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from launcher import rfc3339
 from launcher.embedded import objects as o
 from launcher.embedded import podenv
 from launcher.embedded.nodes import devices_per_chip
@@ -256,13 +257,15 @@ class Kubelet(Controller):
         run = PodRun(m["uid"], m.get("namespace") or "default", m["name"], pod["spec"]["nodeName"], True)
         codes = {c["name"]: 137 for c in (pod.get("spec") or {}).get("containers") or []}
         start = (pod.get("status") or {}).get("startTime") or ""
-        self._write(run, lambda p: terminated_status(p, codes, start, {}, {}, False, o.rfc3339(), lost=True))
+        self._write(
+            run, lambda p: terminated_status(p, codes, start, {}, {}, False, rfc3339.stamp(), lost=True)
+        )
 
     # -- starting ------------------------------------------------------------------------------
     def _start(self, pod: dict[str, Any], node: str) -> None:
         m = o.meta(pod)
         run = PodRun(m["uid"], m.get("namespace") or "default", m["name"], node, self.simulated(node))
-        run.started_at = o.rfc3339()
+        run.started_at = rfc3339.stamp()
         run.restart_policy = (pod.get("spec") or {}).get("restartPolicy") or "Always"
         with self._runs_lock:
             self._runs[run.uid] = run
@@ -365,7 +368,7 @@ class Kubelet(Controller):
             if not again:
                 return False
             codes = {c: run.exit_codes.pop(c) for c in again}
-            finished = {c: run.finished_at.pop(c, o.rfc3339()) for c in again}
+            finished = {c: run.finished_at.pop(c, rfc3339.stamp()) for c in again}
             run.backoff.update(codes)
             run.restarts += 1
             delay = (
@@ -373,7 +376,7 @@ class Kubelet(Controller):
                 if run.restarts == 1
                 else min(CRASH_BACKOFF_S * 2 ** (run.restarts - 2), CRASH_BACKOFF_MAX_S)
             )
-        self._write(run, lambda p: crashed_status(p, codes, finished, delay, o.rfc3339()))
+        self._write(run, lambda p: crashed_status(p, codes, finished, delay, rfc3339.stamp()))
         if delay > 0:
             t = threading.Timer(delay, self._relaunch, args=(run, again))
             t.daemon = True
@@ -395,7 +398,7 @@ class Kubelet(Controller):
                     target=self._wait, args=(run, c, run.procs[c]), daemon=True, name=f"wait-{run.name}"
                 ).start()
         ids = {c: f"process://{p.pid}" for c, p in run.procs.items()}
-        self._write(run, lambda p: restarted_status(p, names, ids, o.rfc3339()))
+        self._write(run, lambda p: restarted_status(p, names, ids, rfc3339.stamp()))
 
     def _config_error(self, run: PodRun, pod: Mapping[str, Any], msg: str) -> None:
         """CreateContainerConfigError: the pod stays Pending; retried on the next event."""
@@ -426,7 +429,7 @@ class Kubelet(Controller):
         rc = proc.wait()
         with run.lock:
             run.exit_codes[cname] = exit_code(rc)
-            run.finished_at[cname] = o.rfc3339()
+            run.finished_at[cname] = rfc3339.stamp()
         if self._restart_in_place(run, [cname]):
             return
         with run.lock:
@@ -506,7 +509,7 @@ class Kubelet(Controller):
         with run.lock:
             if run.done.is_set() or run.exit_codes:
                 return
-            when = o.rfc3339()
+            when = rfc3339.stamp()
             for c in self._container_names(run):
                 run.exit_codes[c] = code
                 run.finished_at[c] = when
@@ -540,7 +543,7 @@ class Kubelet(Controller):
                     run.finished_at,
                     ids,
                     run.cause == "shutdown",
-                    o.rfc3339(),
+                    rfc3339.stamp(),
                 ),
             )
             if run.cause == "delete":

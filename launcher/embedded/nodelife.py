@@ -29,6 +29,7 @@ import time
 from collections.abc import Hashable, Mapping
 from typing import Any
 
+from launcher import rfc3339
 from launcher.embedded import objects
 from launcher.embedded.runtime import Controller, EventRecorder, log
 
@@ -74,7 +75,7 @@ def evictions(
     taints = no_execute_taints(node)
     if not taints:
         return []
-    added = [objects.parse_time(t.get("timeAdded")) for t in taints]
+    added = [rfc3339.parse(t.get("timeAdded")) for t in taints]
     since = max((a for a in added if a is not None), default=now)
     elapsed = max(0.0, (now - since).total_seconds())
     out = []
@@ -158,10 +159,6 @@ class NodeLifecycle(Controller):
             self._silent.pop(node, None)
         self.enqueue(("hb", node))
 
-    def silent(self, node: str) -> bool:
-        with self._lock:
-            return node in self._silent
-
     # -- wiring ------------------------------------------------------------------------------------
     def resync(self) -> None:
         nodes, _ = self.store.list(self.nodes)
@@ -220,7 +217,7 @@ class NodeLifecycle(Controller):
             return None
         with self._lock:
             since = self._silent.get(name)
-        when = objects.rfc3339()
+        when = rfc3339.stamp()
         if since is None:
             if any(t.get("key") == UNREACHABLE_TAINT for t in (node.get("spec") or {}).get("taints") or []):
                 self._write_node(reachable_node(node, when))

@@ -10,6 +10,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher import rfc3339
 from launcher.embedded import objects
 from launcher.errors import UserError
 from launcher.presets import Preset, load_preset
@@ -146,7 +147,7 @@ TPU_TAINT = {"key": objects.TPU_RESOURCE, "value": "present", "effect": "NoSched
 
 def node_object(pool: NodePool, i: int, when: str | None = None) -> dict[str, Any]:
     name = node_name(pool.name, i)
-    when = when or objects.rfc3339()
+    when = when or rfc3339.stamp()
     chips = str(pool.shape.chips_per_host)
     # cpu/memory are not the machine type's real figures: large enough that only google.com/tpu
     # ever limits placement, which is true of TPU hosts in practice.

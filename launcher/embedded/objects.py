@@ -11,6 +11,8 @@ import datetime as dt
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from launcher import rfc3339
+
 # Upstream label and annotation keys (kubernetes-sigs/jobset api/jobset/v1alpha2, kubernetes batch/v1).
 JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
 JOBSET_UID = "jobset.sigs.k8s.io/jobset-uid"
@@ -46,17 +48,6 @@ JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
 
 def now() -> dt.datetime:
     return dt.datetime.now(dt.UTC)
-
-
-def rfc3339(t: dt.datetime | None = None) -> str:
-    """Kubernetes metav1.Time: second precision, UTC, 'Z'."""
-    return (t or now()).astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(s: str | None) -> dt.datetime | None:
-    if not s:
-        return None
-    return dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
 
 
 def meta(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -105,7 +96,7 @@ def set_condition(
     lastTransitionTime moves only when the status changes, as upstream helpers do. Pod and Job
     conditions also carry lastProbeTime (probe_fields=True) — null for conditions nobody probes.
     """
-    when = when or rfc3339()
+    when = when or rfc3339.stamp()
     for c in conditions:
         if c.get("type") != ctype:
             continue
@@ -159,40 +150,6 @@ def match_label_selector(lbls: Mapping[str, str], selector: Mapping[str, Any] | 
         if lbls.get(k) != v:
             return False
     return all(match_expression(lbls, e) for e in selector.get("matchExpressions") or [])
-
-
-def parse_selector_string(s: str | None) -> dict[str, Any]:
-    """'a=b,c!=d,e in (x,y),!f,g' → LabelSelector dict (the subset kubectl users write)."""
-    sel: dict[str, Any] = {"matchLabels": {}, "matchExpressions": []}
-    if not s:
-        return sel
-    parts, depth, cur = [], 0, ""
-    for ch in s:
-        depth += ch == "("
-        depth -= ch == ")"
-        if ch == "," and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    parts.append(cur)
-    for p in (p.strip() for p in parts if p.strip()):
-        if " notin " in p or " in " in p:
-            op = "NotIn" if " notin " in p else "In"
-            k, rest = p.split(" notin " if op == "NotIn" else " in ", 1)
-            vals = [v.strip() for v in rest.strip().strip("()").split(",") if v.strip()]
-            sel["matchExpressions"].append({"key": k.strip(), "operator": op, "values": vals})
-        elif "!=" in p:
-            k, v = p.split("!=", 1)
-            sel["matchExpressions"].append({"key": k.strip(), "operator": "NotIn", "values": [v.strip()]})
-        elif "=" in p:
-            k, v = p.replace("==", "=").split("=", 1)
-            sel["matchLabels"][k.strip()] = v.strip()
-        elif p.startswith("!"):
-            sel["matchExpressions"].append({"key": p[1:].strip(), "operator": "DoesNotExist"})
-        else:
-            sel["matchExpressions"].append({"key": p, "operator": "Exists"})
-    return sel
 
 
 # ---- owner references -------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from launcher import rfc3339
 from launcher.embedded import bodies, discovery, eviction, objects
 from launcher.embedded.errors import ApiError, bad_request
 from launcher.embedded.patches import PATCH_TYPES
@@ -256,7 +257,7 @@ class ApiRequest(Streams):
             # garbage collector removes it afterwards (the embedded store does both at once).
             meta = {
                 **meta,
-                "deletionTimestamp": objects.rfc3339(objects.now()),
+                "deletionTimestamp": rfc3339.stamp(objects.now()),
                 "deletionGracePeriodSeconds": 0,
             }
             meta["finalizers"] = [*(meta.get("finalizers") or []), _GC_FINALIZERS[propagation]]

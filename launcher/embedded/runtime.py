@@ -16,7 +16,9 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from launcher import rfc3339
 from launcher.embedded import objects as o
+from launcher.embedded.clock import REAL, Clock
 
 log = logging.getLogger("launcher.embedded")
 
@@ -34,9 +36,10 @@ class Controller:
 
     name = "controller"
 
-    def __init__(self, store: Any, events: Any = None) -> None:
+    def __init__(self, store: Any, events: Any = None, clock: Clock = REAL) -> None:
         self.store = store
         self.events = events if events is not None else store  # where to subscribe (store or Hub)
+        self.clock = clock  # requeue delays and batching windows run on it
         self._cv = threading.Condition()
         self._queue: dict[Hashable, None] = {}  # insertion-ordered set
         self._delayed: list[tuple[float, int, Hashable]] = []
@@ -94,13 +97,13 @@ class Controller:
             if batch > 0:
                 if key in self._queue or key in self._batched:
                     return
-                due = time.monotonic() + batch
+                due = self.clock.monotonic() + batch
                 self._batched[key] = due
                 self._seq += 1
                 heapq.heappush(self._delayed, (due, self._seq, key))
             elif after > 0:
                 self._seq += 1
-                heapq.heappush(self._delayed, (time.monotonic() + after, self._seq, key))
+                heapq.heappush(self._delayed, (self.clock.monotonic() + after, self._seq, key))
             else:
                 self._queue[key] = None
             self._cv.notify_all()
@@ -112,7 +115,7 @@ class Controller:
     def _next(self) -> Hashable | None:
         with self._cv:
             while not self._stop:
-                now = time.monotonic()
+                now = self.clock.monotonic()
                 while self._delayed and self._delayed[0][0] <= now:
                     due, _, key = heapq.heappop(self._delayed)
                     if self._batched.get(key) == due:
@@ -124,7 +127,7 @@ class Controller:
                     self._busy = True
                     return key
                 timeout = self._delayed[0][0] - now if self._delayed else None
-                self._cv.wait(timeout)
+                self.clock.wait(self._cv, timeout)
             return None
 
     def _run(self) -> None:
@@ -218,7 +221,7 @@ class EventRecorder:
         if host or self.host:
             source["host"] = host or self.host
         key = (m.get("uid"), etype, reason, message, self.component)
-        stamp = o.rfc3339()
+        stamp = rfc3339.stamp()
         res = RESOURCES["events"]
         with self._lock:
             name = self._seen.get(key)

@@ -6,17 +6,11 @@ change (`Change`), the watch event types and the compact JSON encoder. Imported 
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 ADDED, MODIFIED, DELETED, BOOKMARK = "ADDED", "MODIFIED", "DELETED", "BOOKMARK"
 
 dumps = json.JSONEncoder(separators=(",", ":")).encode
-
-
-def now_rfc3339(t: float | None = None) -> str:
-    """`t` (default: now) as the API's timestamps are written."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if t is None else t))
 
 
 class Rec:

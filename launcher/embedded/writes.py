@@ -10,6 +10,7 @@ import random
 import uuid
 from typing import Any
 
+from launcher import rfc3339
 from launcher.embedded import defaults, rules
 from launcher.embedded.errors import (
     STALE,
@@ -21,7 +22,7 @@ from launcher.embedded.errors import (
     not_found,
 )
 from launcher.embedded.resources import RESOURCES, Resource
-from launcher.embedded.stored import ADDED, MODIFIED, Rec, now_rfc3339
+from launcher.embedded.stored import ADDED, MODIFIED, Rec
 
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
@@ -46,7 +47,7 @@ class Writes:
         for key in ("deletionTimestamp", "deletionGracePeriodSeconds", "managedFields", "selfLink"):
             meta.pop(key, None)
         meta["uid"] = str(uuid.uuid4())
-        meta["creationTimestamp"] = now_rfc3339()
+        meta["creationTimestamp"] = rfc3339.stamp()
         meta["generation"] = 1
         defaults.on_create(res, obj)
         defaults.normalize(res, obj)

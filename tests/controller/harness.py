@@ -12,8 +12,10 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from launcher.controller import Controller
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
@@ -36,30 +38,36 @@ TRAINER_SETTINGS = ("train.steps={steps}", "checkpoint.interval={interval}", "mo
 
 @dataclass
 class JobSetCensus:
-    """Watches the run's JobSets and remembers the most that ever existed at once."""
+    """The most JobSets of a run that ever existed at once, counted from the store's change stream
+    (every ADDED and DELETED, in commit order), so that no overlap falls between two samples."""
 
-    kube: Kube
+    cluster: EmbeddedCluster
     run: str
     most: int = 0
     names: set[str] = field(default_factory=set)
-    _stop: threading.Event = field(default_factory=threading.Event)
+    _live: set[str] = field(default_factory=set)
+    _unsubscribe: Callable[[], None] | None = None
 
     def start(self) -> JobSetCensus:
-        threading.Thread(target=self._loop, daemon=True).start()
+        self._unsubscribe = self.cluster.store.subscribe(self._on_change)
         return self
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                live = {j["metadata"]["name"] for j in self.kube.jobsets(self.run)}
-            except Exception:
-                live = set()  # the API may be restarting
-            self.names |= live
-            self.most = max(self.most, len(live))
-            self._stop.wait(0.1)
+    def _on_change(self, event: str, res: Any, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        if res.plural != "jobsets" or (meta.get("labels") or {}).get(LABEL_RUN) != self.run:
+            return
+        if event == "DELETED":
+            self._live.discard(meta["name"])
+        else:
+            self._live.add(meta["name"])
+            self.names.add(meta["name"])
+        self.most = max(self.most, len(self._live))
 
     def stop(self) -> None:
-        self._stop.set()
+        self.cluster.store.flush(10)  # every change committed so far has reached _on_change
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
 
 
 class Harness:

@@ -6,8 +6,8 @@ JobSet status conditions and counters (docs/platform.md §2–4).
 
 from __future__ import annotations
 
+from launcher import rfc3339
 from launcher.presets import LABEL_NODEPOOL, load_preset
-from launcher.signals import iso
 
 T0 = 1_800_000_000.0
 
@@ -25,7 +25,12 @@ def node(
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {"name": name, "labels": labels, "creationTimestamp": iso(since), "uid": f"uid-{name}"},
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "creationTimestamp": rfc3339.stamp(since),
+            "uid": f"uid-{name}",
+        },
         "spec": {
             "taints": [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}]
             + [{"key": k, "effect": "NoSchedule"} for k in taints]
@@ -38,7 +43,7 @@ def node(
                     "type": "Ready",
                     "status": "True" if ready else "Unknown",
                     "reason": "KubeletReady" if ready else "NodeStatusUnknown",
-                    "lastTransitionTime": iso(since),
+                    "lastTransitionTime": rfc3339.stamp(since),
                 }
             ],
         },
@@ -76,11 +81,11 @@ def pod(
                 "status": "False",
                 "reason": "Unschedulable",
                 "message": unschedulable_message,
-                "lastTransitionTime": iso(unschedulable_since),
+                "lastTransitionTime": rfc3339.stamp(unschedulable_since),
             }
         )
     elif node_name:
-        conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": iso(T0)})
+        conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": rfc3339.stamp(T0)})
     if disruption:
         conditions.append(
             {
@@ -92,7 +97,7 @@ def pod(
                     "DeletionByPodGC": "PodGC: node no longer exists",
                     "PreemptionByScheduler": "Kubernetes Scheduler: preempting to accommodate a higher priority pod",
                 }.get(disruption, disruption),
-                "lastTransitionTime": iso(T0),
+                "lastTransitionTime": rfc3339.stamp(T0),
             }
         )
     status = {"phase": phase, "conditions": conditions}
@@ -124,7 +129,7 @@ def pod(
         },
     }
     if deleting:
-        meta["deletionTimestamp"] = iso(T0)
+        meta["deletionTimestamp"] = rfc3339.stamp(T0)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -150,7 +155,7 @@ def jobset(
         conditions.append({"type": ctype, "status": "True", "reason": reason, "message": message})
     meta = {"name": name, "namespace": "default", "uid": f"uid-{name}", "labels": {"reslice.dev/run": run}}
     if deleting:
-        meta["deletionTimestamp"] = iso(T0)
+        meta["deletionTimestamp"] = rfc3339.stamp(T0)
     return {
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
@@ -168,6 +173,6 @@ def failed_scheduling(pod_name: str, message: str, at: float) -> dict:
         "reason": "FailedScheduling",
         "type": "Warning",
         "message": message,
-        "lastTimestamp": iso(at),
+        "lastTimestamp": rfc3339.stamp(at),
         "source": {"component": "default-scheduler"},
     }

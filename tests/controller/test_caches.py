@@ -5,7 +5,6 @@ selectors), and the run's Lease is renewed on a period with one PUT."""
 from __future__ import annotations
 
 import threading
-import time
 
 from kubernetes import client
 
@@ -18,6 +17,7 @@ from launcher.presets import LABEL_ACCELERATOR
 from launcher.record import Policy
 from launcher.render import RunSpec
 from tests.controller.harness import wait_for
+from tests.support.fakeclock import FakeClock
 
 PRESET = "tpu7x-2x2x2"
 
@@ -96,14 +96,17 @@ def test_the_lease_is_renewed_on_a_period_with_one_put(tmp_path):
         kube = Kube(cluster.api_client(), "default")
         spec = RunSpec(run="lease", run_dir=str(tmp_path / "lease"), global_batch=16, grace_period_s=1)
         create_run(kube, prepare(spec, PRESET, 1, Policy())[0])
-        controller = Controller(kube, lease_s=1)
+        clock = FakeClock()
+        controller = Controller(kube, lease_s=1, monotonic=clock.monotonic)
         requests = cluster.server.requests
         assert controller.own("lease")
         requests.clear()
         for _ in range(20):
             assert controller.own("lease")
         assert not requests, "no request between renewals"
-        time.sleep(controller.renew_every_s + 0.05)
+        clock.step(controller.renew_every_s - 0.01)
+        assert controller.own("lease") and not requests, "renewed early"
+        clock.step(0.02)
         assert controller.own("lease")
         assert dict(requests) == {("update", "leases"): 1}
         assert kube.lease_holder(lease_name("lease")) == controller.identity

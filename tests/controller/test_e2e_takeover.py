@@ -13,7 +13,7 @@ pytestmark = pytest.mark.e2e
 
 def test_controller_killed_mid_shrink(tmp_path):
     h = Harness(tmp_path, pools=2, preset=MULTI_HOST)
-    census = JobSetCensus(h.kube, "takeover").start()
+    census = JobSetCensus(h.cluster, "takeover").start()
     first = second = None
     try:
         h.launch("takeover", slices=2, steps=20, interval=5, global_batch=MULTI_HOST_BATCH)

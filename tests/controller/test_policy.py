@@ -1,7 +1,11 @@
 """Table-driven: (record, observation) -> decision, one case per rule of the controller's policy
-(README "What the controller does", docs/design.md "Policy")."""
+(README "What the controller does", docs/design.md "Policy"). The shape of jobset's
+pkg/controllers/failure_policy_test.go: a list of cases, each a name, the run record, the
+observation, and the decision expected; one test runs them all."""
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pytest
 
@@ -71,246 +75,435 @@ def pending(indices, since, segment=0):
     ]
 
 
-def test_launch_submits_the_requested_shape():
-    rec = record_on(None)
-    d = P.decide(rec, observe(rec, pools=0), LADDER)
-    assert d.action == P.SUBMIT and d.jobset == "demo-0"
-    seg = d.record.current
-    assert (seg.slices, seg.devices * seg.micro_batch * seg.grad_accum) == (4, GB)
-    assert d.record.state == R.RUNNING
-
-
-def test_healthy_running_segment_waits():
-    rec = record_on(4)
-    d = P.decide(rec, observe(rec, pods=running(4)), LADDER)
-    assert d.action == P.WAIT and "running" in d.reason
-    assert d.record.current.running_at == T0 + 100  # bookkeeping: first seen running
-    assert d.record.current.nodepools == ("np-0", "np-1", "np-2", "np-3")
-
-
-def test_same_size_disruption_is_left_to_jobset():
-    rec = record_on(4)
-    pods = [pod("demo-0-slice-0-0-x", phase="Failed", disruption="TerminationByKubelet"), *running(4)[1:]]
-    d = P.decide(rec, observe(rec, pods=pods), LADDER)
-    assert d.action == P.WAIT and "restarting" in d.reason
-
-
-def test_unschedulable_inside_grace_with_room_waits():
-    rec = record_on(4)
-    # Room for 4 slices exists (e.g. pods just created): wait for the scheduler.
-    d = P.decide(rec, observe(rec, pods=pending(range(4), since=T0 + 90)), LADDER)
-    assert d.action == P.WAIT and "grace 60s" in d.reason
-
-
-def test_unschedulable_past_grace_shrinks():
-    rec = record_on(4)
-    pods = running(1) + pending((1, 2, 3), since=T0)
-    # Capacity says 4 pools exist but the pods still do not bind after the grace (e.g. a
-    # reservation held elsewhere): shrink to what fits without them.
-    d = P.decide(rec, observe(rec, pods=pods, pools=4, now=T0 + 61), LADDER)
-    assert d.action == P.END and d.jobset == "demo-0"
-    assert "capacity lost" in d.reason and "-> tpu7x-2x2x2 x2" in d.reason
-    assert d.record.current.end_kind == "capacity-lost" and d.record.state == R.RESHAPING
-
-
-def test_node_pools_gone_shrinks_at_once_to_largest_fit():
-    rec = record_on(4)
-    pods = running(1) + pending((1, 2, 3), since=T0 + 99)
-    d = P.decide(rec, observe(rec, pods=pods, pools=1), LADDER)
-    assert d.action == P.END and "-> tpu7x-2x2x2 x1" in d.reason
-
-
-def test_node_pools_lost_while_restarting_shrinks_without_waiting_for_the_restart():
-    rec = record_on(4)
-    rec = rec.with_segment(replace(rec.current, nodepools=("np-0", "np-1", "np-2", "np-3")))
-    # Two pools gone; the surviving pods are still Running (JobSet has not restarted yet).
-    pods = running(2) + [
-        pod(f"demo-0-slice-{i}-0-x", phase="Failed", disruption="DeletionByPodGC") for i in (2, 3)
-    ]
-    d = P.decide(rec, observe(rec, pods=pods, pools=2), LADDER)
-    assert d.action == P.END and "node pools lost: np-2, np-3" in d.reason and "-> tpu7x-2x2x2 x2" in d.reason
-
-
-def test_pools_gone_end_with_zero_grace_a_preemption_notice_keeps_the_save():
-    rec = record_on(4)
-    rec = rec.with_segment(replace(rec.current, nodepools=("np-0", "np-1", "np-2", "np-3")))
-    gone = P.decide(rec, observe(rec, pods=running(2), pools=2), LADDER)
-    assert gone.action == P.END and gone.force
-    tainted = observe(rec, pods=running(4), pools=4)
-    noticed = replace(tainted, lost_nodepools=("np-3",), capacity={"tpu7x-2x2x2": (T0,) * 3})
-    d = P.decide(rec, noticed, LADDER)
-    assert d.action == P.END and "node pools lost: np-3" in d.reason and not d.force
-
-
-def test_node_pool_lost_but_spare_capacity_is_left_to_jobset():
-    rec = record_on(1)
-    rec = rec.with_segment(replace(rec.current, nodepools=("np-9",)))  # np-9 is gone; np-0.. are spare
-    pods = [
-        pod("demo-0-slice-0-0-x", phase="Failed", disruption="TerminationByKubelet", node_name="gke-np-9-0")
-    ]
-    d = P.decide(rec, observe(rec, pods=pods, pools=2), LADDER)
-    assert d.action == P.WAIT and "restarting" in d.reason
-
-
-def test_unschedulable_and_nothing_smaller_fits_waits():
-    rec = record_on(1)
-    d = P.decide(rec, observe(rec, pods=pending([0], since=T0), pools=0, now=T0 + 1000), LADDER)
-    assert d.action == P.WAIT and "no smaller feasible shape" in d.reason
-
-
-def test_next_segment_waits_for_pods_then_submits_largest_fit_same_batch():
-    rec = record_on(4)
-    ended = P.decide(rec, observe(rec, pods=running(1) + pending((1, 2, 3), T0), pools=1), LADDER).record
-    d = P.decide(ended, observe(ended, pods=running(1), pools=1, jobsets=[]), LADDER)
-    assert d.action == P.WAIT and f"{HOSTS} pod(s) of the run to terminate" in d.reason
-    d = P.decide(ended, observe(ended, pods=[], pools=1, jobsets=[]), LADDER)
-    assert d.action == P.SUBMIT and d.jobset == "demo-1"
-    seg = d.record.current
-    assert (seg.index, seg.slices, seg.micro_batch, seg.grad_accum) == (1, 1, 4, 1)
-    assert seg.devices * seg.micro_batch * seg.grad_accum == GB
-    assert seg.start_step == 10
-
-
-def test_ended_segment_whose_jobset_lingers_is_deleted_again():
-    rec = record_on(4)
-    ended = P.decide(rec, observe(rec, pods=pending(range(4), T0), pools=1), LADDER).record
-    d = P.decide(ended, observe(ended, pods=[], pools=1, jobsets=[jobset("demo-0")]), LADDER)
-    assert d.action == P.DELETE and d.jobset == "demo-0"
-
-
-def test_no_capacity_at_all_waits_for_capacity():
-    rec = record_on(4)
-    ended = P.decide(rec, observe(rec, pods=pending(range(4), T0), pools=0), LADDER)
-    assert ended.action == P.WAIT  # nothing smaller fits: keep the Pending JobSet
-    rec2 = replace(rec, segments=(replace(rec.current, ended_at=T0, end_kind="capacity-lost"),))
-    d = P.decide(rec2, observe(rec2, pods=[], pools=0, jobsets=[]), LADDER)
-    assert d.action == P.WAIT and d.record.state == R.WAITING
-
-
-def test_grow_back_after_stability_window():
-    rec = record_on(1)
-    early = observe(rec, pods=running(1), pools=4, now=T0 + 100, pool_since=T0 + 80)
-    assert P.decide(rec, early, LADDER).action == P.WAIT
-    late = observe(rec, pods=running(1), pools=4, now=T0 + 111, pool_since=T0 + 80)
-    d = P.decide(rec, late, LADDER)
-    assert d.action == P.END and d.record.current.end_kind == "grow"
-    assert "-> tpu7x-2x2x2 x4" in d.reason and "checkpoints on SIGTERM" in d.reason
-
-
-def test_grow_waits_for_a_checkpoint_of_the_segment():
-    rec = record_on(1)
-    rec = rec.with_segment(replace(rec.current, start_step=10))
-    obs = observe(rec, pods=running(1), pools=4, now=T0 + 1000, committed=10)
-    assert P.decide(rec, obs, LADDER).action == P.WAIT
-    assert (
-        P.decide(rec, observe(rec, pods=running(1), pools=4, now=T0 + 1000, committed=15), LADDER).action
-        == P.END
-    )
-
-
-def test_grow_disabled():
-    rec = record_on(1, policy=replace(POLICY, grow=False))
-    assert P.decide(rec, observe(rec, pods=running(1), pools=4, now=T0 + 1000), LADDER).action == P.WAIT
-
-
-def test_config_error_fails_the_run_at_once():
-    rec = record_on(4)
-    js = jobset(condition=("Failed", "FailJobSetFailurePolicyAction", "rule config-error"))
-    pods = [pod("demo-0-slice-0-0-x", phase="Failed", exit_code=2)]
-    d = P.decide(rec, observe(rec, pods=pods, jobsets=[js]), LADDER)
-    assert d.action == P.FAIL and d.record.state == R.FAILED and "configuration error" in d.reason
-    assert d.record.app_failures == 0
-
-
-def test_app_failures_back_off_then_fail_without_spending_preemptions():
-    rec = record_on(4)
-    rec = rec.with_segment(replace(rec.current, restarts=5, restarts_counted=0))  # 5 preemptions so far
-    js = jobset(restarts=6, counted=1, condition=("Failed", "ReachedMaxRestarts", "reached max restarts"))
-    pods = [pod("demo-0-slice-0-0-x", phase="Failed", exit_code=1)]
-    d = P.decide(rec, observe(rec, pods=pods, jobsets=[js]), LADDER)
-    # restartsCountTowardsMax (1) + the failed segment (1) = 2 application failures: at the budget.
-    assert d.action == P.END and d.record.app_failures == 2
-    assert d.record.next_submit_at == T0 + 100 + 10 * 2
-    assert "last exit code 1" in d.reason
-    assert d.record.preemptions() == 5
-    # Backing off: the next segment waits.
-    w = P.decide(d.record, observe(d.record, pods=[], jobsets=[], now=T0 + 105), LADDER)
-    assert w.action == P.WAIT and "backing off" in w.reason
-    # One more failure: over the budget.
-    nxt = P.decide(d.record, observe(d.record, pods=[], jobsets=[], now=T0 + 200), LADDER).record
-    failed = P.decide(
-        nxt,
-        observe(nxt, pods=[pod("demo-1-slice-0-0-x", segment=1, phase="Failed", exit_code=1)],
-                jobsets=[jobset("demo-1", condition=("Failed", "ReachedMaxRestarts", "m"))], now=T0 + 300),
-        LADDER,
-    )  # fmt: skip
-    assert (
-        failed.action == P.FAIL and "crash loop" in failed.reason and "preemptions so far: 5" in failed.reason
-    )
-
-
-def test_trainer_finished_finishes():
-    rec = record_on(4)
-    obs = observe(
-        rec, pods=running(4), committed=100, trainer={"state": "finished", "step": 100, "total_steps": 100}
-    )
-    d = P.decide(rec, obs, LADDER)
-    assert d.action == P.FINISH and d.record.state == R.FINISHED and d.record.total_steps == 100
-
-
-def test_a_segment_ended_for_a_grow_that_finished_first_is_labelled_finished():
-    rec = record_on(1, total_steps=60)
-    rec = rec.with_segment(replace(rec.current, start_step=40))
-    grow = P.decide(
-        rec, observe(rec, pods=running(1), pools=4, now=T0 + 111, pool_since=T0 + 80, committed=55), LADDER
-    )
-    assert grow.action == P.END and grow.record.current.end_kind == "grow"
-    # The trainer got SIGTERM at step 59 of 60, finished the last step and committed it.
-    done = {"state": "finished", "step": 60, "total_steps": 60}
-    d = P.decide(grow.record, observe(grow.record, pods=running(1), committed=60, trainer=done), LADDER)
-    assert d.action == P.FINISH and d.record.state == R.FINISHED
-    seg = d.record.current
-    assert (seg.end_kind, seg.end_step) == ("finished", 60) and "before the grow" in seg.end_reason
-    assert len(d.record.segments) == 1
-
-
-def test_completed_without_final_step_fails():
-    rec = record_on(4, total_steps=100)
-    js = jobset(condition=("Completed", "AllJobsCompleted", "done"))
-    d = P.decide(rec, observe(rec, jobsets=[js], committed=50), LADDER)
-    assert d.action == P.FAIL
-
-
-def test_recorded_but_never_created_jobset_is_created():
-    rec = record_on(4)
-    rec = rec.with_segment(replace(rec.current, jobset_uid=None))
-    d = P.decide(rec, observe(rec, jobsets=[]), LADDER)
-    assert d.action == P.CREATE and d.jobset == "demo-0"
-
-
-def test_jobset_deleted_behind_our_back_ends_the_segment():
-    rec = record_on(4)
-    d = P.decide(rec, observe(rec, jobsets=[]), LADDER)
-    assert d.action == P.END and d.jobset is None and d.record.current.end_kind == "lost"
-
-
-@pytest.mark.parametrize("state", sorted(R.TERMINAL))
-def test_terminal_runs_do_nothing(state):
-    rec = record_on(4, state=state)
-    assert P.decide(rec, observe(rec, pods=pending(range(4), T0), pools=0), LADDER).action == P.WAIT
-
-
-def test_kueue_suspended_waits():
-    rec = record_on(4)
-    d = P.decide(rec, observe(rec, jobsets=[jobset(suspend=True)], pods=[]), LADDER)
-    assert d.action == P.WAIT and "suspended" in d.reason
-
-
-# --- what a JobSet restart is counted as: the record's counters after one pass ------------------
 def failed_pod(attempt=0, i=0, code=43, **kw):
     return pod(f"demo-0-slice-{i}-0-{attempt}{code}", phase="Failed", exit_code=code, attempt=attempt, **kw)
 
 
+def with_current(rec: RunRecord, **changes) -> RunRecord:
+    return rec.with_segment(replace(rec.current, **changes))
+
+
+def decided(rec: RunRecord, **observed) -> RunRecord:
+    """The record one pass writes: the start of a case that needs the pass before it."""
+    return P.decide(rec, observe(rec, **observed), LADDER).record
+
+
+def ended_on_one_pool() -> RunRecord:
+    rec = record_on(4)
+    return decided(rec, pods=running(1) + pending((1, 2, 3), T0), pools=1)
+
+
+def after_two_app_failures() -> RunRecord:
+    rec = with_current(record_on(4), restarts=5, restarts_counted=0)  # 5 preemptions so far
+    js = jobset(restarts=6, counted=1, condition=("Failed", "ReachedMaxRestarts", "reached max restarts"))
+    return decided(rec, pods=[pod("demo-0-slice-0-0-x", phase="Failed", exit_code=1)], jobsets=[js])
+
+
+def ended_for_a_grow_at_step_55() -> RunRecord:
+    rec = with_current(record_on(1, total_steps=60), start_step=40)
+    return decided(rec, pods=running(1), pools=4, now=T0 + 111, pool_since=T0 + 80, committed=55)
+
+
+def restarted_after_a_crash_loop() -> RunRecord:
+    rec = with_current(record_on(4, app_failures=POLICY.app_failure_budget), restarts=40, peer_lost=40)
+    return with_current(rec, failing=S.APP_FAILURE)
+
+
+ANY = object()  # the decision's JobSet is not what the case is about
+
+# Record fields the table names that are not plain attributes.
+DERIVED: dict[str, Callable[[RunRecord], Any]] = {
+    "current.batch": lambda r: r.current.devices * r.current.micro_batch * r.current.grad_accum,
+    "preemptions()": lambda r: r.preemptions(),
+    "len(segments)": lambda r: len(r.segments),
+}
+
+
+def field_of(rec: RunRecord, path: str) -> Any:
+    if path in DERIVED:
+        return DERIVED[path](rec)
+    value: Any = rec
+    for name in path.split("."):
+        value = getattr(value, name)
+    return value
+
+
+@dataclass(frozen=True)
+class Want:
+    action: str
+    jobset: Any = ANY
+    reason: tuple[str, ...] = ()  # substrings of the decision's reason
+    force: bool | None = None
+    record: dict[str, Any] = field(default_factory=dict)  # field path -> value in the record to write
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    record: Callable[[], RunRecord]
+    observation: Callable[[RunRecord], S.Observation]
+    want: Want
+
+
+def pools_named(rec: RunRecord) -> RunRecord:
+    return with_current(rec, nodepools=("np-0", "np-1", "np-2", "np-3"))
+
+
+def preemption_notice(rec: RunRecord) -> S.Observation:
+    tainted = observe(rec, pods=running(4), pools=4)
+    return replace(tainted, lost_nodepools=("np-3",), capacity={"tpu7x-2x2x2": (T0,) * 3})
+
+
+def lost_pools_while_restarting(rec: RunRecord) -> S.Observation:
+    # Two pools gone; the surviving pods are still Running (JobSet has not restarted yet).
+    gone = [pod(f"demo-0-slice-{i}-0-x", phase="Failed", disruption="DeletionByPodGC") for i in (2, 3)]
+    return observe(rec, pods=running(2) + gone, pools=2)
+
+
+def the_next_segment_crashes(rec: RunRecord) -> S.Observation:
+    return observe(
+        rec, pods=[pod("demo-1-slice-0-0-x", segment=1, phase="Failed", exit_code=1)],
+        jobsets=[jobset("demo-1", condition=("Failed", "ReachedMaxRestarts", "m"))], now=T0 + 300,
+    )  # fmt: skip
+
+
+FINISHED_AT_60 = {"state": "finished", "step": 60, "total_steps": 60}
+
+CASES = [
+    Case(
+        "launch submits the requested shape",
+        lambda: record_on(None),
+        lambda rec: observe(rec, pools=0),
+        Want(P.SUBMIT, "demo-0", record={"current.slices": 4, "current.batch": GB, "state": R.RUNNING}),
+    ),
+    Case(
+        "a healthy running segment waits (bookkeeping: first seen running, its pools)",
+        lambda: record_on(4),
+        lambda rec: observe(rec, pods=running(4)),
+        Want(
+            P.WAIT,
+            reason=("running",),
+            record={"current.running_at": T0 + 100, "current.nodepools": ("np-0", "np-1", "np-2", "np-3")},
+        ),
+    ),
+    Case(
+        "a same-size disruption is left to JobSet",
+        lambda: record_on(4),
+        lambda rec: observe(
+            rec,
+            pods=[
+                pod("demo-0-slice-0-0-x", phase="Failed", disruption="TerminationByKubelet"),
+                *running(4)[1:],
+            ],
+        ),
+        Want(P.WAIT, reason=("restarting",)),
+    ),
+    Case(
+        # Room for 4 slices exists (e.g. pods just created): wait for the scheduler.
+        "unschedulable inside the grace with room waits",
+        lambda: record_on(4),
+        lambda rec: observe(rec, pods=pending(range(4), since=T0 + 90)),
+        Want(P.WAIT, reason=("grace 60s",)),
+    ),
+    Case(
+        # Capacity says 4 pools exist but the pods still do not bind after the grace (e.g. a
+        # reservation held elsewhere): shrink to what fits without them.
+        "unschedulable past the grace shrinks",
+        lambda: record_on(4),
+        lambda rec: observe(rec, pods=running(1) + pending((1, 2, 3), since=T0), pools=4, now=T0 + 61),
+        Want(
+            P.END,
+            "demo-0",
+            reason=("capacity lost", "-> tpu7x-2x2x2 x2"),
+            record={"current.end_kind": "capacity-lost", "state": R.RESHAPING},
+        ),
+    ),
+    Case(
+        "node pools gone shrinks at once to the largest fit",
+        lambda: record_on(4),
+        lambda rec: observe(rec, pods=running(1) + pending((1, 2, 3), since=T0 + 99), pools=1),
+        Want(P.END, reason=("-> tpu7x-2x2x2 x1",)),
+    ),
+    Case(
+        "node pools lost while restarting shrinks without waiting for the restart",
+        lambda: pools_named(record_on(4)),
+        lost_pools_while_restarting,
+        Want(P.END, reason=("node pools lost: np-2, np-3", "-> tpu7x-2x2x2 x2")),
+    ),
+    Case(
+        "pools gone end the segment with zero grace",
+        lambda: pools_named(record_on(4)),
+        lambda rec: observe(rec, pods=running(2), pools=2),
+        Want(P.END, force=True),
+    ),
+    Case(
+        "a preemption notice ends the segment and keeps the save",
+        lambda: pools_named(record_on(4)),
+        preemption_notice,
+        Want(P.END, reason=("node pools lost: np-3",), force=False),
+    ),
+    Case(
+        "a node pool lost with spare capacity is left to JobSet",
+        lambda: with_current(record_on(1), nodepools=("np-9",)),  # np-9 is gone; np-0.. are spare
+        lambda rec: observe(
+            rec,
+            pools=2,
+            pods=[
+                pod(
+                    "demo-0-slice-0-0-x",
+                    phase="Failed",
+                    disruption="TerminationByKubelet",
+                    node_name="gke-np-9-0",
+                )
+            ],
+        ),
+        Want(P.WAIT, reason=("restarting",)),
+    ),
+    Case(
+        "unschedulable and nothing smaller fits waits",
+        lambda: record_on(1),
+        lambda rec: observe(rec, pods=pending([0], since=T0), pools=0, now=T0 + 1000),
+        Want(P.WAIT, reason=("no smaller feasible shape",)),
+    ),
+    Case(
+        "the next segment waits for the old pods to terminate",
+        ended_on_one_pool,
+        lambda rec: observe(rec, pods=running(1), pools=1, jobsets=[]),
+        Want(P.WAIT, reason=(f"{HOSTS} pod(s) of the run to terminate",)),
+    ),
+    Case(
+        "then submits the largest fit with the same global batch",
+        ended_on_one_pool,
+        lambda rec: observe(rec, pods=[], pools=1, jobsets=[]),
+        Want(
+            P.SUBMIT,
+            "demo-1",
+            record={
+                "current.index": 1,
+                "current.slices": 1,
+                "current.micro_batch": 4,
+                "current.grad_accum": 1,
+                "current.batch": GB,
+                "current.start_step": 10,
+            },
+        ),
+    ),
+    Case(
+        "an ended segment whose JobSet lingers is deleted again",
+        lambda: decided(record_on(4), pods=pending(range(4), T0), pools=1),
+        lambda rec: observe(rec, pods=[], pools=1, jobsets=[jobset("demo-0")]),
+        Want(P.DELETE, "demo-0"),
+    ),
+    Case(
+        "no capacity at all keeps the Pending JobSet: nothing smaller fits",
+        lambda: record_on(4),
+        lambda rec: observe(rec, pods=pending(range(4), T0), pools=0),
+        Want(P.WAIT),
+    ),
+    Case(
+        "no capacity at all after a segment ended waits for capacity",
+        lambda: (
+            (rec := record_on(4))
+            and replace(rec, segments=(replace(rec.current, ended_at=T0, end_kind="capacity-lost"),))
+        ),
+        lambda rec: observe(rec, pods=[], pools=0, jobsets=[]),
+        Want(P.WAIT, record={"state": R.WAITING}),
+    ),
+    Case(
+        "capacity back inside the stability window: no grow yet",
+        lambda: record_on(1),
+        lambda rec: observe(rec, pods=running(1), pools=4, now=T0 + 100, pool_since=T0 + 80),
+        Want(P.WAIT),
+    ),
+    Case(
+        "capacity back past the stability window grows",
+        lambda: record_on(1),
+        lambda rec: observe(rec, pods=running(1), pools=4, now=T0 + 111, pool_since=T0 + 80),
+        Want(
+            P.END, reason=("-> tpu7x-2x2x2 x4", "checkpoints on SIGTERM"), record={"current.end_kind": "grow"}
+        ),
+    ),
+    Case(
+        "a grow waits for a checkpoint of the segment",
+        lambda: with_current(record_on(1), start_step=10),
+        lambda rec: observe(rec, pods=running(1), pools=4, now=T0 + 1000, committed=10),
+        Want(P.WAIT),
+    ),
+    Case(
+        "a grow after the segment's first checkpoint",
+        lambda: with_current(record_on(1), start_step=10),
+        lambda rec: observe(rec, pods=running(1), pools=4, now=T0 + 1000, committed=15),
+        Want(P.END),
+    ),
+    Case(
+        "grow disabled",
+        lambda: record_on(1, policy=replace(POLICY, grow=False)),
+        lambda rec: observe(rec, pods=running(1), pools=4, now=T0 + 1000),
+        Want(P.WAIT),
+    ),
+    Case(
+        "a configuration error fails the run at once",
+        lambda: record_on(4),
+        lambda rec: observe(
+            rec,
+            pods=[pod("demo-0-slice-0-0-x", phase="Failed", exit_code=2)],
+            jobsets=[jobset(condition=("Failed", "FailJobSetFailurePolicyAction", "rule config-error"))],
+        ),
+        Want(P.FAIL, reason=("configuration error",), record={"state": R.FAILED, "app_failures": 0}),
+    ),
+    Case(
+        # restartsCountTowardsMax (1) + the failed segment (1) = 2 application failures: at the
+        # budget; the preemptions before them are not spent.
+        "application failures back off",
+        lambda: with_current(record_on(4), restarts=5, restarts_counted=0),  # 5 preemptions so far
+        lambda rec: observe(
+            rec,
+            pods=[pod("demo-0-slice-0-0-x", phase="Failed", exit_code=1)],
+            jobsets=[
+                jobset(
+                    restarts=6, counted=1, condition=("Failed", "ReachedMaxRestarts", "reached max restarts")
+                )
+            ],
+        ),
+        Want(
+            P.END,
+            reason=("last exit code 1",),
+            record={"app_failures": 2, "next_submit_at": T0 + 100 + 10 * 2, "preemptions()": 5},
+        ),
+    ),
+    Case(
+        "backing off: the next segment waits",
+        after_two_app_failures,
+        lambda rec: observe(rec, pods=[], jobsets=[], now=T0 + 105),
+        Want(P.WAIT, reason=("backing off",)),
+    ),
+    Case(
+        "one more application failure is over the budget: the run fails",
+        lambda: decided(after_two_app_failures(), pods=[], jobsets=[], now=T0 + 200),
+        the_next_segment_crashes,
+        Want(P.FAIL, reason=("crash loop", "preemptions so far: 5")),
+    ),
+    Case(
+        "the trainer finished: the run finishes",
+        lambda: record_on(4),
+        lambda rec: observe(
+            rec,
+            pods=running(4),
+            committed=100,
+            trainer={"state": "finished", "step": 100, "total_steps": 100},
+        ),
+        Want(P.FINISH, record={"state": R.FINISHED, "total_steps": 100}),
+    ),
+    Case(
+        "a segment ended for a grow at step 55",
+        lambda: with_current(record_on(1, total_steps=60), start_step=40),
+        lambda rec: observe(rec, pods=running(1), pools=4, now=T0 + 111, pool_since=T0 + 80, committed=55),
+        Want(P.END, record={"current.end_kind": "grow"}),
+    ),
+    Case(
+        # The trainer got SIGTERM at step 59 of 60, finished the last step and committed it.
+        "a segment ended for a grow that finished first is labelled finished",
+        ended_for_a_grow_at_step_55,
+        lambda rec: observe(rec, pods=running(1), committed=60, trainer=FINISHED_AT_60),
+        Want(
+            P.FINISH,
+            record={
+                "state": R.FINISHED,
+                "current.end_kind": "finished",
+                "current.end_step": 60,
+                "len(segments)": 1,
+            },
+        ),
+    ),
+    Case(
+        "completed without the final step fails",
+        lambda: record_on(4, total_steps=100),
+        lambda rec: observe(
+            rec, jobsets=[jobset(condition=("Completed", "AllJobsCompleted", "done"))], committed=50
+        ),
+        Want(P.FAIL),
+    ),
+    Case(
+        "a recorded but never created JobSet is created",
+        lambda: with_current(record_on(4), jobset_uid=None),
+        lambda rec: observe(rec, jobsets=[]),
+        Want(P.CREATE, "demo-0"),
+    ),
+    Case(
+        "a JobSet deleted behind our back ends the segment",
+        lambda: record_on(4),
+        lambda rec: observe(rec, jobsets=[]),
+        Want(P.END, None, record={"current.end_kind": "lost"}),
+    ),
+    *(
+        Case(
+            f"a terminal run ({state}) does nothing",
+            lambda state=state: record_on(4, state=state),
+            lambda rec: observe(rec, pods=pending(range(4), T0), pools=0),
+            Want(P.WAIT),
+        )
+        for state in sorted(R.TERMINAL)
+    ),
+    Case(
+        "suspended by Kueue waits",
+        lambda: record_on(4),
+        lambda rec: observe(rec, jobsets=[jobset(suspend=True)], pods=[]),
+        Want(P.WAIT, reason=("suspended",)),
+    ),
+    Case(
+        "a lost peer is named while JobSet restarts",
+        lambda: record_on(4),
+        lambda rec: observe(rec, pods=[failed_pod(), *running(4)[1:]]),
+        Want(P.WAIT, reason=("restarting (JobSet failure policy) after a lost peer",)),
+    ),
+    Case(
+        "lost peers never spend the budget",
+        lambda: with_current(
+            record_on(4, app_failures=POLICY.app_failure_budget),
+            failing=S.PEER_LOST,
+            restarts=40,
+            peer_lost=40,
+        ),
+        lambda rec: observe(rec, pods=running(4), jobsets=[jobset(restarts=41)]),
+        Want(P.WAIT, record={"current.peer_lost": 41, "app_failures": 2}),
+    ),
+    Case(
+        # The same restart after a crash that made its peers exit 43: over the budget, the run fails.
+        "an uncounted crash over the budget fails the run",
+        restarted_after_a_crash_loop,
+        lambda rec: observe(rec, pods=running(4), jobsets=[jobset(restarts=41)]),
+        Want(
+            P.END,
+            "demo-0",
+            reason=("crash loop: 3 application failures exceed the budget of 2",),
+            record={"state": R.FAILED},
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_policy(case: Case) -> None:
+    rec = case.record()
+    d = P.decide(rec, case.observation(rec), LADDER)
+    want = case.want
+    assert d.action == want.action, d.reason
+    if want.jobset is not ANY:
+        assert d.jobset == want.jobset
+    for part in want.reason:
+        assert part in d.reason, f"{part!r} not in {d.reason!r}"
+    if want.force is not None:
+        assert d.force is want.force
+    assert {path: field_of(d.record, path) for path in want.record} == want.record
+
+
+def test_a_grow_finished_first_says_so_in_the_end_reason() -> None:
+    rec = ended_for_a_grow_at_step_55()
+    d = P.decide(rec, observe(rec, pods=running(1), committed=60, trainer=FINISHED_AT_60), LADDER)
+    assert "before the grow" in d.record.current.end_reason
+
+
+# --- what a JobSet restart is counted as: the record's counters after one pass ------------------
 @pytest.mark.parametrize(
     "failing,restarts,counted,pods,expect",
     [
@@ -346,21 +539,3 @@ def test_restart_causes_are_counted(failing, restarts, counted, pods, expect):
     }  # fmt: skip
     assert {k: got[k] for k in expect} == expect
     assert seg.restarts == restarts
-
-
-def test_a_lost_peer_is_named_while_jobset_restarts():
-    rec = record_on(4)
-    d = P.decide(rec, observe(rec, pods=[failed_pod(), *running(4)[1:]]), LADDER)
-    assert d.action == P.WAIT and "restarting (JobSet failure policy) after a lost peer" in d.reason
-
-
-def test_lost_peers_never_spend_the_budget_but_uncounted_crashes_do():
-    rec = record_on(4, app_failures=POLICY.app_failure_budget)
-    rec = rec.with_segment(replace(rec.current, failing=S.PEER_LOST, restarts=40, peer_lost=40))
-    d = P.decide(rec, observe(rec, pods=running(4), jobsets=[jobset(restarts=41)]), LADDER)
-    assert d.action == P.WAIT and d.record.current.peer_lost == 41 and d.record.app_failures == 2
-    # The same restart after a crash that made its peers exit 43: over the budget, the run fails.
-    rec = rec.with_segment(replace(rec.current, failing=S.APP_FAILURE))
-    d = P.decide(rec, observe(rec, pods=running(4), jobsets=[jobset(restarts=41)]), LADDER)
-    assert d.action == P.END and d.jobset == "demo-0" and d.record.state == R.FAILED
-    assert "crash loop: 3 application failures exceed the budget of 2" in d.reason

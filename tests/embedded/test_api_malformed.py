@@ -858,6 +858,8 @@ def test_yaml_bodies_keep_timestamps_as_strings_and_quantities_parse_as_upstream
     assert code == 400 and status["message"].endswith(
         "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
     )
-    pod["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1e3", "memory": "1Pi"}}
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "NaN"}}  # Python's Decimal takes it
+    assert fresh.call("POST", PODS, pod)[0] == 400
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1e3", "memory": "1Pi", "x.io/e": "2E"}}
     code, created = fresh.call("POST", PODS, pod)
-    assert code == 201 and filters.pod_requests(created) == {"cpu": 1000.0, "memory": 2.0**50}
+    assert code == 201 and filters.pod_requests(created) == {"cpu": 1000.0, "memory": 2.0**50, "x.io/e": 2e18}

@@ -5,22 +5,27 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from kubernetes import watch
 from kubernetes.client import ApiException
 
 from tests.embedded.conftest import BOOKMARK_INTERVAL_S, Api, pod, start_api, stop_api
+from tests.support.wait import wait_for
 
 
-def _events(api: Api, count: int, **kwargs: object) -> list[tuple[str, str | None, str]]:
-    """The first `count` events of a pod watch as (type, name, resourceVersion)."""
+def _events(
+    api: Api, count: int, then: Callable[[int], object] = lambda seen: None, **kwargs: object
+) -> list[tuple[str, str | None, str]]:
+    """The first `count` events of a pod watch as (type, name, resourceVersion); `then(n)` runs
+    once the stream has delivered n of them."""
     w = watch.Watch()
     out = []
     for ev in w.stream(api.core.list_namespaced_pod, "default", timeout_seconds=5, **kwargs):
         meta = ev["raw_object"].get("metadata", {})
         out.append((ev["type"], meta.get("name"), meta.get("resourceVersion")))
+        then(len(out))
         if len(out) == count:
             w.stop()
     return out
@@ -43,12 +48,12 @@ def test_watch_without_version_starts_with_the_current_objects(api: Api) -> None
     for name in ("a", "b"):
         api.core.create_namespaced_pod("default", pod(name))
 
-    def later() -> None:
-        time.sleep(0.3)
-        api.core.create_namespaced_pod("default", pod("c"))
+    def later(seen: int) -> None:  # c is created while the watch is open, after the initial events
+        if seen == 2:
+            api.core.create_namespaced_pod("default", pod("c"))
 
-    threading.Thread(target=later).start()
-    assert [(t, n) for t, n, _ in _events(api, 3)] == [("ADDED", "a"), ("ADDED", "b"), ("ADDED", "c")]
+    events = _events(api, 3, then=later)
+    assert [(t, n) for t, n, _ in events] == [("ADDED", "a"), ("ADDED", "b"), ("ADDED", "c")]
 
 
 def test_watch_through_a_selector_sees_objects_enter_and_leave(api: Api) -> None:
@@ -130,13 +135,12 @@ def test_restart_ends_open_watches_and_expires_old_versions(api: Api) -> None:
     api.core.create_namespaced_pod("default", pod("a"))
     old = api.core.list_namespaced_pod("default").metadata.resource_version
     thread, seen, _ = _watch_in_thread(api, resource_version=old, timeout_seconds=30)
-    time.sleep(0.3)
     api.core.create_namespaced_pod("default", pod("b"))
+    wait_for(lambda: seen == ["ADDED"], timeout=10, what="pod b on the open watch", interval=0.01)
     port = api.server.port
-    started = time.monotonic()
     api.server.restart(downtime_s=0.2)
-    thread.join(timeout=10)
-    assert not thread.is_alive() and time.monotonic() - started < 5
+    thread.join(timeout=5)  # the restart ended the watch, long before its 30 s timeout
+    assert not thread.is_alive()
     assert seen == ["ADDED"]  # pod b, before the restart
     assert api.server.port == port
     assert [p.metadata.name for p in api.core.list_namespaced_pod("default").items] == ["a", "b"]

@@ -3,6 +3,7 @@ backoffLimitPerIndex with maxFailedIndexes and the FailIndex action, restartPoli
 
 import copy
 
+from launcher import rfc3339
 from tests.embedded.cluster_helpers import HOSTS, condition, rendered, running
 from tests.support.wait import wait_for
 
@@ -109,7 +110,7 @@ def test_a_retried_index_carries_its_failure_count_and_all_indexes_finished_is_f
     js = {"metadata": {"name": "r", "namespace": "default", "uid": "u"}, "spec": spec, "status": {}}
 
     def pod(uid, index, phase, count, ago_s):
-        end = jc.o.rfc3339(now - dt.timedelta(seconds=ago_s))
+        end = rfc3339.stamp(now - dt.timedelta(seconds=ago_s))
         return {
             "metadata": {
                 "uid": uid,

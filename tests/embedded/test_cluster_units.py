@@ -465,40 +465,50 @@ def test_a_burst_of_pod_events_costs_one_job_sync_and_a_spec_change_syncs_at_onc
     # Upstream's Job controller batches pod events (syncJobBatchPeriod, 1 s): 768 pods starting
     # must not mean thousands of syncs, each re-reading every pod of the Job.
     import threading
-    import time
 
     from launcher.embedded.store import RESOURCES, Store
+    from tests.support.fakeclock import FakeClock
+    from tests.support.wait import wait_for
 
+    clock = FakeClock()
     synced: list[tuple[object, float]] = []
     done = threading.Event()
 
     class Counting(jobctl.JobController):
         def reconcile(self, key):
-            synced.append((key, time.monotonic()))
+            synced.append((key, clock.monotonic()))
             done.set()
             return None
 
-    ctl = Counting(Store())
+    ctl = Counting(Store(), clock=clock)
     ctl._job_keys["job-uid"] = ("default", "j")
     pod = {"metadata": {"name": "p", "namespace": "default", "ownerReferences": [
         {"uid": "job-uid", "controller": True, "kind": "Job", "apiVersion": "batch/v1", "name": "j"}]}}  # fmt: skip
     job = {"metadata": {"name": "j", "namespace": "default", "uid": "job-uid", "generation": 1}}
     ctl.start()
     try:
-        t0 = time.monotonic()
+        t0 = clock.monotonic()
         for _ in range(200):
             ctl._on_event("MODIFIED", RESOURCES["pods"], pod)
         ctl._on_event("ADDED", RESOURCES["jobs"], job)  # a new Job: now
-        assert done.wait(1) and synced[0][1] - t0 < 0.5
-        time.sleep(jobctl.SYNC_BATCH_S + 0.3)
+        assert done.wait(10) and synced[0][1] == t0
+        clock.wait_for_waiter()  # the worker waits for the batch to fall due
+        clock.step(jobctl.SYNC_BATCH_S - 0.1)
+        clock.wait_for_waiter()
+        assert len(synced) == 1  # the batch is not due yet
+        clock.step(0.1)
+        wait_for(lambda: len(synced) == 2, timeout=10, what="the batched sync", interval=0.01)
+        clock.wait_for_waiter()
         assert [k for k, _ in synced] == [("job", "default", "j")] * 2  # 200 pod events: one sync
         assert synced[1][1] - t0 >= jobctl.SYNC_BATCH_S
         ctl._on_event("MODIFIED", RESOURCES["jobs"], job)  # status only: batched
         ctl._on_event("MODIFIED", RESOURCES["jobs"], {"metadata": {**job["metadata"], "generation": 2}})
-        time.sleep(0.3)
-        assert len(synced) == 3  # the spec change did not wait for the batch
+        wait_for(lambda: len(synced) == 3, timeout=10, what="the spec change's sync", interval=0.01)
+        assert synced[2][1] == synced[1][1]  # the spec change did not wait for the batch
         assert not ctl.idle()  # a batched sync is still due
-        time.sleep(jobctl.SYNC_BATCH_S)
-        assert len(synced) == 4 and ctl.idle()
+        clock.wait_for_waiter()
+        clock.step(jobctl.SYNC_BATCH_S)
+        wait_for(lambda: len(synced) == 4 and ctl.idle(), timeout=10, what="the second batch", interval=0.01)
+        assert synced[3][1] - synced[2][1] == jobctl.SYNC_BATCH_S
     finally:
         ctl.stop()

@@ -1,81 +1,111 @@
-"""The SIGTERM watchdog (trainer.Preemption) in a child process, without JAX: a step that never
-finishes after a SIGTERM ends the process with 143; a healthy loop or a save in progress does not."""
+"""The SIGTERM watchdog (trainer.watchdog.Preemption) on a fake clock, in this process with a real
+SIGTERM and wakeup fd: a step that never finishes after a SIGTERM ends the process with 143 after
+the stall timeout; a healthy loop, a save in progress, or a SIGTERM before the first step do not."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-import time
+import os
+import signal
+import threading
+from collections.abc import Iterator
 
-from tests.trainer.runs import ROOT
+import pytest
 
-CHILD = """
-import os, signal, sys, time
-from trainer import Preemption
-p = Preemption()
-{body}
-"""
+from tests.support.fakeclock import FakeClock
+from trainer.watchdog import EXIT_STALLED, Preemption
 
 
-def run_child(body: str, timeout: float = 30) -> tuple[int, str, float]:
-    code = CHILD.format(body=textwrap.dedent(body).strip())
-    t0 = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=timeout
-    )
-    return done.returncode, done.stdout + done.stderr, time.monotonic() - t0
+class Watched:
+    """A Preemption on a fake clock whose exit is recorded instead of ending pytest."""
 
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.exits: list[int] = []
+        self.exited = threading.Event()
+        self.p = Preemption(self.clock.monotonic, self.clock.sleep, self._exit)
 
-def test_a_step_that_never_finishes_after_sigterm_exits_143_after_the_stall_timeout() -> None:
-    rc, out, took = run_child("""
-        p.step_done(6.0)              # the first step waited for the peers to start
-        p.step_done(0.2)              # then steps have been finishing, the longest took 0.2 s
+    def _exit(self, code: int) -> None:
+        self.exits.append(code)
+        self.exited.set()
+
+    def sigterm(self) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(30)                # the step in flight, waiting for a peer that is gone
-        sys.exit(0)
-    """)
-    assert rc == 143, out
-    assert "no step finished for 3." in out and "without a checkpoint" in out
-    assert 3 <= took < 10  # max(3 s, 3 x 0.2 s): not 3 x 6 s, nor the 30 s the step would hang
+        self.clock.wait_for_waiter()  # the watchdog has read the signal and watches the time
+
+    def step(self, seconds: float) -> None:
+        """Move the clock on and let the watchdog look at it once."""
+        self.clock.step(seconds)
+        for _ in range(1000):  # until it sleeps again, or has exited
+            if self.p._closed or self.clock.has_waiter() or self.exited.wait(0.01):
+                return
+        raise AssertionError("the watchdog neither slept again nor exited")
 
 
-def test_steps_that_keep_finishing_and_a_long_save_are_not_stalls() -> None:
-    rc, out, _ = run_child("""
-        p.step_done(0.2)
-        os.kill(os.getpid(), signal.SIGTERM)
-        for _ in range(12):           # steps keep finishing for 2.4 s
-            time.sleep(0.2)
-            p.step_done(0.2)
-        with p.saving():              # then the emergency save takes longer than the stall timeout
-            time.sleep(4)
-        p.restore()                   # the loop returns: the watchdog stops
-        time.sleep(4)
-        sys.exit(42 if p.requested else 1)
-    """)
-    assert rc == 42, out
-    assert "no step finished" not in out
+@pytest.fixture
+def watched() -> Iterator[Watched]:
+    w = Watched()
+    yield w
+    w.p.restore()
+    w.clock.step(1.0)  # wake the watchdog so that it sees restore() and ends
+    w.p.watchdog.join(timeout=10)
+    assert not w.p.watchdog.is_alive()
 
 
-def test_no_watchdog_before_the_first_step() -> None:
+def test_a_step_that_never_finishes_after_sigterm_exits_143_after_the_stall_timeout(watched, capfd) -> None:
+    watched.p.step_done(6.0)  # the first step waited for the peers to start
+    watched.p.step_done(0.2)  # then steps have been finishing, the longest took 0.2 s
+    watched.sigterm()  # the step in flight waits for a peer that is gone
+    assert watched.p.requested
+    watched.step(2.9)
+    assert watched.exits == []  # max(3 s, 3 x 0.2 s) has not passed
+    watched.step(0.2)
+    assert watched.exited.wait(10) and watched.exits == [EXIT_STALLED]  # not 3 x 6 s
+    out = capfd.readouterr().out
+    assert "no step finished for 3.1 s" in out and "without a checkpoint" in out
+
+
+def test_steps_that_keep_finishing_and_a_long_save_are_not_stalls(watched, capfd) -> None:
+    watched.p.step_done(0.2)
+    watched.sigterm()
+    for _ in range(12):  # steps keep finishing for 2.4 s
+        watched.step(0.2)
+        watched.p.step_done(0.2)
+    with watched.p.saving():  # then the emergency save takes longer than the stall timeout
+        for _ in range(4):
+            watched.step(1.0)
+    watched.step(2.9)  # the save counts as progress: the stall timeout starts again after it
+    assert watched.exits == []
+    watched.p.restore()  # the loop returns: the watchdog stops
+    watched.step(10.0)
+    watched.p.watchdog.join(timeout=10)
+    assert not watched.p.watchdog.is_alive() and watched.exits == [] and watched.p.requested
+    assert "no step finished" not in capfd.readouterr().out
+
+
+def test_no_watchdog_before_the_first_step(watched) -> None:
     # Compiling a big model can take minutes: a SIGTERM then is not a stall.
-    rc, out, _ = run_child("""
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(4)
-        sys.exit(42)
-    """)
-    assert rc == 42, out
+    watched.sigterm()
+    for _ in range(3):
+        watched.step(100.0)
+    assert watched.exits == [] and watched.p.requested
 
 
-def test_a_second_sigterm_is_quiet() -> None:
+def test_a_second_sigterm_is_quiet(watched, capfd) -> None:
     # A supervised trainer gets two: the one sent to its process group, and the supervisor's copy.
-    rc, out, _ = run_child("""
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.5)               # the watchdog has read the first one
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.5)
-        p.restore()
-        sys.exit(42 if p.requested else 1)
-    """)
-    assert rc == 42, out
-    assert "Exception ignored" not in out and "BrokenPipeError" not in out, out
+    watched.sigterm()  # the watchdog has read the first one
+    os.kill(os.getpid(), signal.SIGTERM)
+    watched.step(0.5)
+    watched.p.restore()
+    assert watched.p.requested
+    out, err = capfd.readouterr()
+    assert out.count("trainer: SIGTERM") == 1, out
+    assert "Exception ignored" not in err and "BrokenPipeError" not in err, err
+
+
+def test_restore_puts_the_previous_handler_back() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    w = Watched()
+    assert signal.getsignal(signal.SIGTERM) == w.p._handle
+    w.p.restore()
+    w.p.watchdog.join(timeout=10)  # closing the pipe ends a watchdog that never heard a signal
+    assert signal.getsignal(signal.SIGTERM) == before and not w.p.watchdog.is_alive()
