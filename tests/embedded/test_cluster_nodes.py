@@ -108,6 +108,27 @@ def test_noexecute_taint_and_a_partitioned_node():
         wait_for(lambda: any(t == "DELETED" for t, _ in rec.states(a.metadata.name)), what="tainted pod gone")
         dts = [_dt(p) for _, p in rec.states(a.metadata.name) if _dt(p) is not None]
         assert dts and dts[0].reason == "DeletionByTaintManager"
+        # The eviction fails its Job (DisruptionTarget: FailJob) and the JobSet restarts, deleting
+        # every pod of attempt 0: lift the taint and partition a pod of attempt 1, which nothing
+        # but the taint manager deletes.
+        kube.core.patch_node(
+            a.spec.node_name,
+            {"spec": {"taints": [kube.core.api_client.sanitize_for_serialization(t) for t in taints[:-1]]}},
+        )
+        pods = wait_for(
+            lambda: (
+                len(
+                    r := [
+                        p
+                        for p in kube.pods("jobset.sigs.k8s.io/restart-attempt=1")
+                        if p.status.phase == "Running" and not p.metadata.deletion_timestamp
+                    ]
+                )
+                == 2 * HOSTS
+                and r
+            ),
+            what="attempt 1 running",
+        )
         # Partition another slice's node: NotReady, unreachable taints, its pod deleted after 1 s and
         # left Terminating (no kubelet completes it) until the partition heals.
         b = next(

@@ -502,3 +502,27 @@ def test_a_burst_of_pod_events_costs_one_job_sync_and_a_spec_change_syncs_at_onc
         assert len(synced) == 4 and ctl.idle()
     finally:
         ctl.stop()
+
+
+def test_taint_eviction_marks_a_pod_someone_else_is_deleting_once():
+    from launcher.embedded import nodelife
+
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    node = {"spec": {"taints": [{"key": "x", "effect": "NoExecute", "timeAdded": "2026-01-01T00:00:00Z"}]}}
+
+    def pod(name, deleting=False, marked=False, phase="Running"):
+        meta = {"name": name, "namespace": "d"} | ({"deletionTimestamp": "t"} if deleting else {})
+        conds = [{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]
+        return {
+            "metadata": meta,
+            "spec": {},
+            "status": {"phase": phase, "conditions": conds if marked else []},
+        }
+
+    pods = [
+        pod("live"),
+        pod("terminating", deleting=True),  # a JobSet restart deleted it first: upstream still marks it
+        pod("marked", deleting=True, marked=True),  # already done by the taint manager
+        pod("done", phase="Failed"),
+    ]
+    assert [n for _, n, _ in nodelife.evictions(node, pods, now)] == ["live", "terminating"]
