@@ -12,20 +12,10 @@ from typing import Any
 
 from launcher.embedded.resources import Resource
 
-_DEFAULT_TOLERATIONS = (
-    {
-        "key": "node.kubernetes.io/not-ready",
-        "operator": "Exists",
-        "effect": "NoExecute",
-        "tolerationSeconds": 300,
-    },
-    {
-        "key": "node.kubernetes.io/unreachable",
-        "operator": "Exists",
-        "effect": "NoExecute",
-        "tolerationSeconds": 300,
-    },
-)
+# kube-apiserver --default-not-ready-toleration-seconds / --default-unreachable-toleration-seconds
+# (the DefaultTolerationSeconds admission plugin): 300 s unless the cluster was started otherwise.
+DEFAULT_TOLERATION_S = 300
+_DEFAULT_TOLERATION_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
 
 def _container(c: dict[str, Any]) -> None:
@@ -50,7 +40,7 @@ def pod_spec(spec: dict[str, Any]) -> None:
         _container(c)
 
 
-def _pod(pod: dict[str, Any]) -> None:
+def _pod(pod: dict[str, Any], toleration_s: int = DEFAULT_TOLERATION_S) -> None:
     spec = pod.setdefault("spec", {})
     pod_spec(spec)
     spec.setdefault("enableServiceLinks", True)
@@ -60,9 +50,11 @@ def _pod(pod: dict[str, Any]) -> None:
     spec.setdefault("serviceAccount", spec["serviceAccountName"])
     tolerations = spec.setdefault("tolerations", [])
     tolerated = {(t.get("key"), t.get("effect")) for t in tolerations}
-    for t in _DEFAULT_TOLERATIONS:
-        if (t["key"], "NoExecute") not in tolerated and (t["key"], None) not in tolerated:
-            tolerations.append(dict(t))
+    for key in _DEFAULT_TOLERATION_KEYS:
+        if (key, "NoExecute") not in tolerated and (key, None) not in tolerated:
+            tolerations.append(
+                {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": toleration_s}
+            )
     pod["status"] = {"phase": "Pending", "qosClass": qos_class(spec)}
 
 
@@ -164,12 +156,14 @@ def normalize(res: Resource, obj: dict[str, Any]) -> None:
         obj.setdefault("involvedObject", {})
 
 
-_ON_CREATE = {"pods": _pod, "jobs": _job, "namespaces": _namespace, "services": _service}
+_ON_CREATE = {"jobs": _job, "namespaces": _namespace, "services": _service}
 
 
-def on_create(res: Resource, obj: dict[str, Any]) -> None:
+def on_create(res: Resource, obj: dict[str, Any], toleration_s: int = DEFAULT_TOLERATION_S) -> None:
     """Default `obj` in place; metadata (uid, name, namespace) is already set."""
-    if fn := _ON_CREATE.get(res.plural):
+    if res.plural == "pods":
+        _pod(obj, toleration_s)
+    elif fn := _ON_CREATE.get(res.plural):
         fn(obj)
     elif res.custom and res.has_status:
         obj.pop("status", None)  # a CRD's status can only be written through /status

@@ -208,6 +208,7 @@ class Store:
         bookmark_interval: float = 60.0,
     ) -> None:
         self._lock = threading.RLock()
+        self.default_toleration_s = defaults.DEFAULT_TOLERATION_S  # the cluster may start it otherwise
         self._rv = 0
         self._objs: dict[str, dict[str, dict[str, _Rec]]] = {p: {} for p in RESOURCES}
         self._uids: dict[str, tuple[Resource, str, str]] = {}
@@ -507,7 +508,7 @@ class Store:
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = now_rfc3339()
         meta["generation"] = 1
-        defaults.on_create(res, obj)
+        defaults.on_create(res, obj, self.default_toleration_s)
         defaults.normalize(res, obj)
         self._admit(res, None, obj)
         rec = self._commit(res, ADDED, obj, None)
