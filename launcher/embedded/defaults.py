@@ -1,9 +1,10 @@
 """What a real API server does to a built-in object on create, before it is stored.
 
 Defaulting (SetDefaults_* in the Go API packages, plus the admission plugins every cluster runs:
-ServiceAccount, Priority, DefaultTolerationSeconds) and the strategies' PrepareForCreate (status is
-reset: a created Pod is Pending, a created Job has an empty status). Controllers written against a
-real cluster see these fields, so the embedded one sets them too.
+ServiceAccount, Priority, DefaultTolerationSeconds; JobSet's pod mutating webhook, installed with
+JobSet on every cluster reslice targets) and the strategies' PrepareForCreate (status is reset: a
+created Pod is Pending, a created Job has an empty status). Controllers written against a real
+cluster see these fields, so the embedded one sets them too.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from launcher.embedded.resources import Resource
 # (the DefaultTolerationSeconds admission plugin): 300 s unless the cluster was started otherwise.
 DEFAULT_TOLERATION_S = 300
 _DEFAULT_TOLERATION_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+# JobSet v0.12.0 pkg/constants PriorityKey, set by pkg/webhooks/pod_webhook.go Default().
+PRIORITY_LABEL = "jobset.sigs.k8s.io/priority"
+_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+_NODE_SELECTOR_STRATEGY = "alpha.jobset.sigs.k8s.io/node-selector"
 
 
 def _container(c: dict[str, Any]) -> None:
@@ -55,7 +60,20 @@ def _pod(pod: dict[str, Any], toleration_s: int = DEFAULT_TOLERATION_S) -> None:
             tolerations.append(
                 {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": toleration_s}
             )
+    jobset_pod_labels(pod)
     pod["status"] = {"phase": "Pending", "qosClass": qos_class(spec)}
+
+
+def jobset_pod_labels(pod: dict[str, Any]) -> None:
+    """The JobSet pod webhook's label: the pod's priority (after Priority admission), so that
+    exclusive placement only repels Jobs of the same priority. Only pods a JobSet made (the
+    jobset-name annotation), and not under the node-selector placement strategy."""
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    if _JOBSET_NAME not in ann or _NODE_SELECTOR_STRATEGY in ann:
+        return
+    priority = (pod.get("spec") or {}).get("priority")
+    if priority is not None:
+        pod["metadata"].setdefault("labels", {})[PRIORITY_LABEL] = str(priority)
 
 
 def qos_class(spec: dict[str, Any]) -> str:

@@ -347,11 +347,14 @@ def test_jobs_and_pods_carry_the_jobset_uid_label():
         sel = f"jobset.sigs.k8s.io/jobset-uid={uid}"
         assert len(kube.batch.list_namespaced_job("default", label_selector=sel).items) == 2
         assert len(kube.pods(sel)) == 2 * HOSTS
+        # JobSet's pod webhook labels the pods (not the Jobs) with their priority.
+        assert {p.metadata.labels.get("jobset.sigs.k8s.io/priority") for p in kube.pods(sel)} == {"0"}
         for j in kube.batch.list_namespaced_job("default", label_selector=sel).items:
             lbl = j.metadata.labels
             assert lbl["jobset.sigs.k8s.io/group-name"] == "default"
             assert lbl["jobset.sigs.k8s.io/group-replicas"] == "2"
             assert lbl["jobset.sigs.k8s.io/job-group-index"] == lbl["jobset.sigs.k8s.io/job-index"]
+            assert "jobset.sigs.k8s.io/priority" not in lbl
 
 
 def test_in_order_startup_policy_creates_each_replicated_job_once_the_previous_is_ready():
