@@ -5,8 +5,9 @@
 Each seed draws, with random.Random(seed), a schedule of faults from: a spot preemption notice, a
 pod killed (exit 137), a drain, an auto-repair, a node pool removed and restored, the controller
 killed (SIGKILL) and restarted, a second controller. They hit a 2-slice run of the `tiny` config on
-tpu7x-2x2x2 (the embedded cluster, the real trainer, `reslice watch` processes), each once the run
-has committed a checkpoint past the previous fault. After the run, per seed:
+tpu7x-2x2x2 over 2 node pools (`--shape single`: one single-host slice; the embedded cluster, the
+real trainer, `reslice watch` processes), spread over the run: fault i of n waits for the
+checkpoint at step ~(i + 1) * steps / (n + 1). After the run, per seed:
 
 - finished: the run Finished, its last committed checkpoint and last kept step are the final step;
 - segments: indexed 0..n-1, each submitted after the previous ended, resuming at or after it;
@@ -40,8 +41,10 @@ from launcher.errors import UserError
 from launcher.record import FAILED, FINISHED, STOPPED, Policy
 from launcher.render import LABEL_RUN
 from tests.controller.harness import (
+    GLOBAL_BATCH,
     MULTI_HOST,
     MULTI_HOST_BATCH,
+    PRESET,
     Harness,
     kept_steps,
     reference_run,
@@ -52,6 +55,9 @@ RUN = "chaos"
 TOLERANCE = 1e-5
 FAULTS = ("preempt", "kill-pod", "drain", "repair", "remove", "kill-controller", "second-controller")
 ONCE = {"kill-pod", "second-controller"}  # two pod kills could rightly spend the failure budget
+# (preset, slices, global batch) on 2 node pools. `elastic` shrinks and grows (4 trainer processes);
+# `single` (one host, one slice: 1 process) only moves between pools, for a slow machine.
+SHAPES = {"elastic": (MULTI_HOST, 2, MULTI_HOST_BATCH), "single": (PRESET, 1, GLOBAL_BATCH)}
 
 
 # ---- the invariants: pure ------------------------------------------------------------------------
@@ -217,26 +223,35 @@ class Chaos:
         self.timers.append(t)
 
 
-def run_seed(seed: int, n_faults: int, steps: int, interval: int, reference: dict, tmp: Path) -> dict:
-    h = Harness(tmp, pools=2, preset=MULTI_HOST)
+def run_seed(
+    seed: int, n_faults: int, steps: int, interval: int, reference: dict, tmp: Path, shape: str
+) -> dict:
+    preset, slices, batch = SHAPES[shape]
+    h = Harness(tmp, pools=2, preset=preset)
     events: list[tuple[str, str]] = []
+    restarts: dict[str, int] = {}  # JobSet → the most status.restarts it reached
 
     def census(etype: str, res: Any, obj: dict) -> None:
         if res.plural == "jobsets" and (obj["metadata"].get("labels") or {}).get(LABEL_RUN) == RUN:
-            events.append((etype, obj["metadata"]["name"]))
+            name = obj["metadata"]["name"]
+            events.append((etype, name))
+            got = (obj.get("status") or {}).get("restarts") or 0
+            restarts[name] = max(restarts.get(name, 0), got)
 
     unsubscribe = h.cluster.store.subscribe(census)
     chaos = Chaos(h, tmp, random.Random(seed))
     t0 = time.monotonic()
     try:
         policy = Policy(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
-        h.launch(RUN, slices=2, steps=steps, interval=interval, policy=policy, global_batch=MULTI_HOST_BATCH)
+        h.launch(RUN, slices=slices, steps=steps, interval=interval, policy=policy, global_batch=batch)
         chaos.controller()
-        for fault, delay in schedule(seed, n_faults):
-            last = h.rundir(RUN).latest_committed_step() or 0
-            if last + interval >= steps:
+        for i, (fault, delay) in enumerate(schedule(seed, n_faults)):
+            # Spread over the run, each on a checkpoint (the trainer starts in seconds and then runs
+            # fast: waiting for "one more checkpoint" would crowd the faults into the first steps).
+            at = max(interval, (i + 1) * steps // (n_faults + 1) // interval * interval)
+            h.wait_step(RUN, at, timeout=300)
+            if (h.rundir(RUN).latest_committed_step() or 0) + interval >= steps:
                 break  # the run is about to finish: later faults would find nothing to hit
-            h.wait_step(RUN, last + interval, timeout=300)
             time.sleep(delay)
             target = chaos.inject(fault)
             chaos.done.append((time.monotonic() - t0, fault, target))
@@ -270,7 +285,7 @@ def run_seed(seed: int, n_faults: int, steps: int, interval: int, reference: dic
         "faults": chaos.done,
         "checks": checks,
         "segments": len(rec.segments),
-        "restarts": sum(s.restarts for s in rec.segments),
+        "restarts": sum(restarts.values()),
         "seconds": time.monotonic() - t0,
     }
 
@@ -302,17 +317,27 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--faults", type=int, default=4, help="faults per seed")
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--interval", type=int, default=5, help="checkpoint interval (steps)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="elastic")
     args = ap.parse_args()
     console = Console(width=140)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.monotonic()
-        reference = reference_run(Path(tmp) / "reference", args.steps, args.interval, MULTI_HOST_BATCH)
+        batch = SHAPES[args.shape][2]
+        reference = reference_run(Path(tmp) / "reference", args.steps, args.interval, batch)
         console.log(f"uninterrupted reference run: {time.monotonic() - t0:.0f} s")
         for seed in range(args.first_seed, args.first_seed + args.seeds):
-            r = run_seed(seed, args.faults, args.steps, args.interval, reference, Path(tmp) / f"seed-{seed}")
+            r = run_seed(
+                seed,
+                args.faults,
+                args.steps,
+                args.interval,
+                reference,
+                Path(tmp) / f"seed-{seed}",
+                args.shape,
+            )
             results.append(r)
             console.print(seed_table(r))
     held = sum(all(not p for p in r["checks"].values()) for r in results)
