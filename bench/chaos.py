@@ -162,8 +162,12 @@ class Chaos:
         n = len(self.controllers) + 1
         self.controllers.append(self.h.controller_process(RUN, self.tmp / f"controller-{n}.log"))
 
-    def running_pod(self) -> dict:
+    def running_pod(self) -> dict | None:
+        """A running trainer pod, once there is one; None when the run ended meanwhile."""
+
         def pick():
+            if self.h.record(RUN).state in (FINISHED, FAILED, STOPPED):
+                return {"ended": True}
             pods = [
                 p
                 for p in self.h.run_pods(RUN)
@@ -171,7 +175,8 @@ class Chaos:
             ]
             return self.rng.choice(sorted(pods, key=lambda p: p["metadata"]["name"])) if pods else None
 
-        return wait_for(pick, 180, "a running trainer pod")
+        got = wait_for(pick, 300, "a running trainer pod")
+        return None if "ended" in got else got
 
     def inject(self, fault: str) -> str:
         h = self.h
@@ -187,6 +192,8 @@ class Chaos:
             self.controller()
             return f"{sum(p.poll() is None for p in self.controllers)} running"
         pod = self.running_pod()
+        if pod is None:
+            return "skipped: the run finished first"
         node = pod["spec"]["nodeName"]
         pool = h.cluster.node_pool_of[node]
         if fault == "kill-pod":
@@ -245,20 +252,20 @@ def run_seed(
         policy = Policy(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
         h.launch(RUN, slices=slices, steps=steps, interval=interval, policy=policy, global_batch=batch)
         chaos.controller()
-        for i, (fault, delay) in enumerate(schedule(seed, n_faults)):
-            # Spread over the run, each on a checkpoint (the trainer starts in seconds and then runs
-            # fast: waiting for "one more checkpoint" would crowd the faults into the first steps).
-            at = max(interval, (i + 1) * steps // (n_faults + 1) // interval * interval)
-            h.wait_step(RUN, at, timeout=300)
-            if (h.rundir(RUN).latest_committed_step() or 0) + interval >= steps:
-                break  # the run is about to finish: later faults would find nothing to hit
-            time.sleep(delay)
-            target = chaos.inject(fault)
-            chaos.done.append((time.monotonic() - t0, fault, target))
         error = None
         try:
+            for i, (fault, delay) in enumerate(schedule(seed, n_faults)):
+                # Spread over the run, each on a checkpoint (the trainer starts in seconds, then runs
+                # fast: waiting for "one more checkpoint" would crowd the faults into the first steps).
+                at = max(interval, (i + 1) * steps // (n_faults + 1) // interval * interval)
+                h.wait_step(RUN, at, timeout=300)
+                if (h.rundir(RUN).latest_committed_step() or 0) + interval >= steps:
+                    break  # the run is about to finish: later faults would find nothing to hit
+                time.sleep(delay)
+                target = chaos.inject(fault)
+                chaos.done.append((time.monotonic() - t0, fault, target))
             h.wait_state(RUN, {FINISHED, FAILED, STOPPED}, timeout=600)
-        except AssertionError as e:  # timed out: the invariants say what is wrong
+        except AssertionError as e:  # a wait timed out: the run is stuck, the seed did not hold
             error = str(e)
         for t in chaos.timers:
             t.join()
