@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.embedded import faults, nodes, objects
+from launcher.embedded.defaults import DEFAULT_TOLERATION_S
 from launcher.embedded.job import JobController
 from launcher.embedded.jobset import EMULATED_VERSION, JobSetController
 from launcher.embedded.kubelet import Kubelet
@@ -51,6 +52,7 @@ class EmbeddedCluster:
         sim_term_exit_code: int = 143,
         workdir: Path | None = None,
         node_monitor_grace_s: float = NODE_MONITOR_GRACE_S,
+        default_toleration_s: int = DEFAULT_TOLERATION_S,
     ) -> None:
         if mode not in ("process", "simulate"):
             raise UserError(f"mode must be 'process' or 'simulate', got {mode!r}")
@@ -64,6 +66,7 @@ class EmbeddedCluster:
         self.sim_term_exit_code = sim_term_exit_code
         self.workdir = workdir
         self.node_monitor_grace_s = node_monitor_grace_s
+        self.default_toleration_s = default_toleration_s
         self._tmp: str | None = None
         self._gone: set[str] = set()
         self._node_pool: dict[str, str] = {n: p.name for p in self.pools.values() for n in p.node_names}
@@ -88,6 +91,7 @@ class EmbeddedCluster:
             self._tmp = tempfile.mkdtemp(prefix="reslice-cluster-")
             base = Path(self._tmp)
         self.store = Store(base / "store" if self.state_dir is not None else None)
+        self.store.default_toleration_s = self.default_toleration_s
         self.server = ApiServer(self.store, host=self.host, port=self.port)
         self.node_events = EventRecorder(self.store, "node-controller")
         self.hub = Hub(self.store)

@@ -1,9 +1,10 @@
 """What a real API server does to a built-in object on create, before it is stored.
 
 Defaulting (SetDefaults_* in the Go API packages, plus the admission plugins every cluster runs:
-ServiceAccount, Priority, DefaultTolerationSeconds) and the strategies' PrepareForCreate (status is
-reset: a created Pod is Pending, a created Job has an empty status). Controllers written against a
-real cluster see these fields, so the embedded one sets them too.
+ServiceAccount, Priority, DefaultTolerationSeconds; JobSet's pod mutating webhook, installed with
+JobSet on every cluster reslice targets) and the strategies' PrepareForCreate (status is reset: a
+created Pod is Pending, a created Job has an empty status). Controllers written against a real
+cluster see these fields, so the embedded one sets them too.
 """
 
 from __future__ import annotations
@@ -12,20 +13,14 @@ from typing import Any
 
 from launcher.embedded.resources import Resource
 
-_DEFAULT_TOLERATIONS = (
-    {
-        "key": "node.kubernetes.io/not-ready",
-        "operator": "Exists",
-        "effect": "NoExecute",
-        "tolerationSeconds": 300,
-    },
-    {
-        "key": "node.kubernetes.io/unreachable",
-        "operator": "Exists",
-        "effect": "NoExecute",
-        "tolerationSeconds": 300,
-    },
-)
+# kube-apiserver --default-not-ready-toleration-seconds / --default-unreachable-toleration-seconds
+# (the DefaultTolerationSeconds admission plugin): 300 s unless the cluster was started otherwise.
+DEFAULT_TOLERATION_S = 300
+_DEFAULT_TOLERATION_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+# JobSet v0.12.0 pkg/constants PriorityKey, set by pkg/webhooks/pod_webhook.go Default().
+PRIORITY_LABEL = "jobset.sigs.k8s.io/priority"
+_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+_NODE_SELECTOR_STRATEGY = "alpha.jobset.sigs.k8s.io/node-selector"
 
 
 def _container(c: dict[str, Any]) -> None:
@@ -50,7 +45,7 @@ def pod_spec(spec: dict[str, Any]) -> None:
         _container(c)
 
 
-def _pod(pod: dict[str, Any]) -> None:
+def _pod(pod: dict[str, Any], toleration_s: int = DEFAULT_TOLERATION_S) -> None:
     spec = pod.setdefault("spec", {})
     pod_spec(spec)
     spec.setdefault("enableServiceLinks", True)
@@ -60,10 +55,25 @@ def _pod(pod: dict[str, Any]) -> None:
     spec.setdefault("serviceAccount", spec["serviceAccountName"])
     tolerations = spec.setdefault("tolerations", [])
     tolerated = {(t.get("key"), t.get("effect")) for t in tolerations}
-    for t in _DEFAULT_TOLERATIONS:
-        if (t["key"], "NoExecute") not in tolerated and (t["key"], None) not in tolerated:
-            tolerations.append(dict(t))
+    for key in _DEFAULT_TOLERATION_KEYS:
+        if (key, "NoExecute") not in tolerated and (key, None) not in tolerated:
+            tolerations.append(
+                {"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": toleration_s}
+            )
+    jobset_pod_labels(pod)
     pod["status"] = {"phase": "Pending", "qosClass": qos_class(spec)}
+
+
+def jobset_pod_labels(pod: dict[str, Any]) -> None:
+    """The JobSet pod webhook's label: the pod's priority (after Priority admission), so that
+    exclusive placement only repels Jobs of the same priority. Only pods a JobSet made (the
+    jobset-name annotation), and not under the node-selector placement strategy."""
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    if _JOBSET_NAME not in ann or _NODE_SELECTOR_STRATEGY in ann:
+        return
+    priority = (pod.get("spec") or {}).get("priority")
+    if priority is not None:
+        pod["metadata"].setdefault("labels", {})[PRIORITY_LABEL] = str(priority)
 
 
 def qos_class(spec: dict[str, Any]) -> str:
@@ -164,12 +174,14 @@ def normalize(res: Resource, obj: dict[str, Any]) -> None:
         obj.setdefault("involvedObject", {})
 
 
-_ON_CREATE = {"pods": _pod, "jobs": _job, "namespaces": _namespace, "services": _service}
+_ON_CREATE = {"jobs": _job, "namespaces": _namespace, "services": _service}
 
 
-def on_create(res: Resource, obj: dict[str, Any]) -> None:
+def on_create(res: Resource, obj: dict[str, Any], toleration_s: int = DEFAULT_TOLERATION_S) -> None:
     """Default `obj` in place; metadata (uid, name, namespace) is already set."""
-    if fn := _ON_CREATE.get(res.plural):
+    if res.plural == "pods":
+        _pod(obj, toleration_s)
+    elif fn := _ON_CREATE.get(res.plural):
         fn(obj)
     elif res.custom and res.has_status:
         obj.pop("status", None)  # a CRD's status can only be written through /status

@@ -24,6 +24,7 @@ from typing import Any
 from launcher import rfc3339
 from launcher.embedded import objects as o
 from launcher.embedded.clock import REAL, Clock
+from launcher.embedded.defaults import PRIORITY_LABEL
 from launcher.embedded.runtime import Batched, Controller, EventRecorder
 
 DEFAULT_BACKOFF_LIMIT = 6
@@ -135,8 +136,9 @@ def expand_indexes(s: str) -> set[int]:
     return out
 
 
-def exclusive_affinity(job_key: str, topology_key: str) -> dict[str, Any]:
-    """What JobSet's pod mutating webhook puts on a leader pod for exclusive placement."""
+def exclusive_affinity(job_key: str, topology_key: str, priority: str = "0") -> dict[str, Any]:
+    """What JobSet's pod mutating webhook puts on a leader pod for exclusive placement: exclusive
+    among Jobs of the same priority (v0.12.0 setExclusiveAffinities, the priority label's term)."""
     return {
         "podAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": [
@@ -156,6 +158,7 @@ def exclusive_affinity(job_key: str, topology_key: str) -> dict[str, Any]:
                         "matchExpressions": [
                             {"key": o.JOB_KEY, "operator": "Exists"},
                             {"key": o.JOB_KEY, "operator": "NotIn", "values": [job_key]},
+                            {"key": PRIORITY_LABEL, "operator": "In", "values": [priority]},
                         ]
                     },
                     "topologyKey": topology_key,
@@ -242,7 +245,12 @@ def pod_for_index(
     topo = exclusive_topology(job)
     if topo and o.JOB_KEY in lbls:
         if index in (0, None):
-            spec["affinity"] = {**(spec.get("affinity") or {}), **exclusive_affinity(lbls[o.JOB_KEY], topo)}
+            # The pod's priority as Priority admission will leave it (no PriorityClass lookup here).
+            prio = str(spec.get("priority", 0))
+            spec["affinity"] = {
+                **(spec.get("affinity") or {}),
+                **exclusive_affinity(lbls[o.JOB_KEY], topo, prio),
+            }
         elif leader_domain is not None:
             spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), topo: leader_domain}
     return {

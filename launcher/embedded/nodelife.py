@@ -9,7 +9,8 @@ the node lifecycle controller's heartbeat monitor.
   `NoExecute` taint it does not tolerate is deleted at once; one that tolerates every such taint
   is deleted after the smallest `tolerationSeconds` among the matching tolerations (never when
   none sets it). Before deleting, the pod gets `DisruptionTarget` with reason
-  `DeletionByTaintManager`; the deletion is graceful (the pod's own grace period).
+  `DeletionByTaintManager`; the deletion is graceful (the pod's own grace period). A pod already
+  terminating (someone else deleted it) is marked too, as upstream's `handleNodeUpdate` does.
 - Heartbeats (`pkg/controller/nodelifecycle/node_lifecycle_controller.go`): a node whose kubelet
   has not posted status for `node_monitor_grace_s` (upstream `--node-monitor-grace-period`, 40 s)
   gets every condition `Unknown` (reason `NodeStatusUnknown`, "Kubelet stopped posting node
@@ -80,13 +81,21 @@ def evictions(
     elapsed = max(0.0, (now - since).total_seconds())
     out = []
     for p in pods:
-        if objects.pod_terminal(p) or objects.pod_deleting(p):
+        # A pod someone else is deleting is still the taint manager's (upstream processes every pod
+        # on the node and marks it, whoever deleted it first); it acts on each pod once.
+        if objects.pod_terminal(p) or evicted_by_taints(p):
             continue
         delay = eviction_delay(p, taints)
         if delay is not None:
             ns, name = objects.key_of(p)
             out.append((ns, name, max(0.0, delay - elapsed)))
     return out
+
+
+def evicted_by_taints(pod: Mapping[str, Any]) -> bool:
+    """The taint manager already marked and deleted this pod (upstream keeps the fired work item)."""
+    c = objects.get_condition(pod, "DisruptionTarget")
+    return objects.pod_deleting(pod) and bool(c) and c.get("reason") == "DeletionByTaintManager"
 
 
 def unreachable_node(node: Mapping[str, Any], when: str) -> dict[str, Any]:
@@ -258,7 +267,7 @@ class NodeLifecycle(Controller):
                 later.append(delay)
                 continue
             pod = self._get(self.pods, ns, pname)
-            if pod is None or objects.pod_deleting(pod):
+            if pod is None or objects.pod_terminal(pod) or evicted_by_taints(pod):
                 continue
             self.taint_recorder.event(
                 pod, "Normal", "TaintManagerEviction", f"Marking for deletion Pod {ns}/{pname}"

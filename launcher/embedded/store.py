@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from launcher.embedded import decoding
+from launcher.embedded import decoding, defaults
 from launcher.embedded.deletion import Deletion
 from launcher.embedded.errors import (
     ApiError,
@@ -69,6 +69,7 @@ class Store(Writes, Deletion, WatchFanout, Persistence):
         bookmark_interval: float = 60.0,
     ) -> None:
         self._lock = threading.RLock()
+        self.default_toleration_s = defaults.DEFAULT_TOLERATION_S  # the cluster may start it otherwise
         self._rv = 0
         self._objs: dict[str, dict[str, dict[str, Rec]]] = {p: {} for p in RESOURCES}
         self._uids: dict[str, tuple[Resource, str, str]] = {}

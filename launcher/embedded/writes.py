@@ -49,7 +49,7 @@ class Writes:
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = rfc3339.stamp()
         meta["generation"] = 1
-        defaults.on_create(res, obj)
+        defaults.on_create(res, obj, self.default_toleration_s)
         defaults.normalize(res, obj)
         self._admit(res, None, obj)
         rec = self._commit(res, ADDED, obj, None)

@@ -73,7 +73,7 @@ class JobSetCensus:
 class Harness:
     def __init__(
         self, tmp: Path, pools: int, *, preset: str = PRESET, state_dir: Path | None = None,
-        gcs_env: dict | None = None,
+        gcs_env: dict | None = None, **cluster_kw,
     ):  # fmt: skip
         self.tmp = tmp
         self.preset = preset
@@ -83,6 +83,7 @@ class Harness:
             mode="process",
             state_dir=state_dir,
             workdir=tmp / "pods",
+            **cluster_kw,  # e.g. node_monitor_grace_s, default_toleration_s: a NotReady node in seconds
         )
         self.gcs_env = gcs_env or {}
         self._saved_env = {k: os.environ.get(k) for k in self.gcs_env}

@@ -108,6 +108,27 @@ def test_noexecute_taint_and_a_partitioned_node():
         wait_for(lambda: any(t == "DELETED" for t, _ in rec.states(a.metadata.name)), what="tainted pod gone")
         dts = [_dt(p) for _, p in rec.states(a.metadata.name) if _dt(p) is not None]
         assert dts and dts[0].reason == "DeletionByTaintManager"
+        # The eviction fails its Job (DisruptionTarget: FailJob) and the JobSet restarts, deleting
+        # every pod of attempt 0: lift the taint and partition a pod of attempt 1, which nothing
+        # but the taint manager deletes.
+        kube.core.patch_node(
+            a.spec.node_name,
+            {"spec": {"taints": [kube.core.api_client.sanitize_for_serialization(t) for t in taints[:-1]]}},
+        )
+        pods = wait_for(
+            lambda: (
+                len(
+                    r := [
+                        p
+                        for p in kube.pods("jobset.sigs.k8s.io/restart-attempt=1")
+                        if p.status.phase == "Running" and not p.metadata.deletion_timestamp
+                    ]
+                )
+                == 2 * HOSTS
+                and r
+            ),
+            what="attempt 1 running",
+        )
         # Partition another slice's node: NotReady, unreachable taints, its pod deleted after 1 s and
         # left Terminating (no kubelet completes it) until the partition heals.
         b = next(
@@ -326,11 +347,14 @@ def test_jobs_and_pods_carry_the_jobset_uid_label():
         sel = f"jobset.sigs.k8s.io/jobset-uid={uid}"
         assert len(kube.batch.list_namespaced_job("default", label_selector=sel).items) == 2
         assert len(kube.pods(sel)) == 2 * HOSTS
+        # JobSet's pod webhook labels the pods (not the Jobs) with their priority.
+        assert {p.metadata.labels.get("jobset.sigs.k8s.io/priority") for p in kube.pods(sel)} == {"0"}
         for j in kube.batch.list_namespaced_job("default", label_selector=sel).items:
             lbl = j.metadata.labels
             assert lbl["jobset.sigs.k8s.io/group-name"] == "default"
             assert lbl["jobset.sigs.k8s.io/group-replicas"] == "2"
             assert lbl["jobset.sigs.k8s.io/job-group-index"] == lbl["jobset.sigs.k8s.io/job-index"]
+            assert "jobset.sigs.k8s.io/priority" not in lbl
 
 
 def test_in_order_startup_policy_creates_each_replicated_job_once_the_previous_is_ready():

@@ -13,6 +13,8 @@ from launcher.embedded import filters, nodes, podenv
 from launcher.embedded import job as jobctl
 from launcher.embedded import jobset as jsctl
 from launcher.embedded import objects as o
+from launcher.embedded.defaults import PRIORITY_LABEL
+from launcher.embedded.store import RESOURCES
 from launcher.errors import UserError
 from launcher.presets import make_shape
 from launcher.render import RunSpec, failure_policies, render_jobset
@@ -119,20 +121,43 @@ def test_fit_error_has_the_upstream_shape():
 def test_exclusive_placement_keeps_jobs_in_their_own_pool():
     view = _view([pool("tpu7x-2x4x4", "a"), pool("tpu7x-2x4x4", "b")])  # 8 nodes per pool
     topo = "cloud.google.com/gke-nodepool"
-    leader_a = _pod("a0", {o.JOB_KEY: "ka"}, affinity=jobctl.exclusive_affinity("ka", topo), tpu=1)
+
+    def leader(name, key, priority="0"):
+        labels = {o.JOB_KEY: key, PRIORITY_LABEL: priority}  # the label JobSet's pod webhook sets
+        return _pod(name, labels, affinity=jobctl.exclusive_affinity(key, topo, priority), tpu=1)
+
+    leader_a = leader("a0", "ka")
     node, _ = filters.schedule_one(leader_a, view)
     view.add(leader_a, node)
     pool_a = view.domain(node, topo)
     # Job b's leader may not share job a's pool even though a's nodes have free chips.
-    leader_b = _pod("b0", {o.JOB_KEY: "kb"}, affinity=jobctl.exclusive_affinity("kb", topo), tpu=1)
+    leader_b = leader("b0", "kb")
     node_b, _ = filters.schedule_one(leader_b, view)
     assert view.domain(node_b, topo) != pool_a
     view.add(leader_b, node_b)
     # A third job has nowhere to go: both pools are taken.
-    leader_c = _pod("c0", {o.JOB_KEY: "kc"}, affinity=jobctl.exclusive_affinity("kc", topo), tpu=1)
-    node_c, msg = filters.schedule_one(leader_c, view)
+    node_c, msg = filters.schedule_one(leader("c0", "kc"), view)
     assert node_c is None
     assert "16 node(s) didn't match pod anti-affinity rules" in msg
+    # Exclusive placement holds within a priority level only (JobSet v0.12 #1057).
+    node_d, _ = filters.schedule_one(leader("d0", "kd", priority="1000"), view)
+    assert node_d is not None
+
+
+def test_jobset_pod_webhook_labels_the_priority():
+    from launcher.embedded import defaults
+
+    def created(ann, priority=None):
+        pod = {"metadata": {"name": "p", "annotations": ann}, "spec": {"containers": []}}
+        if priority is not None:
+            pod["spec"]["priority"] = priority
+        defaults.on_create(RESOURCES["pods"], pod)
+        return pod["metadata"].get("labels") or {}
+
+    assert created({o.JOBSET_NAME: "js"})[PRIORITY_LABEL] == "0"
+    assert created({o.JOBSET_NAME: "js"}, priority=1000)[PRIORITY_LABEL] == "1000"
+    assert PRIORITY_LABEL not in created({})  # not a JobSet's pod
+    assert PRIORITY_LABEL not in created({o.JOBSET_NAME: "js", o.NODE_SELECTOR_STRATEGY: "true"})
 
 
 def test_pod_failure_policy_messages_and_rule_indexes():
@@ -512,3 +537,43 @@ def test_a_burst_of_pod_events_costs_one_job_sync_and_a_spec_change_syncs_at_onc
         assert synced[3][1] - synced[2][1] == jobctl.SYNC_BATCH_S
     finally:
         ctl.stop()
+
+
+def test_taint_eviction_marks_a_pod_someone_else_is_deleting_once():
+    from launcher.embedded import nodelife
+
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    node = {"spec": {"taints": [{"key": "x", "effect": "NoExecute", "timeAdded": "2026-01-01T00:00:00Z"}]}}
+
+    def pod(name, deleting=False, marked=False, phase="Running"):
+        meta = {"name": name, "namespace": "d"} | ({"deletionTimestamp": "t"} if deleting else {})
+        conds = [{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]
+        return {
+            "metadata": meta,
+            "spec": {},
+            "status": {"phase": phase, "conditions": conds if marked else []},
+        }
+
+    pods = [
+        pod("live"),
+        pod("terminating", deleting=True),  # a JobSet restart deleted it first: upstream still marks it
+        pod("marked", deleting=True, marked=True),  # already done by the taint manager
+        pod("done", phase="Failed"),
+    ]
+    assert [n for _, n, _ in nodelife.evictions(node, pods, now)] == ["live", "terminating"]
+
+
+def test_default_toleration_seconds_follow_the_clusters_setting():
+    from launcher.embedded import defaults
+
+    def tolerations(toleration_s=None, own=()):
+        pod = {"metadata": {"name": "p"}, "spec": {"containers": [], "tolerations": list(own)}}
+        kw = {} if toleration_s is None else {"toleration_s": toleration_s}
+        defaults.on_create(RESOURCES["pods"], pod, **kw)
+        return {t["key"]: t.get("tolerationSeconds") for t in pod["spec"]["tolerations"]}
+
+    unreachable, not_ready = "node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready"
+    assert tolerations() == {not_ready: 300, unreachable: 300}  # kube-apiserver's default
+    assert tolerations(1) == {not_ready: 1, unreachable: 1}
+    own = [{"key": unreachable, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 7}]
+    assert tolerations(1, own) == {unreachable: 7, not_ready: 1}  # a pod's own toleration stays

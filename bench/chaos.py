@@ -1,0 +1,356 @@
+"""Chaos: seeded random fault schedules against a small elastic run, and the run's invariants.
+
+    .venv/bin/python -m bench.chaos [--seeds 20] [--faults 4]    (or: python3 dev.py bench chaos ...)
+
+Each seed draws, with random.Random(seed), a schedule of faults from: a spot preemption notice, a
+pod killed (exit 137), a drain, an auto-repair, a node pool removed and restored, the controller
+killed (SIGKILL) and restarted, a second controller. They hit a 2-slice run of the `tiny` config on
+tpu7x-2x2x2 over 2 node pools (`--shape single`: one single-host slice; the embedded cluster, the
+real trainer, `reslice watch` processes), spread over the run: fault i of n waits for the
+checkpoint at step ~(i + 1) * steps / (n + 1). After the run, per seed:
+
+- finished: the run Finished, its last committed checkpoint and last kept step are the final step;
+- segments: indexed 0..n-1, each submitted after the previous ended, resuming at or after it;
+- one JobSet: never two of the run's JobSets at once, from every ADDED/DELETED the store committed;
+- checkpoints: every step-named checkpoint directory is committed (half-written ones are gone);
+- losses: each step's loss equals an uninterrupted run's (computed once) within 1e-5, with the same
+  `data/sample_digest`.
+
+A rich table per seed and a summary line ("20/20 held"). The checks are pure functions
+(tests/launcher/test_bench_chaos.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import random
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from launcher.errors import UserError
+from launcher.record import FAILED, FINISHED, STOPPED, Policy
+from launcher.render import LABEL_RUN
+from tests.controller.harness import (
+    GLOBAL_BATCH,
+    MULTI_HOST,
+    MULTI_HOST_BATCH,
+    PRESET,
+    Harness,
+    kept_steps,
+    reference_run,
+    wait_for,
+)
+
+RUN = "chaos"
+TOLERANCE = 1e-5
+FAULTS = ("preempt", "kill-pod", "drain", "repair", "remove", "kill-controller", "second-controller")
+ONCE = {"kill-pod", "second-controller"}  # two pod kills could rightly spend the failure budget
+# (preset, slices, global batch) on 2 node pools. `elastic` shrinks and grows (4 trainer processes);
+# `single` (one host, one slice: 1 process) only moves between pools, for a slow machine.
+SHAPES = {"elastic": (MULTI_HOST, 2, MULTI_HOST_BATCH), "single": (PRESET, 1, GLOBAL_BATCH)}
+
+
+# ---- the invariants: pure ------------------------------------------------------------------------
+
+
+def finished_problems(state: str, committed: list[int], kept: list[int], steps: int) -> list[str]:
+    out = []
+    if state != FINISHED:
+        out.append(f"state {state}, not {FINISHED}")
+    if not committed or committed[-1] != steps:
+        out.append(f"last committed checkpoint {committed[-1] if committed else None}, not {steps}")
+    if kept != list(range(1, steps + 1)):
+        missing = sorted(set(range(1, steps + 1)) - set(kept))
+        out.append(f"kept steps are not 1..{steps} (missing {missing[:5]})")
+    return out
+
+
+@dataclass(frozen=True)
+class Seg:
+    index: int
+    submitted_at: float
+    ended_at: float | None
+    start_step: int | None
+    end_step: int | None
+
+
+def segment_problems(segs: list[Seg]) -> list[str]:
+    out = []
+    if [s.index for s in segs] != list(range(len(segs))):
+        out.append(f"segment indexes {[s.index for s in segs]}")
+    for prev, nxt in itertools.pairwise(segs):
+        if prev.ended_at is None or nxt.submitted_at < prev.ended_at:
+            out.append(f"segment {nxt.index} submitted before segment {prev.index} ended")
+        if (nxt.start_step or 0) < (prev.end_step or 0) or (nxt.start_step or 0) < (prev.start_step or 0):
+            out.append(f"segment {nxt.index} resumed at {nxt.start_step}, behind segment {prev.index}")
+    if segs and segs[-1].ended_at is None:
+        out.append(f"segment {segs[-1].index} never ended")
+    return out
+
+
+def overlap_problems(events: list[tuple[str, str]]) -> list[str]:
+    """(event type, JobSet name) in commit order: at most one of the run's JobSets exists at a time."""
+    live: set[str] = set()
+    out = []
+    for etype, name in events:
+        if etype == "ADDED":
+            if live:
+                out.append(f"{name} created while {', '.join(sorted(live))} existed")
+            live.add(name)
+        elif etype == "DELETED":
+            live.discard(name)
+    return out
+
+
+def checkpoint_problems(names: list[str], committed: list[int]) -> list[str]:
+    """Names under checkpoints/: a step-named one must be committed (Orbax's temporary ones aside)."""
+    done = set(committed)
+    return [f"checkpoint {n} is not committed" for n in names if n.isdigit() and int(n) not in done]
+
+
+def loss_problems(
+    kept: Mapping[int, Mapping[str, Any]], reference: Mapping[int, Mapping[str, Any]], tol: float = TOLERANCE
+) -> list[str]:
+    out = []
+    for step, m in sorted(kept.items()):
+        ref = reference.get(step)
+        if ref is None:
+            out.append(f"step {step}: not in the reference run")
+            continue
+        if m["data/sample_digest"] != ref["data/sample_digest"]:
+            out.append(f"step {step}: sample digest differs")
+        if abs(m["learning/loss"] - ref["learning/loss"]) > tol:
+            out.append(f"step {step}: loss {m['learning/loss']:.7f} vs {ref['learning/loss']:.7f}")
+    return out
+
+
+def schedule(seed: int, n: int) -> list[tuple[str, float]]:
+    """(fault, extra delay in seconds) for the seed: the same schedule on every machine."""
+    rng = random.Random(seed)
+    out: list[tuple[str, float]] = []
+    while len(out) < n:
+        fault = rng.choice(FAULTS)
+        if fault in ONCE and any(f == fault for f, _ in out):
+            continue
+        out.append((fault, round(rng.uniform(0.0, 3.0), 1)))
+    return out
+
+
+# ---- one seed --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Chaos:
+    h: Harness
+    tmp: Path
+    rng: random.Random
+    controllers: list[Any] = field(default_factory=list)
+    timers: list[threading.Timer] = field(default_factory=list)
+    done: list[tuple[float, str, str]] = field(default_factory=list)  # (t, fault, target)
+
+    def controller(self) -> None:
+        n = len(self.controllers) + 1
+        self.controllers.append(self.h.controller_process(RUN, self.tmp / f"controller-{n}.log"))
+
+    def running_pod(self) -> dict | None:
+        """A running trainer pod, once there is one; None when the run ended meanwhile."""
+
+        def pick():
+            if self.h.record(RUN).state in (FINISHED, FAILED, STOPPED):
+                return {"ended": True}
+            pods = [
+                p
+                for p in self.h.run_pods(RUN)
+                if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+            ]
+            return self.rng.choice(sorted(pods, key=lambda p: p["metadata"]["name"])) if pods else None
+
+        got = wait_for(pick, 300, "a running trainer pod")
+        return None if "ended" in got else got
+
+    def inject(self, fault: str) -> str:
+        h = self.h
+        if fault == "kill-controller":
+            live = [p for p in self.controllers if p.poll() is None]
+            victim = self.rng.choice(live) if live else None
+            if victim is not None:
+                victim.kill()
+                victim.wait(10)
+            self.controller()
+            return f"pid {victim.pid if victim else '-'}"
+        if fault == "second-controller":
+            self.controller()
+            return f"{sum(p.poll() is None for p in self.controllers)} running"
+        pod = self.running_pod()
+        if pod is None:
+            return "skipped: the run finished first"
+        node = pod["spec"]["nodeName"]
+        pool = h.cluster.node_pool_of[node]
+        if fault == "kill-pod":
+            try:
+                h.cluster.kill_pod("default", pod["metadata"]["name"])
+            except UserError as e:  # it ended between the look and the kill
+                return f"skipped: {e}"
+            return pod["metadata"]["name"]
+        if fault == "drain":
+            h.cluster.drain(node, wait=False)
+            self._later(lambda: h.cluster.uncordon(node))
+            return node
+        if fault == "repair":
+            h.cluster.repair(node)
+            return node
+        if fault == "preempt":
+            h.cluster.preempt(pool, grace_s=15, wait=True)
+            self._later(lambda: h.cluster.restore(pool))
+            return pool
+        h.cluster.remove(pool)
+        self._later(lambda: h.cluster.restore(pool))
+        return pool
+
+    def _later(self, undo: Callable[[], Any]) -> None:
+        """The capacity comes back a few seconds on, while the controller is reacting."""
+
+        def run() -> None:
+            # e.g. the drained node was repaired meanwhile: nothing to uncordon
+            with contextlib.suppress(UserError):
+                undo()
+
+        t = threading.Timer(self.rng.uniform(2.0, 8.0), run)
+        t.start()
+        self.timers.append(t)
+
+
+def run_seed(
+    seed: int, n_faults: int, steps: int, interval: int, reference: dict, tmp: Path, shape: str
+) -> dict:
+    preset, slices, batch = SHAPES[shape]
+    h = Harness(tmp, pools=2, preset=preset)
+    events: list[tuple[str, str]] = []
+    restarts: dict[str, int] = {}  # JobSet → the most status.restarts it reached
+
+    def census(etype: str, res: Any, obj: dict) -> None:
+        if res.plural == "jobsets" and (obj["metadata"].get("labels") or {}).get(LABEL_RUN) == RUN:
+            name = obj["metadata"]["name"]
+            events.append((etype, name))
+            got = (obj.get("status") or {}).get("restarts") or 0
+            restarts[name] = max(restarts.get(name, 0), got)
+
+    unsubscribe = h.cluster.store.subscribe(census)
+    chaos = Chaos(h, tmp, random.Random(seed))
+    t0 = time.monotonic()
+    try:
+        policy = Policy(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
+        h.launch(RUN, slices=slices, steps=steps, interval=interval, policy=policy, global_batch=batch)
+        chaos.controller()
+        error = None
+        try:
+            for i, (fault, delay) in enumerate(schedule(seed, n_faults)):
+                # Spread over the run, each on a checkpoint (the trainer starts in seconds, then runs
+                # fast: waiting for "one more checkpoint" would crowd the faults into the first steps).
+                at = max(interval, (i + 1) * steps // (n_faults + 1) // interval * interval)
+                h.wait_step(RUN, at, timeout=300)
+                if (h.rundir(RUN).latest_committed_step() or 0) + interval >= steps:
+                    break  # the run is about to finish: later faults would find nothing to hit
+                time.sleep(delay)
+                target = chaos.inject(fault)
+                chaos.done.append((time.monotonic() - t0, fault, target))
+            h.wait_state(RUN, {FINISHED, FAILED, STOPPED}, timeout=600)
+        except AssertionError as e:  # a wait timed out: the run is stuck, the seed did not hold
+            error = str(e)
+        for t in chaos.timers:
+            t.join()
+        h.cluster.settle()
+        rec, rundir = h.record(RUN), h.rundir(RUN)
+        metrics, committed, names = rundir.metrics(), rundir.committed_steps(), rundir.list_dir("checkpoints")
+    finally:
+        unsubscribe()
+        for p in chaos.controllers:
+            if p.poll() is None:
+                p.kill()
+        h.close()
+    kept = kept_steps(metrics)
+    segs = [Seg(s.index, s.submitted_at, s.ended_at, s.start_step, s.end_step) for s in rec.segments]
+    checks = {
+        "finished": ([error] if error else []) + finished_problems(rec.state, committed, sorted(kept), steps),
+        "segments": segment_problems(segs),
+        "one JobSet": overlap_problems(events),
+        "checkpoints": checkpoint_problems(names, committed),
+        "losses": loss_problems(kept, reference),
+    }
+    return {
+        "seed": seed,
+        "faults": chaos.done,
+        "checks": checks,
+        "segments": len(rec.segments),
+        "restarts": sum(restarts.values()),
+        "seconds": time.monotonic() - t0,
+    }
+
+
+def seed_table(r: dict) -> Table:
+    held = all(not p for p in r["checks"].values())
+    title = (
+        f"seed {r['seed']}: {'held' if held else 'NOT HELD'} in {r['seconds']:.0f} s "
+        f"({r['segments']} segments, {r['restarts']} JobSet restarts)"
+    )
+    table = Table(title=title, title_justify="left")
+    table.add_column("t (s)", justify="right")
+    table.add_column("fault / invariant")
+    table.add_column("target / result")
+    for t, fault, target in r["faults"]:
+        table.add_row(f"{t:.0f}", fault, target)
+    for name, problems in r["checks"].items():
+        table.add_row(
+            "",
+            name,
+            "held" if not problems else "; ".join(problems[:3]),
+            style=None if not problems else "red",
+        )
+    return table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0)
+    ap.add_argument("--faults", type=int, default=4, help="faults per seed")
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--interval", type=int, default=5, help="checkpoint interval (steps)")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="elastic")
+    args = ap.parse_args()
+    console = Console(width=140)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.monotonic()
+        batch = SHAPES[args.shape][2]
+        reference = reference_run(Path(tmp) / "reference", args.steps, args.interval, batch)
+        console.log(f"uninterrupted reference run: {time.monotonic() - t0:.0f} s")
+        for seed in range(args.first_seed, args.first_seed + args.seeds):
+            r = run_seed(
+                seed,
+                args.faults,
+                args.steps,
+                args.interval,
+                reference,
+                Path(tmp) / f"seed-{seed}",
+                args.shape,
+            )
+            results.append(r)
+            console.print(seed_table(r))
+    held = sum(all(not p for p in r["checks"].values()) for r in results)
+    per_seed = sum(r["seconds"] for r in results) / max(1, len(results))
+    console.print(f"{held}/{len(results)} held ({per_seed:.0f} s per seed)")
+
+
+if __name__ == "__main__":
+    main()
