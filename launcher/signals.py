@@ -377,9 +377,18 @@ class _Same:
 
 @dataclass(frozen=True)
 class _RunPods:
+    """What the run's pods alone say (a node event leaves it as it was)."""
+
     own: int  # pods of the run, any segment
     seg_pods: tuple[PodView, ...]  # of the segment observed
     others: frozenset[str]  # nodes that live pods of other runs in `pods` are on
+    placed: tuple[str, ...]  # nodes of the segment's live pods
+    pending: tuple[PodView, ...]
+    unsched: tuple[PodView, ...]
+    disruptions: tuple[str, ...]
+    exit_codes: tuple[int, ...]
+    running: int
+    causes: dict[int, str]
 
 
 def _run_pods(run: str, segment: int | None, pods: Sequence[dict]) -> _RunPods:
@@ -393,7 +402,27 @@ def _run_pods(run: str, segment: int | None, pods: Sequence[dict]) -> _RunPods:
         and (p.get("spec") or {}).get("nodeName")
         and (p.get("status") or {}).get("phase") not in {"Succeeded", "Failed"}
     )
-    return _RunPods(len(own), tuple(v for v in views if v.segment == segment), others)
+    seg_pods = tuple(v for v in views if v.segment == segment)
+    pending = tuple(v for v in seg_pods if v.alive and not v.deleting and v.node is None)
+    disruptions = [f"pod {v.name}: DisruptionTarget {v.disruption}" for v in seg_pods if v.disruption]
+    disruptions += [
+        f"pod {v.name}: {v.reason}" for v in seg_pods if v.reason in {"Terminated", "NodeShutdown"}
+    ]
+    disruptions += [
+        f"pod {v.name}: peer lost (exit {EXIT_PEER_LOST})" for v in seg_pods if v.exit_code == EXIT_PEER_LOST
+    ]
+    return _RunPods(
+        own=len(own),
+        seg_pods=seg_pods,
+        others=others,
+        placed=tuple({v.node for v in seg_pods if v.node and v.alive}),
+        pending=pending,
+        unsched=tuple(v for v in pending if v.unschedulable_since is not None),
+        disruptions=tuple(disruptions),
+        exit_codes=tuple(v.exit_code for v in seg_pods if v.exit_code not in (None, 0)),
+        running=sum(v.phase == "Running" and not v.deleting for v in seg_pods),
+        causes=attempt_causes(seg_pods),
+    )
 
 
 @dataclass(frozen=True)
@@ -477,9 +506,7 @@ def _observe(
 
     known = _nodes_memo((), nodes, foreign_nodes)
     pools, node_pool = known.pools, known.pool_of
-    in_use = sorted(
-        {node_pool[v.node] for v in seg_pods if v.node in node_pool and v.alive and node_pool[v.node]}
-    )
+    in_use = sorted({pool for node in mine.placed if (pool := node_pool.get(node))})
     lost = sorted(
         name
         for name in set(segment_nodepools) | set(in_use)
@@ -488,26 +515,19 @@ def _observe(
         or pools[name].healthy == 0
     )
 
-    pending = [v for v in seg_pods if v.alive and not v.deleting and v.node is None]
-    unsched = [v for v in pending if v.unschedulable_since is not None]
+    pending, unsched = mine.pending, mine.unsched
     message = next((v.unschedulable_message for v in unsched if v.unschedulable_message), None)
     if unsched and not message:
         message = _latest_failed_scheduling(events, {v.name for v in unsched})
 
-    disruptions = [f"pod {v.name}: DisruptionTarget {v.disruption}" for v in seg_pods if v.disruption]
-    disruptions += [
-        f"pod {v.name}: {v.reason}" for v in seg_pods if v.reason in {"Terminated", "NodeShutdown"}
-    ]
-    disruptions += [
-        f"pod {v.name}: peer lost (exit {EXIT_PEER_LOST})" for v in seg_pods if v.exit_code == EXIT_PEER_LOST
-    ]
+    disruptions = list(mine.disruptions)
     ours = set(in_use) | set(segment_nodepools)
     disruptions += [
         f"node {name}: taint {key}" for name, key in known.bad_taints if node_pool.get(name) in ours
     ]
     disruptions += [f"node pool {name}: gone" for name in lost if name not in pools]
 
-    exit_codes = [v.exit_code for v in seg_pods if v.exit_code not in (None, 0)]
+    exit_codes = mine.exit_codes
     return Observation(
         now=0.0,
         segment=segment,
@@ -517,7 +537,7 @@ def _observe(
         restarts=int(js_status.get("restarts") or 0),
         restarts_counted=int(js_status.get("restartsCountTowardsMax") or 0),
         pods_expected=expected_pods,
-        pods_running=sum(v.phase == "Running" and not v.deleting for v in seg_pods),
+        pods_running=mine.running,
         pods_pending=len(pending),
         unschedulable=len(unsched),
         unschedulable_since=min((v.unschedulable_since for v in unsched), default=None),
@@ -533,7 +553,7 @@ def _observe(
         last_exit_code=exit_codes[-1] if exit_codes else None,
         committed_step=None,
         trainer=None,
-        causes=attempt_causes(seg_pods),
+        causes=mine.causes,
         gone_nodepools=tuple(n for n in lost if n not in pools or pools[n].nodes < slice_hosts),
     )
 
