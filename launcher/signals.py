@@ -359,9 +359,10 @@ class _Same:
     the big ones (the caches' tuples of objects) by identity. The controller's caches hand out
     the same tuple until they change (launcher/informer.py), so a pass after an event on the nodes
     does not walk 3,072 pods again, and a pass over unchanged caches walks nothing. Lists (tables
-    in tests, a pass that read the API) are computed every time."""
+    in tests, a pass that read the API) are computed every time. Few entries: each holds a past
+    generation of the caches' objects alive."""
 
-    def __init__(self, fn, most: int = 4) -> None:
+    def __init__(self, fn, most: int = 2) -> None:
         self._fn, self._most, self._got = fn, most, []
 
     def __call__(self, small: tuple, *big):
