@@ -17,10 +17,8 @@ Per phase, a fresh run and a fresh controller process (whose caches list what ex
   the controller (the ledger's `woken_at`) to the run record written (the end-segment line).
 - rss_mb: the controller process's peak RSS.
 
-After loading, the store's objects are frozen out of this process's cyclic GC (--no-freeze keeps
-them in): the API server runs in this process, and a full collection over 35,000 more objects
-stalls its answers (the record's PUT among them) for longer than the whole decision. Each decision
-line says how much of it this process spent in full collections.
+Each decision line also says how long this process (the embedded API server's) spent in full
+cyclic-GC collections during it: a stalled server delays the record's PUT, which the latency counts.
 
 With --json the last line printed is one JSON object with both phases and the ratios.
 """
@@ -221,7 +219,6 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=5_000, help="unrelated events")
     ap.add_argument("--idle-s", type=float, default=60.0, help="how long to count idle requests")
     ap.add_argument("--json", action="store_true", help="print one JSON line last")
-    ap.add_argument("--no-freeze", action="store_true", help="leave the loaded store in the cyclic GC")
     args = ap.parse_args()
     cluster = build_cluster(args.slices, args.preset)
     tmp = Path(tempfile.mkdtemp())
@@ -229,12 +226,6 @@ def main() -> None:
         kube = Kube(cluster.api_client(), "default")
         alone = phase(cluster, kube, tmp, "alone", args)
         embedded = add_load(cluster, args.nodes, args.pods, args.events)
-        if not args.no_freeze:
-            # As bench.embedded_scale does: the store's objects out of the cyclic GC's way. A full
-            # collection over them stops this process (the API server) for a second or more, a
-            # pause kube-apiserver's concurrent Go GC does not have; --no-freeze keeps it.
-            gc.collect()
-            gc.freeze()
         print(f"unrelated load: {embedded}")
         loaded = phase(cluster, kube, tmp, "loaded", args)
         embedded["rss_mb_end"] = round(rss_mib())
