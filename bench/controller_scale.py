@@ -17,12 +17,16 @@ Per phase, a fresh run and a fresh controller process (whose caches list what ex
   the controller (the ledger's `woken_at`) to the run record written (the end-segment line).
 - rss_mb: the controller process's peak RSS.
 
+Each decision line also says how long this process (the embedded API server's) spent in full
+cyclic-GC collections during it: a stalled server delays the record's PUT, which the latency counts.
+
 With --json the last line printed is one JSON object with both phases and the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -103,6 +107,28 @@ def add_load(cluster, nodes: int, pods: int, events: int) -> dict:
     }
 
 
+class Pauses:
+    """This process's cyclic-GC collections (time.time() start, seconds): the embedded API server
+    runs here, and a full collection over its store stops it from answering the controller."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, float]] = []
+        self._t = 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t = time.time()
+        elif info["generation"] == 2:
+            self.seen.append((self._t, time.time() - self._t))
+
+    def within(self, t0: float, t1: float) -> float:
+        return sum(d for t, d in self.seen if t < t1 and t + d > t0)
+
+
+PAUSES = Pauses()
+
+
 def running(kube: Kube, run: str) -> int:
     return sum(p["status"].get("phase") == "Running" for p in kube.pods(f"{LABEL_RUN}={run}"))
 
@@ -158,8 +184,10 @@ def phase(cluster, kube: Kube, tmp: Path, run: str, args) -> dict:
         wait(ends, 120, "the shrink decision", poll=0.05)
         end = ends()[0]
         latency = end["time"] - end["woken_at"]
+        server_gc = PAUSES.within(end["woken_at"], end["time"])
         print(f"[{run}] lost {pool}: record written {latency * 1e3:.0f} ms after the first watch event "
-              f"({(end['time'] - t_fault) * 1e3:.0f} ms after the fault; zero-grace: {end.get('zero_grace', False)})")  # fmt: skip
+              f"({(end['time'] - t_fault) * 1e3:.0f} ms after the fault; zero-grace: {end.get('zero_grace', False)}; "
+              f"the API server's process in full GC for {server_gc * 1e3:.0f} ms of it)")  # fmt: skip
         wait(lambda: len(kube.get_record(run)[0].segments) > 1, 600, "the next segment", poll=1.0)
         rss = proc_mib(ctl.pid, "VmHWM")
     finally:
@@ -176,6 +204,7 @@ def phase(cluster, kube: Kube, tmp: Path, run: str, args) -> dict:
         "pass_s": round(pass_s, 4),
         "decision_latency_s": round(latency, 4),
         "fault_to_decision_s": round(end["time"] - t_fault, 4),
+        "server_gc_during_decision_s": round(server_gc, 4),
         "rss_mb": round(rss),
         "idle_requests_per_min": round(per_min, 1),
     }

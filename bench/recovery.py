@@ -43,7 +43,8 @@ def breakdown(ledger: list[dict], metrics: list[dict], rec, fault_t: float, segm
     gone = first(ledger, decided, lambda e: e.get("kind") == "observe" and e.get("pods_alive") == 0)
     submitted = first(ledger, decided, lambda e: e.get("action") == "submit" and e.get("segment") == segment)
     running = rec.segments[segment].running_at
-    step = min(m["time"] for m in metrics if m["segment"] == segment)
+    first_rec = min((m for m in metrics if m["segment"] == segment), key=lambda m: m["time"])
+    step = first_rec["time"]
     gone = gone if gone is not None else submitted
     return {
         "observed": observed - fault_t,
@@ -54,6 +55,11 @@ def breakdown(ledger: list[dict], metrics: list[dict], rec, fault_t: float, segm
         "first step": step - running,
         "controller-owned": (observed - fault_t) + (decided - observed) + (submitted - gone),
         "total": step - fault_t,
+        # Of "first step", what the trainer's first record says it spent (process 0's view):
+        # compiling or loading the train step, waiting for the peers at the start barrier.
+        "compile": first_rec.get("perf/compile_seconds") or 0.0,
+        "cache hits": first_rec.get("perf/compile_cache_hits") or 0,
+        "barrier": first_rec.get("perf/start_barrier_seconds") or 0.0,
     }
 
 

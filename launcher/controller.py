@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from launcher import policy as P
@@ -73,7 +73,11 @@ SOURCES = {
     "pods": Source("pods", LABEL_RUN, keep=_run_pod),
     # Pods of other workloads only mark nodes busy: the live, scheduled ones, a name and a node each.
     "foreign-pods": Source(
-        "pods", f"!{LABEL_RUN}", "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed", _slim_pod
+        "pods",
+        f"!{LABEL_RUN}",
+        "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+        _slim_pod,
+        index=lambda p: p["spec"]["nodeName"],
     ),
     # The shrink ladder only ever uses TPU node pools.
     "nodes": Source("nodes", f"{LABEL_ACCELERATOR},{LABEL_NODEPOOL}", keep=_node),
@@ -83,6 +87,8 @@ SOURCES = {
     "records": Source("configmaps", LABEL_RUN),
 }
 WATCHED = tuple(SOURCES)
+# The least time from one pass to the next while watch events keep coming.
+COALESCE_S = 0.02
 
 
 def lease_name(run: str) -> str:
@@ -97,26 +103,45 @@ def default_identity() -> str:
 class Snapshot:
     """One read of the namespace, shared by every run reconciled in a pass."""
 
-    jobsets: list[dict]
-    pods: list[dict]
-    nodes: list[dict]
-    events: list[dict]
+    jobsets: Sequence[dict]
+    pods: Sequence[dict]
+    nodes: Sequence[dict]
+    events: Sequence[dict]
     foreign_nodes: frozenset[str] = frozenset()  # nodes live pods of other workloads are on
 
     @staticmethod
     def read(kube: Kube) -> Snapshot:
         """From the API (a controller whose caches do not run: `reslice launch`'s first pass)."""
-        return Snapshot.of({name: _listed(kube, src) for name, src in SOURCES.items() if name != "records"})
+        items = {name: _listed(kube, src) for name, src in SOURCES.items() if name != "records"}
+        return Snapshot.of(items, frozenset(p["spec"]["nodeName"] for p in items["foreign-pods"]))
 
     @staticmethod
-    def of(items: dict[str, list[dict]]) -> Snapshot:
+    def of(items: dict[str, Sequence[dict]], foreign_nodes: frozenset[str]) -> Snapshot:
+        failed, no_scale_up = items["events"], items["events-scale-up"]
         return Snapshot(
             items["jobsets"],
             items["pods"],
             items["nodes"],
-            items["events"] + items["events-scale-up"],
-            frozenset(p["spec"]["nodeName"] for p in items["foreign-pods"]),
+            _joined(failed, no_scale_up),
+            foreign_nodes,
         )
+
+
+_last_join: tuple = (None, None, ())
+
+
+def _joined(a: Sequence[dict], b: Sequence[dict]) -> Sequence[dict]:
+    """a + b, the same tuple again while neither changed: a pass over unchanged caches then hands
+    signals.observe the very inputs of the last one (which it does not compute again)."""
+    global _last_join
+    if not (a and b):
+        return a or b
+    last = _last_join  # one read: another controller of this process may swap it meanwhile
+    if last[0] is a and last[1] is b:
+        return last[2]
+    joined = (*a, *b)
+    _last_join = (a, b, joined)
+    return joined
 
 
 def _listed(kube: Kube, src: Source) -> list[dict]:
@@ -178,7 +203,9 @@ class Controller:
 
     def snapshot(self) -> Snapshot:
         if self.synced():
-            return Snapshot.of({name: c.items() for name, c in self.caches.items() if name != "records"})
+            caches = self.caches
+            items = {name: c.items() for name, c in caches.items() if name not in {"records", "foreign-pods"}}
+            return Snapshot.of(items, caches["foreign-pods"].indexed())
         return Snapshot.read(self.kube)
 
     def record(self, run: str) -> tuple[RunRecord, str] | None:
@@ -380,8 +407,9 @@ class Controller:
                 if until_done and done:
                     return
                 self._wake.wait(min(self.resync_s, self._until_renewal()))
-                # Coalesce a burst of watch events into one pass.
-                stop.wait(0.02)
+                # Coalesce a burst of watch events into one pass: passes at least COALESCE_S apart.
+                # The first event after a quiet spell (a node pool lost) is acted on at once.
+                stop.wait(max(0.0, self.turned_at + COALESCE_S - time.monotonic()))
         finally:
             halt.set()
             self.caches = {}

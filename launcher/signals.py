@@ -8,9 +8,9 @@ FailedScheduling events, JobSet conditions and counters, Kueue suspension.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from launcher import rfc3339
 from launcher.presets import LABEL_NODEPOOL, Preset
@@ -343,6 +343,100 @@ class Observation:
         }
 
 
+class _Same:
+    """The last few results of `fn`, by its arguments: `small` (a tuple) compared by equality and
+    the big ones (the caches' tuples of objects) by identity. The controller's caches hand out
+    the same tuple until they change (launcher/informer.py), so a pass after an event on the nodes
+    does not walk 3,072 pods again, and a pass over unchanged caches walks nothing. Lists (tables
+    in tests, a pass that read the API) are computed every time. One entry by default: each holds
+    a generation of the caches' objects alive (with two, the controller peaked at 209 MiB loaded)."""
+
+    def __init__(self, fn, most: int = 1) -> None:
+        self._fn, self._most, self._got = fn, most, []
+
+    def __call__(self, small: tuple, *big):
+        if not all(isinstance(b, tuple | frozenset) for b in big):  # a list may change in place
+            return self._fn(*small, *big)
+        for held_small, held_big, result in self._got:
+            if held_small == small and all(a is b for a, b in zip(held_big, big, strict=True)):
+                return result
+        result = self._fn(*small, *big)
+        self._got = [(small, big, result), *self._got[: self._most - 1]]
+        return result
+
+
+@dataclass(frozen=True)
+class _RunPods:
+    """What the run's pods alone say (a node event leaves it as it was)."""
+
+    own: int  # pods of the run, any segment
+    seg_pods: tuple[PodView, ...]  # of the segment observed
+    others: frozenset[str]  # nodes that live pods of other runs in `pods` are on
+    placed: tuple[str, ...]  # nodes of the segment's live pods
+    pending: tuple[PodView, ...]
+    unsched: tuple[PodView, ...]
+    disruptions: tuple[str, ...]
+    exit_codes: tuple[int, ...]
+    running: int
+    causes: dict[int, str]
+
+
+def _run_pods(run: str, segment: int | None, pods: Sequence[dict]) -> _RunPods:
+    own = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_RUN) == run]
+    views = [_pod_view(p) for p in own]
+    own_names = {p["metadata"]["name"] for p in own}
+    others = frozenset(
+        p["spec"]["nodeName"]
+        for p in pods
+        if p["metadata"]["name"] not in own_names
+        and (p.get("spec") or {}).get("nodeName")
+        and (p.get("status") or {}).get("phase") not in {"Succeeded", "Failed"}
+    )
+    seg_pods = tuple(v for v in views if v.segment == segment)
+    pending = tuple(v for v in seg_pods if v.alive and not v.deleting and v.node is None)
+    disruptions = [f"pod {v.name}: DisruptionTarget {v.disruption}" for v in seg_pods if v.disruption]
+    disruptions += [
+        f"pod {v.name}: {v.reason}" for v in seg_pods if v.reason in {"Terminated", "NodeShutdown"}
+    ]
+    disruptions += [
+        f"pod {v.name}: peer lost (exit {EXIT_PEER_LOST})" for v in seg_pods if v.exit_code == EXIT_PEER_LOST
+    ]
+    return _RunPods(
+        own=len(own),
+        seg_pods=seg_pods,
+        others=others,
+        placed=tuple({v.node for v in seg_pods if v.node and v.alive}),
+        pending=pending,
+        unsched=tuple(v for v in pending if v.unschedulable_since is not None),
+        disruptions=tuple(disruptions),
+        exit_codes=tuple(v.exit_code for v in seg_pods if v.exit_code not in (None, 0)),
+        running=sum(v.phase == "Running" and not v.deleting for v in seg_pods),
+        causes=attempt_causes(seg_pods),
+    )
+
+
+@dataclass(frozen=True)
+class _Nodes:
+    pools: dict[str, NodePool]
+    pool_of: dict[str, str | None]  # node name -> its node pool
+    bad_taints: tuple[tuple[str, str], ...]  # (node, taint key) of every node with a BAD_TAINTS taint
+
+
+def _nodes(nodes: Sequence[dict], foreign_nodes: AbstractSet[str]) -> _Nodes:
+    pool_of = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(LABEL_NODEPOOL) for n in nodes}
+    bad = tuple(
+        (n["metadata"]["name"], t["key"])
+        for n in nodes
+        for t in (n.get("spec") or {}).get("taints") or []
+        if t.get("key") in BAD_TAINTS
+    )
+    return _Nodes(nodepools(nodes, foreign_nodes), pool_of, bad)
+
+
+_run_pods_memo = _Same(_run_pods)
+_nodes_memo = _Same(_nodes)
+
+
 def observe(
     *,
     now: float,
@@ -351,10 +445,10 @@ def observe(
     segment_jobset: str | None,
     segment_nodepools: Iterable[str],
     expected_pods: int,
-    jobsets: list[dict],
-    pods: list[dict],
-    nodes: list[dict],
-    events: list[dict],
+    jobsets: Sequence[dict],
+    pods: Sequence[dict],
+    nodes: Sequence[dict],
+    events: Sequence[dict],
     presets: Iterable[Preset],
     foreign_nodes: AbstractSet[str] = frozenset(),
     committed_step: int | None,
@@ -364,31 +458,45 @@ def observe(
     """Build the observation of `run` whose current segment is `segment` (JobSet `segment_jobset`).
     `foreign_nodes`: nodes that live pods of other workloads (not in `pods`) are on; `slice_hosts`:
     nodes per slice of the segment (a pool with fewer has lost hosts for good)."""
-    own = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_RUN) == run]
-    views = [_pod_view(p) for p in own]
-    seg_pods = [v for v in views if v.segment == segment]
-    own_names = {p["metadata"]["name"] for p in own}
-    others = {
-        p["spec"]["nodeName"]
-        for p in pods
-        if p["metadata"]["name"] not in own_names
-        and (p.get("spec") or {}).get("nodeName")
-        and (p.get("status") or {}).get("phase") not in {"Succeeded", "Failed"}
-    }
+    small = (
+        run,
+        segment,
+        segment_jobset,
+        tuple(segment_nodepools),
+        expected_pods,
+        tuple(presets),
+        slice_hosts,
+    )
+    got = _observe_memo(small, jobsets, pods, nodes, events, foreign_nodes)
+    return replace(got, now=now, committed_step=committed_step, trainer=trainer)
+
+
+def _observe(
+    run: str,
+    segment: int | None,
+    segment_jobset: str | None,
+    segment_nodepools: tuple[str, ...],
+    expected_pods: int,
+    presets: tuple[Preset, ...],
+    slice_hosts: int,
+    jobsets: Sequence[dict],
+    pods: Sequence[dict],
+    nodes: Sequence[dict],
+    events: Sequence[dict],
+    foreign_nodes: AbstractSet[str],
+) -> Observation:
+    mine = _run_pods_memo((run, segment), pods)
+    seg_pods = mine.seg_pods
     # No copy of a big set of other workloads' nodes when no other run shares the namespace.
-    foreign_nodes = (others | foreign_nodes) if others else foreign_nodes
+    foreign_nodes = (mine.others | foreign_nodes) if mine.others else foreign_nodes
     by_name = {j["metadata"]["name"]: j for j in jobsets}
     jobset = by_name.get(segment_jobset) if segment_jobset else None
-    phase, failure = jobset_phase(jobset, seg_pods, expected_pods)
+    phase, failure = jobset_phase(jobset, list(seg_pods), expected_pods)
     js_status = (jobset or {}).get("status") or {}
 
-    pools = nodepools(nodes, foreign_nodes)
-    node_pool = {
-        n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(LABEL_NODEPOOL) for n in nodes
-    }
-    in_use = sorted(
-        {node_pool[v.node] for v in seg_pods if v.node in node_pool and v.alive and node_pool[v.node]}
-    )
+    known = _nodes_memo((), nodes, foreign_nodes)
+    pools, node_pool = known.pools, known.pool_of
+    in_use = sorted({pool for node in mine.placed if (pool := node_pool.get(node))})
     lost = sorted(
         name
         for name in set(segment_nodepools) | set(in_use)
@@ -397,30 +505,21 @@ def observe(
         or pools[name].healthy == 0
     )
 
-    pending = [v for v in seg_pods if v.alive and not v.deleting and v.node is None]
-    unsched = [v for v in pending if v.unschedulable_since is not None]
+    pending, unsched = mine.pending, mine.unsched
     message = next((v.unschedulable_message for v in unsched if v.unschedulable_message), None)
     if unsched and not message:
         message = _latest_failed_scheduling(events, {v.name for v in unsched})
 
-    disruptions = [f"pod {v.name}: DisruptionTarget {v.disruption}" for v in seg_pods if v.disruption]
-    disruptions += [
-        f"pod {v.name}: {v.reason}" for v in seg_pods if v.reason in {"Terminated", "NodeShutdown"}
-    ]
-    disruptions += [
-        f"pod {v.name}: peer lost (exit {EXIT_PEER_LOST})" for v in seg_pods if v.exit_code == EXIT_PEER_LOST
-    ]
+    disruptions = list(mine.disruptions)
     ours = set(in_use) | set(segment_nodepools)
-    for node in nodes:
-        if node_pool.get(node["metadata"]["name"]) in ours:
-            for taint in (node.get("spec") or {}).get("taints") or []:
-                if taint.get("key") in BAD_TAINTS:
-                    disruptions.append(f"node {node['metadata']['name']}: taint {taint['key']}")
+    disruptions += [
+        f"node {name}: taint {key}" for name, key in known.bad_taints if node_pool.get(name) in ours
+    ]
     disruptions += [f"node pool {name}: gone" for name in lost if name not in pools]
 
-    exit_codes = [v.exit_code for v in seg_pods if v.exit_code not in (None, 0)]
+    exit_codes = mine.exit_codes
     return Observation(
-        now=now,
+        now=0.0,
         segment=segment,
         phase=phase,
         failure=failure,
@@ -428,7 +527,7 @@ def observe(
         restarts=int(js_status.get("restarts") or 0),
         restarts_counted=int(js_status.get("restartsCountTowardsMax") or 0),
         pods_expected=expected_pods,
-        pods_running=sum(v.phase == "Running" and not v.deleting for v in seg_pods),
+        pods_running=mine.running,
         pods_pending=len(pending),
         unschedulable=len(unsched),
         unschedulable_since=min((v.unschedulable_since for v in unsched), default=None),
@@ -440,16 +539,19 @@ def observe(
         live_jobsets=tuple(
             sorted(n for n, j in by_name.items() if not j["metadata"].get("deletionTimestamp"))
         ),
-        run_pods_alive=len(own),
+        run_pods_alive=mine.own,
         last_exit_code=exit_codes[-1] if exit_codes else None,
-        committed_step=committed_step,
-        trainer=trainer,
-        causes=attempt_causes(seg_pods),
+        committed_step=None,
+        trainer=None,
+        causes=mine.causes,
         gone_nodepools=tuple(n for n in lost if n not in pools or pools[n].nodes < slice_hosts),
     )
 
 
-def _latest_failed_scheduling(events: list[dict], pod_names: set[str]) -> str | None:
+_observe_memo = _Same(_observe)
+
+
+def _latest_failed_scheduling(events: Sequence[dict], pod_names: set[str]) -> str | None:
     hits = [
         e
         for e in events

@@ -234,3 +234,30 @@ def test_peer_lost_pods_are_named_in_the_disruptions():
     obs = observe(pods=[failed(exit_code=43), *RUNNING4[1:]], nodes=FOUR_POOLS)
     assert "pod demo-0-slice-0-0-a: peer lost (exit 43)" in obs.disruptions
     assert obs.phase == S.RESTARTING and obs.last_exit_code == 43
+
+
+def test_an_observation_from_the_caches_tuples_follows_every_change():
+    """The caches hand out one tuple per change and signals.observe reuses what it computed from the
+    same tuples (a pass over unchanged caches walks nothing): a new tuple in any input, or a
+    different segment, must still give a new observation; the clock and the trainer's files always."""
+    pods, nodes = tuple(RUNNING4), tuple(FOUR_POOLS)
+    three = tuple(n for n in FOUR_POOLS if n["metadata"]["labels"]["cloud.google.com/gke-nodepool"] != "np-3")
+
+    def obs(nodes, **kw):
+        base = {"jobsets": (jobset(),), "pods": pods, "nodes": nodes, "events": ()}
+        return S.observe(
+            now=kw.get("now", T0 + 100), run="demo", segment=kw.get("segment", 0), segment_jobset="demo-0",
+            segment_nodepools=("np-0", "np-1", "np-2", "np-3"), expected_pods=4, presets=PRESETS, committed_step=kw.get("step"),
+            trainer=None, slice_hosts=1, **{**base, **kw.get("over", {})},
+        )  # fmt: skip
+
+    first = obs(nodes, step=5)
+    assert first.lost_nodepools == () and first.committed_step == 5 and first.phase == S.RUNNING
+    lost = obs(three, now=T0 + 200)
+    assert lost.lost_nodepools == ("np-3",) and lost.now == T0 + 200 and lost.committed_step is None
+    again = obs(nodes, step=6)
+    assert again.lost_nodepools == () and again.committed_step == 6
+    failed = (pod("demo-0-slice-0-0-abcde", node_name="gke-np-0-0", phase="Failed", exit_code=1), *pods[1:])
+    assert obs(nodes, over={"pods": failed}).phase == S.RESTARTING
+    assert obs(nodes, segment=1).pods_running == 0  # same tuples, another segment
+    assert obs(nodes, over={"foreign_nodes": frozenset({"gke-np-1-0"})}).capacity != first.capacity

@@ -1,0 +1,44 @@
+"""launcher/informer.py's Cache, fed by hand: the index and the one-tuple-per-change rule that let
+a pass read 20,000 pods of other workloads as one set (issue 12)."""
+
+from launcher.informer import Cache, Source
+
+
+def foreign(name: str, node: str, rv: str) -> dict:
+    return {
+        "metadata": {"name": name, "namespace": "default", "resourceVersion": rv},
+        "spec": {"nodeName": node},
+    }
+
+
+def cache() -> Cache:
+    return Cache(Source("pods", index=lambda p: p["spec"]["nodeName"]))
+
+
+def test_the_index_follows_adds_moves_and_deletes():
+    c = cache()
+    c.replace([([foreign("a", "n1", "1"), foreign("b", "n1", "2")], "2"), ([foreign("c", "n2", "3")], "3")])
+    assert c.indexed() == {"n1", "n2"} and c.resource_version == "3"
+    c.apply("DELETED", foreign("a", "n1", "4"))
+    assert c.indexed() == {"n1", "n2"}  # b is still on n1
+    c.apply("DELETED", foreign("b", "n1", "5"))
+    assert c.indexed() == {"n2"}
+    c.apply("MODIFIED", foreign("c", "n3", "6"))  # the stored object's value is the one taken away
+    c.apply("ADDED", foreign("d", "n3", "7"))
+    assert c.indexed() == {"n3"}
+    c.apply("DELETED", foreign("c", "n3", "8"))
+    assert c.indexed() == {"n3"} and [p["metadata"]["name"] for p in c.items()] == ["d"]
+    c.replace([([], "9")])  # a relist starts the index over
+    assert c.indexed() == frozenset() and c.items() == ()
+
+
+def test_items_are_one_tuple_until_the_cache_changes():
+    c = cache()
+    c.replace([([foreign("a", "n1", "1")], "1")])
+    first, keys = c.items(), c.indexed()
+    assert c.items() is first and c.indexed() is keys
+    assert not c.apply("BOOKMARK", {"metadata": {"resourceVersion": "2"}})
+    assert c.items() is first and c.resource_version == "2"
+    c.apply("MODIFIED", foreign("a", "n1", "3"))
+    assert c.items() is not first and c.items()[0]["metadata"]["resourceVersion"] == "3"
+    assert c.indexed() is keys  # the same set of nodes: no new one
