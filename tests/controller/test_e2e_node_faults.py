@@ -7,6 +7,10 @@ instead of 40 s and 300 s). Each restart is
 uncounted, no failure budget is spent, the suspension waits for re-admission, and the run
 finishes with every step kept, on one segment."""
 
+import contextlib
+import os
+import signal
+
 import pytest
 
 from launcher.record import FINISHED
@@ -25,6 +29,12 @@ def _node(h: Harness, run: str) -> str:
 
 def _attempt(h: Harness, run: str) -> int:
     return max((m["restart_attempt"] for m in h.rundir(run).metrics()), default=-1)
+
+
+def _signal(run, sig: int) -> None:
+    for proc in run.procs.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
 
 
 def test_drain_repair_and_suspension(tmp_path):
@@ -48,6 +58,10 @@ def test_drain_repair_and_suspension(tmp_path):
         # stops the trainer (checkpoint, exit 42) and JobSet restarts it, uncounted.
         (pod,) = [p for p in h.run_pods("nf") if not p["metadata"].get("deletionTimestamp")]
         h.cluster.partition(pod["spec"]["nodeName"])
+        # Cut off from its peers and storage, the host's trainer makes no progress; frozen here so
+        # that the tiny run cannot finish during the partition (it did once, on a fast machine).
+        (run,) = [r for r in h.cluster.kubelet.runs() if r.uid == pod["metadata"]["uid"]]
+        _signal(run, signal.SIGSTOP)
         wait_for(
             lambda: any(
                 c.get("reason") == "DeletionByTaintManager"
@@ -60,6 +74,8 @@ def test_drain_repair_and_suspension(tmp_path):
         )
         assert _attempt(h, "nf") == 2 and len(h.record("nf").segments) == 1
         h.cluster.heal(pod["spec"]["nodeName"])
+        wait_for(lambda: run.cause is not None, 60, "the kubelet ending the evicted pod after the heal")
+        _signal(run, signal.SIGCONT)  # the SIGTERM waiting for it: checkpoint, exit 42
         wait_for(lambda: _attempt(h, "nf") == 3, 120, "the trainer after the partition")
         # 4. a queue suspends the JobSet: its pods go, nothing fails; the controller waits.
         (js,) = h.kube.jobsets("nf")
