@@ -2,7 +2,7 @@
 """Set up and run reslice from a fresh clone with nothing but Python 3.11 and pip (no make).
 
     python3 dev.py demo [ARGS]    set up .venv from the lock file, then run the elastic demo
-    python3 dev.py test [ARGS]    set up .venv, lint (ruff), then run the whole test suite
+    python3 dev.py test [ARGS]    set up .venv, lint (ruff, import contracts), then run the whole test suite
     python3 dev.py bench [NAME]   set up .venv, then list the benchmarks (or run bench.NAME)
     python3 dev.py lock           regenerate requirements/*.lock after changing pyproject.toml (uv)
 
@@ -57,6 +57,7 @@ def test(args: list[str]) -> None:
     setup()
     _run(str(BIN / "ruff"), "check", ".")
     _run(str(BIN / "ruff"), "format", "--check", ".")
+    _run(str(BIN / "lint-imports"))
     _exec(str(BIN / "pytest"), *_workers(args), *args)
 
 
