@@ -9,15 +9,28 @@ or config simply misses. The path is local or gs:// (JAX reads and writes it thr
 ``JAX_COMPILATION_CACHE_DIR``, when set, wins: one cache shared by many runs (a cache baked into
 the image, a team bucket, the test suite's) is the operator's choice, and JAX already reads it.
 
-``hits()`` counts JAX's own ``/jax/compilation_cache/cache_hits`` events, so the loop can report
-whether its compile was a load (``perf/compile_cache_hits``).
+``hits()`` counts JAX's own ``/jax/compilation_cache/cache_hits`` events (and the loads below), so
+the loop can report whether its compile was a load (``perf/compile_cache_hits``).
+
+On simulated CPU devices with several processes JAX's cache serves process 0 only: its key hashes
+the CPU client's topology, which differs per process (``jax/_src/cache_key.py``,
+``_hash_accelerator_config``), and JAX writes entries from process 0 only (``compiler.py``,
+``_cache_write``), so every other process compiled the train step again on every segment while
+process 0 waited for it at the start barrier (bench.recovery). There ``compiled`` keeps one entry per process under
+``<cache>/process-<i>/``, written by that process with JAX's own executable serialization. On TPU
+the key hashes the slice's topology, the same on every host, and JAX's cache alone is used.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import uuid
+from collections.abc import Sequence
 
 import jax
+from etils import epath
+from jax.experimental import serialize_executable
 from jax.experimental.compilation_cache import compilation_cache
 
 _dir: str | None = None
@@ -50,3 +63,72 @@ def enable(run_dir: str) -> str:
 
 def hits() -> int:
     return _hits
+
+
+def own_entries(platform: str, process_index: int) -> bool:
+    """Whether this process keeps its own entries: JAX's key differs per process only on CPU, and
+    JAX's cache serves process 0."""
+    return platform == "cpu" and process_index > 0
+
+
+def compiled(lowered: jax.stages.Lowered, devices: Sequence[jax.Device]) -> jax.stages.Compiled:
+    """``lowered.compile()`` for ``devices`` (the mesh's, in its order), loaded from this process's
+    own entry where JAX's cache cannot serve it."""
+    if _dir is None or not own_entries(jax.default_backend(), jax.process_index()):
+        return lowered.compile()
+    return load_or_compile(lowered, entry_path(lowered, [d.id for d in devices]), devices)
+
+
+def entry_path(lowered: jax.stages.Lowered, device_ids: Sequence[int]) -> epath.Path:
+    """The program (its shardings included), the devices it runs on, this process, the compiler."""
+    key = hashlib.sha256()
+    for part in (
+        lowered.as_text(),
+        ",".join(map(str, device_ids)),
+        str(jax.process_index()),
+        jax.__version__,
+        jax.lib.__version__,
+        os.environ.get("XLA_FLAGS", ""),
+    ):
+        key.update(part.encode())
+        key.update(b"\0")
+    return epath.Path(_dir) / f"process-{jax.process_index()}" / key.hexdigest()
+
+
+def load_or_compile(
+    lowered: jax.stages.Lowered, path: epath.Path, devices: Sequence[jax.Device]
+) -> jax.stages.Compiled:
+    """Load the entry at ``path`` if it is whole, else compile and write it."""
+    global _hits
+    payload = _read_whole(path)
+    if payload is not None:
+        try:
+            compiled = serialize_executable.deserialize_and_load(
+                payload, lowered.in_tree, lowered.out_tree, execution_devices=list(devices)
+            )
+        except Exception as e:  # whole but not loadable here: compile instead
+            print(f"trainer: compile cache entry {path} unusable ({type(e).__name__}), compiling", flush=True)
+        else:
+            _hits += 1
+            return compiled
+    compiled = lowered.compile()
+    payload, _, _ = serialize_executable.serialize(compiled)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Written aside, then renamed: a reader never sees half an entry from this writer.
+    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}"
+    tmp.write_bytes(hashlib.sha256(payload).digest() + payload)
+    tmp.replace(path)
+    return compiled
+
+
+def _read_whole(path: epath.Path) -> bytes | None:
+    """The entry's payload if its checksum holds: XLA loads a truncated executable without an
+    error and fails only when it runs."""
+    if not path.exists():
+        return None
+    data = path.read_bytes()
+    digest, payload = data[:32], data[32:]
+    if hashlib.sha256(payload).digest() != digest:
+        print(f"trainer: compile cache entry {path} is not whole, compiling", flush=True)
+        return None
+    return payload

@@ -213,12 +213,16 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
             # compilation is reported on its own (start-up is badput, not training).
             t_compile, hits = time.perf_counter(), compile_cache.hits()
             token_spec = jax.ShapeDtypeStruct(global_shape, np.int32, sharding=tokens_sharding)
-            train_step = train_step.lower(state, token_spec, flags[False]).compile()
+            train_step = compile_cache.compiled(
+                train_step.lower(state, token_spec, flags[False]), list(mesh.devices.flat)
+            )
             startup = {
                 "perf/compile_seconds": time.perf_counter() - t_compile,
                 # 1: the train step was loaded from the run's compile cache, not compiled.
                 "perf/compile_cache_hits": compile_cache.hits() - hits,
             }
+            how = "loaded from the compile cache" if startup["perf/compile_cache_hits"] else "compiled"
+            print(f"trainer: train step {how} in {startup['perf/compile_seconds']:.1f} s", flush=True)
             waited = _meet_peers(cfg, env, ident.num_processes, segment, attempt, preemption)
             if waited is None:
                 print(f"trainer: preempted before the first step, step {start} stands, exit {EXIT_PREEMPTED}")

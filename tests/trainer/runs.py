@@ -150,6 +150,7 @@ def processes(
     grad_accum: int = 1,
     extra: Mapping | None = None,
     only: Mapping[int, Mapping[str, str]] | None = None,
+    args: list[str] | None = None,
 ) -> list[Trainer]:
     """``count`` trainer processes of one segment on this machine (one slice, ``count`` hosts);
     ``only[i]`` is more environment for process i alone."""
@@ -169,6 +170,7 @@ def processes(
                 extra={**shared, **(only or {}).get(i, {}), "JOB_COMPLETION_INDEX": str(i)},
             ),
             log_dir / f"p{i}.log",
+            args,
         )
         for i in range(count)
     ]

@@ -131,11 +131,14 @@ def test_sigterm_exits_42_and_resumes_on_another_shape(reference: dict, tmp_path
     runs.assert_matches_reference(resumed, reference, exact=False)
 
 
-def test_two_processes_train_to_the_end(reference: dict, tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    procs = runs.processes(str(run_dir), tmp_path, grad_accum=2)  # the gs:// test's shape: one compile
+def test_two_processes_train_to_the_end_and_both_load_the_train_step_when_resumed(
+    reference: dict, tmp_path: Path
+) -> None:
+    run_dir, cache = tmp_path / "run", {"JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache")}
+    procs = runs.processes(str(run_dir), tmp_path, grad_accum=2, extra=cache)
     for p in procs:
         assert p.wait() == 0, p.output()[-4000:]
+        assert "trainer: train step compiled in" in p.output()
     files = runs.metrics_files(run_dir)
     assert len(files) == 1  # process 0 only
     records = runs.parse_metrics(files)
@@ -147,6 +150,16 @@ def test_two_processes_train_to_the_end(reference: dict, tmp_path: Path) -> None
         "ocdbt.process_0",
         "ocdbt.process_1",
     }
+    # A second segment on the same shape: process 0 loads from JAX's cache, process 1 (whose JAX
+    # cache key differs on CPU) from its own entry, so neither compiles again.
+    assert len(list((tmp_path / "cache" / "process-1").iterdir())) == 1
+    assert not (tmp_path / "cache" / "process-0").exists()  # JAX's own entry serves process 0
+    (tmp_path / "more").mkdir()
+    more = ["--set", "train.steps=42", "--set", "optim.decay_steps=40"]  # the same schedule
+    procs = runs.processes(str(run_dir), tmp_path / "more", grad_accum=2, extra=cache, args=more)
+    for p in procs:
+        assert p.wait() == 0, p.output()[-4000:]
+        assert "resumed step 40 " in p.output() and "train step loaded from the compile cache" in p.output()
 
 
 def test_survivor_of_a_dead_peer_exits_peer_lost_at_once_instead_of_waiting_for_the_heartbeat(
