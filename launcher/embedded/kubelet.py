@@ -30,8 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher import rfc3339
-from launcher.embedded import objects as o
-from launcher.embedded import podenv
+from launcher.embedded import objects, podenv
 from launcher.embedded.nodes import devices_per_chip
 from launcher.embedded.podstatus import (
     crashed_status,
@@ -117,15 +116,15 @@ class Kubelet(Controller):
     # -- wiring --------------------------------------------------------------------------------
     def resync(self) -> None:
         nodes, _ = self.store.list(self.nodes)
-        self._known_nodes = {o.meta(n)["name"] for n in nodes}
+        self._known_nodes = {objects.meta(n)["name"] for n in nodes}
         pods, _ = self.store.list(self.pods)
         for p in pods:
             if (p.get("spec") or {}).get("nodeName"):
-                self.enqueue((o.meta(p)["uid"], *o.key_of(p)))
+                self.enqueue((objects.meta(p)["uid"], *objects.key_of(p)))
 
     def keys_for(self, event: str, res: Any, obj: Mapping[str, Any]) -> list[Hashable]:
         if res.plural == "nodes":
-            name = o.meta(obj)["name"]
+            name = objects.meta(obj)["name"]
             if event == "DELETED":
                 self._known_nodes.discard(name)
             else:
@@ -133,10 +132,10 @@ class Kubelet(Controller):
             return []
         if res.plural != "pods":
             return []
-        uid = o.meta(obj).get("uid")
+        uid = objects.meta(obj).get("uid")
         if not (obj.get("spec") or {}).get("nodeName") and uid not in self._runs:
             return []
-        return [(uid, *o.key_of(obj))]
+        return [(uid, *objects.key_of(obj))]
 
     def log_path(self, namespace: str, name: str, container: str) -> Path | None:
         logs = self._logs.get((namespace, name))
@@ -190,7 +189,7 @@ class Kubelet(Controller):
             if getattr(e, "code", None) != 404:
                 raise
             pod = None
-        if pod is not None and o.meta(pod).get("uid") != uid:
+        if pod is not None and objects.meta(pod).get("uid") != uid:
             pod = None
         if uid in self._crashed:
             return self._reconcile_crashed(uid, pod)
@@ -206,14 +205,14 @@ class Kubelet(Controller):
         node = (pod.get("spec") or {}).get("nodeName")
         if not node or node in self.partitioned:
             return None
-        if o.pod_terminal(pod):
+        if objects.pod_terminal(pod):
             if run is not None and not run.done.is_set():
                 self._signal(run, signal.SIGKILL)
-            if o.pod_deleting(pod):
+            if objects.pod_deleting(pod):
                 self._delete_now(ns, name, uid)
             return None
-        if o.pod_deleting(pod):
-            grace = float(o.meta(pod).get("deletionGracePeriodSeconds") or 0)
+        if objects.pod_deleting(pod):
+            grace = float(objects.meta(pod).get("deletionGracePeriodSeconds") or 0)
             if run is None:
                 # Never started here: nothing to stop, but the kubelet still reports a terminal
                 # phase before its grace-0 delete (Kubernetes >= 1.27). Without it the Job
@@ -232,7 +231,7 @@ class Kubelet(Controller):
         if run is None:
             if node not in self._known_nodes:
                 return None
-            if o.pod_phase(pod) == "Running":
+            if objects.pod_phase(pod) == "Running":
                 self._lost(pod)  # ran under an earlier kubelet (cluster restarted): its processes are gone
             else:
                 self._start(pod, node)
@@ -241,19 +240,19 @@ class Kubelet(Controller):
     def _reconcile_crashed(self, uid: str, pod: dict[str, Any] | None) -> None:
         """A pod whose host crashed stays as it was until it is deleted; then the kubelet, back
         after the reboot, reports the container it cannot find and completes the deletion."""
-        if pod is not None and not o.pod_deleting(pod):
+        if pod is not None and not objects.pod_deleting(pod):
             return None
         self._crashed.discard(uid)
         if pod is not None:
-            if not o.pod_terminal(pod):
+            if not objects.pod_terminal(pod):
                 self._lost(pod)
-            self._delete_now(*o.key_of(pod), uid)
+            self._delete_now(*objects.key_of(pod), uid)
         return None
 
     def _lost(self, pod: dict[str, Any]) -> None:
         """Failed, every container 137 ContainerStatusUnknown: what the kubelet reports for
         containers it cannot find when the pod terminates (status manager's TerminatePod)."""
-        m = o.meta(pod)
+        m = objects.meta(pod)
         run = PodRun(m["uid"], m.get("namespace") or "default", m["name"], pod["spec"]["nodeName"], True)
         codes = {c["name"]: 137 for c in (pod.get("spec") or {}).get("containers") or []}
         start = (pod.get("status") or {}).get("startTime") or ""
@@ -263,7 +262,7 @@ class Kubelet(Controller):
 
     # -- starting ------------------------------------------------------------------------------
     def _start(self, pod: dict[str, Any], node: str) -> None:
-        m = o.meta(pod)
+        m = objects.meta(pod)
         run = PodRun(m["uid"], m.get("namespace") or "default", m["name"], node, self.simulated(node))
         run.started_at = rfc3339.stamp()
         run.restart_policy = (pod.get("spec") or {}).get("restartPolicy") or "Always"
@@ -299,15 +298,15 @@ class Kubelet(Controller):
             ).start()
 
     def _jobset_rewrite(self, pod: Mapping[str, Any]) -> Callable[[str], str] | None:
-        js_name = o.labels(pod).get(o.JOBSET_NAME)
+        js_name = objects.labels(pod).get(objects.JOBSET_NAME)
         if not js_name:
             return None
         try:
-            js = self.store.get(self.jobsets, o.meta(pod).get("namespace"), js_name)
+            js = self.store.get(self.jobsets, objects.meta(pod).get("namespace"), js_name)
         except Exception:
             return None
         pattern = podenv.hostname_pattern(js)
-        uid, attempt = o.meta(js)["uid"], o.labels(pod).get(o.RESTART_ATTEMPT, "0")
+        uid, attempt = objects.meta(js)["uid"], objects.labels(pod).get(objects.RESTART_ATTEMPT, "0")
         return lambda v: podenv.rewrite_hosts(v, pattern, lambda port: self.ports.get(uid, attempt, port))
 
     def _configmap(self, ns: str, name: str) -> dict[str, Any] | None:
@@ -319,8 +318,8 @@ class Kubelet(Controller):
     def _spawn(self, run: PodRun, pod: dict[str, Any], node: dict[str, Any]) -> None:
         spec = pod.get("spec") or {}
         rewrite = self._jobset_rewrite(pod)
-        chips = o.pod_tpu_request(pod)
-        dpc = devices_per_chip(o.labels(node).get(o.ACCELERATOR_LABEL))
+        chips = objects.pod_tpu_request(pod)
+        dpc = devices_per_chip(objects.labels(node).get(objects.ACCELERATOR_LABEL))
         hostname = run.node if spec.get("hostNetwork") else (spec.get("hostname") or run.name)
         d = self.log_dir / f"{run.namespace}_{run.name}_{run.uid}"
         d.mkdir(parents=True, exist_ok=True)
@@ -560,7 +559,7 @@ class Kubelet(Controller):
         for _ in range(20):
             try:
                 pod = self.store.get(self.pods, run.namespace, run.name)
-                if o.meta(pod).get("uid") != run.uid:
+                if objects.meta(pod).get("uid") != run.uid:
                     return False
                 pod["status"] = mutate(pod)
                 self.store.update(self.pods, pod, subresource="status")
@@ -578,7 +577,7 @@ class Kubelet(Controller):
     def _delete_now(self, ns: str, name: str, uid: str) -> None:
         try:
             pod = self.store.get(self.pods, ns, name)
-            if o.meta(pod).get("uid") == uid:
+            if objects.meta(pod).get("uid") == uid:
                 self.store.delete(self.pods, ns, name, grace_period_seconds=0)
         except Exception as e:
             if getattr(e, "code", None) != 404:
@@ -593,7 +592,7 @@ class Kubelet(Controller):
 
         def mutate(p: dict[str, Any]) -> dict[str, Any]:
             st = copy.deepcopy(p.get("status") or {})
-            o.set_condition(
+            objects.set_condition(
                 st.setdefault("conditions", []),
                 "DisruptionTarget",
                 "True",
