@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from launcher.embedded import apitypes
+from launcher.embedded import jobsettypes
 from launcher.embedded.errors import TYPE_INVALID, ApiError, Cause, invalid
 from launcher.embedded.gotypes import Mismatch, decode
 from launcher.embedded.resources import RESOURCES
@@ -513,7 +513,7 @@ def _denied(webhook: str, err: ApiError) -> ApiError:
 def _webhook_decode(webhook: str, js: dict[str, Any]) -> None:
     """controller-runtime decodes the request into the Go JobSet and answers 400 when it cannot."""
     try:
-        decode(js, apitypes.JOBSET, lenient=True)
+        decode(js, jobsettypes.JOBSET, lenient=True)
     except Mismatch as m:
         raise _denied(webhook, ApiError(400, "", m.message())) from None
 
