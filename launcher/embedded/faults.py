@@ -54,7 +54,7 @@ class FaultTarget(Protocol):
     kubelet: Any
     nodelife: Any
     node_events: Any
-    pools: dict[str, nd.NodePool]
+    pools: dict[str, nd.FakeNodePool]
 
     @property
     def node_pool_of(self) -> dict[str, str]: ...

@@ -25,12 +25,12 @@ from launcher.embedded import objects
 from launcher.embedded.clock import REAL, Clock
 from launcher.embedded.jobactions import decide, wire_status
 from launcher.embedded.jobpods import TRACKING_FINALIZER, exclusive_topology, finished, leader_node
-from launcher.embedded.runtime import Batched, Controller, EventRecorder
+from launcher.embedded.runtime import Batched, ControllerLoop, EventRecorder
 
 SYNC_BATCH_S = 1.0  # upstream syncJobBatchPeriod
 
 
-class JobController(Controller):
+class JobController(ControllerLoop):
     name = "job-controller"
 
     def __init__(self, store: Any, events: Any = None, clock: Clock = REAL) -> None:

@@ -13,14 +13,14 @@ from typing import Any
 from launcher.embedded import objects
 from launcher.embedded.jobsetactions import decide
 from launcher.embedded.jobsetjobs import subdomain
-from launcher.embedded.runtime import Controller, EventRecorder
+from launcher.embedded.runtime import ControllerLoop, EventRecorder
 
 # The upstream release whose behaviour this controller follows; `/embedded/v1/info` reports it, as
 # the embedded cluster has no jobset-controller-manager Deployment whose image tag would say it.
 EMULATED_VERSION = "v0.12.0"
 
 
-class JobSetController(Controller):
+class JobSetController(ControllerLoop):
     name = "jobset-controller"
 
     def __init__(self, store: Any, events: Any = None) -> None:

@@ -41,10 +41,10 @@ from launcher.embedded.podstatus import (
     terminated_status,
 )
 from launcher.embedded.processes import ProcessRunner
-from launcher.embedded.runtime import Controller, EventRecorder, log
+from launcher.embedded.runtime import ControllerLoop, EventRecorder, log
 
 
-class Kubelet(Controller):
+class Kubelet(ControllerLoop):
     """Serves every node of the cluster; `simulated(node)` picks the mode per node pool."""
 
     name = "kubelet"
@@ -220,7 +220,7 @@ class Kubelet(Controller):
         try:
             node_obj = self.store.get(self.nodes, None, node)
             self.processes.spawn(run, pod, node_obj)
-        except podenv.ConfigError as e:
+        except podenv.ContainerConfigError as e:
             self._config_error(run, pod, str(e))
             return
         except Exception as e:

@@ -32,7 +32,7 @@ from typing import Any
 
 from launcher import rfc3339
 from launcher.embedded import objects
-from launcher.embedded.runtime import Controller, EventRecorder, log
+from launcher.embedded.runtime import ControllerLoop, EventRecorder, log
 
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
@@ -139,7 +139,7 @@ def reachable_node(node: Mapping[str, Any], when: str) -> dict[str, Any]:
 # ---- the controller ---------------------------------------------------------------------------
 
 
-class NodeLifecycle(Controller):
+class NodeLifecycle(ControllerLoop):
     """PodGC, taint eviction and the heartbeat monitor, over every node of the cluster."""
 
     name = "node-lifecycle"

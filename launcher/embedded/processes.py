@@ -99,7 +99,7 @@ class ProcessRunner:
             return None
 
     def spawn(self, run: PodRun, pod: dict[str, Any], node: dict[str, Any]) -> None:
-        """Start every container of the pod; raises podenv.ConfigError (CreateContainerConfigError)
+        """Start every container of the pod; raises podenv.ContainerConfigError (CreateContainerConfigError)
         before starting any when one cannot be configured."""
         spec = pod.get("spec") or {}
         rewrite = self._jobset_rewrite(pod)
@@ -114,7 +114,9 @@ class ProcessRunner:
             env = podenv.local_env(pod_env, os.environ, chips, dpc, hostname, rewrite)
             args = podenv.argv(c, {k: env[k] for k in pod_env})
             if not args:
-                raise podenv.ConfigError(f"container {c['name']} has no command (no image to take it from)")
+                raise podenv.ContainerConfigError(
+                    f"container {c['name']} has no command (no image to take it from)"
+                )
             wd = c.get("workingDir")
             cwd = wd if wd and Path(wd).is_dir() else str(self.cwd)
             plans.append((c["name"], args, env, cwd))

@@ -31,8 +31,9 @@ class Batched:
     seconds: float
 
 
-class Controller:
-    """Subclasses implement `keys_for(event, res, obj)` and `reconcile(key) -> requeue_after | None`."""
+class ControllerLoop:
+    """One in-process controller's work queue and worker loop (client-go's informer + workqueue);
+    subclasses implement `keys_for(event, res, obj)` and `reconcile(key) -> requeue_after | None`."""
 
     name = "controller"
 

@@ -654,7 +654,7 @@ def _pod_components(pod: dict[str, Any]) -> None:
     for c in (pod.get("spec") or {}).get("containers") or []:
         try:
             env = podenv.container_env(pod, c, NODE, lambda ns, name: None)
-        except podenv.ConfigError:  # CreateContainerConfigError: a state the kubelet reports
+        except podenv.ContainerConfigError:  # CreateContainerConfigError: a state the kubelet reports
             env = {}
         podenv.argv(c, env)
     podstatus.running_status(pod, STAMP, {})

@@ -21,7 +21,7 @@ NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 def pool(preset="tpu7x-4x4x4", name="np-a", spot=False):
-    return nodes.NodePool(name=name, shape=nodes.load_shape(preset), spot=spot, simulate=True)
+    return nodes.FakeNodePool(name=name, shape=nodes.load_shape(preset), spot=spot, simulate=True)
 
 
 def test_node_labels_taints_and_capacity_match_gke():
@@ -41,7 +41,7 @@ def test_node_labels_taints_and_capacity_match_gke():
     # What the renderer's pods select is exactly what the node carries.
     assert make_shape("tpu7x-4x4x4").preset.node_selector().items() <= lbl.items()
     named = replace(nodes.load_shape("tpu7x-4x4x4"), placement_policy="tpu7x-128-4x4x4-placement-policy")
-    placed = nodes.node_object(nodes.NodePool("np-p", named, spot=False, simulate=True), 0)["metadata"][
+    placed = nodes.node_object(nodes.FakeNodePool("np-p", named, spot=False, simulate=True), 0)["metadata"][
         "labels"
     ]
     assert placed["cloud.google.com/placement-policy-name"] == "tpu7x-128-4x4x4-placement-policy"
