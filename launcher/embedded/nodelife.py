@@ -185,8 +185,6 @@ class NodeLifecycle(ControllerLoop):
 
     def __init__(self, store: Any, events: Any = None, node_monitor_grace_s: float = NODE_MONITOR_GRACE_S):
         super().__init__(store, events)
-        from launcher.embedded.store import RESOURCES
-
         self.nodes = RESOURCES["nodes"]
         self.pods = RESOURCES["pods"]
         self.grace_s = node_monitor_grace_s

@@ -21,14 +21,13 @@ from typing import Any
 from launcher.embedded import objects, podenv
 from launcher.embedded.nodes import devices_per_chip
 from launcher.embedded.podrun import PodRun
+from launcher.embedded.resources import RESOURCES
 
 
 class ProcessRunner:
     """Starts and signals the processes of `PodRun`s and keeps their log files."""
 
     def __init__(self, store: Any, log_dir: Path, cwd: Path) -> None:
-        from launcher.embedded.store import RESOURCES
-
         self.store = store
         self.jobsets = RESOURCES["jobsets"]
         self.configmaps = RESOURCES["configmaps"]
