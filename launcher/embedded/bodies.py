@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from launcher.embedded import apitypes
+from launcher.embedded import metatypes
 from launcher.embedded.errors import ApiError, bad_request
 from launcher.embedded.gotypes import Mismatch, decode, json_kind
 
@@ -126,7 +126,7 @@ def not_an_object(value: Any) -> str:
 def delete_options(value: Any) -> dict[str, Any]:
     """A DeleteOptions body, decoded; 400 when Go could not decode it."""
     try:
-        return decode(value, apitypes.DELETE_OPTIONS)
+        return decode(value, metatypes.DELETE_OPTIONS)
     except Mismatch as m:
         raise bad_request(m.message()) from None
 

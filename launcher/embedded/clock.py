@@ -1,4 +1,4 @@
-"""The time the embedded controllers' work queues see (`runtime.Controller`), passed in so that a
+"""The time the embedded controllers' work queues see (`runtime.ControllerLoop`), passed in so that a
 test can hold it still and step it: a batching window is then asserted exactly, without sleeping.
 Like k8s.io/utils/clock (RealClock / testing.FakeClock), which client-go's delaying queue takes."""
 

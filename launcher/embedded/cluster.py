@@ -27,7 +27,7 @@ from launcher.embedded.job import JobController
 from launcher.embedded.jobset import EMULATED_VERSION, JobSetController
 from launcher.embedded.kubelet import Kubelet
 from launcher.embedded.nodelife import NODE_MONITOR_GRACE_S, NodeLifecycle
-from launcher.embedded.nodes import NodePool, NodePoolSpec
+from launcher.embedded.nodes import FakeNodePool, NodePoolSpec
 from launcher.embedded.runtime import EventRecorder, Hub
 from launcher.embedded.scheduler import Scheduler
 from launcher.errors import UserError
@@ -59,7 +59,9 @@ class EmbeddedCluster:
         nodepools = nodepools or DEFAULT_NODEPOOLS
         specs = nodes.parse_nodepools(nodepools) if isinstance(nodepools, str) else list(nodepools)
         self.mode = mode
-        self.pools: dict[str, NodePool] = {p.name: p for p in nodes.expand_pools(specs, mode == "simulate")}
+        self.pools: dict[str, FakeNodePool] = {
+            p.name: p for p in nodes.expand_pools(specs, mode == "simulate")
+        }
         self.state_dir = Path(state_dir) if state_dir is not None else None
         self.host, self.port = host, port
         self.sim_duration_s = sim_duration_s

@@ -10,7 +10,7 @@ as the API server decodes it into Go types, and refuse what Go cannot decode the
 A built-in kind is decoded whole. Of a custom resource the server decodes only apiVersion, kind and
 metadata (apiextensions-apiserver's schemaCoercingDecoder; metadata on its own, so Go's field path
 starts at ObjectMeta); its spec and status are the CRD schema's to check (admission.py), and its
-webhooks decode it whole again (admission.py, with `apitypes.JOBSET`).
+webhooks decode it whole again (admission.py, with `jobsettypes.JOBSET`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from launcher.embedded import apitypes
+from launcher.embedded import apitypes, metatypes
 from launcher.embedded.errors import ApiError, bad_request, invalid
 from launcher.embedded.gotypes import JSON, UNSTRUCTURED, Mismatch, decode
 from launcher.embedded.resources import Resource
@@ -31,9 +31,9 @@ def decode_object(res: Resource, obj: dict[str, Any]) -> None:
     if not res.custom:
         decode(obj, apitypes.KINDS[res.plural])
         return
-    decode(obj, apitypes.CUSTOM_RESOURCE)
+    decode(obj, metatypes.CUSTOM_RESOURCE)
     if obj.get("metadata") is not None:
-        decode(obj["metadata"], apitypes.OBJECT_META)
+        decode(obj["metadata"], metatypes.OBJECT_META)
 
 
 def check(

@@ -29,18 +29,17 @@ Called by `EmbeddedCluster`'s fault methods (launcher/embedded/cluster.py), whic
 
 from __future__ import annotations
 
-import copy
 import threading
 import time
 from typing import Any, Protocol
 
 from launcher import rfc3339
-from launcher.embedded import nodes as nd
 from launcher.embedded import objects
+from launcher.embedded.nodelife import UNSCHEDULABLE_TAINT, mark_failed_by_podgc
+from launcher.embedded.nodes import FakeNodePool, node_object
 from launcher.embedded.podstatus import SHUTDOWN_MESSAGE
 from launcher.errors import UserError
 
-PODGC_MESSAGE = "PodGC: node no longer exists"
 IMPENDING_TAINT = {"key": objects.IMPENDING_TERMINATION_TAINT, "value": "", "effect": "NoSchedule"}
 
 
@@ -54,7 +53,7 @@ class FaultTarget(Protocol):
     kubelet: Any
     nodelife: Any
     node_events: Any
-    pools: dict[str, nd.NodePool]
+    pools: dict[str, FakeNodePool]
 
     @property
     def node_pool_of(self) -> dict[str, str]: ...
@@ -75,33 +74,12 @@ def _existing_nodes(cluster: FaultTarget, pool: str) -> list[dict[str, Any]]:
 
 
 def _gc_pod(cluster: FaultTarget, pod: dict[str, Any]) -> None:
-    """PodGC on an orphaned pod: a running one is marked Failed with DisruptionTarget first."""
+    """PodGC on an orphaned pod, done at once (the fault's answer reports it gone): marked, then
+    force-deleted."""
     ns, name = objects.key_of(pod)
-    res = cluster.res["pods"]
-    if not objects.pod_terminal(pod):
-        st = copy.deepcopy(pod.get("status") or {})
-        objects.set_condition(
-            st.setdefault("conditions", []),
-            "DisruptionTarget",
-            "True",
-            "DeletionByPodGC",
-            PODGC_MESSAGE,
-            probe_fields=True,
-        )
-        st["phase"] = "Failed"
-        for _ in range(10):  # read-modify-write: other components write this pod too
-            try:
-                cur = cluster.store.get(res, ns, name)
-                cur["status"] = st
-                cluster.store.update(res, cur, subresource="status")
-                break
-            except Exception as e:
-                if getattr(e, "code", None) == 404:
-                    break
-                if getattr(e, "code", None) != 409:
-                    raise
+    mark_failed_by_podgc(cluster.store, pod)
     try:
-        cluster.store.delete(res, ns, name, grace_period_seconds=0)
+        cluster.store.delete(cluster.res["pods"], ns, name, grace_period_seconds=0)
     except Exception as e:
         if getattr(e, "code", None) != 404:
             raise
@@ -200,7 +178,7 @@ def restore(cluster: FaultTarget, pool: str) -> dict[str, Any]:
     existing = {objects.meta(n)["name"] for n in _existing_nodes(cluster, pool)}
     created = []
     for i in range(np.shape.hosts):
-        node = nd.node_object(np, i)
+        node = node_object(np, i)
         name = objects.meta(node)["name"]
         if name in existing:
             continue
@@ -266,7 +244,6 @@ def drain(cluster: FaultTarget, node: str, timeout_s: float = 60.0, wait: bool =
     retrying refusals by a PodDisruptionBudget every second until `timeout_s`; with `wait`, until
     the evicted pods are gone."""
     from launcher.embedded import eviction
-    from launcher.embedded.nodelife import UNSCHEDULABLE_TAINT
 
     cur = _node(cluster, node)
     taints = [t for t in (cur.get("spec") or {}).get("taints") or [] if t.get("key") != UNSCHEDULABLE_TAINT]
@@ -305,7 +282,6 @@ def drain(cluster: FaultTarget, node: str, timeout_s: float = 60.0, wait: bool =
 
 
 def uncordon(cluster: FaultTarget, node: str) -> dict[str, Any]:
-    from launcher.embedded.nodelife import UNSCHEDULABLE_TAINT
 
     cur = _node(cluster, node)
     taints = [t for t in (cur.get("spec") or {}).get("taints") or [] if t.get("key") != UNSCHEDULABLE_TAINT]
@@ -332,7 +308,7 @@ def repair(cluster: FaultTarget, node: str) -> dict[str, Any]:
     cluster.kubelet.partitioned.discard(node)
     cluster.nodelife.resume_heartbeats(node)
     pool = cluster.pools[cluster.node_pool_of[node]]
-    made = cluster.store.create(cluster.res["nodes"], nd.node_object(pool, pool.node_names.index(node)))
+    made = cluster.store.create(cluster.res["nodes"], node_object(pool, pool.node_names.index(node)))
     cluster.node_events.event(
         made, "Normal", "RegisteredNode", f"Node {node} event: Registered Node {node} in Controller"
     )

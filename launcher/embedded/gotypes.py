@@ -11,7 +11,7 @@ list item or map value is the element's zero value.
 
 `decode(value, t)` does the same walk over plain JSON values: it drops and replaces nulls in place
 and raises `Mismatch` at the first value Go could not decode, with Go's words for it. The types of
-the served kinds are in `apitypes.py`; fields not listed there pass through untouched.
+the served kinds are in `apitypes.py` (KINDS, by plural); fields not listed there pass through untouched.
 """
 
 from __future__ import annotations

@@ -13,70 +13,38 @@ reason Terminated — left in the API, as the real kubelet leaves it. A host cra
 the processes and reports nothing: the pod stays Running until it is deleted, then it is reported as
 a container that could not be found (exit 137, ContainerStatusUnknown) and removed, as a kubelet
 that comes back after a reboot does.
+
+Here: the pod lifecycle (start, restart in place, signal, finalize; status writes). Processes and
+logs: `processes.py`; a run's state: `podrun.py`; the statuses: `podstatus.py`. Run by
+`cluster.EmbeddedCluster`; `faults.py` calls `kill`, `crash`, `disrupt` and `terminate`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from launcher import rfc3339
-from launcher.embedded import objects as o
-from launcher.embedded import podenv
-from launcher.embedded.nodes import devices_per_chip
+from launcher.embedded import objects, podenv
+from launcher.embedded.podrun import PodRun, crash_backoff_s
 from launcher.embedded.podstatus import (
+    config_error_status,
     crashed_status,
+    disrupted_status,
     exit_code,
     restarted_status,
     running_status,
     terminated_status,
 )
-from launcher.embedded.runtime import Controller, EventRecorder, log
+from launcher.embedded.processes import ProcessRunner
+from launcher.embedded.runtime import ControllerLoop, EventRecorder, log
 
 
-@dataclass
-class PodRun:
-    uid: str
-    namespace: str
-    name: str
-    node: str
-    simulate: bool
-    started_at: str = ""
-    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
-    exit_codes: dict[str, int] = field(default_factory=dict)
-    finished_at: dict[str, str] = field(default_factory=dict)
-    logs: dict[str, Path] = field(default_factory=dict)
-    cause: str | None = None  # None | "delete" | "shutdown" | "gone" | "crash"
-    terminating: bool = False
-    done: threading.Event = field(default_factory=threading.Event)
-    kill_timer: threading.Timer | None = None
-    deadline: float = float("inf")
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    restart_policy: str = "Never"
-    restarts: int = 0
-    plans: dict[str, tuple[list[str], dict[str, str], str]] = field(default_factory=dict)
-    backoff: dict[str, int] = field(default_factory=dict)  # container → exit code, awaiting restart
-
-
-# The kubelet's crash back-off: the first restart at once, then 10 s doubling to 5 min
-# (pkg/kubelet/kuberuntime, initialBackOff / MaxContainerBackOff).
-CRASH_BACKOFF_S = 10.0
-CRASH_BACKOFF_MAX_S = 300.0
-
-
-# ---- the kubelet ------------------------------------------------------------------------------
-
-
-class Kubelet(Controller):
+class Kubelet(ControllerLoop):
     """Serves every node of the cluster; `simulated(node)` picks the mode per node pool."""
 
     name = "kubelet"
@@ -96,18 +64,13 @@ class Kubelet(Controller):
 
         self.pods = RESOURCES["pods"]
         self.nodes = RESOURCES["nodes"]
-        self.jobsets = RESOURCES["jobsets"]
-        self.configmaps = RESOURCES["configmaps"]
-        self.log_dir = log_dir
         self.simulated = simulated
         self.sim_duration_s = sim_duration_s
         self.sim_term_exit_code = sim_term_exit_code
-        self.cwd = cwd or Path.cwd()
-        self.ports = podenv.PortMap()
+        self.processes = ProcessRunner(store, log_dir, cwd or Path.cwd())
         self.recorder = EventRecorder(store, "kubelet")
         self._runs: dict[str, PodRun] = {}  # pod uid → run
         self._runs_lock = threading.Lock()
-        self._logs: dict[tuple[str, str], dict[str, Path]] = {}
         self._known_nodes: set[str] = set()
         self._crashed: set[str] = set()  # pod uids whose host crashed: nothing reports them
         # Nodes cut off from the API server (a partition): their kubelet neither reads nor writes
@@ -117,15 +80,15 @@ class Kubelet(Controller):
     # -- wiring --------------------------------------------------------------------------------
     def resync(self) -> None:
         nodes, _ = self.store.list(self.nodes)
-        self._known_nodes = {o.meta(n)["name"] for n in nodes}
+        self._known_nodes = {objects.meta(n)["name"] for n in nodes}
         pods, _ = self.store.list(self.pods)
         for p in pods:
             if (p.get("spec") or {}).get("nodeName"):
-                self.enqueue((o.meta(p)["uid"], *o.key_of(p)))
+                self.enqueue((objects.meta(p)["uid"], *objects.key_of(p)))
 
     def keys_for(self, event: str, res: Any, obj: Mapping[str, Any]) -> list[Hashable]:
         if res.plural == "nodes":
-            name = o.meta(obj)["name"]
+            name = objects.meta(obj)["name"]
             if event == "DELETED":
                 self._known_nodes.discard(name)
             else:
@@ -133,40 +96,18 @@ class Kubelet(Controller):
             return []
         if res.plural != "pods":
             return []
-        uid = o.meta(obj).get("uid")
+        uid = objects.meta(obj).get("uid")
         if not (obj.get("spec") or {}).get("nodeName") and uid not in self._runs:
             return []
-        return [(uid, *o.key_of(obj))]
-
-    def log_path(self, namespace: str, name: str, container: str) -> Path | None:
-        logs = self._logs.get((namespace, name))
-        if logs and container in logs:
-            return logs[container]
-        # Not started by this process (an earlier run of a cluster with a state dir): look on disk.
-        hits = sorted(self.log_dir.glob(f"{namespace}_{name}_*/{container}.log"))
-        return hits[-1] if hits else None
+        return [(uid, *objects.key_of(obj))]
 
     def log_stream(self, namespace: str, name: str, container: str, follow: bool) -> Iterator[bytes]:
-        """The API server's log source: the file so far, and with follow, what is appended until
-        the container exits."""
-        path = self.log_path(namespace, name, container)
-        if path is None or not path.exists():
-            return
-        with open(path, "rb") as f:
-            while True:
-                data = f.read(65536)
-                if data:
-                    yield data
-                    continue
-                if not follow:
-                    return
-                run = next((r for r in self.runs() if (r.namespace, r.name) == (namespace, name)), None)
-                if run is None or run.done.is_set():
-                    rest = f.read()
-                    if rest:
-                        yield rest
-                    return
-                time.sleep(0.1)
+        """The API server's log source: a container's log, followed while its pod runs here."""
+
+        def run_of(ns: str, pod: str) -> PodRun | None:
+            return next((r for r in self.runs() if (r.namespace, r.name) == (ns, pod)), None)
+
+        return self.processes.log_stream(namespace, name, container, follow, run_of)
 
     def stop(self) -> None:
         super().stop()
@@ -190,7 +131,7 @@ class Kubelet(Controller):
             if getattr(e, "code", None) != 404:
                 raise
             pod = None
-        if pod is not None and o.meta(pod).get("uid") != uid:
+        if pod is not None and objects.meta(pod).get("uid") != uid:
             pod = None
         if uid in self._crashed:
             return self._reconcile_crashed(uid, pod)
@@ -201,19 +142,19 @@ class Kubelet(Controller):
             if run is not None:
                 run.cause = run.cause or "gone"
                 self._signal(run, signal.SIGKILL)
-            self._logs.pop((ns, name), None)
+            self.processes.forget(ns, name)
             return None
         node = (pod.get("spec") or {}).get("nodeName")
         if not node or node in self.partitioned:
             return None
-        if o.pod_terminal(pod):
+        if objects.pod_terminal(pod):
             if run is not None and not run.done.is_set():
                 self._signal(run, signal.SIGKILL)
-            if o.pod_deleting(pod):
+            if objects.pod_deleting(pod):
                 self._delete_now(ns, name, uid)
             return None
-        if o.pod_deleting(pod):
-            grace = float(o.meta(pod).get("deletionGracePeriodSeconds") or 0)
+        if objects.pod_deleting(pod):
+            grace = float(objects.meta(pod).get("deletionGracePeriodSeconds") or 0)
             if run is None:
                 # Never started here: nothing to stop, but the kubelet still reports a terminal
                 # phase before its grace-0 delete (Kubernetes >= 1.27). Without it the Job
@@ -232,7 +173,7 @@ class Kubelet(Controller):
         if run is None:
             if node not in self._known_nodes:
                 return None
-            if o.pod_phase(pod) == "Running":
+            if objects.pod_phase(pod) == "Running":
                 self._lost(pod)  # ran under an earlier kubelet (cluster restarted): its processes are gone
             else:
                 self._start(pod, node)
@@ -241,19 +182,19 @@ class Kubelet(Controller):
     def _reconcile_crashed(self, uid: str, pod: dict[str, Any] | None) -> None:
         """A pod whose host crashed stays as it was until it is deleted; then the kubelet, back
         after the reboot, reports the container it cannot find and completes the deletion."""
-        if pod is not None and not o.pod_deleting(pod):
+        if pod is not None and not objects.pod_deleting(pod):
             return None
         self._crashed.discard(uid)
         if pod is not None:
-            if not o.pod_terminal(pod):
+            if not objects.pod_terminal(pod):
                 self._lost(pod)
-            self._delete_now(*o.key_of(pod), uid)
+            self._delete_now(*objects.key_of(pod), uid)
         return None
 
     def _lost(self, pod: dict[str, Any]) -> None:
         """Failed, every container 137 ContainerStatusUnknown: what the kubelet reports for
         containers it cannot find when the pod terminates (status manager's TerminatePod)."""
-        m = o.meta(pod)
+        m = objects.meta(pod)
         run = PodRun(m["uid"], m.get("namespace") or "default", m["name"], pod["spec"]["nodeName"], True)
         codes = {c["name"]: 137 for c in (pod.get("spec") or {}).get("containers") or []}
         start = (pod.get("status") or {}).get("startTime") or ""
@@ -263,7 +204,7 @@ class Kubelet(Controller):
 
     # -- starting ------------------------------------------------------------------------------
     def _start(self, pod: dict[str, Any], node: str) -> None:
-        m = o.meta(pod)
+        m = objects.meta(pod)
         run = PodRun(m["uid"], m.get("namespace") or "default", m["name"], node, self.simulated(node))
         run.started_at = rfc3339.stamp()
         run.restart_policy = (pod.get("spec") or {}).get("restartPolicy") or "Always"
@@ -278,8 +219,8 @@ class Kubelet(Controller):
             return
         try:
             node_obj = self.store.get(self.nodes, None, node)
-            self._spawn(run, pod, node_obj)
-        except podenv.ConfigError as e:
+            self.processes.spawn(run, pod, node_obj)
+        except podenv.ContainerConfigError as e:
             self._config_error(run, pod, str(e))
             return
         except Exception as e:
@@ -293,65 +234,8 @@ class Kubelet(Controller):
         self._write(run, lambda p: running_status(p, run.started_at, ids))
         for c in run.procs:
             self.recorder.event(pod, "Normal", "Started", f"Started container {c}", host=node)
-        for c, proc in run.procs.items():
-            threading.Thread(
-                target=self._wait, args=(run, c, proc), daemon=True, name=f"wait-{run.name}"
-            ).start()
-
-    def _jobset_rewrite(self, pod: Mapping[str, Any]) -> Callable[[str], str] | None:
-        js_name = o.labels(pod).get(o.JOBSET_NAME)
-        if not js_name:
-            return None
-        try:
-            js = self.store.get(self.jobsets, o.meta(pod).get("namespace"), js_name)
-        except Exception:
-            return None
-        pattern = podenv.hostname_pattern(js)
-        uid, attempt = o.meta(js)["uid"], o.labels(pod).get(o.RESTART_ATTEMPT, "0")
-        return lambda v: podenv.rewrite_hosts(v, pattern, lambda port: self.ports.get(uid, attempt, port))
-
-    def _configmap(self, ns: str, name: str) -> dict[str, Any] | None:
-        try:
-            return self.store.get(self.configmaps, ns, name)
-        except Exception:
-            return None
-
-    def _spawn(self, run: PodRun, pod: dict[str, Any], node: dict[str, Any]) -> None:
-        spec = pod.get("spec") or {}
-        rewrite = self._jobset_rewrite(pod)
-        chips = o.pod_tpu_request(pod)
-        dpc = devices_per_chip(o.labels(node).get(o.ACCELERATOR_LABEL))
-        hostname = run.node if spec.get("hostNetwork") else (spec.get("hostname") or run.name)
-        d = self.log_dir / f"{run.namespace}_{run.name}_{run.uid}"
-        d.mkdir(parents=True, exist_ok=True)
-        plans = []
-        for c in spec.get("containers") or []:
-            pod_env = podenv.container_env(pod, c, node, self._configmap)
-            env = podenv.local_env(pod_env, os.environ, chips, dpc, hostname, rewrite)
-            args = podenv.argv(c, {k: env[k] for k in pod_env})
-            if not args:
-                raise podenv.ConfigError(f"container {c['name']} has no command (no image to take it from)")
-            wd = c.get("workingDir")
-            cwd = wd if wd and Path(wd).is_dir() else str(self.cwd)
-            plans.append((c["name"], args, env, cwd))
-        for cname, args, env, cwd in plans:
-            run.plans[cname] = (args, env, cwd)
-            run.logs[cname] = d / f"{cname}.log"
-            self._launch(run, cname)
-        self._logs[(run.namespace, run.name)] = dict(run.logs)
-
-    def _launch(self, run: PodRun, cname: str) -> None:
-        args, env, cwd = run.plans[cname]
-        with open(run.logs[cname], "ab") as out:  # a restarted container appends, as its log does
-            run.procs[cname] = subprocess.Popen(
-                args,
-                env=env,
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # own process group: signals reach the whole tree
-            )
+        for c in run.procs:
+            self.processes.watch(run, c, self._on_exit)
 
     def _restart_in_place(self, run: PodRun, names: list[str]) -> bool:
         """restartPolicy OnFailure and a non-zero exit: the kubelet restarts the container in the same
@@ -371,11 +255,7 @@ class Kubelet(Controller):
             finished = {c: run.finished_at.pop(c, rfc3339.stamp()) for c in again}
             run.backoff.update(codes)
             run.restarts += 1
-            delay = (
-                0.0
-                if run.restarts == 1
-                else min(CRASH_BACKOFF_S * 2 ** (run.restarts - 2), CRASH_BACKOFF_MAX_S)
-            )
+            delay = crash_backoff_s(run.restarts)
         self._write(run, lambda p: crashed_status(p, codes, finished, delay, rfc3339.stamp()))
         if delay > 0:
             t = threading.Timer(delay, self._relaunch, args=(run, again))
@@ -393,10 +273,8 @@ class Kubelet(Controller):
                 run.backoff.pop(c, None)
         if not run.simulate:
             for c in names:
-                self._launch(run, c)
-                threading.Thread(
-                    target=self._wait, args=(run, c, run.procs[c]), daemon=True, name=f"wait-{run.name}"
-                ).start()
+                self.processes.launch(run, c)
+                self.processes.watch(run, c, self._on_exit)
         ids = {c: f"process://{p.pid}" for c, p in run.procs.items()}
         self._write(run, lambda p: restarted_status(p, names, ids, rfc3339.stamp()))
 
@@ -404,29 +282,11 @@ class Kubelet(Controller):
         """CreateContainerConfigError: the pod stays Pending; retried on the next event."""
         with self._runs_lock:
             self._runs.pop(run.uid, None)
-
-        def mutate(p: dict[str, Any]) -> dict[str, Any]:
-            st = copy.deepcopy(p.get("status") or {})
-            st["containerStatuses"] = [
-                {
-                    "name": c["name"],
-                    "state": {"waiting": {"reason": "CreateContainerConfigError", "message": msg}},
-                    "ready": False,
-                    "started": False,
-                    "restartCount": 0,
-                    "image": c.get("image", ""),
-                    "imageID": "",
-                }
-                for c in (p.get("spec") or {}).get("containers") or []
-            ]
-            return st
-
-        self._write(run, mutate)
+        self._write(run, lambda p: config_error_status(p, msg))
         self.recorder.event(pod, "Warning", "Failed", f"Error: {msg}", host=run.node)
         self.enqueue((run.uid, run.namespace, run.name), after=2.0)
 
-    def _wait(self, run: PodRun, cname: str, proc: subprocess.Popen) -> None:
-        rc = proc.wait()
+    def _on_exit(self, run: PodRun, cname: str, rc: int) -> None:
         with run.lock:
             run.exit_codes[cname] = exit_code(rc)
             run.finished_at[cname] = rfc3339.stamp()
@@ -443,10 +303,7 @@ class Kubelet(Controller):
             if sig == signal.SIGKILL:
                 self.finish_run(run, 137)
             return
-        for proc in run.procs.values():
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, sig)
+        self.processes.signal(run, sig)
 
     def terminate(self, run: PodRun, grace: float, cause: str) -> None:
         """SIGTERM now, SIGKILL after `grace` seconds (idempotent; a shorter grace wins)."""
@@ -560,7 +417,7 @@ class Kubelet(Controller):
         for _ in range(20):
             try:
                 pod = self.store.get(self.pods, run.namespace, run.name)
-                if o.meta(pod).get("uid") != run.uid:
+                if objects.meta(pod).get("uid") != run.uid:
                     return False
                 pod["status"] = mutate(pod)
                 self.store.update(self.pods, pod, subresource="status")
@@ -578,7 +435,7 @@ class Kubelet(Controller):
     def _delete_now(self, ns: str, name: str, uid: str) -> None:
         try:
             pod = self.store.get(self.pods, ns, name)
-            if o.meta(pod).get("uid") == uid:
+            if objects.meta(pod).get("uid") == uid:
                 self.store.delete(self.pods, ns, name, grace_period_seconds=0)
         except Exception as e:
             if getattr(e, "code", None) != 404:
@@ -590,17 +447,4 @@ class Kubelet(Controller):
             run = self._runs.get(uid)
         if run is None:
             return
-
-        def mutate(p: dict[str, Any]) -> dict[str, Any]:
-            st = copy.deepcopy(p.get("status") or {})
-            o.set_condition(
-                st.setdefault("conditions", []),
-                "DisruptionTarget",
-                "True",
-                reason,
-                message,
-                probe_fields=True,
-            )
-            return st
-
-        self._write(run, mutate)
+        self._write(run, lambda p: disrupted_status(p, reason, message))

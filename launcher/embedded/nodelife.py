@@ -32,7 +32,8 @@ from typing import Any
 
 from launcher import rfc3339
 from launcher.embedded import objects
-from launcher.embedded.runtime import Controller, EventRecorder, log
+from launcher.embedded.resources import RESOURCES
+from launcher.embedded.runtime import ControllerLoop, EventRecorder, log
 
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
@@ -139,15 +140,51 @@ def reachable_node(node: Mapping[str, Any], when: str) -> dict[str, Any]:
 # ---- the controller ---------------------------------------------------------------------------
 
 
-class NodeLifecycle(Controller):
+def mark_failed_by_podgc(store: Any, pod: Mapping[str, Any]) -> None:
+    """PodGC's mark on a pod whose node is gone, before it force-deletes it (upstream
+    markFailedAndDeletePodWithCondition): a pod not yet terminal becomes Failed with a
+    DisruptionTarget condition (DeletionByPodGC). Called by `NodeLifecycle.gc_pod` and by the
+    faults that delete nodes under their pods (`faults.py`: preempt, remove, repair)."""
+    if objects.pod_terminal(pod):
+        return
+    pods = RESOURCES["pods"]
+    ns, name = objects.key_of(pod)
+    for _ in range(10):  # read-modify-write: the kubelet writes this pod too
+        try:
+            cur = store.get(pods, ns, name)
+        except Exception as e:
+            if getattr(e, "code", None) == 404:
+                return
+            raise
+        if objects.pod_terminal(cur):
+            return
+        st = cur.setdefault("status", {})
+        objects.set_condition(
+            st.setdefault("conditions", []),
+            "DisruptionTarget",
+            "True",
+            "DeletionByPodGC",
+            PODGC_MESSAGE,
+            probe_fields=True,
+        )
+        st["phase"] = "Failed"
+        try:
+            store.update(pods, cur, subresource="status")
+            return
+        except Exception as e:
+            if getattr(e, "code", None) == 404:
+                return
+            if getattr(e, "code", None) != 409:
+                raise
+
+
+class NodeLifecycle(ControllerLoop):
     """PodGC, taint eviction and the heartbeat monitor, over every node of the cluster."""
 
     name = "node-lifecycle"
 
     def __init__(self, store: Any, events: Any = None, node_monitor_grace_s: float = NODE_MONITOR_GRACE_S):
         super().__init__(store, events)
-        from launcher.embedded.store import RESOURCES
-
         self.nodes = RESOURCES["nodes"]
         self.pods = RESOURCES["pods"]
         self.grace_s = node_monitor_grace_s
@@ -305,29 +342,7 @@ class NodeLifecycle(Controller):
     def gc_pod(self, pod: Mapping[str, Any]) -> None:
         """PodGC on a pod whose node is gone: Failed with DisruptionTarget, then force-deleted."""
         ns, name = objects.key_of(pod)
-        if not objects.pod_terminal(pod):
-            for _ in range(10):
-                cur = self._get(self.pods, ns, name)
-                if cur is None or objects.pod_terminal(cur):
-                    break
-                st = cur.setdefault("status", {})
-                objects.set_condition(
-                    st.setdefault("conditions", []),
-                    "DisruptionTarget",
-                    "True",
-                    "DeletionByPodGC",
-                    PODGC_MESSAGE,
-                    probe_fields=True,
-                )
-                st["phase"] = "Failed"
-                try:
-                    self.store.update(self.pods, cur, subresource="status")
-                    break
-                except Exception as e:
-                    if getattr(e, "code", None) == 404:
-                        break
-                    if getattr(e, "code", None) != 409:
-                        raise
+        mark_failed_by_podgc(self.store, pod)
         try:
             self.store.delete(self.pods, ns, name, grace_period_seconds=0)
         except Exception as e:

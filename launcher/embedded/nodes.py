@@ -58,7 +58,7 @@ def parse_nodepools(spec: str) -> list[NodePoolSpec]:
 
 
 @dataclass(frozen=True)
-class NodePool:
+class FakeNodePool:
     name: str
     shape: Preset
     spot: bool
@@ -69,7 +69,7 @@ class NodePool:
         return [node_name(self.name, i) for i in range(self.shape.hosts)]
 
 
-def expand_pools(specs: list[NodePoolSpec], simulate: bool) -> list[NodePool]:
+def expand_pools(specs: list[NodePoolSpec], simulate: bool) -> list[FakeNodePool]:
     """Pools named '<preset>-np-<i>' (i counted per preset) unless the spec names them."""
     pools, per_preset = [], {}
     for s in specs:
@@ -83,7 +83,7 @@ def expand_pools(specs: list[NodePoolSpec], simulate: bool) -> list[NodePool]:
                 per_preset[s.preset] = i + 1
             spot = shape.spot if s.spot is None else s.spot
             sim = simulate if s.simulate is None else s.simulate
-            pools.append(NodePool(name=name, shape=shape, spot=spot, simulate=sim))
+            pools.append(FakeNodePool(name=name, shape=shape, spot=spot, simulate=sim))
     names = [p.name for p in pools]
     if len(set(names)) != len(names):
         raise UserError(f"duplicate node pool names: {names}")
@@ -118,7 +118,7 @@ def node_name(pool: str, i: int) -> str:
     return f"gke-reslice-{pool}-{_h(pool, 8)}-{suffix}"
 
 
-def node_labels(pool: NodePool, name: str) -> dict[str, str]:
+def node_labels(pool: FakeNodePool, name: str) -> dict[str, str]:
     s = pool.shape
     lbls = {
         "cloud.google.com/gke-nodepool": pool.name,
@@ -145,7 +145,7 @@ def node_labels(pool: NodePool, name: str) -> dict[str, str]:
 TPU_TAINT = {"key": objects.TPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
 
 
-def node_object(pool: NodePool, i: int, when: str | None = None) -> dict[str, Any]:
+def node_object(pool: FakeNodePool, i: int, when: str | None = None) -> dict[str, Any]:
     name = node_name(pool.name, i)
     when = when or rfc3339.stamp()
     chips = str(pool.shape.chips_per_host)

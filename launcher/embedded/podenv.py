@@ -70,7 +70,7 @@ def resource_value(container: Mapping[str, Any], node: Mapping[str, Any], ref: M
     return str(int(q) if q == int(q) else int(q) + 1)
 
 
-class ConfigError(Exception):
+class ContainerConfigError(Exception):
     """CreateContainerConfigError: the pod stays Pending with this message."""
 
 
@@ -91,7 +91,7 @@ def container_env(
         if cm is None:
             if ref.get("optional"):
                 continue
-            raise ConfigError(f'configmap "{ref["name"]}" not found')
+            raise ContainerConfigError(f'configmap "{ref["name"]}" not found')
         for k, v in (cm.get("data") or {}).items():
             env[(src.get("prefix") or "") + k] = v
     for e in container.get("env") or []:
@@ -116,9 +116,9 @@ def container_env(
                     if cm is None
                     else (f"couldn't find key {ref['key']} in ConfigMap {ns}/{ref['name']}")
                 )
-                raise ConfigError(what)
+                raise ContainerConfigError(what)
         else:
-            raise ConfigError(f"unsupported env source for {name}: {sorted(vf)}")
+            raise ContainerConfigError(f"unsupported env source for {name}: {sorted(vf)}")
     return env
 
 

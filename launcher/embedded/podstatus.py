@@ -159,3 +159,30 @@ def restarted_status(
             cs["ready"] = cs["started"] = True
             cs["containerID"] = ids.get(cs["name"], cs.get("containerID", ""))
     return st
+
+
+def config_error_status(pod: Mapping[str, Any], msg: str) -> dict[str, Any]:
+    """CreateContainerConfigError: every container waiting with the message; the pod stays Pending."""
+    st = copy.deepcopy(dict(pod.get("status") or {}))
+    st["containerStatuses"] = [
+        {
+            "name": c["name"],
+            "state": {"waiting": {"reason": "CreateContainerConfigError", "message": msg}},
+            "ready": False,
+            "started": False,
+            "restartCount": 0,
+            "image": c.get("image", ""),
+            "imageID": "",
+        }
+        for c in (pod.get("spec") or {}).get("containers") or []
+    ]
+    return st
+
+
+def disrupted_status(pod: Mapping[str, Any], reason: str, message: str) -> dict[str, Any]:
+    """The DisruptionTarget condition the kubelet adds before terminating a pod (node shutdown)."""
+    st = copy.deepcopy(dict(pod.get("status") or {}))
+    objects.set_condition(
+        st.setdefault("conditions", []), "DisruptionTarget", "True", reason, message, probe_fields=True
+    )
+    return st

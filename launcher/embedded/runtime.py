@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher import rfc3339
-from launcher.embedded import objects as o
+from launcher.embedded import objects
 from launcher.embedded.clock import REAL, Clock
 
 log = logging.getLogger("launcher.embedded")
@@ -31,8 +31,9 @@ class Batched:
     seconds: float
 
 
-class Controller:
-    """Subclasses implement `keys_for(event, res, obj)` and `reconcile(key) -> requeue_after | None`."""
+class ControllerLoop:
+    """One in-process controller's work queue and worker loop (client-go's informer + workqueue);
+    subclasses implement `keys_for(event, res, obj)` and `reconcile(key) -> requeue_after | None`."""
 
     name = "controller"
 
@@ -205,7 +206,7 @@ class EventRecorder:
     ) -> None:
         from launcher.embedded.store import RESOURCES  # late: the store module is the API half's
 
-        m = o.meta(obj)
+        m = objects.meta(obj)
         ns = m.get("namespace") or "default"
         ref = {
             "apiVersion": obj.get("apiVersion"),

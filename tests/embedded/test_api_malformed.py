@@ -36,7 +36,16 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from launcher.embedded import defaults, filters, job, jobset, podenv, podstatus
+from launcher.embedded import (
+    defaults,
+    filters,
+    jobactions,
+    jobfailures,
+    jobpods,
+    jobsetactions,
+    podenv,
+    podstatus,
+)
 from launcher.embedded.resources import RESOURCES, Resource
 from tests.embedded.conftest import Api, start_api, stop_api
 from tests.embedded.conftest import job as job_body
@@ -626,15 +635,15 @@ def controllers_can_read(plural: str, obj: dict[str, Any]) -> None:
         view = filters.ClusterView({obj["metadata"]["name"]: obj}, {})
         filters.schedule_one({"metadata": {"name": "p", "namespace": "default"}, "spec": {}}, view)
     elif plural == "jobs" and _children(obj["spec"]) <= MAX_CHILDREN:
-        for pod in job.decide(obj, [], {}, None, NOW).create[:3]:
+        for pod in jobactions.decide(obj, [], {}, None, NOW).create[:3]:
             _pod_components({**pod, "metadata": {**pod["metadata"], "name": "p", "uid": "u"}})
     elif (
         plural == "jobsets"
         and sum(r.get("replicas", 1) for r in obj["spec"]["replicatedJobs"]) <= MAX_CHILDREN
     ):
-        for child in jobset.decide(obj, [], False, NOW).create_jobs[:3]:
+        for child in jobsetactions.decide(obj, [], False, NOW).create_jobs[:3]:
             child["metadata"]["uid"] = "u"
-            job.decide(child, [], {}, None, NOW)
+            jobactions.decide(child, [], {}, None, NOW)
 
 
 def _pod_components(pod: dict[str, Any]) -> None:
@@ -645,16 +654,16 @@ def _pod_components(pod: dict[str, Any]) -> None:
     for c in (pod.get("spec") or {}).get("containers") or []:
         try:
             env = podenv.container_env(pod, c, NODE, lambda ns, name: None)
-        except podenv.ConfigError:  # CreateContainerConfigError: a state the kubelet reports
+        except podenv.ContainerConfigError:  # CreateContainerConfigError: a state the kubelet reports
             env = {}
         podenv.argv(c, env)
     podstatus.running_status(pod, STAMP, {})
     podstatus.terminated_status(pod, {}, STAMP, {}, {}, False, STAMP)
-    job.match_pod_failure_policy(
+    jobfailures.match_pod_failure_policy(
         {"rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [1]}}]}, pod
     )
-    job.completion_index(pod)
-    job.finish_time(pod)
+    jobpods.completion_index(pod)
+    jobpods.finish_time(pod)
 
 
 # ---- the specific cases, with upstream's exact words -----------------------------------------------------

@@ -103,7 +103,8 @@ def _backoff_limit_per_index_fail_index_and_max_failed_indexes(kube):
 def test_a_retried_index_carries_its_failure_count_and_all_indexes_finished_is_failed_indexes():
     import datetime as dt
 
-    from launcher.embedded import job as jc
+    from launcher.embedded import jobactions, objects
+    from launcher.embedded.jobfailures import INDEX_FAILURE_COUNT
 
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     spec = _indexed_job("r", backoffLimitPerIndex=1)["spec"] | {"completions": 2, "parallelism": 2}
@@ -115,7 +116,7 @@ def test_a_retried_index_carries_its_failure_count_and_all_indexes_finished_is_f
             "metadata": {
                 "uid": uid,
                 "name": f"r-{index}-{uid}",
-                "annotations": {jc.o.COMPLETION_INDEX: str(index), jc.INDEX_FAILURE_COUNT: str(count)},
+                "annotations": {objects.COMPLETION_INDEX: str(index), INDEX_FAILURE_COUNT: str(count)},
             },
             "status": {
                 "phase": phase,
@@ -126,15 +127,15 @@ def test_a_retried_index_carries_its_failure_count_and_all_indexes_finished_is_f
         }
 
     first, done = pod("a", 0, "Failed", 0, 5), pod("b", 1, "Succeeded", 0, 5)
-    plan = jc.decide(js, [first, done], {}, None, now)
+    plan = jobactions.decide(js, [first, done], {}, None, now)
     assert plan.create == [] and 4 < plan.requeue_after <= 5  # the index's own 10 s backoff
-    plan = jc.decide(js, [first, done], {}, None, now + dt.timedelta(seconds=5))
+    plan = jobactions.decide(js, [first, done], {}, None, now + dt.timedelta(seconds=5))
     [new] = plan.create
-    assert new["metadata"]["annotations"][jc.INDEX_FAILURE_COUNT] == "1"
+    assert new["metadata"]["annotations"][INDEX_FAILURE_COUNT] == "1"
     assert plan.status["failedIndexes"] == ""
     # The retry fails too (count 1 == the limit): the index is failed; with index 1 done, the Job is.
     js["status"] = {"completedIndexes": "1"}
-    plan = jc.decide(js, [first, pod("c", 0, "Failed", 1, 1)], {}, None, now)
+    plan = jobactions.decide(js, [first, pod("c", 0, "Failed", 1, 1)], {}, None, now)
     assert plan.status["failedIndexes"] == "0" and plan.create == []
     target = next(c for c in plan.status["conditions"] if c["type"] == "FailureTarget")
     assert (target["reason"], target["message"]) == ("FailedIndexes", "Job has failed indexes")
@@ -143,7 +144,8 @@ def test_a_retried_index_carries_its_failure_count_and_all_indexes_finished_is_f
 def test_restarting_jobset_condition_takes_each_terminal_reason():
     import datetime as dt
 
-    from launcher.embedded import jobset as jsc
+    from launcher.embedded import jobsetactions, objects
+    from launcher.embedded.jobsetjobs import construct_job
 
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     js = rendered("rs", "unused")
@@ -153,34 +155,34 @@ def test_restarting_jobset_condition_takes_each_terminal_reason():
     def jobs(**status):
         out = []
         for i in range(2):
-            j = jsc.construct_job(js, rjob, i)
+            j = construct_job(js, rjob, i)
             j["metadata"]["ownerReferences"][0]["uid"] = "u"
             j["status"] = dict(status)
             out.append(j)
         return out
 
     def restarting(plan):
-        c = jsc.o.get_condition({"status": plan.status}, "RestartingJobSet")
+        c = objects.get_condition({"status": plan.status}, "RestartingJobSet")
         return c and (c["status"], c["reason"], c["message"])
 
     # Never added by a terminal reason: only a restart creates it.
-    assert restarting(jsc.decide(js, jobs(ready=HOSTS), True, now)) is None
+    assert restarting(jobsetactions.decide(js, jobs(ready=HOSTS), True, now)) is None
     js["status"] = {
         "conditions": [{"type": "RestartingJobSet", "status": "True", "reason": "DefaultFailurePolicy"}]
     }
-    plan = jsc.decide(js, jobs(ready=HOSTS), True, now)
+    plan = jobsetactions.decide(js, jobs(ready=HOSTS), True, now)
     assert restarting(plan) == ("False", "JobsReady", "all jobs are ready")
     assert ("Normal", "JobsReady", "all jobs are ready") in plan.events
     js["spec"]["suspend"] = True  # a False one still takes the next reason
     js["status"] = plan.status
-    assert restarting(jsc.decide(js, jobs(ready=HOSTS), True, now)) == (
+    assert restarting(jobsetactions.decide(js, jobs(ready=HOSTS), True, now)) == (
         "False",
         "JobSetSuspended",
         "jobset is suspended",
     )
     js["spec"]["suspend"] = False
     done = jobs(succeeded=HOSTS, conditions=[{"type": "Complete", "status": "True"}])
-    assert restarting(jsc.decide(js, done, True, now)) == (
+    assert restarting(jobsetactions.decide(js, done, True, now)) == (
         "False",
         "JobSetCompleted",
         "jobset completed successfully",

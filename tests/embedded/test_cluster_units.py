@@ -9,11 +9,9 @@ from dataclasses import replace
 
 import pytest
 
-from launcher.embedded import filters, nodes, podenv
-from launcher.embedded import job as jobctl
-from launcher.embedded import jobset as jsctl
-from launcher.embedded import objects as o
+from launcher.embedded import filters, jobactions, jobfailures, jobpods, jobsetactions, nodes, objects, podenv
 from launcher.embedded.defaults import PRIORITY_LABEL
+from launcher.embedded.job import SYNC_BATCH_S, JobController
 from launcher.embedded.store import RESOURCES
 from launcher.errors import UserError
 from launcher.presets import make_shape
@@ -23,7 +21,7 @@ NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 def pool(preset="tpu7x-4x4x4", name="np-a", spot=False):
-    return nodes.NodePool(name=name, shape=nodes.load_shape(preset), spot=spot, simulate=True)
+    return nodes.FakeNodePool(name=name, shape=nodes.load_shape(preset), spot=spot, simulate=True)
 
 
 def test_node_labels_taints_and_capacity_match_gke():
@@ -43,7 +41,7 @@ def test_node_labels_taints_and_capacity_match_gke():
     # What the renderer's pods select is exactly what the node carries.
     assert make_shape("tpu7x-4x4x4").preset.node_selector().items() <= lbl.items()
     named = replace(nodes.load_shape("tpu7x-4x4x4"), placement_policy="tpu7x-128-4x4x4-placement-policy")
-    placed = nodes.node_object(nodes.NodePool("np-p", named, spot=False, simulate=True), 0)["metadata"][
+    placed = nodes.node_object(nodes.FakeNodePool("np-p", named, spot=False, simulate=True), 0)["metadata"][
         "labels"
     ]
     assert placed["cloud.google.com/placement-policy-name"] == "tpu7x-128-4x4x4-placement-policy"
@@ -123,8 +121,8 @@ def test_exclusive_placement_keeps_jobs_in_their_own_pool():
     topo = "cloud.google.com/gke-nodepool"
 
     def leader(name, key, priority="0"):
-        labels = {o.JOB_KEY: key, PRIORITY_LABEL: priority}  # the label JobSet's pod webhook sets
-        return _pod(name, labels, affinity=jobctl.exclusive_affinity(key, topo, priority), tpu=1)
+        labels = {objects.JOB_KEY: key, PRIORITY_LABEL: priority}  # the label JobSet's pod webhook sets
+        return _pod(name, labels, affinity=jobpods.exclusive_affinity(key, topo, priority), tpu=1)
 
     leader_a = leader("a0", "ka")
     node, _ = filters.schedule_one(leader_a, view)
@@ -154,10 +152,10 @@ def test_jobset_pod_webhook_labels_the_priority():
         defaults.on_create(RESOURCES["pods"], pod)
         return pod["metadata"].get("labels") or {}
 
-    assert created({o.JOBSET_NAME: "js"})[PRIORITY_LABEL] == "0"
-    assert created({o.JOBSET_NAME: "js"}, priority=1000)[PRIORITY_LABEL] == "1000"
+    assert created({objects.JOBSET_NAME: "js"})[PRIORITY_LABEL] == "0"
+    assert created({objects.JOBSET_NAME: "js"}, priority=1000)[PRIORITY_LABEL] == "1000"
     assert PRIORITY_LABEL not in created({})  # not a JobSet's pod
-    assert PRIORITY_LABEL not in created({o.JOBSET_NAME: "js", o.NODE_SELECTOR_STRATEGY: "true"})
+    assert PRIORITY_LABEL not in created({objects.JOBSET_NAME: "js", objects.NODE_SELECTOR_STRATEGY: "true"})
 
 
 def test_pod_failure_policy_messages_and_rule_indexes():
@@ -173,27 +171,27 @@ def test_pod_failure_policy_messages_and_rule_indexes():
             )
         return {"metadata": {"name": "p", "namespace": "ns"}, "status": st}
 
-    assert jobctl.match_pod_failure_policy(policy, failed(2)) == (
+    assert jobfailures.match_pod_failure_policy(policy, failed(2)) == (
         "FailJob",
         "Container trainer for pod ns/p failed with exit code 2 matching FailJob rule at index 2",
     )
-    assert jobctl.match_pod_failure_policy(policy, failed(42))[1].endswith(
+    assert jobfailures.match_pod_failure_policy(policy, failed(42))[1].endswith(
         "exit code 42 matching FailJob rule at index 1"
     )
     # Disruption wins over the exit code (rule 0 is checked first).
-    assert jobctl.match_pod_failure_policy(policy, failed(42, disrupted=True)) == (
+    assert jobfailures.match_pod_failure_policy(policy, failed(42, disrupted=True)) == (
         "FailJob",
         "Pod ns/p has condition DisruptionTarget matching FailJob rule at index 0",
     )
-    assert jobctl.match_pod_failure_policy(policy, failed(1)) == (None, None)
+    assert jobfailures.match_pod_failure_policy(policy, failed(1)) == (None, None)
     notin = {"rules": [{"action": "Ignore", "onExitCodes": {"operator": "NotIn", "values": [1]}}]}
-    assert jobctl.match_pod_failure_policy(notin, failed(3))[0] == "Ignore"
-    assert jobctl.match_pod_failure_policy(notin, failed(1))[0] is None
+    assert jobfailures.match_pod_failure_policy(notin, failed(3))[0] == "Ignore"
+    assert jobfailures.match_pod_failure_policy(notin, failed(1))[0] is None
 
 
 def _failed_job(name, reason, message, t="2026-01-01T00:00:00Z"):
     return {
-        "metadata": {"name": name, "labels": {o.RJOB_NAME: "slice"}},
+        "metadata": {"name": name, "labels": {objects.RJOB_NAME: "slice"}},
         "status": {
             "conditions": [
                 {
@@ -222,18 +220,21 @@ def test_jobset_rules_tell_config_errors_from_preemption_and_crashes():
         "Container trainer for pod ns/p failed with exit code 42 matching FailJob rule at index 1",
     )
     crash = _failed_job("j-2", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
-    assert jsctl.match_failure_policy(rules, [exit2])[0] == 0
-    assert jsctl.match_failure_policy(rules, [exit42])[0] == 1
-    assert jsctl.match_failure_policy(rules, [crash])[0] == 2
+    assert jobsetactions.match_failure_policy(rules, [exit2])[0] == 0
+    assert jobsetactions.match_failure_policy(rules, [exit42])[0] == 1
+    assert jobsetactions.match_failure_policy(rules, [crash])[0] == 2
     # Rules are tried in order: a config error anywhere fails the JobSet even if a preemption is older.
     early42 = _failed_job(
         "j-1", "PodFailurePolicy", exit42["status"]["conditions"][0]["message"], "2025-01-01T00:00:00Z"
     )
-    i, j = jsctl.match_failure_policy(rules, [early42, exit2])
+    i, j = jobsetactions.match_failure_policy(rules, [early42, exit2])
     assert (i, j["metadata"]["name"]) == (0, "j-0")
-    assert jsctl.match_failure_policy([], [crash, exit2]) == (None, exit2)  # earliest failure, then by name
+    assert jobsetactions.match_failure_policy([], [crash, exit2]) == (
+        None,
+        exit2,
+    )  # earliest failure, then by name
     early_crash = _failed_job("j-2", "BackoffLimitExceeded", "x", "2025-01-01T00:00:00Z")
-    assert jsctl.match_failure_policy([], [exit2, early_crash]) == (None, early_crash)
+    assert jobsetactions.match_failure_policy([], [exit2, early_crash]) == (None, early_crash)
 
 
 def _js(max_restarts=1):
@@ -248,11 +249,11 @@ def _js(max_restarts=1):
 def test_jobset_restart_counting_and_max_restarts():
     js = _js(max_restarts=1)
     crash = _failed_job("r-0-slice-0", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
-    crash["metadata"]["labels"][o.RESTART_ATTEMPT] = "0"
-    plan = jsctl.decide(js, [crash], True, NOW)
+    crash["metadata"]["labels"][objects.RESTART_ATTEMPT] = "0"
+    plan = jobsetactions.decide(js, [crash], True, NOW)
     st = plan.status
     assert (st["restarts"], st["restartsCountTowardsMax"]) == (1, 1)
-    cond = o.get_condition({"status": st}, "RestartingJobSet")
+    cond = objects.get_condition({"status": st}, "RestartingJobSet")
     assert (
         cond["status"] == "True"
         and cond["reason"] == "FailurePolicy_" + js["spec"]["failurePolicy"]["rules"][2]["name"]
@@ -264,36 +265,45 @@ def test_jobset_restart_counting_and_max_restarts():
     ) in plan.events
     # Next attempt fails too: the count is spent.
     js["status"] = st
-    crash["metadata"]["labels"][o.RESTART_ATTEMPT] = "1"
-    plan = jsctl.decide(js, [crash], True, NOW)
-    failed = o.get_condition({"status": plan.status}, "Failed")
+    crash["metadata"]["labels"][objects.RESTART_ATTEMPT] = "1"
+    plan = jobsetactions.decide(js, [crash], True, NOW)
+    failed = objects.get_condition({"status": plan.status}, "Failed")
     assert failed["reason"] == "ReachedMaxRestarts"
     assert (
         failed["message"]
         == "jobset failed due to reaching max number of restarts (first failed job: r-0-slice-0)"
     )
     assert plan.status["terminalState"] == "Failed"
-    assert o.get_condition({"status": plan.status}, "RestartingJobSet")["reason"] == "JobSetFailed"
+    assert objects.get_condition({"status": plan.status}, "RestartingJobSet")["reason"] == "JobSetFailed"
 
 
 def test_jobset_child_jobs_labels_and_blocking_recreate():
     js = _js()
     js["status"] = {"restarts": 2}
-    plan = jsctl.decide(js, [], False, NOW)
+    plan = jobsetactions.decide(js, [], False, NOW)
     assert [j["metadata"]["name"] for j in plan.create_jobs] == ["r-0-slice-0", "r-0-slice-1"]
     j1 = plan.create_jobs[1]
     lbl = j1["metadata"]["labels"]
-    assert lbl[o.JOB_INDEX] == "1" and lbl[o.JOB_GLOBAL_INDEX] == "1" and lbl[o.RESTART_ATTEMPT] == "2"
-    assert lbl[o.RJOB_REPLICAS] == "2" and lbl[o.JOBSET_NAME] == "r-0"
-    assert re.fullmatch("[0-9a-f]{40}", lbl[o.JOB_KEY])
+    assert (
+        lbl[objects.JOB_INDEX] == "1"
+        and lbl[objects.JOB_GLOBAL_INDEX] == "1"
+        and lbl[objects.RESTART_ATTEMPT] == "2"
+    )
+    assert lbl[objects.RJOB_REPLICAS] == "2" and lbl[objects.JOBSET_NAME] == "r-0"
+    assert re.fullmatch("[0-9a-f]{40}", lbl[objects.JOB_KEY])
     pod_tmpl = j1["spec"]["template"]
-    assert pod_tmpl["metadata"]["labels"][o.JOB_INDEX] == "1"
-    assert pod_tmpl["metadata"]["annotations"][o.EXCLUSIVE_KEY] == "cloud.google.com/gke-nodepool"
+    assert pod_tmpl["metadata"]["labels"][objects.JOB_INDEX] == "1"
+    assert pod_tmpl["metadata"]["annotations"][objects.EXCLUSIVE_KEY] == "cloud.google.com/gke-nodepool"
     assert pod_tmpl["spec"]["subdomain"] == "r-0"
     assert plan.service["spec"]["clusterIP"] == "None"
     # An old attempt's Job still exists: BlockingRecreate creates nothing and deletes it.
-    old = {"metadata": {"name": "r-0-slice-0", "labels": {o.RESTART_ATTEMPT: "1", o.RJOB_NAME: "slice"}}}
-    plan = jsctl.decide(js, [old], True, NOW)
+    old = {
+        "metadata": {
+            "name": "r-0-slice-0",
+            "labels": {objects.RESTART_ATTEMPT: "1", objects.RJOB_NAME: "slice"},
+        }
+    }
+    plan = jobsetactions.decide(js, [old], True, NOW)
     assert plan.create_jobs == [] and plan.delete_jobs == ["r-0-slice-0"]
 
 
@@ -315,13 +325,13 @@ def _indexed_job(completions=2, policy=None, backoff=0):
 def test_job_creates_indexed_pods_and_fails_only_after_pods_are_gone():
     policy, _ = failure_policies(RunSpec(run="r", run_dir="/d", global_batch=8))
     job = _indexed_job(policy=policy)
-    plan = jobctl.decide(job, [], {}, None, NOW)
+    plan = jobactions.decide(job, [], {}, None, NOW)
     p1 = plan.create[1]
     assert p1["metadata"]["generateName"] == "j-1-" and p1["spec"]["hostname"] == "j-1"
     assert (
-        p1["metadata"]["annotations"][o.COMPLETION_INDEX]
+        p1["metadata"]["annotations"][objects.COMPLETION_INDEX]
         == "1"
-        == p1["metadata"]["labels"][o.COMPLETION_INDEX]
+        == p1["metadata"]["labels"][objects.COMPLETION_INDEX]
     )
     assert p1["metadata"]["finalizers"] == ["batch.kubernetes.io/job-tracking"]
     env = p1["spec"]["containers"][0]["env"]
@@ -334,7 +344,7 @@ def test_job_creates_indexed_pods_and_fails_only_after_pods_are_gone():
             "name": "j-0-abcde",
             "namespace": "ns",
             "uid": "p0",
-            "annotations": {o.COMPLETION_INDEX: "0"},
+            "annotations": {objects.COMPLETION_INDEX: "0"},
         },
         "status": {
             "phase": "Failed",
@@ -346,18 +356,18 @@ def test_job_creates_indexed_pods_and_fails_only_after_pods_are_gone():
             "name": "j-1-fghij",
             "namespace": "ns",
             "uid": "p1",
-            "annotations": {o.COMPLETION_INDEX: "1"},
+            "annotations": {objects.COMPLETION_INDEX: "1"},
         },
         "status": {"phase": "Running"},
     }
-    plan = jobctl.decide(job, [dead, alive], {}, None, NOW)
+    plan = jobactions.decide(job, [dead, alive], {}, None, NOW)
     conds = {c["type"]: c for c in plan.status["conditions"]}
     assert conds["FailureTarget"]["reason"] == "PodFailurePolicy" and "Failed" not in conds
     assert plan.delete == ["j-1-fghij"] and plan.create == []
     job["status"] = plan.status
     alive["status"]["phase"] = "Failed"  # terminated by the deletion
-    plan = jobctl.decide(job, [dead, alive], {}, None, NOW)
-    failed = o.get_condition({"status": plan.status}, "Failed")
+    plan = jobactions.decide(job, [dead, alive], {}, None, NOW)
+    failed = objects.get_condition({"status": plan.status}, "Failed")
     assert (
         failed["message"]
         == "Container trainer for pod ns/j-0-abcde failed with exit code 2 matching FailJob rule at index 2"
@@ -368,18 +378,18 @@ def test_job_creates_indexed_pods_and_fails_only_after_pods_are_gone():
 def test_job_followers_wait_for_the_leaders_domain():
     job = _indexed_job(completions=3)
     job["spec"]["template"]["metadata"] = {
-        "annotations": {o.EXCLUSIVE_KEY: "cloud.google.com/gke-nodepool"},
-        "labels": {o.JOB_KEY: "k"},
+        "annotations": {objects.EXCLUSIVE_KEY: "cloud.google.com/gke-nodepool"},
+        "labels": {objects.JOB_KEY: "k"},
     }
-    plan = jobctl.decide(job, [], {}, None, NOW)
+    plan = jobactions.decide(job, [], {}, None, NOW)
     assert [p["metadata"]["generateName"] for p in plan.create] == ["j-0-"]
     assert plan.create[0]["spec"]["affinity"]["podAntiAffinity"]
     leader = {
-        "metadata": {"name": "j-0-x", "uid": "p0", "annotations": {o.COMPLETION_INDEX: "0"}},
+        "metadata": {"name": "j-0-x", "uid": "p0", "annotations": {objects.COMPLETION_INDEX: "0"}},
         "spec": {"nodeName": "n"},
         "status": {"phase": "Running"},
     }
-    plan = jobctl.decide(job, [leader], {}, "pool-7", NOW)
+    plan = jobactions.decide(job, [leader], {}, "pool-7", NOW)
     assert [p["spec"]["nodeSelector"] for p in plan.create] == [
         {"cloud.google.com/gke-nodepool": "pool-7"}
     ] * 2
@@ -389,17 +399,20 @@ def test_followers_follow_a_leader_that_already_finished():
     # JobSet's pod webhook admits followers once the leader pod has a node, whatever its phase: a
     # leader that exits before its followers exist must not leave them uncreated.
     def leader(phase, node, deleting=False):
-        meta = {"name": f"j-0-{node}", "annotations": {o.COMPLETION_INDEX: "0"}}
+        meta = {"name": f"j-0-{node}", "annotations": {objects.COMPLETION_INDEX: "0"}}
         if deleting:
             meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
         return {"metadata": meta, "spec": {"nodeName": node}, "status": {"phase": phase}}
 
-    follower = {"metadata": {"annotations": {o.COMPLETION_INDEX: "1"}}, "spec": {"nodeName": "f"}}
-    assert jobctl.leader_node([leader("Succeeded", "done")]) == "done"
-    assert jobctl.leader_node([leader("Running", "going", deleting=True)]) == "going"
-    assert jobctl.leader_node([leader("Failed", "old"), leader("Running", "new")]) == "new"
-    assert jobctl.leader_node([{"metadata": {"annotations": {o.COMPLETION_INDEX: "0"}}, "spec": {}}]) is None
-    assert jobctl.leader_node([follower]) is None
+    follower = {"metadata": {"annotations": {objects.COMPLETION_INDEX: "1"}}, "spec": {"nodeName": "f"}}
+    assert jobpods.leader_node([leader("Succeeded", "done")]) == "done"
+    assert jobpods.leader_node([leader("Running", "going", deleting=True)]) == "going"
+    assert jobpods.leader_node([leader("Failed", "old"), leader("Running", "new")]) == "new"
+    assert (
+        jobpods.leader_node([{"metadata": {"annotations": {objects.COMPLETION_INDEX: "0"}}, "spec": {}}])
+        is None
+    )
+    assert jobpods.leader_node([follower]) is None
 
 
 def test_hostname_rewrite_and_expansion():
@@ -444,9 +457,9 @@ def test_jobset_without_failure_policy_fails_on_the_first_failed_job():
     js = _js()
     del js["spec"]["failurePolicy"]
     crash = _failed_job("r-0-slice-1", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
-    crash["metadata"]["labels"][o.RESTART_ATTEMPT] = "0"
-    plan = jsctl.decide(js, [crash], True, NOW)
-    failed = o.get_condition({"status": plan.status}, "Failed")
+    crash["metadata"]["labels"][objects.RESTART_ATTEMPT] = "0"
+    plan = jobsetactions.decide(js, [crash], True, NOW)
+    failed = objects.get_condition({"status": plan.status}, "Failed")
     assert (failed["reason"], failed["message"]) == (
         "FailedJobs",
         "jobset failed due to one or more job failures (first failed job: r-0-slice-1)",
@@ -458,7 +471,7 @@ def test_finished_pods_of_a_deleted_job_lose_their_tracking_finalizer():
     # A pod failed and was deleted while its Job existed, but the Job was deleted before the Job
     # controller got to it: no more events will come for that pod, so the Job's own deletion must
     # release it (found at 1,024 pods: a shrink waited forever for such pods to go).
-    from launcher.embedded.job import TRACKING_FINALIZER, JobController
+    from launcher.embedded.jobpods import TRACKING_FINALIZER
     from launcher.embedded.store import RESOURCES, Store
 
     store = Store()
@@ -499,7 +512,7 @@ def test_a_burst_of_pod_events_costs_one_job_sync_and_a_spec_change_syncs_at_onc
     synced: list[tuple[object, float]] = []
     done = threading.Event()
 
-    class Counting(jobctl.JobController):
+    class Counting(JobController):
         def reconcile(self, key):
             synced.append((key, clock.monotonic()))
             done.set()
@@ -518,23 +531,23 @@ def test_a_burst_of_pod_events_costs_one_job_sync_and_a_spec_change_syncs_at_onc
         ctl._on_event("ADDED", RESOURCES["jobs"], job)  # a new Job: now
         assert done.wait(10) and synced[0][1] == t0
         clock.wait_for_waiter()  # the worker waits for the batch to fall due
-        clock.step(jobctl.SYNC_BATCH_S - 0.1)
+        clock.step(SYNC_BATCH_S - 0.1)
         clock.wait_for_waiter()
         assert len(synced) == 1  # the batch is not due yet
         clock.step(0.1)
         wait_for(lambda: len(synced) == 2, timeout=10, what="the batched sync", interval=0.01)
         clock.wait_for_waiter()
         assert [k for k, _ in synced] == [("job", "default", "j")] * 2  # 200 pod events: one sync
-        assert synced[1][1] - t0 >= jobctl.SYNC_BATCH_S
+        assert synced[1][1] - t0 >= SYNC_BATCH_S
         ctl._on_event("MODIFIED", RESOURCES["jobs"], job)  # status only: batched
         ctl._on_event("MODIFIED", RESOURCES["jobs"], {"metadata": {**job["metadata"], "generation": 2}})
         wait_for(lambda: len(synced) == 3, timeout=10, what="the spec change's sync", interval=0.01)
         assert synced[2][1] == synced[1][1]  # the spec change did not wait for the batch
         assert not ctl.idle()  # a batched sync is still due
         clock.wait_for_waiter()
-        clock.step(jobctl.SYNC_BATCH_S)
+        clock.step(SYNC_BATCH_S)
         wait_for(lambda: len(synced) == 4 and ctl.idle(), timeout=10, what="the second batch", interval=0.01)
-        assert synced[3][1] - synced[2][1] == jobctl.SYNC_BATCH_S
+        assert synced[3][1] - synced[2][1] == SYNC_BATCH_S
     finally:
         ctl.stop()
 

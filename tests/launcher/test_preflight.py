@@ -19,7 +19,7 @@ from kubernetes import client
 from launcher import checks
 from launcher.checks import FAIL, OK, SKIP, WARN, ClusterFacts, Request
 from launcher.embedded.cluster import EmbeddedCluster
-from launcher.embedded.nodes import NodePool, node_object
+from launcher.embedded.nodes import FakeNodePool, node_object
 from launcher.kube import Kube, record_name
 from launcher.pools import create_command, pools_for
 from launcher.presets import LABEL_PLACEMENT, Shape, load_preset, make_shape
@@ -36,7 +36,7 @@ P2 = load_preset("tpu7x-2x2x2")  # two hosts per slice
 def nodes(preset, *pools: str, spot: bool = False) -> list[dict]:
     out = []
     for name in pools:
-        pool = NodePool(name=name, shape=preset, spot=spot, simulate=False)
+        pool = FakeNodePool(name=name, shape=preset, spot=spot, simulate=False)
         out += [node_object(pool, i) for i in range(preset.hosts)]
     return out
 
