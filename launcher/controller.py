@@ -30,7 +30,7 @@ from launcher.informer import Cache, Source
 from launcher.kube import RECORD_KEY as R_KEY
 from launcher.kube import Conflict, Kube, record_name, record_of
 from launcher.plan import shrink_ladder
-from launcher.presets import LABEL_ACCELERATOR, LABEL_NODEPOOL, load_presets
+from launcher.presets import LABEL_ACCELERATOR, LABEL_NODEPOOL, Catalog, load_catalog
 from launcher.record import RunRecord
 from launcher.render import LABEL_RUN, LABEL_SEGMENT, render_jobset, run_preset
 from launcher.runs import RunDir
@@ -168,6 +168,8 @@ class Controller:
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic  # Lease renewals: passed in so tests step it
     on_pass: Callable[[PassResult], None] | None = None
+    # The presets, read once when the controller is built: a pass never reads a preset file.
+    catalog: Catalog = field(default_factory=load_catalog)
     # Per run: what the ledger last recorded, so that only changes get a line.
     _last: dict[str, tuple[dict, str]] = field(default_factory=dict)
     _held: set[str] = field(default_factory=set)
@@ -243,17 +245,18 @@ class Controller:
             return PassResult(run, P.Decision(P.WAIT, f"run is {rec.state}", rec), None)
         snap = snap or self.snapshot()
         rundir = RunDir(rec.spec.run_dir)
-        obs = observe(rec, snap, rundir, self.clock())
+        obs = observe(rec, snap, rundir, self.clock(), self.catalog)
         spec = rec.spec
         ladder = shrink_ladder(
-            rec.requested,
+            rec.requested(self.catalog),
             spec.global_batch,
             spec.max_micro_batch,
             spec.max_grad_accum,
+            catalog=self.catalog,
             model_parallel=spec.model_parallel,
             trainer_config=json.loads(spec.trainer_config) if spec.trainer_config else None,
         )
-        decision = P.decide(rec, obs, ladder)
+        decision = P.decide(rec, obs, ladder, self.catalog)
 
         entries = []
         summary = obs.summary()
@@ -303,7 +306,7 @@ class Controller:
     def _act(self, d: P.Decision) -> None:
         if d.action in {P.SUBMIT, P.CREATE}:
             seg = d.record.current
-            self.kube.create_jobset(render_jobset(d.record.spec, seg.shape(), seg.index))
+            self.kube.create_jobset(render_jobset(d.record.spec, seg.shape(self.catalog), seg.index))
         elif d.action in {P.END, P.DELETE} and d.jobset:
             self.kube.delete_jobset(d.jobset)
             if d.force and (seg := d.record.current) is not None:
@@ -468,23 +471,24 @@ def crash_point(name: str) -> None:
         os._exit(137)
 
 
-def observe(rec: RunRecord, snap: Snapshot, rundir: RunDir, now: float) -> S.Observation:
+def observe(rec: RunRecord, snap: Snapshot, rundir: RunDir, now: float, catalog: Catalog) -> S.Observation:
     seg = rec.current
     live = seg if seg is not None and seg.live else None
+    shape = seg.shape(catalog) if seg else None
     return S.observe(
         now=now,
         run=rec.name,
         segment=seg.index if seg else None,
         segment_jobset=seg.jobset if seg else None,
         segment_nodepools=seg.nodepools if live else (),
-        expected_pods=seg.shape().hosts if seg else 0,
-        slice_hosts=seg.shape().preset.hosts if seg else 0,
+        expected_pods=shape.hosts if shape else 0,
+        slice_hosts=shape.preset.hosts if shape else 0,
         jobsets=[j for j in snap.jobsets if (j["metadata"].get("labels") or {}).get(LABEL_RUN) == rec.name],
         pods=snap.pods,
         foreign_nodes=snap.foreign_nodes,
         nodes=snap.nodes,
         events=snap.events,
-        presets=[run_preset(rec.spec, p) for p in load_presets().values()],
+        presets=[run_preset(rec.spec, p) for p in catalog.values()],
         committed_step=rundir.latest_committed_step(),
         trainer=rundir.status(),
     )

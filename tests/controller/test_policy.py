@@ -13,18 +13,19 @@ from launcher import policy as P
 from launcher import record as R
 from launcher import signals as S
 from launcher.plan import shrink_ladder
-from launcher.presets import load_presets, make_shape
+from launcher.presets import load_catalog
 from launcher.record import Policy, RunRecord, new_segment
 from launcher.render import RunSpec
 from tests.controller.objects import T0, jobset, pod, pool
 
-PRESETS = list(load_presets().values())
+CATALOG = load_catalog()
+PRESETS = list(CATALOG.values())
 PRESET = "tpu7x-2x2x2"  # two hosts per slice: the smallest shape GKE runs as a multislice
 HOSTS = 2
 GB = 64
 SPEC = RunSpec(run="demo", run_dir="/tmp/demo", global_batch=GB)
 POLICY = Policy(unschedulable_grace_s=60, grow_window_s=30, app_failure_budget=2, app_backoff_s=10)
-LADDER = shrink_ladder(make_shape(PRESET, 4), GB, 16)
+LADDER = shrink_ladder(CATALOG.shape(PRESET, 4), GB, 16, catalog=CATALOG)
 
 
 def record_on(slices: int | None, **changes) -> RunRecord:
@@ -47,7 +48,7 @@ def observe(
         segment=seg.index if seg else None,
         segment_jobset=seg.jobset if seg else None,
         segment_nodepools=seg.nodepools if seg else (),
-        expected_pods=seg.shape().hosts if seg else 0,
+        expected_pods=seg.shape(CATALOG).hosts if seg else 0,
         jobsets=[jobset(seg.jobset)] if jobsets is None and seg else list(jobsets or []),
         pods=list(pods),
         nodes=nodes,
@@ -85,7 +86,7 @@ def with_current(rec: RunRecord, **changes) -> RunRecord:
 
 def decided(rec: RunRecord, **observed) -> RunRecord:
     """The record one pass writes: the start of a case that needs the pass before it."""
-    return P.decide(rec, observe(rec, **observed), LADDER).record
+    return P.decide(rec, observe(rec, **observed), LADDER, CATALOG).record
 
 
 def ended_on_one_pool() -> RunRecord:
@@ -485,7 +486,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_policy(case: Case) -> None:
     rec = case.record()
-    d = P.decide(rec, case.observation(rec), LADDER)
+    d = P.decide(rec, case.observation(rec), LADDER, CATALOG)
     want = case.want
     assert d.action == want.action, d.reason
     if want.jobset is not ANY:
@@ -499,7 +500,7 @@ def test_policy(case: Case) -> None:
 
 def test_a_grow_finished_first_says_so_in_the_end_reason() -> None:
     rec = ended_for_a_grow_at_step_55()
-    d = P.decide(rec, observe(rec, pods=running(1), committed=60, trainer=FINISHED_AT_60), LADDER)
+    d = P.decide(rec, observe(rec, pods=running(1), committed=60, trainer=FINISHED_AT_60), LADDER, CATALOG)
     assert "before the grow" in d.record.current.end_reason
 
 
@@ -529,7 +530,9 @@ def test_a_grow_finished_first_says_so_in_the_end_reason() -> None:
 def test_restart_causes_are_counted(failing, restarts, counted, pods, expect):
     rec = record_on(4)
     rec = rec.with_segment(replace(rec.current, failing=failing))
-    d = P.decide(rec, observe(rec, pods=pods, jobsets=[jobset(restarts=restarts, counted=counted)]), LADDER)
+    d = P.decide(
+        rec, observe(rec, pods=pods, jobsets=[jobset(restarts=restarts, counted=counted)]), LADDER, CATALOG
+    )
     assert d.action == P.WAIT
     seg = d.record.current
     got = {
