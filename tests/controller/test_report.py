@@ -9,7 +9,8 @@ from launcher.plan import Plan
 from launcher.presets import make_shape
 from launcher.record import RunRecord, new_segment
 from launcher.render import RunSpec
-from launcher.report import build_report, plot_loss, plot_timeline, waiting_intervals
+from launcher.report import build_report, waiting_intervals
+from launcher.report_plots import plot_loss, plot_timeline
 
 T0 = 1000.0
 
