@@ -21,9 +21,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from launcher import policy as P
-from launcher import record as R
-from launcher import signals as S
+from launcher import policy, signals
 from launcher.errors import UserError
 from launcher.health import LoopState
 from launcher.informer import Cache, Source
@@ -31,7 +29,7 @@ from launcher.kube import RECORD_KEY as R_KEY
 from launcher.kube import Conflict, Kube, record_name, record_of
 from launcher.plan import shrink_ladder
 from launcher.presets import LABEL_ACCELERATOR, LABEL_NODEPOOL, Catalog, load_catalog
-from launcher.record import RunRecord
+from launcher.record import FAILED, RunRecord
 from launcher.render import LABEL_RUN, LABEL_SEGMENT, render_jobset, run_preset
 from launcher.runs import RunDir
 
@@ -154,8 +152,8 @@ def _listed(kube: Kube, src: Source) -> list[dict]:
 @dataclass
 class PassResult:
     run: str
-    decision: P.Decision | None
-    observation: S.Observation | None
+    decision: policy.Decision | None
+    observation: signals.Observation | None
     conflict: bool = False
 
 
@@ -242,7 +240,7 @@ class Controller:
             return PassResult(run, None, None)
         rec, rv = got
         if rec.terminal:
-            return PassResult(run, P.Decision(P.WAIT, f"run is {rec.state}", rec), None)
+            return PassResult(run, policy.Decision(policy.WAIT, f"run is {rec.state}", rec), None)
         snap = snap or self.snapshot()
         rundir = RunDir(rec.spec.run_dir)
         obs = observe(rec, snap, rundir, self.clock(), self.catalog)
@@ -256,7 +254,7 @@ class Controller:
             model_parallel=spec.model_parallel,
             trainer_config=json.loads(spec.trainer_config) if spec.trainer_config else None,
         )
-        decision = P.decide(rec, obs, ladder, self.catalog)
+        decision = policy.decide(rec, obs, ladder, self.catalog)
 
         entries = []
         summary = obs.summary()
@@ -303,11 +301,11 @@ class Controller:
             self.on_pass(result)
         return result
 
-    def _act(self, d: P.Decision) -> None:
-        if d.action in {P.SUBMIT, P.CREATE}:
+    def _act(self, d: policy.Decision) -> None:
+        if d.action in {policy.SUBMIT, policy.CREATE}:
             seg = d.record.current
             self.kube.create_jobset(render_jobset(d.record.spec, seg.shape(self.catalog), seg.index))
-        elif d.action in {P.END, P.DELETE} and d.jobset:
+        elif d.action in {policy.END, policy.DELETE} and d.jobset:
             self.kube.delete_jobset(d.jobset)
             if d.force and (seg := d.record.current) is not None:
                 self.kube.delete_pods_now(f"{LABEL_RUN}={d.record.name},{LABEL_SEGMENT}={seg.index}")
@@ -317,12 +315,12 @@ class Controller:
             rec, rv = self.kube.get_record(run)
             try:
                 self.kube.update_record(
-                    replace(rec, state=R.FAILED, reason=reason, finished_at=self.clock()), rv
+                    replace(rec, state=FAILED, reason=reason, finished_at=self.clock()), rv
                 )
                 break
             except Conflict:
                 continue
-        self._log(rundir, [{"kind": "act", "action": P.FAIL, "reason": reason, "state": R.FAILED}])
+        self._log(rundir, [{"kind": "act", "action": policy.FAIL, "reason": reason, "state": FAILED}])
 
     def _new_unusable(self, trainer: dict | None) -> list[dict]:
         """Ledger lines for the checkpoints the trainer found unusable and moved aside (status.json),
@@ -457,7 +455,12 @@ class Controller:
             rec = result.decision.record if result.decision else None
             if rec is None or not rec.terminal:
                 all_done = False
-            if result.decision and result.decision.action in {P.SUBMIT, P.END, P.DELETE, P.CREATE}:
+            if result.decision and result.decision.action in {
+                policy.SUBMIT,
+                policy.END,
+                policy.DELETE,
+                policy.CREATE,
+            }:
                 snap = None  # the world changed: the next run re-reads it
                 self._wake.set()
         return all_done
@@ -471,11 +474,13 @@ def crash_point(name: str) -> None:
         os._exit(137)
 
 
-def observe(rec: RunRecord, snap: Snapshot, rundir: RunDir, now: float, catalog: Catalog) -> S.Observation:
+def observe(
+    rec: RunRecord, snap: Snapshot, rundir: RunDir, now: float, catalog: Catalog
+) -> signals.Observation:
     seg = rec.current
     live = seg if seg is not None and seg.live else None
     shape = seg.shape(catalog) if seg else None
-    return S.observe(
+    return signals.observe(
         now=now,
         run=rec.name,
         segment=seg.index if seg else None,

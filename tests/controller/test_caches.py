@@ -8,7 +8,7 @@ import threading
 
 from kubernetes import client
 
-from launcher import policy as P
+from launcher import policy
 from launcher.controller import Controller, PassResult, lease_name
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from launcher.kube import Kube
@@ -72,7 +72,7 @@ def test_a_synced_pass_reads_the_caches_and_lists_nothing(tmp_path):
             seen = len(results)
             cluster.remove(f"{PRESET}-np-1")
             wait_for(
-                lambda: any(r.decision.action == P.SUBMIT and r.decision.record.current.index == 1 for r in results),
+                lambda: any(r.decision.action == policy.SUBMIT and r.decision.record.current.index == 1 for r in results),
                 30,
                 "segment 1",
             )  # fmt: skip
@@ -82,7 +82,7 @@ def test_a_synced_pass_reads_the_caches_and_lists_nothing(tmp_path):
             stop.set()
             loop.join(timeout=10)
         requests = dict(cluster.server.requests)
-    ended = next(r.decision for r in results if r.decision.action == P.END)
+    ended = next(r.decision for r in results if r.decision.action == policy.END)
     assert ended.force and "node pools lost" in ended.reason
     # The shrink's writes, and nothing else: no LIST, no GET, in a dozen passes.
     assert not [k for k in requests if k[0] in {"list", "get"}], requests
