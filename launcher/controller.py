@@ -114,32 +114,34 @@ class Snapshot:
         return Snapshot.of(items, frozenset(p["spec"]["nodeName"] for p in items["foreign-pods"]))
 
     @staticmethod
-    def of(items: dict[str, Sequence[dict]], foreign_nodes: frozenset[str]) -> Snapshot:
+    def of(
+        items: dict[str, Sequence[dict]],
+        foreign_nodes: frozenset[str],
+        join: Callable[[Sequence[dict], Sequence[dict]], Sequence[dict]] | None = None,
+    ) -> Snapshot:
         failed, no_scale_up = items["events"], items["events-scale-up"]
-        return Snapshot(
-            items["jobsets"],
-            items["pods"],
-            items["nodes"],
-            _joined(failed, no_scale_up),
-            foreign_nodes,
-        )
+        events = (join or EventsJoin())(failed, no_scale_up)
+        return Snapshot(items["jobsets"], items["pods"], items["nodes"], events, foreign_nodes)
 
 
-_last_join: tuple = (None, None, ())
-
-
-def _joined(a: Sequence[dict], b: Sequence[dict]) -> Sequence[dict]:
+@dataclass
+class EventsJoin:
     """a + b, the same tuple again while neither changed: a pass over unchanged caches then hands
-    signals.observe the very inputs of the last one (which it does not compute again)."""
-    global _last_join
-    if not (a and b):
-        return a or b
-    last = _last_join  # one read: another controller of this process may swap it meanwhile
-    if last[0] is a and last[1] is b:
-        return last[2]
-    joined = (*a, *b)
-    _last_join = (a, b, joined)
-    return joined
+    signals.observe the very inputs of the last one (which it does not compute again). One per
+    controller: a memo shared by two controllers of one process (tests, the bench) would make each
+    evict the other's."""
+
+    _last: tuple = (None, None, ())
+
+    def __call__(self, a: Sequence[dict], b: Sequence[dict]) -> Sequence[dict]:
+        if not (a and b):
+            return a or b
+        last = self._last  # one read: the loop's thread and a `reconcile` caller may both join
+        if last[0] is a and last[1] is b:
+            return last[2]
+        joined = (*a, *b)
+        self._last = (a, b, joined)
+        return joined
 
 
 def _listed(kube: Kube, src: Source) -> list[dict]:
@@ -192,6 +194,7 @@ class Controller:
     # long the controller took from there to the record written (`woken_at`).
     _woken_at: float | None = None
     _pass_woken_at: float | None = None
+    _events_join: EventsJoin = field(default_factory=EventsJoin)
 
     @property
     def renew_every_s(self) -> float:
@@ -205,7 +208,7 @@ class Controller:
         if self.synced():
             caches = self.caches
             items = {name: c.items() for name, c in caches.items() if name not in {"records", "foreign-pods"}}
-            return Snapshot.of(items, caches["foreign-pods"].indexed())
+            return Snapshot.of(items, caches["foreign-pods"].indexed(), self._events_join)
         return Snapshot.read(self.kube)
 
     def record(self, run: str) -> tuple[RunRecord, str] | None:

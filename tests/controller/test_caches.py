@@ -9,7 +9,7 @@ import threading
 from kubernetes import client
 
 from launcher import policy
-from launcher.controller import Controller, PassResult, lease_name
+from launcher.controller import Controller, PassResult, Snapshot, lease_name
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from launcher.kube import Kube
 from launcher.launch import create_run, prepare
@@ -111,3 +111,21 @@ def test_the_lease_is_renewed_on_a_period_with_one_put(tmp_path):
         assert controller.own("lease")
         assert dict(requests) == {("update", "leases"): 1}
         assert kube.lease_holder(lease_name("lease")) == controller.identity
+
+
+def test_each_controller_keeps_its_own_events_memo():
+    """Two controllers of one process (the bench, these tests) each hand signals.observe the same
+    events tuple while their own caches are unchanged: one's join must not evict the other's."""
+    first, second = Controller(kube=None), Controller(kube=None)
+    mine = ({"reason": "FailedScheduling"},), ({"reason": "NotTriggerScaleUp"},)
+    theirs = ({"reason": "FailedScheduling", "n": 2},), ({"reason": "NotTriggerScaleUp", "n": 2},)
+
+    def events(c: Controller, failed: tuple, no_scale_up: tuple) -> object:
+        items = {"jobsets": (), "pods": (), "nodes": (), "events": failed, "events-scale-up": no_scale_up}
+        return Snapshot.of(items, frozenset(), c._events_join).events
+
+    joined = events(first, *mine)
+    assert joined == (*mine[0], *mine[1])
+    assert events(second, *theirs) == (*theirs[0], *theirs[1])
+    assert events(first, *mine) is joined  # the second controller's pass left the first's memo alone
+    assert events(first, mine[0], ()) == mine[0]  # one side empty: no join to keep
