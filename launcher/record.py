@@ -71,7 +71,7 @@ class Segment:
     # whose pods showed a crash next to the exit 43s it caused (they spend the run's budget).
     peer_lost: int = 0
     uncounted_failures: int = 0
-    failing: str | None = None  # why the current attempt's pods are failing (signals.pod_cause)
+    failing: str | None = None  # why the current attempt's pods are failing (pod_signals.pod_cause)
 
     def shape(self, catalog: Catalog) -> Shape:
         return Shape(catalog.preset(self.preset), self.slices)
