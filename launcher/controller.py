@@ -147,7 +147,9 @@ class EventsJoin:
 def _listed(kube: Kube, src: Source) -> list[dict]:
     keep = src.keep or (lambda o: o)
     return [
-        keep(o) for items, _ in kube.list_raw(src.kind, src.label_selector, src.field_selector) for o in items
+        keep(o)
+        for items, _ in kube.lists.list_raw(src.kind, src.label_selector, src.field_selector)
+        for o in items
     ]
 
 
@@ -423,7 +425,7 @@ class Controller:
         self.caches = {name: Cache(src) for name, src in SOURCES.items()}
         for name, cache in self.caches.items():
             threading.Thread(
-                target=cache.run, args=(self.kube, self.wake, halt), name=f"watch-{name}", daemon=True
+                target=cache.run, args=(self.kube.lists, self.wake, halt), name=f"watch-{name}", daemon=True
             ).start()
 
     def _turned(self, ok: bool) -> None:
