@@ -9,13 +9,14 @@ import threading
 from kubernetes import client
 
 from launcher import policy
-from launcher.controller import Controller, PassResult, Snapshot, lease_name
+from launcher.controller import Controller, PassResult, lease_name
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from launcher.kube import Kube
 from launcher.launch import create_run, prepare
 from launcher.presets import LABEL_ACCELERATOR
 from launcher.record import Policy
 from launcher.render import RunSpec
+from launcher.snapshot import Snapshot
 from tests.controller.harness import wait_for
 from tests.support.fakeclock import FakeClock
 
