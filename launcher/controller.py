@@ -2,11 +2,13 @@
 
 Level-triggered, as Kubernetes controllers are written: watches on JobSets, Pods, Nodes, Events
 and the run records keep caches (launcher/informer.py) and wake the loop (a timer resyncs it);
-each pass reads the caches, never the API, builds one observation per run, asks the pure policy for one decision, writes the run record with a compare-and-swap, and
-only then acts. Whoever loses the swap re-reads and decides again, and segment k's JobSet has a
+each pass reads the caches, never the API (launcher/snapshot.py: what the caches hold, the snapshot
+of a pass, a run's observation), asks the pure policy for one decision, writes the run record with
+a compare-and-swap, and only then acts. Whoever loses the swap re-reads and decides again, and segment k's JobSet has a
 fixed name, so a second controller or a restarted one never submits a segment twice. Each run is
 owned by whoever holds its Lease; the ledger (`events.jsonl`) gets a line for every change in what
-was observed and every action.
+was observed and every action. Built by `reslice watch` and `launch` (launcher/watch.py,
+launch.py), the sweep and the in-cluster controller.
 """
 
 from __future__ import annotations
@@ -18,75 +20,21 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from launcher import policy as P
-from launcher import record as R
-from launcher import signals as S
+from launcher import policy, signals
 from launcher.errors import UserError
 from launcher.health import LoopState
-from launcher.informer import Cache, Source
-from launcher.kube import RECORD_KEY as R_KEY
-from launcher.kube import Conflict, Kube, record_name, record_of
+from launcher.informer import Cache
+from launcher.kube import RECORD_KEY, Conflict, Kube, record_name, record_of
 from launcher.plan import shrink_ladder
-from launcher.presets import LABEL_ACCELERATOR, LABEL_NODEPOOL, load_presets
-from launcher.record import RunRecord
-from launcher.render import LABEL_RUN, LABEL_SEGMENT, render_jobset, run_preset
+from launcher.presets import Catalog, load_catalog
+from launcher.record import FAILED, RunRecord
+from launcher.render import LABEL_RUN, LABEL_SEGMENT, render_jobset
 from launcher.runs import RunDir
+from launcher.snapshot import SOURCES, WATCHED, EventsJoin, Snapshot, observe_run
 
-
-def _slim_pod(pod: dict) -> dict:
-    """All a pod of another workload tells the controller: that its node is taken."""
-    meta, spec = pod["metadata"], pod.get("spec") or {}
-    return {
-        "metadata": {"name": meta["name"], "namespace": meta.get("namespace")},
-        "spec": {"nodeName": spec.get("nodeName")},
-    }
-
-
-_META = ("name", "namespace", "uid", "resourceVersion", "labels", "creationTimestamp", "deletionTimestamp")
-
-
-def _trim(obj: dict, spec: tuple[str, ...], status: tuple[str, ...]) -> dict:
-    """Only the fields signals.py reads: a trainer pod's spec (env, args, volumes) is most of it."""
-    meta, sp, st = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
-    return {
-        "metadata": {k: meta[k] for k in _META if k in meta},
-        "spec": {k: sp[k] for k in spec if k in sp},
-        "status": {k: st[k] for k in status if k in st},
-    }
-
-
-def _run_pod(pod: dict) -> dict:
-    return _trim(pod, ("nodeName",), ("phase", "reason", "conditions", "containerStatuses"))
-
-
-def _node(node: dict) -> dict:
-    return _trim(node, ("unschedulable", "taints"), ("conditions",))
-
-
-# What the caches hold, filtered by the server (label and field selectors as kube-apiserver
-# serves them), so that a namespace and a cluster full of other workloads cost a pass nothing:
-SOURCES = {
-    "jobsets": Source("jobsets", LABEL_RUN),
-    "pods": Source("pods", LABEL_RUN, keep=_run_pod),
-    # Pods of other workloads only mark nodes busy: the live, scheduled ones, a name and a node each.
-    "foreign-pods": Source(
-        "pods",
-        f"!{LABEL_RUN}",
-        "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
-        _slim_pod,
-        index=lambda p: p["spec"]["nodeName"],
-    ),
-    # The shrink ladder only ever uses TPU node pools.
-    "nodes": Source("nodes", f"{LABEL_ACCELERATOR},{LABEL_NODEPOOL}", keep=_node),
-    # The events the signals read (signals._latest_failed_scheduling); a field selector has no OR.
-    "events": Source("events", None, "involvedObject.kind=Pod,reason=FailedScheduling"),
-    "events-scale-up": Source("events", None, "involvedObject.kind=Pod,reason=NotTriggerScaleUp"),
-    "records": Source("configmaps", LABEL_RUN),
-}
-WATCHED = tuple(SOURCES)
 # The least time from one pass to the next while watch events keep coming.
 COALESCE_S = 0.02
 
@@ -100,62 +48,10 @@ def default_identity() -> str:
 
 
 @dataclass
-class Snapshot:
-    """One read of the namespace, shared by every run reconciled in a pass."""
-
-    jobsets: Sequence[dict]
-    pods: Sequence[dict]
-    nodes: Sequence[dict]
-    events: Sequence[dict]
-    foreign_nodes: frozenset[str] = frozenset()  # nodes live pods of other workloads are on
-
-    @staticmethod
-    def read(kube: Kube) -> Snapshot:
-        """From the API (a controller whose caches do not run: `reslice launch`'s first pass)."""
-        items = {name: _listed(kube, src) for name, src in SOURCES.items() if name != "records"}
-        return Snapshot.of(items, frozenset(p["spec"]["nodeName"] for p in items["foreign-pods"]))
-
-    @staticmethod
-    def of(items: dict[str, Sequence[dict]], foreign_nodes: frozenset[str]) -> Snapshot:
-        failed, no_scale_up = items["events"], items["events-scale-up"]
-        return Snapshot(
-            items["jobsets"],
-            items["pods"],
-            items["nodes"],
-            _joined(failed, no_scale_up),
-            foreign_nodes,
-        )
-
-
-_last_join: tuple = (None, None, ())
-
-
-def _joined(a: Sequence[dict], b: Sequence[dict]) -> Sequence[dict]:
-    """a + b, the same tuple again while neither changed: a pass over unchanged caches then hands
-    signals.observe the very inputs of the last one (which it does not compute again)."""
-    global _last_join
-    if not (a and b):
-        return a or b
-    last = _last_join  # one read: another controller of this process may swap it meanwhile
-    if last[0] is a and last[1] is b:
-        return last[2]
-    joined = (*a, *b)
-    _last_join = (a, b, joined)
-    return joined
-
-
-def _listed(kube: Kube, src: Source) -> list[dict]:
-    keep = src.keep or (lambda o: o)
-    return [
-        keep(o) for items, _ in kube.list_raw(src.kind, src.label_selector, src.field_selector) for o in items
-    ]
-
-
-@dataclass
 class PassResult:
     run: str
-    decision: P.Decision | None
-    observation: S.Observation | None
+    decision: policy.Decision | None
+    observation: signals.Observation | None
     conflict: bool = False
 
 
@@ -168,6 +64,8 @@ class Controller:
     clock: Callable[[], float] = time.time
     monotonic: Callable[[], float] = time.monotonic  # Lease renewals: passed in so tests step it
     on_pass: Callable[[PassResult], None] | None = None
+    # The presets, read once when the controller is built: a pass never reads a preset file.
+    catalog: Catalog = field(default_factory=load_catalog)
     # Per run: what the ledger last recorded, so that only changes get a line.
     _last: dict[str, tuple[dict, str]] = field(default_factory=dict)
     _held: set[str] = field(default_factory=set)
@@ -192,6 +90,7 @@ class Controller:
     # long the controller took from there to the record written (`woken_at`).
     _woken_at: float | None = None
     _pass_woken_at: float | None = None
+    _events_join: EventsJoin = field(default_factory=EventsJoin)
 
     @property
     def renew_every_s(self) -> float:
@@ -205,7 +104,7 @@ class Controller:
         if self.synced():
             caches = self.caches
             items = {name: c.items() for name, c in caches.items() if name not in {"records", "foreign-pods"}}
-            return Snapshot.of(items, caches["foreign-pods"].indexed())
+            return Snapshot.of(items, caches["foreign-pods"].indexed(), self._events_join)
         return Snapshot.read(self.kube)
 
     def record(self, run: str) -> tuple[RunRecord, str] | None:
@@ -229,7 +128,9 @@ class Controller:
         """Every run of the namespace that has not ended."""
         if not self.synced():
             return [r.name for r in self.kube.records() if not r.terminal]
-        recs = (record_of(cm) for cm in self.caches["records"].items() if R_KEY in (cm.get("data") or {}))
+        recs = (
+            record_of(cm) for cm in self.caches["records"].items() if RECORD_KEY in (cm.get("data") or {})
+        )
         return [rec.name for rec, _ in recs if not rec.terminal]
 
     # --- one pass ------------------------------------------------------------------------------
@@ -240,20 +141,21 @@ class Controller:
             return PassResult(run, None, None)
         rec, rv = got
         if rec.terminal:
-            return PassResult(run, P.Decision(P.WAIT, f"run is {rec.state}", rec), None)
+            return PassResult(run, policy.Decision(policy.WAIT, f"run is {rec.state}", rec), None)
         snap = snap or self.snapshot()
         rundir = RunDir(rec.spec.run_dir)
-        obs = observe(rec, snap, rundir, self.clock())
+        obs = observe_run(rec, snap, rundir, self.clock(), self.catalog)
         spec = rec.spec
         ladder = shrink_ladder(
-            rec.requested,
+            rec.requested(self.catalog),
             spec.global_batch,
             spec.max_micro_batch,
             spec.max_grad_accum,
+            catalog=self.catalog,
             model_parallel=spec.model_parallel,
             trainer_config=json.loads(spec.trainer_config) if spec.trainer_config else None,
         )
-        decision = P.decide(rec, obs, ladder)
+        decision = policy.decide(rec, obs, ladder, self.catalog)
 
         entries = []
         summary = obs.summary()
@@ -300,11 +202,11 @@ class Controller:
             self.on_pass(result)
         return result
 
-    def _act(self, d: P.Decision) -> None:
-        if d.action in {P.SUBMIT, P.CREATE}:
+    def _act(self, d: policy.Decision) -> None:
+        if d.action in {policy.SUBMIT, policy.CREATE}:
             seg = d.record.current
-            self.kube.create_jobset(render_jobset(d.record.spec, seg.shape(), seg.index))
-        elif d.action in {P.END, P.DELETE} and d.jobset:
+            self.kube.create_jobset(render_jobset(d.record.spec, seg.shape(self.catalog), seg.index))
+        elif d.action in {policy.END, policy.DELETE} and d.jobset:
             self.kube.delete_jobset(d.jobset)
             if d.force and (seg := d.record.current) is not None:
                 self.kube.delete_pods_now(f"{LABEL_RUN}={d.record.name},{LABEL_SEGMENT}={seg.index}")
@@ -314,12 +216,12 @@ class Controller:
             rec, rv = self.kube.get_record(run)
             try:
                 self.kube.update_record(
-                    replace(rec, state=R.FAILED, reason=reason, finished_at=self.clock()), rv
+                    replace(rec, state=FAILED, reason=reason, finished_at=self.clock()), rv
                 )
                 break
             except Conflict:
                 continue
-        self._log(rundir, [{"kind": "act", "action": P.FAIL, "reason": reason, "state": R.FAILED}])
+        self._log(rundir, [{"kind": "act", "action": policy.FAIL, "reason": reason, "state": FAILED}])
 
     def _new_unusable(self, trainer: dict | None) -> list[dict]:
         """Ledger lines for the checkpoints the trainer found unusable and moved aside (status.json),
@@ -419,7 +321,7 @@ class Controller:
         self.caches = {name: Cache(src) for name, src in SOURCES.items()}
         for name, cache in self.caches.items():
             threading.Thread(
-                target=cache.run, args=(self.kube, self.wake, halt), name=f"watch-{name}", daemon=True
+                target=cache.run, args=(self.kube.lists, self.wake, halt), name=f"watch-{name}", daemon=True
             ).start()
 
     def _turned(self, ok: bool) -> None:
@@ -454,7 +356,12 @@ class Controller:
             rec = result.decision.record if result.decision else None
             if rec is None or not rec.terminal:
                 all_done = False
-            if result.decision and result.decision.action in {P.SUBMIT, P.END, P.DELETE, P.CREATE}:
+            if result.decision and result.decision.action in {
+                policy.SUBMIT,
+                policy.END,
+                policy.DELETE,
+                policy.CREATE,
+            }:
                 snap = None  # the world changed: the next run re-reads it
                 self._wake.set()
         return all_done
@@ -466,25 +373,3 @@ def crash_point(name: str) -> None:
     created its JobSet — the worst moment for a controller to go."""
     if os.environ.get("RESLICE_CRASH_POINT") == name:
         os._exit(137)
-
-
-def observe(rec: RunRecord, snap: Snapshot, rundir: RunDir, now: float) -> S.Observation:
-    seg = rec.current
-    live = seg if seg is not None and seg.live else None
-    return S.observe(
-        now=now,
-        run=rec.name,
-        segment=seg.index if seg else None,
-        segment_jobset=seg.jobset if seg else None,
-        segment_nodepools=seg.nodepools if live else (),
-        expected_pods=seg.shape().hosts if seg else 0,
-        slice_hosts=seg.shape().preset.hosts if seg else 0,
-        jobsets=[j for j in snap.jobsets if (j["metadata"].get("labels") or {}).get(LABEL_RUN) == rec.name],
-        pods=snap.pods,
-        foreign_nodes=snap.foreign_nodes,
-        nodes=snap.nodes,
-        events=snap.events,
-        presets=[run_preset(rec.spec, p) for p in load_presets().values()],
-        committed_step=rundir.latest_committed_step(),
-        trainer=rundir.status(),
-    )

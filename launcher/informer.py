@@ -22,6 +22,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from launcher.listwatch import ListWatch
+
 # A watch the server ends after this long is resumed from its resourceVersion: each reconnect is
 # one request, so few of them while idle. client-go's reflector picks 5-10 min at random too.
 WATCH_TIMEOUT_S = (300, 600)
@@ -32,7 +34,7 @@ LIST_PAGE = 500
 
 @dataclass(frozen=True)
 class Source:
-    """What one cache holds: a kind (launcher.kube.Kube.list_raw names them) and its selectors."""
+    """What one cache holds: a kind (launcher.listwatch.ListWatch.list_raw names them) and its selectors."""
 
     kind: str
     label_selector: str | None = None
@@ -127,7 +129,7 @@ class Cache:
                 self._count(now, 1)
         return True
 
-    def run(self, kube, wake: Callable[[str], None], stop: threading.Event) -> None:
+    def run(self, lists: ListWatch, wake: Callable[[str], None], stop: threading.Event) -> None:
         """List, then watch and apply, until `stop`; `wake(kind)` after every change.
 
         Errors wake with words (the health probe tells a synced watch by a bare-kind wake-up)."""
@@ -135,10 +137,10 @@ class Cache:
         while not stop.is_set():
             try:
                 if self.resource_version is None:
-                    self.replace(kube.list_raw(kind, src.label_selector, src.field_selector, page=LIST_PAGE))
+                    self.replace(lists.list_raw(kind, src.label_selector, src.field_selector, page=LIST_PAGE))
                     wake(kind)
                 timeout = random.randint(*WATCH_TIMEOUT_S)
-                for etype, obj in kube.watch_raw(
+                for etype, obj in lists.watch_raw(
                     kind, self.resource_version, timeout, src.label_selector, src.field_selector, stop
                 ):
                     if etype == "ERROR":

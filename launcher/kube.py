@@ -1,4 +1,8 @@
-"""The one module that imports the kubernetes client: apply, delete, get, list, watch, leases.
+"""The typed client calls of a namespace: create, delete, get and list what the launcher and the
+controller act on, the run records (ConfigMaps, compare-and-swap) and the Leases. The LIST and WATCH
+that feed the controller's caches are launcher/listwatch.py. Called by the commands, launch, the
+controller, preflight and status; with listwatch.py, the only modules that talk to the API (errors.py
+and inputs.py import only the client's exception types and `parse_quantity`).
 
 Lists come back as plain dicts exactly as the API serves them (camelCase), so signals.py works on
 the same objects a `kubectl get -o json` shows, and table tests can use realistic objects.
@@ -8,16 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
 from launcher.errors import ClusterNotReady, UserError
+from launcher.listwatch import ListWatch
 from launcher.record import RunRecord
 from launcher.render import API_VERSION, LABEL_RUN
 
@@ -101,6 +104,8 @@ class Kube:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.coordination = client.CoordinationV1Api(api_client)
+        # LIST and WATCH for the controller's caches (launcher/informer.py) and its uncached pass.
+        self.lists = ListWatch(api_client, namespace)
         # Lease name -> the Lease as we last wrote it: a renewal is then one PUT, not a GET and a PUT.
         self._leases: dict[str, client.V1Lease] = {}
 
@@ -358,80 +363,6 @@ class Kube:
         except ApiException:
             pass  # best effort: an unreleased lease simply expires
 
-    # --- lists and watches for the caches (launcher/informer.py) -------------------------------
-
-    def _list_fn(self, kind: str) -> tuple[Callable, tuple]:
-        return {
-            "pods": (self.core.list_namespaced_pod, (self.namespace,)),
-            "nodes": (self.core.list_node, ()),
-            "events": (self.core.list_namespaced_event, (self.namespace,)),
-            "configmaps": (self.core.list_namespaced_config_map, (self.namespace,)),
-            "jobsets": (
-                self.custom.list_namespaced_custom_object,
-                (GROUP, VERSION, self.namespace, "jobsets"),
-            ),
-        }[kind]
-
-    @staticmethod
-    def _selectors(label_selector: str | None, field_selector: str | None) -> dict:
-        return {
-            k: v for k, v in (("label_selector", label_selector), ("field_selector", field_selector)) if v
-        }
-
-    def list_raw(
-        self,
-        kind: str,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        page: int | None = None,
-    ) -> Iterator[tuple[list[dict], str]]:
-        """LIST `kind` (the namespace's, or the cluster's nodes) in pages of `page` objects, as
-        client-go's reflector does (a page at a time keeps a big list's memory bounded): (items,
-        resourceVersion) per page; the last page's resourceVersion is the list's."""
-        fn, args = self._list_fn(kind)
-        token = None
-        while True:
-            paging = {"limit": page, **({"_continue": token} if token else {})} if page else {}
-            got = self._raw(fn, *args, **self._selectors(label_selector, field_selector), **paging)
-            yield got["items"], got["metadata"]["resourceVersion"]
-            token = got["metadata"].get("continue")
-            if not token:
-                return
-
-    def watch_raw(
-        self,
-        kind: str,
-        resource_version: str,
-        timeout_s: int,
-        label_selector: str | None,
-        field_selector: str | None,
-        stop: threading.Event,
-    ) -> Iterator[tuple[str, dict]]:
-        """(type, object) of each event of one watch request from `resource_version`, until the
-        server ends it or `stop` is set (which closes the connection at once)."""
-        fn, args = self._list_fn(kind)
-        resp = fn(
-            *args,
-            watch=True,
-            resource_version=resource_version,
-            timeout_seconds=timeout_s,
-            allow_watch_bookmarks=True,
-            _preload_content=False,
-            **self._selectors(label_selector, field_selector),
-        )
-        closer = threading.Thread(target=_close_on, args=(stop, resp), daemon=True)
-        closer.start()
-        try:
-            for line in iter_resp_lines(resp):
-                if stop.is_set():
-                    return
-                if line:
-                    event = json.loads(line)
-                    yield event["type"], event["object"]
-        finally:
-            resp.close()
-            resp.release_conn()
-
 
 def _status_message(data: bytes) -> str:
     try:
@@ -455,12 +386,3 @@ def _live_holder(lease) -> str | None:
     if _now() - renewed > timedelta(seconds=spec.lease_duration_seconds or 0):
         return None
     return spec.holder_identity
-
-
-def _close_on(stop: threading.Event, resp) -> None:
-    """Shut a watch's connection when `stop` is set, so that its reader returns at once (a watch
-    otherwise blocks until the server next speaks, minutes when nothing changes)."""
-    while not stop.wait(1.0):
-        if resp.closed:
-            return
-    resp.shutdown()

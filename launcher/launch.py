@@ -18,7 +18,7 @@ from dataclasses import asdict, replace
 from launcher.errors import UserError
 from launcher.inputs import quantity
 from launcher.plan import Plan, Rung, shrink_ladder
-from launcher.presets import make_shape
+from launcher.presets import Catalog, load_catalog
 from launcher.record import Policy, RunRecord
 from launcher.render import (
     RunSpec,
@@ -84,10 +84,17 @@ def trainer_model_parallel(config: str, overrides: tuple[str, ...], strict: bool
 
 
 def prepare(
-    spec: RunSpec, preset: str, slices: int | None, policy: Policy, now: float | None = None
+    spec: RunSpec,
+    preset: str,
+    slices: int | None,
+    policy: Policy,
+    now: float | None = None,
+    catalog: Catalog | None = None,
 ) -> tuple[RunRecord, list[Rung]]:
-    """The record of a new run and its ladder, or a UserError saying why it cannot run."""
-    shape = make_shape(preset, slices)
+    """The record of a new run and its ladder, or a UserError saying why it cannot run. The presets
+    are `catalog`'s, or read here (launch is an edge: the plan and the record never read them)."""
+    catalog = catalog if catalog is not None else load_catalog()
+    shape = catalog.shape(preset, slices)
     for kv in spec.overrides:
         if "=" not in kv or not kv.split("=", 1)[0].strip():
             raise UserError(f"--set {kv!r}: expected key=value")
@@ -101,6 +108,7 @@ def prepare(
         spec.global_batch,
         spec.max_micro_batch,
         spec.max_grad_accum,
+        catalog=catalog,
         model_parallel=spec.model_parallel,
     )
     first = ladder[0]

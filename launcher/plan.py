@@ -10,10 +10,10 @@ micro-steps, best device utilisation).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
-from launcher.presets import Preset, Shape, load_presets
+from launcher.presets import Preset, Shape
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ class Rung:
         return isinstance(self.plan, Plan)
 
 
-def ladder_shapes(requested: Shape, presets: dict[str, Preset]) -> list[Shape]:
+def ladder_shapes(requested: Shape, presets: Mapping[str, Preset]) -> list[Shape]:
     """Every shape reachable from `requested`, largest first.
 
     Fewer slices of the requested preset, then its fallbacks (transitively), each with at most as
@@ -105,16 +105,17 @@ def shrink_ladder(
     global_batch: int,
     max_micro_batch: int,
     max_grad_accum: int | None = None,
-    presets_dir: Path | None = None,
+    *,
+    catalog: Mapping[str, Preset],
     model_parallel: int = 1,
     trainer_config: dict | None = None,
 ) -> list[Rung]:
-    """Every rung with its plan; given the trainer config, with its memory estimate per device, and
-    infeasible where that does not fit the preset's HBM (the run never shrinks onto it)."""
-    presets = load_presets(presets_dir)
+    """Every rung with its plan (the fallbacks looked up in `catalog`); given the trainer config,
+    with its memory estimate per device, and infeasible where that does not fit the preset's HBM
+    (the run never shrinks onto it). The first rung is the requested shape."""
     return [
         _rung(shape, global_batch, max_micro_batch, max_grad_accum, model_parallel, trainer_config)
-        for shape in ladder_shapes(requested, presets)
+        for shape in ladder_shapes(requested, catalog)
     ]
 
 

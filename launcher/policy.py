@@ -1,4 +1,5 @@
-"""(run record, observation) -> one decision. Pure: no client, no clock, no disk.
+"""(run record, observation) -> one decision. Pure: no client, no clock, no disk (the presets come in
+as a catalog). Called by the controller's pass (launcher/controller.py).
 
 The rules, in order (README "What the controller does", docs/design.md "Policy"):
 1. Same-size disruptions are JobSet's job: its failure policy restarts on DisruptionTarget and exit
@@ -22,6 +23,7 @@ from dataclasses import dataclass, replace
 
 from launcher import record, signals
 from launcher.plan import Plan, Rung
+from launcher.presets import Catalog
 from launcher.record import RunRecord, new_segment
 from launcher.render import EXIT_PEER_LOST
 
@@ -133,7 +135,8 @@ def _trainer_finished(rec: RunRecord, obs: signals.Observation) -> bool:
     return status.get("state") == "finished" and total is not None and obs.committed_step == total
 
 
-def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung]) -> Decision:
+def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog: Catalog) -> Decision:
+    """The one decision of this pass for the run, with the record to write before acting."""
     now = obs.now
     if rec.terminal:
         return Decision(WAIT, f"run is {rec.state}: {rec.reason}", rec)
@@ -252,7 +255,7 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung]) -> Deci
     if obs.phase in {signals.SUSPENDED, signals.DELETING}:
         return Decision(WAIT, f"JobSet {seg.jobset} is {obs.phase}", rec)
 
-    current = seg.shape()
+    current = seg.shape(catalog)
 
     # 2. Capacity loss. Node pools of the segment gone or terminating, with no room left for the
     # shape, is decided at once: waiting for JobSet to restart every pod only to find them
@@ -285,7 +288,7 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung]) -> Deci
         )
 
     # 3. Capacity return.
-    requested = rec.requested
+    requested = rec.requested(catalog)
     # Only at a checkpoint this segment committed itself: a segment that never got to train
     # must not be torn down again (no flapping), and the resize then costs no progress.
     progressed = obs.committed_step is not None and obs.committed_step > (seg.start_step or 0)

@@ -4,8 +4,8 @@ A node pool is one slice (JobSet's exclusive placement on `cloud.google.com/gke-
 host one when every node carries the labels the pods select (`Preset.node_selector()`, the single
 source), it has exactly the preset's hosts, no node has a NoSchedule/NoExecute taint the pods do not
 tolerate, each node's allocatable cpu and memory hold what one trainer pod requests, and every node
-is healthy now (`signals.node_problem`, the controller's own rule). All but health last until someone
-changes the pool (or the requests); health comes and goes.
+is healthy now (`node_signals.node_problem`, the controller's own rule). All but health last until
+someone changes the pool (or the requests); health comes and goes.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 from launcher.embedded.filters import quantity
 from launcher.embedded.objects import tolerates
+from launcher.node_signals import BAD_TAINTS, node_problem
 from launcher.presets import LABEL_ACCELERATOR, LABEL_NODEPOOL, LABEL_TOPOLOGY, Preset
-from launcher.signals import BAD_TAINTS, node_problem
 
 
 @dataclass(frozen=True)

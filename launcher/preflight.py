@@ -17,7 +17,7 @@ from launcher.errors import ClusterNotReady, UserError
 from launcher.inputs import quantity
 from launcher.kube import Forbidden, Kube
 from launcher.plan import ladder_shapes, shrink_ladder
-from launcher.presets import LABEL_NODEPOOL, Shape, load_presets
+from launcher.presets import LABEL_NODEPOOL, Shape, load_catalog
 from launcher.probe import PROBE_ROW, probe_check, probe_pod, run_probe
 from launcher.render import RunSpec
 
@@ -47,13 +47,14 @@ def ladder(
     if global_batch is None:
         if shape.error:
             raise UserError(shape.error)
-        shapes = ladder_shapes(shape, load_presets())
+        shapes = ladder_shapes(shape, load_catalog())
         return tuple(s for s in shapes if not s.error), tuple((s, _why(s, "")) for s in shapes if s.error)
     rungs = shrink_ladder(
         shape,
         global_batch,
         max_micro_batch,
         max_grad_accum,
+        catalog=load_catalog(),
         model_parallel=model_parallel,
         trainer_config=trainer_config,
     )

@@ -1,16 +1,22 @@
-"""Topology presets (`presets/*.yaml`) and shapes (a preset times a number of slices).
+"""Topology presets (`presets/*.yaml`), the catalog of them, and shapes (a preset times a number of
+slices).
 
 A preset names one TPU slice shape as GKE provisions it: the node labels its pods select, the
 machine type, chips per host (= per node = per pod), JAX devices per chip, the termination notice
 its capacity gets and the host CPU/memory the trainer requests. Loading validates everything against
 the generation's rules (docs/platform.md §1), so a typo fails at `reslice presets`, not hours later
 as a Pending pod.
+
+The core (plan, record, policy, signals, render) is handed a `Catalog` and never reads a preset file:
+only the edges (the CLI commands, `launch.prepare`, a `Controller` when it is built, preflight) call
+`load_catalog`, once each.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -357,19 +363,52 @@ def _load_presets(directory: Path) -> dict[str, Preset]:
     return presets
 
 
+class Catalog(Mapping[str, Preset]):
+    """Every preset of one presets directory, by name: a read-only mapping, validated together."""
+
+    def __init__(self, presets: Mapping[str, Preset]) -> None:
+        self._presets = dict(presets)
+
+    def __getitem__(self, name: str) -> Preset:
+        return self._presets[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._presets)
+
+    def __len__(self) -> int:
+        return len(self._presets)
+
+    def preset(self, name: str) -> Preset:
+        """The preset called `name`; a UserError naming the known ones if there is none."""
+        if name not in self._presets:
+            raise UserError(f"unknown preset {name!r} (known: {', '.join(self._presets)})")
+        return self._presets[name]
+
+    def shape(self, preset_name: str, slices: int | None = None) -> Shape:
+        """`slices` (default: the preset's own) of the preset, or a UserError if GKE cannot run it."""
+        preset = self.preset(preset_name)
+        n = preset.slices if slices is None else slices
+        if n < 1:
+            raise UserError(f"slices must be at least 1, got {n}")
+        shape = Shape(preset, n)
+        if err := shape.error:
+            raise UserError(err)
+        return shape
+
+
+def load_catalog(directory: Path | None = None) -> Catalog:
+    """The catalog of `directory` (default `presets_dir()`), read from disk once per directory."""
+    return _catalog(directory or presets_dir())
+
+
+@cache
+def _catalog(directory: Path) -> Catalog:
+    return Catalog(_load_presets(directory))
+
+
 def load_preset(name: str, directory: Path | None = None) -> Preset:
-    presets = load_presets(directory)
-    if name not in presets:
-        raise UserError(f"unknown preset {name!r} (known: {', '.join(presets)})")
-    return presets[name]
+    return load_catalog(directory).preset(name)
 
 
 def make_shape(preset_name: str, slices: int | None = None, directory: Path | None = None) -> Shape:
-    preset = load_preset(preset_name, directory)
-    n = preset.slices if slices is None else slices
-    if n < 1:
-        raise UserError(f"slices must be at least 1, got {n}")
-    shape = Shape(preset, n)
-    if err := shape.error:
-        raise UserError(err)
-    return shape
+    return load_catalog(directory).shape(preset_name, slices)

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, fields, replace
 
 from launcher.errors import UserError
 from launcher.plan import Plan
-from launcher.presets import Shape, load_preset
+from launcher.presets import Catalog, Shape
 from launcher.render import RunSpec, jobset_name
 
 # Run states.
@@ -71,10 +71,10 @@ class Segment:
     # whose pods showed a crash next to the exit 43s it caused (they spend the run's budget).
     peer_lost: int = 0
     uncounted_failures: int = 0
-    failing: str | None = None  # why the current attempt's pods are failing (signals.pod_cause)
+    failing: str | None = None  # why the current attempt's pods are failing (pod_signals.pod_cause)
 
-    def shape(self) -> Shape:
-        return Shape(load_preset(self.preset), self.slices)
+    def shape(self, catalog: Catalog) -> Shape:
+        return Shape(catalog.preset(self.preset), self.slices)
 
     @property
     def live(self) -> bool:
@@ -100,9 +100,8 @@ class RunRecord:
     def name(self) -> str:
         return self.spec.run
 
-    @property
-    def requested(self) -> Shape:
-        return Shape(load_preset(self.preset), self.slices)
+    def requested(self, catalog: Catalog) -> Shape:
+        return Shape(catalog.preset(self.preset), self.slices)
 
     @property
     def current(self) -> Segment | None:

@@ -1,5 +1,6 @@
 """Goodput and badput of a run, per segment, from the run record, the trainer's metrics and the
-controller's ledger; and the plots. The accounting is pure; only `write_plots` touches disk.
+controller's ledger. Pure accounting: no disk, no plotting (launcher/report_plots.py draws it).
+Called by launcher/status.py (`reslice status`, `report`) and launcher/view.py (the tables).
 
 Goodput = productive training time / wall time. Productive time is the step time of every step
 whose result the run kept (the last computation of that step). The rest of the wall time is badput,
@@ -206,85 +207,3 @@ def build_report(rec: RunRecord, metrics: list[dict], ledger: list[dict], now: f
         restarts=restarts,
         latest_step=max((m["step"] for m in ordered), default=None),
     )
-
-
-# --- plots -------------------------------------------------------------------------------------
-
-COLOURS = {
-    "productive": "#2ca02c",
-    "recomputed": "#d62728",
-    "checkpointing": "#9467bd",
-    "waiting_for_capacity": "#ff7f0e",
-    "restart_and_recovery": "#7f7f7f",
-}
-
-
-def plot_loss(report: RunReport, metrics: list[dict], path: str) -> None:
-    """Loss against step across segments, each segment its own colour, shape changes marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    ordered = sorted(metrics, key=lambda m: m.get("time", 0.0))
-    fig, ax = plt.subplots(figsize=(9, 4.5), dpi=110)
-    cmap = plt.get_cmap("tab10")
-    for k, seg in enumerate(report.segments):
-        pts = [
-            (m["step"], m[LOSS]) for j, m in enumerate(ordered) if m.get("segment") == seg.index and LOSS in m
-        ]
-        if not pts:
-            continue
-        pts.sort()
-        ax.plot(*zip(*pts, strict=True), ".-", ms=3, lw=1, color=cmap(k % 10),
-                label=f"seg {seg.index}: {seg.shape}, {seg.devices} dev, b={seg.micro_batch}×A={seg.grad_accum}")  # fmt: skip
-        if k > 0:
-            ax.axvline(pts[0][0], color=cmap(k % 10), ls="--", lw=0.8)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title(f"{report.run}: loss across segments (same global batch)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def plot_timeline(report: RunReport, path: str) -> None:
-    """Segments on a time axis, and the badput of each as a stacked bar."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (top, bottom) = plt.subplots(
-        2, 1, figsize=(9, 5.5), dpi=110, gridspec_kw={"height_ratios": [1, 1.3]}
-    )
-    t0 = report.segments[0].start if report.segments else 0.0
-    for seg in report.segments:
-        top.barh(0, seg.end - seg.start, left=seg.start - t0, height=0.5, edgecolor="black",
-                 color="#1f77b4" if seg.end_kind != "capacity-lost" else "#aec7e8")  # fmt: skip
-        top.text(
-            (seg.start + seg.end) / 2 - t0,
-            0,
-            f"{seg.index}: {seg.shape}",
-            ha="center",
-            va="center",
-            fontsize=8,
-        )
-    top.set_yticks([])
-    top.set_xlabel("seconds since launch")
-    top.set_title(f"{report.run}: segments — goodput {report.badput.goodput:.1%}")
-    names = list(COLOURS)
-    labels = [f"seg {s.index}" for s in report.segments] + ["run"]
-    values = [s.badput for s in report.segments] + [report.badput]
-    left = [0.0] * len(values)
-    for name in names:
-        widths = [getattr(b, name) for b in values]
-        bottom.barh(labels, widths, left=left, color=COLOURS[name], label=name.replace("_", " "))
-        left = [a + w for a, w in zip(left, widths, strict=True)]
-    bottom.set_xlabel("seconds")
-    bottom.legend(fontsize=7, ncol=3, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)

@@ -8,7 +8,8 @@ from pathlib import Path
 from launcher.errors import UserError
 from launcher.kube import Kube
 from launcher.record import RunRecord
-from launcher.report import RunReport, build_report, plot_loss, plot_timeline
+from launcher.report import RunReport, build_report
+from launcher.report_plots import plot_loss, plot_timeline
 from launcher.runs import RunDir
 
 

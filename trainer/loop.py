@@ -32,7 +32,9 @@ EXIT_FINISHED, EXIT_CONFIG, EXIT_PREEMPTED = 0, 2, 42
 
 
 @dataclass(frozen=True)
-class Plan:
+class BatchPlan:
+    """How one optimizer step's global batch splits over this segment's devices and processes."""
+
     devices: int
     micro_batch: int  # sequences per data-parallel rank per micro-step
     grad_accum: int
@@ -45,7 +47,7 @@ class Plan:
 
 def batch_plan(
     cfg: Config, devices: int, num_processes: int, expert_parallel: int, ranks: int = 0, fsdp: int = 1
-) -> Plan:
+) -> BatchPlan:
     """Check dp ranks × micro-batch × grad-accum = global batch against the mesh JAX gives.
 
     A data-parallel rank is the ``tensor`` devices that share one slice of the batch."""
@@ -62,7 +64,7 @@ def batch_plan(
         raise ConfigError(
             f"moe.balance_group={cfg.moe.balance_group} must divide the micro-batch {ranks * b}"
         )
-    return Plan(devices, b, t.grad_accum, num_processes, expert_parallel, ranks, fsdp, devices // ranks)
+    return BatchPlan(devices, b, t.grad_accum, num_processes, expert_parallel, ranks, fsdp, devices // ranks)
 
 
 def _env_number(env: Mapping[str, str], key: str, kind: type = float) -> Any:
@@ -78,7 +80,7 @@ class Recorder:
 
     segment: int
     attempt: int
-    plan: Plan
+    plan: BatchPlan
     tokens_per_step: int
     flops_per_token: float
     peak_tflops: float

@@ -59,7 +59,9 @@ def resolve_transport(transport: str) -> str:
     return "ragged" if jax.default_backend() in ("tpu", "gpu", "cuda", "rocm") else "dense"
 
 
-class Plan(NamedTuple):
+class DispatchPlan(NamedTuple):
+    """Where each of this device's routed rows goes and lands in the expert-parallel all-to-all."""
+
     order: jax.Array  # [R] local rows sorted by expert (stable): row r = token r // k, slot r % k
     counts: jax.Array  # [EP, E] rows each source routes to each expert
     sent: jax.Array  # [EP, EP] M[src, dst]
@@ -72,7 +74,7 @@ def _exclusive_cumsum(x: jax.Array, axis: int) -> jax.Array:
     return jnp.cumsum(x, axis=axis) - x
 
 
-def make_plan(expert_ids: jax.Array, num_experts: int, buffer: int, axis: str = EXPERT_AXIS) -> Plan:
+def make_plan(expert_ids: jax.Array, num_experts: int, buffer: int, axis: str = EXPERT_AXIS) -> DispatchPlan:
     """The dispatch plan for this device's rows ``expert_ids`` [R] (inside ``shard_map``)."""
     ep = jax.lax.axis_size(axis)
     order = jnp.argsort(expert_ids, stable=True)
@@ -80,7 +82,7 @@ def make_plan(expert_ids: jax.Array, num_experts: int, buffer: int, axis: str = 
     sent = counts.reshape(ep, ep, num_experts // ep).sum(-1)
     filled = jnp.minimum(jnp.cumsum(sent, axis=0), buffer)
     kept = jnp.diff(filled, axis=0, prepend=jnp.zeros((1, ep), filled.dtype))
-    return Plan(order, counts, sent, kept, _exclusive_cumsum(sent, 1), _exclusive_cumsum(kept, 0))
+    return DispatchPlan(order, counts, sent, kept, _exclusive_cumsum(sent, 1), _exclusive_cumsum(kept, 0))
 
 
 def _dense_send(rows, offsets, sizes, cap, axis):

@@ -41,14 +41,14 @@ from launcher.commands.options import (
 from launcher.commands.spec import check_run_options, run_spec
 from launcher.errors import UserError
 from launcher.plan import Plan, shrink_ladder
-from launcher.presets import load_presets, make_shape
+from launcher.presets import load_catalog
 from launcher.render import DEFAULT_COORDINATOR_PORT, render_jobset
 from launcher.view import ladder_table, presets_table
 
 
 def presets(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """List the topology presets."""
-    rows = list(load_presets().values())
+    rows = list(load_catalog().values())
     if as_json:
         print_json(
             [
@@ -89,7 +89,8 @@ def plan(
 
     inputs.overrides(overrides)
     inputs.shape_options(slices, global_batch, max_micro_batch, max_grad_accum)
-    shape = make_shape(preset, slices)
+    catalog = load_catalog()
+    shape = catalog.shape(preset, slices)
     sets = tuple(overrides or ())
     # Without --config or --set: the batch plan alone (no trainer asked, no memory estimate).
     resolved = resolve_trainer_config(config or "tiny", sets, strict=False) if config or sets else None
@@ -98,6 +99,7 @@ def plan(
         global_batch,
         max_micro_batch,
         max_grad_accum,
+        catalog=catalog,
         model_parallel=model_parallel(resolved, sets),
         trainer_config=resolved,
     )
@@ -180,7 +182,7 @@ def render(
         priority_class=priority_class, service_account=service_account, image_pull_policy=pull_policy,
         coordinator_port=coordinator_port, cpu_request=cpu_request, memory_request=memory_request,
     )  # fmt: skip
-    jobset = render_jobset(spec, make_shape(preset, slices), segment)
+    jobset = render_jobset(spec, load_catalog().shape(preset, slices), segment)
     text = json.dumps(jobset, indent=2) + "\n" if as_json else yaml.safe_dump(jobset, sort_keys=False)
     if output is None:
         sys.stdout.write(text)

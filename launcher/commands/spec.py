@@ -9,7 +9,7 @@ from typing import Any
 
 from launcher import inputs
 from launcher.errors import UserError
-from launcher.presets import load_presets
+from launcher.presets import load_catalog
 from launcher.render import RunSpec
 
 
@@ -55,7 +55,7 @@ def placement_policies(preset: str, values: list[str] | None) -> tuple[tuple[str
         if not name.strip() or not policy.strip():
             raise UserError(f"--placement-policy {v!r}: expected NAME or PRESET=NAME")
         out[name.strip()] = policy.strip()
-    known = load_presets()
+    known = load_catalog()
     for name in out:
         if name not in known:
             raise UserError(f"--placement-policy {name}=...: unknown preset {name!r}")

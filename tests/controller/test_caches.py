@@ -8,7 +8,7 @@ import threading
 
 from kubernetes import client
 
-from launcher import policy as P
+from launcher import policy
 from launcher.controller import Controller, PassResult, lease_name
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from launcher.kube import Kube
@@ -16,6 +16,7 @@ from launcher.launch import create_run, prepare
 from launcher.presets import LABEL_ACCELERATOR
 from launcher.record import Policy
 from launcher.render import RunSpec
+from launcher.snapshot import Snapshot
 from tests.controller.harness import wait_for
 from tests.support.fakeclock import FakeClock
 
@@ -72,7 +73,7 @@ def test_a_synced_pass_reads_the_caches_and_lists_nothing(tmp_path):
             seen = len(results)
             cluster.remove(f"{PRESET}-np-1")
             wait_for(
-                lambda: any(r.decision.action == P.SUBMIT and r.decision.record.current.index == 1 for r in results),
+                lambda: any(r.decision.action == policy.SUBMIT and r.decision.record.current.index == 1 for r in results),
                 30,
                 "segment 1",
             )  # fmt: skip
@@ -82,7 +83,7 @@ def test_a_synced_pass_reads_the_caches_and_lists_nothing(tmp_path):
             stop.set()
             loop.join(timeout=10)
         requests = dict(cluster.server.requests)
-    ended = next(r.decision for r in results if r.decision.action == P.END)
+    ended = next(r.decision for r in results if r.decision.action == policy.END)
     assert ended.force and "node pools lost" in ended.reason
     # The shrink's writes, and nothing else: no LIST, no GET, in a dozen passes.
     assert not [k for k in requests if k[0] in {"list", "get"}], requests
@@ -111,3 +112,21 @@ def test_the_lease_is_renewed_on_a_period_with_one_put(tmp_path):
         assert controller.own("lease")
         assert dict(requests) == {("update", "leases"): 1}
         assert kube.lease_holder(lease_name("lease")) == controller.identity
+
+
+def test_each_controller_keeps_its_own_events_memo():
+    """Two controllers of one process (the bench, these tests) each hand signals.observe the same
+    events tuple while their own caches are unchanged: one's join must not evict the other's."""
+    first, second = Controller(kube=None), Controller(kube=None)
+    mine = ({"reason": "FailedScheduling"},), ({"reason": "NotTriggerScaleUp"},)
+    theirs = ({"reason": "FailedScheduling", "n": 2},), ({"reason": "NotTriggerScaleUp", "n": 2},)
+
+    def events(c: Controller, failed: tuple, no_scale_up: tuple) -> object:
+        items = {"jobsets": (), "pods": (), "nodes": (), "events": failed, "events-scale-up": no_scale_up}
+        return Snapshot.of(items, frozenset(), c._events_join).events
+
+    joined = events(first, *mine)
+    assert joined == (*mine[0], *mine[1])
+    assert events(second, *theirs) == (*theirs[0], *theirs[1])
+    assert events(first, *mine) is joined  # the second controller's pass left the first's memo alone
+    assert events(first, mine[0], ()) == mine[0]  # one side empty: no join to keep

@@ -9,22 +9,21 @@ from typing import Any
 
 import pytest
 
-from launcher import policy as P
-from launcher import record as R
-from launcher import signals as S
+from launcher import policy, record, signals
 from launcher.plan import shrink_ladder
-from launcher.presets import load_presets, make_shape
+from launcher.presets import load_catalog
 from launcher.record import Policy, RunRecord, new_segment
 from launcher.render import RunSpec
 from tests.controller.objects import T0, jobset, pod, pool
 
-PRESETS = list(load_presets().values())
+CATALOG = load_catalog()
+PRESETS = list(CATALOG.values())
 PRESET = "tpu7x-2x2x2"  # two hosts per slice: the smallest shape GKE runs as a multislice
 HOSTS = 2
 GB = 64
 SPEC = RunSpec(run="demo", run_dir="/tmp/demo", global_batch=GB)
 POLICY = Policy(unschedulable_grace_s=60, grow_window_s=30, app_failure_budget=2, app_backoff_s=10)
-LADDER = shrink_ladder(make_shape(PRESET, 4), GB, 16)
+LADDER = shrink_ladder(CATALOG.shape(PRESET, 4), GB, 16, catalog=CATALOG)
 
 
 def record_on(slices: int | None, **changes) -> RunRecord:
@@ -32,7 +31,7 @@ def record_on(slices: int | None, **changes) -> RunRecord:
     if slices is not None:
         rung = next(r for r in LADDER if r.shape.slices == slices)
         seg = replace(new_segment(rec, rung.shape, rung.plan, T0, "test", None), jobset_uid="uid-demo-0")
-        rec = replace(rec.with_segment(seg), state=R.RUNNING)
+        rec = replace(rec.with_segment(seg), state=record.RUNNING)
     return replace(rec, **changes)
 
 
@@ -41,13 +40,13 @@ def observe(
 ):
     seg = rec.current
     nodes = [n for i in range(pools) for n in pool(f"np-{i}", PRESET, since=pool_since)]
-    return S.observe(
+    return signals.observe(
         now=now,
         run="demo",
         segment=seg.index if seg else None,
         segment_jobset=seg.jobset if seg else None,
         segment_nodepools=seg.nodepools if seg else (),
-        expected_pods=seg.shape().hosts if seg else 0,
+        expected_pods=seg.shape(CATALOG).hosts if seg else 0,
         jobsets=[jobset(seg.jobset)] if jobsets is None and seg else list(jobsets or []),
         pods=list(pods),
         nodes=nodes,
@@ -85,7 +84,7 @@ def with_current(rec: RunRecord, **changes) -> RunRecord:
 
 def decided(rec: RunRecord, **observed) -> RunRecord:
     """The record one pass writes: the start of a case that needs the pass before it."""
-    return P.decide(rec, observe(rec, **observed), LADDER).record
+    return policy.decide(rec, observe(rec, **observed), LADDER, CATALOG).record
 
 
 def ended_on_one_pool() -> RunRecord:
@@ -106,7 +105,7 @@ def ended_for_a_grow_at_step_55() -> RunRecord:
 
 def restarted_after_a_crash_loop() -> RunRecord:
     rec = with_current(record_on(4, app_failures=POLICY.app_failure_budget), restarts=40, peer_lost=40)
-    return with_current(rec, failing=S.APP_FAILURE)
+    return with_current(rec, failing=signals.APP_FAILURE)
 
 
 ANY = object()  # the decision's JobSet is not what the case is about
@@ -141,7 +140,7 @@ class Want:
 class Case:
     name: str
     record: Callable[[], RunRecord]
-    observation: Callable[[RunRecord], S.Observation]
+    observation: Callable[[RunRecord], signals.Observation]
     want: Want
 
 
@@ -149,18 +148,18 @@ def pools_named(rec: RunRecord) -> RunRecord:
     return with_current(rec, nodepools=("np-0", "np-1", "np-2", "np-3"))
 
 
-def preemption_notice(rec: RunRecord) -> S.Observation:
+def preemption_notice(rec: RunRecord) -> signals.Observation:
     tainted = observe(rec, pods=running(4), pools=4)
     return replace(tainted, lost_nodepools=("np-3",), capacity={"tpu7x-2x2x2": (T0,) * 3})
 
 
-def lost_pools_while_restarting(rec: RunRecord) -> S.Observation:
+def lost_pools_while_restarting(rec: RunRecord) -> signals.Observation:
     # Two pools gone; the surviving pods are still Running (JobSet has not restarted yet).
     gone = [pod(f"demo-0-slice-{i}-0-x", phase="Failed", disruption="DeletionByPodGC") for i in (2, 3)]
     return observe(rec, pods=running(2) + gone, pools=2)
 
 
-def the_next_segment_crashes(rec: RunRecord) -> S.Observation:
+def the_next_segment_crashes(rec: RunRecord) -> signals.Observation:
     return observe(
         rec, pods=[pod("demo-1-slice-0-0-x", segment=1, phase="Failed", exit_code=1)],
         jobsets=[jobset("demo-1", condition=("Failed", "ReachedMaxRestarts", "m"))], now=T0 + 300,
@@ -174,14 +173,18 @@ CASES = [
         "launch submits the requested shape",
         lambda: record_on(None),
         lambda rec: observe(rec, pools=0),
-        Want(P.SUBMIT, "demo-0", record={"current.slices": 4, "current.batch": GB, "state": R.RUNNING}),
+        Want(
+            policy.SUBMIT,
+            "demo-0",
+            record={"current.slices": 4, "current.batch": GB, "state": record.RUNNING},
+        ),
     ),
     Case(
         "a healthy running segment waits (bookkeeping: first seen running, its pools)",
         lambda: record_on(4),
         lambda rec: observe(rec, pods=running(4)),
         Want(
-            P.WAIT,
+            policy.WAIT,
             reason=("running",),
             record={"current.running_at": T0 + 100, "current.nodepools": ("np-0", "np-1", "np-2", "np-3")},
         ),
@@ -196,14 +199,14 @@ CASES = [
                 *running(4)[1:],
             ],
         ),
-        Want(P.WAIT, reason=("restarting",)),
+        Want(policy.WAIT, reason=("restarting",)),
     ),
     Case(
         # Room for 4 slices exists (e.g. pods just created): wait for the scheduler.
         "unschedulable inside the grace with room waits",
         lambda: record_on(4),
         lambda rec: observe(rec, pods=pending(range(4), since=T0 + 90)),
-        Want(P.WAIT, reason=("grace 60s",)),
+        Want(policy.WAIT, reason=("grace 60s",)),
     ),
     Case(
         # Capacity says 4 pools exist but the pods still do not bind after the grace (e.g. a
@@ -212,35 +215,35 @@ CASES = [
         lambda: record_on(4),
         lambda rec: observe(rec, pods=running(1) + pending((1, 2, 3), since=T0), pools=4, now=T0 + 61),
         Want(
-            P.END,
+            policy.END,
             "demo-0",
             reason=("capacity lost", "-> tpu7x-2x2x2 x2"),
-            record={"current.end_kind": "capacity-lost", "state": R.RESHAPING},
+            record={"current.end_kind": "capacity-lost", "state": record.RESHAPING},
         ),
     ),
     Case(
         "node pools gone shrinks at once to the largest fit",
         lambda: record_on(4),
         lambda rec: observe(rec, pods=running(1) + pending((1, 2, 3), since=T0 + 99), pools=1),
-        Want(P.END, reason=("-> tpu7x-2x2x2 x1",)),
+        Want(policy.END, reason=("-> tpu7x-2x2x2 x1",)),
     ),
     Case(
         "node pools lost while restarting shrinks without waiting for the restart",
         lambda: pools_named(record_on(4)),
         lost_pools_while_restarting,
-        Want(P.END, reason=("node pools lost: np-2, np-3", "-> tpu7x-2x2x2 x2")),
+        Want(policy.END, reason=("node pools lost: np-2, np-3", "-> tpu7x-2x2x2 x2")),
     ),
     Case(
         "pools gone end the segment with zero grace",
         lambda: pools_named(record_on(4)),
         lambda rec: observe(rec, pods=running(2), pools=2),
-        Want(P.END, force=True),
+        Want(policy.END, force=True),
     ),
     Case(
         "a preemption notice ends the segment and keeps the save",
         lambda: pools_named(record_on(4)),
         preemption_notice,
-        Want(P.END, reason=("node pools lost: np-3",), force=False),
+        Want(policy.END, reason=("node pools lost: np-3",), force=False),
     ),
     Case(
         "a node pool lost with spare capacity is left to JobSet",
@@ -257,26 +260,26 @@ CASES = [
                 )
             ],
         ),
-        Want(P.WAIT, reason=("restarting",)),
+        Want(policy.WAIT, reason=("restarting",)),
     ),
     Case(
         "unschedulable and nothing smaller fits waits",
         lambda: record_on(1),
         lambda rec: observe(rec, pods=pending([0], since=T0), pools=0, now=T0 + 1000),
-        Want(P.WAIT, reason=("no smaller feasible shape",)),
+        Want(policy.WAIT, reason=("no smaller feasible shape",)),
     ),
     Case(
         "the next segment waits for the old pods to terminate",
         ended_on_one_pool,
         lambda rec: observe(rec, pods=running(1), pools=1, jobsets=[]),
-        Want(P.WAIT, reason=(f"{HOSTS} pod(s) of the run to terminate",)),
+        Want(policy.WAIT, reason=(f"{HOSTS} pod(s) of the run to terminate",)),
     ),
     Case(
         "then submits the largest fit with the same global batch",
         ended_on_one_pool,
         lambda rec: observe(rec, pods=[], pools=1, jobsets=[]),
         Want(
-            P.SUBMIT,
+            policy.SUBMIT,
             "demo-1",
             record={
                 "current.index": 1,
@@ -292,13 +295,13 @@ CASES = [
         "an ended segment whose JobSet lingers is deleted again",
         lambda: decided(record_on(4), pods=pending(range(4), T0), pools=1),
         lambda rec: observe(rec, pods=[], pools=1, jobsets=[jobset("demo-0")]),
-        Want(P.DELETE, "demo-0"),
+        Want(policy.DELETE, "demo-0"),
     ),
     Case(
         "no capacity at all keeps the Pending JobSet: nothing smaller fits",
         lambda: record_on(4),
         lambda rec: observe(rec, pods=pending(range(4), T0), pools=0),
-        Want(P.WAIT),
+        Want(policy.WAIT),
     ),
     Case(
         "no capacity at all after a segment ended waits for capacity",
@@ -307,39 +310,41 @@ CASES = [
             and replace(rec, segments=(replace(rec.current, ended_at=T0, end_kind="capacity-lost"),))
         ),
         lambda rec: observe(rec, pods=[], pools=0, jobsets=[]),
-        Want(P.WAIT, record={"state": R.WAITING}),
+        Want(policy.WAIT, record={"state": record.WAITING}),
     ),
     Case(
         "capacity back inside the stability window: no grow yet",
         lambda: record_on(1),
         lambda rec: observe(rec, pods=running(1), pools=4, now=T0 + 100, pool_since=T0 + 80),
-        Want(P.WAIT),
+        Want(policy.WAIT),
     ),
     Case(
         "capacity back past the stability window grows",
         lambda: record_on(1),
         lambda rec: observe(rec, pods=running(1), pools=4, now=T0 + 111, pool_since=T0 + 80),
         Want(
-            P.END, reason=("-> tpu7x-2x2x2 x4", "checkpoints on SIGTERM"), record={"current.end_kind": "grow"}
+            policy.END,
+            reason=("-> tpu7x-2x2x2 x4", "checkpoints on SIGTERM"),
+            record={"current.end_kind": "grow"},
         ),
     ),
     Case(
         "a grow waits for a checkpoint of the segment",
         lambda: with_current(record_on(1), start_step=10),
         lambda rec: observe(rec, pods=running(1), pools=4, now=T0 + 1000, committed=10),
-        Want(P.WAIT),
+        Want(policy.WAIT),
     ),
     Case(
         "a grow after the segment's first checkpoint",
         lambda: with_current(record_on(1), start_step=10),
         lambda rec: observe(rec, pods=running(1), pools=4, now=T0 + 1000, committed=15),
-        Want(P.END),
+        Want(policy.END),
     ),
     Case(
         "grow disabled",
         lambda: record_on(1, policy=replace(POLICY, grow=False)),
         lambda rec: observe(rec, pods=running(1), pools=4, now=T0 + 1000),
-        Want(P.WAIT),
+        Want(policy.WAIT),
     ),
     Case(
         "a configuration error fails the run at once",
@@ -349,7 +354,9 @@ CASES = [
             pods=[pod("demo-0-slice-0-0-x", phase="Failed", exit_code=2)],
             jobsets=[jobset(condition=("Failed", "FailJobSetFailurePolicyAction", "rule config-error"))],
         ),
-        Want(P.FAIL, reason=("configuration error",), record={"state": R.FAILED, "app_failures": 0}),
+        Want(
+            policy.FAIL, reason=("configuration error",), record={"state": record.FAILED, "app_failures": 0}
+        ),
     ),
     Case(
         # restartsCountTowardsMax (1) + the failed segment (1) = 2 application failures: at the
@@ -366,7 +373,7 @@ CASES = [
             ],
         ),
         Want(
-            P.END,
+            policy.END,
             reason=("last exit code 1",),
             record={"app_failures": 2, "next_submit_at": T0 + 100 + 10 * 2, "preemptions()": 5},
         ),
@@ -375,13 +382,13 @@ CASES = [
         "backing off: the next segment waits",
         after_two_app_failures,
         lambda rec: observe(rec, pods=[], jobsets=[], now=T0 + 105),
-        Want(P.WAIT, reason=("backing off",)),
+        Want(policy.WAIT, reason=("backing off",)),
     ),
     Case(
         "one more application failure is over the budget: the run fails",
         lambda: decided(after_two_app_failures(), pods=[], jobsets=[], now=T0 + 200),
         the_next_segment_crashes,
-        Want(P.FAIL, reason=("crash loop", "preemptions so far: 5")),
+        Want(policy.FAIL, reason=("crash loop", "preemptions so far: 5")),
     ),
     Case(
         "the trainer finished: the run finishes",
@@ -392,13 +399,13 @@ CASES = [
             committed=100,
             trainer={"state": "finished", "step": 100, "total_steps": 100},
         ),
-        Want(P.FINISH, record={"state": R.FINISHED, "total_steps": 100}),
+        Want(policy.FINISH, record={"state": record.FINISHED, "total_steps": 100}),
     ),
     Case(
         "a segment ended for a grow at step 55",
         lambda: with_current(record_on(1, total_steps=60), start_step=40),
         lambda rec: observe(rec, pods=running(1), pools=4, now=T0 + 111, pool_since=T0 + 80, committed=55),
-        Want(P.END, record={"current.end_kind": "grow"}),
+        Want(policy.END, record={"current.end_kind": "grow"}),
     ),
     Case(
         # The trainer got SIGTERM at step 59 of 60, finished the last step and committed it.
@@ -406,9 +413,9 @@ CASES = [
         ended_for_a_grow_at_step_55,
         lambda rec: observe(rec, pods=running(1), committed=60, trainer=FINISHED_AT_60),
         Want(
-            P.FINISH,
+            policy.FINISH,
             record={
-                "state": R.FINISHED,
+                "state": record.FINISHED,
                 "current.end_kind": "finished",
                 "current.end_step": 60,
                 "len(segments)": 1,
@@ -421,51 +428,51 @@ CASES = [
         lambda rec: observe(
             rec, jobsets=[jobset(condition=("Completed", "AllJobsCompleted", "done"))], committed=50
         ),
-        Want(P.FAIL),
+        Want(policy.FAIL),
     ),
     Case(
         "a recorded but never created JobSet is created",
         lambda: with_current(record_on(4), jobset_uid=None),
         lambda rec: observe(rec, jobsets=[]),
-        Want(P.CREATE, "demo-0"),
+        Want(policy.CREATE, "demo-0"),
     ),
     Case(
         "a JobSet deleted behind our back ends the segment",
         lambda: record_on(4),
         lambda rec: observe(rec, jobsets=[]),
-        Want(P.END, None, record={"current.end_kind": "lost"}),
+        Want(policy.END, None, record={"current.end_kind": "lost"}),
     ),
     *(
         Case(
             f"a terminal run ({state}) does nothing",
             lambda state=state: record_on(4, state=state),
             lambda rec: observe(rec, pods=pending(range(4), T0), pools=0),
-            Want(P.WAIT),
+            Want(policy.WAIT),
         )
-        for state in sorted(R.TERMINAL)
+        for state in sorted(record.TERMINAL)
     ),
     Case(
         "suspended by Kueue waits",
         lambda: record_on(4),
         lambda rec: observe(rec, jobsets=[jobset(suspend=True)], pods=[]),
-        Want(P.WAIT, reason=("suspended",)),
+        Want(policy.WAIT, reason=("suspended",)),
     ),
     Case(
         "a lost peer is named while JobSet restarts",
         lambda: record_on(4),
         lambda rec: observe(rec, pods=[failed_pod(), *running(4)[1:]]),
-        Want(P.WAIT, reason=("restarting (JobSet failure policy) after a lost peer",)),
+        Want(policy.WAIT, reason=("restarting (JobSet failure policy) after a lost peer",)),
     ),
     Case(
         "lost peers never spend the budget",
         lambda: with_current(
             record_on(4, app_failures=POLICY.app_failure_budget),
-            failing=S.PEER_LOST,
+            failing=signals.PEER_LOST,
             restarts=40,
             peer_lost=40,
         ),
         lambda rec: observe(rec, pods=running(4), jobsets=[jobset(restarts=41)]),
-        Want(P.WAIT, record={"current.peer_lost": 41, "app_failures": 2}),
+        Want(policy.WAIT, record={"current.peer_lost": 41, "app_failures": 2}),
     ),
     Case(
         # The same restart after a crash that made its peers exit 43: over the budget, the run fails.
@@ -473,10 +480,10 @@ CASES = [
         restarted_after_a_crash_loop,
         lambda rec: observe(rec, pods=running(4), jobsets=[jobset(restarts=41)]),
         Want(
-            P.END,
+            policy.END,
             "demo-0",
             reason=("crash loop: 3 application failures exceed the budget of 2",),
-            record={"state": R.FAILED},
+            record={"state": record.FAILED},
         ),
     ),
 ]
@@ -485,7 +492,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_policy(case: Case) -> None:
     rec = case.record()
-    d = P.decide(rec, case.observation(rec), LADDER)
+    d = policy.decide(rec, case.observation(rec), LADDER, CATALOG)
     want = case.want
     assert d.action == want.action, d.reason
     if want.jobset is not ANY:
@@ -499,7 +506,9 @@ def test_policy(case: Case) -> None:
 
 def test_a_grow_finished_first_says_so_in_the_end_reason() -> None:
     rec = ended_for_a_grow_at_step_55()
-    d = P.decide(rec, observe(rec, pods=running(1), committed=60, trainer=FINISHED_AT_60), LADDER)
+    d = policy.decide(
+        rec, observe(rec, pods=running(1), committed=60, trainer=FINISHED_AT_60), LADDER, CATALOG
+    )
     assert "before the grow" in d.record.current.end_reason
 
 
@@ -508,29 +517,31 @@ def test_a_grow_finished_first_says_so_in_the_end_reason() -> None:
     "failing,restarts,counted,pods,expect",
     [
         # The survivor of a dead host exited 43, JobSet has not restarted yet: remembered as failing.
-        (None, 0, 0, [failed_pod(), *running(4)[1:]], {"failing": S.PEER_LOST, "peer_lost": 0}),
+        (None, 0, 0, [failed_pod(), *running(4)[1:]], {"failing": signals.PEER_LOST, "peer_lost": 0}),
         # JobSet restarted (not counted); the failed pods are gone already: what was seen counts.
-        (S.PEER_LOST, 1, 0, running(4), {"failing": None, "peer_lost": 1, "preemptions": 0}),
+        (signals.PEER_LOST, 1, 0, running(4), {"failing": None, "peer_lost": 1, "preemptions": 0}),
         # ... or still in view, seen for the first time in this pass.
         (None, 1, 0, [failed_pod(i=1)], {"peer_lost": 1, "preemptions": 0}),
         # A crash next to the 43s it caused, and the pod failure policy took the 43: an app failure.
-        (None, 0, 0, [failed_pod(), failed_pod(i=1, code=1)], {"failing": S.APP_FAILURE}),
-        (S.PEER_LOST, 0, 0, [failed_pod(i=1, code=1)], {"failing": S.APP_FAILURE}),  # the crash shows later
-        (S.APP_FAILURE, 1, 0, [], {"uncounted_failures": 1, "app_failures": 1, "preemptions": 0}),
+        (None, 0, 0, [failed_pod(), failed_pod(i=1, code=1)], {"failing": signals.APP_FAILURE}),
+        (signals.PEER_LOST, 0, 0, [failed_pod(i=1, code=1)], {"failing": signals.APP_FAILURE}),  # the crash shows later
+        (signals.APP_FAILURE, 1, 0, [], {"uncounted_failures": 1, "app_failures": 1, "preemptions": 0}),
         # JobSet counted it (the crash's pod failed first): JobSet's count, nothing more here.
-        (S.APP_FAILURE, 1, 1, [], {"uncounted_failures": 0, "restarts_counted": 1, "app_failures": 0}),
+        (signals.APP_FAILURE, 1, 1, [], {"uncounted_failures": 0, "restarts_counted": 1, "app_failures": 0}),
         # A saved preemption, or nothing seen at all: a preemption, as before.
         (None, 1, 0, [failed_pod(code=42)], {"peer_lost": 0, "preemptions": 1}),
         (None, 1, 0, [], {"peer_lost": 0, "preemptions": 1}),
         # Two restarts between passes: the first gets the cause seen, the other stays a preemption.
-        (S.PEER_LOST, 2, 0, [], {"peer_lost": 1, "preemptions": 1}),
+        (signals.PEER_LOST, 2, 0, [], {"peer_lost": 1, "preemptions": 1}),
     ],
 )  # fmt: skip
 def test_restart_causes_are_counted(failing, restarts, counted, pods, expect):
     rec = record_on(4)
     rec = rec.with_segment(replace(rec.current, failing=failing))
-    d = P.decide(rec, observe(rec, pods=pods, jobsets=[jobset(restarts=restarts, counted=counted)]), LADDER)
-    assert d.action == P.WAIT
+    d = policy.decide(
+        rec, observe(rec, pods=pods, jobsets=[jobset(restarts=restarts, counted=counted)]), LADDER, CATALOG
+    )
+    assert d.action == policy.WAIT
     seg = d.record.current
     got = {
         "failing": seg.failing, "peer_lost": seg.peer_lost, "uncounted_failures": seg.uncounted_failures,

@@ -4,12 +4,13 @@ from dataclasses import replace
 
 import pytest
 
-from launcher import record as R
+from launcher import record
 from launcher.plan import Plan
 from launcher.presets import make_shape
 from launcher.record import RunRecord, new_segment
 from launcher.render import RunSpec
-from launcher.report import build_report, plot_loss, plot_timeline, waiting_intervals
+from launcher.report import build_report, waiting_intervals
+from launcher.report_plots import plot_loss, plot_timeline
 
 T0 = 1000.0
 
@@ -24,7 +25,7 @@ def history():
     s0 = new_segment(rec, make_shape("tpu7x-2x2x2", 2), Plan(32, 1, 1), T0, "launch", None)
     rec = rec.with_segment(replace(s0, ended_at=T0 + 30, end_kind="capacity-lost", end_reason="lost"))
     s1 = new_segment(rec, make_shape("tpu7x-2x2x2", 1), Plan(16, 2, 1), T0 + 30, "shrink", 2)
-    rec = replace(rec.with_segment(replace(s1, ended_at=T0 + 50, end_kind="finished")), state=R.FINISHED,
+    rec = replace(rec.with_segment(replace(s1, ended_at=T0 + 50, end_kind="finished")), state=record.FINISHED,
                   finished_at=T0 + 50)  # fmt: skip
     metrics = [
         {
@@ -44,7 +45,7 @@ def history():
     ]  # fmt: skip
     ledger = [
         {"time": T0 + 20, "kind": "observe", "unschedulable": 1},
-        {"time": T0 + 30, "kind": "act", "action": "submit", "state": R.RUNNING},
+        {"time": T0 + 30, "kind": "act", "action": "submit", "state": record.RUNNING},
         {"time": T0 + 30.5, "kind": "observe", "unschedulable": 0},
     ]
     return rec, metrics, ledger
@@ -70,8 +71,8 @@ def test_goodput_breakdown():
 
 def test_waiting_for_capacity_when_nothing_fits():
     ledger = [
-        {"time": 10, "kind": "wait", "action": "wait", "state": R.WAITING},
-        {"time": 25, "kind": "act", "action": "submit", "state": R.RUNNING},
+        {"time": 10, "kind": "wait", "action": "wait", "state": record.WAITING},
+        {"time": 25, "kind": "act", "action": "submit", "state": record.RUNNING},
         {"time": 30, "kind": "observe", "unschedulable": 2},
     ]
     assert waiting_intervals(ledger, end=40) == [(10, 25), (30, 40)]

@@ -2,7 +2,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from launcher.plan import Infeasible, Plan, plan_batch, shrink_ladder
-from launcher.presets import make_shape
+from launcher.presets import load_catalog, make_shape
 
 
 @given(
@@ -41,7 +41,7 @@ def test_examples():
 
 
 def test_shrink_ladder_order_and_feasibility():
-    rungs = shrink_ladder(make_shape("tpu7x-2x2x2", 4), 64, 16)
+    rungs = shrink_ladder(make_shape("tpu7x-2x2x2", 4), 64, 16, catalog=load_catalog())
     assert [(r.shape.preset.name, r.shape.slices, r.feasible) for r in rungs] == [
         ("tpu7x-2x2x2", 4, True),  # 64 devices
         ("tpu7x-2x2x2", 3, False),  # 48: does not divide 64
@@ -60,7 +60,7 @@ def test_shrink_ladder_order_and_feasibility():
 
 
 def test_shrink_ladder_follows_fallbacks_transitively_largest_first():
-    rungs = shrink_ladder(make_shape("tpu7x-4x4x4", 2), 256, 16)
+    rungs = shrink_ladder(make_shape("tpu7x-4x4x4", 2), 256, 16, catalog=load_catalog())
     names = [(r.shape.preset.name, r.shape.slices) for r in rungs]
     assert names[0] == ("tpu7x-4x4x4", 2)
     # 2x4x4 and 2x2x2 are reached through the fallback chain 4x4x4 -> 2x4x4 -> 2x2x2 -> 2x2x1.
@@ -83,7 +83,7 @@ def test_tensor_parallelism_divides_the_devices_into_data_parallel_ranks():
     assert isinstance(plan_batch(24, 16, 16), Infeasible)
     assert plan_batch(24, 16, 16, model_parallel=4) == Plan(16, 6, 1, 4)
     assert "does not divide 6 devices" in plan_batch(8, 6, 16, model_parallel=4).reason
-    rungs = shrink_ladder(make_shape("tpu7x-2x2x2", 4), 48, 16, model_parallel=4)
+    rungs = shrink_ladder(make_shape("tpu7x-2x2x2", 4), 48, 16, catalog=load_catalog(), model_parallel=4)
     assert [
         (r.shape.slices, r.plan.micro_batch)
         for r in rungs

@@ -93,9 +93,9 @@ def test_main_reports_config_errors_in_one_line_with_exit_2(
 
 def test_batch_plan_is_checked_against_the_devices(cpu8: list, capsys, monkeypatch, tmp_path: Path) -> None:
     cfg = config.resolve("tiny", [], {"RESLICE_GLOBAL_BATCH": "32", "RESLICE_GRAD_ACCUM": "2"})
-    assert loop.batch_plan(cfg, 8, 1, 8) == loop.Plan(8, 2, 2, 1, 8, 8)  # micro-batch derived
+    assert loop.batch_plan(cfg, 8, 1, 8) == loop.BatchPlan(8, 2, 2, 1, 8, 8)  # micro-batch derived
     # Tensor parallel 4: 2 data-parallel ranks share the batch, 8 sequences each per micro-step.
-    assert loop.batch_plan(cfg, 8, 1, 1, ranks=2, fsdp=2) == loop.Plan(8, 8, 2, 1, 1, 2, 2, 4)
+    assert loop.batch_plan(cfg, 8, 1, 1, ranks=2, fsdp=2) == loop.BatchPlan(8, 8, 2, 1, 1, 2, 2, 4)
     with pytest.raises(ConfigError, match=r"8 × 2 × 1 = 16 ≠ global batch 32"):
         loop.batch_plan(
             config.resolve("tiny", [], {"RESLICE_GLOBAL_BATCH": "32", "RESLICE_MICRO_BATCH": "2"}), 8, 1, 8

@@ -1,0 +1,121 @@
+"""Nodes -> node pools and capacity: which nodes can be trusted with a slice, each node pool as
+observed, and per preset the free whole slices. Pure. Called by launcher/signals.py (the
+observation) and launcher/pools.py (`reslice preflight`'s node rows share `node_problem`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+
+from launcher import rfc3339
+from launcher.presets import LABEL_NODEPOOL, Preset
+from launcher.signal_basics import ByVersion, conditions
+
+# Node taints that mean "this node is going away or cannot be trusted".
+BAD_TAINTS = {
+    "cloud.google.com/impending-node-termination",
+    "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unschedulable",
+    "ToBeDeletedByClusterAutoscaler",
+}
+
+
+def node_problem(node: dict) -> str | None:
+    """Why the node cannot be trusted with a slice now, or None: the one rule the controller and
+    `reslice preflight` share."""
+    if node["metadata"].get("deletionTimestamp"):
+        return "being deleted"
+    if (node.get("spec") or {}).get("unschedulable"):
+        return "cordoned"
+    for t in (node.get("spec") or {}).get("taints") or []:
+        if t.get("key") in BAD_TAINTS:
+            return f"tainted {t['key']}"
+    ready = conditions(node).get("Ready")
+    if ready is None or ready.get("status") != "True":
+        return "NotReady"
+    return None
+
+
+def node_healthy(node: dict) -> bool:
+    return node_problem(node) is None
+
+
+def node_since(node: dict) -> float:
+    """When the node became usable: created, or last turned Ready, whichever is later."""
+    created = rfc3339.seconds(node["metadata"].get("creationTimestamp")) or 0.0
+    ready = rfc3339.seconds((conditions(node).get("Ready") or {}).get("lastTransitionTime")) or 0.0
+    return max(created, ready)
+
+
+@dataclass(frozen=True)
+class PoolObservation:
+    name: str
+    labels: dict[str, str]
+    nodes: int
+    healthy: int
+    since: float  # when the last of its nodes became usable
+    busy: bool  # occupied by live pods that are not this run's
+
+    def whole_slice_of(self, preset: Preset) -> bool:
+        sel = preset.node_selector()
+        return all(self.labels.get(k) == v for k, v in sel.items()) and self.healthy == preset.hosts
+
+
+_node_facts = ByVersion(lambda n: (node_healthy(n), node_since(n)))
+
+
+def nodepools(nodes: Iterable[dict], foreign_nodes: AbstractSet[str]) -> dict[str, PoolObservation]:
+    """Group nodes by `cloud.google.com/gke-nodepool`. `foreign_nodes`: nodes running other workloads."""
+    groups: dict[str, list[dict]] = {}
+    for node in nodes:
+        pool = (node["metadata"].get("labels") or {}).get(LABEL_NODEPOOL)
+        if pool:
+            groups.setdefault(pool, []).append(node)
+    pools = {}
+    for name, members in groups.items():
+        facts = [_node_facts(n) for n in members]
+        labels = members[0]["metadata"].get("labels") or {}
+        pools[name] = PoolObservation(
+            name=name,
+            labels=labels,
+            nodes=len(members),
+            healthy=sum(ok for ok, _ in facts),
+            since=max((since for ok, since in facts if ok), default=0.0),
+            busy=any(n["metadata"]["name"] in foreign_nodes for n in members),
+        )
+    return pools
+
+
+def capacity(pools: Iterable[PoolObservation], presets: Iterable[Preset]) -> dict[str, tuple[float, ...]]:
+    """Per preset: the `since` times of every free, healthy, whole slice, earliest first.
+
+    A shape of n slices of preset P fits when there are at least n entries, and has fitted since
+    the n-th entry.
+    """
+    pools = [p for p in pools if not p.busy]
+    return {
+        preset.name: tuple(sorted(p.since for p in pools if p.whole_slice_of(preset))) for preset in presets
+    }
+
+
+@dataclass(frozen=True)
+class NodesView:
+    """What the nodes alone say (a pod event leaves it as it was)."""
+
+    pools: dict[str, PoolObservation]
+    pool_of: dict[str, str | None]  # node name -> its node pool
+    bad_taints: tuple[tuple[str, str], ...]  # (node, taint key) of every node with a BAD_TAINTS taint
+
+
+def nodes_view(nodes: Sequence[dict], foreign_nodes: AbstractSet[str]) -> NodesView:
+    pool_of = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(LABEL_NODEPOOL) for n in nodes}
+    bad = tuple(
+        (n["metadata"]["name"], t["key"])
+        for n in nodes
+        for t in (n.get("spec") or {}).get("taints") or []
+        if t.get("key") in BAD_TAINTS
+    )
+    return NodesView(nodepools(nodes, foreign_nodes), pool_of, bad)

@@ -1,0 +1,153 @@
+"""What the controller reads in a pass: the sources its caches hold (server-side label and field
+selectors, each object trimmed to the fields the signals read), one `Snapshot` of the namespace
+shared by the runs of a pass, and a run's observation from it (`observe_run`). Called by
+launcher/controller.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from launcher import signals
+from launcher.informer import Source
+from launcher.kube import Kube
+from launcher.presets import LABEL_ACCELERATOR, LABEL_NODEPOOL, Catalog
+from launcher.record import RunRecord
+from launcher.render import LABEL_RUN, run_preset
+from launcher.runs import RunDir
+
+
+def _slim_pod(pod: dict) -> dict:
+    """All a pod of another workload tells the controller: that its node is taken."""
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    return {
+        "metadata": {"name": meta["name"], "namespace": meta.get("namespace")},
+        "spec": {"nodeName": spec.get("nodeName")},
+    }
+
+
+_META = ("name", "namespace", "uid", "resourceVersion", "labels", "creationTimestamp", "deletionTimestamp")
+
+
+def _trim(obj: dict, spec: tuple[str, ...], status: tuple[str, ...]) -> dict:
+    """Only the fields signals.py reads: a trainer pod's spec (env, args, volumes) is most of it."""
+    meta, sp, st = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+    return {
+        "metadata": {k: meta[k] for k in _META if k in meta},
+        "spec": {k: sp[k] for k in spec if k in sp},
+        "status": {k: st[k] for k in status if k in st},
+    }
+
+
+def _run_pod(pod: dict) -> dict:
+    return _trim(pod, ("nodeName",), ("phase", "reason", "conditions", "containerStatuses"))
+
+
+def _node(node: dict) -> dict:
+    return _trim(node, ("unschedulable", "taints"), ("conditions",))
+
+
+# What the caches hold, filtered by the server (label and field selectors as kube-apiserver
+# serves them), so that a namespace and a cluster full of other workloads cost a pass nothing:
+SOURCES = {
+    "jobsets": Source("jobsets", LABEL_RUN),
+    "pods": Source("pods", LABEL_RUN, keep=_run_pod),
+    # Pods of other workloads only mark nodes busy: the live, scheduled ones, a name and a node each.
+    "foreign-pods": Source(
+        "pods",
+        f"!{LABEL_RUN}",
+        "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
+        _slim_pod,
+        index=lambda p: p["spec"]["nodeName"],
+    ),
+    # The shrink ladder only ever uses TPU node pools.
+    "nodes": Source("nodes", f"{LABEL_ACCELERATOR},{LABEL_NODEPOOL}", keep=_node),
+    # The events the signals read (signals._latest_failed_scheduling); a field selector has no OR.
+    "events": Source("events", None, "involvedObject.kind=Pod,reason=FailedScheduling"),
+    "events-scale-up": Source("events", None, "involvedObject.kind=Pod,reason=NotTriggerScaleUp"),
+    "records": Source("configmaps", LABEL_RUN),
+}
+WATCHED = tuple(SOURCES)
+
+
+@dataclass
+class Snapshot:
+    """One read of the namespace, shared by every run reconciled in a pass."""
+
+    jobsets: Sequence[dict]
+    pods: Sequence[dict]
+    nodes: Sequence[dict]
+    events: Sequence[dict]
+    foreign_nodes: frozenset[str] = frozenset()  # nodes live pods of other workloads are on
+
+    @staticmethod
+    def read(kube: Kube) -> Snapshot:
+        """From the API (a controller whose caches do not run: `reslice launch`'s first pass)."""
+        items = {name: _listed(kube, src) for name, src in SOURCES.items() if name != "records"}
+        return Snapshot.of(items, frozenset(p["spec"]["nodeName"] for p in items["foreign-pods"]))
+
+    @staticmethod
+    def of(
+        items: dict[str, Sequence[dict]],
+        foreign_nodes: frozenset[str],
+        join: Callable[[Sequence[dict], Sequence[dict]], Sequence[dict]] | None = None,
+    ) -> Snapshot:
+        failed, no_scale_up = items["events"], items["events-scale-up"]
+        events = (join or EventsJoin())(failed, no_scale_up)
+        return Snapshot(items["jobsets"], items["pods"], items["nodes"], events, foreign_nodes)
+
+
+@dataclass
+class EventsJoin:
+    """a + b, the same tuple again while neither changed: a pass over unchanged caches then hands
+    signals.observe the very inputs of the last one (which it does not compute again). One per
+    controller: a memo shared by two controllers of one process (tests, the bench) would make each
+    evict the other's."""
+
+    _last: tuple = (None, None, ())
+
+    def __call__(self, a: Sequence[dict], b: Sequence[dict]) -> Sequence[dict]:
+        if not (a and b):
+            return a or b
+        last = self._last  # one read: the loop's thread and a `reconcile` caller may both join
+        if last[0] is a and last[1] is b:
+            return last[2]
+        joined = (*a, *b)
+        self._last = (a, b, joined)
+        return joined
+
+
+def _listed(kube: Kube, src: Source) -> list[dict]:
+    keep = src.keep or (lambda o: o)
+    return [
+        keep(o)
+        for items, _ in kube.lists.list_raw(src.kind, src.label_selector, src.field_selector)
+        for o in items
+    ]
+
+
+def observe_run(
+    rec: RunRecord, snap: Snapshot, rundir: RunDir, now: float, catalog: Catalog
+) -> signals.Observation:
+    """The observation of `rec`'s run in `snap`, with its run directory's committed step and status."""
+    seg = rec.current
+    live = seg if seg is not None and seg.live else None
+    shape = seg.shape(catalog) if seg else None
+    return signals.observe(
+        now=now,
+        run=rec.name,
+        segment=seg.index if seg else None,
+        segment_jobset=seg.jobset if seg else None,
+        segment_nodepools=seg.nodepools if live else (),
+        expected_pods=shape.hosts if shape else 0,
+        slice_hosts=shape.preset.hosts if shape else 0,
+        jobsets=[j for j in snap.jobsets if (j["metadata"].get("labels") or {}).get(LABEL_RUN) == rec.name],
+        pods=snap.pods,
+        foreign_nodes=snap.foreign_nodes,
+        nodes=snap.nodes,
+        events=snap.events,
+        presets=[run_preset(rec.spec, p) for p in catalog.values()],
+        committed_step=rundir.latest_committed_step(),
+        trainer=rundir.status(),
+    )
