@@ -14,7 +14,9 @@ Per phase, a fresh run and a fresh controller process (whose caches list what ex
 - idle_requests_per_min: requests the controller process makes at the embedded API while nothing
   changes (Lease renewals, watch reconnects), counted by the server over --idle-s.
 - decision_latency_s: controller-owned, from the first watch event of the node-pool loss reaching
-  the controller (the ledger's `woken_at`) to the run record written (the end-segment line).
+  the controller (the ledger's `woken_at`) to the run record written (the end-segment line); split
+  into deciding (`woken_at` -> `decided_at`: the pass reads the caches, observes, decides) and the
+  record's PUT (`decided_at` -> written: the API server's answer).
 - rss_mb: the controller process's peak RSS.
 
 Each decision line also says how long this process (the embedded API server's) spent in full
@@ -184,8 +186,10 @@ def phase(cluster, kube: Kube, tmp: Path, run: str, args) -> dict:
         wait(ends, 120, "the shrink decision", poll=0.05)
         end = ends()[0]
         latency = end["time"] - end["woken_at"]
+        decide_s = end["decided_at"] - end["woken_at"]
         server_gc = PAUSES.within(end["woken_at"], end["time"])
         print(f"[{run}] lost {pool}: record written {latency * 1e3:.0f} ms after the first watch event "
+              f"(deciding {decide_s * 1e3:.0f} ms, the record's PUT {(latency - decide_s) * 1e3:.0f} ms) "
               f"({(end['time'] - t_fault) * 1e3:.0f} ms after the fault; zero-grace: {end.get('zero_grace', False)}; "
               f"the API server's process in full GC for {server_gc * 1e3:.0f} ms of it)")  # fmt: skip
         wait(lambda: len(kube.get_record(run)[0].segments) > 1, 600, "the next segment", poll=1.0)
@@ -203,6 +207,7 @@ def phase(cluster, kube: Kube, tmp: Path, run: str, args) -> dict:
         "pods": shape.hosts,
         "pass_s": round(pass_s, 4),
         "decision_latency_s": round(latency, 4),
+        "deciding_s": round(decide_s, 4),
         "fault_to_decision_s": round(end["time"] - t_fault, 4),
         "server_gc_during_decision_s": round(server_gc, 4),
         "rss_mb": round(rss),

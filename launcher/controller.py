@@ -156,6 +156,7 @@ class Controller:
             trainer_config=json.loads(spec.trainer_config) if spec.trainer_config else None,
         )
         decision = policy.decide(rec, obs, ladder, self.catalog)
+        decided_at = time.time()  # the record's PUT follows: what the API server takes is after this
 
         entries = []
         summary = obs.summary()
@@ -182,7 +183,11 @@ class Controller:
                     "reason": decision.reason,
                     "segment": decision.record.current.index if decision.record.current else None,
                     "state": decision.record.state,
-                    **({"woken_at": woken} if decision.acts and (woken := self._pass_woken_at) else {}),
+                    **(
+                        {"woken_at": woken, "decided_at": decided_at}
+                        if decision.acts and (woken := self._pass_woken_at)
+                        else {}
+                    ),
                     **({"zero_grace": True} if decision.force else {}),
                 }
             )
