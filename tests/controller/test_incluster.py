@@ -12,6 +12,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from launcher.kube import Kube
 from launcher.launch import create_run, prepare
@@ -63,17 +65,19 @@ def test_the_blocker_catches_a_trainer_import(tmp_path):
     assert "import trainer" in log.read_text().splitlines()
 
 
-def test_without_the_embedded_cluster_cluster_says_it_is_not_installed(tmp_path):
-    """The one command that imports launcher.embedded refuses in one line, exit 2, where it is not
-    installed — which also shows that the blocker blocks it (the test below: `watch --all` never
-    tries)."""
-    log = tmp_path / "imports.log"
-    argv = ("launcher", "cluster", "up", "--nodepools", "tpu7x-2x2x1:1")
+@pytest.mark.parametrize("command", [("cluster", "up", "--nodepools", "tpu7x-2x2x1:1"), ("demo",)])
+def test_without_the_embedded_cluster_its_commands_say_it_is_not_installed(tmp_path, command):
+    """The commands that import launcher.embedded refuse in one line, exit 2, creating nothing,
+    where it is not installed — which also shows that the blocker blocks it (the test below:
+    `watch --all` never tries)."""
+    log, workdir = tmp_path / "imports.log", tmp_path / "demo"
+    argv = ("launcher", *command, *(("--workdir", str(workdir)) if command == ("demo",) else ()))
     done = subprocess.run(**blocked(log, *argv), capture_output=True, timeout=60, text=True)
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr.startswith("reslice: error: this install has no embedded cluster")
     assert len(done.stderr.splitlines()) == 1
     assert log.read_text().splitlines() == ["import launcher.embedded"]
+    assert not workdir.exists()
 
 
 def test_controller_process_drives_a_run_serves_probes_and_imports_nothing_the_image_lacks(tmp_path):
