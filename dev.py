@@ -23,13 +23,14 @@ BIN = VENV / "bin"
 STAMP = VENV / ".installed"
 LOCK_INPUTS = (ROOT / "requirements" / "dev.lock", ROOT / "pyproject.toml")
 PIP = ("-m", "pip", "install", "-q", "--disable-pip-version-check")
-# (output, extra, platform): the lock files `lock` writes, all for CPython 3.11 on Linux x86-64.
-# dev: tests and the embedded demo (launcher + trainer); run: the launcher alone (the controller
-# image, docker/controller.Dockerfile); tpu: launcher + trainer + jax[tpu] (docker/Dockerfile).
+# (output, extra, platform): the lock files `lock` writes, all for CPython 3.11 on Linux x86-64, one
+# per install: dev (tests, the embedded demo: everything), controller (the controller image,
+# docker/controller.Dockerfile: the launcher alone), trainer (the trainer image, docker/Dockerfile:
+# the trainer and jax[tpu], no launcher).
 LOCKS = (
     ("dev.lock", "dev", "x86_64-manylinux_2_28"),
-    ("run.lock", None, "x86_64-manylinux_2_28"),
-    ("tpu.lock", "tpu", "x86_64-manylinux_2_31"),
+    ("controller.lock", "controller", "x86_64-manylinux_2_28"),
+    ("trainer.lock", "tpu", "x86_64-manylinux_2_31"),
 )
 
 

@@ -1,8 +1,16 @@
 # The in-cluster controller image (manifests/controller): the launcher only — no jax, libtpu,
-# flax, optax, orbax or grain (tests/controller/test_incluster.py runs `reslice watch --all` with
-# those unimportable). Build from the repository root:
+# flax, optax, orbax or grain, no matplotlib or jsonschema, and no launcher/embedded (the embedded
+# cluster is a development extra). tests/controller/test_incluster.py runs `reslice watch --all`
+# with all of those unimportable. Build from the repository root:
 #   docker build -f docker/controller.Dockerfile -t reslice-controller .
-# linux/amd64: requirements/run.lock pins x86-64 wheels.
+# linux/amd64: requirements/controller.lock pins x86-64 wheels.
+FROM --platform=linux/amd64 python:3.11-slim AS source
+
+# The launcher without launcher/embedded, in a stage of its own so that no layer of the image
+# holds the embedded cluster (a `rm` after the COPY would leave it in the COPY's layer).
+COPY launcher /src/launcher
+RUN rm -r /src/launcher/embedded
+
 FROM --platform=linux/amd64 python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 \
@@ -13,12 +21,12 @@ ENV PYTHONUNBUFFERED=1 \
 
 WORKDIR /app
 
-# The launcher's dependencies alone (pyproject.toml's `dependencies`, no extras), hash-pinned.
-COPY requirements/run.lock requirements/run.lock
-RUN pip install --require-hashes -r requirements/run.lock
+# pyproject.toml's `controller` extra, hash-pinned.
+COPY requirements/controller.lock requirements/controller.lock
+RUN pip install --require-hashes -r requirements/controller.lock
 
 COPY pyproject.toml README.md ./
-COPY launcher launcher
+COPY --from=source /src/launcher launcher
 COPY presets presets
 # setuptools finds `trainer*` packages only if present: without trainer/ the wheel is launcher-only.
 RUN pip install --no-deps . \

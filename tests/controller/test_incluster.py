@@ -1,7 +1,7 @@
 """The in-cluster controller as its Deployment runs it: `reslice watch --all --health-port P` in its
-own process, with the trainer's packages unimportable (the slim controller image has none of them).
-It drives a run, answers the kubelet's probes, and reports not-ready but alive while the API server
-is gone."""
+own process, with what the slim controller image lacks unimportable (the trainer's packages,
+matplotlib, jsonschema, launcher.embedded). It drives a run, answers the kubelet's probes, and
+reports not-ready but alive while the API server is gone."""
 
 import os
 import signal
@@ -12,6 +12,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from launcher.kube import Kube
 from launcher.launch import create_run, prepare
@@ -20,14 +22,20 @@ from launcher.render import RunSpec
 from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-# The `trainer` extra of pyproject.toml (and libtpu, which jax[tpu] brings): not in the controller image.
-TRAINER_ONLY = "jax,jaxlib,libtpu,flax,optax,orbax,grain,gcsfs,tensorboardX,trainer"
+# Not in the controller image (requirements/controller.lock, pyproject.toml's `controller` extra): the
+# `trainer` extra (and libtpu, which jax[tpu] brings), the `plots` and `embedded` extras, the embedded
+# cluster's code (docker/controller.Dockerfile leaves it out), and kubernetes-validate (dev only),
+# which the kubernetes client tries and copes without.
+NOT_IN_IMAGE = (
+    "jax,jaxlib,libtpu,flax,optax,orbax,grain,gcsfs,tensorboardX,trainer,"
+    "matplotlib,jsonschema,launcher.embedded,?kubernetes_validate"
+)
 
 
 def blocked(log: Path, *args: str) -> dict:
-    """`python -m ARGS...` with the trainer-only packages blocked: keyword arguments for subprocess."""
+    """`python -m ARGS...` with what the image lacks blocked: keyword arguments for subprocess."""
     return {
-        "args": [sys.executable, "-m", "tests.support.noimport", str(log), TRAINER_ONLY, *args],
+        "args": [sys.executable, "-m", "tests.support.noimport", str(log), NOT_IN_IMAGE, *args],
         "cwd": ROOT,
         "env": {**os.environ, "PYTHONPATH": str(ROOT)},
     }
@@ -57,7 +65,22 @@ def test_the_blocker_catches_a_trainer_import(tmp_path):
     assert "import trainer" in log.read_text().splitlines()
 
 
-def test_controller_process_drives_a_run_serves_probes_and_never_imports_the_trainer(tmp_path):
+@pytest.mark.parametrize("command", [("cluster", "up", "--nodepools", "tpu7x-2x2x1:1"), ("demo",)])
+def test_without_the_embedded_cluster_its_commands_say_it_is_not_installed(tmp_path, command):
+    """The commands that import launcher.embedded refuse in one line, exit 2, creating nothing,
+    where it is not installed — which also shows that the blocker blocks it (the test below:
+    `watch --all` never tries)."""
+    log, workdir = tmp_path / "imports.log", tmp_path / "demo"
+    argv = ("launcher", *command, *(("--workdir", str(workdir)) if command == ("demo",) else ()))
+    done = subprocess.run(**blocked(log, *argv), capture_output=True, timeout=60, text=True)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.startswith("reslice: error: this install has no embedded cluster")
+    assert len(done.stderr.splitlines()) == 1
+    assert log.read_text().splitlines() == ["import launcher.embedded"]
+    assert not workdir.exists()
+
+
+def test_controller_process_drives_a_run_serves_probes_and_imports_nothing_the_image_lacks(tmp_path):
     log, out = tmp_path / "imports.log", tmp_path / "controller.out"
     port = free_port()
     cluster = EmbeddedCluster(nodepools=[NodePoolSpec("tpu7x-2x2x1", count=1)], mode="simulate").start()

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 import socket
 import struct
-import time
+import threading
 from urllib.parse import urlsplit
 
 import pytest
 from kubernetes.client import ApiException
 
 from tests.embedded.conftest import Api, job, jobset, pod
+from tests.support.wait import wait_for
 
 
 def _status(exc: ApiException) -> dict:
@@ -204,10 +205,15 @@ def test_a_client_hanging_up_is_not_reported_as_a_server_error(api: Api, capfd) 
     """A keep-alive connection reset between requests (a controller stopping its watches) is
     normal: no traceback on the server's stderr, and the server keeps answering."""
     url = urlsplit(api.server.url)
+    before = set(threading.enumerate())
     with socket.create_connection((url.hostname, url.port)) as s:
         s.sendall(b"GET /api HTTP/1.1\r\nHost: x\r\n\r\n")
         assert s.recv(4096).startswith(b"HTTP/1.1 200")
+        handler = set(threading.enumerate()) - before  # the server's thread for this connection
+        assert handler
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
-    time.sleep(0.3)
+    # The server reports a handler's error in that thread before it ends: once it has ended,
+    # whatever it had to say about the reset is on stderr.
+    wait_for(lambda: not any(t.is_alive() for t in handler), 10, "the connection's handler to end")
     assert api.core.list_namespace().items is not None
     assert "Traceback" not in capfd.readouterr().err

@@ -4,7 +4,6 @@ selection, with the client calls reslice and kubectl make."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -19,23 +18,33 @@ class FakeKubeletLogs:
 
     def __init__(self) -> None:
         self.logs: dict[tuple[str, str, str], bytearray] = {}
-        self.done = threading.Event()
+        self.done = False
+        self.changed = threading.Condition()  # a write, or the end: what a following reader waits on
 
     def write(self, ns: str, name: str, container: str, data: bytes) -> None:
-        self.logs.setdefault((ns, name, container), bytearray()).extend(data)
+        with self.changed:
+            self.logs.setdefault((ns, name, container), bytearray()).extend(data)
+            self.changed.notify_all()
+
+    def finish(self) -> None:
+        with self.changed:
+            self.done = True
+            self.changed.notify_all()
 
     def __call__(self, ns: str, name: str, container: str, follow: bool) -> Iterator[bytes]:
-        log = self.logs.setdefault((ns, name, container), bytearray())
+        with self.changed:
+            log = self.logs.setdefault((ns, name, container), bytearray())
         sent = 0
         while True:
-            if sent < len(log):
+            with self.changed:
+                # 30 s: a safety net for a test that never finishes its log.
+                self.changed.wait_for(lambda sent=sent: sent < len(log) or not follow or self.done, 30)
                 chunk = bytes(log[sent:])
+            if chunk:
                 sent += len(chunk)
                 yield chunk
-            elif not follow or self.done.is_set():
+            elif not follow or self.done:
                 return
-            else:
-                time.sleep(0.02)
 
 
 @pytest.fixture
@@ -57,23 +66,28 @@ def test_follow_streams_lines_as_they_are_written(api: Api, logs: FakeKubeletLog
     api.core.create_namespaced_pod("default", pod("p", node="n1"))
     logs.write("default", "p", "main", b"old 1\nold 2\nold 3\n")
 
+    # Lockstep with the reader: each line is written once the reader has the one before, so a
+    # stream collected at the end (or one that missed lines written while it was open) fails.
+    had = {line: threading.Event() for line in ("old 3", "new 0")}
+    handshakes: list[bool] = []
+
     def trainer() -> None:
-        for i in range(3):
-            time.sleep(0.1)
+        for i, after in enumerate(("old 3", "new 0", "new 0")):
+            if i < 2:
+                handshakes.append(had[after].wait(10))  # 10 s: only a broken stream waits that long
             logs.write("default", "p", "main", f"new {i}\n".encode())
-        logs.done.set()
+        logs.finish()
 
     threading.Thread(target=trainer, daemon=True).start()
-    started = time.monotonic()
-    lines, first_new_at = [], None
+    lines = []
     for line in watch.Watch().stream(
         api.core.read_namespaced_pod_log, "p", "default", follow=True, tail_lines=1
     ):
         lines.append(line)
-        if line == "new 0":
-            first_new_at = time.monotonic() - started
+        if line in had:
+            had[line].set()
     assert lines == ["old 3", "new 0", "new 1", "new 2"]
-    assert first_new_at is not None and first_new_at < 0.3  # streamed, not collected at the end
+    assert handshakes == [True, True]  # streamed as written, not collected at the end
 
 
 def test_container_must_be_named_when_there_are_several(api: Api, logs: FakeKubeletLogs) -> None:

@@ -80,8 +80,9 @@ def test_a_stalled_watcher_does_not_hold_up_writers(big: Api) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", big.server.port, timeout=10)
     start_rv = big.store.resource_version
     conn.request("GET", f"/api/v1/namespaces/default/pods?watch=true&resourceVersion={start_rv}")
+    # The server sends the response's headers once the watch is registered (streams._watch), so
+    # from here on the watch exists, and nobody reads it.
     stalled = conn.getresponse()
-    time.sleep(0.2)  # the watch is registered; from here on nobody reads it
     assert _create_all(big) < 20  # writers would block here on an unbounded or blocking queue
     # The store dropped the watch once 200 events queued up: the stream ends, short of 3,072 events.
     events = _read_events(stalled)

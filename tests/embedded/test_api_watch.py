@@ -4,7 +4,6 @@ selectors, bookmarks, timeoutSeconds, 410 Gone, and what an API server restart d
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -75,16 +74,35 @@ def test_bookmarks_carry_the_current_version(api: Api) -> None:
 
 
 def test_no_bookmarks_unless_asked_and_timeout_ends_the_stream(api: Api) -> None:
+    """Two watches side by side over the same second, one asking for bookmarks. Once that one has
+    had two (the window is well under way), a pod is created: the other, quiet until then, is still
+    open and sees it — and no bookmark. Both then end on their own (timeoutSeconds)."""
     current = api.core.list_namespaced_pod("default").metadata.resource_version
-    started = time.monotonic()
-    events = list(
-        watch.Watch().stream(
-            api.core.list_namespaced_pod, "default", resource_version=current, timeout_seconds=1
-        )
-    )
-    elapsed = time.monotonic() - started
-    assert events == []
-    assert 0.9 <= elapsed < 1 + 5 * BOOKMARK_INTERVAL_S + 1
+    got: dict[bool, list[str]] = {}
+
+    def stream(bookmarks: bool) -> None:
+        seen = got.setdefault(bookmarks, [])
+        for ev in watch.Watch().stream(
+            api.core.list_namespaced_pod,
+            "default",
+            resource_version=current,
+            timeout_seconds=1,
+            allow_watch_bookmarks=bookmarks,
+        ):
+            seen.append(ev["type"])
+            if ev["type"] == "BOOKMARK" and seen.count("BOOKMARK") == 2:
+                api.core.create_namespaced_pod("default", pod("late"))
+
+    threads = [threading.Thread(target=stream, args=(b,), daemon=True) for b in (False, True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)  # a safety net: a stream that ignores timeoutSeconds would never end
+    assert not any(t.is_alive() for t in threads), "a watch did not end at its timeoutSeconds"
+    assert got[False] == ["ADDED"]
+    assert got[True].count("ADDED") == 1 and set(got[True]) == {"ADDED", "BOOKMARK"}, got[True]
+    # 1 s is 1 / BOOKMARK_INTERVAL_S intervals; the two before the pod, and maybe more after it.
+    assert 2 <= got[True].count("BOOKMARK") <= int(1 / BOOKMARK_INTERVAL_S) + 1, got[True]
 
 
 def test_too_old_resource_version_is_410_gone() -> None:

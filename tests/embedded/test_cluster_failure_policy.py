@@ -4,7 +4,6 @@ BlockingRecreate creates the next attempt only once every old pod is gone. (Disr
 DisruptionTarget rule — are exercised by the fault tests.)"""
 
 import threading
-import time
 
 from kubernetes import watch
 
@@ -139,7 +138,13 @@ def test_blocking_recreate_waits_until_every_old_pod_is_gone():
         js = terminal(kube, "blk-0")
         assert js["status"]["terminalState"] == "Completed" and js["status"]["restarts"] == 1
         kube.cluster.settle()
-        time.sleep(0.2)  # let the watch deliver what the store committed
+
+        def delivered() -> bool:  # the watch has caught up: its pods are those the API lists now
+            last = {name: typ for typ, name, _, _ in list(seen)}
+            live = {name for name, typ in last.items() if typ != "DELETED"}
+            return live == {p.metadata.name for p in kube.core.list_namespaced_pod("default").items}
+
+        wait_for(delivered, what="the watch to deliver what the store committed")
         stop.set()
         old_gone = max(i for i, (typ, _, att, _) in enumerate(seen) if typ == "DELETED" and att == "0")
         new_first = min(i for i, (typ, _, att, _) in enumerate(seen) if typ == "ADDED" and att == "1")

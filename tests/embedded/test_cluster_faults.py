@@ -2,7 +2,6 @@
 
 import os
 import signal
-import time
 
 from tests.embedded.cluster_helpers import HOSTS, PodRecorder, condition, rendered, running, wait_for
 
@@ -252,5 +251,5 @@ def test_kill_pod_is_exit_137_and_counts_as_an_app_failure():
             lambda: other.metadata.name not in {x.metadata.name for x in kube.pods()},
             what="the other host gone",
         )
-        time.sleep(0.2)
+        kube.cluster.settle()  # every controller has done what it will do with the failed pod
         assert kube.core.read_namespaced_pod(victim.metadata.name, "default").status.phase == "Failed"

@@ -76,6 +76,16 @@ class Trainer:
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
+    def catches(self, sig: int = signal.SIGTERM) -> bool:
+        """Whether the process has a handler for `sig` installed now (`SigCgt` in /proc/PID/status,
+        Linux): what a test waits on instead of sleeping until the trainer has installed it."""
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except FileNotFoundError:  # exited
+            return False
+        caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+        return bool(int(caught, 16) >> (sig - 1) & 1)
+
     def signal(self, sig: int = signal.SIGTERM) -> None:
         """To the whole process group, as the kubelet signals a container."""
         if self.proc.poll() is None:

@@ -335,7 +335,8 @@ def test_batch_plan_mismatch_is_a_config_error(tmp_path: Path) -> None:
 def test_sigterm_during_start_up_exits_42_without_training(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     trainer = runs.Trainer(runs.env_for(str(run_dir), 8), tmp_path / "t.log")
-    time.sleep(1.0)  # after the handler is installed (~0.2 s), long before the first step (> 2 s)
+    # Once the handler is installed (its first act, ~0.2 s in), long before the first step (> 2 s).
+    runs.wait_for(trainer.catches, 60, "the trainer's SIGTERM handler", trainer)
     trainer.signal(signal.SIGTERM)
     assert trainer.wait() == 42, trainer.output()[-3000:]
     assert "preempted before the first step" in trainer.output()
