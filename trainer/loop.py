@@ -174,9 +174,11 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
         with jax.set_mesh(mesh):
             graphdef, abstract = abstract_state(cfg, mesh)
             # A foreign checkpoint is refused before anything is written into its run directory.
+            t_restore = time.perf_counter()
             start, restored = ckpt.usable_start(
                 total_steps, abstract, lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb)
             )
+            restore_s = time.perf_counter() - t_restore
             writer = RunWriter(
                 cfg.run_dir, segment, attempt, cfg.metrics.flush_seconds, ident.process_id == 0
             )
@@ -189,7 +191,9 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
             # Opened before the state so that a bad data path fails fast; it starts reading ahead.
             batches = iter(data.make_dataset(cfg.data, cfg.model.vocab_size, seq, layout, start, total_steps))
             if start:
+                t_restore = time.perf_counter()
                 state = jax.block_until_ready(restored)
+                restore_s += time.perf_counter() - t_restore  # Orbax may hand back arrays still arriving
                 print(f"trainer: resumed step {start} from {ckpt.directory} on {plan}", flush=True)
             else:
                 state = init_state(cfg, mesh, abstract)
@@ -217,6 +221,7 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
                 train_step.lower(state, token_spec, flags[False]), list(mesh.devices.flat)
             )
             startup = {
+                "perf/restore_seconds": restore_s,
                 "perf/compile_seconds": time.perf_counter() - t_compile,
                 # 1: the train step was loaded from the run's compile cache, not compiled.
                 "perf/compile_cache_hits": compile_cache.hits() - hits,
