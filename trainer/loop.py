@@ -327,6 +327,8 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
                 restore_s += time.perf_counter() - t_restore  # Orbax may hand back arrays still arriving
                 print(f"trainer: resumed step {start} from {ckpt.directory} on {plan}", flush=True)
             else:
+                # Nothing restored: the look for a checkpoint (opening Orbax's manager) is start-up.
+                restore_s = 0.0
                 state = init_state(cfg, mesh, abstract)
             writer.status(state="running", step=start, **status)
             steps = _build_steps(cfg, mesh, graphdef, abstract, plan.grad_accum)

@@ -108,6 +108,7 @@ def test_same_shape_resume_after_kill_is_bitwise_equal(reference: dict, tmp_path
     # checkpoint restore badput).
     assert resumed[resume_at + 1]["perf/restore_seconds"] > 0
     assert "perf/restore_seconds" not in resumed[resume_at + 2]
+    assert first_records[min(first_records)]["perf/restore_seconds"] == 0.0  # nothing to restore
     assert any((run_dir / "compile_cache").iterdir())
 
 
