@@ -389,7 +389,8 @@ def plot_timeline(report: RunReport, path: str) -> None:
         bottom.barh(labels, widths, left=left, color=COLOURS[name], label=LABELS[name])
         left = [a + w for a, w in zip(left, widths, strict=True)]
     bottom.set_xlabel("seconds")
-    bottom.legend(fontsize=7, ncol=3, loc="lower right")
+    # Below the bars: with eight categories a legend inside covers the longest one.
+    bottom.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.22))
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
