@@ -4,15 +4,19 @@ badput. Called by launcher/status.py (`reslice report`); the accounting they dra
 
 from __future__ import annotations
 
-from launcher.report import LOSS, RunReport
+from launcher.report import CATEGORIES, LOSS, RunReport
 
 COLOURS = {
     "productive": "#2ca02c",
+    "scheduling": "#ff7f0e",
+    "startup": "#7f7f7f",
+    "compilation": "#8c564b",
+    "restore": "#17becf",
+    "data_loading": "#bcbd22",
     "recomputed": "#d62728",
     "checkpointing": "#9467bd",
-    "waiting_for_capacity": "#ff7f0e",
-    "restart_and_recovery": "#7f7f7f",
 }
+LABELS = {"productive": "productive training", **{name: label for name, _, label in CATEGORIES}}
 
 
 def plot_loss(report: RunReport, metrics: list[dict], path: str) -> None:
@@ -77,10 +81,11 @@ def plot_timeline(report: RunReport, path: str) -> None:
     left = [0.0] * len(values)
     for name in names:
         widths = [getattr(b, name) for b in values]
-        bottom.barh(labels, widths, left=left, color=COLOURS[name], label=name.replace("_", " "))
+        bottom.barh(labels, widths, left=left, color=COLOURS[name], label=LABELS[name])
         left = [a + w for a, w in zip(left, widths, strict=True)]
     bottom.set_xlabel("seconds")
-    bottom.legend(fontsize=7, ncol=3, loc="lower right")
+    # Below the bars: with eight categories a legend inside covers the longest one.
+    bottom.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.22))
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -17,7 +17,7 @@ from rich.text import Text
 from launcher.plan import Plan, Rung
 from launcher.presets import Preset, Shape
 from launcher.record import FAILED, FINISHED, RunRecord
-from launcher.report import LOSS, TOKENS, RunReport
+from launcher.report import CATEGORIES, LOSS, TOKENS, RunReport
 
 
 def _clock(ts: float | None) -> str:
@@ -64,13 +64,11 @@ def badput_table(report: RunReport) -> Table:
     table.add_column("time")
     table.add_column("seconds", justify="right")
     table.add_column("share", justify="right")
-    rows = [
-        ("productive training", b.productive),
-        ("waiting for capacity", b.waiting_for_capacity),
-        ("restart and recovery", b.restart_and_recovery),
-        ("recomputed steps", b.recomputed),
-        ("checkpointing", b.checkpointing),
-    ]
+    rows = [("productive training", b.productive)]
+    for name, _, label in CATEGORIES:
+        rows.append((label, getattr(b, name)))
+        if name == "scheduling":  # a part of scheduling, not a category of its own
+            rows.append(("  of which waiting for capacity", b.waiting_for_capacity))
     for name, secs in rows:
         table.add_row(name, f"{secs:.1f}", f"{secs / b.wall:.1%}" if b.wall else "-")
     return table

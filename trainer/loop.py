@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import jax
@@ -134,6 +134,137 @@ def _meet_peers(
     return waited
 
 
+@dataclass(frozen=True)
+class Pending:
+    """The step in flight: dispatched to the devices, its metrics not read yet."""
+
+    n: int
+    device_metrics: Any
+    batch: dict
+    data_s: float
+
+
+@dataclass(frozen=True)
+class StepResult:
+    record: dict[str, Any]
+    stop: bool  # some process was preempted: the maximum of the SIGTERM flags came back in this step
+    done_at: float  # time.perf_counter() when its metrics arrived; the next step's clock starts here
+
+
+@dataclass(frozen=True)
+class Incarnation:
+    """What one trainer incarnation's steps share, built once by `run`."""
+
+    cfg: Config
+    preemption: Preemption
+    recorder: Recorder
+    writer: RunWriter
+    ckpt: Checkpointer
+    meta: Callable[[int], dict[str, Any]]  # a checkpoint's meta at a step
+    status: dict[str, Any]  # what every status.json write carries
+
+
+@dataclass(frozen=True)
+class Steps:
+    """The train step and its inputs' layouts (`_build_steps`)."""
+
+    train_step: Any  # jitted; compiled by `_compile`
+    tokens_sharding: Any
+    global_shape: tuple[int, int, int]
+    flags: dict[bool, Any]  # the two possible values of this process's SIGTERM flag, as global arrays
+
+
+def finish_step(inc: Incarnation, pending: Pending, since: float, startup: dict[str, Any]) -> StepResult:
+    """Wait for the pending step and build its record, with `startup` merged in (the caller passes
+    the start-up timers with the first step of an incarnation only)."""
+    m = unpack(jax.device_get(pending.device_metrics))
+    now = time.perf_counter()
+    rec = inc.recorder(pending.n, m, pending.batch, pending.data_s, now - since)
+    inc.preemption.step_done(rec["perf/step_time_seconds"])
+    rec.update(startup)
+    total_steps = inc.cfg.train.steps
+    if pending.n % inc.cfg.metrics.log_every == 0 or pending.n == total_steps:
+        print(
+            f"step {pending.n}/{total_steps} loss {rec['learning/loss']:.4f} step_time"
+            f" {rec['perf/step_time_seconds']:.3f}s dropped {rec['moe/dropped_rows']}/{rec['moe/total_rows']}",
+            flush=True,
+        )
+    return StepResult(rec, bool(m["stop"]), now)
+
+
+def _build_steps(cfg: Config, mesh: Any, graphdef: Any, abstract: Any, grad_accum: int) -> Steps:
+    gb, seq = cfg.train.global_batch, cfg.model.seq_len
+    flag_sharding = device_sharding(mesh)
+    local_flag = {v: np.full((len(mesh.local_devices),), int(v), np.int32) for v in (False, True)}
+    return Steps(
+        make_train_step(cfg, graphdef, mesh, abstract),
+        batch_sharding(mesh),
+        (grad_accum, gb // grad_accum, seq + 1),
+        {
+            v: jax.make_array_from_process_local_data(flag_sharding, f, (mesh.size,))
+            for v, f in local_flag.items()
+        },
+    )
+
+
+def _compile(steps: Steps, state: Any, mesh: Any) -> tuple[Steps, dict[str, Any]]:
+    """Compile before the clock starts: the first step's time is then a step's, and the compilation
+    is reported on its own (start-up is badput, not training)."""
+    t_compile, hits = time.perf_counter(), compile_cache.hits()
+    token_spec = jax.ShapeDtypeStruct(steps.global_shape, np.int32, sharding=steps.tokens_sharding)
+    train_step = compile_cache.compiled(
+        steps.train_step.lower(state, token_spec, steps.flags[False]), list(mesh.devices.flat)
+    )
+    timers = {
+        "perf/compile_seconds": time.perf_counter() - t_compile,
+        # 1: the train step was loaded from the run's compile cache, not compiled.
+        "perf/compile_cache_hits": compile_cache.hits() - hits,
+    }
+    how = "loaded from the compile cache" if timers["perf/compile_cache_hits"] else "compiled"
+    print(f"trainer: train step {how} in {timers['perf/compile_seconds']:.1f} s", flush=True)
+    return replace(steps, train_step=train_step), timers
+
+
+def _train(
+    inc: Incarnation, steps: Steps, state: Any, batches: Any, start: int, startup: dict[str, Any]
+) -> int:
+    """Steps ``start + 1`` to ``train.steps``, or to the step after everyone learnt of a SIGTERM;
+    each step is dispatched before the one in flight is finished. The last step saved."""
+    cfg, preemption, writer = inc.cfg, inc.preemption, inc.writer
+    pending: Pending | None = None
+    last_done, stop, n = time.perf_counter(), False, start
+    for s in range(start, cfg.train.steps):
+        n = s + 1
+        if n == cfg.train.crash_at_step:
+            raise RuntimeError(f"train.crash_at_step={n}: failing on purpose")
+        t0 = time.perf_counter()
+        batch = next(batches)
+        assert batch["step"] == s, (batch["step"], s)
+        tokens = jax.make_array_from_process_local_data(
+            steps.tokens_sharding, batch["tokens"].astype(np.int32, copy=False), steps.global_shape
+        )
+        stop_in = steps.flags[preemption.requested]
+        data_s = time.perf_counter() - t0
+        state, dm = steps.train_step(state, tokens, stop_in)
+        if pending is not None:
+            done = finish_step(inc, pending, last_done, startup)
+            startup, last_done, stop = {}, done.done_at, stop or done.stop
+            writer.write(done.record)
+        pending = Pending(n, dm, batch, data_s)
+        if n % cfg.checkpoint.interval == 0 or n == cfg.train.steps or stop:
+            done = finish_step(inc, pending, last_done, startup)  # the step's own time, before the save
+            startup, pending, stop = {}, None, stop or done.stop
+            with preemption.saving():
+                done.record["perf/checkpoint_save_seconds"] = inc.ckpt.save(n, state, inc.meta(n))
+            last_done = time.perf_counter()
+            writer.write(done.record)
+            writer.status(state="running", step=n, **inc.status)
+            writer.flush()
+            if stop:
+                break
+    return n
+
+
 def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = None) -> int:
     """Train until ``train.steps`` (exit 0) or a SIGTERM (exit 42); see the module docstring."""
     preemption = preemption or Preemption()
@@ -176,9 +307,11 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
         with jax.set_mesh(mesh):
             graphdef, abstract = abstract_state(cfg, mesh)
             # A foreign checkpoint is refused before anything is written into its run directory.
+            t_restore = time.perf_counter()
             start, restored = ckpt.usable_start(
                 total_steps, abstract, lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb)
             )
+            restore_s = time.perf_counter() - t_restore
             writer = RunWriter(
                 cfg.run_dir, segment, attempt, cfg.metrics.flush_seconds, ident.process_id == 0
             )
@@ -191,95 +324,33 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
             # Opened before the state so that a bad data path fails fast; it starts reading ahead.
             batches = iter(data.make_dataset(cfg.data, cfg.model.vocab_size, seq, layout, start, total_steps))
             if start:
+                t_restore = time.perf_counter()
                 state = jax.block_until_ready(restored)
+                restore_s += time.perf_counter() - t_restore  # Orbax may hand back arrays still arriving
                 print(f"trainer: resumed step {start} from {ckpt.directory} on {plan}", flush=True)
             else:
+                # Nothing restored: the look for a checkpoint (opening Orbax's manager) is start-up.
+                restore_s = 0.0
                 state = init_state(cfg, mesh, abstract)
             writer.status(state="running", step=start, **status)
-            train_step = make_train_step(cfg, graphdef, mesh, abstract)
-            tokens_sharding = batch_sharding(mesh)
-            global_shape = (plan.grad_accum, gb // plan.grad_accum, seq + 1)
-            flag_sharding = device_sharding(mesh)
-            local_flag = {v: np.full((len(mesh.local_devices),), int(v), np.int32) for v in (False, True)}
-            # The two possible values of this process's SIGTERM flag, built once.
-            flags = {
-                v: jax.make_array_from_process_local_data(flag_sharding, f, (mesh.size,))
-                for v, f in local_flag.items()
-            }
+            steps = _build_steps(cfg, mesh, graphdef, abstract, plan.grad_accum)
 
             if preemption.requested:  # during start-up: nothing trained since the latest checkpoint
                 print(f"trainer: preempted before the first step, step {start} stands, exit {EXIT_PREEMPTED}")
                 return EXIT_PREEMPTED
-
-            # Compile before the clock starts: the first step's time is then a step's, and the
-            # compilation is reported on its own (start-up is badput, not training).
-            t_compile, hits = time.perf_counter(), compile_cache.hits()
-            token_spec = jax.ShapeDtypeStruct(global_shape, np.int32, sharding=tokens_sharding)
-            train_step = compile_cache.compiled(
-                train_step.lower(state, token_spec, flags[False]), list(mesh.devices.flat)
-            )
-            startup = {
-                "perf/compile_seconds": time.perf_counter() - t_compile,
-                # 1: the train step was loaded from the run's compile cache, not compiled.
-                "perf/compile_cache_hits": compile_cache.hits() - hits,
-            }
-            how = "loaded from the compile cache" if startup["perf/compile_cache_hits"] else "compiled"
-            print(f"trainer: train step {how} in {startup['perf/compile_seconds']:.1f} s", flush=True)
+            steps, compile_timers = _compile(steps, state, mesh)
             waited = _meet_peers(cfg, env, ident.num_processes, segment, attempt, preemption)
             if waited is None:
                 print(f"trainer: preempted before the first step, step {start} stands, exit {EXIT_PREEMPTED}")
                 return EXIT_PREEMPTED
-            startup["perf/start_barrier_seconds"] = waited
+            startup = {
+                "perf/restore_seconds": restore_s,
+                **compile_timers,
+                "perf/start_barrier_seconds": waited,
+            }
 
-            pending = None  # (n, device metrics, batch, data seconds) of the step in flight
-            last_done, stop, n = time.perf_counter(), False, start
-
-            def finish() -> dict[str, Any]:
-                """Wait for the pending step, build its record, learn whether anyone was preempted."""
-                nonlocal pending, last_done, stop
-                pn, dm, batch, data_s = pending
-                m = unpack(jax.device_get(dm))
-                now = time.perf_counter()
-                rec = recorder(pn, m, batch, data_s, now - last_done)
-                preemption.step_done(rec["perf/step_time_seconds"])
-                rec.update(startup)  # on the first record of this incarnation only
-                startup.clear()
-                last_done, pending = now, None
-                stop = stop or bool(m["stop"])
-                if pn % cfg.metrics.log_every == 0 or pn == total_steps:
-                    print(
-                        f"step {pn}/{total_steps} loss {rec['learning/loss']:.4f} step_time"
-                        f" {rec['perf/step_time_seconds']:.3f}s dropped {rec['moe/dropped_rows']}/{rec['moe/total_rows']}",
-                        flush=True,
-                    )
-                return rec
-
-            for s in range(start, total_steps):
-                n = s + 1
-                if n == cfg.train.crash_at_step:
-                    raise RuntimeError(f"train.crash_at_step={n}: failing on purpose")
-                t0 = time.perf_counter()
-                batch = next(batches)
-                assert batch["step"] == s, (batch["step"], s)
-                tokens = jax.make_array_from_process_local_data(
-                    tokens_sharding, batch["tokens"].astype(np.int32, copy=False), global_shape
-                )
-                stop_in = flags[preemption.requested]
-                data_s = time.perf_counter() - t0
-                state, dm = train_step(state, tokens, stop_in)
-                if pending is not None:
-                    writer.write(finish())
-                pending = (n, dm, batch, data_s)
-                if n % cfg.checkpoint.interval == 0 or n == total_steps or stop:
-                    rec = finish()  # the step's own time, before the save blocks
-                    with preemption.saving():
-                        rec["perf/checkpoint_save_seconds"] = ckpt.save(n, state, meta(n))
-                    last_done = time.perf_counter()
-                    writer.write(rec)
-                    writer.status(state="running", step=n, **status)
-                    writer.flush()
-                    if stop:
-                        break
+            inc = Incarnation(cfg, preemption, recorder, writer, ckpt, meta, status)
+            n = _train(inc, steps, state, batches, start, startup)
             with preemption.saving():
                 ckpt.wait()
             if n >= total_steps:

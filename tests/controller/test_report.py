@@ -9,7 +9,7 @@ from launcher.plan import Plan
 from launcher.presets import make_shape
 from launcher.record import RunRecord, new_segment
 from launcher.render import RunSpec
-from launcher.report import build_report, waiting_intervals
+from launcher.report import CATEGORIES, build_report, waiting_intervals
 from launcher.report_plots import plot_loss, plot_timeline
 
 T0 = 1000.0
@@ -67,6 +67,97 @@ def test_goodput_breakdown():
     assert (seg1.first_step, seg1.last_step, seg1.recomputed_steps) == (3, 6, 0)
     assert seg0.badput.wall + seg1.badput.wall == b.wall
     assert report.restarts["capacity_lost"] == 1 and report.latest_step == 6
+
+
+def preempted_in_place():
+    """One segment from T0 to T0+30, two trainer incarnations. Pods observed 0/2 at T0+1 and 2/2 at
+    T0+4; attempt 0 restores for 0.5 s (nothing) and compiles for 3 s, its step 1 (1 s, of which
+    0.25 s waiting for its batch) ends at T0+10; step 2 at T0+11 then a 0.5 s save; steps 3 and 4
+    at T0+12.5 and T0+13.5. Preempted: pods 0/2 (unschedulable) at T0+15, schedulable at T0+18,
+    2/2 at T0+20. Attempt 1 restores step 2 in 2 s, loads its train step in 1 s, and trains steps
+    3-6 (1 s each, step 3 with 0.5 s for its batch) ending at T0+25..T0+28; finished at T0+30."""
+    rec = RunRecord(spec=RunSpec(run="r", run_dir="/tmp/r", global_batch=32), preset="tpu7x-2x2x2", slices=1,
+                    created_at=T0)  # fmt: skip
+    s0 = new_segment(rec, make_shape("tpu7x-2x2x2", 1), Plan(16, 2, 1), T0, "launch", None)
+    rec = replace(rec.with_segment(replace(s0, ended_at=T0 + 30, end_kind="finished")), state=record.FINISHED,
+                  finished_at=T0 + 30)  # fmt: skip
+
+    def step(n, attempt, t, **extra):
+        return {"step": n, "segment": 0, "restart_attempt": attempt, "time": T0 + t,
+                "perf/step_time_seconds": 1.0, "perf/data_loading_seconds": 0.01, **extra}  # fmt: skip
+
+    metrics = [
+        step(1, 0, 10, **{"perf/restore_seconds": 0.5, "perf/compile_seconds": 3.0,
+                          "perf/data_loading_seconds": 0.25}),
+        step(2, 0, 11, **{"perf/checkpoint_save_seconds": 0.5}),
+        step(3, 0, 12.5),
+        step(4, 0, 13.5),
+        step(3, 1, 25, **{"perf/restore_seconds": 2.0, "perf/compile_seconds": 1.0,
+                          "perf/data_loading_seconds": 0.5}),
+        *(step(n, 1, 22 + n) for n in (4, 5, 6)),
+    ]  # fmt: skip
+
+    def pods(t, running, unschedulable=0):
+        return {"time": T0 + t, "kind": "observe", "segment": 0, "pods": f"{running}/2 running",
+                "unschedulable": unschedulable}  # fmt: skip
+
+    ledger = [pods(1, 0), pods(4, 2), pods(15, 0, 2), pods(18, 0), pods(20, 2)]
+    return rec, metrics, ledger
+
+
+def test_goodput_split_as_ml_goodput_measurement_does():
+    rec, metrics, ledger = preempted_in_place()
+    report = build_report(rec, metrics, ledger, now=T0 + 999)
+    b = report.badput
+    assert b.wall == 30
+    # Steps 1, 2 of attempt 0 and 3-6 of attempt 1 are kept, less the first steps' waits for a batch.
+    assert b.productive == pytest.approx(6 - 0.25 - 0.5)
+    assert b.data_loading == pytest.approx(0.25 + 0.5)  # later steps' 0.01 s overlapped the device
+    assert b.recomputed == pytest.approx(2.0)  # steps 3 and 4 of attempt 0
+    assert b.checkpointing == pytest.approx(0.5)
+    assert b.restore == pytest.approx(0.5 + 2.0)
+    assert b.compilation == pytest.approx(3.0 + 1.0)
+    # Pods running -> the first step, less restore and compile: T0+4..T0+9 less 3.5, T0+20..T0+24 less 3.
+    assert b.startup == pytest.approx(1.5 + 1.0)
+    # Submit -> pods running (T0..T0+4), last step -> pods running again (T0+13.5..T0+20), and the
+    # end after the last step (T0+28..T0+30).
+    assert b.scheduling == pytest.approx(4 + 6.5 + 2)
+    assert b.waiting_for_capacity == pytest.approx(3)  # unschedulable T0+15..T0+18, within scheduling
+    categories = [name for name, _, _ in CATEGORIES]
+    assert b.productive + sum(getattr(b, name) for name in categories) == pytest.approx(b.wall)
+    assert report.segments[0].badput.startup == pytest.approx(b.startup)
+
+    out = report.as_dict()
+    assert out["goodput"] == pytest.approx(round(5.25 / 30, 4))
+    assert out["badput_s"] == {
+        "scheduling": 12.5, "startup": 2.5, "compilation": 4.0, "checkpoint_restore": 2.5,
+        "data_loading": 0.75, "recomputed_steps": 2.0, "checkpoint_save": 0.5,
+    }  # fmt: skip
+    assert out["waiting_for_capacity_s"] == 3.0 and out["segments"][0]["badput_s"] == out["badput_s"]
+
+
+def test_every_second_in_one_category_on_the_shrinking_history():
+    rec, metrics, ledger = history()
+    b = build_report(rec, metrics, ledger, now=T0 + 999).badput
+    # No pod observations: the gap before each segment's first step is start-up (T0..T0+10, T0+30..T0+40).
+    assert b.startup == pytest.approx(20)
+    assert b.productive + sum(getattr(b, name) for name, _, _ in CATEGORIES) == pytest.approx(b.wall)
+
+
+def test_badput_table_shows_each_category():
+    from rich.console import Console
+
+    from launcher.view import badput_table
+
+    rec, metrics, ledger = preempted_in_place()
+    console = Console(width=120, record=True)
+    console.print(badput_table(build_report(rec, metrics, ledger, now=T0 + 999)))
+    text = console.export_text()
+    for label, secs in [("scheduling and waiting", "12.5"), ("of which waiting for capacity", "3.0"),
+                        ("process start-up", "2.5"), ("compilation", "4.0"), ("checkpoint restore", "2.5"),
+                        ("data loading", "0.8"), ("recomputed steps", "2.0"), ("checkpoint saves", "0.5")]:  # fmt: skip
+        line = next(x for x in text.splitlines() if label in x)
+        assert secs in line, line
 
 
 def test_waiting_for_capacity_when_nothing_fits():

@@ -104,6 +104,11 @@ def test_same_shape_resume_after_kill_is_bitwise_equal(reference: dict, tmp_path
     )
     assert first_records[min(first_records)]["perf/compile_cache_hits"] == 0
     assert resumed[resume_at + 1]["perf/compile_cache_hits"] == 1
+    # The restore is timed once, on the first record of the incarnation that restored (report.py's
+    # checkpoint restore badput).
+    assert resumed[resume_at + 1]["perf/restore_seconds"] > 0
+    assert "perf/restore_seconds" not in resumed[resume_at + 2]
+    assert first_records[min(first_records)]["perf/restore_seconds"] == 0.0  # nothing to restore
     assert any((run_dir / "compile_cache").iterdir())
 
 
