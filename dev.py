@@ -8,7 +8,7 @@
     python3 dev.py maxtext        set up .venv-maxtext (Python 3.12) from requirements/maxtext.lock
 
 Set-up runs again only when requirements/dev.lock or pyproject.toml changed since the last one.
-`dev.py test` sets up .venv-maxtext too, but only when an argument names MaxText tests ("maxtext").
+`dev.py test` sets up .venv-maxtext too, but only when an argument names tests/maxtext_e2e.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ PIP = ("-m", "pip", "install", "-q", "--disable-pip-version-check")
 # has its own lock, compiled from requirements/maxtext.in; the launcher and trainer stay on 3.11.
 MAXTEXT_VENV = ROOT / ".venv-maxtext"
 MAXTEXT_LOCK = ROOT / "requirements" / "maxtext.lock"
+# Tests that run MaxText itself (in .venv-maxtext) live here; tests/maxtext/ needs only .venv.
+MAXTEXT_TESTS = "tests/maxtext_e2e"
 LOCKS = (
     ("dev.lock", "dev", "x86_64-manylinux_2_28"),
     ("run.lock", None, "x86_64-manylinux_2_28"),
@@ -81,7 +83,7 @@ def setup() -> None:
 
 def test(args: list[str]) -> None:
     setup()
-    if any("maxtext" in a for a in args):
+    if any(MAXTEXT_TESTS in a for a in args):
         setup_maxtext()
     _run(str(BIN / "ruff"), "check", ".")
     _run(str(BIN / "ruff"), "format", "--check", ".")
