@@ -118,6 +118,35 @@ def run_steps(keys: dict[str, str]) -> int:
     return _positive_int("steps", keys["steps"])
 
 
+def data_keys(keys: dict[str, str]) -> dict[str, str]:
+    """Grain input that resumes by step on any number of processes: grain's ElasticIterator
+    (`grain_use_elastic_iterator`), whose state is one global index (step × global batch) and whose
+    step s reads the elements [s·G, (s+1)·G) of the seeded, shuffled dataset, whatever the process
+    count (docs/maxtext.md, Data order). MaxText's default grain iterator keeps a state per process
+    and cannot be restored on another count. What ElasticIterator forbids is refused here, before
+    a segment starts, rather than by MaxText at every restart."""
+    if keys.get("dataset_type", "synthetic") != "grain":
+        return {}
+    why = "a run that changes its process count needs grain_use_elastic_iterator, which"
+    if keys.get("grain_use_elastic_iterator", "true").lower() != "true":
+        raise UserError(
+            "--set grain_use_elastic_iterator=false: reslice resumes grain input on other shapes by step"
+        )
+    if keys.get("grain_file_type", "arrayrecord") != "arrayrecord":
+        raise UserError(f"--set grain_file_type={keys['grain_file_type']}: {why} reads only arrayrecord")
+    if keys.get("packing", "false").lower() != "false":
+        raise UserError(f"--set packing={keys['packing']}: {why} forbids packing (a many-to-one transform)")
+    if keys.get("use_truncation", "true").lower() != "true":
+        raise UserError(
+            f"--set use_truncation={keys['use_truncation']}: {why} needs truncation, not chunking"
+        )
+    if keys.get("grain_train_mixture_config_path") or ";" in keys.get("grain_train_files", ""):
+        raise UserError(
+            f"--set grain_train_files/grain_train_mixture_config_path: {why} reads one file pattern"
+        )
+    return {"grain_use_elastic_iterator": "true", "packing": "false"}
+
+
 def batch_keys(plan: Plan) -> dict[str, int]:
     if plan.model_parallel != 1:
         raise UserError("--trainer maxtext plans one device per data-parallel rank (MaxText counts devices)")
@@ -152,6 +181,7 @@ def maxtext_keys(
     period = checkpoint_period or _positive_int("checkpoint_period", keys.get("checkpoint_period", "100"))
     return {
         **keys,
+        **data_keys(keys),
         "steps": steps,
         # The schedule's length defaults to `steps`: pinned, so that a run's learning rate at a step
         # never depends on how the steps were reached.

@@ -89,6 +89,30 @@ def test_short_notice_capacity_gets_the_short_interval() -> None:
     assert _keys(render_jobset(spec, make_shape(PRESET, 2)))["checkpoint_period"] == "7"
 
 
+def test_grain_input_resumes_by_step_on_any_process_count() -> None:
+    grain = ("steps=30", "dataset_type=grain", "grain_train_files=/data/train.array_record")
+    keys = _keys(render_jobset(_spec(overrides=grain), make_shape(PRESET, 2)))
+    assert (keys["grain_use_elastic_iterator"], keys["packing"]) == ("true", "false")
+    synthetic = _keys(render_jobset(_spec(), make_shape(PRESET, 2)))
+    assert "grain_use_elastic_iterator" not in synthetic and "packing" not in synthetic
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        ("grain_use_elastic_iterator=false", "resumes grain input on other shapes by step"),
+        ("grain_file_type=tfrecord", "reads only arrayrecord"),
+        ("packing=true", "forbids packing"),
+        ("use_truncation=false", "needs truncation"),
+        ("grain_train_mixture_config_path=/m.json", "reads one file pattern"),
+    ],
+)
+def test_grain_input_that_cannot_resume_by_step_is_refused(extra: str, words: str) -> None:
+    spec = _spec(overrides=("steps=30", "dataset_type=grain", "grain_train_files=/d/t.array_record", extra))
+    with pytest.raises(UserError, match=words):
+        render_jobset(spec, make_shape(PRESET, 2))
+
+
 def test_the_reslice_trainer_is_unchanged() -> None:
     spec = RunSpec(run="r", run_dir="/runs/r", global_batch=32)
     container = _container(render_jobset(spec, make_shape(PRESET, 2)))
