@@ -14,7 +14,7 @@ MODEL="max_target_length=32 base_emb_dim=64 base_num_query_heads=2 base_num_kv_h
   base_num_decoder_layers=2 head_dim=32 vocab_size=256 enable_tensorboard=false log_period=1
   attention=dot_product dataset_type=synthetic steps=20 learning_rate_schedule_steps=20 checkpoint_period=10
   enable_checkpointing=true async_checkpointing=true enable_autocheckpoint=true skip_jax_distributed_system=false
-  per_device_batch_size=2 gradient_accumulation_steps=1 run_name=maxtext"
+  per_device_batch_size=2 gradient_accumulation_steps=1 run_name=maxtext ${EXTRA:-}"  # EXTRA: more keys
 now() { date +%s.%N; }
 t=$(now)
 for i in 0 1; do
