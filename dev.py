@@ -5,8 +5,10 @@
     python3 dev.py test [ARGS]    set up .venv, lint (ruff, import contracts), then run the whole test suite
     python3 dev.py bench [NAME]   set up .venv, then list the benchmarks (or run bench.NAME)
     python3 dev.py lock           regenerate requirements/*.lock after changing pyproject.toml (uv)
+    python3 dev.py maxtext        set up .venv-maxtext (Python 3.12) from requirements/maxtext.lock
 
 Set-up runs again only when requirements/dev.lock or pyproject.toml changed since the last one.
+`dev.py test` sets up .venv-maxtext too, but only when an argument names tests/maxtext_e2e.
 """
 
 from __future__ import annotations
@@ -23,6 +25,12 @@ BIN = VENV / "bin"
 STAMP = VENV / ".installed"
 LOCK_INPUTS = (ROOT / "requirements" / "dev.lock", ROOT / "pyproject.toml")
 PIP = ("-m", "pip", "install", "-q", "--disable-pip-version-check")
+# The MaxText trainer profile's venv (docs/maxtext.md): maxtext 0.2.5 needs Python >= 3.12, so it
+# has its own lock, compiled from requirements/maxtext.in; the launcher and trainer stay on 3.11.
+MAXTEXT_VENV = ROOT / ".venv-maxtext"
+MAXTEXT_LOCK = ROOT / "requirements" / "maxtext.lock"
+# Tests that run MaxText itself (in .venv-maxtext) live here; tests/maxtext/ needs only .venv.
+MAXTEXT_TESTS = "tests/maxtext_e2e"
 # (output, extra, platform): the lock files `lock` writes, all for CPython 3.11 on Linux x86-64, one
 # per install: dev (tests, the embedded demo: everything), controller (the controller image,
 # docker/controller.Dockerfile: the launcher alone), trainer (the trainer image, docker/Dockerfile:
@@ -44,6 +52,26 @@ def python311() -> str:
     return found
 
 
+def python312() -> str:
+    if sys.version_info[:2] == (3, 12):
+        return sys.executable
+    found = shutil.which("python3.12")
+    if found is None:
+        sys.exit("dev.py: the MaxText profile needs Python 3.12 (maxtext 0.2.5); python3.12 is not on PATH")
+    return found
+
+
+def setup_maxtext(args: list[str] | None = None) -> None:
+    """.venv-maxtext from requirements/maxtext.lock (1.1 GB, a few minutes): only for MaxText runs."""
+    stamp = MAXTEXT_VENV / ".installed"
+    if stamp.exists() and MAXTEXT_LOCK.stat().st_mtime <= stamp.stat().st_mtime:
+        return
+    stamp.unlink(missing_ok=True)
+    _run(python312(), "-m", "venv", str(MAXTEXT_VENV))
+    _run(str(MAXTEXT_VENV / "bin" / "python"), *PIP, "--require-hashes", "-r", str(MAXTEXT_LOCK))
+    stamp.touch()
+
+
 def setup() -> None:
     if STAMP.exists() and all(p.stat().st_mtime <= STAMP.stat().st_mtime for p in LOCK_INPUTS):
         return
@@ -56,6 +84,8 @@ def setup() -> None:
 
 def test(args: list[str]) -> None:
     setup()
+    if any(MAXTEXT_TESTS in a for a in args):
+        setup_maxtext()
     _run(str(BIN / "ruff"), "check", ".")
     _run(str(BIN / "ruff"), "format", "--check", ".")
     _run(str(BIN / "lint-imports"))
@@ -89,6 +119,9 @@ def lock(args: list[str]) -> None:
         cmd += ["--python-platform", platform, "--generate-hashes", "--no-header"]
         cmd += ["--annotation-style", "line", "-o", f"requirements/{out}"]
         _run(*cmd, *(["--extra", extra] if extra else []))
+    cmd = [uv, "pip", "compile", "requirements/maxtext.in", "--python-version", "3.12"]
+    cmd += ["--python-platform", "x86_64-manylinux_2_28", "--generate-hashes", "--no-header"]
+    _run(*cmd, "--annotation-style", "line", "-o", "requirements/maxtext.lock")
 
 
 def _run(*cmd: str) -> None:
@@ -102,7 +135,7 @@ def _exec(*cmd: str) -> None:
     os.execv(cmd[0], list(cmd))
 
 
-COMMANDS = {"test": test, "demo": demo, "bench": bench, "lock": lock}
+COMMANDS = {"test": test, "demo": demo, "bench": bench, "lock": lock, "maxtext": setup_maxtext}
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:

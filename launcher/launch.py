@@ -102,7 +102,8 @@ def prepare(
         raise UserError(err)
     quantity("--cpu-request", spec.cpu_request)
     quantity("--memory-request", spec.memory_request)
-    spec = replace(spec, model_parallel=trainer_model_parallel(spec.config, spec.overrides))
+    if spec.trainer != "maxtext":  # MaxText's batch counts devices (launcher.maxtext)
+        spec = replace(spec, model_parallel=trainer_model_parallel(spec.config, spec.overrides))
     ladder = shrink_ladder(
         shape,
         spec.global_batch,

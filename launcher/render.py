@@ -95,6 +95,8 @@ class RunSpec:
     # the checkpoint interval for segments on capacity whose notice is shorter than that.
     save_seconds: float | None = None
     short_notice_interval: int | None = None
+    # The trainer profile: "reslice" (trainer/) or "maxtext" (launcher.maxtext, docs/maxtext.md).
+    trainer: str = "reslice"
 
 
 def run_preset(spec: RunSpec, preset: Preset) -> Preset:
@@ -299,8 +301,24 @@ def placement(spec: RunSpec, preset: Preset) -> dict:
     return pod
 
 
+def container_command(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> tuple[list[str], list[dict]]:
+    """The trainer container's command and environment for the run's trainer profile."""
+    env = trainer_env(spec, shape, segment, plan)
+    if spec.trainer != "maxtext":
+        return ["python", "-m", "trainer"], env
+    from launcher import maxtext  # it imports this module
+
+    js = jobset_name(spec.run, segment)
+    interval = spec.short_notice_interval if short_notice(spec, shape.preset) else None
+    keys = maxtext.maxtext_keys(spec.run_dir, spec.overrides, shape, plan, interval)
+    host0 = f"{js}-{REPLICATED_JOB}-0-0.{js}"
+    job_index = f"metadata.labels['{LABEL_JOB_INDEX}']"
+    return maxtext.command(spec.config, keys), env + maxtext.distributed_env(host0, shape, job_index)
+
+
 def pod_spec(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> dict:
     preset = shape.preset
+    command, env = container_command(spec, shape, segment, plan)
     where = placement(spec, preset)
     chips = {RESOURCE_TPU: str(preset.chips_per_host)}
     host = preset.requests()
@@ -321,8 +339,8 @@ def pod_spec(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> dict:
                 "name": CONTAINER,
                 "image": spec.image,
                 "imagePullPolicy": spec.image_pull_policy,
-                "command": ["python", "-m", "trainer"],
-                "env": trainer_env(spec, shape, segment, plan),
+                "command": command,
+                "env": env,
                 "ports": [{"containerPort": spec.coordinator_port, "name": "coordinator"}],
                 # Requests without cpu/memory limits: Burstable, never BestEffort, and the trainer
                 # may use the rest of its host.

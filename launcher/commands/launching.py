@@ -38,13 +38,14 @@ from launcher.commands.options import (
     SetOpt,
     ShortNoticeOpt,
     SlicesOpt,
+    TrainerOpt,
     console,
     print_json,
 )
-from launcher.commands.spec import check_run_options, for_cluster, run_spec
+from launcher.commands.spec import check_run_options, for_cluster, run_spec, trainer_config
 from launcher.errors import UserError
 from launcher.presets import make_shape
-from launcher.render import DEFAULT_COORDINATOR_PORT
+from launcher.render import DEFAULT_COORDINATOR_PORT, render_jobset
 from launcher.watch import watch_all, watch_run
 
 
@@ -62,7 +63,8 @@ def launch(
     run: RunOpt,
     global_batch: GlobalBatchOpt,
     slices: SlicesOpt = None,
-    config: ConfigOpt = "tiny",
+    config: ConfigOpt = None,
+    trainer: TrainerOpt = "reslice",
     overrides: SetOpt = None,
     run_dir: Annotated[
         str | None, typer.Option("--run-dir", help="Path or gs:// (default ./runs/RUN).")
@@ -116,6 +118,7 @@ def launch(
         max_restarts=max_restarts, init_timeout=init_timeout, queue=queue, priority_class=priority_class,
         service_account=service_account, cpu_request=cpu_request, memory_request=memory_request,
     )  # fmt: skip
+    config = trainer_config(trainer, config)
     inputs.seconds("--unschedulable-grace", unschedulable_grace)
     inputs.seconds("--grow-window", grow_window)
     inputs.integer("--app-failure-budget", app_failure_budget, low=0, high=10_000)
@@ -140,8 +143,13 @@ def launch(
         max_restarts=max_restarts, init_timeout_s=init_timeout, queue=queue, priority_class=priority_class,
         coordinator_port=coordinator_port, cpu_request=cpu_request, memory_request=memory_request,
         service_account=service_account, save_seconds=save_seconds, short_notice_interval=short_notice_interval,
+        trainer=trainer,
     )  # fmt: skip
     rec, ladder = prepare(spec, preset, slices, policy)  # every check before anything is created
+    if trainer == "maxtext":  # its keys depend on the shape: every rung's JobSet must render
+        for rung in ladder:
+            if rung.feasible:
+                render_jobset(spec, rung.shape, 0)
     if short := short_notice_presets(spec, ladder):
         console.print(
             f"an emergency save ({save_seconds:g} s) cannot finish in the notice of {', '.join(short)}: "

@@ -32,7 +32,13 @@ MaxMicroOpt = Annotated[int, typer.Option("--max-micro-batch", help="Largest per
 MaxAccumOpt = Annotated[int | None, typer.Option("--max-grad-accum", help="Most micro-steps per step.")]
 # What render, launch and sweep share (a run's spec).
 RunOpt = Annotated[str, typer.Option("--run", help="Run name (DNS-1035).")]
-ConfigOpt = Annotated[str, typer.Option("--config", "-c", help="Trainer config name or path.")]
+ConfigOpt = Annotated[
+    str | None,
+    typer.Option("--config", "-c", help="Trainer config name or path (default: tiny; maxtext: base)."),
+]
+TrainerOpt = Annotated[
+    str, typer.Option("--trainer", help="Trainer profile: reslice (trainer/) or maxtext (docs/maxtext.md).")
+]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Trainer override key=value.")]
 ImageOpt = Annotated[str, typer.Option("--image", help="Trainer image.")]
 NamespaceOpt = Annotated[str, typer.Option("--namespace", help="Namespace of the run.")]

@@ -35,10 +35,11 @@ from launcher.commands.options import (
     ServiceAccountOpt,
     SetOpt,
     SlicesOpt,
+    TrainerOpt,
     console,
     print_json,
 )
-from launcher.commands.spec import check_run_options, run_spec
+from launcher.commands.spec import check_run_options, run_spec, trainer_config
 from launcher.errors import UserError
 from launcher.plan import Plan, shrink_ladder
 from launcher.presets import load_catalog
@@ -139,7 +140,8 @@ def render(
     image: ImageOpt = DEFAULT_IMAGE,
     slices: SlicesOpt = None,
     segment: Annotated[int, typer.Option("--segment", help="Segment index.")] = 0,
-    config: ConfigOpt = "tiny",
+    config: ConfigOpt = None,
+    trainer: TrainerOpt = "reslice",
     overrides: SetOpt = None,
     namespace: NamespaceOpt = "default",
     max_micro_batch: MaxMicroOpt = 16,
@@ -167,6 +169,7 @@ def render(
         max_restarts=max_restarts, init_timeout=init_timeout, queue=queue, priority_class=priority_class,
         service_account=service_account, cpu_request=cpu_request, memory_request=memory_request,
     )  # fmt: skip
+    config = trainer_config(trainer, config)
     inputs.integer("--segment", segment, low=0, high=10_000)
     inputs.run_dir("--run-dir", run_dir)
     if output is not None:
@@ -177,7 +180,10 @@ def render(
         preset=preset, placement_policy=placement_policy, overrides=overrides,
         run=run, run_dir=run_dir, global_batch=global_batch, image=image, config=config, namespace=namespace,
         max_micro_batch=max_micro_batch, max_grad_accum=max_grad_accum,
-        model_parallel=trainer_model_parallel(config, tuple(overrides or ()), strict=False),
+        trainer=trainer,
+        model_parallel=1
+        if trainer == "maxtext"
+        else trainer_model_parallel(config, tuple(overrides or ()), strict=False),
         grace_period_s=grace_period, max_restarts=max_restarts, init_timeout_s=init_timeout, queue=queue,
         priority_class=priority_class, service_account=service_account, image_pull_policy=pull_policy,
         coordinator_port=coordinator_port, cpu_request=cpu_request, memory_request=memory_request,

@@ -47,6 +47,16 @@ def run_spec(
     )
 
 
+def trainer_config(trainer: str, config: str | None) -> str:
+    """The `--config` a profile runs when none is given, after checking the profile's name."""
+    from launcher.maxtext import check_trainer
+
+    check_trainer(trainer)
+    if config is not None:
+        return config
+    return "base" if trainer == "maxtext" else "tiny"
+
+
 def placement_policies(preset: str, values: list[str] | None) -> tuple[tuple[str, str], ...]:
     """`--placement-policy NAME` (the requested preset) or `PRESET=NAME`, as (preset, policy) pairs."""
     out = {}

@@ -1,0 +1,211 @@
+"""The child MaxText process and the files around it: status.json and the metrics records
+(docs/contract.md, Run directory), the SIGTERM forwarded, the facts `outcome.exit_code` decides on."""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+from maxtext_entry import checkpoints, metrics
+from maxtext_entry.args import Command, for_container
+from maxtext_entry.outcome import Outcome, exit_code
+
+TRAIN_MODULE = "maxtext.trainers.pre_train.train"
+TAIL_LINES = 200
+POLL_S = 1.0
+# Keys that change with the rung, not the run: left out of the config hash.
+RUNG_KEYS = ("per_device_batch_size", "gradient_accumulation_steps", "checkpoint_period", "metrics_file")
+RUNG_PREFIXES = ("dcn_", "ici_")
+
+
+@dataclass(frozen=True)
+class Context:
+    run_dir: str
+    segment: int
+    restart_attempt: int
+    process_index: int
+    who: metrics.Incarnation
+    python: str  # the child's interpreter: RESLICE_MAXTEXT_PYTHON (a separate venv) or this one
+    cpu: bool  # JAX_PLATFORMS=cpu: the embedded cluster's simulated devices
+
+
+def context(cmd: Command, env: dict[str, str]) -> Context:
+    def num(name: str, default: int = 0) -> int:
+        return int(env.get(name) or default)
+
+    micro, accum = (
+        int(cmd.keys.get("per_device_batch_size", "1")),
+        int(cmd.keys.get("gradient_accumulation_steps", "1")),
+    )
+    devices = num("RESLICE_GLOBAL_BATCH") // (micro * accum) if micro * accum else 0
+    peak = float(env["RESLICE_PEAK_TFLOPS"]) if env.get("RESLICE_PEAK_TFLOPS") else None
+    segment, attempt = num("RESLICE_SEGMENT"), num("RESLICE_RESTART_ATTEMPT")
+    return Context(
+        run_dir=env.get("RESLICE_RUN_DIR") or cmd.keys["base_output_directory"],
+        segment=segment,
+        restart_attempt=attempt,
+        process_index=num("RESLICE_SLICE_INDEX") * num("RESLICE_HOSTS_PER_SLICE", 1)
+        + num("JOB_COMPLETION_INDEX"),
+        who=metrics.Incarnation(
+            segment, attempt, devices, micro, accum, num("RESLICE_NUM_PROCESSES", 1), peak
+        ),
+        python=env.get("RESLICE_MAXTEXT_PYTHON") or sys.executable,
+        cpu=env.get("JAX_PLATFORMS") == "cpu",
+    )
+
+
+def config_hash(cmd: Command) -> str:
+    run_keys = {k: v for k, v in cmd.keys.items() if k not in RUNG_KEYS and not k.startswith(RUNG_PREFIXES)}
+    text = json.dumps({"config": cmd.config, "keys": run_keys}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _write_json(path: str, obj: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f)
+    os.replace(tmp, path)  # readers never see half a file
+
+
+def write_status(ctx: Context, cmd: Command, latest: int | None) -> None:
+    step = checkpoints.done_steps(latest)
+    status = {
+        "state": "finished" if step >= cmd.steps else "running",
+        "step": step,
+        "total_steps": cmd.steps,
+        "segment": ctx.segment,
+        "config_hash": config_hash(cmd),
+        "time": time.time(),
+    }
+    _write_json(os.path.join(ctx.run_dir, "status.json"), status)
+
+
+@dataclass
+class _Metrics:
+    """Follows the child's local metrics file and appends the contract's records (process 0)."""
+
+    source: str
+    target: str | None
+    who: metrics.Incarnation
+    offset: int = 0
+    lines: int = 0
+    pending: str = ""
+
+    def pump(self) -> None:
+        try:
+            with open(self.source) as f:
+                f.seek(self.offset)
+                chunk = f.read()
+                self.offset = f.tell()
+        except FileNotFoundError:
+            return
+        text = self.pending + chunk
+        *complete, self.pending = text.split("\n")
+        records = [
+            metrics.record(json.loads(line), self.who, time.time()) for line in complete if line.strip()
+        ]
+        self.lines += len(records)
+        if records and self.target:
+            os.makedirs(os.path.dirname(self.target), exist_ok=True)
+            with open(self.target, "a") as out:
+                out.writelines(json.dumps(r) + "\n" for r in records)
+
+
+@dataclass
+class _Signals:
+    child: subprocess.Popen | None = None
+    sigterm: bool = False
+    committed_at_signal: int | None = None
+    directory: str = ""
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
+
+    def handle(self, signum: int, _frame: object) -> None:
+        if signum == signal.SIGTERM and not self.sigterm:
+            self.sigterm = True
+            self.committed_at_signal = checkpoints.latest(self.directory)
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)  # MaxText saves at JAX's next preemption sync point
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _pass_through(stream, tail: collections.deque) -> None:
+    for line in iter(stream.readline, ""):
+        sys.stderr.write(line)
+        tail.append(line)
+
+
+def supervise(cmd: Command, ctx: Context) -> int:
+    """Run MaxText to its end and return the contract's exit code."""
+    directory = cmd.checkpoint_dir
+    final = cmd.steps - 1  # MaxText's 0-based index of the last step
+    workdir = tempfile.mkdtemp(prefix="maxtext-entry-")
+    local_metrics = os.path.join(workdir, "metrics.jsonl")
+    target = None
+    if ctx.process_index == 0:
+        name = f"{ctx.segment:04d}-{ctx.restart_attempt:03d}-{int(time.time() * 1000)}.jsonl"
+        target = os.path.join(ctx.run_dir, "metrics", name)
+        write_status(ctx, cmd, checkpoints.latest(directory))
+    follow = _Metrics(local_metrics, target, ctx.who)
+    sig = _Signals(directory=directory)
+    for s in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(s, sig.handle)
+    child_cmd = for_container(cmd, local_metrics, ctx.cpu)
+    sig.child = subprocess.Popen(
+        [ctx.python, "-m", TRAIN_MODULE, *child_cmd.argv()],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=_die_with_parent,
+    )
+    reader = threading.Thread(target=_pass_through, args=(sig.child.stdout, sig.tail), daemon=True)
+    reader.start()
+    seen = checkpoints.latest(directory)
+    while True:
+        try:
+            returncode = sig.child.wait(timeout=POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        follow.pump()
+        latest = checkpoints.latest(directory)
+        if ctx.process_index == 0 and latest != seen:
+            write_status(ctx, cmd, latest)
+        seen = latest
+    reader.join(timeout=10)
+    follow.pump()
+    latest = checkpoints.latest(directory)
+    if ctx.process_index == 0:
+        write_status(ctx, cmd, latest)
+    before = -1 if sig.committed_at_signal is None else sig.committed_at_signal
+    outcome = Outcome(
+        returncode=returncode,
+        final_committed=latest is not None and latest >= final,
+        sigterm=sig.sigterm,
+        committed_after_signal=sig.sigterm and latest is not None and latest > before,
+        steps_trained=follow.lines,
+        output_tail="".join(sig.tail),
+    )
+    code = exit_code(outcome)
+    print(
+        f"maxtext_entry: MaxText exited {returncode}; latest committed step {latest}; exit {code}",
+        file=sys.stderr,
+    )
+    return code
