@@ -103,22 +103,25 @@ def load_or_compile(
     payload = _read_whole(path)
     if payload is not None:
         try:
-            compiled = serialize_executable.deserialize_and_load(
+            executable = serialize_executable.deserialize_and_load(
                 payload, lowered.in_tree, lowered.out_tree, execution_devices=list(devices)
             )
         except Exception as e:  # whole but not loadable here: compile instead
             print(f"trainer: compile cache entry {path} unusable ({type(e).__name__}), compiling", flush=True)
         else:
             _hits += 1
-            return compiled
-    compiled = lowered.compile()
-    payload, _, _ = serialize_executable.serialize(compiled)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Written aside, then renamed: a reader never sees half an entry from this writer.
-    tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}"
-    tmp.write_bytes(hashlib.sha256(payload).digest() + payload)
-    tmp.replace(path)
-    return compiled
+            return executable
+    executable = lowered.compile()
+    payload, _, _ = serialize_executable.serialize(executable)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Written aside, then renamed: a reader never sees half an entry from this writer.
+        tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}"
+        tmp.write_bytes(hashlib.sha256(payload).digest() + payload)
+        tmp.replace(path)
+    except OSError as e:  # a cache is an optimization: the run goes on without the entry
+        print(f"trainer: compile cache entry {path} not written ({e})", flush=True)
+    return executable
 
 
 def _read_whole(path: epath.Path) -> bytes | None:
