@@ -42,23 +42,19 @@ LOCKS = (
 )
 
 
+def python(version: str, why: str) -> str:
+    """This interpreter if it is ``version``, else ``python<version>`` on PATH."""
+    if f"{sys.version_info[0]}.{sys.version_info[1]}" == version:
+        return sys.executable
+    found = shutil.which(f"python{version}")
+    if found is None:
+        sys.exit(f"dev.py: needs Python {version} ({why}); python{version} is not on PATH")
+    return found
+
+
 def python311() -> str:
-    """The interpreter the lock files are for: this one if it is 3.11, else python3.11 on PATH."""
-    if sys.version_info[:2] == (3, 11):
-        return sys.executable
-    found = shutil.which("python3.11")
-    if found is None:
-        sys.exit("dev.py: needs Python 3.11 (the lock files pin wheels for it); python3.11 is not on PATH")
-    return found
-
-
-def python312() -> str:
-    if sys.version_info[:2] == (3, 12):
-        return sys.executable
-    found = shutil.which("python3.12")
-    if found is None:
-        sys.exit("dev.py: the MaxText profile needs Python 3.12 (maxtext 0.2.5); python3.12 is not on PATH")
-    return found
+    """The interpreter the lock files are for."""
+    return python("3.11", "the lock files pin wheels for it")
 
 
 def setup_maxtext(args: list[str] | None = None) -> None:
@@ -67,7 +63,7 @@ def setup_maxtext(args: list[str] | None = None) -> None:
     if stamp.exists() and MAXTEXT_LOCK.stat().st_mtime <= stamp.stat().st_mtime:
         return
     stamp.unlink(missing_ok=True)
-    _run(python312(), "-m", "venv", str(MAXTEXT_VENV))
+    _run(python("3.12", "the MaxText profile: maxtext 0.2.5"), "-m", "venv", str(MAXTEXT_VENV))
     _run(str(MAXTEXT_VENV / "bin" / "python"), *PIP, "--require-hashes", "-r", str(MAXTEXT_LOCK))
     stamp.touch()
 
