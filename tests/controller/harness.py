@@ -32,8 +32,17 @@ GLOBAL_BATCH = 16
 MULTI_HOST = "tpu7x-2x2x2"
 MULTI_HOST_BATCH = 32
 # Dropless MoE (factor <= 0): which rows a finite buffer drops depends on the expert-parallel
-# layout, so only a dropless run has the same losses on every shape.
-TRAINER_SETTINGS = ("train.steps={steps}", "checkpoint.interval={interval}", "moe.ragged_buffer_factor=0")
+# layout, so only a dropless run has the same losses on every shape. One learning-rate schedule for
+# every run, whatever its length (40 steps, as tests/trainer/runs.py's runs): the schedule's
+# constants are compiled into the train step, so runs of 20 and 250 steps on one shape, and the
+# trainer tests' runs of that shape, load one executable from the suite's compile cache instead of
+# compiling one each (a compile is ~16 s of CPU per process).
+TRAINER_SETTINGS = (
+    "train.steps={steps}",
+    "checkpoint.interval={interval}",
+    "moe.ragged_buffer_factor=0",
+    "optim.decay_steps=40",
+)
 
 
 @dataclass

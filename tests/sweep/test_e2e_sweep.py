@@ -92,7 +92,7 @@ def expected_from_metrics(h: Harness, run: str) -> dict:
 def test_sweep_interrupted_and_resumed_on_the_embedded_cluster(tmp_path, capsys):
     h = Harness(tmp_path, pools=2)  # two slices' worth: the third invocation runs two at once
     sweep = make_sweep(name="rb", preset=PRESET, slices=1, config="tiny", factors=FACTORS, steps=STEPS,
-                       warmup=WARMUP, overrides=(f"checkpoint.interval={INTERVAL}",),
+                       warmup=WARMUP, overrides=(f"checkpoint.interval={INTERVAL}", "optim.decay_steps=40"),
                        sweep_dir=str(tmp_path / "sweeps" / "rb"))  # fmt: skip
     runs = [f"rb-f{s}" for s in ("1", "1p125", "1p25", "1p5", "dropless")]
     template = for_cluster(

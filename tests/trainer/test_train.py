@@ -214,10 +214,11 @@ def test_a_crash_in_a_multi_process_run_is_still_exit_1(tmp_path: Path) -> None:
     # Both processes raise at step 1. Process 0 always exits 1 (its heartbeat timeout, 60 s, is far
     # off). Process 1 exits 1 too, unless process 0 (the coordination service) went first: then
     # JAX aborts it and it exits 43 — which is why the controller counts a crash next to exit 43s
-    # as an application failure.
+    # as an application failure. (grad_accum=2: the shape of this file's other two-process runs,
+    # whose train step the suite's compile cache already holds.)
     run_dir = tmp_path / "run"
     crash = {"RESLICE_SET": json.dumps(["train.crash_at_step=1"]), "RESLICE_HEARTBEAT_TIMEOUT_S": "60"}
-    procs = runs.processes(str(run_dir), tmp_path, extra=crash)
+    procs = runs.processes(str(run_dir), tmp_path, grad_accum=2, extra=crash)
     codes = [p.wait() for p in procs]
     out = procs[0].output()
     assert codes[0] == 1, out[-3000:]
