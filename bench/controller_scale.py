@@ -44,7 +44,7 @@ from launcher.controller import Controller
 from launcher.kube import Kube
 from launcher.launch import create_run, prepare
 from launcher.presets import LABEL_NODEPOOL, make_shape
-from launcher.record import Policy
+from launcher.record import Knobs
 from launcher.render import LABEL_RUN, RunSpec
 from launcher.runs import RunDir
 
@@ -138,7 +138,7 @@ def running(kube: Kube, run: str) -> int:
 def phase(cluster, kube: Kube, tmp: Path, run: str, args) -> dict:
     shape = make_shape(args.preset, args.slices)
     spec = RunSpec(run=run, run_dir=str(tmp / run), global_batch=shape.devices * 12, grace_period_s=1)
-    rec, _ = prepare(spec, args.preset, args.slices, Policy(unschedulable_grace_s=5))
+    rec, _ = prepare(spec, args.preset, args.slices, Knobs(unschedulable_grace_s=5))
     create_run(kube, rec)
     first = Controller(kube)
     first.pass_once([run])  # segment 0, as `reslice launch` submits it

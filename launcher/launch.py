@@ -19,7 +19,7 @@ from launcher.errors import UserError
 from launcher.inputs import quantity
 from launcher.plan import Plan, Rung, shrink_ladder
 from launcher.presets import Catalog, load_catalog
-from launcher.record import Policy, RunRecord
+from launcher.record import Knobs, RunRecord
 from launcher.render import (
     RunSpec,
     coordinator_port_error,
@@ -87,7 +87,7 @@ def prepare(
     spec: RunSpec,
     preset: str,
     slices: int | None,
-    policy: Policy,
+    knobs: Knobs,
     now: float | None = None,
     catalog: Catalog | None = None,
 ) -> tuple[RunRecord, list[Rung]]:
@@ -117,7 +117,7 @@ def prepare(
         raise UserError(f"{shape}: {first.plan.reason}")
     # The longest JobSet name this run may need: the last segment the policy allows.
     for rung in ladder:
-        if rung.feasible and (err := run_name_error(spec.run, rung.shape, policy.max_segments - 1)):
+        if rung.feasible and (err := run_name_error(spec.run, rung.shape, knobs.max_segments - 1)):
             raise UserError(err)
     if spec.short_notice_interval is not None and spec.short_notice_interval < 1:
         raise UserError(
@@ -135,7 +135,7 @@ def prepare(
         spec=spec,
         preset=shape.preset.name,
         slices=shape.slices,
-        policy=policy,
+        knobs=knobs,
         created_at=now if now is not None else time.time(),
         reason="launched",
     )

@@ -17,7 +17,7 @@ import pytest
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from launcher.kube import Kube
 from launcher.launch import create_run, prepare
-from launcher.record import Policy
+from launcher.record import Knobs
 from launcher.render import RunSpec
 from tests.support.wait import wait_for
 
@@ -88,7 +88,7 @@ def test_controller_process_drives_a_run_serves_probes_and_imports_nothing_the_i
     try:
         kube = Kube(cluster.api_client(), "default")
         spec = RunSpec(run="hc", run_dir=str(tmp_path / "hc"), global_batch=8, grace_period_s=1)
-        create_run(kube, prepare(spec, "tpu7x-2x2x1", 1, Policy())[0])
+        create_run(kube, prepare(spec, "tpu7x-2x2x1", 1, Knobs())[0])
         with out.open("wb") as sink:
             argv = ("watch", "--all", "--kubeconfig", str(cluster.kubeconfig), "--resync", "0.5")
             proc = subprocess.Popen(

@@ -27,7 +27,7 @@ from rich.console import Console
 from launcher.cli import main
 from launcher.commands.spec import for_cluster
 from launcher.launch import stop_run
-from launcher.record import FINISHED, STOPPED, Policy
+from launcher.record import FINISHED, STOPPED, Knobs
 from launcher.render import RunSpec
 from launcher.sweep import run_sweep
 from launcher.sweep_spec import ATTACH, LAUNCH, RELAUNCH, make_sweep
@@ -98,7 +98,7 @@ def test_sweep_interrupted_and_resumed_on_the_embedded_cluster(tmp_path, capsys)
     template = for_cluster(
         RunSpec(run="rb", run_dir=sweep.sweep_dir, global_batch=sweep.global_batch), True, 20
     )
-    policy = Policy(unschedulable_grace_s=20, grow_window_s=4, app_backoff_s=1)
+    knobs = Knobs(unschedulable_grace_s=20, grow_window_s=4, app_backoff_s=1)
     out = io.StringIO()
 
     def invoke(stop_after: str | None = None, kill: str | None = None, parallel: int = 1):
@@ -119,7 +119,7 @@ def test_sweep_interrupted_and_resumed_on_the_embedded_cluster(tmp_path, capsys)
                 killers.append(threading.Thread(target=kill_after_checkpoint, args=(run,), daemon=True))
                 killers[-1].start()
 
-        outcome = run_sweep(h.kube, replace(sweep, max_parallel=parallel), template, policy, console=Console(file=out, width=200), live=False,
+        outcome = run_sweep(h.kube, replace(sweep, max_parallel=parallel), template, knobs, console=Console(file=out, width=200), live=False,
                             stop=stop, on_start=on_start, resync_s=1.0, lease_s=4)  # fmt: skip
         for t in killers:
             t.join(timeout=60)
