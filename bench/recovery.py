@@ -42,7 +42,9 @@ def breakdown(ledger: list[dict], metrics: list[dict], rec, fault_t: float, segm
     )
     decided = first(ledger, fault_t, lambda e: e.get("action") == "end-segment")
     gone = first(ledger, decided, lambda e: e.get("kind") == "observe" and e.get("pods_alive") == 0)
-    submitted = first(ledger, decided, lambda e: e.get("action") == "submit" and e.get("segment") == segment)
+    submitted = first(
+        ledger, decided, lambda e: e.get("action") == "start-segment" and e.get("segment") == segment
+    )
     running = rec.segments[segment].running_at
     first_rec = min((m for m in metrics if m["segment"] == segment), key=lambda m: m["time"])
     step = first_rec["time"]

@@ -208,7 +208,7 @@ class Controller:
         return result
 
     def _act(self, d: policy.Decision) -> None:
-        if d.action in {policy.SUBMIT, policy.CREATE}:
+        if d.action in {policy.START_SEGMENT, policy.CREATE_JOBSET}:
             seg = d.record.current
             self.kube.create_jobset(render_jobset(d.record.spec, seg.shape(self.catalog), seg.index))
         elif d.action in {policy.END, policy.DELETE} and d.jobset:
@@ -362,10 +362,10 @@ class Controller:
             if rec is None or not rec.terminal:
                 all_done = False
             if result.decision and result.decision.action in {
-                policy.SUBMIT,
+                policy.START_SEGMENT,
                 policy.END,
                 policy.DELETE,
-                policy.CREATE,
+                policy.CREATE_JOBSET,
             }:
                 snap = None  # the world changed: the next run re-reads it
                 self._wake.set()
@@ -373,7 +373,7 @@ class Controller:
 
 
 def crash_point(name: str) -> None:
-    """Fault injection for crash-consistency tests: `RESLICE_CRASH_POINT=after-record:submit:1`
+    """Fault injection for crash-consistency tests: `RESLICE_CRASH_POINT=after-record:start-segment:1`
     makes the controller die (as if SIGKILLed) right after it recorded segment 1 and before it
     created its JobSet — the worst moment for a controller to go."""
     if os.environ.get("RESLICE_CRASH_POINT") == name:

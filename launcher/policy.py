@@ -29,8 +29,8 @@ from launcher.render import EXIT_PEER_LOST
 
 # Actions.
 WAIT = "wait"
-CREATE = "create"  # create the JobSet of the current segment (first time, or after a crash)
-SUBMIT = "submit"  # record a new segment, then create its JobSet
+START_SEGMENT = "start-segment"  # record a new segment, then create its JobSet
+CREATE_JOBSET = "create-jobset"  # create the current segment's JobSet again (its creation was cut short)
 END = "end-segment"  # record why the segment ends, then delete its JobSet
 DELETE = "delete"  # delete a JobSet the record already says is over
 FINISH = "finish"
@@ -195,14 +195,19 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
         new = new_segment(rec, rung.shape, plan, now, why, obs.committed_step)
         reason = f"segment {new.index} on {_shape_words(rung)} {why}"
         return Decision(
-            SUBMIT, reason, replace(rec.with_segment(new), state=record.RUNNING, reason=reason), new.jobset
+            START_SEGMENT,
+            reason,
+            replace(rec.with_segment(new), state=record.RUNNING, reason=reason),
+            new.jobset,
         )
 
     # A live segment whose JobSet does not exist: never created (the controller stopped between
     # recording and creating it), or deleted behind our back.
     if obs.phase == signals.ABSENT:
         if seg.jobset_uid is None:
-            return Decision(CREATE, f"creating JobSet {seg.jobset} of segment {seg.index}", rec, seg.jobset)
+            return Decision(
+                CREATE_JOBSET, f"creating JobSet {seg.jobset} of segment {seg.index}", rec, seg.jobset
+            )
         reason = f"JobSet {seg.jobset} disappeared"
         return Decision(END, reason, _end(rec, obs, "lost", reason, record.RESHAPING), None)
 

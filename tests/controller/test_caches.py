@@ -73,7 +73,7 @@ def test_a_synced_pass_reads_the_caches_and_lists_nothing(tmp_path):
             seen = len(results)
             cluster.remove(f"{PRESET}-np-1")
             wait_for(
-                lambda: any(r.decision.action == policy.SUBMIT and r.decision.record.current.index == 1 for r in results),
+                lambda: any(r.decision.action == policy.START_SEGMENT and r.decision.record.current.index == 1 for r in results),
                 30,
                 "segment 1",
             )  # fmt: skip

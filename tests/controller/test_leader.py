@@ -62,9 +62,9 @@ def test_two_replicas_never_act_at_once(tmp_path):
     after = {e["controller"] for e in ledger[takeover:] if e.get("kind") in {"act", "wait", "observe"}}
     assert before == {"replica-a"} and after == {"replica-b"}
     assert acts == [
-        ("replica-a", "submit", 0),
+        ("replica-a", "start-segment", 0),
         ("replica-a", "end-segment", 0),
-        ("replica-a", "submit", 1),
+        ("replica-a", "start-segment", 1),
         ("replica-b", "end-segment", 1),
-        ("replica-b", "submit", 2),
+        ("replica-b", "start-segment", 2),
     ]

@@ -174,7 +174,7 @@ CASES = [
         lambda: record_on(None),
         lambda rec: observe(rec, pools=0),
         Want(
-            policy.SUBMIT,
+            policy.START_SEGMENT,
             "demo-0",
             record={"current.slices": 4, "current.batch": GB, "state": record.RUNNING},
         ),
@@ -279,7 +279,7 @@ CASES = [
         ended_on_one_pool,
         lambda rec: observe(rec, pods=[], pools=1, jobsets=[]),
         Want(
-            policy.SUBMIT,
+            policy.START_SEGMENT,
             "demo-1",
             record={
                 "current.index": 1,
@@ -434,7 +434,7 @@ CASES = [
         "a recorded but never created JobSet is created",
         lambda: with_current(record_on(4), jobset_uid=None),
         lambda rec: observe(rec, jobsets=[]),
-        Want(policy.CREATE, "demo-0"),
+        Want(policy.CREATE_JOBSET, "demo-0"),
     ),
     Case(
         "a JobSet deleted behind our back ends the segment",
