@@ -46,7 +46,7 @@ from launcher.launch import create_run, prepare
 from launcher.presets import LABEL_NODEPOOL, make_shape
 from launcher.record import Knobs
 from launcher.render import LABEL_RUN, RunSpec
-from launcher.runs import RunDir
+from launcher.rundir import RunDir
 
 
 def wait(cond, timeout: float, what: str, poll: float = 0.2) -> None:

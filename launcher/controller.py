@@ -32,7 +32,7 @@ from launcher.plan import shrink_ladder
 from launcher.presets import Catalog, load_catalog
 from launcher.record import FAILED, RunRecord
 from launcher.render import LABEL_RUN, LABEL_SEGMENT, render_jobset
-from launcher.runs import RunDir
+from launcher.rundir import RunDir
 from launcher.snapshot import SOURCES, WATCHED, EventsJoin, Snapshot, observe_run
 
 # The least time from one pass to the next while watch events keep coming.

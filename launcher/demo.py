@@ -21,7 +21,7 @@ from launcher.kube import Kube
 from launcher.launch import create_run, prepare
 from launcher.record import Knobs
 from launcher.render import RunSpec
-from launcher.runs import RunDir
+from launcher.rundir import RunDir
 from launcher.status import summarize
 from launcher.watch import watch_run
 

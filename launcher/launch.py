@@ -27,7 +27,7 @@ from launcher.render import (
     run_name_error,
     short_notice,
 )
-from launcher.runs import RunDir
+from launcher.rundir import RunDir
 
 
 def check_trainer_config(config: str, overrides: tuple[str, ...]) -> dict | None:

@@ -10,7 +10,7 @@ from launcher.kube import Kube
 from launcher.record import RunRecord
 from launcher.report import RunReport, build_report
 from launcher.report_plots import plot_loss, plot_timeline
-from launcher.runs import RunDir
+from launcher.rundir import RunDir
 
 
 def run_report(kube: Kube, run: str) -> tuple[RunRecord, RunReport, RunDir]:

@@ -37,7 +37,7 @@ from launcher.kube import Kube
 from launcher.launch import create_run, prepare
 from launcher.record import FINISHED, Knobs, RunRecord
 from launcher.render import LABEL_RUN, RunSpec
-from launcher.runs import RunDir
+from launcher.rundir import RunDir
 from launcher.sweep_files import SWEEP_JSON, read_incarnations, result_of, write_outputs
 from launcher.sweep_results import FactorResult, Recommendation, pct
 from launcher.sweep_spec import ATTACH, DONE, LAUNCH, MISSING, RELAUNCH, SweepSpec, next_action, run_name

@@ -23,7 +23,7 @@ from launcher.kube import Kube
 from launcher.launch import create_run, prepare
 from launcher.record import Knobs, RunRecord
 from launcher.render import LABEL_RUN, RunSpec
-from launcher.runs import RunDir
+from launcher.rundir import RunDir
 from tests.support.wait import wait_for
 
 PRESET = "tpu7x-2x2x1"  # one host of 8 JAX devices: single-slice runs

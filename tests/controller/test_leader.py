@@ -10,7 +10,7 @@ from launcher.kube import Kube
 from launcher.launch import create_run, prepare
 from launcher.record import Knobs
 from launcher.render import RunSpec
-from launcher.runs import RunDir
+from launcher.rundir import RunDir
 from tests.controller.harness import wait_for
 
 CONTROLLERS: dict[str, Controller] = {}

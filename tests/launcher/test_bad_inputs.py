@@ -326,11 +326,11 @@ def test_no_cloud_credentials_for_a_gcs_run_dir(
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("HOME", str(world))  # no ~/.config/gcloud
     monkeypatch.setenv("NO_GCE_CHECK", "true")  # not on GCE: skip the metadata server's probe
-    from launcher import runs as runs_module
+    from launcher import rundir
 
-    runs_module._client_for.cache_clear()
+    rundir._client_for.cache_clear()
     before = (_objects(cluster), _files(world))
     code, _, err = run_cli(capsys, *LAUNCH, "--run-dir", "gs://my-bucket/x", "--no-preflight")
-    runs_module._client_for.cache_clear()
+    rundir._client_for.cache_clear()
     assert code == 2 and err.count("\n") == 1 and "no Google Cloud credentials" in err, err
     assert (_objects(cluster), _files(world)) == before
