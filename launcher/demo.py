@@ -21,8 +21,8 @@ from launcher.kube import Kube
 from launcher.launch import create_run, prepare
 from launcher.record import Knobs
 from launcher.render import RunSpec
+from launcher.report_io import summarize
 from launcher.rundir import RunDir
-from launcher.status import summarize
 from launcher.watch import watch_run
 
 PRESET = "tpu7x-2x2x2"

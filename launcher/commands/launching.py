@@ -51,7 +51,7 @@ from launcher.watch import watch_all, watch_run
 
 def finish(kube, run: str, state: str) -> None:
     """The run's summary, then exit 1 unless it finished (`launch` and `watch RUN` end here)."""
-    from launcher.status import summarize
+    from launcher.report_io import summarize
 
     summarize(kube, run, console)
     if state != "Finished":
