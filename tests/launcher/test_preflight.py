@@ -103,6 +103,10 @@ POOL_CASES = [
     ("memory at allocatable fits", [allocatable(n, memory="240Gi") for n in GOOD], 2, OK, ["2 fit: a, b"]),
     ("memory below", [allocatable(n, memory="239Gi") for n in GOOD], 1, FAIL,
      ["the pods request memory 240Gi, its nodes have 239Gi allocatable"]),
+    # Every form the API server accepts (kubernetes.utils.parse_quantity): exponents, P and E.
+    ("cpu as an exponent", [A0, allocatable(A1, cpu="5e1"), B0, B1], 2, FAIL,
+     ["1 fit: b; a: the pods request cpu 56, its nodes have 5e1 allocatable"]),
+    ("memory in P and E", [allocatable(A0, memory="1Pi"), allocatable(A1, memory="1E"), B0, B1], 2, OK, ["2 fit: a, b"]),
 ]  # fmt: skip
 
 
