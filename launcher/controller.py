@@ -13,6 +13,7 @@ launch.py), the sweep and the in-cluster controller.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -22,6 +23,8 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+
+from kubernetes.utils.retry import retry_on_conflict
 
 from launcher import policy, signals
 from launcher.errors import UserError
@@ -217,15 +220,12 @@ class Controller:
                 self.kube.delete_pods_now(f"{LABEL_RUN}={d.record.name},{LABEL_SEGMENT}={seg.index}")
 
     def _fail(self, run: str, rundir: RunDir, reason: str) -> None:
-        for _ in range(5):
+        def mark_failed() -> None:
             rec, rv = self.kube.get_record(run)
-            try:
-                self.kube.update_record(
-                    replace(rec, state=FAILED, reason=reason, finished_at=self.clock()), rv
-                )
-                break
-            except Conflict:
-                continue
+            self.kube.update_record(replace(rec, state=FAILED, reason=reason, finished_at=self.clock()), rv)
+
+        with contextlib.suppress(Conflict):  # still changing after client-go's 5 tries: the ledger says it
+            retry_on_conflict(mark_failed)
         self._log(rundir, [{"kind": "act", "action": policy.FAIL, "reason": reason, "state": FAILED}])
 
     def _new_unusable(self, trainer: dict | None) -> list[dict]:

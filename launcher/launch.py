@@ -227,23 +227,26 @@ def stop_run(kube, run: str) -> list[str]:
     delete its JobSets. The record and the run directory stay."""
     from dataclasses import replace
 
+    from kubernetes.utils.retry import Backoff, retry_on_conflict
+
     from launcher.kube import Conflict
     from launcher.record import STOPPED
 
-    for _ in range(10):
+    def mark_stopped() -> RunRecord:
         got = kube.get_record(run)
         if got is None:
             raise UserError(f"no run named {run!r} in namespace {kube.namespace}")
         rec, rv = got
-        if rec.terminal:
-            break
-        try:
+        if not rec.terminal:
             kube.update_record(
                 replace(rec, state=STOPPED, reason="stopped by the user", finished_at=time.time()), rv
             )
-            break
-        except Conflict:
-            continue
+        return rec
+
+    try:  # client-go's RetryOnConflict, with 10 tries: a busy controller rewrites the record each pass
+        rec = retry_on_conflict(mark_stopped, Backoff(steps=10, duration=0.01, factor=1.0, jitter=0.1))
+    except Conflict:  # still changing: delete the JobSets all the same, as asked
+        rec = kube.get_record(run)[0]
     deleted = [j["metadata"]["name"] for j in kube.jobsets(run) if kube.delete_jobset(j["metadata"]["name"])]
     RunDir(rec.spec.run_dir).log([{"time": time.time(), "kind": "act", "action": "stop", "reason": "stopped by the user",
                                    "state": STOPPED}])  # fmt: skip
