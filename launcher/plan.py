@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from launcher.memory import estimate
+from launcher.memory import GIB, estimate
 from launcher.presets import Preset, Shape
 
 
@@ -139,8 +139,8 @@ def _rung(
         return Rung(
             shape,
             Infeasible(
-                f"needs ~{memory['total'] / 2**30:.1f} GiB per device (estimate),"
-                f" more than its {hbm / 2**30:.0f} GiB of HBM"
+                f"needs ~{memory['total'] / GIB:.1f} GiB per device (estimate),"
+                f" more than its {hbm / GIB:.0f} GiB of HBM"
             ),
             memory,
         )

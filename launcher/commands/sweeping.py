@@ -23,6 +23,7 @@ from launcher.commands.options import (
     console,
 )
 from launcher.commands.spec import check_run_options, for_cluster, run_spec
+from launcher.sweep_spec import DEFAULT_FACTORS
 
 
 def sweep(
@@ -32,7 +33,7 @@ def sweep(
     config: ConfigOpt = "tiny",
     factors: Annotated[
         str, typer.Option("--factors", help="Buffer factors, comma-separated; ≤ 0 (e.g. -1) = dropless.")
-    ] = "1.0,1.0625,1.125,1.25,1.5,2.0,-1",
+    ] = DEFAULT_FACTORS,
     global_batch: Annotated[
         int | None, typer.Option("--global-batch", "-b", help="Sequences per step (default: 2 per device).")
     ] = None,

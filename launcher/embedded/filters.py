@@ -257,7 +257,7 @@ def pool_uniform_reason(pod: Mapping[str, Any], node: Mapping[str, Any]) -> list
     """Reasons shared by a whole pool when its first node fails a label/taint filter that does not
     depend on the node's hostname; None when nodes must be checked one by one."""
     spec = pod.get("spec") or {}
-    if "kubernetes.io/hostname" in json.dumps([spec.get("nodeSelector"), spec.get("affinity")]):
+    if objects.HOSTNAME_LABEL in json.dumps([spec.get("nodeSelector"), spec.get("affinity")]):
         return None
     if (node.get("spec") or {}).get("unschedulable"):
         return None

@@ -40,7 +40,6 @@ LEGACY_JOB_NAME = "job-name"
 TPU_RESOURCE = "google.com/tpu"
 NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
 ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
-TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 IMPENDING_TERMINATION_TAINT = "cloud.google.com/impending-node-termination"
 

@@ -29,6 +29,7 @@ from launcher.commands.spec import for_cluster
 from launcher.launch import stop_run
 from launcher.record import FINISHED, STOPPED, Knobs
 from launcher.render import RunSpec
+from launcher.rundir import read_jsonl
 from launcher.sweep import run_sweep
 from launcher.sweep_spec import ATTACH, LAUNCH, RELAUNCH, make_sweep
 from tests.controller.harness import PRESET, Harness, wait_for
@@ -60,7 +61,7 @@ def expected_from_metrics(h: Harness, run: str) -> dict:
     rd = h.rundir(run)
     kept, startup = {}, set()  # step -> its last computation; ids of each trainer's first record
     for name in rd.list_dir("metrics"):  # one file per trainer process (a relaunch adds one)
-        lines = [json.loads(x) for x in (rd.read_text(f"metrics/{name}") or "").splitlines() if x.strip()]
+        lines = read_jsonl(rd.read_text(f"metrics/{name}"))
         startup |= {id(lines[0])} if lines else set()
         for r in lines:
             if r["step"] not in kept or r["time"] > kept[r["step"]]["time"]:
@@ -146,8 +147,9 @@ def test_sweep_interrupted_and_resumed_on_the_embedded_cluster(tmp_path, capsys)
         assert h.record(runs[2]).state == FINISHED
         # It was stopped mid-run and resumed from its checkpoint: two trainers, the second not from step 1.
         rd = h.rundir(runs[2])
-        firsts = sorted(min(json.loads(x)["step"] for x in rd.read_text(f"metrics/{n}").splitlines())
-                        for n in rd.list_dir("metrics"))  # fmt: skip
+        firsts = sorted(
+            min(r["step"] for r in read_jsonl(rd.read_text(f"metrics/{n}"))) for n in rd.list_dir("metrics")
+        )
         assert len(firsts) == 2 and firsts[0] == 1 and INTERVAL < firsts[1] < STEPS, firsts
 
         # 3. The fourth was left live: attached to, not relaunched; the last one runs beside it.
