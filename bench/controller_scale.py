@@ -43,7 +43,8 @@ from bench.embedded_scale import build_cluster, rss_mib
 from launcher.controller import Controller
 from launcher.kube import Kube
 from launcher.launch import create_run, prepare
-from launcher.presets import LABEL_NODEPOOL, make_shape
+from launcher.preset_files import make_shape
+from launcher.presets import LABEL_NODEPOOL
 from launcher.record import Knobs
 from launcher.render import LABEL_RUN, RunSpec
 from launcher.rundir import RunDir

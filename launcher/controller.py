@@ -32,7 +32,8 @@ from launcher.health import LoopState
 from launcher.informer import Cache
 from launcher.kube import RECORD_KEY, Conflict, Kube, record_name, record_of
 from launcher.plan import shrink_ladder
-from launcher.presets import Catalog, load_catalog
+from launcher.preset_files import load_catalog
+from launcher.presets import Catalog
 from launcher.record import FAILED, RunRecord
 from launcher.render import LABEL_RUN, LABEL_SEGMENT, render_jobset
 from launcher.rundir import RunDir

@@ -18,7 +18,8 @@ from dataclasses import asdict, replace
 from launcher.errors import UserError
 from launcher.inputs import quantity
 from launcher.plan import Plan, Rung, shrink_ladder
-from launcher.presets import Catalog, load_catalog
+from launcher.preset_files import load_catalog
+from launcher.presets import Catalog
 from launcher.record import Knobs, RunRecord
 from launcher.render import (
     RunSpec,

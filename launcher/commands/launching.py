@@ -44,7 +44,7 @@ from launcher.commands.options import (
 )
 from launcher.commands.spec import check_run_options, for_cluster, run_spec, trainer_config
 from launcher.errors import UserError
-from launcher.presets import make_shape
+from launcher.preset_files import make_shape
 from launcher.render import DEFAULT_COORDINATOR_PORT, render_jobset
 from launcher.watch import watch_all, watch_run
 

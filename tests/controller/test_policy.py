@@ -11,7 +11,7 @@ import pytest
 
 from launcher import policy, record, signals
 from launcher.plan import shrink_ladder
-from launcher.presets import load_catalog
+from launcher.preset_files import load_catalog
 from launcher.record import Knobs, RunRecord, new_segment
 from launcher.render import RunSpec
 from tests.controller.objects import T0, jobset, pod, pool

@@ -6,7 +6,7 @@ import pytest
 
 from launcher import record
 from launcher.plan import Plan
-from launcher.presets import make_shape
+from launcher.preset_files import make_shape
 from launcher.record import RunRecord, new_segment
 from launcher.render import RunSpec
 from launcher.report import CATEGORIES, build_report, waiting_intervals

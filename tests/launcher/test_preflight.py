@@ -22,7 +22,8 @@ from launcher.embedded.cluster import EmbeddedCluster
 from launcher.embedded.nodes import FakeNodePool, node_object
 from launcher.kube import Kube, record_name
 from launcher.pools import create_command, pools_for
-from launcher.presets import LABEL_PLACEMENT, Shape, load_preset, make_shape
+from launcher.preset_files import load_preset, make_shape
+from launcher.presets import LABEL_PLACEMENT, Shape
 from launcher.probe import LABEL_PROBE, Outcome, probe_check, probe_pod
 from launcher.quota import shortfalls
 from launcher.render import LABEL_RUN, RunSpec, placement, render_jobset
