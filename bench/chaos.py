@@ -38,7 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 from launcher.errors import UserError
-from launcher.record import FAILED, FINISHED, STOPPED, Policy
+from launcher.record import FAILED, FINISHED, STOPPED, Knobs
 from launcher.render import LABEL_RUN
 from tests.controller.harness import (
     GLOBAL_BATCH,
@@ -249,8 +249,8 @@ def run_seed(
     chaos = Chaos(h, tmp, random.Random(seed))
     t0 = time.monotonic()
     try:
-        policy = Policy(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
-        h.launch(RUN, slices=slices, steps=steps, interval=interval, policy=policy, global_batch=batch)
+        knobs = Knobs(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
+        h.launch(RUN, slices=slices, steps=steps, interval=interval, knobs=knobs, global_batch=batch)
         chaos.controller()
         error = None
         try:

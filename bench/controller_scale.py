@@ -43,18 +43,12 @@ from bench.embedded_scale import build_cluster, rss_mib
 from launcher.controller import Controller
 from launcher.kube import Kube
 from launcher.launch import create_run, prepare
-from launcher.presets import LABEL_NODEPOOL, make_shape
-from launcher.record import Policy
+from launcher.preset_files import make_shape
+from launcher.presets import LABEL_NODEPOOL
+from launcher.record import Knobs
 from launcher.render import LABEL_RUN, RunSpec
-from launcher.runs import RunDir
-
-
-def wait(cond, timeout: float, what: str, poll: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out waiting for {what}")
-        time.sleep(poll)
+from launcher.rundir import RunDir
+from tests.support.wait import wait_for
 
 
 def proc_mib(pid: int, field: str) -> float:
@@ -138,13 +132,13 @@ def running(kube: Kube, run: str) -> int:
 def phase(cluster, kube: Kube, tmp: Path, run: str, args) -> dict:
     shape = make_shape(args.preset, args.slices)
     spec = RunSpec(run=run, run_dir=str(tmp / run), global_batch=shape.devices * 12, grace_period_s=1)
-    rec, _ = prepare(spec, args.preset, args.slices, Policy(unschedulable_grace_s=5))
+    rec, _ = prepare(spec, args.preset, args.slices, Knobs(unschedulable_grace_s=5))
     create_run(kube, rec)
     first = Controller(kube)
     first.pass_once([run])  # segment 0, as `reslice launch` submits it
     first.release(run)
     t = time.perf_counter()
-    wait(lambda: running(kube, run) == shape.hosts, 600, "all pods", poll=1.0)
+    wait_for(lambda: running(kube, run) == shape.hosts, 600, "all pods", interval=1.0)
     print(f"[{run}] {shape}: {shape.hosts} pods Running {time.perf_counter() - t:.1f} s after submit")
 
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "RESLICE_RESYNC_S": "30"}
@@ -153,12 +147,12 @@ def phase(cluster, kube: Kube, tmp: Path, run: str, args) -> dict:
     try:
         ledger = lambda: RunDir(spec.run_dir).ledger()  # noqa: E731
         # Its caches are synced once its first pass has written an observation.
-        wait(lambda: any(e.get("kind") == "observe" and e["controller"] != first.identity for e in ledger()),
+        wait_for(lambda: any(e.get("kind") == "observe" and e["controller"] != first.identity for e in ledger()),
              300, "the controller's first pass")  # fmt: skip
 
         probe, halt = Controller(kube), threading.Event()
         probe.start_caches(halt)
-        wait(probe.synced, 300, "the probe's caches")
+        wait_for(probe.synced, 300, "the probe's caches")
         probe.reconcile(run)
         times = []
         for _ in range(20):
@@ -183,7 +177,7 @@ def phase(cluster, kube: Kube, tmp: Path, run: str, args) -> dict:
         def ends() -> list[dict]:
             return [e for e in ledger() if e.get("action") == "end-segment" and e["time"] >= t_fault]
 
-        wait(ends, 120, "the shrink decision", poll=0.05)
+        wait_for(ends, 120, "the shrink decision", interval=0.05)
         end = ends()[0]
         latency = end["time"] - end["woken_at"]
         decide_s = end["decided_at"] - end["woken_at"]
@@ -192,7 +186,7 @@ def phase(cluster, kube: Kube, tmp: Path, run: str, args) -> dict:
               f"(deciding {decide_s * 1e3:.0f} ms, the record's PUT {(latency - decide_s) * 1e3:.0f} ms) "
               f"({(end['time'] - t_fault) * 1e3:.0f} ms after the fault; zero-grace: {end.get('zero_grace', False)}; "
               f"the API server's process in full GC for {server_gc * 1e3:.0f} ms of it)")  # fmt: skip
-        wait(lambda: len(kube.get_record(run)[0].segments) > 1, 600, "the next segment", poll=1.0)
+        wait_for(lambda: len(kube.get_record(run)[0].segments) > 1, 600, "the next segment", interval=1.0)
         rss = proc_mib(ctl.pid, "VmHWM")
     finally:
         ctl.terminate()
@@ -201,7 +195,7 @@ def phase(cluster, kube: Kube, tmp: Path, run: str, args) -> dict:
     for js in kube.jobsets(run):
         kube.delete_jobset(js["metadata"]["name"])
     kube.delete_record(run)
-    wait(lambda: not kube.pods(f"{LABEL_RUN}={run}"), 600, "the run's pods gone", poll=1.0)
+    wait_for(lambda: not kube.pods(f"{LABEL_RUN}={run}"), 600, "the run's pods gone", interval=1.0)
     cluster.restore(pool)
     return {
         "pods": shape.hosts,

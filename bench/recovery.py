@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from launcher.launch import stop_run
-from launcher.record import Policy
+from launcher.record import Knobs
 from tests.controller.harness import MULTI_HOST, MULTI_HOST_BATCH, Harness, wait_for
 
 
@@ -42,7 +42,9 @@ def breakdown(ledger: list[dict], metrics: list[dict], rec, fault_t: float, segm
     )
     decided = first(ledger, fault_t, lambda e: e.get("action") == "end-segment")
     gone = first(ledger, decided, lambda e: e.get("kind") == "observe" and e.get("pods_alive") == 0)
-    submitted = first(ledger, decided, lambda e: e.get("action") == "submit" and e.get("segment") == segment)
+    submitted = first(
+        ledger, decided, lambda e: e.get("action") == "start-segment" and e.get("segment") == segment
+    )
     running = rec.segments[segment].running_at
     first_rec = min((m for m in metrics if m["segment"] == segment), key=lambda m: m["time"])
     step = first_rec["time"]
@@ -73,10 +75,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         h = Harness(Path(tmp), pools=2, preset=MULTI_HOST)
         try:
-            policy = Policy(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
+            knobs = Knobs(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
             # Never finishes on its own: the single-slice segments would race to the end.
             h.launch(
-                "bench", slices=2, steps=1_000_000, interval=5, policy=policy, global_batch=MULTI_HOST_BATCH
+                "bench", slices=2, steps=1_000_000, interval=5, knobs=knobs, global_batch=MULTI_HOST_BATCH
             )
             h.start_controller("bench", resync_s=5.0)
             wait_for(lambda: h.record("bench").segments, 60, "segment 0")

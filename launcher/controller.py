@@ -13,6 +13,7 @@ launch.py), the sweep and the in-cluster controller.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -23,16 +24,19 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
+from kubernetes.utils.retry import retry_on_conflict
+
 from launcher import policy, signals
 from launcher.errors import UserError
 from launcher.health import LoopState
 from launcher.informer import Cache
 from launcher.kube import RECORD_KEY, Conflict, Kube, record_name, record_of
 from launcher.plan import shrink_ladder
-from launcher.presets import Catalog, load_catalog
+from launcher.preset_files import load_catalog
+from launcher.presets import Catalog
 from launcher.record import FAILED, RunRecord
 from launcher.render import LABEL_RUN, LABEL_SEGMENT, render_jobset
-from launcher.runs import RunDir
+from launcher.rundir import RunDir
 from launcher.snapshot import SOURCES, WATCHED, EventsJoin, Snapshot, observe_run
 
 # The least time from one pass to the next while watch events keep coming.
@@ -208,7 +212,7 @@ class Controller:
         return result
 
     def _act(self, d: policy.Decision) -> None:
-        if d.action in {policy.SUBMIT, policy.CREATE}:
+        if d.action in {policy.START_SEGMENT, policy.CREATE_JOBSET}:
             seg = d.record.current
             self.kube.create_jobset(render_jobset(d.record.spec, seg.shape(self.catalog), seg.index))
         elif d.action in {policy.END, policy.DELETE} and d.jobset:
@@ -217,15 +221,12 @@ class Controller:
                 self.kube.delete_pods_now(f"{LABEL_RUN}={d.record.name},{LABEL_SEGMENT}={seg.index}")
 
     def _fail(self, run: str, rundir: RunDir, reason: str) -> None:
-        for _ in range(5):
+        def mark_failed() -> None:
             rec, rv = self.kube.get_record(run)
-            try:
-                self.kube.update_record(
-                    replace(rec, state=FAILED, reason=reason, finished_at=self.clock()), rv
-                )
-                break
-            except Conflict:
-                continue
+            self.kube.update_record(replace(rec, state=FAILED, reason=reason, finished_at=self.clock()), rv)
+
+        with contextlib.suppress(Conflict):  # still changing after client-go's 5 tries: the ledger says it
+            retry_on_conflict(mark_failed)
         self._log(rundir, [{"kind": "act", "action": policy.FAIL, "reason": reason, "state": FAILED}])
 
     def _new_unusable(self, trainer: dict | None) -> list[dict]:
@@ -362,10 +363,10 @@ class Controller:
             if rec is None or not rec.terminal:
                 all_done = False
             if result.decision and result.decision.action in {
-                policy.SUBMIT,
+                policy.START_SEGMENT,
                 policy.END,
                 policy.DELETE,
-                policy.CREATE,
+                policy.CREATE_JOBSET,
             }:
                 snap = None  # the world changed: the next run re-reads it
                 self._wake.set()
@@ -373,7 +374,7 @@ class Controller:
 
 
 def crash_point(name: str) -> None:
-    """Fault injection for crash-consistency tests: `RESLICE_CRASH_POINT=after-record:submit:1`
+    """Fault injection for crash-consistency tests: `RESLICE_CRASH_POINT=after-record:start-segment:1`
     makes the controller die (as if SIGKILLed) right after it recorded segment 1 and before it
     created its JobSet — the worst moment for a controller to go."""
     if os.environ.get("RESLICE_CRASH_POINT") == name:

@@ -19,10 +19,10 @@ from rich.console import Console
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from launcher.kube import Kube
 from launcher.launch import create_run, prepare
-from launcher.record import Policy
+from launcher.record import Knobs
 from launcher.render import RunSpec
-from launcher.runs import RunDir
-from launcher.status import summarize
+from launcher.report_io import summarize
+from launcher.rundir import RunDir
 from launcher.watch import watch_run
 
 PRESET = "tpu7x-2x2x2"
@@ -90,8 +90,8 @@ def run_demo(workdir: Path, steps: int = DEFAULT_STEPS, console: Console | None 
         image_pull_policy="Never",
     )
     # A short stability window: the run grows back at the first checkpoint after capacity returns.
-    policy = Policy(unschedulable_grace_s=30, grow_window_s=1, app_backoff_s=2)
-    rec, ladder = prepare(spec, PRESET, SLICES, policy)
+    knobs = Knobs(unschedulable_grace_s=30, grow_window_s=1, app_backoff_s=2)
+    rec, ladder = prepare(spec, PRESET, SLICES, knobs)
     (workdir / "pods").mkdir(exist_ok=True)
     nodepools = [NodePoolSpec(PRESET, count=SLICES)]
     with EmbeddedCluster(nodepools=nodepools, mode="process", workdir=workdir / "pods") as cluster:

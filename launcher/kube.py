@@ -29,7 +29,10 @@ RECORD_KEY = "record.json"
 
 
 class Conflict(Exception):
-    """The object changed since it was read (409): re-read and decide again."""
+    """The object changed since it was read (409): re-read and decide again. Its `status` lets
+    `kubernetes.utils.retry.retry_on_conflict` (client-go's RetryOnConflict) retry on it."""
+
+    status = 409
 
 
 class Forbidden(Exception):

@@ -18,8 +18,9 @@ from dataclasses import asdict, replace
 from launcher.errors import UserError
 from launcher.inputs import quantity
 from launcher.plan import Plan, Rung, shrink_ladder
-from launcher.presets import Catalog, load_catalog
-from launcher.record import Policy, RunRecord
+from launcher.preset_files import load_catalog
+from launcher.presets import Catalog
+from launcher.record import Knobs, RunRecord
 from launcher.render import (
     RunSpec,
     coordinator_port_error,
@@ -27,7 +28,7 @@ from launcher.render import (
     run_name_error,
     short_notice,
 )
-from launcher.runs import RunDir
+from launcher.rundir import RunDir
 
 
 def check_trainer_config(config: str, overrides: tuple[str, ...]) -> dict | None:
@@ -87,7 +88,7 @@ def prepare(
     spec: RunSpec,
     preset: str,
     slices: int | None,
-    policy: Policy,
+    knobs: Knobs,
     now: float | None = None,
     catalog: Catalog | None = None,
 ) -> tuple[RunRecord, list[Rung]]:
@@ -117,7 +118,7 @@ def prepare(
         raise UserError(f"{shape}: {first.plan.reason}")
     # The longest JobSet name this run may need: the last segment the policy allows.
     for rung in ladder:
-        if rung.feasible and (err := run_name_error(spec.run, rung.shape, policy.max_segments - 1)):
+        if rung.feasible and (err := run_name_error(spec.run, rung.shape, knobs.max_segments - 1)):
             raise UserError(err)
     if spec.short_notice_interval is not None and spec.short_notice_interval < 1:
         raise UserError(
@@ -135,7 +136,7 @@ def prepare(
         spec=spec,
         preset=shape.preset.name,
         slices=shape.slices,
-        policy=policy,
+        knobs=knobs,
         created_at=now if now is not None else time.time(),
         reason="launched",
     )
@@ -227,23 +228,26 @@ def stop_run(kube, run: str) -> list[str]:
     delete its JobSets. The record and the run directory stay."""
     from dataclasses import replace
 
+    from kubernetes.utils.retry import Backoff, retry_on_conflict
+
     from launcher.kube import Conflict
     from launcher.record import STOPPED
 
-    for _ in range(10):
+    def mark_stopped() -> RunRecord:
         got = kube.get_record(run)
         if got is None:
             raise UserError(f"no run named {run!r} in namespace {kube.namespace}")
         rec, rv = got
-        if rec.terminal:
-            break
-        try:
+        if not rec.terminal:
             kube.update_record(
                 replace(rec, state=STOPPED, reason="stopped by the user", finished_at=time.time()), rv
             )
-            break
-        except Conflict:
-            continue
+        return rec
+
+    try:  # client-go's RetryOnConflict, with 10 tries: a busy controller rewrites the record each pass
+        rec = retry_on_conflict(mark_stopped, Backoff(steps=10, duration=0.01, factor=1.0, jitter=0.1))
+    except Conflict:  # still changing: delete the JobSets all the same, as asked
+        rec = kube.get_record(run)[0]
     deleted = [j["metadata"]["name"] for j in kube.jobsets(run) if kube.delete_jobset(j["metadata"]["name"])]
     RunDir(rec.spec.run_dir).log([{"time": time.time(), "kind": "act", "action": "stop", "reason": "stopped by the user",
                                    "state": STOPPED}])  # fmt: skip

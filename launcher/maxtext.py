@@ -178,7 +178,9 @@ def maxtext_keys(
     (`--set checkpoint_period=N`, default 100)."""
     keys = parse_overrides(overrides)
     steps = run_steps(keys)
-    period = checkpoint_period or _positive_int("checkpoint_period", keys.get("checkpoint_period", "100"))
+    period = checkpoint_period or _positive_int(
+        "checkpoint_period", keys.get("checkpoint_period", str(DEFAULT_CHECKPOINT_PERIOD))
+    )
     return {
         **keys,
         **data_keys(keys),

@@ -15,15 +15,27 @@ parallelism t, activation bytes a):
 - the working set of one layer's forward and backward, with one query block of attention scores
   (``model.attention_block``) in fp32;
 - one chunk of logits (``model.loss_chunk``) in fp32, with its softmax and gradient.
+
+Called by launcher/plan.py (every rung of ``shrink_ladder`` given a trainer config).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from launcher.plan import Plan
+from typing import Any, Protocol
 
 GIB = 2**30
+
+
+class PlanLike(Protocol):
+    """What the estimate reads of a batch plan: launcher/plan.py's Plan has it. Not that class itself,
+    so that this module imports nothing of plan.py, which calls it (no import circle)."""
+
+    @property
+    def devices(self) -> int: ...
+    @property
+    def micro_batch(self) -> int: ...
+    @property
+    def model_parallel(self) -> int: ...
 
 
 def param_counts(model: dict, moe: dict) -> tuple[int, int]:
@@ -39,7 +51,7 @@ def param_counts(model: dict, moe: dict) -> tuple[int, int]:
     return other, n_moe * 3 * d * moe["d_expert"] * moe["num_experts"]
 
 
-def estimate(cfg: dict[str, Any], plan: Plan) -> dict[str, float]:
+def estimate(cfg: dict[str, Any], plan: PlanLike) -> dict[str, float]:
     """Bytes per device by term, and ``total``, for ``cfg`` (the trainer's resolved config) on ``plan``."""
     m, e, mesh = cfg["model"], cfg["moe"], cfg.get("mesh", {})
     t = plan.model_parallel

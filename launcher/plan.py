@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from launcher.memory import GIB, estimate
 from launcher.presets import Preset, Shape
 
 
@@ -127,8 +128,6 @@ def _rung(
     model_parallel: int,
     trainer_config: dict | None,
 ) -> Rung:
-    from launcher.memory import estimate
-
     if shape.error:
         return Rung(shape, Infeasible(shape.error))
     plan = plan_batch(global_batch, shape.devices, max_micro_batch, max_grad_accum, model_parallel)
@@ -140,8 +139,8 @@ def _rung(
         return Rung(
             shape,
             Infeasible(
-                f"needs ~{memory['total'] / 2**30:.1f} GiB per device (estimate),"
-                f" more than its {hbm / 2**30:.0f} GiB of HBM"
+                f"needs ~{memory['total'] / GIB:.1f} GiB per device (estimate),"
+                f" more than its {hbm / GIB:.0f} GiB of HBM"
             ),
             memory,
         )

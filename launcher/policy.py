@@ -29,8 +29,8 @@ from launcher.render import EXIT_PEER_LOST
 
 # Actions.
 WAIT = "wait"
-CREATE = "create"  # create the JobSet of the current segment (first time, or after a crash)
-SUBMIT = "submit"  # record a new segment, then create its JobSet
+START_SEGMENT = "start-segment"  # record a new segment, then create its JobSet
+CREATE_JOBSET = "create-jobset"  # create the current segment's JobSet again (its creation was cut short)
 END = "end-segment"  # record why the segment ends, then delete its JobSet
 DELETE = "delete"  # delete a JobSet the record already says is over
 FINISH = "finish"
@@ -143,7 +143,7 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
 
     rec = bookkeep(rec, obs)
     seg = rec.current
-    policy = rec.policy
+    knobs = rec.knobs
 
     # 5. The trainer reports the final step: done, whatever else is going on.
     if _trainer_finished(rec, obs):
@@ -176,8 +176,8 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
             return Decision(
                 WAIT, f"backing off after an application failure until {rec.next_submit_at:.0f}", rec
             )
-        if len(rec.segments) >= policy.max_segments:
-            reason = f"reached the limit of {policy.max_segments} segments"
+        if len(rec.segments) >= knobs.max_segments:
+            reason = f"reached the limit of {knobs.max_segments} segments"
             return Decision(FAIL, reason, replace(rec, state=record.FAILED, reason=reason, finished_at=now))
         if seg is None:
             # The first segment asks for the requested shape even if it does not fit yet: node
@@ -195,14 +195,19 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
         new = new_segment(rec, rung.shape, plan, now, why, obs.committed_step)
         reason = f"segment {new.index} on {_shape_words(rung)} {why}"
         return Decision(
-            SUBMIT, reason, replace(rec.with_segment(new), state=record.RUNNING, reason=reason), new.jobset
+            START_SEGMENT,
+            reason,
+            replace(rec.with_segment(new), state=record.RUNNING, reason=reason),
+            new.jobset,
         )
 
     # A live segment whose JobSet does not exist: never created (the controller stopped between
     # recording and creating it), or deleted behind our back.
     if obs.phase == signals.ABSENT:
         if seg.jobset_uid is None:
-            return Decision(CREATE, f"creating JobSet {seg.jobset} of segment {seg.index}", rec, seg.jobset)
+            return Decision(
+                CREATE_JOBSET, f"creating JobSet {seg.jobset} of segment {seg.index}", rec, seg.jobset
+            )
         reason = f"JobSet {seg.jobset} disappeared"
         return Decision(END, reason, _end(rec, obs, "lost", reason, record.RESHAPING), None)
 
@@ -226,16 +231,16 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
         last = (
             f"last exit code {obs.last_exit_code}" if obs.last_exit_code is not None else obs.failure.message
         )
-        if failures > policy.app_failure_budget:
+        if failures > knobs.app_failure_budget:
             reason = (
                 f"crash loop: {failures} application failures exceed the budget of "
-                f"{policy.app_failure_budget} ({last}); preemptions so far: {rec.preemptions()}"
+                f"{knobs.app_failure_budget} ({last}); preemptions so far: {rec.preemptions()}"
             )
             ended = _end(rec, obs, "app-failure", reason, record.FAILED)
             return Decision(FAIL, reason, replace(ended, app_failures=failures, finished_at=now))
-        backoff = policy.app_backoff_s * 2 ** (failures - 1)
+        backoff = knobs.app_backoff_s * 2 ** (failures - 1)
         reason = (
-            f"application failure {failures}/{policy.app_failure_budget} ({last}); retrying in {backoff:.0f}s"
+            f"application failure {failures}/{knobs.app_failure_budget} ({last}); retrying in {backoff:.0f}s"
         )
         ended = _end(rec, obs, "app-failure", reason, record.RESHAPING)
         return Decision(
@@ -243,10 +248,10 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
         )
 
     # A crash whose peers' exit 43 made JobSet restart without counting still spends the budget.
-    if rec.app_failures > policy.app_failure_budget:
+    if rec.app_failures > knobs.app_failure_budget:
         reason = (
             f"crash loop: {rec.app_failures} application failures exceed the budget of "
-            f"{policy.app_failure_budget} (a trainer crashed and its peers exited {EXIT_PEER_LOST});"
+            f"{knobs.app_failure_budget} (a trainer crashed and its peers exited {EXIT_PEER_LOST});"
             f" preemptions so far: {rec.preemptions()}"
         )
         ended = _end(rec, obs, "app-failure", reason, record.FAILED)
@@ -264,7 +269,7 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
     pools_lost = bool(obs.lost_nodepools) and no_room
     if obs.unschedulable or pools_lost:
         waited = now - (obs.unschedulable_since or now)
-        if no_room or waited >= policy.unschedulable_grace_s:
+        if no_room or waited >= knobs.unschedulable_grace_s:
             rung = best_fit([r for r in ladder if r.shape.devices < current.devices], obs)
             causes = []
             if obs.unschedulable:
@@ -283,7 +288,7 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
             return Decision(END, reason, ended, seg.jobset, force=bool(obs.gone_nodepools))
         return Decision(
             WAIT,
-            f"{obs.unschedulable} pod(s) unschedulable for {waited:.0f}s (grace {policy.unschedulable_grace_s:.0f}s)",
+            f"{obs.unschedulable} pod(s) unschedulable for {waited:.0f}s (grace {knobs.unschedulable_grace_s:.0f}s)",
             rec,
         )
 
@@ -292,11 +297,11 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
     # Only at a checkpoint this segment committed itself: a segment that never got to train
     # must not be torn down again (no flapping), and the resize then costs no progress.
     progressed = obs.committed_step is not None and obs.committed_step > (seg.start_step or 0)
-    if policy.grow and obs.phase == signals.RUNNING and current.devices < requested.devices and progressed:
-        rung = best_fit(ladder, obs, stable_before=now - policy.grow_window_s)
+    if knobs.grow and obs.phase == signals.RUNNING and current.devices < requested.devices and progressed:
+        rung = best_fit(ladder, obs, stable_before=now - knobs.grow_window_s)
         if rung is not None and rung.shape.devices > current.devices:
             reason = (
-                f"capacity returned: {rung.shape} has fitted for {policy.grow_window_s:.0f}s; "
+                f"capacity returned: {rung.shape} has fitted for {knobs.grow_window_s:.0f}s; "
                 f"growing {current} -> {_shape_words(rung)} (the trainer checkpoints on SIGTERM)"
             )
             return Decision(END, reason, _end(rec, obs, "grow", reason, record.RESHAPING), seg.jobset)

@@ -13,9 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from launcher.embedded.filters import quantity
-from launcher.embedded.objects import tolerates
 from launcher.node_signals import BAD_TAINTS, node_problem
+from launcher.podfit import quantity, tolerates
 from launcher.presets import LABEL_ACCELERATOR, LABEL_NODEPOOL, LABEL_TOPOLOGY, Preset
 
 

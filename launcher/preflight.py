@@ -17,7 +17,8 @@ from launcher.errors import ClusterNotReady, UserError
 from launcher.inputs import quantity
 from launcher.kube import Forbidden, Kube
 from launcher.plan import ladder_shapes, shrink_ladder
-from launcher.presets import LABEL_NODEPOOL, Shape, load_catalog
+from launcher.preset_files import load_catalog
+from launcher.presets import LABEL_NODEPOOL, Shape
 from launcher.probe import PROBE_ROW, probe_check, probe_pod, run_probe
 from launcher.render import RunSpec
 

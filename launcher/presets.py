@@ -7,32 +7,20 @@ its capacity gets and the host CPU/memory the trainer requests. Loading validate
 the generation's rules (docs/platform.md §1), so a typo fails at `reslice presets`, not hours later
 as a Pending pod.
 
-The core (plan, record, policy, signals, render) is handed a `Catalog` and never reads a preset file:
-only the edges (the CLI commands, `launch.prepare`, a `Controller` when it is built, preflight) call
-`load_catalog`, once each.
+Pure: a preset is parsed from data (`parse_preset`), never read here. The core (plan, record, policy,
+signals, render) is handed a `Catalog`; only the edges (the CLI commands, `launch.prepare`, a
+`Controller` when it is built, preflight) read one from disk, through launcher/preset_files.py,
+once each.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from launcher.errors import UserError
-
-DEFAULT_PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
-
-
-def presets_dir() -> Path:
-    """`RESLICE_PRESETS_DIR` (e.g. in a container image) or the repository's `presets/`."""
-    return Path(os.environ.get("RESLICE_PRESETS_DIR") or DEFAULT_PRESETS_DIR)
-
 
 # Node label `cloud.google.com/gke-tpu-accelerator` -> generation.
 GENERATIONS = {
@@ -326,31 +314,8 @@ def _opt_str(value: object) -> str | None:
     return None if value is None else str(value)
 
 
-def load_preset_file(path: Path) -> Preset:
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark else ""
-        raise UserError(f"{path.name}:{where} malformed YAML: {getattr(e, 'problem', e)}") from None
-    except OSError as e:
-        raise UserError(f"cannot read preset {path}: {e.strerror}") from None
-    preset = parse_preset(raw, path.name)
-    if preset.name != path.stem:
-        raise UserError(f"{path.name}: name {preset.name!r} does not match the file name")
-    return preset
-
-
-def load_presets(directory: Path | None = None) -> dict[str, Preset]:
-    """Every preset in `directory`, validated together (fallbacks must exist and be smaller)."""
-    return _load_presets(directory or presets_dir())
-
-
-@cache
-def _load_presets(directory: Path) -> dict[str, Preset]:
-    if not directory.is_dir():
-        raise UserError(f"presets directory {directory} does not exist")
-    presets = {p.stem: load_preset_file(p) for p in sorted(directory.glob("*.yaml"))}
+def check_fallbacks(presets: Mapping[str, Preset]) -> None:
+    """UserError unless every preset's fallbacks are presets of the same set, each smaller than it."""
     for preset in presets.values():
         for fb in preset.fallbacks:
             if fb not in presets:
@@ -360,7 +325,6 @@ def _load_presets(directory: Path) -> dict[str, Preset]:
                     f"{preset.name}.yaml: fallback {fb!r} ({presets[fb].chips} chips) is not smaller "
                     f"than {preset.name} ({preset.chips} chips)"
                 )
-    return presets
 
 
 class Catalog(Mapping[str, Preset]):
@@ -394,21 +358,3 @@ class Catalog(Mapping[str, Preset]):
         if err := shape.error:
             raise UserError(err)
         return shape
-
-
-def load_catalog(directory: Path | None = None) -> Catalog:
-    """The catalog of `directory` (default `presets_dir()`), read from disk once per directory."""
-    return _catalog(directory or presets_dir())
-
-
-@cache
-def _catalog(directory: Path) -> Catalog:
-    return Catalog(_load_presets(directory))
-
-
-def load_preset(name: str, directory: Path | None = None) -> Preset:
-    return load_catalog(directory).preset(name)
-
-
-def make_shape(preset_name: str, slices: int | None = None, directory: Path | None = None) -> Shape:
-    return load_catalog(directory).shape(preset_name, slices)

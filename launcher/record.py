@@ -6,7 +6,8 @@ truth. Every change to it goes through a compare-and-swap on the ConfigMap's res
 
 The JSON carries `schema_version`. A field this reslice does not know is refused (UserError), not
 dropped: a record written by a newer reslice, rewritten by an older one, would lose it silently.
-A record from before the version (none) still loads; its retired fields are dropped.
+Older records still load: one from before the version (none) has its retired fields dropped; versions
+0 and 1 keep the knobs under `policy`, the name version 2 gave back to launcher/policy.py's rules.
 """
 
 from __future__ import annotations
@@ -28,15 +29,16 @@ FINISHED = "Finished"
 FAILED = "Failed"
 STOPPED = "Stopped"
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the knobs' key is `knobs` (was `policy`)
 # What records without a schema_version may hold that this reslice no longer has (section -> names).
 _RETIRED_V0 = {"policy": {"preemption_budget"}}
 TERMINAL = {FINISHED, FAILED, STOPPED}
 
 
 @dataclass(frozen=True)
-class Policy:
-    """The elastic policy of a run: grace periods, windows and budgets (seconds / counts)."""
+class Knobs:
+    """The run's knobs: grace periods, windows and budgets (seconds / counts) that the rules of
+    launcher/policy.py read."""
 
     unschedulable_grace_s: float = 120.0  # pods Pending this long = capacity is not coming
     grow_window_s: float = 300.0  # a larger shape must fit this long before growing back
@@ -86,7 +88,7 @@ class RunRecord:
     spec: RunSpec
     preset: str  # requested shape
     slices: int
-    policy: Policy = Policy()
+    knobs: Knobs = Knobs()
     state: str = PENDING
     reason: str = "launched"
     created_at: float = 0.0
@@ -143,9 +145,12 @@ class RunRecord:
                 f" (0-{SCHEMA_VERSION}): upgrade reslice"
             )
         retired = _RETIRED_V0 if version == 0 else {}
+        knobs_key = "knobs" if version >= 2 else "policy"
 
         def known(section: dict, cls: type, where: str) -> dict:
             names = {f.name for f in fields(cls)}
+            if where == "record":  # the sections were popped: a name of one left over is not known
+                names -= {"spec", "segments", "knobs"}
             # Before the version, unknown top-level fields were dropped on read: they still are.
             if version == 0 and where == "record":
                 return {k: v for k, v in section.items() if k in names}
@@ -166,9 +171,9 @@ class RunRecord:
             Segment(**{**seg, "nodepools": tuple(seg.get("nodepools", ()))})
             for seg in (known(s, Segment, "segments") for s in raw.pop("segments", []))
         )
-        policy = Policy(**known(raw.pop("policy", {}), Policy, "policy"))
+        knobs = Knobs(**known(raw.pop(knobs_key, {}), Knobs, knobs_key))
         return RunRecord(
-            spec=RunSpec(**spec), policy=policy, segments=segments, **known(raw, RunRecord, "record")
+            spec=RunSpec(**spec), knobs=knobs, segments=segments, **known(raw, RunRecord, "record")
         )
 
 

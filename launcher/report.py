@@ -1,6 +1,6 @@
 """Goodput and badput of a run, per segment, from the run record, the trainer's metrics and the
 controller's ledger. Pure accounting: no disk, no plotting (launcher/report_plots.py draws it).
-Called by launcher/status.py (`reslice status`, `report`) and launcher/view.py (the tables).
+Called by launcher/report_io.py (`reslice status`, `report`) and launcher/view.py (the tables).
 
 Goodput = productive training time / wall time. Productive time is the step time of every step
 whose result the run kept (the last computation of that step). The rest of the wall time is badput,

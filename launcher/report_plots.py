@@ -1,5 +1,5 @@
 """The plots of a run's report: loss across segments, and the segments on a time axis with their
-badput. Called by launcher/status.py (`reslice report`); the accounting they draw is launcher/report.py.
+badput. Called by launcher/report_io.py (`reslice report`); the accounting they draw is launcher/report.py.
 """
 
 from __future__ import annotations

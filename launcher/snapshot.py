@@ -15,7 +15,7 @@ from launcher.kube import Kube
 from launcher.presets import LABEL_ACCELERATOR, LABEL_NODEPOOL, Catalog
 from launcher.record import RunRecord
 from launcher.render import LABEL_RUN, run_preset
-from launcher.runs import RunDir
+from launcher.rundir import RunDir
 
 
 def _slim_pod(pod: dict) -> dict:

@@ -35,9 +35,9 @@ from launcher.controller import Controller
 from launcher.errors import UserError
 from launcher.kube import Kube
 from launcher.launch import create_run, prepare
-from launcher.record import FINISHED, Policy, RunRecord
+from launcher.record import FINISHED, Knobs, RunRecord
 from launcher.render import LABEL_RUN, RunSpec
-from launcher.runs import RunDir
+from launcher.rundir import RunDir
 from launcher.sweep_files import SWEEP_JSON, read_incarnations, result_of, write_outputs
 from launcher.sweep_results import FactorResult, Recommendation, pct
 from launcher.sweep_spec import ATTACH, DONE, LAUNCH, MISSING, RELAUNCH, SweepSpec, next_action, run_name
@@ -54,7 +54,7 @@ class FactorRun:
         return self.record.name
 
 
-def plan_sweep(sweep: SweepSpec, template: RunSpec, policy: Policy) -> list[FactorRun]:
+def plan_sweep(sweep: SweepSpec, template: RunSpec, knobs: Knobs) -> list[FactorRun]:
     """Every run of the sweep, each planned and checked as `reslice launch` would, before anything
     is created; and the sweep directory must not hold a different sweep. `template` supplies what is
     not the sweep's business (image, namespace, grace period...)."""
@@ -84,7 +84,7 @@ def plan_sweep(sweep: SweepSpec, template: RunSpec, policy: Policy) -> list[Fact
             config=sweep.config,
             overrides=sweep.run_overrides(f),
         )
-        rec, _ = prepare(spec, sweep.preset, sweep.slices, policy)
+        rec, _ = prepare(spec, sweep.preset, sweep.slices, knobs)
         out.append(FactorRun(f, rec))
     return out
 
@@ -120,7 +120,7 @@ def run_sweep(
     kube: Kube,
     sweep: SweepSpec,
     template: RunSpec,
-    policy: Policy,
+    knobs: Knobs,
     *,
     console: Console | None = None,
     live: bool = True,
@@ -135,7 +135,7 @@ def run_sweep(
     live runs keep going in the cluster and the next invocation attaches to them."""
     console = console or Console()
     stop = stop or threading.Event()
-    plans = plan_sweep(sweep, template, policy)
+    plans = plan_sweep(sweep, template, knobs)
 
     # Decide every run's fate before acting on any: a foreign run of the same name stops everything.
     actions: dict[str, str] = {}

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from launcher.errors import UserError
-from launcher.runs import RunDir, read_jsonl
+from launcher.rundir import RunDir, read_jsonl
 from launcher.sweep_results import (
     FactorResult,
     Recommendation,

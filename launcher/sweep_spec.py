@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.errors import UserError
-from launcher.presets import make_shape
+from launcher.preset_files import make_shape
 from launcher.record import FINISHED, RunRecord
 from launcher.render import DNS1035
 

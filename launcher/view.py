@@ -1,6 +1,6 @@
 """What a person sees: the live view of a run, the status, runs, presets and shrink-ladder tables.
 Rich renderables only; called by the command modules (`launcher.commands.*`), `launcher.watch` and
-`launcher.status`."""
+`launcher.report_io`."""
 
 from __future__ import annotations
 

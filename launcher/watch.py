@@ -12,7 +12,7 @@ from launcher.controller import Controller, PassResult
 from launcher.errors import UserError
 from launcher.health import HealthServer, stall_after
 from launcher.kube import Kube
-from launcher.runs import RunDir
+from launcher.rundir import RunDir
 from launcher.view import Throttle, live_view
 
 

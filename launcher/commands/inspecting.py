@@ -1,5 +1,5 @@
 """`reslice status`, `runs`, `stop` and `report`: read a run's record and run directory, or stop it.
-Mounted by `launcher.cli`; the tables are `launcher.view`'s, the plots `launcher.status`'s."""
+Mounted by `launcher.cli`; the tables are `launcher.view`'s, the plots `launcher.report_io`'s."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def status(
 ) -> None:
     """State, segments, latest committed checkpoint, restarts by cause and goodput of a run."""
     from launcher.connect import connect
-    from launcher.status import run_report
+    from launcher.report_io import run_report
     from launcher.view import badput_table, segments_table
 
     inputs.namespace(namespace)
@@ -72,7 +72,7 @@ def report(
 ) -> None:
     """Write the plots of a run: loss across segments, and the timeline with its badput."""
     from launcher.connect import connect
-    from launcher.status import write_plots
+    from launcher.report_io import write_plots
 
     inputs.namespace(namespace)
     if out is not None:

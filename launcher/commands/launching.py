@@ -44,14 +44,14 @@ from launcher.commands.options import (
 )
 from launcher.commands.spec import check_run_options, for_cluster, run_spec, trainer_config
 from launcher.errors import UserError
-from launcher.presets import make_shape
+from launcher.preset_files import make_shape
 from launcher.render import DEFAULT_COORDINATOR_PORT, render_jobset
 from launcher.watch import watch_all, watch_run
 
 
 def finish(kube, run: str, state: str) -> None:
     """The run's summary, then exit 1 unless it finished (`launch` and `watch RUN` end here)."""
-    from launcher.status import summarize
+    from launcher.report_io import summarize
 
     summarize(kube, run, console)
     if state != "Finished":
@@ -110,7 +110,7 @@ def launch(
     """Launch a run: plan, submit segment 0, and watch it (shrink, grow back) until it ends."""
     from launcher.connect import connect
     from launcher.launch import create_run, prepare, short_notice_presets
-    from launcher.record import Policy
+    from launcher.record import Knobs
 
     check_run_options(
         overrides=overrides, slices=slices, global_batch=global_batch, max_micro_batch=max_micro_batch,
@@ -129,7 +129,7 @@ def launch(
     shape = make_shape(preset, slices)
     local = run_dir is None or not run_dir.startswith("gs://")
     directory = str(Path(run_dir or f"runs/{run}").resolve()) if local else run_dir
-    policy = Policy(
+    knobs = Knobs(
         unschedulable_grace_s=unschedulable_grace,
         grow_window_s=grow_window,
         grow=grow,
@@ -145,7 +145,7 @@ def launch(
         service_account=service_account, save_seconds=save_seconds, short_notice_interval=short_notice_interval,
         trainer=trainer,
     )  # fmt: skip
-    rec, ladder = prepare(spec, preset, slices, policy)  # every check before anything is created
+    rec, ladder = prepare(spec, preset, slices, knobs)  # every check before anything is created
     if trainer == "maxtext":  # its keys depend on the shape: every rung's JobSet must render
         for rung in ladder:
             if rung.feasible:

@@ -42,7 +42,7 @@ from launcher.commands.options import (
 from launcher.commands.spec import check_run_options, run_spec, trainer_config
 from launcher.errors import UserError
 from launcher.plan import Plan, shrink_ladder
-from launcher.presets import load_catalog
+from launcher.preset_files import load_catalog
 from launcher.render import DEFAULT_COORDINATOR_PORT, render_jobset
 from launcher.view import ladder_table, presets_table
 

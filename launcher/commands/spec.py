@@ -9,7 +9,7 @@ from typing import Any
 
 from launcher import inputs
 from launcher.errors import UserError
-from launcher.presets import load_catalog
+from launcher.preset_files import load_catalog
 from launcher.render import RunSpec
 
 

@@ -23,6 +23,7 @@ from launcher.commands.options import (
     console,
 )
 from launcher.commands.spec import check_run_options, for_cluster, run_spec
+from launcher.sweep_spec import DEFAULT_FACTORS
 
 
 def sweep(
@@ -32,7 +33,7 @@ def sweep(
     config: ConfigOpt = "tiny",
     factors: Annotated[
         str, typer.Option("--factors", help="Buffer factors, comma-separated; ≤ 0 (e.g. -1) = dropless.")
-    ] = "1.0,1.0625,1.125,1.25,1.5,2.0,-1",
+    ] = DEFAULT_FACTORS,
     global_batch: Annotated[
         int | None, typer.Option("--global-batch", "-b", help="Sequences per step (default: 2 per device).")
     ] = None,
@@ -55,7 +56,7 @@ def sweep(
 ) -> None:
     """Sweep the MoE ragged buffer factor: one run per factor; drops, load and step time side by side."""
     from launcher.connect import connect
-    from launcher.record import Policy
+    from launcher.record import Knobs
     from launcher.sweep import plan_sweep, run_sweep
     from launcher.sweep_results import sweep_table
     from launcher.sweep_spec import make_sweep
@@ -79,15 +80,15 @@ def sweep(
         preset=spec.preset, run=name, run_dir=spec.sweep_dir, global_batch=spec.global_batch, image=image,
         namespace=namespace,
     )  # fmt: skip
-    policy = Policy()
-    plan_sweep(spec, template, policy)  # every run planned and checked before anything starts
+    knobs = Knobs()
+    plan_sweep(spec, template, knobs)  # every run planned and checked before anything starts
     conn = connect(kubeconfig, namespace, start_embedded=f"{spec.preset}:{spec.slices}")
     if conn.embedded and spec.max_parallel > 1:
         # One machine: parallel runs would share its cores and every step time would be wrong.
         console.print(f"embedded cluster: runs one at a time (--max-parallel {spec.max_parallel} ignored)")
         spec = replace(spec, max_parallel=1)
     outcome = run_sweep(
-        conn.kube, spec, for_cluster(template, conn.embedded, grace_period), policy,
+        conn.kube, spec, for_cluster(template, conn.embedded, grace_period), knobs,
         console=console, live=sys.stdout.isatty(),
     )  # fmt: skip
     console.print(sweep_table(spec, outcome.results, outcome.recommendation))

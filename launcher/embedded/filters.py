@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.embedded import objects
-from launcher.embedded.gotypes import parse_quantity
+from launcher.podfit import pod_requests, quantity, tolerates
 
 # Filter failure reasons (kube-scheduler plugin messages).
 R_UNSCHEDULABLE = "node(s) were unschedulable"
@@ -29,25 +29,6 @@ UNRESOLVABLE_PREFIXES = (R_UNSCHEDULABLE, R_SELECTOR, R_AFFINITY, "node(s) had u
 
 def taint_reason(taint: Mapping[str, Any]) -> str:
     return f"node(s) had untolerated taint {{{taint.get('key')}: {taint.get('value') or ''}}}"
-
-
-def quantity(v: Any) -> float:
-    """resource.Quantity → float ('500m' → 0.5, '8Gi' → 8589934592, '1e3' → 1000)."""
-    parsed = parse_quantity(v)
-    if parsed is None:
-        raise ValueError(f"bad quantity {v!r}")
-    return parsed
-
-
-def pod_requests(pod: Mapping[str, Any]) -> dict[str, float]:
-    """Effective requests: per container requests, defaulting to limits (API server defaulting)."""
-    req: dict[str, float] = {}
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        res = c.get("resources") or {}
-        merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
-        for k, v in merged.items():
-            req[k] = req.get(k, 0.0) + quantity(v)
-    return req
 
 
 # ---- pure filters -----------------------------------------------------------------------------
@@ -81,7 +62,7 @@ def untolerated_taint(pod: Mapping[str, Any], node: Mapping[str, Any]) -> dict[s
     for t in (node.get("spec") or {}).get("taints") or []:
         if t.get("effect") not in ("NoSchedule", "NoExecute"):
             continue
-        if not objects.tolerates(tols, t):
+        if not tolerates(tols, t):
             return t
     return None
 
@@ -276,7 +257,7 @@ def pool_uniform_reason(pod: Mapping[str, Any], node: Mapping[str, Any]) -> list
     """Reasons shared by a whole pool when its first node fails a label/taint filter that does not
     depend on the node's hostname; None when nodes must be checked one by one."""
     spec = pod.get("spec") or {}
-    if "kubernetes.io/hostname" in json.dumps([spec.get("nodeSelector"), spec.get("affinity")]):
+    if objects.HOSTNAME_LABEL in json.dumps([spec.get("nodeSelector"), spec.get("affinity")]):
         return None
     if (node.get("spec") or {}).get("unschedulable"):
         return None

@@ -22,6 +22,8 @@ import datetime as dt
 import re
 from typing import Any
 
+from launcher import rfc3339
+
 # The two decoders whose words upstream's errors carry: encoding/json (create, update, JSON and
 # merge patch) and runtime.DefaultUnstructuredConverter (strategic merge patch).
 JSON, UNSTRUCTURED = "json", "unstructured"
@@ -243,8 +245,8 @@ def parse_time(value: str) -> dt.datetime | None:
     if not _RFC3339.match(value):
         return None
     try:
-        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+        return rfc3339.parse(value)
+    except ValueError:  # matches the layout, but no such date or time (month 13)
         return None
 
 

@@ -34,6 +34,7 @@ from launcher import rfc3339
 from launcher.embedded import objects
 from launcher.embedded.resources import RESOURCES
 from launcher.embedded.runtime import ControllerLoop, EventRecorder, log
+from launcher.podfit import tolerates
 
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
@@ -58,7 +59,7 @@ def eviction_delay(pod: Mapping[str, Any], taints: list[Mapping[str, Any]]) -> f
     tolerations = (pod.get("spec") or {}).get("tolerations") or []
     least: float | None = None
     for taint in taints:
-        matching = [t for t in tolerations if objects.tolerates([t], taint)]
+        matching = [t for t in tolerations if tolerates([t], taint)]
         if not matching:
             return 0.0
         for t in matching:

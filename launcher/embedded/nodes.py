@@ -13,7 +13,8 @@ from typing import Any
 from launcher import rfc3339
 from launcher.embedded import objects
 from launcher.errors import UserError
-from launcher.presets import Preset, load_preset
+from launcher.preset_files import load_preset
+from launcher.presets import Preset
 
 
 def load_shape(preset: str) -> Preset:

@@ -1,8 +1,9 @@
 """Small pure helpers over Kubernetes objects as plain dicts (the cluster half's common vocabulary).
 
-Everything here takes and returns data: timestamps, conditions, label selectors, owner references,
-tolerations. The controllers, the scheduler and the kubelet share them so that they agree on the
-details the real components agree on (RFC 3339 times, condition transition times, selector rules).
+Everything here takes and returns data: timestamps, conditions, label selectors, owner references.
+The controllers, the scheduler and the kubelet share them so that they agree on the details the real
+components agree on (RFC 3339 times, condition transition times, selector rules). Tolerations and
+pod requests are launcher/podfit.py's: preflight needs them too, without the embedded cluster.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ LEGACY_JOB_NAME = "job-name"
 TPU_RESOURCE = "google.com/tpu"
 NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
 ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
-TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 IMPENDING_TERMINATION_TAINT = "cloud.google.com/impending-node-termination"
 
@@ -202,23 +202,6 @@ def pod_tpu_request(pod: Mapping[str, Any]) -> int:
         v = (res.get("requests") or {}).get(TPU_RESOURCE, (res.get("limits") or {}).get(TPU_RESOURCE, 0))
         total += int(v)
     return total
-
-
-def tolerates(tolerations: Iterable[Mapping[str, Any]], taint: Mapping[str, Any]) -> bool:
-    """corev1 Toleration.ToleratesTaint."""
-    for t in tolerations:
-        if t.get("effect") and t.get("effect") != taint.get("effect"):
-            continue
-        op = t.get("operator") or "Equal"
-        if not t.get("key"):
-            if op == "Exists":
-                return True
-            continue
-        if t.get("key") != taint.get("key"):
-            continue
-        if op == "Exists" or (t.get("value") or "") == (taint.get("value") or ""):
-            return True
-    return False
 
 
 def compress_indexes(indexes: Iterable[int]) -> str:

@@ -21,9 +21,9 @@ from launcher.controller import Controller
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from launcher.kube import Kube
 from launcher.launch import create_run, prepare
-from launcher.record import Policy, RunRecord
+from launcher.record import Knobs, RunRecord
 from launcher.render import LABEL_RUN, RunSpec
-from launcher.runs import RunDir
+from launcher.rundir import RunDir
 from tests.support.wait import wait_for
 
 PRESET = "tpu7x-2x2x1"  # one host of 8 JAX devices: single-slice runs
@@ -121,7 +121,7 @@ class Harness:
 
     def launch(
         self, run: str, slices: int, *, steps: int, interval: int = 5, run_dir: str | None = None,
-        policy: Policy | None = None, extra: tuple[str, ...] = (), max_restarts: int = 3,
+        knobs: Knobs | None = None, extra: tuple[str, ...] = (), max_restarts: int = 3,
         global_batch: int = GLOBAL_BATCH,
     ) -> RunRecord:  # fmt: skip
         settings = tuple(s.format(steps=steps, interval=interval) for s in TRAINER_SETTINGS) + extra
@@ -136,8 +136,8 @@ class Harness:
             max_restarts=max_restarts,
             image_pull_policy="Never",
         )
-        policy = policy or Policy(unschedulable_grace_s=20, grow_window_s=4, app_backoff_s=1)
-        rec, _ = prepare(spec, self.preset, slices, policy)
+        knobs = knobs or Knobs(unschedulable_grace_s=20, grow_window_s=4, app_backoff_s=1)
+        rec, _ = prepare(spec, self.preset, slices, knobs)
         create_run(self.kube, rec)
         return rec
 

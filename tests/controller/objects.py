@@ -7,7 +7,8 @@ JobSet status conditions and counters (docs/platform.md §2–4).
 from __future__ import annotations
 
 from launcher import rfc3339
-from launcher.presets import LABEL_NODEPOOL, load_preset
+from launcher.preset_files import load_preset
+from launcher.presets import LABEL_NODEPOOL
 
 T0 = 1_800_000_000.0
 

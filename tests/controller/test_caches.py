@@ -14,7 +14,7 @@ from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from launcher.kube import Kube
 from launcher.launch import create_run, prepare
 from launcher.presets import LABEL_ACCELERATOR
-from launcher.record import Policy
+from launcher.record import Knobs
 from launcher.render import RunSpec
 from launcher.snapshot import Snapshot
 from tests.controller.harness import wait_for
@@ -51,7 +51,7 @@ def test_a_synced_pass_reads_the_caches_and_lists_nothing(tmp_path):
         kube = Kube(cluster.api_client(), "default")
         unrelated(cluster.api_client())
         spec = RunSpec(run="cache", run_dir=str(tmp_path / "cache"), global_batch=32, grace_period_s=30)
-        create_run(kube, prepare(spec, PRESET, 2, Policy(unschedulable_grace_s=5))[0])
+        create_run(kube, prepare(spec, PRESET, 2, Knobs(unschedulable_grace_s=5))[0])
         results: list[PassResult] = []
         # A long lease: no renewal falls inside the test.
         controller = Controller(kube, resync_s=0.1, lease_s=60, on_pass=results.append)
@@ -73,7 +73,7 @@ def test_a_synced_pass_reads_the_caches_and_lists_nothing(tmp_path):
             seen = len(results)
             cluster.remove(f"{PRESET}-np-1")
             wait_for(
-                lambda: any(r.decision.action == policy.SUBMIT and r.decision.record.current.index == 1 for r in results),
+                lambda: any(r.decision.action == policy.START_SEGMENT and r.decision.record.current.index == 1 for r in results),
                 30,
                 "segment 1",
             )  # fmt: skip
@@ -97,7 +97,7 @@ def test_the_lease_is_renewed_on_a_period_with_one_put(tmp_path):
     with EmbeddedCluster(nodepools=[NodePoolSpec(PRESET, count=1)], mode="simulate") as cluster:
         kube = Kube(cluster.api_client(), "default")
         spec = RunSpec(run="lease", run_dir=str(tmp_path / "lease"), global_batch=16, grace_period_s=1)
-        create_run(kube, prepare(spec, PRESET, 1, Policy())[0])
+        create_run(kube, prepare(spec, PRESET, 1, Knobs())[0])
         clock = FakeClock()
         controller = Controller(kube, lease_s=1, monotonic=clock.monotonic)
         requests = cluster.server.requests

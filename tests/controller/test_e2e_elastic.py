@@ -4,7 +4,7 @@ losses match an uninterrupted run step for step (issue 5, acceptance 3, 4 and 8)
 
 import pytest
 
-from launcher.record import FINISHED, Policy
+from launcher.record import FINISHED, Knobs
 from tests.controller.harness import (
     MULTI_HOST,
     MULTI_HOST_BATCH,
@@ -28,9 +28,9 @@ def test_shrink_on_capacity_loss_then_grow_back_on_gcs(tmp_path, reference):
     with fake_gcs(buckets=["runs"]) as gcs:
         h = Harness(tmp_path, pools=2, preset=MULTI_HOST, gcs_env=gcs.env)
         try:
-            policy = Policy(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
+            knobs = Knobs(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
             h.launch(
-                "elastic", slices=2, steps=STEPS, run_dir="gs://runs/elastic", policy=policy,
+                "elastic", slices=2, steps=STEPS, run_dir="gs://runs/elastic", knobs=knobs,
                 global_batch=MULTI_HOST_BATCH,
             )  # fmt: skip
             h.start_controller("elastic")

@@ -4,7 +4,7 @@ configuration error (exit 2) fails it at once."""
 
 import pytest
 
-from launcher.record import FAILED, Policy
+from launcher.record import FAILED, Knobs
 from tests.controller.harness import Harness
 
 pytestmark = pytest.mark.e2e
@@ -13,11 +13,9 @@ pytestmark = pytest.mark.e2e
 def test_crash_loop_then_config_error(tmp_path):
     h = Harness(tmp_path, pools=1)
     try:
-        policy = Policy(app_failure_budget=3, app_backoff_s=1)
+        knobs = Knobs(app_failure_budget=3, app_backoff_s=1)
         # Every incarnation raises before step 3: exit code 1, an application failure.
-        h.launch(
-            "crashy", slices=1, steps=50, policy=policy, max_restarts=1, extra=("train.crash_at_step=3",)
-        )
+        h.launch("crashy", slices=1, steps=50, knobs=knobs, max_restarts=1, extra=("train.crash_at_step=3",))
         h.start_controller("crashy")
         crashy = h.wait_state("crashy", {FAILED}, timeout=180)
         crashy_ledger = h.rundir("crashy").ledger()

@@ -18,7 +18,7 @@ def test_controller_killed_mid_shrink(tmp_path):
     try:
         h.launch("takeover", slices=2, steps=20, interval=5, global_batch=MULTI_HOST_BATCH)
         first = h.controller_process(
-            "takeover", tmp_path / "controller-1.log", crash_point="after-record:submit:1"
+            "takeover", tmp_path / "controller-1.log", crash_point="after-record:start-segment:1"
         )
         h.wait_step("takeover", 5, timeout=150)
         h.cluster.remove(h.pool(1))
@@ -42,9 +42,9 @@ def test_controller_killed_mid_shrink(tmp_path):
     assert census.most == 1, f"{census.most} JobSets of the run existed at once"
     assert census.names == {"takeover-0", "takeover-1"}
     assert [s.slices for s in rec.segments] == [2, 1]
-    submits = [e for e in ledger if e.get("action") == "submit"]
+    submits = [e for e in ledger if e.get("action") == "start-segment"]
     assert [e["segment"] for e in submits] == [0, 1], "a segment was submitted twice"
-    creates = [e for e in ledger if e.get("action") == "create"]
+    creates = [e for e in ledger if e.get("action") == "create-jobset"]
     takeovers = [e for e in ledger if e.get("kind") == "takeover"]
     assert len(takeovers) == 1 and len(creates) == 1
     first_id, second_id = submits[0]["controller"], takeovers[0]["holder"]

@@ -17,7 +17,7 @@ import pytest
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from launcher.kube import Kube
 from launcher.launch import create_run, prepare
-from launcher.record import Policy
+from launcher.record import Knobs
 from launcher.render import RunSpec
 from tests.support.wait import wait_for
 
@@ -80,6 +80,27 @@ def test_without_the_embedded_cluster_its_commands_say_it_is_not_installed(tmp_p
     assert not workdir.exists()
 
 
+def test_launch_against_a_real_cluster_needs_no_embedded_cluster(tmp_path):
+    """A user's install without the `embedded` extra: `reslice launch` runs preflight's free checks
+    (launcher/preflight.py's refuse_unready: node pools, taints, requests against allocatable, quota)
+    and submits segment 0 against a cluster reached through its kubeconfig, without trying to
+    import launcher.embedded. One process: `reslice preflight` adds only the write probe to those
+    checks, and lint-imports holds both statically."""
+    log = tmp_path / "imports.log"
+    cluster = EmbeddedCluster(nodepools=[NodePoolSpec("tpu7x-2x2x1", count=1)], mode="simulate").start()
+    try:
+        argv = ("launch", "-p", "tpu7x-2x2x1", "-n", "1", "-b", "8", "--kubeconfig", str(cluster.kubeconfig),
+                "--run", "nx", "--run-dir", str(tmp_path / "nx"), "--cpu-request", "1e0", "--detach")  # fmt: skip
+        done = subprocess.run(**blocked(log, "launcher", *argv), capture_output=True, timeout=120, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert log.read_text() == "", f"launch tried to import:\n{log.read_text()}"
+        assert [j["metadata"]["name"] for j in Kube(cluster.api_client(), "default").jobsets("nx")] == [
+            "nx-0"
+        ]
+    finally:
+        cluster.stop()
+
+
 def test_controller_process_drives_a_run_serves_probes_and_imports_nothing_the_image_lacks(tmp_path):
     log, out = tmp_path / "imports.log", tmp_path / "controller.out"
     port = free_port()
@@ -88,7 +109,7 @@ def test_controller_process_drives_a_run_serves_probes_and_imports_nothing_the_i
     try:
         kube = Kube(cluster.api_client(), "default")
         spec = RunSpec(run="hc", run_dir=str(tmp_path / "hc"), global_batch=8, grace_period_s=1)
-        create_run(kube, prepare(spec, "tpu7x-2x2x1", 1, Policy())[0])
+        create_run(kube, prepare(spec, "tpu7x-2x2x1", 1, Knobs())[0])
         with out.open("wb") as sink:
             argv = ("watch", "--all", "--kubeconfig", str(cluster.kubeconfig), "--resync", "0.5")
             proc = subprocess.Popen(

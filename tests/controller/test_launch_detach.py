@@ -1,10 +1,12 @@
 """`reslice launch --detach` through the command line against the embedded cluster: segment 0's
 JobSet exists when the command returns, the output says who watches the run, and a finished run
-cannot be launched again (one line, exit 2, nothing created)."""
+cannot be launched again (one line, exit 2, nothing created). Stopping a run retries a record write
+that lost a race (kubernetes.utils.retry.retry_on_conflict)."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -14,6 +16,8 @@ from kubernetes import client
 from launcher.controller import lease_name
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from launcher.kube import Kube
+from launcher.launch import stop_run
+from launcher.record import STOPPED
 from tests.support.cli import run_cli
 
 PRESET = "tpu7x-2x2x2"
@@ -97,3 +101,29 @@ def test_the_embedded_cluster_is_known_by_its_server_not_by_how_it_was_found(cap
     pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert pod["terminationGracePeriodSeconds"] == 30
     assert {c["imagePullPolicy"] for c in pod["containers"]} == {"Never"}
+
+
+class RacedKube(Kube):
+    """A Kube whose first record write loses a race: just before it, another writer (a controller's
+    pass) rewrites the record through the API, so the write's resourceVersion is stale (409)."""
+
+    def __init__(self, api_client) -> None:
+        super().__init__(api_client)
+        self.writes = 0
+
+    def update_record(self, rec, resource_version: str) -> str:
+        self.writes += 1
+        if self.writes == 1:
+            other, rv = self.get_record(rec.name)
+            super().update_record(replace(other, reason="another writer's pass"), rv)
+        return super().update_record(rec, resource_version)
+
+
+def test_stop_retries_on_conflict_and_stops_the_run(capsys, cluster, tmp_path):
+    code, _, err = launch(capsys, cluster, "busy", tmp_path / "busy")
+    assert code == 0, err
+    kube = RacedKube(cluster.api_client())
+    assert stop_run(kube, "busy") == ["busy-0"]
+    assert kube.writes == 2  # the 409, then the write on the record read again
+    rec = kube.get_record("busy")[0]
+    assert (rec.state, rec.reason) == (STOPPED, "stopped by the user") and kube.jobsets("busy") == []

@@ -8,9 +8,9 @@ from launcher.controller import Controller
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from launcher.kube import Kube
 from launcher.launch import create_run, prepare
-from launcher.record import Policy
+from launcher.record import Knobs
 from launcher.render import RunSpec
-from launcher.runs import RunDir
+from launcher.rundir import RunDir
 from tests.controller.harness import wait_for
 
 CONTROLLERS: dict[str, Controller] = {}
@@ -36,7 +36,7 @@ def test_two_replicas_never_act_at_once(tmp_path):
     with EmbeddedCluster(nodepools=[NodePoolSpec("tpu7x-2x2x2", count=3)], mode="simulate") as cluster:
         kube = Kube(cluster.api_client(), "default")
         spec = RunSpec(run="dual", run_dir=str(tmp_path / "dual"), global_batch=96, grace_period_s=1)
-        create_run(kube, prepare(spec, "tpu7x-2x2x2", 3, Policy(unschedulable_grace_s=5))[0])
+        create_run(kube, prepare(spec, "tpu7x-2x2x2", 3, Knobs(unschedulable_grace_s=5))[0])
         stop_a, stop_b = threading.Event(), threading.Event()
         a = replica(kube, "replica-a", stop_a)
         wait_for(lambda: kube.jobsets("dual"), 20, "segment 0 from replica a")
@@ -62,9 +62,9 @@ def test_two_replicas_never_act_at_once(tmp_path):
     after = {e["controller"] for e in ledger[takeover:] if e.get("kind") in {"act", "wait", "observe"}}
     assert before == {"replica-a"} and after == {"replica-b"}
     assert acts == [
-        ("replica-a", "submit", 0),
+        ("replica-a", "start-segment", 0),
         ("replica-a", "end-segment", 0),
-        ("replica-a", "submit", 1),
+        ("replica-a", "start-segment", 1),
         ("replica-b", "end-segment", 1),
-        ("replica-b", "submit", 2),
+        ("replica-b", "start-segment", 2),
     ]

@@ -14,7 +14,7 @@ from kubernetes import client
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from launcher.kube import Kube
 from launcher.launch import create_run, prepare
-from launcher.record import Policy
+from launcher.record import Knobs
 from launcher.render import LABEL_RUN, RunSpec
 from launcher.watch import watch_all
 from tests.controller.harness import wait_for
@@ -130,7 +130,7 @@ def test_rbac_is_exactly_what_the_controller_uses(tmp_path):
     with EmbeddedCluster(nodepools=[NodePoolSpec("tpu7x-2x2x2", count=2)], mode="simulate") as cluster:
         kube = Kube(cluster.api_client(), "default")
         spec = RunSpec(run="rbac", run_dir=str(tmp_path / "rbac"), global_batch=32, grace_period_s=1)
-        rec, _ = prepare(spec, "tpu7x-2x2x2", 2, Policy(unschedulable_grace_s=5))
+        rec, _ = prepare(spec, "tpu7x-2x2x2", 2, Knobs(unschedulable_grace_s=5))
         create_run(kube, rec)  # the user's identity, not the controller's
         cluster.server.audit.clear()
         stop = threading.Event()

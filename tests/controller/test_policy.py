@@ -11,8 +11,8 @@ import pytest
 
 from launcher import policy, record, signals
 from launcher.plan import shrink_ladder
-from launcher.presets import load_catalog
-from launcher.record import Policy, RunRecord, new_segment
+from launcher.preset_files import load_catalog
+from launcher.record import Knobs, RunRecord, new_segment
 from launcher.render import RunSpec
 from tests.controller.objects import T0, jobset, pod, pool
 
@@ -22,12 +22,12 @@ PRESET = "tpu7x-2x2x2"  # two hosts per slice: the smallest shape GKE runs as a 
 HOSTS = 2
 GB = 64
 SPEC = RunSpec(run="demo", run_dir="/tmp/demo", global_batch=GB)
-POLICY = Policy(unschedulable_grace_s=60, grow_window_s=30, app_failure_budget=2, app_backoff_s=10)
+KNOBS = Knobs(unschedulable_grace_s=60, grow_window_s=30, app_failure_budget=2, app_backoff_s=10)
 LADDER = shrink_ladder(CATALOG.shape(PRESET, 4), GB, 16, catalog=CATALOG)
 
 
 def record_on(slices: int | None, **changes) -> RunRecord:
-    rec = RunRecord(spec=SPEC, preset=PRESET, slices=4, policy=POLICY, created_at=T0)
+    rec = RunRecord(spec=SPEC, preset=PRESET, slices=4, knobs=KNOBS, created_at=T0)
     if slices is not None:
         rung = next(r for r in LADDER if r.shape.slices == slices)
         seg = replace(new_segment(rec, rung.shape, rung.plan, T0, "test", None), jobset_uid="uid-demo-0")
@@ -104,7 +104,7 @@ def ended_for_a_grow_at_step_55() -> RunRecord:
 
 
 def restarted_after_a_crash_loop() -> RunRecord:
-    rec = with_current(record_on(4, app_failures=POLICY.app_failure_budget), restarts=40, peer_lost=40)
+    rec = with_current(record_on(4, app_failures=KNOBS.app_failure_budget), restarts=40, peer_lost=40)
     return with_current(rec, failing=signals.APP_FAILURE)
 
 
@@ -174,7 +174,7 @@ CASES = [
         lambda: record_on(None),
         lambda rec: observe(rec, pools=0),
         Want(
-            policy.SUBMIT,
+            policy.START_SEGMENT,
             "demo-0",
             record={"current.slices": 4, "current.batch": GB, "state": record.RUNNING},
         ),
@@ -279,7 +279,7 @@ CASES = [
         ended_on_one_pool,
         lambda rec: observe(rec, pods=[], pools=1, jobsets=[]),
         Want(
-            policy.SUBMIT,
+            policy.START_SEGMENT,
             "demo-1",
             record={
                 "current.index": 1,
@@ -342,7 +342,7 @@ CASES = [
     ),
     Case(
         "grow disabled",
-        lambda: record_on(1, policy=replace(POLICY, grow=False)),
+        lambda: record_on(1, knobs=replace(KNOBS, grow=False)),
         lambda rec: observe(rec, pods=running(1), pools=4, now=T0 + 1000),
         Want(policy.WAIT),
     ),
@@ -434,7 +434,7 @@ CASES = [
         "a recorded but never created JobSet is created",
         lambda: with_current(record_on(4), jobset_uid=None),
         lambda rec: observe(rec, jobsets=[]),
-        Want(policy.CREATE, "demo-0"),
+        Want(policy.CREATE_JOBSET, "demo-0"),
     ),
     Case(
         "a JobSet deleted behind our back ends the segment",
@@ -466,7 +466,7 @@ CASES = [
     Case(
         "lost peers never spend the budget",
         lambda: with_current(
-            record_on(4, app_failures=POLICY.app_failure_budget),
+            record_on(4, app_failures=KNOBS.app_failure_budget),
             failing=signals.PEER_LOST,
             restarts=40,
             peer_lost=40,

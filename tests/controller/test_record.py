@@ -1,11 +1,13 @@
-"""The run record's JSON: a schema version, unknown fields refused in one line, old records read."""
+"""The run record's JSON: a schema version, unknown fields refused in one line, old records read
+(version 0 and 1: the knobs under `policy`)."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from launcher.errors import UserError
-from launcher.record import SCHEMA_VERSION, RunRecord, Segment
+from launcher.record import SCHEMA_VERSION, Knobs, RunRecord, Segment
 from launcher.render import RunSpec
 
 SEGMENT = Segment(
@@ -34,21 +36,43 @@ def as_dict(rec: RunRecord) -> dict:
 
 def test_a_record_round_trips_with_its_schema_version() -> None:
     raw = as_dict(RECORD)
-    assert raw["schema_version"] == SCHEMA_VERSION == 1
+    assert raw["schema_version"] == SCHEMA_VERSION == 2
+    assert "knobs" in raw and "policy" not in raw  # the rules are launcher/policy.py; these are knobs
     assert RunRecord.from_json(RECORD.to_json()) == RECORD  # tuples come back as tuples, not lists
 
 
+def v1(rec: RunRecord) -> dict:
+    """What reslice wrote at schema_version 1: the knobs under `policy`."""
+    raw = as_dict(rec)
+    raw["schema_version"], raw["policy"] = 1, raw.pop("knobs")
+    return raw
+
+
 def test_a_record_from_before_the_version_still_loads() -> None:
-    raw = as_dict(RECORD)
+    raw = v1(replace(RECORD, knobs=Knobs(unschedulable_grace_s=7)))
     del raw["schema_version"]
     raw["policy"]["preemption_budget"] = 1000  # a knob that is gone
     raw["committed"] = 3  # unknown top-level fields were dropped on read then
-    assert RunRecord.from_json(json.dumps(raw)) == RECORD
+    assert RunRecord.from_json(json.dumps(raw)) == replace(RECORD, knobs=Knobs(unschedulable_grace_s=7))
+
+
+def test_a_version_1_record_loads_its_knobs_from_policy() -> None:
+    rec = replace(RECORD, knobs=Knobs(unschedulable_grace_s=7, grow=False))
+    assert RunRecord.from_json(json.dumps(v1(rec))) == rec
+    stray = {**v1(rec), "knobs": {}}  # version 1 never wrote `knobs`
+    with pytest.raises(UserError, match=r"unknown field\(s\) record\.knobs"):
+        RunRecord.from_json(json.dumps(stray))
 
 
 @pytest.mark.parametrize(
     "section,field",
-    [(None, "surprise"), ("spec", "surprise"), ("policy", "preemption_budget"), ("segments", "surprise")],
+    [
+        (None, "surprise"),
+        ("spec", "surprise"),
+        ("knobs", "preemption_budget"),
+        ("segments", "surprise"),
+        (None, "policy"),
+    ],
 )
 def test_an_unknown_field_is_refused_in_one_line(section, field) -> None:
     raw = as_dict(RECORD)
@@ -63,5 +87,5 @@ def test_an_unknown_field_is_refused_in_one_line(section, field) -> None:
 
 def test_a_newer_schema_is_refused() -> None:
     raw = {**as_dict(RECORD), "schema_version": SCHEMA_VERSION + 1}
-    with pytest.raises(UserError, match=r"schema_version 2 is not one this reslice reads.*upgrade reslice"):
+    with pytest.raises(UserError, match=r"schema_version 3 is not one this reslice reads.*upgrade reslice"):
         RunRecord.from_json(json.dumps(raw))

@@ -6,7 +6,7 @@ import pytest
 
 from launcher import record
 from launcher.plan import Plan
-from launcher.presets import make_shape
+from launcher.preset_files import make_shape
 from launcher.record import RunRecord, new_segment
 from launcher.render import RunSpec
 from launcher.report import CATEGORIES, build_report, waiting_intervals
@@ -45,7 +45,7 @@ def history():
     ]  # fmt: skip
     ledger = [
         {"time": T0 + 20, "kind": "observe", "unschedulable": 1},
-        {"time": T0 + 30, "kind": "act", "action": "submit", "state": record.RUNNING},
+        {"time": T0 + 30, "kind": "act", "action": "start-segment", "state": record.RUNNING},
         {"time": T0 + 30.5, "kind": "observe", "unschedulable": 0},
     ]
     return rec, metrics, ledger
@@ -163,7 +163,7 @@ def test_badput_table_shows_each_category():
 def test_waiting_for_capacity_when_nothing_fits():
     ledger = [
         {"time": 10, "kind": "wait", "action": "wait", "state": record.WAITING},
-        {"time": 25, "kind": "act", "action": "submit", "state": record.RUNNING},
+        {"time": 25, "kind": "act", "action": "start-segment", "state": record.RUNNING},
         {"time": 30, "kind": "observe", "unschedulable": 2},
     ]
     assert waiting_intervals(ledger, end=40) == [(10, 25), (30, 40)]

@@ -3,7 +3,7 @@
 import pytest
 
 from launcher import signals
-from launcher.presets import load_presets
+from launcher.preset_files import load_presets
 from tests.controller.objects import T0, failed_scheduling, jobset, pod, pool
 
 PRESETS = list(load_presets().values())

@@ -14,7 +14,7 @@ from typing import Any
 from kubernetes import client
 
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
-from launcher.presets import make_shape
+from launcher.preset_files import make_shape
 from launcher.render import RunSpec, render_jobset
 from tests.support.wait import wait_for
 

@@ -14,7 +14,7 @@ from launcher.embedded.defaults import PRIORITY_LABEL
 from launcher.embedded.job import SYNC_BATCH_S, JobController
 from launcher.embedded.store import RESOURCES
 from launcher.errors import UserError
-from launcher.presets import make_shape
+from launcher.preset_files import make_shape
 from launcher.render import RunSpec, failure_policies, render_jobset
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

@@ -19,7 +19,7 @@ from kubernetes import client
 
 from launcher.embedded.cluster import EmbeddedCluster
 from launcher.launch import prepare
-from launcher.record import Policy
+from launcher.record import Knobs
 from launcher.render import RunSpec
 from tests.support.cli import run_cli
 from trainer.__main__ import main as trainer_main
@@ -311,12 +311,12 @@ def test_the_longest_run_name_the_advice_allows_is_accepted(shape: tuple, capsys
     )
     room = int(re.search(r"use at most (\d+) characters", err).group(1))
     spec = RunSpec(run="r" * room, run_dir="runs/x", global_batch=batch)
-    prepare(spec, preset, slices, Policy())  # launch's own checks: no error
+    prepare(spec, preset, slices, Knobs())  # launch's own checks: no error
     code, _, err = run_cli(capsys, *RENDER[:1], "-p", preset, "-n", str(slices), "--run", "r" * room,
-                             "--run-dir", "rd", "-b", str(batch), "--segment", str(Policy().max_segments - 1))  # fmt: skip
+                             "--run-dir", "rd", "-b", str(batch), "--segment", str(Knobs().max_segments - 1))  # fmt: skip
     assert code == 0, err
     with pytest.raises(Exception, match=f"use at most {room} characters"):
-        prepare(RunSpec(run="r" * (room + 1), run_dir="runs/x", global_batch=batch), preset, slices, Policy())
+        prepare(RunSpec(run="r" * (room + 1), run_dir="runs/x", global_batch=batch), preset, slices, Knobs())
 
 
 def test_no_cloud_credentials_for_a_gcs_run_dir(
@@ -326,11 +326,11 @@ def test_no_cloud_credentials_for_a_gcs_run_dir(
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("HOME", str(world))  # no ~/.config/gcloud
     monkeypatch.setenv("NO_GCE_CHECK", "true")  # not on GCE: skip the metadata server's probe
-    from launcher import runs as runs_module
+    from launcher import rundir
 
-    runs_module._client_for.cache_clear()
+    rundir._client_for.cache_clear()
     before = (_objects(cluster), _files(world))
     code, _, err = run_cli(capsys, *LAUNCH, "--run-dir", "gs://my-bucket/x", "--no-preflight")
-    runs_module._client_for.cache_clear()
+    rundir._client_for.cache_clear()
     assert code == 2 and err.count("\n") == 1 and "no Google Cloud credentials" in err, err
     assert (_objects(cluster), _files(world)) == before

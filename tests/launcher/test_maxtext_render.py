@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import UserError
-from launcher.presets import make_shape
+from launcher.preset_files import make_shape
 from launcher.render import RunSpec, render_jobset
 from tests.support.cli import run_cli
 

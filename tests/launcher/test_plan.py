@@ -2,7 +2,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from launcher.plan import Infeasible, Plan, plan_batch, shrink_ladder
-from launcher.presets import load_catalog, make_shape
+from launcher.preset_files import load_catalog, make_shape
 
 
 @given(

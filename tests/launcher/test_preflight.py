@@ -22,7 +22,8 @@ from launcher.embedded.cluster import EmbeddedCluster
 from launcher.embedded.nodes import FakeNodePool, node_object
 from launcher.kube import Kube, record_name
 from launcher.pools import create_command, pools_for
-from launcher.presets import LABEL_PLACEMENT, Shape, load_preset, make_shape
+from launcher.preset_files import load_preset, make_shape
+from launcher.presets import LABEL_PLACEMENT, Shape
 from launcher.probe import LABEL_PROBE, Outcome, probe_check, probe_pod
 from launcher.quota import shortfalls
 from launcher.render import LABEL_RUN, RunSpec, placement, render_jobset
@@ -103,6 +104,10 @@ POOL_CASES = [
     ("memory at allocatable fits", [allocatable(n, memory="240Gi") for n in GOOD], 2, OK, ["2 fit: a, b"]),
     ("memory below", [allocatable(n, memory="239Gi") for n in GOOD], 1, FAIL,
      ["the pods request memory 240Gi, its nodes have 239Gi allocatable"]),
+    # Every form the API server accepts (kubernetes.utils.parse_quantity): exponents, P and E.
+    ("cpu as an exponent", [A0, allocatable(A1, cpu="5e1"), B0, B1], 2, FAIL,
+     ["1 fit: b; a: the pods request cpu 56, its nodes have 5e1 allocatable"]),
+    ("memory in P and E", [allocatable(A0, memory="1Pi"), allocatable(A1, memory="1E"), B0, B1], 2, OK, ["2 fit: a, b"]),
 ]  # fmt: skip
 
 

@@ -1,7 +1,8 @@
 import pytest
 
 from launcher.errors import UserError
-from launcher.presets import Shape, load_preset, load_presets, make_shape, parse_preset, topology_error
+from launcher.preset_files import load_preset, load_presets, make_shape
+from launcher.presets import Shape, parse_preset, topology_error
 
 BASE = {
     "name": "x",

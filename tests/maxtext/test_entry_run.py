@@ -9,8 +9,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from launcher.rundir import read_jsonl
+from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 KEYS = [
@@ -56,7 +58,7 @@ def _status(tmp_path: Path) -> dict:
 
 def _records(tmp_path: Path) -> list[dict]:
     files = sorted((tmp_path / "run" / "metrics").glob("*.jsonl"))
-    return [json.loads(line) for f in files for line in f.read_text().splitlines()]
+    return [r for f in files for r in read_jsonl(f.read_text())]
 
 
 def _rmtree_fake(tmp_path: Path) -> None:
@@ -81,9 +83,7 @@ def test_finishes_then_a_restart_is_finished_too(tmp_path: Path) -> None:
 
 def test_sigterm_is_forwarded_and_the_save_exits_42(tmp_path: Path) -> None:
     p = _start(tmp_path, steps=100_000, FAKE_STEP_S="0.05")
-    deadline = time.monotonic() + 30
-    while len(_records(tmp_path)) < 5 and time.monotonic() < deadline and p.poll() is None:
-        time.sleep(0.1)
+    wait_for(lambda: len(_records(tmp_path)) >= 5 or p.poll() is not None, 30, "5 metrics records")
     p.send_signal(signal.SIGTERM)
     code, err = _finish(p)
     assert code == 42, err

@@ -27,8 +27,9 @@ from rich.console import Console
 from launcher.cli import main
 from launcher.commands.spec import for_cluster
 from launcher.launch import stop_run
-from launcher.record import FINISHED, STOPPED, Policy
+from launcher.record import FINISHED, STOPPED, Knobs
 from launcher.render import RunSpec
+from launcher.rundir import read_jsonl
 from launcher.sweep import run_sweep
 from launcher.sweep_spec import ATTACH, LAUNCH, RELAUNCH, make_sweep
 from tests.controller.harness import PRESET, Harness, wait_for
@@ -60,7 +61,7 @@ def expected_from_metrics(h: Harness, run: str) -> dict:
     rd = h.rundir(run)
     kept, startup = {}, set()  # step -> its last computation; ids of each trainer's first record
     for name in rd.list_dir("metrics"):  # one file per trainer process (a relaunch adds one)
-        lines = [json.loads(x) for x in (rd.read_text(f"metrics/{name}") or "").splitlines() if x.strip()]
+        lines = read_jsonl(rd.read_text(f"metrics/{name}"))
         startup |= {id(lines[0])} if lines else set()
         for r in lines:
             if r["step"] not in kept or r["time"] > kept[r["step"]]["time"]:
@@ -98,7 +99,7 @@ def test_sweep_interrupted_and_resumed_on_the_embedded_cluster(tmp_path, capsys)
     template = for_cluster(
         RunSpec(run="rb", run_dir=sweep.sweep_dir, global_batch=sweep.global_batch), True, 20
     )
-    policy = Policy(unschedulable_grace_s=20, grow_window_s=4, app_backoff_s=1)
+    knobs = Knobs(unschedulable_grace_s=20, grow_window_s=4, app_backoff_s=1)
     out = io.StringIO()
 
     def invoke(stop_after: str | None = None, kill: str | None = None, parallel: int = 1):
@@ -119,7 +120,7 @@ def test_sweep_interrupted_and_resumed_on_the_embedded_cluster(tmp_path, capsys)
                 killers.append(threading.Thread(target=kill_after_checkpoint, args=(run,), daemon=True))
                 killers[-1].start()
 
-        outcome = run_sweep(h.kube, replace(sweep, max_parallel=parallel), template, policy, console=Console(file=out, width=200), live=False,
+        outcome = run_sweep(h.kube, replace(sweep, max_parallel=parallel), template, knobs, console=Console(file=out, width=200), live=False,
                             stop=stop, on_start=on_start, resync_s=1.0, lease_s=4)  # fmt: skip
         for t in killers:
             t.join(timeout=60)
@@ -146,8 +147,9 @@ def test_sweep_interrupted_and_resumed_on_the_embedded_cluster(tmp_path, capsys)
         assert h.record(runs[2]).state == FINISHED
         # It was stopped mid-run and resumed from its checkpoint: two trainers, the second not from step 1.
         rd = h.rundir(runs[2])
-        firsts = sorted(min(json.loads(x)["step"] for x in rd.read_text(f"metrics/{n}").splitlines())
-                        for n in rd.list_dir("metrics"))  # fmt: skip
+        firsts = sorted(
+            min(r["step"] for r in read_jsonl(rd.read_text(f"metrics/{n}"))) for n in rd.list_dir("metrics")
+        )
         assert len(firsts) == 2 and firsts[0] == 1 and INTERVAL < firsts[1] < STEPS, firsts
 
         # 3. The fourth was left live: attached to, not relaunched; the last one runs beside it.

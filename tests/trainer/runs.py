@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+
+from launcher.rundir import read_jsonl
+from tests.support import wait as support
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -101,15 +102,18 @@ def run(
 
 
 def wait_for(pred: Callable[[], bool], timeout: float, what: str, proc: Trainer | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
+    """tests.support.wait.wait_for, failing at once (with its output) when the trainer `proc` exits first."""
+
+    def holds() -> bool:
+        if pred():
+            return True
         if proc is not None and proc.proc.poll() is not None:
             raise AssertionError(
                 f"trainer exited ({proc.proc.returncode}) before {what}:\n{proc.output()[-4000:]}"
             )
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+        return False
+
+    support.wait_for(holds, timeout, what, interval=0.01)
 
 
 def parse_metrics(files: Mapping[str, str]) -> dict[int, dict]:
@@ -117,10 +121,8 @@ def parse_metrics(files: Mapping[str, str]) -> dict[int, dict]:
     segment, restart attempt, start time) override recomputed steps, as the contract says."""
     records: dict[int, dict] = {}
     for name in sorted(files):
-        for line in files[name].splitlines():
-            if line.strip():
-                rec = json.loads(line)
-                records[rec["step"]] = rec
+        for rec in read_jsonl(files[name]):
+            records[rec["step"]] = rec
     return records
 
 
@@ -129,12 +131,7 @@ def metrics_files(run_dir: Path) -> dict[str, str]:
 
 
 def last_step(run_dir: Path) -> int:
-    steps = [
-        json.loads(line)["step"]
-        for text in metrics_files(run_dir).values()
-        for line in text.splitlines()
-        if line
-    ]
+    steps = [rec["step"] for text in metrics_files(run_dir).values() for rec in read_jsonl(text)]
     return max(steps, default=0)
 
 

@@ -1,4 +1,7 @@
-"""Reading a run back: its record, its report, its plots."""
+"""The report's I/O: reads a run back (its record from the cluster, its metrics and ledger from the
+run directory), builds its report (launcher/report.py, pure), writes its plots
+(launcher/report_plots.py) and prints its summary. Called by `reslice status`, `report`, `launch`
+and `demo` (launcher/commands/inspecting.py, launching.py, launcher/demo.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from launcher.kube import Kube
 from launcher.record import RunRecord
 from launcher.report import RunReport, build_report
 from launcher.report_plots import plot_loss, plot_timeline
-from launcher.runs import RunDir
+from launcher.rundir import RunDir
 
 
 def run_report(kube: Kube, run: str) -> tuple[RunRecord, RunReport, RunDir]:

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from launcher.runs import RunDir
+from launcher.rundir import RunDir
 from tests.support.fake_gcs import fake_gcs
 
 
