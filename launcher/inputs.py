@@ -11,6 +11,7 @@ import math
 import re
 from pathlib import Path
 
+from launcher import podfit
 from launcher.errors import UserError
 
 # Kubernetes name rules (k8s.io/apimachinery/pkg/util/validation/validation.go).
@@ -172,11 +173,9 @@ def quantity(flag: str, value: str | None) -> str | None:
     """A positive Kubernetes quantity (what the API server accepts as a request)."""
     if value is None:
         return None
-    from kubernetes.utils import parse_quantity
-
     try:
-        ok = parse_quantity(value) > 0
-    except (ValueError, ArithmeticError):
+        ok = podfit.quantity(value) > 0  # 'Infinity', 'NaN': Decimal takes them, the API server does not
+    except ValueError:
         ok = False
     if not ok:
         raise UserError(f"{flag} {value!r} is not a positive Kubernetes quantity (e.g. 56, 500m, 240Gi)")

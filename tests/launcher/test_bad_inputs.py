@@ -59,7 +59,7 @@ def _cases() -> list[tuple[list[str], int]]:
             "--priority-class": ["Bad", "a_b"],
             "--service-account": ["UPPER", "a b"],
             "--placement-policy": ["=x", "nope=x"],
-            "--cpu-request": ["lots"] if name != "render" else [],
+            "--cpu-request": ["lots", "Infinity"] if name != "render" else [],
         }
         if name != "preflight":
             spec_flags |= {

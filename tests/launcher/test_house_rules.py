@@ -1,0 +1,69 @@
+"""The house rules the import contracts cannot state (docs/design.md "Layers", issue 14): over every module
+of launcher/ and trainer/, no class name defined in two modules, no one-letter module alias, no module
+over 450 lines, and no preset loading in the core. Source text only: nothing is imported."""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import defaultdict
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULES = sorted(p for package in ("launcher", "trainer") for p in (ROOT / package).rglob("*.py"))
+# The core of docs/design.md "Layers": handed a presets.Catalog, never reading presets/ itself.
+CORE = ("presets", "plan", "memory", "render", "record", "signals", "signal_basics", "node_signals",
+        "pod_signals", "policy", "report", "podfit")  # fmt: skip
+
+
+@cache
+def parsed() -> dict[str, ast.Module]:
+    return {str(p.relative_to(ROOT)): ast.parse(p.read_text()) for p in MODULES}
+
+
+def test_no_class_name_is_defined_in_two_modules() -> None:
+    where = defaultdict(set)
+    for path, tree in parsed().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                where[node.name].add(path)
+    assert len(where) > 100  # the walk sees the classes
+    assert {name: sorted(paths) for name, paths in where.items() if len(paths) > 1} == {}
+
+
+def _is_project_module(module: str, name: str) -> bool:
+    base = ROOT.joinpath(*module.split("."), name)
+    return base.with_suffix(".py").exists() or (base / "__init__.py").exists()
+
+
+def test_no_module_has_a_one_letter_alias() -> None:
+    """`import x as P` or `from launcher import policy as P` (P stays PartitionSpec's, as in JAX)."""
+    found = []
+    for path, tree in parsed().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                found += [f"{path}: {a.name} as {a.asname}" for a in node.names if len(a.asname or "") == 1]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found += [
+                    f"{path}: {node.module}.{a.name} as {a.asname}"
+                    for a in node.names
+                    if len(a.asname or "") == 1 and _is_project_module(node.module, a.name)
+                ]
+    assert found == []
+
+
+def test_no_module_is_over_450_lines() -> None:
+    lengths = {str(p.relative_to(ROOT)): p.read_text().count("\n") for p in MODULES}
+    assert len(lengths) > 100 and {p: n for p, n in lengths.items() if n > 450} == {}
+
+
+def test_the_core_loads_no_presets() -> None:
+    loading = re.compile(r"load_preset|load_catalog|RESLICE_PRESETS_DIR|presets_dir")
+    hits = [
+        f"launcher/{m}.py:{i}: {line.strip()}"
+        for m in CORE
+        for i, line in enumerate((ROOT / "launcher" / f"{m}.py").read_text().splitlines(), 1)
+        if loading.search(line)
+    ]
+    assert hits == []
