@@ -23,6 +23,9 @@ ENTRYPOINT = ("python", "-m", "maxtext_entry", "--")
 # directory, apart from what reslice's files are (run.json, events.jsonl, status.json, metrics/).
 RUN_NAME = "maxtext"
 DEFAULT_CHECKPOINT_PERIOD = 100
+# MaxText commits `<run_dir>/maxtext/checkpoints/<k>/` with k 0-based: the state after k + 1 steps,
+# which is reslice's step k + 1 (docs/maxtext.md). reslice's trainer: `checkpoints/<step>/`.
+CHECKPOINTS = f"{RUN_NAME}/checkpoints"
 
 _PARALLELISM = ("data", "fsdp", "fsdp_transpose", "sequence", "context", "context_usp_ulysses")
 _PARALLELISM += ("context_autoregressive", "tensor", "tensor_sequence", "autoregressive", "pipeline")
@@ -60,6 +63,12 @@ OWNED = frozenset(
 def known_keys() -> frozenset[str]:
     text = (Path(__file__).parent / "maxtext_keys.txt").read_text()
     return frozenset(line for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def checkpoint_layout(trainer: str) -> tuple[str, int]:
+    """Where a profile's checkpoints are in the run directory, and what to add to a checkpoint's
+    name to get reslice's 1-based step: what the controller and the report read (launcher.runs)."""
+    return (CHECKPOINTS, 1) if trainer == "maxtext" else ("checkpoints", 0)
 
 
 def check_trainer(trainer: str) -> None:
