@@ -1,0 +1,37 @@
+"""Where the entrypoint finds MaxText, and the coordinator address it gives MaxText's JAX on CPU
+(docs/maxtext.md, The embedded cluster): pure functions of the environment and the checkout."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from maxtext_entry.args import ConfigError
+from maxtext_entry.run import child_env, maxtext_python
+
+
+def test_maxtext_python_from_the_environment_else_the_checkouts_venv(tmp_path) -> None:
+    # The suite's venv has no MaxText: the checkout's .venv-maxtext, then nothing (exit 2 upstream).
+    with pytest.raises(ConfigError, match=r"no MaxText here: .*\.venv-maxtext/bin/python.*dev.py maxtext"):
+        maxtext_python({}, str(tmp_path))
+    python = tmp_path / ".venv-maxtext" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.symlink_to(sys.executable)
+    assert maxtext_python({}, str(tmp_path)) == str(python)
+    assert maxtext_python({"RESLICE_MAXTEXT_PYTHON": "/opt/mt/python"}, str(tmp_path)) == "/opt/mt/python"
+
+
+def test_the_coordinator_binds_its_own_address_on_cpu_only() -> None:
+    # MaxText appends its fixed port 1234; bound to the pod's own address, not [::]:1234.
+    env = {"JAX_COORDINATOR_ADDRESS": "127.31.4.15", "PATH": "/bin"}
+    assert child_env(env, cpu=True) == {**env, "JAX_COORDINATOR_BIND_ADDRESS": "127.31.4.15:1234"}
+    local = child_env({"JAX_COORDINATOR_ADDRESS": "localhost"}, cpu=True)
+    assert local["JAX_COORDINATOR_BIND_ADDRESS"] == "127.0.0.1:1234"
+    assert child_env(env, cpu=False) == env  # TPU: JAX's own discovery, port 8476
+    mine = {**env, "JAX_COORDINATOR_BIND_ADDRESS": "[::]:1234"}
+    assert child_env(mine, cpu=True) == mine
+    # Not resolvable (yet): left to MaxText, which retries the lookup.
+    assert "JAX_COORDINATOR_BIND_ADDRESS" not in child_env(
+        {"JAX_COORDINATOR_ADDRESS": "no-such-host.invalid"}, cpu=True
+    )
