@@ -85,6 +85,15 @@ def maxtext_python(env: dict[str, str], checkout: str = CHECKOUT) -> str:
     )
 
 
+def child_program(ctx: Context) -> list[str]:
+    """MaxText's pre-training; on CPU with several processes, behind a barrier before the first
+    step (`first_step_barrier.py`, run by path: MaxText's interpreter need not import this package),
+    since Gloo's rendezvous there gives up after 30 s while processes 1..N still compile."""
+    if ctx.cpu and ctx.who.num_processes > 1:
+        return [ctx.python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "first_step_barrier.py")]
+    return [ctx.python, "-m", TRAIN_MODULE]
+
+
 def child_env(env: dict[str, str], cpu: bool) -> dict[str, str]:
     """MaxText's environment. On CPU MaxText starts JAX's coordinator on `gethostbyname(
     JAX_COORDINATOR_ADDRESS)` + its fixed port 1234 (`initialize_jax_for_cpu`), and JAX binds it on
@@ -207,7 +216,7 @@ def supervise(cmd: Command, ctx: Context) -> int:
         signal.signal(s, sig.handle)
     child_cmd = for_container(cmd, local_metrics, ctx.cpu)
     sig.child = subprocess.Popen(
-        [ctx.python, "-m", TRAIN_MODULE, *child_cmd.argv()],
+        [*child_program(ctx), *child_cmd.argv()],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +36,18 @@ def test_the_coordinator_binds_its_own_address_on_cpu_only() -> None:
     assert "JAX_COORDINATOR_BIND_ADDRESS" not in child_env(
         {"JAX_COORDINATOR_ADDRESS": "no-such-host.invalid"}, cpu=True
     )
+
+
+def test_several_processes_on_cpu_start_behind_the_first_step_barrier() -> None:
+    from dataclasses import replace
+
+    from maxtext_entry import metrics
+    from maxtext_entry.run import TRAIN_MODULE, Context, child_program
+
+    one = Context("/r", 0, 0, 0, metrics.Incarnation(0, 0, 8, 1, 1, 1), cpu=True, python="/mt/python")
+    assert child_program(one) == ["/mt/python", "-m", TRAIN_MODULE]
+    four = replace(one, who=replace(one.who, num_processes=4))
+    program = child_program(four)
+    assert program[0] == "/mt/python" and program[1].endswith("/maxtext_entry/first_step_barrier.py")
+    assert Path(program[1]).is_file()
+    assert child_program(replace(four, cpu=False)) == ["/mt/python", "-m", TRAIN_MODULE]  # TPU: no Gloo
