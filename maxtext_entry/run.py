@@ -85,12 +85,13 @@ def maxtext_python(env: dict[str, str], checkout: str = CHECKOUT) -> str:
     )
 
 
-def child_program(ctx: Context) -> list[str]:
-    """MaxText's pre-training; on CPU with several processes, behind a barrier before the first
-    step (`first_step_barrier.py`, run by path: MaxText's interpreter need not import this package),
-    since Gloo's rendezvous there gives up after 30 s while processes 1..N still compile."""
-    if ctx.cpu and ctx.who.num_processes > 1:
-        return [ctx.python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "first_step_barrier.py")]
+def child_program(ctx: Context, cmd: Command) -> list[str]:
+    """MaxText's pre-training; through `pretrain.py` (run by path: MaxText's interpreter need not
+    import this package) when one of its fixes applies: grain input (its ElasticIterator
+    checkpointed as one state), or CPU with several processes (a barrier before the first step,
+    since Gloo's rendezvous there gives up after 30 s while processes 1..N still compile)."""
+    if cmd.keys.get("dataset_type") == "grain" or (ctx.cpu and ctx.who.num_processes > 1):
+        return [ctx.python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "pretrain.py")]
     return [ctx.python, "-m", TRAIN_MODULE]
 
 
@@ -216,7 +217,7 @@ def supervise(cmd: Command, ctx: Context) -> int:
         signal.signal(s, sig.handle)
     child_cmd = for_container(cmd, local_metrics, ctx.cpu)
     sig.child = subprocess.Popen(
-        [*child_program(ctx), *child_cmd.argv()],
+        [*child_program(ctx, cmd), *child_cmd.argv()],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -38,16 +38,20 @@ def test_the_coordinator_binds_its_own_address_on_cpu_only() -> None:
     )
 
 
-def test_several_processes_on_cpu_start_behind_the_first_step_barrier() -> None:
+def test_maxtext_runs_through_pretrain_py_for_grain_input_or_several_processes_on_cpu() -> None:
     from dataclasses import replace
 
     from maxtext_entry import metrics
+    from maxtext_entry.args import Command
     from maxtext_entry.run import TRAIN_MODULE, Context, child_program
 
+    synthetic, grain = Command([], {"dataset_type": "synthetic"}), Command([], {"dataset_type": "grain"})
     one = Context("/r", 0, 0, 0, metrics.Incarnation(0, 0, 8, 1, 1, 1), cpu=True, python="/mt/python")
-    assert child_program(one) == ["/mt/python", "-m", TRAIN_MODULE]
+    assert child_program(one, synthetic) == ["/mt/python", "-m", TRAIN_MODULE]
     four = replace(one, who=replace(one.who, num_processes=4))
-    program = child_program(four)
-    assert program[0] == "/mt/python" and program[1].endswith("/maxtext_entry/first_step_barrier.py")
-    assert Path(program[1]).is_file()
-    assert child_program(replace(four, cpu=False)) == ["/mt/python", "-m", TRAIN_MODULE]  # TPU: no Gloo
+    for ctx, cmd in ((four, synthetic), (one, grain), (replace(four, cpu=False), grain)):
+        program = child_program(ctx, cmd)
+        assert program[0] == "/mt/python" and program[1].endswith("/maxtext_entry/pretrain.py")
+        assert Path(program[1]).is_file()
+    # TPU (no Gloo), MaxText's own input: nothing to fix.
+    assert child_program(replace(four, cpu=False), synthetic) == ["/mt/python", "-m", TRAIN_MODULE]
