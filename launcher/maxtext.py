@@ -1,5 +1,6 @@
 """The MaxText trainer profile (docs/maxtext.md): what the JobSet's container runs for a rung, as
-plain lists and dicts. Pure; `launcher.render` calls it for a spec with `trainer="maxtext"`.
+plain lists and dicts. Pure; `launcher.render` calls it for a spec with `trainer="maxtext"`, and
+`launcher.runs` reads where each profile's checkpoints are (`checkpoint_layout`).
 
 The container runs `python -m maxtext_entry -- [CONFIG.yml] key=value ...`: the run's overrides,
 then the keys reslice owns, which come from the rung (batch plan, shape) and the run (directory,
