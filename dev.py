@@ -49,6 +49,12 @@ def python(version: str, why: str) -> str:
     found = shutil.which(f"python{version}")
     if found is None:
         sys.exit(f"dev.py: needs Python {version} ({why}); python{version} is not on PATH")
+    if subprocess.run([found, "-c", ""], capture_output=True).returncode:
+        # A pyenv shim of a version pyenv has installed but not selected fails only when run.
+        sys.exit(
+            f"dev.py: needs Python {version} ({why}); {found} does not run "
+            f"(pyenv: `PYENV_VERSION=<3.11.x>:<{version}.x> python3 dev.py ...`)"
+        )
     return found
 
 
@@ -115,9 +121,11 @@ def lock(args: list[str]) -> None:
         cmd += ["--python-platform", platform, "--generate-hashes", "--no-header"]
         cmd += ["--annotation-style", "line", "-o", f"requirements/{out}"]
         _run(*cmd, *(["--extra", extra] if extra else []))
-    cmd = [uv, "pip", "compile", "requirements/maxtext.in", "--python-version", "3.12"]
-    cmd += ["--python-platform", "x86_64-manylinux_2_28", "--generate-hashes", "--no-header"]
-    _run(*cmd, "--annotation-style", "line", "-o", "requirements/maxtext.lock")
+    # MaxText: .venv-maxtext's lock (CPU), then the image's, at its versions plus libtpu.
+    for name, platform in (("maxtext", "x86_64-manylinux_2_28"), ("maxtext-tpu", "x86_64-manylinux_2_31")):
+        cmd = [uv, "pip", "compile", f"requirements/{name}.in", "--python-version", "3.12"]
+        cmd += ["--python-platform", platform, "--generate-hashes", "--no-header"]
+        _run(*cmd, "--annotation-style", "line", "-o", f"requirements/{name}.lock")
 
 
 def _run(*cmd: str) -> None:

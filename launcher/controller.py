@@ -147,7 +147,7 @@ class Controller:
         if rec.terminal:
             return PassResult(run, policy.Decision(policy.WAIT, f"run is {rec.state}", rec), None)
         snap = snap or self.snapshot()
-        rundir = RunDir(rec.spec.run_dir)
+        rundir = RunDir(rec.spec.run_dir, rec.spec.trainer)
         obs = observe_run(rec, snap, rundir, self.clock(), self.catalog)
         spec = rec.spec
         ladder = shrink_ladder(
@@ -280,7 +280,7 @@ class Controller:
 
     def _rundir(self, run: str) -> RunDir | None:
         got = self.record(run)
-        return RunDir(got[0].spec.run_dir) if got else None
+        return RunDir(got[0].spec.run_dir, got[0].spec.trainer) if got else None
 
     # --- the loop ------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """The MaxText trainer profile (docs/maxtext.md): what the JobSet's container runs for a rung, as
-plain lists and dicts. Pure; `launcher.render` calls it for a spec with `trainer="maxtext"`.
+plain lists and dicts. Pure; `launcher.render` calls it for a spec with `trainer="maxtext"`, and
+`launcher.rundir` reads where each profile's checkpoints are (`checkpoint_layout`).
 
 The container runs `python -m maxtext_entry -- [CONFIG.yml] key=value ...`: the run's overrides,
 then the keys reslice owns, which come from the rung (batch plan, shape) and the run (directory,
@@ -23,6 +24,9 @@ ENTRYPOINT = ("python", "-m", "maxtext_entry", "--")
 # directory, apart from what reslice's files are (run.json, events.jsonl, status.json, metrics/).
 RUN_NAME = "maxtext"
 DEFAULT_CHECKPOINT_PERIOD = 100
+# MaxText commits `<run_dir>/maxtext/checkpoints/<k>/` with k 0-based: the state after k + 1 steps,
+# which is reslice's step k + 1 (docs/maxtext.md). reslice's trainer: `checkpoints/<step>/`.
+CHECKPOINTS = f"{RUN_NAME}/checkpoints"
 
 _PARALLELISM = ("data", "fsdp", "fsdp_transpose", "sequence", "context", "context_usp_ulysses")
 _PARALLELISM += ("context_autoregressive", "tensor", "tensor_sequence", "autoregressive", "pipeline")
@@ -60,6 +64,12 @@ OWNED = frozenset(
 def known_keys() -> frozenset[str]:
     text = (Path(__file__).parent / "maxtext_keys.txt").read_text()
     return frozenset(line for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def checkpoint_layout(trainer: str) -> tuple[str, int]:
+    """Where a profile's checkpoints are in the run directory, and what to add to a checkpoint's
+    name to get reslice's 1-based step: what the controller and the report read (launcher.rundir)."""
+    return (CHECKPOINTS, 1) if trainer == "maxtext" else ("checkpoints", 0)
 
 
 def check_trainer(trainer: str) -> None:

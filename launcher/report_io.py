@@ -21,7 +21,7 @@ def run_report(kube: Kube, run: str) -> tuple[RunRecord, RunReport, RunDir]:
     if got is None:
         raise UserError(f"no run named {run!r} in namespace {kube.namespace} (see `reslice runs`)")
     rec = got[0]
-    rundir = RunDir(rec.spec.run_dir)
+    rundir = RunDir(rec.spec.run_dir, rec.spec.trainer)
     return rec, build_report(rec, rundir.metrics(), rundir.ledger(), time.time()), rundir
 
 

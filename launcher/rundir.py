@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 
+from launcher.maxtext import checkpoint_layout
+
 COMMIT_MARKER = "commit_success.txt"  # Orbax writes it last (docs/contract.md)
 LEDGER = "events.jsonl"
 
@@ -40,8 +42,10 @@ def _client_for(emulator: str | None):
 class RunDir:
     """Read and write files of one run directory, locally or on GCS, by relative path."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, trainer: str = "reslice") -> None:
         self.url = url.rstrip("/")
+        # Where the trainer profile commits checkpoints, and its step of a checkpoint's name.
+        self.checkpoints, self.step_offset = checkpoint_layout(trainer)
         if self.url.startswith("gs://"):
             bucket, _, prefix = self.url[len("gs://") :].partition("/")
             self.bucket_name, self.prefix = bucket, prefix.strip("/")
@@ -144,14 +148,16 @@ class RunDir:
     # --- what the trainer writes ---------------------------------------------------------------
 
     def committed_steps(self) -> list[int]:
-        """Checkpoint steps that finished committing (docs/contract.md), oldest first.
+        """Checkpoint steps that finished committing (docs/contract.md), oldest first, as reslice's
+        1-based steps (after s global batches), whichever trainer profile wrote them.
 
         Orbax writes into a temporary directory and renames it (local disk), or writes the commit
         marker last (GCS); a step without the marker may be half written and is never counted.
         (`_CHECKPOINT_METADATA` is no marker: Orbax writes it when a save starts.)
         """
-        steps = [int(name) for name in self.list_dir("checkpoints") if name.isdigit()]
-        return sorted(s for s in steps if self.exists(f"checkpoints/{s}/{COMMIT_MARKER}"))
+        names = [n for n in self.list_dir(self.checkpoints) if n.isdigit()]
+        names = [n for n in names if self.exists(f"{self.checkpoints}/{n}/{COMMIT_MARKER}")]
+        return sorted(int(n) + self.step_offset for n in names)
 
     def latest_committed_step(self) -> int | None:
         steps = self.committed_steps()

@@ -150,7 +150,7 @@ def run_sweep(
                 f"run {p.run} already exists with other settings (run directory {rec.spec.run_dir}); "
                 "choose another --name"
             )
-        rd = RunDir(p.record.spec.run_dir)
+        rd = RunDir(p.record.spec.run_dir, p.record.spec.trainer)
         has_last = any(r.get("step") == sweep.steps for f in read_incarnations(rd) for r in f)
         actions[p.run], records[p.run] = next_action(rec, rd.status(), has_last, sweep.steps), rec
 
@@ -189,7 +189,7 @@ def run_sweep(
         for p in active:
             got = kube.get_record(p.run)
             if got:
-                rd = RunDir(p.record.spec.run_dir)
+                rd = RunDir(p.record.spec.run_dir, p.record.spec.trainer)
                 panels.append(live_view(got[0], rd.latest_metrics(), rd.ledger(), rd.latest_committed_step()))
         display.update(Group(*panels))
 
@@ -199,7 +199,7 @@ def run_sweep(
             console.print(f"{p.run}: attaching (it was left {records[p.run].state} by an interrupted sweep)")  # type: ignore[union-attr]
         else:
             old = records[p.run]
-            rd = RunDir(p.record.spec.run_dir)
+            rd = RunDir(p.record.spec.run_dir, p.record.spec.trainer)
             if old is not None:  # RELAUNCH: the old record goes, its ledger in the run directory stays
                 rd.log([{"time": time.time(), "kind": "relaunch", "previous_state": old.state,
                          "previous_reason": old.reason, "reason": f"sweep {sweep.name} reruns what is missing"}])  # fmt: skip

@@ -30,7 +30,7 @@ def watch_run(
     got = kube.get_record(run)
     if got is None:
         raise UserError(f"no run named {run!r} in namespace {kube.namespace} (see `reslice runs`)")
-    rundir = RunDir(got[0].spec.run_dir)
+    rundir = RunDir(got[0].spec.run_dir, got[0].spec.trainer)
     console = console or Console()
     stop = stop or threading.Event()
     controller = Controller(kube, resync_s=resync_s, lease_s=lease_s)

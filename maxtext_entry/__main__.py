@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 
 from maxtext_entry import checkpoints
 from maxtext_entry.args import ConfigError, parse
 from maxtext_entry.outcome import EXIT_CONFIG, EXIT_FINISHED
-from maxtext_entry.run import context, supervise, write_status
+from maxtext_entry.run import context, maxtext_python, supervise, write_status
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,7 +30,12 @@ def main(argv: list[str] | None = None) -> int:
             write_status(ctx, cmd, latest)
         print(f"maxtext_entry: all {cmd.steps} steps are committed; nothing to train", file=sys.stderr)
         return EXIT_FINISHED
-    return supervise(cmd, ctx)
+    try:
+        python = maxtext_python(dict(os.environ))
+    except ConfigError as e:
+        print(f"maxtext_entry: config error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    return supervise(cmd, replace(ctx, python=python))
 
 
 if __name__ == "__main__":

@@ -4,10 +4,13 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
+import importlib.util
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -16,12 +19,14 @@ import time
 from dataclasses import dataclass, field
 
 from maxtext_entry import checkpoints, metrics
-from maxtext_entry.args import Command, for_container
+from maxtext_entry.args import Command, ConfigError, for_container
 from maxtext_entry.outcome import Outcome, exit_code
 
 TRAIN_MODULE = "maxtext.trainers.pre_train.train"
 TAIL_LINES = 200
 POLL_S = 1.0
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # in a checkout: its root
+MAXTEXT_CPU_PORT = 1234  # MaxText's fixed coordinator port on CPU (`initialize_jax_for_cpu`)
 # Keys that change with the rung, not the run: left out of the config hash.
 RUNG_KEYS = ("per_device_batch_size", "gradient_accumulation_steps", "checkpoint_period", "metrics_file")
 RUNG_PREFIXES = ("dcn_", "ici_")
@@ -34,8 +39,8 @@ class Context:
     restart_attempt: int
     process_index: int
     who: metrics.Incarnation
-    python: str  # the child's interpreter: RESLICE_MAXTEXT_PYTHON (a separate venv) or this one
     cpu: bool  # JAX_PLATFORMS=cpu: the embedded cluster's simulated devices
+    python: str = ""  # the child's interpreter (`maxtext_python`), found once there is work to do
 
 
 def context(cmd: Command, env: dict[str, str]) -> Context:
@@ -58,9 +63,52 @@ def context(cmd: Command, env: dict[str, str]) -> Context:
         who=metrics.Incarnation(
             segment, attempt, devices, micro, accum, num("RESLICE_NUM_PROCESSES", 1), peak
         ),
-        python=env.get("RESLICE_MAXTEXT_PYTHON") or sys.executable,
         cpu=env.get("JAX_PLATFORMS") == "cpu",
     )
+
+
+def maxtext_python(env: dict[str, str], checkout: str = CHECKOUT) -> str:
+    """The interpreter that has MaxText: `RESLICE_MAXTEXT_PYTHON`; else this one when it has it (the
+    profile's image); else the checkout's `.venv-maxtext` (`python3 dev.py maxtext`), beside this
+    package: the embedded kubelet runs `python -m maxtext_entry` on the launcher's own Python 3.11,
+    which has no MaxText, from whatever checkout or worktree is on its path."""
+    if env.get("RESLICE_MAXTEXT_PYTHON"):
+        return env["RESLICE_MAXTEXT_PYTHON"]
+    if importlib.util.find_spec("maxtext") is not None:
+        return sys.executable
+    python = os.path.join(checkout, ".venv-maxtext", "bin", "python")
+    if os.path.exists(python):
+        return python
+    raise ConfigError(
+        f"no MaxText here: not importable by {sys.executable}, no {python} (`python3 dev.py maxtext`), "
+        "no RESLICE_MAXTEXT_PYTHON"
+    )
+
+
+def child_program(ctx: Context, cmd: Command) -> list[str]:
+    """MaxText's pre-training; through `pretrain.py` (run by path: MaxText's interpreter need not
+    import this package) when one of its fixes applies: grain input (its ElasticIterator
+    checkpointed as one state), or CPU with several processes (a barrier before the first step,
+    since Gloo's rendezvous there gives up after 30 s while processes 1..N still compile)."""
+    if cmd.keys.get("dataset_type") == "grain" or (ctx.cpu and ctx.who.num_processes > 1):
+        return [ctx.python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "pretrain.py")]
+    return [ctx.python, "-m", TRAIN_MODULE]
+
+
+def child_env(env: dict[str, str], cpu: bool) -> dict[str, str]:
+    """MaxText's environment. On CPU MaxText starts JAX's coordinator on `gethostbyname(
+    JAX_COORDINATOR_ADDRESS)` + its fixed port 1234 (`initialize_jax_for_cpu`), and JAX binds it on
+    every address (`[::]:1234`) unless `JAX_COORDINATOR_BIND_ADDRESS` says otherwise: bound to the
+    coordinator's own address instead — process 0's pod address, its own on the embedded cluster
+    (one per pod, as on GKE) — two MaxText runs on one machine never take the same port. On TPU
+    JAX's own discovery picks address and port, and nothing is changed."""
+    out = dict(env)
+    host = env.get("JAX_COORDINATOR_ADDRESS")
+    if cpu and host and "JAX_COORDINATOR_BIND_ADDRESS" not in env:
+        # Not resolvable (yet): left to MaxText, which retries the lookup itself, and binds everywhere.
+        with contextlib.suppress(OSError):
+            out["JAX_COORDINATOR_BIND_ADDRESS"] = f"{socket.gethostbyname(host)}:{MAXTEXT_CPU_PORT}"
+    return out
 
 
 def config_hash(cmd: Command) -> str:
@@ -169,10 +217,11 @@ def supervise(cmd: Command, ctx: Context) -> int:
         signal.signal(s, sig.handle)
     child_cmd = for_container(cmd, local_metrics, ctx.cpu)
     sig.child = subprocess.Popen(
-        [ctx.python, "-m", TRAIN_MODULE, *child_cmd.argv()],
+        [*child_program(ctx, cmd), *child_cmd.argv()],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env=child_env(dict(os.environ), ctx.cpu),
         preexec_fn=_die_with_parent,
     )
     reader = threading.Thread(target=_pass_through, args=(sig.child.stdout, sig.tail), daemon=True)

@@ -17,3 +17,19 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # Keep XLA from spawning more compile threads than the two cores CI has.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+MAXTEXT_E2E = ROOT / "tests" / "maxtext_e2e"
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
+    """tests/maxtext_e2e runs real MaxText (.venv-maxtext: 1.1 GB, minutes per run): collected only
+    when an argument names it (`python3 dev.py test tests/maxtext_e2e`), never by the default run."""
+    if not _inside(collection_path, MAXTEXT_E2E):
+        return None
+    here = Path(config.invocation_params.dir)
+    named = [(here / a.split("::")[0]).resolve() for a in config.args]
+    return True if not any(_inside(p, MAXTEXT_E2E) for p in named) else None

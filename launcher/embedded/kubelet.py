@@ -231,7 +231,7 @@ class Kubelet(ControllerLoop):
             self._finalize(run)
             return
         ids = {c: f"process://{p.pid}" for c, p in run.procs.items()}
-        self._write(run, lambda p: running_status(p, run.started_at, ids))
+        self._write(run, lambda p: running_status(p, run.started_at, ids, run.pod_ip))
         for c in run.procs:
             self.recorder.event(pod, "Normal", "Started", f"Started container {c}", host=node)
         for c in run.procs:

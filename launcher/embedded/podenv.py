@@ -1,12 +1,15 @@
 """A container's environment and argv, as the kubelet computes them — plus the embedded cluster's two
 local rewrites (docs/contract.md): JAX on CPU with the devices of the pod's chips, and pod hostnames
-of the same JobSet resolved to 127.0.0.1 on a port chosen per (JobSet uid, restart attempt, port).
+of the same JobSet resolved on loopback: `host:port` to 127.0.0.1 on a port chosen per (JobSet uid,
+restart attempt, port), a bare `host` to that pod's own loopback address (`AddressMap`).
 
-Pure apart from `PortMap`, which asks the OS for free ports.
+Pure apart from `PortMap`, which asks the OS for free ports, and `AddressMap`, which draws addresses.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import random
 import re
 import socket
 import sys
@@ -16,6 +19,7 @@ from typing import Any
 
 from launcher.embedded import objects
 
+LOOPBACK = "127.0.0.1"
 _FIELD = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")
 _VAR = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.\-]*)\)")
 
@@ -33,8 +37,8 @@ def expand(s: str, env: Mapping[str, str]) -> str:
     return _VAR.sub(sub, s)
 
 
-def field_value(pod: Mapping[str, Any], path: str) -> str:
-    """Downward API fieldRef."""
+def field_value(pod: Mapping[str, Any], path: str, pod_ip: str = LOOPBACK) -> str:
+    """Downward API fieldRef (`pod_ip`: the address `AddressMap` gave the pod)."""
     m = objects.meta(pod)
     simple = {
         "metadata.name": m.get("name"),
@@ -44,8 +48,8 @@ def field_value(pod: Mapping[str, Any], path: str) -> str:
         "spec.serviceAccountName": (pod.get("spec") or {}).get("serviceAccountName"),
         "status.hostIP": "127.0.0.1",
         "status.hostIPs": "127.0.0.1",
-        "status.podIP": "127.0.0.1",
-        "status.podIPs": "127.0.0.1",
+        "status.podIP": pod_ip,
+        "status.podIPs": pod_ip,
     }
     if path in simple:
         return str(simple[path] or "")
@@ -79,6 +83,7 @@ def container_env(
     container: Mapping[str, Any],
     node: Mapping[str, Any],
     configmap: Callable[[str, str], Mapping[str, Any] | None],
+    pod_ip: str = LOOPBACK,
 ) -> dict[str, str]:
     """The variables the pod spec defines for one container (envFrom, then env), expanded."""
     ns = objects.meta(pod).get("namespace") or "default"
@@ -101,7 +106,7 @@ def container_env(
             continue
         vf = e["valueFrom"]
         if "fieldRef" in vf:
-            env[name] = field_value(pod, vf["fieldRef"]["fieldPath"])
+            env[name] = field_value(pod, vf["fieldRef"]["fieldPath"], pod_ip)
         elif "resourceFieldRef" in vf:
             env[name] = resource_value(container, node, vf["resourceFieldRef"])
         elif "configMapKeyRef" in vf:
@@ -152,21 +157,60 @@ class PortMap:
             return self._ports[key]
 
 
+class AddressMap:
+    """A loopback address of its own per JobSet pod, keyed by (JobSet uid, restart attempt, pod
+    hostname) so that every pod of the JobSet knows it before that pod starts: what the pod's DNS
+    name resolves to and its status.podIP, as every pod (every TPU host: one pod per node) has its
+    own IP on GKE. So a server on a fixed port (MaxText's JAX coordinator: 1234) bound to its pod's
+    address never meets another JobSet's, nor a restart's predecessor still exiting. All of
+    127.0.0.0/8 is loopback on Linux (bindable without set-up); drawn at random, so that two
+    embedded clusters on one machine (pytest-xdist workers) do not draw the same."""
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self._lock = threading.Lock()
+        self._rng = rng or random.Random()
+        self._addresses: dict[tuple[str, str, str], str] = {}
+
+    def get(self, jobset_uid: str, attempt: str, host: str) -> str:
+        key = (jobset_uid, attempt, host)
+        with self._lock:
+            if key not in self._addresses:
+                used = set(self._addresses.values())
+                while True:
+                    # 127.1.0.0 - 127.253.255.255: clear of 127.0.0.x, where localhost and services listen.
+                    a = str(ipaddress.IPv4Address((127 << 24) + self._rng.randrange(1 << 16, 254 << 16)))
+                    if a not in used and not a.endswith((".0", ".255")):
+                        break
+                self._addresses[key] = a
+            return self._addresses[key]
+
+
 def hostname_pattern(jobset: Mapping[str, Any]) -> re.Pattern[str]:
-    """Pod hostnames of a JobSet, `<js>-<rjob>-<j>-<p>[.<subdomain>[.more]][:port]`."""
+    """Pod hostnames of a JobSet, `<js>-<rjob>-<j>-<p>[.<subdomain>[.more]][:port]`: groups `host`
+    (the pod's hostname) and `port`."""
     m = objects.meta(jobset)
     rjobs = [r["name"] for r in (jobset.get("spec") or {}).get("replicatedJobs") or []] or ["[a-z0-9-]+"]
     net = (jobset.get("spec") or {}).get("network") or {}
     sub = net.get("subdomain") or m["name"]
     host = rf"{re.escape(m['name'])}-(?:{'|'.join(re.escape(r) for r in rjobs)})-\d+-\d+"
     return re.compile(
-        rf"(?<![A-Za-z0-9.-]){host}(?:\.{re.escape(sub)}(?:\.[A-Za-z0-9-]+)*)?(?::(\d+))?(?![A-Za-z0-9-])"
+        rf"(?<![A-Za-z0-9.-])(?P<host>{host})(?:\.{re.escape(sub)}(?:\.[A-Za-z0-9-]+)*)?"
+        r"(?::(?P<port>\d+))?(?![A-Za-z0-9-])"
     )
 
 
-def rewrite_hosts(value: str, pattern: re.Pattern[str], port_for: Callable[[int], int]) -> str:
+def rewrite_hosts(
+    value: str,
+    pattern: re.Pattern[str],
+    port_for: Callable[[int], int],
+    address_for: Callable[[str], str] = lambda _host: LOOPBACK,
+) -> str:
+    """`host:port` → 127.0.0.1 on the port `port_for` gives (a client of a server the trainer binds
+    on all interfaces); a bare `host` → `address_for(host)`, that pod's own address."""
+
     def sub(m: re.Match[str]) -> str:
-        return f"127.0.0.1:{port_for(int(m.group(1)))}" if m.group(1) else "127.0.0.1"
+        port = m.group("port")
+        return f"{LOOPBACK}:{port_for(int(port))}" if port else address_for(m.group("host"))
 
     return pattern.sub(sub, value)
 

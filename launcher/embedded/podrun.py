@@ -31,6 +31,7 @@ class PodRun:
     node: str
     simulate: bool
     started_at: str = ""
+    pod_ip: str = "127.0.0.1"  # its own loopback address when it is a JobSet's pod (podenv.AddressMap)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     exit_codes: dict[str, int] = field(default_factory=dict)
     finished_at: dict[str, str] = field(default_factory=dict)

@@ -15,7 +15,9 @@ SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
 LOST_MESSAGE = "The container could not be located when the pod was terminated"
 
 
-def running_status(pod: Mapping[str, Any], started: str, ids: Mapping[str, str]) -> dict[str, Any]:
+def running_status(
+    pod: Mapping[str, Any], started: str, ids: Mapping[str, str], pod_ip: str = "127.0.0.1"
+) -> dict[str, Any]:
     st = copy.deepcopy(dict(pod.get("status") or {}))
     conds = st.setdefault("conditions", [])
     for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"):
@@ -29,8 +31,8 @@ def running_status(pod: Mapping[str, Any], started: str, ids: Mapping[str, str])
             "phase": "Running",
             "hostIP": "127.0.0.1",
             "hostIPs": [{"ip": "127.0.0.1"}],
-            "podIP": "127.0.0.1",
-            "podIPs": [{"ip": "127.0.0.1"}],
+            "podIP": pod_ip,
+            "podIPs": [{"ip": pod_ip}],
             "startTime": st.get("startTime") or started,
             "containerStatuses": [
                 {

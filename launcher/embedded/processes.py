@@ -34,6 +34,7 @@ class ProcessRunner:
         self.log_dir = log_dir
         self.cwd = cwd
         self.ports = podenv.PortMap()
+        self.addresses = podenv.AddressMap()
         self._logs: dict[tuple[str, str], dict[str, Path]] = {}
 
     # -- logs ----------------------------------------------------------------------------------
@@ -79,17 +80,26 @@ class ProcessRunner:
                 time.sleep(0.1)
 
     # -- starting ------------------------------------------------------------------------------
-    def _jobset_rewrite(self, pod: Mapping[str, Any]) -> Callable[[str], str] | None:
+    def _jobset_rewrite(self, pod: Mapping[str, Any]) -> tuple[Callable[[str], str] | None, str]:
+        """The rewrite of the JobSet's pod hostnames, and the pod's own address (podIP)."""
         js_name = objects.labels(pod).get(objects.JOBSET_NAME)
         if not js_name:
-            return None
+            return None, podenv.LOOPBACK
         try:
             js = self.store.get(self.jobsets, objects.meta(pod).get("namespace"), js_name)
         except Exception:
-            return None
+            return None, podenv.LOOPBACK
         pattern = podenv.hostname_pattern(js)
         uid, attempt = objects.meta(js)["uid"], objects.labels(pod).get(objects.RESTART_ATTEMPT, "0")
-        return lambda v: podenv.rewrite_hosts(v, pattern, lambda port: self.ports.get(uid, attempt, port))
+
+        def address(host: str) -> str:
+            return self.addresses.get(uid, attempt, host)
+
+        def rewrite(v: str) -> str:
+            return podenv.rewrite_hosts(v, pattern, lambda port: self.ports.get(uid, attempt, port), address)
+
+        own = (pod.get("spec") or {}).get("hostname")
+        return rewrite, address(own) if own else podenv.LOOPBACK
 
     def _configmap(self, ns: str, name: str) -> dict[str, Any] | None:
         try:
@@ -101,7 +111,7 @@ class ProcessRunner:
         """Start every container of the pod; raises podenv.ContainerConfigError (CreateContainerConfigError)
         before starting any when one cannot be configured."""
         spec = pod.get("spec") or {}
-        rewrite = self._jobset_rewrite(pod)
+        rewrite, run.pod_ip = self._jobset_rewrite(pod)
         chips = objects.pod_tpu_request(pod)
         dpc = devices_per_chip(objects.labels(node).get(objects.ACCELERATOR_LABEL))
         hostname = run.node if spec.get("hostNetwork") else (spec.get("hostname") or run.name)
@@ -109,7 +119,7 @@ class ProcessRunner:
         d.mkdir(parents=True, exist_ok=True)
         plans = []
         for c in spec.get("containers") or []:
-            pod_env = podenv.container_env(pod, c, node, self._configmap)
+            pod_env = podenv.container_env(pod, c, node, self._configmap, run.pod_ip)
             env = podenv.local_env(pod_env, os.environ, chips, dpc, hostname, rewrite)
             args = podenv.argv(c, {k: env[k] for k in pod_env})
             if not args:

@@ -175,7 +175,8 @@ class Harness:
         return got[0]
 
     def rundir(self, run: str) -> RunDir:
-        return RunDir(self.record(run).spec.run_dir)
+        rec = self.record(run)
+        return RunDir(rec.spec.run_dir, rec.spec.trainer)
 
     def wait_state(self, run: str, states: set[str], timeout: float) -> RunRecord:
         return wait_for(

@@ -53,6 +53,19 @@ def test_only_committed_checkpoints_count(rundir):
     assert rundir.latest_committed_step() == 20
 
 
+def test_maxtext_checkpoints_are_read_where_and_as_maxtext_writes_them(rundir):
+    """MaxText commits `maxtext/checkpoints/<k>` with k 0-based (the state after k + 1 steps): the
+    controller must see reslice's step k + 1 there, and nothing of the other profile's layout."""
+    maxtext = RunDir(rundir.url, "maxtext")
+    for k in (0, 9):
+        rundir.write_text(f"maxtext/checkpoints/{k}/commit_success.txt", "Checkpoint commit was successful")
+    rundir.write_text("maxtext/checkpoints/14/_CHECKPOINT_METADATA", "{}")  # a save in flight
+    rundir.write_text("checkpoints/30/commit_success.txt", "x")  # reslice's layout: not MaxText's
+    assert maxtext.committed_steps() == [1, 10]
+    assert maxtext.latest_committed_step() == 10
+    assert rundir.committed_steps() == [30]
+
+
 def test_status_survives_a_torn_read(rundir):
     assert rundir.status() is None
     rundir.write_text("status.json", '{"state": "runn')

@@ -78,15 +78,19 @@ def test_rendered_two_slice_jobset_runs_processes_that_know_who_they_are():
             assert env["RESLICE_NUM_SLICES"] == "2" and env["RESLICE_NUM_PROCESSES"] == str(2 * HOSTS)
             assert env["RESLICE_HOSTS_PER_SLICE"] == str(HOSTS)
             assert env["JAX_PLATFORMS"] == "cpu" and env["JAX_NUM_CPU_DEVICES"] == "8"  # 4 chips x 2
-            assert env["MEGASCALE_COORDINATOR_ADDRESS"] == "127.0.0.1"
+            # A bare hostname: process 0's pod's own address (podenv.AddressMap), its status.podIP.
+            assert re.fullmatch(r"127\.\d+\.\d+\.\d+", env["MEGASCALE_COORDINATOR_ADDRESS"])
+            if (idx, host) == ("0", "0"):
+                assert pod.status.pod_ip == env["MEGASCALE_COORDINATOR_ADDRESS"]
             assert re.fullmatch(r"127\.0\.0\.1:\d+", env["RESLICE_COORDINATOR"])
             coordinators.setdefault(js_name, set()).add(env["RESLICE_COORDINATOR"])
+            coordinators.setdefault(js_name, set()).add(env["MEGASCALE_COORDINATOR_ADDRESS"])
         # Every host of every slice ran once, as its own completion index.
         assert {k: sorted(v) for k, v in hosts.items()} == {
             (js, str(i)): [str(h) for h in range(HOSTS)] for js in ("alpha-0", "beta-0") for i in range(2)
         }
         # One coordinator per JobSet, seen alike by its processes; two JobSets never share one.
-        assert all(len(v) == 1 for v in coordinators.values())
+        assert all(len(v) == 2 for v in coordinators.values())
         assert coordinators["alpha-0"] != coordinators["beta-0"]
         # Exclusive topology: each child Job's hosts in one node pool, and two Jobs share a pool
         # only one after the other. Upstream kube-scheduler's pod informer holds only non-terminal

@@ -4,6 +4,7 @@ failure-policy rule matching, Job status transitions, the kubelet's environment 
 import datetime as dt
 import inspect
 import re
+import socket
 from collections import Counter
 from dataclasses import replace
 
@@ -421,12 +422,26 @@ def test_hostname_rewrite_and_expansion():
         "spec": {"replicatedJobs": [{"name": "slice"}], "network": {"subdomain": "run-0"}},
     }
     pat = podenv.hostname_pattern(js)
-    ports = podenv.PortMap()
-    rw = lambda v: podenv.rewrite_hosts(v, pat, lambda p: ports.get("u", "0", p))  # noqa: E731
+    ports, addresses = podenv.PortMap(), podenv.AddressMap()
+    rw = lambda v: podenv.rewrite_hosts(  # noqa: E731
+        v, pat, lambda p: ports.get("u", "0", p), lambda h: addresses.get("u", "0", h)
+    )
     a = rw("run-0-slice-0-0.run-0:8476")
     assert re.fullmatch(r"127\.0\.0\.1:\d+", a) and a != "127.0.0.1:8476"
     assert rw("run-0-slice-0-0.run-0.default.svc.cluster.local:8476") == a  # same (uid, attempt, port)
-    assert rw("run-0-slice-1-3") == "127.0.0.1"
+    # A bare hostname is that pod's own loopback address (MaxText appends its fixed port 1234):
+    # the same for every name of the pod, another for another pod, attempt or JobSet.
+    host = rw("run-0-slice-1-3")
+    assert re.fullmatch(r"127\.\d+\.\d+\.\d+", host) and not host.startswith("127.0.0.")
+    assert rw("run-0-slice-1-3.run-0") == host == addresses.get("u", "0", "run-0-slice-1-3")
+    others = {
+        rw("run-0-slice-0-0"),
+        addresses.get("u", "1", "run-0-slice-1-3"),
+        addresses.get("v", "0", "run-0-slice-1-3"),
+    }
+    assert host not in others and len(others) == 3
+    with socket.socket() as s:  # bindable as it is: all of 127/8 is loopback
+        s.bind((host, 0))
     assert rw("other-0-slice-0-0.run-0:8476") == "other-0-slice-0-0.run-0:8476"  # not this JobSet's
     assert ports.get("u", "1", 8476) != ports.get("u", "0", 8476)  # a new attempt, a new port
     assert podenv.expand("$(A)-$(B)-$$(A)", {"A": "x"}) == "x-$(B)-$(A)"
@@ -438,6 +453,7 @@ def test_hostname_rewrite_and_expansion():
         podenv.field_value(pod, f)
         for f in ("metadata.labels['k']", "metadata.annotations['a']", "spec.nodeName", "status.podIP")
     ] == ["v", "b", "nd", "127.0.0.1"]
+    assert podenv.field_value(pod, "status.podIP", host) == host
     env = podenv.local_env(
         {"X": "run-0-slice-0-0:1"}, {"PATH": "/bin"}, chips=4, devices_per_chip=2, hostname="h", rewrite=rw
     )

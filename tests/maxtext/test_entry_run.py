@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from launcher.rundir import read_jsonl
+from tests.maxtext.fake_package import fake_package
 from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,18 +22,9 @@ KEYS = [
 ]  # fmt: skip
 
 
-def _fake_package(tmp_path: Path) -> Path:
-    pkg = tmp_path / "fake" / "maxtext" / "trainers" / "pre_train"
-    pkg.mkdir(parents=True)
-    for d in (pkg, pkg.parent, pkg.parent.parent):
-        (d / "__init__.py").write_text("")
-    (pkg / "train.py").write_text((Path(__file__).parent / "fake_maxtext.py").read_text())
-    return tmp_path / "fake"
-
-
 def _start(tmp_path: Path, steps: int, **env: str) -> subprocess.Popen:
     run_dir = tmp_path / "run"
-    environ = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{_fake_package(tmp_path)}", JAX_PLATFORMS="cpu")
+    environ = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{fake_package(tmp_path)}", JAX_PLATFORMS="cpu")
     environ.update(RESLICE_RUN_DIR=str(run_dir), RESLICE_SEGMENT="1", RESLICE_RESTART_ATTEMPT="2")
     environ.update(RESLICE_GLOBAL_BATCH="16", RESLICE_NUM_PROCESSES="1", **env)
     argv = [
