@@ -67,8 +67,9 @@ class PoolObservation:
 _node_facts = ByVersion(lambda n: (node_healthy(n), node_since(n)))
 
 
-def nodepools(nodes: Iterable[dict], foreign_nodes: AbstractSet[str]) -> dict[str, PoolObservation]:
+def nodepools(nodes: Sequence[dict], foreign_nodes: AbstractSet[str]) -> dict[str, PoolObservation]:
     """Group nodes by `cloud.google.com/gke-nodepool`. `foreign_nodes`: nodes running other workloads."""
+    _node_facts.retain(nodes)
     groups: dict[str, list[dict]] = {}
     for node in nodes:
         pool = (node["metadata"].get("labels") or {}).get(LABEL_NODEPOOL)
