@@ -3,9 +3,9 @@
 What client-go's informers do, in the small: the reconcile loop reads the cache and never the API.
 The watch resumes from the last resourceVersion it saw (an interrupted connection costs no list),
 and only a 410 Gone (history compacted) or another API error makes it list again. Selectors are
-the server's (label and field selectors), so unrelated objects never travel. `keep` can trim
-what is stored (the controller needs a few fields of a pod of another workload, not all of it), and
-`index` keeps, as client-go's indexers do, the set of one key over the cached objects up to date
+the server's (label and field selectors), so unrelated objects never travel. `keep` projects
+what is stored, as client-go's transforms do (launcher/projections.py: the fields the signals read;
+of a pod of another workload only its node), and `index` keeps, as client-go's indexers do, the set of one key over the cached objects up to date
 event by event (the nodes other workloads' pods are on): a pass reads it instead of walking 20,000
 pods. `items()` is one tuple per change of the cache, so that a pass over unchanged caches gets the
 very same objects (and signals.py can skip what it computed from them last time).
