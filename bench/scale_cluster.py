@@ -1,6 +1,8 @@
-"""The embedded cluster of bench.controller_scale, in a process of its own: on a real cluster the
-API server is not in the process that injects faults and measures, so the controller's requests
-should compete with the cluster's own work for cores, not with the benchmark for one interpreter.
+"""Not a benchmark: the embedded cluster that bench.controller_scale starts in a process of its own.
+
+On a real cluster the API server is not in the process that injects faults and measures, so the
+controller's requests should compete with the cluster's own work for cores, not with the benchmark
+for one interpreter.
 
     python -m bench.scale_cluster --slices 4 --preset tpu7x-8x8x48 --info DIR/cluster.json
 
