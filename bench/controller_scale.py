@@ -5,9 +5,12 @@ should follow the run, not the cluster (issue 12).
 
     .venv/bin/python -m bench.controller_scale [--slices 4] [--nodes 10000 --pods 20000 --events 5000] [--json]
 
-The embedded cluster runs in simulate mode in this process; the controller runs as `reslice watch
-RUN` in its own process (as in a cluster), so its memory is its own: peak RSS (VmHWM) from /proc.
-Per phase, a fresh run and a fresh controller process (whose caches list what exists then):
+Three processes, as on a real cluster: the embedded cluster (simulate mode) runs in its own
+(bench/scale_cluster.py), so the controller's requests compete with the cluster's work for cores,
+not with this process's; the controller runs as `reslice watch RUN` in its own, so its memory is
+its own: peak RSS (VmHWM) from /proc; this process submits, injects the fault (the cluster's
+/embedded/v1/remove route, as `reslice cluster remove` does) and measures. Per phase, a fresh run
+and a fresh controller process (whose caches list what exists then):
 
 - pass_s: one reconcile pass, read from synced caches (a probe Controller in this process, which
   observes and decides but holds no Lease and writes nothing in a steady state); median of 20.
@@ -19,8 +22,8 @@ Per phase, a fresh run and a fresh controller process (whose caches list what ex
   record's PUT (`decided_at` -> written: the API server's answer).
 - rss_mb: the controller process's peak RSS.
 
-Each decision line also says how long this process (the embedded API server's) spent in full
-cyclic-GC collections during it: a stalled server delays the record's PUT, which the latency counts.
+Each decision line also says how long the embedded cluster's process spent in full cyclic-GC
+collections during it: a stalled server delays the record's PUT, which the latency counts.
 
 With --json the last line printed is one JSON object with both phases and the ratios.
 """
@@ -28,7 +31,6 @@ With --json the last line printed is one JSON object with both phases and the ra
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import statistics
@@ -39,12 +41,11 @@ import threading
 import time
 from pathlib import Path
 
-from bench.embedded_scale import build_cluster, rss_mib
+from bench.scale_cluster import ClusterProcess
 from launcher.controller import Controller
 from launcher.kube import Kube
 from launcher.launch import create_run, prepare
 from launcher.preset_files import make_shape
-from launcher.presets import LABEL_NODEPOOL
 from launcher.record import Knobs
 from launcher.render import LABEL_RUN, RunSpec
 from launcher.rundir import RunDir
@@ -56,73 +57,6 @@ def proc_mib(pid: int, field: str) -> float:
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def add_load(cluster, nodes: int, pods: int, events: int) -> dict:
-    """Unrelated objects, written to the store directly (35,000 POSTs would take minutes): CPU
-    nodes of other pools, pods of another workload bound to them, events about those pods."""
-    rss0, t = rss_mib(), time.perf_counter()
-    store, res = cluster.store, cluster.res
-    ready = [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
-    for i in range(nodes):
-        labels = {
-            LABEL_NODEPOOL: f"other-pool-{i // 100}",
-            "node.kubernetes.io/instance-type": "n2-standard-8",
-        }
-        store.create(
-            res["nodes"], {"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"other-{i}", "labels": labels},
-                           "status": {"conditions": ready}},
-        )  # fmt: skip
-    for i in range(pods):
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": f"web-{i}", "labels": {"app": "web", "shard": str(i % 50)}},
-            "spec": {
-                "nodeName": f"other-{i % max(nodes, 1)}",
-                "containers": [{"name": "web", "image": "nginx"}],
-            },
-        }
-        store.create(res["pods"], pod, "default")
-    for i in range(events):
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": f"web-{i}.{i:x}"},
-            "involvedObject": {"kind": "Pod", "name": f"web-{i % max(pods, 1)}", "namespace": "default"},
-            "reason": ("Pulled", "Created", "Started")[i % 3],
-            "message": "container web",
-            "type": "Normal",
-        }
-        store.create(res["events"], event, "default")
-    return {
-        "unrelated_objects": nodes + pods + events,
-        "load_s": round(time.perf_counter() - t, 1),
-        "rss_mb_before": round(rss0),
-        "rss_mb_after": round(rss_mib()),
-    }
-
-
-class Pauses:
-    """This process's cyclic-GC collections (time.time() start, seconds): the embedded API server
-    runs here, and a full collection over its store stops it from answering the controller."""
-
-    def __init__(self) -> None:
-        self.seen: list[tuple[float, float]] = []
-        self._t = 0.0
-        gc.callbacks.append(self._on)
-
-    def _on(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._t = time.time()
-        elif info["generation"] == 2:
-            self.seen.append((self._t, time.time() - self._t))
-
-    def within(self, t0: float, t1: float) -> float:
-        return sum(d for t, d in self.seen if t < t1 and t + d > t0)
-
-
-PAUSES = Pauses()
 
 
 def running(kube: Kube, run: str) -> int:
@@ -164,9 +98,9 @@ def phase(cluster, kube: Kube, tmp: Path, run: str, args) -> dict:
         print(f"[{run}] one pass from the caches: median {pass_s * 1e3:.1f} ms")
 
         time.sleep(2.0)  # the probe's watches close
-        cluster.server.requests.clear()
+        cluster.requests(reset=True)
         time.sleep(args.idle_s)
-        idle = dict(cluster.server.requests)
+        idle = cluster.requests()
         per_min = sum(idle.values()) * 60 / args.idle_s
         print(f"[{run}] idle for {args.idle_s:.0f} s: {per_min:.1f} requests/min {idle}")
 
@@ -181,7 +115,7 @@ def phase(cluster, kube: Kube, tmp: Path, run: str, args) -> dict:
         end = ends()[0]
         latency = end["time"] - end["woken_at"]
         decide_s = end["decided_at"] - end["woken_at"]
-        server_gc = PAUSES.within(end["woken_at"], end["time"])
+        server_gc = cluster.gc_within(end["woken_at"], end["time"])
         print(f"[{run}] lost {pool}: record written {latency * 1e3:.0f} ms after the first watch event "
               f"(deciding {decide_s * 1e3:.0f} ms, the record's PUT {(latency - decide_s) * 1e3:.0f} ms) "
               f"({(end['time'] - t_fault) * 1e3:.0f} ms after the fault; zero-grace: {end.get('zero_grace', False)}; "
@@ -219,15 +153,15 @@ def main() -> None:
     ap.add_argument("--idle-s", type=float, default=60.0, help="how long to count idle requests")
     ap.add_argument("--json", action="store_true", help="print one JSON line last")
     args = ap.parse_args()
-    cluster = build_cluster(args.slices, args.preset)
     tmp = Path(tempfile.mkdtemp())
+    cluster = ClusterProcess(args.slices, args.preset, tmp)
     try:
         kube = Kube(cluster.api_client(), "default")
         alone = phase(cluster, kube, tmp, "alone", args)
-        embedded = add_load(cluster, args.nodes, args.pods, args.events)
+        embedded = cluster.add_load(args.nodes, args.pods, args.events)
         print(f"unrelated load: {embedded}")
         loaded = phase(cluster, kube, tmp, "loaded", args)
-        embedded["rss_mb_end"] = round(rss_mib())
+        embedded["rss_mb_end"] = round(cluster.rss_mib())
     finally:
         cluster.stop()
     out = {

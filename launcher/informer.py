@@ -3,9 +3,9 @@
 What client-go's informers do, in the small: the reconcile loop reads the cache and never the API.
 The watch resumes from the last resourceVersion it saw (an interrupted connection costs no list),
 and only a 410 Gone (history compacted) or another API error makes it list again. Selectors are
-the server's (label and field selectors), so unrelated objects never travel. `keep` can trim
-what is stored (the controller needs a few fields of a pod of another workload, not all of it), and
-`index` keeps, as client-go's indexers do, the set of one key over the cached objects up to date
+the server's (label and field selectors), so unrelated objects never travel. `keep` projects
+what is stored, as client-go's transforms do (launcher/projections.py: the fields the signals read;
+of a pod of another workload only its node), and `index` keeps, as client-go's indexers do, the set of one key over the cached objects up to date
 event by event (the nodes other workloads' pods are on): a pass reads it instead of walking 20,000
 pods. `items()` is one tuple per change of the cache, so that a pass over unchanged caches gets the
 very same objects (and signals.py can skip what it computed from them last time).
@@ -17,10 +17,12 @@ typed models (a millisecond per pod); events here stay plain dicts, as `kubectl 
 from __future__ import annotations
 
 import random
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from launcher.listwatch import ListWatch
 
@@ -39,8 +41,8 @@ class Source:
     kind: str
     label_selector: str | None = None
     field_selector: str | None = None
-    keep: Callable[[dict], dict] | None = None
-    index: Callable[[dict], str | None] | None = None
+    keep: Callable[[dict], Any] | None = None  # what is cached of each object (all of it: None)
+    index: Callable[[Any], str | None] | None = None  # of what `keep` made
 
     @property
     def name(self) -> str:
@@ -49,22 +51,22 @@ class Source:
 
 def key(obj: dict) -> tuple[str, str]:
     meta = obj["metadata"]
-    return meta.get("namespace") or "", meta["name"]
+    return sys.intern(meta.get("namespace") or ""), meta["name"]  # one "default" for 20,000 pods
 
 
 @dataclass
 class Cache:
     source: Source
-    _items: dict[tuple[str, str], dict] = field(default_factory=dict)
+    _items: dict[tuple[str, str], Any] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     resource_version: str | None = None
     synced: threading.Event = field(default_factory=threading.Event)
     lists: int = 0  # how many times it listed: 1 + one per 410 or API error
-    _tuple: tuple[dict, ...] | None = None  # items() until the next change
+    _tuple: tuple[Any, ...] | None = None  # items() until the next change
     _counts: Counter = field(default_factory=Counter)  # index value -> cached objects with it
     _keys: frozenset[str] | None = None  # indexed() until the set of index values changes
 
-    def items(self) -> tuple[dict, ...]:
+    def items(self) -> tuple[Any, ...]:
         with self._lock:
             if self._tuple is None:
                 self._tuple = tuple(self._items.values())
@@ -77,11 +79,11 @@ class Cache:
                 self._keys = frozenset(self._counts)
             return self._keys
 
-    def get(self, namespace: str, name: str) -> dict | None:
+    def get(self, namespace: str, name: str) -> Any:
         with self._lock:
             return self._items.get((namespace, name))
 
-    def _value(self, obj: dict | None) -> str | None:
+    def _value(self, obj: Any) -> str | None:
         return self.source.index(obj) if obj is not None and self.source.index else None
 
     def _count(self, value: str | None, by: int) -> None:

@@ -64,29 +64,43 @@ class PoolObservation:
         return all(self.labels.get(k) == v for k, v in sel.items()) and self.healthy == preset.hosts
 
 
-_node_facts = ByVersion(lambda n: (node_healthy(n), node_since(n)))
+def _facts_of(node: dict) -> tuple[str, str | None, bool, float, tuple[str, ...]]:
+    """All a pass reads of one node: name, pool, healthy, usable since, its BAD_TAINTS keys."""
+    meta = node["metadata"]
+    bad = tuple(t["key"] for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") in BAD_TAINTS)
+    return (
+        meta["name"],
+        (meta.get("labels") or {}).get(LABEL_NODEPOOL),
+        node_healthy(node),
+        node_since(node),
+        bad,
+    )
 
 
-def nodepools(nodes: Iterable[dict], foreign_nodes: AbstractSet[str]) -> dict[str, PoolObservation]:
+_node_facts = ByVersion(_facts_of)
+
+
+def nodepools(nodes: Sequence[dict], foreign_nodes: AbstractSet[str]) -> dict[str, PoolObservation]:
     """Group nodes by `cloud.google.com/gke-nodepool`. `foreign_nodes`: nodes running other workloads."""
-    groups: dict[str, list[dict]] = {}
-    for node in nodes:
-        pool = (node["metadata"].get("labels") or {}).get(LABEL_NODEPOOL)
-        if pool:
-            groups.setdefault(pool, []).append(node)
-    pools = {}
-    for name, members in groups.items():
-        facts = [_node_facts(n) for n in members]
-        labels = members[0]["metadata"].get("labels") or {}
-        pools[name] = PoolObservation(
-            name=name,
-            labels=labels,
-            nodes=len(members),
-            healthy=sum(ok for ok, _ in facts),
-            since=max((since for ok, since in facts if ok), default=0.0),
-            busy=any(n["metadata"]["name"] in foreign_nodes for n in members),
-        )
-    return pools
+    return _pools(nodes, [_node_facts(n) for n in nodes], foreign_nodes)
+
+
+def _pools(
+    nodes: Sequence[dict], facts: list[tuple], foreign_nodes: AbstractSet[str]
+) -> dict[str, PoolObservation]:
+    acc: dict[str, list] = {}  # pool -> [labels, nodes, healthy, since, busy], in one walk
+    for node, (name, pool, ok, since, _) in zip(nodes, facts, strict=True):
+        if not pool:
+            continue
+        a = acc.get(pool)
+        if a is None:
+            a = acc[pool] = [node["metadata"].get("labels") or {}, 0, 0, 0.0, False]
+        a[1] += 1
+        if ok:
+            a[2] += 1
+            a[3] = max(a[3], since)
+        a[4] = a[4] or name in foreign_nodes
+    return {p: PoolObservation(p, *a) for p, a in acc.items()}
 
 
 def capacity(pools: Iterable[PoolObservation], presets: Iterable[Preset]) -> dict[str, tuple[float, ...]]:
@@ -111,11 +125,8 @@ class NodesView:
 
 
 def nodes_view(nodes: Sequence[dict], foreign_nodes: AbstractSet[str]) -> NodesView:
-    pool_of = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(LABEL_NODEPOOL) for n in nodes}
-    bad = tuple(
-        (n["metadata"]["name"], t["key"])
-        for n in nodes
-        for t in (n.get("spec") or {}).get("taints") or []
-        if t.get("key") in BAD_TAINTS
-    )
-    return NodesView(nodepools(nodes, foreign_nodes), pool_of, bad)
+    _node_facts.retain(nodes)  # the facts of deleted nodes go
+    facts = [_node_facts(n) for n in nodes]
+    pool_of = {name: pool for name, pool, *_ in facts}
+    bad = tuple((f[0], key) for f in facts for key in f[4])
+    return NodesView(_pools(nodes, facts, foreign_nodes), pool_of, bad)

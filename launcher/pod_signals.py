@@ -175,6 +175,7 @@ class RunPods:
 
 
 def run_pods(run: str, segment: int | None, pods: Sequence[dict]) -> RunPods:
+    _pod_view.retain(pods)  # every run's pods: the views of pods deleted since go
     own = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_RUN) == run]
     views = [_pod_view(p) for p in own]
     own_names = {p["metadata"]["name"] for p in own}

@@ -3,6 +3,8 @@ object's conditions, and the two memos that spare a pass the objects that did no
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 def conditions(obj: dict) -> dict[str, dict]:
     return {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}
@@ -16,23 +18,33 @@ def true_condition(obj: dict, ctype: str) -> dict | None:
 class ByVersion:
     """What a function made of an object, by the object's uid and resourceVersion: the API never
     serves two different objects under one pair, so a pass at 3,072 pods re-reads only those that
-    changed since the last (as client-go's indexers spare the reconcilers). Objects without a
-    version (tables in tests) are computed every time. Bounded: cleared when full."""
+    changed since the last (as client-go's indexers spare the reconcilers). One entry per object,
+    its latest version's, and `retain` forgets the objects no longer in view: a controller that
+    runs for weeks holds what it sees, not every version of every pod it ever saw. Objects without
+    a version (tables in tests) are computed every time."""
 
-    def __init__(self, fn, most: int = 100_000) -> None:
-        self._fn, self._most, self._got = fn, most, {}
+    def __init__(self, fn) -> None:
+        self._fn, self._got = fn, {}
 
     def __call__(self, obj: dict):
         meta = obj["metadata"]
-        key = (meta.get("uid"), meta.get("resourceVersion"))
-        if key[1] is None:
+        version = meta.get("resourceVersion")
+        if version is None:
             return self._fn(obj)
-        got = self._got.get(key)
-        if got is None:
-            if len(self._got) >= self._most:
-                self._got.clear()
-            got = self._got[key] = self._fn(obj)
-        return got
+        ident = meta.get("uid") or meta["name"]
+        got = self._got.get(ident)
+        if got is None or got[0] != version:
+            got = self._got[ident] = (version, self._fn(obj))
+        return got[1]
+
+    def retain(self, objs: Iterable[dict]) -> None:
+        """Forget every object not among `objs` (all those in view, deleted ones gone)."""
+        live = {o["metadata"].get("uid") or o["metadata"]["name"] for o in objs}
+        if not live.issuperset(self._got):
+            self._got = {k: v for k, v in self._got.items() if k in live}
+
+    def __len__(self) -> int:
+        return len(self._got)
 
 
 class SameInputs:

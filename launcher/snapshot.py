@@ -1,7 +1,7 @@
 """What the controller reads in a pass: the sources its caches hold (server-side label and field
-selectors, each object trimmed to the fields the signals read), one `Snapshot` of the namespace
-shared by the runs of a pass, and a run's observation from it (`observe_run`). Called by
-launcher/controller.py.
+selectors, each object projected to the fields the signals read: launcher/projections.py), one
+`Snapshot` of the namespace shared by the runs of a pass, and a run's observation from it
+(`observe_run`). Called by launcher/controller.py.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from launcher import signals
+from launcher import projections, signals
 from launcher.informer import Source
 from launcher.kube import Kube
 from launcher.presets import LABEL_ACCELERATOR, LABEL_NODEPOOL, Catalog
@@ -17,55 +17,28 @@ from launcher.record import RunRecord
 from launcher.render import LABEL_RUN, run_preset
 from launcher.rundir import RunDir
 
-
-def _slim_pod(pod: dict) -> dict:
-    """All a pod of another workload tells the controller: that its node is taken."""
-    meta, spec = pod["metadata"], pod.get("spec") or {}
-    return {
-        "metadata": {"name": meta["name"], "namespace": meta.get("namespace")},
-        "spec": {"nodeName": spec.get("nodeName")},
-    }
-
-
-_META = ("name", "namespace", "uid", "resourceVersion", "labels", "creationTimestamp", "deletionTimestamp")
-
-
-def _trim(obj: dict, spec: tuple[str, ...], status: tuple[str, ...]) -> dict:
-    """Only the fields signals.py reads: a trainer pod's spec (env, args, volumes) is most of it."""
-    meta, sp, st = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
-    return {
-        "metadata": {k: meta[k] for k in _META if k in meta},
-        "spec": {k: sp[k] for k in spec if k in sp},
-        "status": {k: st[k] for k in status if k in st},
-    }
-
-
-def _run_pod(pod: dict) -> dict:
-    return _trim(pod, ("nodeName",), ("phase", "reason", "conditions", "containerStatuses"))
-
-
-def _node(node: dict) -> dict:
-    return _trim(node, ("unschedulable", "taints"), ("conditions",))
-
-
 # What the caches hold, filtered by the server (label and field selectors as kube-apiserver
 # serves them), so that a namespace and a cluster full of other workloads cost a pass nothing:
 SOURCES = {
     "jobsets": Source("jobsets", LABEL_RUN),
-    "pods": Source("pods", LABEL_RUN, keep=_run_pod),
-    # Pods of other workloads only mark nodes busy: the live, scheduled ones, a name and a node each.
+    "pods": Source("pods", LABEL_RUN, keep=projections.run_pod),
+    # Pods of other workloads only mark nodes busy: the live, scheduled ones, a node each.
     "foreign-pods": Source(
         "pods",
         f"!{LABEL_RUN}",
         "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed",
-        _slim_pod,
-        index=lambda p: p["spec"]["nodeName"],
+        projections.node_taken,
+        index=lambda node: node,
     ),
     # The shrink ladder only ever uses TPU node pools.
-    "nodes": Source("nodes", f"{LABEL_ACCELERATOR},{LABEL_NODEPOOL}", keep=_node),
+    "nodes": Source("nodes", f"{LABEL_ACCELERATOR},{LABEL_NODEPOOL}", keep=projections.tpu_node),
     # The events the signals read (signals._latest_failed_scheduling); a field selector has no OR.
-    "events": Source("events", None, "involvedObject.kind=Pod,reason=FailedScheduling"),
-    "events-scale-up": Source("events", None, "involvedObject.kind=Pod,reason=NotTriggerScaleUp"),
+    "events": Source(
+        "events", None, "involvedObject.kind=Pod,reason=FailedScheduling", projections.scheduling_event
+    ),
+    "events-scale-up": Source(
+        "events", None, "involvedObject.kind=Pod,reason=NotTriggerScaleUp", projections.scheduling_event
+    ),
     "records": Source("configmaps", LABEL_RUN),
 }
 WATCHED = tuple(SOURCES)
@@ -85,7 +58,7 @@ class Snapshot:
     def read(kube: Kube) -> Snapshot:
         """From the API (a controller whose caches do not run: `reslice launch`'s first pass)."""
         items = {name: _listed(kube, src) for name, src in SOURCES.items() if name != "records"}
-        return Snapshot.of(items, frozenset(p["spec"]["nodeName"] for p in items["foreign-pods"]))
+        return Snapshot.of(items, frozenset(filter(None, items["foreign-pods"])))
 
     @staticmethod
     def of(

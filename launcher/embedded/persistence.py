@@ -24,6 +24,7 @@ class Persistence:
                 self._uids.clear()
                 self._dependents.clear()
                 self._labels = {p: {} for p in RESOURCES}
+                self._fields = {p: {} for p in self._fields}
                 self._load()
             self.compact()
 

@@ -87,7 +87,7 @@ def label_matcher(selector: str | None) -> LabelSelector | None:
     return LabelSelector(reqs, [eq for part in parts if (eq := _equality(part)) is not None])
 
 
-def _field_value(obj: dict[str, Any], path: str) -> str:
+def field_value(obj: dict[str, Any], path: str) -> str:
     """The string form a field selector compares against; a missing field is ""."""
     if path == "source":  # events: the reporting component lives in source.component
         path = "source.component"
@@ -110,7 +110,19 @@ def _unsupported(res: Resource, path: str) -> str:
     return f"field label not supported: {path}"
 
 
-def field_matcher(res: Resource, selector: str | None) -> Matcher | None:
+class FieldSelector:
+    """A parsed field selector: call it on an object; `equalities` are its `path=value`
+    requirements (what the store's field index can answer without looking at every object)."""
+
+    def __init__(self, match: Matcher, equalities: list[tuple[str, str]]) -> None:
+        self._match = match
+        self.equalities = equalities
+
+    def __call__(self, obj: dict[str, Any]) -> bool:
+        return self._match(obj)
+
+
+def field_matcher(res: Resource, selector: str | None) -> FieldSelector | None:
     if not selector or not selector.strip():
         return None
     allowed = {"metadata.name", "metadata.namespace", *res.field_labels}
@@ -127,9 +139,9 @@ def field_matcher(res: Resource, selector: str | None) -> Matcher | None:
         reqs.append((path, op != "!=", value))
 
     def match(obj: dict[str, Any]) -> bool:
-        return all((_field_value(obj, path) == value) == equal for path, equal, value in reqs)
+        return all((field_value(obj, path) == value) == equal for path, equal, value in reqs)
 
-    return match
+    return FieldSelector(match, [(path, value) for path, equal, value in reqs if equal])
 
 
 def combine(*matchers: Matcher | None) -> Matcher | None:

@@ -43,7 +43,15 @@ from launcher.embedded.journal import Journal
 from launcher.embedded.patches import apply_patch
 from launcher.embedded.persistence import Persistence
 from launcher.embedded.resources import RESOURCES, Resource
-from launcher.embedded.selectors import LabelSelector, Matcher, combine, field_matcher, label_matcher
+from launcher.embedded.selectors import (
+    FieldSelector,
+    LabelSelector,
+    Matcher,
+    combine,
+    field_matcher,
+    field_value,
+    label_matcher,
+)
 from launcher.embedded.stored import DELETED, Change, Rec, dumps
 from launcher.embedded.watches import Subscriber, Watch, WatchFanout
 from launcher.embedded.writes import Writes
@@ -55,6 +63,10 @@ log = logging.getLogger(__name__)
 Validator = Callable[[dict[str, Any] | None, dict[str, Any]], None]
 
 _SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+# The field each resource is indexed by, as kube-apiserver's watch cache indexes pods by node
+# (pkg/registry/core/pod/strategy.go, Indexers): a `spec.nodeName=X` list (a node's lifecycle, PodGC,
+# a kubelet) reads that node's pods, not every pod of the cluster.
+FIELD_INDEXES = {"pods": "spec.nodeName"}
 
 
 class Store(Writes, Deletion, WatchFanout, Persistence):
@@ -75,6 +87,8 @@ class Store(Writes, Deletion, WatchFanout, Persistence):
         self._uids: dict[str, tuple[Resource, str, str]] = {}
         # plural -> (label key, value) -> keys (namespace, name): answers `k=v` selectors directly
         self._labels: dict[str, dict[tuple[str, str], set[tuple[str, str]]]] = {p: {} for p in RESOURCES}
+        # plural -> value of its FIELD_INDEXES field -> keys: answers `path=value` field selectors
+        self._fields: dict[str, dict[str, set[tuple[str, str]]]] = {p: {} for p in FIELD_INDEXES}
         self._dependents: dict[str, set[tuple[Resource, str, str]]] = {}
         self._history: deque[Change] = deque(maxlen=history)
         self._floor = 0  # events after this resourceVersion are all in the history
@@ -125,11 +139,11 @@ class Store(Writes, Deletion, WatchFanout, Persistence):
     ) -> tuple[list[str], str, str | None, int | None]:
         """JSON texts of the matching objects in key order, the list resourceVersion, the continue
         token for the next page (None at the end) and how many items remain after this page."""
-        labels = label_matcher(label_selector)
-        matcher = combine(labels, field_matcher(res, field_selector))
+        labels, fields = label_matcher(label_selector), field_matcher(res, field_selector)
+        matcher = combine(labels, fields)
         start = _decode_continue(continue_) if continue_ else None
         with self._lock:
-            recs = self._select(res, namespace, matcher, start, self._candidates(res, labels))
+            recs = self._select(res, namespace, matcher, start, self._candidates(res, labels, fields))
             rv = str(self._rv)
         if limit and len(recs) > limit:
             last = recs[limit - 1].obj["metadata"]
@@ -161,12 +175,20 @@ class Store(Writes, Deletion, WatchFanout, Persistence):
         recs = ((k, buckets[k[0]][k[1]]) for k in keys)
         return [rec for _, rec in sorted(r for r in recs if matcher is None or matcher(r[1].obj))]
 
-    def _candidates(self, res: Resource, labels: LabelSelector | None) -> set[tuple[str, str]] | None:
-        """Keys holding every `k=v` label of the selector, from the index; None without any."""
-        if labels is None or not labels.equalities:
-            return None
+    def _candidates(
+        self, res: Resource, labels: LabelSelector | None, fields: FieldSelector | None = None
+    ) -> set[tuple[str, str]] | None:
+        """Keys holding every `k=v` label and indexed `path=value` field of the selectors, from
+        the indexes; None without any."""
         index = self._labels[res.plural]
-        sets = sorted((index.get(eq, set()) for eq in labels.equalities), key=len)
+        sets = [index.get(eq, set()) for eq in labels.equalities] if labels is not None else []
+        indexed = FIELD_INDEXES.get(res.plural)
+        for path, value in fields.equalities if fields is not None else ():
+            if path == indexed and value:
+                sets.append(self._fields[res.plural].get(value, set()))
+        if not sets:
+            return None
+        sets.sort(key=len)
         return set(sets[0]).intersection(*sets[1:])
 
     # ---- public API: writes -----------------------------------------------------------------------
@@ -308,6 +330,8 @@ class Store(Writes, Deletion, WatchFanout, Persistence):
         if new is not None:
             self._uids[new["metadata"]["uid"]] = key
         self._index_labels(res.plural, (ns, name), old, new)
+        if res.plural in FIELD_INDEXES:
+            self._index_field(res.plural, (ns, name), old, new)
         old_owners = {r.get("uid") for r in (old or {}).get("metadata", {}).get("ownerReferences") or []}
         new_owners = {r.get("uid") for r in (new or {}).get("metadata", {}).get("ownerReferences") or []}
         for uid in old_owners - new_owners:
@@ -333,6 +357,21 @@ class Store(Writes, Deletion, WatchFanout, Persistence):
                     del index[pair]
         for pair in after - before:
             index.setdefault(pair, set()).add(key)
+
+    def _index_field(
+        self, plural: str, key: tuple[str, str], old: dict[str, Any] | None, new: dict[str, Any] | None
+    ) -> None:
+        path, index = FIELD_INDEXES[plural], self._fields[plural]
+        before = field_value(old, path) if old is not None else ""
+        after = field_value(new, path) if new is not None else ""
+        if before == after:
+            return
+        if before and (keys := index.get(before)) is not None:
+            keys.discard(key)
+            if not keys:
+                del index[before]
+        if after:
+            index.setdefault(after, set()).add(key)
 
 
 # ---- helpers ----------------------------------------------------------------------------------------

@@ -100,7 +100,7 @@ def test_kubectl_apply_k_creates_on_a_fresh_cluster_and_reapplies(tmp_path):
         c = pod.containers[0]
         assert c.args == ["watch", "--all", "--namespace", "$(POD_NAMESPACE)", "--health-port", "8081"]
         assert c.liveness_probe.http_get.path == "/healthz" and c.readiness_probe.http_get.path == "/readyz"
-        assert c.resources.limits == {"memory": "384Mi"}
+        assert c.resources.limits == {"memory": "320Mi"}
 
         rbac = client.RbacAuthorizationV1Api(api)
         role = api.sanitize_for_serialization(rbac.read_namespaced_role("reslice-controller", "reslice"))

@@ -1,16 +1,21 @@
 """Table-driven: realistic objects in, the observation out (docs/platform.md §4, one case per signal)."""
 
+import dataclasses
+
 import pytest
 
-from launcher import signals
+from launcher import projections, rfc3339, signals
 from launcher.preset_files import load_presets
+from launcher.signal_basics import ByVersion
 from tests.controller.objects import T0, failed_scheduling, jobset, pod, pool
 
 PRESETS = list(load_presets().values())
 
 
 def observe(*, pods=(), nodes=(), jobsets=(jobset(),), events=(), segment=0, expected=4, seg_pools=(), **kw):
-    return signals.observe(
+    """The observation of the objects as served, checked against the one of what the controller's
+    caches keep of them (launcher/projections.py): every case here is also a case of those."""
+    args = dict(
         now=kw.get("now", T0 + 100),
         run="demo",
         segment=segment,
@@ -18,15 +23,21 @@ def observe(*, pods=(), nodes=(), jobsets=(jobset(),), events=(), segment=0, exp
         segment_nodepools=seg_pools,
         expected_pods=expected,
         jobsets=list(jobsets),
-        pods=list(pods),
-        nodes=list(nodes),
-        events=list(events),
         presets=PRESETS,
         committed_step=kw.get("committed_step"),
         trainer=kw.get("trainer"),
         slice_hosts=kw.get("slice_hosts", 0),
         foreign_nodes=kw.get("foreign_nodes", frozenset()),
     )
+    obs = signals.observe(**args, pods=list(pods), nodes=list(nodes), events=list(events))
+    cached = signals.observe(
+        **args,
+        pods=[projections.run_pod(p) for p in pods],
+        nodes=[projections.tpu_node(n) for n in nodes],
+        events=[projections.scheduling_event(e) for e in events],
+    )
+    assert cached == obs, "the caches' projections lost a field the signals read"
+    return obs
 
 
 FOUR_POOLS = [n for i in range(4) for n in pool(f"np-{i}")]
@@ -110,6 +121,12 @@ def test_bad_node_taints_remove_the_slice_and_are_reported(taint):
     assert f"node gke-np-0-0: taint {taint}" in obs.disruptions
 
 
+def test_a_cordoned_node_is_not_capacity():
+    nodes = pool("np-0") + pool("np-1")
+    nodes[0]["spec"]["unschedulable"] = True  # kubectl cordon / drain
+    assert len(observe(nodes=nodes, pods=[], expected=1).capacity["tpu7x-2x2x1"]) == 1
+
+
 def test_node_not_ready_is_not_capacity():
     nodes = pool("np-0", ready=False) + pool("np-1")
     obs = observe(nodes=nodes, pods=[], expected=1)
@@ -154,11 +171,20 @@ def test_pools_busy_with_other_workloads_are_not_capacity():
 
 
 def test_spot_preset_needs_spot_nodes():
-    nodes = pool("v6-0", "v6e-4x4")  # v6e-4x4 is a spot preset: the nodes lack gke-spot=true
-    for n in nodes:
+    nodes = pool("v6-0", "v6e-4x4")  # v6e-4x4 is a spot preset
+    assert len(observe(nodes=nodes, pods=[], expected=4).capacity["v6e-4x4"]) == 1
+    for n in nodes:  # the nodes lack gke-spot=true
         del n["metadata"]["labels"]["cloud.google.com/gke-spot"]
     obs = observe(nodes=nodes, pods=[], expected=4)
     assert obs.capacity["v6e-4x4"] == ()
+
+
+def test_a_slice_fits_since_its_last_node_was_created_or_turned_ready():
+    nodes = pool("np-0")
+    nodes[0]["metadata"]["creationTimestamp"] = rfc3339.stamp(T0 + 30)  # recreated, Ready since T0
+    assert observe(nodes=nodes, pods=[], expected=1).fits_since("tpu7x-2x2x1", 1) == T0 + 30
+    nodes[0]["status"]["conditions"][0]["lastTransitionTime"] = rfc3339.stamp(T0 + 60)
+    assert observe(nodes=nodes, pods=[], expected=1).fits_since("tpu7x-2x2x1", 1) == T0 + 60
 
 
 @pytest.mark.parametrize(
@@ -261,3 +287,29 @@ def test_an_observation_from_the_caches_tuples_follows_every_change():
     assert obs(nodes, over={"pods": failed}).phase == signals.RESTARTING
     assert obs(nodes, segment=1).pods_running == 0  # same tuples, another segment
     assert obs(nodes, over={"foreign_nodes": frozenset({"gke-np-1-0"})}).capacity != first.capacity
+
+
+def test_the_caches_keep_every_label_a_node_selector_names():
+    """A preset's node selector decides whether a pool is a whole slice of it: the nodes' cache
+    must keep each label it may name (a placement policy, spot), or no pool would ever match."""
+    for p in PRESETS:
+        selector = dataclasses.replace(p, placement_policy="compact-1", spot=True).node_selector()
+        assert set(selector) <= set(projections.NODE_LABELS), p.name
+
+
+def test_a_memo_by_version_holds_each_objects_latest_version_and_forgets_the_gone():
+    """A controller runs for weeks: its memo of pod views must hold what is in view, not every
+    version of every pod it ever saw."""
+    made = []
+    memo = ByVersion(lambda o: made.append(o["metadata"].get("resourceVersion")) or made[-1])
+
+    def obj(name: str, version: str) -> dict:
+        return {"metadata": {"name": name, "uid": f"uid-{name}", "resourceVersion": version}}
+
+    assert memo(obj("a", "1")) == "1" and memo(obj("a", "1")) == "1" and made == ["1"]
+    assert memo(obj("a", "2")) == "2" and len(memo) == 1  # a new version replaces the old
+    memo(obj("b", "3"))
+    memo.retain([obj("b", "3")])  # a was deleted
+    assert len(memo) == 1 and made == ["1", "2", "3"]
+    assert memo(obj("a", "2")) == "2" and made == ["1", "2", "3", "2"]  # computed again
+    assert memo({"metadata": {"name": "table"}}) is None and made[-1] is None  # no version: no memo

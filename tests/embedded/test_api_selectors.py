@@ -7,7 +7,8 @@ import json
 import pytest
 from kubernetes.client import ApiException
 
-from tests.embedded.conftest import Api, pod
+from launcher.embedded.resources import RESOURCES
+from tests.embedded.conftest import Api, pod, start_api, stop_api
 
 
 @pytest.fixture
@@ -65,6 +66,42 @@ def test_field_selectors(pods: Api, selector: str, expected: list[str]) -> None:
 
 def test_field_and_label_selectors_combine(pods: Api) -> None:
     assert _names(pods, label_selector="app=trainer", field_selector="spec.nodeName=n2") == ["a-1"]
+
+
+def test_a_node_selector_follows_its_pods_through_moves_deletes_and_a_restart(tmp_path) -> None:
+    """`spec.nodeName=X` is answered from an index of pods by node (as kube-apiserver's watch cache
+    keeps one): it must follow every write that changes a pod's node, and survive a reload."""
+    api = start_api(tmp_path)
+    try:
+        core = api.core
+        for name, node, ns in [
+            ("a-0", "n1", "default"),
+            ("b-0", "n2", "default"),
+            ("x-0", "n1", "kube-system"),
+        ]:
+            core.create_namespaced_pod(ns, pod(name, {"app": name[0]}, node))
+        core.create_namespaced_pod("default", pod("u-0", {"app": "u"}))  # not scheduled yet
+        on = lambda node, **kw: sorted(  # noqa: E731
+            p.metadata.name
+            for p in core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}", **kw).items
+        )
+        assert on("n1") == ["a-0", "x-0"] and on("n2") == ["b-0"] and on("n3") == []
+        assert _names(api, field_selector="spec.nodeName=n1") == ["a-0"]  # one namespace
+        assert on("n1", label_selector="app=x") == ["x-0"]
+        bound = api.store.get(RESOURCES["pods"], "default", "u-0")
+        bound["spec"]["nodeName"] = "n2"  # the scheduler binds it
+        api.store.update(RESOURCES["pods"], bound)
+        assert on("n2") == ["b-0", "u-0"]
+        core.delete_namespaced_pod("a-0", "default", grace_period_seconds=0)
+        core.create_namespaced_pod("default", pod("a-0", {"app": "a"}, "n2"))  # recreated elsewhere
+        assert on("n1") == ["x-0"] and on("n2") == ["a-0", "b-0", "u-0"]
+        core.delete_namespaced_pod("b-0", "default", grace_period_seconds=0)  # gone for good
+        assert on("n2") == ["a-0", "u-0"]
+        api.server.restart(downtime_s=0.1)  # the index is rebuilt from the state dir
+        assert on("n1") == ["x-0"] and on("n2") == ["a-0", "u-0"]
+        assert _names(api, field_selector="spec.nodeName=") == []
+    finally:
+        stop_api(api)
 
 
 def test_event_field_selectors(api: Api) -> None:
