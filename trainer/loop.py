@@ -207,13 +207,16 @@ def _build_steps(cfg: Config, mesh: Any, graphdef: Any, abstract: Any, grad_accu
     )
 
 
-def _compile(steps: Steps, state: Any, mesh: Any) -> tuple[Steps, dict[str, Any]]:
+def _compile(cfg: Config, steps: Steps, state: Any, mesh: Any) -> tuple[Steps, dict[str, Any]]:
     """Compile before the clock starts: the first step's time is then a step's, and the compilation
     is reported on its own (start-up is badput, not training)."""
     t_compile, hits = time.perf_counter(), compile_cache.hits()
     token_spec = jax.ShapeDtypeStruct(steps.global_shape, np.int32, sharding=steps.tokens_sharding)
-    train_step = compile_cache.compiled(
-        steps.train_step.lower(state, token_spec, steps.flags[False]), list(mesh.devices.flat)
+    # The run directory is where outputs go, nothing the program computes with: a cache shared by
+    # runs (JAX_COMPILATION_CACHE_DIR) serves every run of the same config.
+    program = {k: v for k, v in cfg.to_dict().items() if k != "run_dir"}
+    train_step = compile_cache.train_step(
+        steps.train_step, (state, token_spec, steps.flags[False]), list(mesh.devices.flat), program
     )
     timers = {
         "perf/compile_seconds": time.perf_counter() - t_compile,
@@ -338,7 +341,7 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
             if preemption.requested:  # during start-up: nothing trained since the latest checkpoint
                 print(f"trainer: preempted before the first step, step {start} stands, exit {EXIT_PREEMPTED}")
                 return EXIT_PREEMPTED
-            steps, compile_timers = _compile(steps, state, mesh)
+            steps, compile_timers = _compile(cfg, steps, state, mesh)
             waited = _meet_peers(cfg, env, ident.num_processes, segment, attempt, preemption)
             if waited is None:
                 print(f"trainer: preempted before the first step, step {start} stands, exit {EXIT_PREEMPTED}")

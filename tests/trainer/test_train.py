@@ -98,7 +98,8 @@ def test_same_shape_resume_after_kill_is_bitwise_equal(reference: dict, tmp_path
     resumed = runs.parse_metrics({newest.name: newest.read_text()})
     assert sorted(resumed) == list(range(resume_at + 1, 41)) and len(resumed) >= 20
     runs.assert_matches_reference(resumed, reference, exact=True)
-    # The same shape again: its train step came from the run's compile cache, not the compiler.
+    # The same shape again: its train step came from the run's compile cache, not the compiler,
+    # loaded without tracing (the entry keyed before tracing, written by the first incarnation).
     first_records = runs.parse_metrics(
         {p.name: p.read_text() for p in sorted((run_dir / "metrics").glob("*.jsonl"))[:1]}
     )
@@ -109,7 +110,8 @@ def test_same_shape_resume_after_kill_is_bitwise_equal(reference: dict, tmp_path
     assert resumed[resume_at + 1]["perf/restore_seconds"] > 0
     assert "perf/restore_seconds" not in resumed[resume_at + 2]
     assert first_records[min(first_records)]["perf/restore_seconds"] == 0.0  # nothing to restore
-    assert any((run_dir / "compile_cache").iterdir())
+    assert len(list((run_dir / "compile_cache" / "train-step").iterdir())) == 1
+    assert "trainer: train step loaded without tracing" in out
 
 
 def test_sigterm_exits_42_and_resumes_on_another_shape(reference: dict, tmp_path: Path) -> None:
@@ -155,16 +157,21 @@ def test_two_processes_train_to_the_end_and_both_load_the_train_step_when_resume
         "ocdbt.process_0",
         "ocdbt.process_1",
     }
-    # A second segment on the same shape: process 0 loads from JAX's cache, process 1 (whose JAX
-    # cache key differs on CPU) from its own entry, so neither compiles again.
-    assert len(list((tmp_path / "cache" / "process-1").iterdir())) == 1
-    assert not (tmp_path / "cache" / "process-0").exists()  # JAX's own entry serves process 0
+    # Every process keeps its own entries on CPU (JAX's cache key differs per process there): the
+    # lowered program's and the train step's, keyed before tracing.
+    for i in (0, 1):
+        assert len(list((tmp_path / "cache" / f"process-{i}").iterdir())) == 1
+    assert len(list((tmp_path / "cache" / "train-step").iterdir())) == 2
+    # A second segment on the same shape with another config that makes the same program: the key
+    # without tracing misses (a config change may change the program), the lowered program's entry
+    # serves, so neither process compiles again; each stores the train step under the new key.
     (tmp_path / "more").mkdir()
     more = ["--set", "train.steps=42", "--set", "optim.decay_steps=40"]  # the same schedule
     procs = runs.processes(str(run_dir), tmp_path / "more", grad_accum=2, extra=cache, args=more)
     for p in procs:
         assert p.wait() == 0, p.output()[-4000:]
         assert "resumed step 40 " in p.output() and "train step loaded from the compile cache" in p.output()
+    assert len(list((tmp_path / "cache" / "train-step").iterdir())) == 4
 
 
 def test_survivor_of_a_dead_peer_exits_peer_lost_at_once_instead_of_waiting_for_the_heartbeat(
