@@ -66,6 +66,16 @@ def test_tiny_trains_on_8_devices(reference: dict) -> None:
         (s, records[s]["learning/loss"]) for s in range(1, 41)
     ]
     assert len(list((run_dir / "metrics").glob("*.jsonl"))) == 1
+    # Where the start-up went (trainer.startup), on the first record only.
+    startup = records[1]["perf/startup"]
+    assert list(startup) == [
+        "interpreter", "imports", "distributed", "abstract state", "init", "train step", "barrier",
+        "first step", "total",
+    ]  # fmt: skip
+    walls = [p["wall"] for k, p in startup.items() if k != "total"]
+    assert min(walls) >= 0 and sum(walls) == pytest.approx(startup["total"]["wall"], abs=0.01)
+    assert startup["imports"]["cpu"] > 0.1  # JAX alone costs more
+    assert "perf/startup" not in records[2]
 
 
 def test_same_shape_resume_after_kill_is_bitwise_equal(reference: dict, tmp_path: Path) -> None:
