@@ -82,7 +82,8 @@ def test_same_shape_resume_after_kill_is_bitwise_equal(reference: dict, tmp_path
     """SIGKILL during an async save (a save every step), restart on the same shape."""
     run_dir = tmp_path / "run"
     env = runs.own_compile_cache(runs.env_for(str(run_dir), 8))
-    first = runs.Trainer(env, tmp_path / "first.log", ["--set", "checkpoint.interval=1"])
+    args = ["--set", "checkpoint.interval=1"]
+    first = runs.Trainer(env, tmp_path / "first.log", args)
 
     def saving_after_a_commit() -> bool:
         tmp = list((run_dir / "checkpoints").glob("*.orbax-checkpoint-tmp*")) if run_dir.exists() else []
@@ -100,7 +101,7 @@ def test_same_shape_resume_after_kill_is_bitwise_equal(reference: dict, tmp_path
         shutil.copytree(run_dir / "checkpoints" / str(resume_at), half)
         (half / "commit_success.txt").unlink()
 
-    rc, out = runs.run(env, tmp_path / "second.log")
+    rc, out = runs.run(env, tmp_path / "second.log", args)  # the same config: the same program key
     assert rc == 0, out[-4000:]
     assert f"resumed step {resume_at} " in out
     assert not list((run_dir / "checkpoints").glob("*.orbax-checkpoint-tmp*"))
