@@ -11,6 +11,7 @@ import traceback
 
 from trainer import peers, supervisor
 from trainer.config import ConfigError
+from trainer.startup import Timeline
 from trainer.watchdog import Preemption
 
 
@@ -73,11 +74,13 @@ def main(argv: list[str] | None = None) -> int:
     if peers.multi_process(os.environ) and not os.environ.get(supervisor.CHILD_ENV):
         return supervisor.supervise(sys.argv[1:] if argv is None else argv)
     preemption = Preemption()  # before the slow imports: SIGTERM at any time means exit 42
+    timeline = Timeline(supervised=bool(os.environ.get(supervisor.CHILD_ENV)))
     try:
         from trainer import config, distributed, loop
 
+        timeline.mark("imports")
         cfg = config.resolve(args.config, args.set, os.environ)
-        code = loop.run(cfg, os.environ, preemption)
+        code = loop.run(cfg, os.environ, preemption, timeline)
         if code == loop.EXIT_PREEMPTED and not preemption.stepped and distributed.joined():
             # Preempted before the first step, the peers anywhere in their start-up (compiling, at
             # the start barrier): JAX's shutdown barrier would hold this host until they all exit.

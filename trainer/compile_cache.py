@@ -1,34 +1,59 @@
-"""JAX's persistent compilation cache under the run directory (``<run_dir>/compile_cache``).
+"""The run's compile cache (``<run_dir>/compile_cache``): JAX's persistent compilation cache, and
+the train step's executable stored under a key known before tracing.
 
 A segment on a shape the run has run before loads the train step's executable instead of compiling
-it again (minutes for a 7B on TPU, paid on every shrink and grow otherwise). The cache key covers
-the program, its shardings, the devices' topology and the compiler version, so a different shape
-or config simply misses. The path is local or gs:// (JAX reads and writes it through
-``etils.epath``); in a multi-process run JAX writes an entry from one process only.
+it again (minutes for a 7B on TPU, paid on every shrink and grow otherwise). The path is local or
+gs:// (JAX reads and writes it through ``etils.epath``).
 
 ``JAX_COMPILATION_CACHE_DIR``, when set, wins: one cache shared by many runs (a cache baked into
 the image, a team bucket, the test suite's) is the operator's choice, and JAX already reads it.
 
-``hits()`` counts JAX's own ``/jax/compilation_cache/cache_hits`` events (and the loads below), so
-the loop can report whether its compile was a load (``perf/compile_cache_hits``).
+Two levels, the first tried first (``train_step``):
 
-On simulated CPU devices with several processes JAX's cache serves process 0 only: its key hashes
-the CPU client's topology, which differs per process (``jax/_src/cache_key.py``,
-``_hash_accelerator_config``), and JAX writes entries from process 0 only (``compiler.py``,
-``_cache_write``), so every other process compiled the train step again on every segment while
-process 0 waited for it at the start barrier (bench.recovery). There ``compiled`` keeps one entry per process under
-``<cache>/process-<i>/``, written by that process with JAX's own executable serialization. On TPU
-the key hashes the slice's topology, the same on every host, and JAX's cache alone is used.
+- **The train step without tracing** (``<cache>/train-step/``). JAX's cache key hashes the lowered
+  program, so a hit still traces and lowers the flax nnx step (1.2 of 1.7 CPU seconds of a hit for
+  ``tiny``; far more for a large model). Here the key is what the program is a function of: the
+  trainer's own source files, the versions of the libraries that trace and compile it (jax, jaxlib,
+  flax, optax, numpy, Python), the resolved config (less the run directory), the arguments' tree,
+  shapes, dtypes and shardings, the mesh and its devices in order, the platform and process count,
+  JAX's configuration values and the ``JAX_*`` / ``XLA_*`` / ``LIBTPU_INIT_ARGS`` environment. The
+  entry holds the serialized executable and its argument and result trees
+  (``jax.experimental.serialize_executable``). A library patched in place without a version change
+  is the one change the key cannot see: turn ``train.compile_cache`` off or empty the cache then.
+- **The lowered program** (a miss above): JAX's own cache, whose key covers the program, its
+  shardings, the devices' topology and the compiler version. On simulated CPU devices with several
+  processes it would serve process 0 only: its key hashes the CPU client's topology, which differs
+  per process (``jax/_src/cache_key.py``, ``_hash_accelerator_config``), and JAX writes entries
+  from process 0 only (``compiler.py``, ``_cache_write``). So on CPU every process keeps its own
+  entry of the lowered train step under ``<cache>/process-<i>/`` (``load_or_compile``).
+
+On CPU every process also keeps its own train-step entry (the key holds the process index); on TPU
+the key is the same on every host of a slice and process 0 writes it. Either is written only from
+an executable compiled by this process or an earlier one, never from one JAX's cache loaded
+(``_compile``). Entries carry a sha256 of their payload and are written aside, then renamed: a
+reader never loads half an entry.
+
+``hits()`` counts JAX's own ``/jax/compilation_cache/cache_hits`` events and the loads here, so
+the loop can report whether its compile was a load (``perf/compile_cache_hits``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
+import pickle
+import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
+import flax
 import jax
+import numpy as np
+import optax
 from etils import epath
 from jax.experimental import serialize_executable
 from jax.experimental.compilation_cache import compilation_cache
@@ -65,18 +90,10 @@ def hits() -> int:
     return _hits
 
 
-def own_entries(platform: str, process_index: int) -> bool:
-    """Whether this process keeps its own entries: JAX's key differs per process only on CPU, and
-    JAX's cache serves process 0."""
-    return platform == "cpu" and process_index > 0
-
-
-def compiled(lowered: jax.stages.Lowered, devices: Sequence[jax.Device]) -> jax.stages.Compiled:
-    """``lowered.compile()`` for ``devices`` (the mesh's, in its order), loaded from this process's
-    own entry where JAX's cache cannot serve it."""
-    if _dir is None or not own_entries(jax.default_backend(), jax.process_index()):
-        return lowered.compile()
-    return load_or_compile(lowered, entry_path(lowered, [d.id for d in devices]), devices)
+def own_entries(platform: str) -> bool:
+    """Whether this process keeps its own entries of lowered programs: JAX's key differs per process
+    only on CPU, and JAX's cache serves process 0."""
+    return platform == "cpu"
 
 
 def entry_path(lowered: jax.stages.Lowered, device_ids: Sequence[int]) -> epath.Path:
@@ -97,8 +114,9 @@ def entry_path(lowered: jax.stages.Lowered, device_ids: Sequence[int]) -> epath.
 
 def load_or_compile(
     lowered: jax.stages.Lowered, path: epath.Path, devices: Sequence[jax.Device]
-) -> jax.stages.Compiled:
-    """Load the entry at ``path`` if it is whole, else compile and write it."""
+) -> tuple[jax.stages.Compiled, bytes | None]:
+    """Load the entry at ``path`` if it is whole, else compile and write it; the executable and its
+    serialization (``_compile``)."""
     global _hits
     payload = _read_whole(path)
     if payload is not None:
@@ -110,9 +128,43 @@ def load_or_compile(
             print(f"trainer: compile cache entry {path} unusable ({type(e).__name__}), compiling", flush=True)
         else:
             _hits += 1
-            return executable
+            return executable, payload
+    executable, payload = _compile(lowered)
+    if payload is not None:
+        _write_whole(path, payload)
+    return executable, payload
+
+
+def _compile(lowered: jax.stages.Lowered) -> tuple[jax.stages.Compiled, bytes | None]:
+    """``lowered.compile()`` and, when it was compiled here, its serialization; None when JAX's
+    cache loaded it. On XLA:CPU serializing a loaded executable gives a payload without the
+    compiled functions (``NOT_FOUND: Function ... not found`` when it runs), so on CPU, where this
+    process's own entries stand in for JAX's cache, the train step is compiled without JAX's."""
+    if own_entries(jax.default_backend()):
+        with _jax_cache_off():
+            executable = lowered.compile()
+        return executable, serialize_executable.serialize(executable)[0]
+    hits = _hits
     executable = lowered.compile()
-    payload, _, _ = serialize_executable.serialize(executable)
+    if _hits > hits:
+        return executable, None
+    return executable, serialize_executable.serialize(executable)[0]
+
+
+@contextlib.contextmanager
+def _jax_cache_off() -> Iterator[None]:
+    # JAX decides whether its cache is used once per process; reset_cache makes it decide again.
+    before = jax.config.values["jax_enable_compilation_cache"]
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)
+        compilation_cache.reset_cache()
+
+
+def _write_whole(path: epath.Path, payload: bytes) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Written aside, then renamed: a reader never sees half an entry from this writer.
@@ -121,7 +173,6 @@ def load_or_compile(
         tmp.replace(path)
     except OSError as e:  # a cache is an optimization: the run goes on without the entry
         print(f"trainer: compile cache entry {path} not written ({e})", flush=True)
-    return executable
 
 
 def _read_whole(path: epath.Path) -> bytes | None:
@@ -135,3 +186,87 @@ def _read_whole(path: epath.Path) -> bytes | None:
         print(f"trainer: compile cache entry {path} is not whole, compiling", flush=True)
         return None
     return payload
+
+
+_SOURCES = Path(__file__).parent  # the trainer package: every module of it may shape the program
+_source_digest: str | None = None
+
+
+def source_digest(package: Path = _SOURCES) -> str:
+    """sha256 over the trainer's source files (names and contents), once per process."""
+    global _source_digest
+    if package != _SOURCES or _source_digest is None:
+        h = hashlib.sha256()
+        for f in sorted(package.rglob("*.py")):
+            h.update(f.relative_to(package).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+        if package != _SOURCES:
+            return h.hexdigest()
+        _source_digest = h.hexdigest()
+    return _source_digest
+
+
+def _describe(args: Any) -> str:
+    """The arguments as the executable sees them: tree, then shape, dtype, weak type and sharding of
+    every leaf (arrays or ShapeDtypeStructs)."""
+    leaves, tree = jax.tree.flatten(args)
+    return repr(tree) + "".join(
+        f"\n{x.shape}|{x.dtype}|{getattr(x, 'weak_type', False)}|{x.sharding!r}" for x in leaves
+    )
+
+
+def program_key(
+    program: dict[str, Any], args: Any, devices: Sequence[jax.Device], sources: str | None = None
+) -> str:
+    """The train step's key without tracing it: ``program`` (the resolved config, less what does not
+    shape the program), ``sources`` (default: ``source_digest()``) and everything else the
+    executable is a function of (module docstring)."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(("JAX_", "XLA_")) or k == "LIBTPU_INIT_ARGS"}
+    platform = jax.default_backend()
+    parts = {
+        "sources": sources or source_digest(),
+        "versions": [jax.__version__, jax.lib.__version__, flax.__version__, optax.__version__,
+                     np.__version__, sys.version],
+        "program": program,
+        "args": _describe(args),
+        "devices": [(d.id, d.process_index, d.platform, d.device_kind) for d in devices],
+        "platform": platform,
+        "processes": jax.process_count(),
+        # On CPU the executable is this process's own (module docstring).
+        "process": jax.process_index() if platform == "cpu" else None,
+        "jax_config": sorted((k, repr(v)) for k, v in jax.config.values.items()),
+        "env": sorted(env.items()),
+    }  # fmt: skip
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()
+
+
+def train_step(
+    jitted: Any, args: tuple, devices: Sequence[jax.Device], program: dict[str, Any]
+) -> jax.stages.Compiled:
+    """``jitted.lower(*args).compile()`` for ``devices`` (the mesh's, in its order): loaded without
+    tracing when this cache holds it, else lowered and compiled through the second level, and
+    stored for the next incarnation (module docstring)."""
+    global _hits
+    if _dir is None:
+        return jitted.lower(*args).compile()
+    path = epath.Path(_dir) / "train-step" / program_key(program, args, devices)
+    payload = _read_whole(path)
+    if payload is not None:
+        try:
+            executable, in_tree, out_tree = pickle.loads(payload)
+            loaded = serialize_executable.deserialize_and_load(
+                executable, in_tree, out_tree, execution_devices=list(devices)
+            )
+        except Exception as e:  # whole but not loadable here: compile instead
+            print(f"trainer: compile cache entry {path} unusable ({type(e).__name__}), compiling", flush=True)
+        else:
+            _hits += 1
+            print(f"trainer: train step loaded without tracing from {path}", flush=True)
+            return loaded
+    lowered = jitted.lower(*args)
+    if own_entries(jax.default_backend()):
+        executable, payload = load_or_compile(lowered, entry_path(lowered, [d.id for d in devices]), devices)
+    else:
+        executable, payload = _compile(lowered)
+    if payload is not None and (own_entries(jax.default_backend()) or jax.process_index() == 0):
+        _write_whole(path, pickle.dumps((payload, lowered.in_tree, lowered.out_tree)))
+    return executable

@@ -25,6 +25,7 @@ from trainer.checkpoint import Checkpointer
 from trainer.config import Config, ConfigError, config_hash, identity
 from trainer.mesh import batch_sharding, device_sharding, dp_ranks, mesh_for, process_block
 from trainer.metrics import RunWriter
+from trainer.startup import Timeline
 from trainer.step import abstract_state, init_state, make_train_step, unpack
 from trainer.watchdog import Preemption
 
@@ -162,6 +163,7 @@ class Incarnation:
     ckpt: Checkpointer
     meta: Callable[[int], dict[str, Any]]  # a checkpoint's meta at a step
     status: dict[str, Any]  # what every status.json write carries
+    timeline: Timeline  # this process's start-up, reported with its first step
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,10 @@ def finish_step(inc: Incarnation, pending: Pending, since: float, startup: dict[
     now = time.perf_counter()
     rec = inc.recorder(pending.n, m, pending.batch, pending.data_s, now - since)
     inc.preemption.step_done(rec["perf/step_time_seconds"])
-    rec.update(startup)
+    if startup:
+        inc.timeline.mark("first step")
+        print(inc.timeline.report(jax.process_index()), flush=True)
+        rec.update(startup, **{"perf/startup": inc.timeline.phases()})
     total_steps = inc.cfg.train.steps
     if pending.n % inc.cfg.metrics.log_every == 0 or pending.n == total_steps:
         print(
@@ -207,13 +212,16 @@ def _build_steps(cfg: Config, mesh: Any, graphdef: Any, abstract: Any, grad_accu
     )
 
 
-def _compile(steps: Steps, state: Any, mesh: Any) -> tuple[Steps, dict[str, Any]]:
+def _compile(cfg: Config, steps: Steps, state: Any, mesh: Any) -> tuple[Steps, dict[str, Any]]:
     """Compile before the clock starts: the first step's time is then a step's, and the compilation
     is reported on its own (start-up is badput, not training)."""
     t_compile, hits = time.perf_counter(), compile_cache.hits()
     token_spec = jax.ShapeDtypeStruct(steps.global_shape, np.int32, sharding=steps.tokens_sharding)
-    train_step = compile_cache.compiled(
-        steps.train_step.lower(state, token_spec, steps.flags[False]), list(mesh.devices.flat)
+    # The run directory is where outputs go, nothing the program computes with: a cache shared by
+    # runs (JAX_COMPILATION_CACHE_DIR) serves every run of the same config.
+    program = {k: v for k, v in cfg.to_dict().items() if k != "run_dir"}
+    train_step = compile_cache.train_step(
+        steps.train_step, (state, token_spec, steps.flags[False]), list(mesh.devices.flat), program
     )
     timers = {
         "perf/compile_seconds": time.perf_counter() - t_compile,
@@ -265,9 +273,15 @@ def _train(
     return n
 
 
-def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = None) -> int:
+def run(
+    cfg: Config,
+    env: Mapping[str, str],
+    preemption: Preemption | None = None,
+    timeline: Timeline | None = None,
+) -> int:
     """Train until ``train.steps`` (exit 0) or a SIGTERM (exit 42); see the module docstring."""
     preemption = preemption or Preemption()
+    timeline = timeline or Timeline()
     preemption.stall_timeout_s = cfg.train.stall_timeout_s
     if distributed.identity(env).process_id == 0:
         # Before joining the group (a failing process 0 must not leave its peers waiting in a
@@ -277,6 +291,7 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
     if cfg.data.source == "files":  # a missing or short token file: exit 2 before anything is written
         data.make_source(cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
     ident = distributed.initialize(env)
+    timeline.mark("distributed")
     if cfg.train.compile_cache:
         compile_cache.enable(cfg.run_dir)
     segment = _env_number(env, "RESLICE_SEGMENT", int)
@@ -306,6 +321,7 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
     try:
         with jax.set_mesh(mesh):
             graphdef, abstract = abstract_state(cfg, mesh)
+            timeline.mark("abstract state")
             # A foreign checkpoint is refused before anything is written into its run directory.
             t_restore = time.perf_counter()
             start, restored = ckpt.usable_start(
@@ -328,28 +344,32 @@ def run(cfg: Config, env: Mapping[str, str], preemption: Preemption | None = Non
                 state = jax.block_until_ready(restored)
                 restore_s += time.perf_counter() - t_restore  # Orbax may hand back arrays still arriving
                 print(f"trainer: resumed step {start} from {ckpt.directory} on {plan}", flush=True)
+                timeline.mark("restore")
             else:
                 # Nothing restored: the look for a checkpoint (opening Orbax's manager) is start-up.
                 restore_s = 0.0
                 state = init_state(cfg, mesh, abstract)
+                timeline.mark("init")
             writer.status(state="running", step=start, **status)
             steps = _build_steps(cfg, mesh, graphdef, abstract, plan.grad_accum)
 
             if preemption.requested:  # during start-up: nothing trained since the latest checkpoint
                 print(f"trainer: preempted before the first step, step {start} stands, exit {EXIT_PREEMPTED}")
                 return EXIT_PREEMPTED
-            steps, compile_timers = _compile(steps, state, mesh)
+            steps, compile_timers = _compile(cfg, steps, state, mesh)
+            timeline.mark("train step")
             waited = _meet_peers(cfg, env, ident.num_processes, segment, attempt, preemption)
             if waited is None:
                 print(f"trainer: preempted before the first step, step {start} stands, exit {EXIT_PREEMPTED}")
                 return EXIT_PREEMPTED
+            timeline.mark("barrier")
             startup = {
                 "perf/restore_seconds": restore_s,
                 **compile_timers,
                 "perf/start_barrier_seconds": waited,
             }
 
-            inc = Incarnation(cfg, preemption, recorder, writer, ckpt, meta, status)
+            inc = Incarnation(cfg, preemption, recorder, writer, ckpt, meta, status, timeline)
             n = _train(inc, steps, state, batches, start, startup)
             with preemption.saving():
                 ckpt.wait()

@@ -1,43 +1,109 @@
-"""The per-process compile cache entries (trainer.compile_cache): what a process other than 0 loads
-on simulated CPU devices, where JAX's own cache serves process 0 only."""
+"""The run's compile cache (trainer.compile_cache): the train step stored under a key known before
+tracing, and the per-process entries of lowered programs on simulated CPU devices, where JAX's own
+cache serves process 0 only."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from etils import epath
 
 from trainer import compile_cache
 
 
-def test_only_processes_other_than_0_on_cpu_keep_their_own_entries() -> None:
-    assert compile_cache.own_entries("cpu", 1) and compile_cache.own_entries("cpu", 3)
-    assert not compile_cache.own_entries("cpu", 0)  # JAX's cache serves process 0
-    assert not compile_cache.own_entries("tpu", 1)  # one key for every host of a slice
+def test_on_cpu_every_process_keeps_its_own_entries() -> None:
+    assert compile_cache.own_entries("cpu")
+    assert not compile_cache.own_entries("tpu")  # one JAX key for every host of a slice
 
 
 def test_an_entry_is_written_whole_and_one_cut_short_is_compiled_over(tmp_path: Path) -> None:
-    # Loading a whole entry needs a fresh process (XLA:CPU does not load an executable into the
-    # process that compiled it): the two-process resume in test_train.py shows it.
-    lowered = jax.jit(lambda x: jnp.tanh(x) * 3).lower(jax.ShapeDtypeStruct((8,), np.float32))
+    # A constant of its own: no cache of an earlier run can hold this program.
+    salt = float(np.random.default_rng().integers(1, 1_000_000))
+    lowered = jax.jit(lambda x: jnp.tanh(x) * salt).lower(jax.ShapeDtypeStruct((8,), np.float32))
     path, dev = epath.Path(tmp_path) / "process-1" / "entry", jax.devices()[:1]
     x = np.arange(8, dtype=np.float32)
 
     hits = compile_cache.hits()
-    np.testing.assert_allclose(
-        compile_cache.load_or_compile(lowered, path, dev)(x), np.tanh(x) * 3, rtol=1e-6
-    )
+    executable, payload = compile_cache.load_or_compile(lowered, path, dev)
+    np.testing.assert_allclose(executable(x), np.tanh(x) * salt, rtol=1e-6)
     assert compile_cache.hits() == hits
     assert [p.name for p in path.parent.iterdir()] == ["entry"]  # no temporary left beside it
     whole = path.read_bytes()
-    assert compile_cache._read_whole(path) == whole[32:]
+    assert compile_cache._read_whole(path) == whole[32:] == payload
 
     path.write_bytes(whole[:-100])  # cut short, as an interrupted copy leaves it
     assert compile_cache._read_whole(path) is None  # XLA would load it, and fail when it runs
-    np.testing.assert_allclose(
-        compile_cache.load_or_compile(lowered, path, dev)(x), np.tanh(x) * 3, rtol=1e-6
-    )
+    executable, _ = compile_cache.load_or_compile(lowered, path, dev)
+    np.testing.assert_allclose(executable(x), np.tanh(x) * salt, rtol=1e-6)
     assert compile_cache.hits() == hits and compile_cache._read_whole(path) is not None  # written again
+
+    executable, _ = compile_cache.load_or_compile(lowered, path, dev)  # whole now: loaded
+    np.testing.assert_allclose(executable(x), np.tanh(x) * salt, rtol=1e-6)
+    assert compile_cache.hits() == hits + 1
+
+
+def test_the_train_step_loads_without_tracing_and_a_changed_config_misses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(compile_cache, "_dir", str(tmp_path))  # enable() would also set JAX's cache
+    traced: list[int] = []
+    salt = float(np.random.default_rng().integers(1, 1_000_000))
+
+    def jitted() -> jax.stages.Wrapped:
+        """A function of its own each time: JAX keeps one trace per function, this test none."""
+
+        def step(x: jax.Array) -> jax.Array:
+            traced.append(1)  # runs once per trace
+            return jnp.tanh(x) * salt
+
+        return jax.jit(step)
+
+    args, dev = (jax.ShapeDtypeStruct((8,), np.float32),), jax.devices()[:1]
+    x = np.arange(8, dtype=np.float32)
+    hits = compile_cache.hits()
+    first = compile_cache.train_step(jitted(), args, dev, {"optim": {"lr": 1.0}})
+    assert len(traced) == 1 and compile_cache.hits() == hits
+    # A new function would be traced if it were lowered: the entry is loaded instead.
+    again = compile_cache.train_step(jitted(), args, dev, {"optim": {"lr": 1.0}})
+    assert len(traced) == 1 and compile_cache.hits() == hits + 1
+    np.testing.assert_allclose(again(x), first(x), rtol=0)
+    assert len(list((tmp_path / "train-step").iterdir())) == 1
+
+    compile_cache.train_step(jitted(), args, dev, {"optim": {"lr": 2.0}})  # another config
+    assert len(traced) == 2 and len(list((tmp_path / "train-step").iterdir())) == 2
+    other_shape = (jax.ShapeDtypeStruct((4,), np.float32),)
+    compile_cache.train_step(jitted(), other_shape, dev, {"optim": {"lr": 1.0}})
+    assert len(traced) == 3
+
+    # A whole entry that is not a train step (another writer's format): compiled over, not run.
+    for entry in (tmp_path / "train-step").iterdir():
+        compile_cache._write_whole(epath.Path(entry), b"not a pickled executable")
+    np.testing.assert_allclose(
+        compile_cache.train_step(jitted(), args, dev, {"optim": {"lr": 1.0}})(x), first(x), rtol=0
+    )
+    assert len(traced) == 4
+
+
+def test_the_key_covers_the_code_the_devices_and_the_arguments(tmp_path: Path) -> None:
+    shutil.copytree(Path(compile_cache.__file__).parent, tmp_path / "trainer")
+    copy = compile_cache.source_digest(tmp_path / "trainer")
+    assert copy == compile_cache.source_digest()  # names and contents, not where they are
+    with open(tmp_path / "trainer" / "model.py", "a") as f:
+        f.write("\n# a comment is a change too\n")
+    edited = compile_cache.source_digest(tmp_path / "trainer")
+    assert edited != copy
+
+    devs = jax.devices()[:2]
+    args = (jax.ShapeDtypeStruct((8,), np.float32),)
+    base = compile_cache.program_key({"a": 1}, args, devs)
+    assert base == compile_cache.program_key({"a": 1}, args, devs, sources=copy)
+    assert base != compile_cache.program_key({"a": 1}, args, devs, sources=edited)
+    assert base != compile_cache.program_key({"a": 2}, args, devs)
+    assert base != compile_cache.program_key({"a": 1}, (jax.ShapeDtypeStruct((8,), np.int32),), devs)
+    assert base != compile_cache.program_key({"a": 1}, (args[0], args[0]), devs)
+    assert base != compile_cache.program_key({"a": 1}, args, devs[::-1])

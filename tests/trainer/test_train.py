@@ -66,13 +66,24 @@ def test_tiny_trains_on_8_devices(reference: dict) -> None:
         (s, records[s]["learning/loss"]) for s in range(1, 41)
     ]
     assert len(list((run_dir / "metrics").glob("*.jsonl"))) == 1
+    # Where the start-up went (trainer.startup), on the first record only.
+    startup = records[1]["perf/startup"]
+    assert list(startup) == [
+        "interpreter", "imports", "distributed", "abstract state", "init", "train step", "barrier",
+        "first step", "total",
+    ]  # fmt: skip
+    walls = [p["wall"] for k, p in startup.items() if k != "total"]
+    assert min(walls) >= 0 and sum(walls) == pytest.approx(startup["total"]["wall"], abs=0.01)
+    assert startup["imports"]["cpu"] > 0.1  # JAX alone costs more
+    assert "perf/startup" not in records[2]
 
 
 def test_same_shape_resume_after_kill_is_bitwise_equal(reference: dict, tmp_path: Path) -> None:
     """SIGKILL during an async save (a save every step), restart on the same shape."""
     run_dir = tmp_path / "run"
     env = runs.own_compile_cache(runs.env_for(str(run_dir), 8))
-    first = runs.Trainer(env, tmp_path / "first.log", ["--set", "checkpoint.interval=1"])
+    args = ["--set", "checkpoint.interval=1"]
+    first = runs.Trainer(env, tmp_path / "first.log", args)
 
     def saving_after_a_commit() -> bool:
         tmp = list((run_dir / "checkpoints").glob("*.orbax-checkpoint-tmp*")) if run_dir.exists() else []
@@ -90,7 +101,7 @@ def test_same_shape_resume_after_kill_is_bitwise_equal(reference: dict, tmp_path
         shutil.copytree(run_dir / "checkpoints" / str(resume_at), half)
         (half / "commit_success.txt").unlink()
 
-    rc, out = runs.run(env, tmp_path / "second.log")
+    rc, out = runs.run(env, tmp_path / "second.log", args)  # the same config: the same program key
     assert rc == 0, out[-4000:]
     assert f"resumed step {resume_at} " in out
     assert not list((run_dir / "checkpoints").glob("*.orbax-checkpoint-tmp*"))
@@ -98,7 +109,8 @@ def test_same_shape_resume_after_kill_is_bitwise_equal(reference: dict, tmp_path
     resumed = runs.parse_metrics({newest.name: newest.read_text()})
     assert sorted(resumed) == list(range(resume_at + 1, 41)) and len(resumed) >= 20
     runs.assert_matches_reference(resumed, reference, exact=True)
-    # The same shape again: its train step came from the run's compile cache, not the compiler.
+    # The same shape again: its train step came from the run's compile cache, not the compiler,
+    # loaded without tracing (the entry keyed before tracing, written by the first incarnation).
     first_records = runs.parse_metrics(
         {p.name: p.read_text() for p in sorted((run_dir / "metrics").glob("*.jsonl"))[:1]}
     )
@@ -109,7 +121,8 @@ def test_same_shape_resume_after_kill_is_bitwise_equal(reference: dict, tmp_path
     assert resumed[resume_at + 1]["perf/restore_seconds"] > 0
     assert "perf/restore_seconds" not in resumed[resume_at + 2]
     assert first_records[min(first_records)]["perf/restore_seconds"] == 0.0  # nothing to restore
-    assert any((run_dir / "compile_cache").iterdir())
+    assert len(list((run_dir / "compile_cache" / "train-step").iterdir())) == 1
+    assert "trainer: train step loaded without tracing" in out
 
 
 def test_sigterm_exits_42_and_resumes_on_another_shape(reference: dict, tmp_path: Path) -> None:
@@ -155,16 +168,21 @@ def test_two_processes_train_to_the_end_and_both_load_the_train_step_when_resume
         "ocdbt.process_0",
         "ocdbt.process_1",
     }
-    # A second segment on the same shape: process 0 loads from JAX's cache, process 1 (whose JAX
-    # cache key differs on CPU) from its own entry, so neither compiles again.
-    assert len(list((tmp_path / "cache" / "process-1").iterdir())) == 1
-    assert not (tmp_path / "cache" / "process-0").exists()  # JAX's own entry serves process 0
+    # Every process keeps its own entries on CPU (JAX's cache key differs per process there): the
+    # lowered program's and the train step's, keyed before tracing.
+    for i in (0, 1):
+        assert len(list((tmp_path / "cache" / f"process-{i}").iterdir())) == 1
+    assert len(list((tmp_path / "cache" / "train-step").iterdir())) == 2
+    # A second segment on the same shape with another config that makes the same program: the key
+    # without tracing misses (a config change may change the program), the lowered program's entry
+    # serves, so neither process compiles again; each stores the train step under the new key.
     (tmp_path / "more").mkdir()
     more = ["--set", "train.steps=42", "--set", "optim.decay_steps=40"]  # the same schedule
     procs = runs.processes(str(run_dir), tmp_path / "more", grad_accum=2, extra=cache, args=more)
     for p in procs:
         assert p.wait() == 0, p.output()[-4000:]
         assert "resumed step 40 " in p.output() and "train step loaded from the compile cache" in p.output()
+    assert len(list((tmp_path / "cache" / "train-step").iterdir())) == 4
 
 
 def test_survivor_of_a_dead_peer_exits_peer_lost_at_once_instead_of_waiting_for_the_heartbeat(

@@ -1,0 +1,81 @@
+"""Where one trainer process's start-up goes: wall and CPU seconds from the container's spawn to
+the first step, phase by phase. ``__main__`` creates the ``Timeline`` before its slow imports and
+``loop.run`` marks each phase; the first step's metrics record carries process 0's as
+``perf/startup`` and every process prints its own (bench.recovery reads both). No heavy imports.
+
+The spawn time is the start of the process the container runtime (the embedded kubelet) started,
+from ``/proc``: this one, or for a multi-process run its parent, ``trainer.supervisor`` (whose own
+start-up until it starts this process is the ``supervisor`` phase, CPU not counted). Where
+``/proc`` cannot say, the timeline starts when it is created.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    raise OSError("no btime in /proc/stat")
+
+
+def process_start(pid: int) -> float | None:
+    """Epoch seconds at which process ``pid`` started (to the clock tick), or None off Linux."""
+    try:
+        # Field 22 of /proc/<pid>/stat, counted after the parenthesized command name.
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        return _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Timeline:
+    """Phase marks of one process: (name, epoch seconds, CPU seconds of the process so far)."""
+
+    def __init__(self, supervised: bool = False) -> None:
+        own = process_start(os.getpid())
+        spawned = process_start(os.getppid()) if supervised else own
+        self.marks: list[tuple[str, float, float]] = []
+        self.origin = spawned or own or time.time()
+        if supervised and own is not None and spawned is not None:
+            self.marks.append(("supervisor", own, 0.0))
+        self.mark("interpreter")  # Python's own start and the imports of __main__
+
+    def mark(self, phase: str) -> None:
+        """``phase`` ended now."""
+        self.marks.append((phase, time.time(), time.process_time()))
+
+    def phases(self) -> dict[str, dict[str, float]]:
+        """{phase: {"wall": seconds since the previous mark, "cpu": this process's CPU seconds in
+        it}}, in order; ``total`` is from the spawn to the last mark."""
+        out: dict[str, dict[str, float]] = {}
+        prev_t, prev_cpu = self.origin, 0.0
+        for phase, t, cpu in self.marks:
+            out[phase] = {"wall": round(t - prev_t, 3), "cpu": round(max(cpu - prev_cpu, 0.0), 3)}
+            prev_t, prev_cpu = t, max(cpu, prev_cpu)
+        out["total"] = {"wall": round(prev_t - self.origin, 3), "cpu": round(prev_cpu, 3)}
+        return out
+
+    def report(self, process_id: int) -> str:
+        """The one line every process prints at its first step."""
+        body = {"process": process_id, "spawned": round(self.origin, 3), "phases": self.phases()}
+        return f"{REPORT}{json.dumps(body, separators=(',', ':'))}"
+
+
+REPORT = "trainer: start-up: "
+
+
+def parse_report(line: str) -> dict | None:
+    """{"process", "spawned" (epoch seconds), "phases"} from a line `report` printed, or None for
+    any other line."""
+    if not line.startswith(REPORT):
+        return None
+    try:
+        return json.loads(line[len(REPORT) :])
+    except ValueError:
+        return None
