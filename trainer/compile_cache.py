@@ -46,7 +46,7 @@ import os
 import pickle
 import sys
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,22 +117,33 @@ def load_or_compile(
 ) -> tuple[jax.stages.Compiled, bytes | None]:
     """Load the entry at ``path`` if it is whole, else compile and write it; the executable and its
     serialization (``_compile``)."""
-    global _hits
     payload = _read_whole(path)
     if payload is not None:
-        try:
-            executable = serialize_executable.deserialize_and_load(
-                payload, lowered.in_tree, lowered.out_tree, execution_devices=list(devices)
-            )
-        except Exception as e:  # whole but not loadable here: compile instead
-            print(f"trainer: compile cache entry {path} unusable ({type(e).__name__}), compiling", flush=True)
-        else:
-            _hits += 1
+        executable = _load(path, lambda: (payload, lowered.in_tree, lowered.out_tree), devices)
+        if executable is not None:
             return executable, payload
     executable, payload = _compile(lowered)
     if payload is not None:
         _write_whole(path, payload)
     return executable, payload
+
+
+def _load(
+    path: epath.Path, entry: Callable[[], tuple[bytes, Any, Any]], devices: Sequence[jax.Device]
+) -> jax.stages.Compiled | None:
+    """The executable of a whole entry (``entry()``: its serialization, argument and result trees),
+    counted as a hit; None where it does not load here: then the caller compiles."""
+    global _hits
+    try:
+        payload, in_tree, out_tree = entry()
+        executable = serialize_executable.deserialize_and_load(
+            payload, in_tree, out_tree, execution_devices=list(devices)
+        )
+    except Exception as e:  # whole but not loadable here: compile instead
+        print(f"trainer: compile cache entry {path} unusable ({type(e).__name__}), compiling", flush=True)
+        return None
+    _hits += 1
+    return executable
 
 
 def _compile(lowered: jax.stages.Lowered) -> tuple[jax.stages.Compiled, bytes | None]:
@@ -245,21 +256,13 @@ def train_step(
     """``jitted.lower(*args).compile()`` for ``devices`` (the mesh's, in its order): loaded without
     tracing when this cache holds it, else lowered and compiled through the second level, and
     stored for the next incarnation (module docstring)."""
-    global _hits
     if _dir is None:
         return jitted.lower(*args).compile()
     path = epath.Path(_dir) / "train-step" / program_key(program, args, devices)
-    payload = _read_whole(path)
-    if payload is not None:
-        try:
-            executable, in_tree, out_tree = pickle.loads(payload)
-            loaded = serialize_executable.deserialize_and_load(
-                executable, in_tree, out_tree, execution_devices=list(devices)
-            )
-        except Exception as e:  # whole but not loadable here: compile instead
-            print(f"trainer: compile cache entry {path} unusable ({type(e).__name__}), compiling", flush=True)
-        else:
-            _hits += 1
+    entry = _read_whole(path)
+    if entry is not None:
+        loaded = _load(path, lambda: pickle.loads(entry), devices)
+        if loaded is not None:
             print(f"trainer: train step loaded without tracing from {path}", flush=True)
             return loaded
     lowered = jitted.lower(*args)

@@ -135,29 +135,42 @@ def argv(container: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
     return args
 
 
-class PortMap:
+class _Distinct:
+    """One value per key, never the same for two keys, stable while the cluster runs; `draw`
+    proposes a value and is asked again while it is taken."""
+
+    def __init__(self, draw: Callable[[], Any]) -> None:
+        self._lock = threading.Lock()
+        self._draw = draw
+        self._values: dict[tuple, Any] = {}
+
+    def _get(self, key: tuple) -> Any:
+        with self._lock:
+            if key not in self._values:
+                used = set(self._values.values())
+                while (value := self._draw()) in used:
+                    pass
+                self._values[key] = value
+            return self._values[key]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PortMap(_Distinct):
     """A free loopback port per (JobSet uid, restart attempt, port), stable while the cluster runs."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._ports: dict[tuple[str, str, int], int] = {}
+        super().__init__(_free_port)
 
     def get(self, jobset_uid: str, attempt: str, port: int) -> int:
-        key = (jobset_uid, attempt, port)
-        with self._lock:
-            if key not in self._ports:
-                used = set(self._ports.values())
-                while True:
-                    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                        s.bind(("127.0.0.1", 0))
-                        p = s.getsockname()[1]
-                    if p not in used:
-                        break
-                self._ports[key] = p
-            return self._ports[key]
+        return self._get((jobset_uid, attempt, port))
 
 
-class AddressMap:
+class AddressMap(_Distinct):
     """A loopback address of its own per JobSet pod, keyed by (JobSet uid, restart attempt, pod
     hostname) so that every pod of the JobSet knows it before that pod starts: what the pod's DNS
     name resolves to and its status.podIP, as every pod (every TPU host: one pod per node) has its
@@ -167,22 +180,18 @@ class AddressMap:
     embedded clusters on one machine (pytest-xdist workers) do not draw the same."""
 
     def __init__(self, rng: random.Random | None = None) -> None:
-        self._lock = threading.Lock()
         self._rng = rng or random.Random()
-        self._addresses: dict[tuple[str, str, str], str] = {}
+        super().__init__(self._address)
+
+    def _address(self) -> str:
+        while True:
+            # 127.1.0.0 - 127.253.255.255: clear of 127.0.0.x, where localhost and services listen.
+            a = str(ipaddress.IPv4Address((127 << 24) + self._rng.randrange(1 << 16, 254 << 16)))
+            if not a.endswith((".0", ".255")):
+                return a
 
     def get(self, jobset_uid: str, attempt: str, host: str) -> str:
-        key = (jobset_uid, attempt, host)
-        with self._lock:
-            if key not in self._addresses:
-                used = set(self._addresses.values())
-                while True:
-                    # 127.1.0.0 - 127.253.255.255: clear of 127.0.0.x, where localhost and services listen.
-                    a = str(ipaddress.IPv4Address((127 << 24) + self._rng.randrange(1 << 16, 254 << 16)))
-                    if a not in used and not a.endswith((".0", ".255")):
-                        break
-                self._addresses[key] = a
-            return self._addresses[key]
+        return self._get((jobset_uid, attempt, host))
 
 
 def hostname_pattern(jobset: Mapping[str, Any]) -> re.Pattern[str]:
