@@ -214,7 +214,9 @@ class Controller:
     def _act(self, d: policy.Decision) -> None:
         if d.action in {policy.START_SEGMENT, policy.CREATE_JOBSET}:
             seg = d.record.current
-            self.kube.create_jobset(render_jobset(d.record.spec, seg.shape(self.catalog), seg.index))
+            self.kube.create_jobset(
+                render_jobset(d.record.spec, seg.shape(self.catalog), seg.index, seg.pool)
+            )
         elif d.action in {policy.END, policy.DELETE} and d.jobset:
             self.kube.delete_jobset(d.jobset)
             if d.force and (seg := d.record.current) is not None:

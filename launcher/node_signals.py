@@ -103,6 +103,13 @@ def _pools(
     return {p: PoolObservation(p, *a) for p, a in acc.items()}
 
 
+def free_pools(pools: Iterable[PoolObservation], presets: Iterable[Preset]) -> dict[str, tuple[str, ...]]:
+    """Per preset: the names of the free, healthy, whole slices that `capacity` counts, in its order
+    (earliest usable first)."""
+    free = sorted((p for p in pools if not p.busy), key=lambda p: (p.since, p.name))
+    return {preset.name: tuple(p.name for p in free if p.whole_slice_of(preset)) for preset in presets}
+
+
 def capacity(pools: Iterable[PoolObservation], presets: Iterable[Preset]) -> dict[str, tuple[float, ...]]:
     """Per preset: the `since` times of every free, healthy, whole slice, earliest first.
 

@@ -69,6 +69,17 @@ def best_fit(
     return None
 
 
+def pool_for(rung: Rung, obs: signals.Observation, previous: tuple[str, ...]) -> str | None:
+    """The node pool a segment on `rung` names, or None: one slice only (several need JobSet's
+    exclusive placement to spread them), on a free whole slice of its preset, one of the `previous`
+    segment's pools first (a slice the run just held: its nodes have the image). Naming it spares
+    the segment's follower pods a wait for their leader (render.render_jobset)."""
+    if rung.shape.slices != 1:
+        return None
+    free = obs.free_pools.get(rung.shape.preset.name, ())
+    return next((p for p in free if p in previous), free[0] if free else None)
+
+
 def _shape_words(rung: Rung) -> str:
     plan = rung.plan
     assert isinstance(plan, Plan)
@@ -192,8 +203,10 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
             why = f"after segment {seg.index} ({seg.end_kind})"
         plan = rung.plan
         assert isinstance(plan, Plan)
-        new = new_segment(rec, rung.shape, plan, now, why, obs.committed_step)
-        reason = f"segment {new.index} on {_shape_words(rung)} {why}"
+        # The first segment leaves placement to JobSet: its pools may still be scaling up from zero.
+        pool = pool_for(rung, obs, seg.nodepools) if seg is not None else None
+        new = new_segment(rec, rung.shape, plan, now, why, obs.committed_step, pool)
+        reason = f"segment {new.index} on {_shape_words(rung)}{f' (node pool {pool})' if pool else ''} {why}"
         return Decision(
             START_SEGMENT,
             reason,
@@ -265,12 +278,15 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
     # 2. Capacity loss. Node pools of the segment gone or terminating, with no room left for the
     # shape, is decided at once: waiting for JobSet to restart every pod only to find them
     # unschedulable costs a full recreate (minutes at a thousand pods).
-    no_room = not obs.fits(current.preset.name, current.slices)
+    # A segment on a named pool has room only there: on another pool it starts again, same shape.
+    pool_lost = seg.pool is not None and seg.pool not in obs.free_pools.get(current.preset.name, ())
+    no_room = pool_lost or not obs.fits(current.preset.name, current.slices)
     pools_lost = bool(obs.lost_nodepools) and no_room
     if obs.unschedulable or pools_lost:
         waited = now - (obs.unschedulable_since or now)
         if no_room or waited >= knobs.unschedulable_grace_s:
-            rung = best_fit([r for r in ladder if r.shape.devices < current.devices], obs)
+            most = current.devices if pool_lost else current.devices - 1
+            rung = best_fit([r for r in ladder if r.shape.devices <= most], obs)
             causes = []
             if obs.unschedulable:
                 causes.append(
@@ -279,10 +295,13 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
                 )
             if obs.lost_nodepools:
                 causes.append(f"node pools lost: {', '.join(obs.lost_nodepools)}")
+            elif pool_lost:
+                causes.append(f"node pool {seg.pool} is no longer free")
             cause = "; ".join(causes)
             if rung is None:
                 return Decision(WAIT, f"{cause}; no smaller feasible shape fits either", rec)
-            reason = f"capacity lost: {cause}; shrinking {current} -> {_shape_words(rung)}"
+            how = "on another node pool" if rung.shape.devices == current.devices else "shrinking"
+            reason = f"capacity lost: {cause}; {how} {current} -> {_shape_words(rung)}"
             ended = _end(rec, obs, "capacity-lost", reason, record.RESHAPING)
             # A node pool terminating (a preemption notice) still lets the trainer save; one gone does not.
             return Decision(END, reason, ended, seg.jobset, force=bool(obs.gone_nodepools))

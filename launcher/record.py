@@ -29,7 +29,7 @@ FINISHED = "Finished"
 FAILED = "Failed"
 STOPPED = "Stopped"
 
-SCHEMA_VERSION = 2  # 2: the knobs' key is `knobs` (was `policy`)
+SCHEMA_VERSION = 3  # 2: the knobs' key is `knobs` (was `policy`); 3: a segment's `pool`
 # What records without a schema_version may hold that this reslice no longer has (section -> names).
 _RETIRED_V0 = {"policy": {"preemption_budget"}}
 TERMINAL = {FINISHED, FAILED, STOPPED}
@@ -74,6 +74,9 @@ class Segment:
     peer_lost: int = 0
     uncounted_failures: int = 0
     failing: str | None = None  # why the current attempt's pods are failing (pod_signals.pod_cause)
+    # The node pool a one-slice segment's JobSet names (render.render_jobset), or None: JobSet's
+    # exclusive placement chooses.
+    pool: str | None = None
 
     def shape(self, catalog: Catalog) -> Shape:
         return Shape(catalog.preset(self.preset), self.slices)
@@ -178,7 +181,13 @@ class RunRecord:
 
 
 def new_segment(
-    record: RunRecord, shape: Shape, plan: Plan, now: float, reason: str, start_step: int | None
+    record: RunRecord,
+    shape: Shape,
+    plan: Plan,
+    now: float,
+    reason: str,
+    start_step: int | None,
+    pool: str | None = None,
 ) -> Segment:
     index = len(record.segments)
     return Segment(
@@ -192,4 +201,7 @@ def new_segment(
         submitted_at=now,
         reason=reason,
         start_step=start_step,
+        # Its pool is the segment's from the start: losing it before the pods run ends the segment.
+        nodepools=(pool,) if pool else (),
+        pool=pool,
     )

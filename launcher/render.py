@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from launcher.errors import UserError
 from launcher.plan import Plan, plan_batch
-from launcher.presets import RESOURCE_TPU, Preset, Shape
+from launcher.presets import LABEL_NODEPOOL, RESOURCE_TPU, Preset, Shape
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 REPLICATED_JOB = "slice"
@@ -316,10 +316,12 @@ def container_command(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> 
     return maxtext.command(spec.config, keys), env + maxtext.distributed_env(host0, shape, job_index)
 
 
-def pod_spec(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> dict:
+def pod_spec(spec: RunSpec, shape: Shape, segment: int, plan: Plan, pool: str | None = None) -> dict:
     preset = shape.preset
     command, env = container_command(spec, shape, segment, plan)
     where = placement(spec, preset)
+    if pool:
+        where["nodeSelector"] = {**where["nodeSelector"], LABEL_NODEPOOL: pool}
     chips = {RESOURCE_TPU: str(preset.chips_per_host)}
     host = preset.requests()
     requests = {
@@ -357,8 +359,15 @@ def segment_labels(run: str, segment: int) -> dict[str, str]:
     return {LABEL_RUN: run, LABEL_SEGMENT: str(segment)}
 
 
-def render_jobset(spec: RunSpec, shape: Shape, segment: int = 0) -> dict:
-    """The JobSet of segment `segment` of the run on `shape`. Raises UserError if impossible."""
+def render_jobset(spec: RunSpec, shape: Shape, segment: int = 0, pool: str | None = None) -> dict:
+    """The JobSet of segment `segment` of the run on `shape`. Raises UserError if impossible.
+
+    `pool`: the node pool of a one-slice segment (the controller names one it sees free). Its pods
+    then select that pool and the JobSet drops exclusive placement, which would hold every follower
+    pod back until its leader is scheduled: JobSet's pod webhook rejects followers until then and
+    the Job controller creates them again a second or more later (docs/platform.md §2)."""
+    if pool and shape.slices != 1:
+        raise ValueError(f"a JobSet of {shape.slices} slices cannot name one node pool")
     name = jobset_name(spec.run, segment)
     if err := shape.error or coordinator_port_error(spec.coordinator_port):
         raise UserError(err)
@@ -377,7 +386,7 @@ def render_jobset(spec: RunSpec, shape: Shape, segment: int = 0) -> dict:
             "name": name,
             "namespace": spec.namespace,
             "labels": jobset_labels,
-            "annotations": {ANNOTATION_EXCLUSIVE: "cloud.google.com/gke-nodepool"},
+            "annotations": {} if pool else {ANNOTATION_EXCLUSIVE: LABEL_NODEPOOL},
         },
         "spec": {
             "ttlSecondsAfterFinished": spec.ttl_after_finished_s,
@@ -398,7 +407,7 @@ def render_jobset(spec: RunSpec, shape: Shape, segment: int = 0) -> dict:
                             "podFailurePolicy": pod_failure_policy,
                             "template": {
                                 "metadata": {"labels": dict(labels)},
-                                "spec": pod_spec(spec, shape, segment, plan),
+                                "spec": pod_spec(spec, shape, segment, plan, pool),
                             },
                         },
                     },

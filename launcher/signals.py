@@ -17,7 +17,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 
 from launcher import rfc3339
-from launcher.node_signals import capacity, nodes_view
+from launcher.node_signals import capacity, free_pools, nodes_view
 from launcher.pod_signals import (
     ABSENT,
     APP_FAILURE,
@@ -88,6 +88,8 @@ class Observation:
     causes: dict[int, str] = field(default_factory=dict)
     # Of lost_nodepools: those whose nodes were deleted (not merely unhealthy): their hosts are gone.
     gone_nodepools: tuple[str, ...] = ()
+    # Per preset, the free whole slices `capacity` counts, by node pool name, in its order.
+    free_pools: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def fits(self, preset: str, slices: int) -> bool:
         return len(self.capacity.get(preset, ())) >= slices
@@ -216,6 +218,7 @@ def _observe(
         nodepools_in_use=tuple(in_use),
         lost_nodepools=tuple(lost),
         capacity=capacity(pools.values(), presets),
+        free_pools=free_pools(pools.values(), presets),
         live_jobsets=tuple(
             sorted(n for n, j in by_name.items() if not j["metadata"].get("deletionTimestamp"))
         ),

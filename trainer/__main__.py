@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import sys
-import traceback
 
+# The supervisor of a multi-process trainer needs no more than these: it starts its child sooner.
 from trainer import peers, supervisor
-from trainer.config import ConfigError
-from trainer.startup import Timeline
-from trainer.watchdog import Preemption
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,6 +38,11 @@ def main(argv: list[str] | None = None) -> int:
         " and print its per-device memory as JSON",
     )
     args = parser.parse_args(argv)
+    one_shot = args.memory or args.probe_write or args.check  # these never join a process group
+    if not one_shot and peers.multi_process(os.environ) and not os.environ.get(supervisor.CHILD_ENV):
+        return supervisor.supervise(sys.argv[1:] if argv is None else argv)
+    from trainer.config import ConfigError
+
     if args.memory:
         try:
             from trainer import config, memory
@@ -71,8 +72,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(json.dumps({"config_hash": config.config_hash(cfg), "config": cfg.to_dict()}))
         return 0
-    if peers.multi_process(os.environ) and not os.environ.get(supervisor.CHILD_ENV):
-        return supervisor.supervise(sys.argv[1:] if argv is None else argv)
+    from trainer.startup import Timeline
+    from trainer.watchdog import Preemption
+
     preemption = Preemption()  # before the slow imports: SIGTERM at any time means exit 42
     timeline = Timeline(supervised=bool(os.environ.get(supervisor.CHILD_ENV)))
     try:
@@ -96,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         lost = peers.multi_process(os.environ) and peers.peer_lost(peers.error_text(e))
         if not (lost or distributed.joined()):
             raise
+        import traceback
+
         # After a failure in a multi-process run, JAX's exit handler would wait at the shutdown
         # barrier for a peer that may be gone until the heartbeat timeout (100 s by default),
         # holding this host and delaying the restart: leave now. A lost peer is a disruption,
@@ -115,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _exit_now(code: int) -> None:
+    import multiprocessing
+
     sys.stdout.flush()
     sys.stderr.flush()
     for child in multiprocessing.active_children():  # data loader workers, if any

@@ -288,7 +288,26 @@ CASES = [
                 "current.grad_accum": 1,
                 "current.batch": GB,
                 "current.start_step": 10,
+                # One slice: on the pool it saw free, named (render.render_jobset), and its own.
+                "current.pool": "np-0",
+                "current.nodepools": ("np-0",),
             },
+        ),
+    ),
+    Case(
+        "a segment on a named pool that is lost starts again on another pool, same shape",
+        lambda: with_current(record_on(1), pool="np-0", nodepools=("np-0",)),
+        lambda rec: replace(
+            observe(rec, pods=running(1), pools=2),
+            lost_nodepools=("np-0",),
+            free_pools={PRESET: ("np-1",)},
+            capacity={PRESET: (T0,)},
+        ),
+        Want(
+            policy.END,
+            "demo-0",
+            reason=("node pools lost: np-0", "on another node pool tpu7x-2x2x2"),
+            record={"current.end_kind": "capacity-lost"},
         ),
     ),
     Case(
@@ -502,6 +521,16 @@ def test_policy(case: Case) -> None:
     if want.force is not None:
         assert d.force is want.force
     assert {path: field_of(d.record, path) for path in want.record} == want.record
+
+
+def test_a_one_slice_segment_names_a_free_pool_its_predecessor_held_first() -> None:
+    obs = observe(record_on(None), pools=4)
+    assert obs.free_pools[PRESET] == ("np-0", "np-1", "np-2", "np-3")
+    one, two = (next(r for r in LADDER if r.shape.slices == n) for n in (1, 2))
+    assert policy.pool_for(one, obs, ("np-9", "np-2")) == "np-2"
+    assert policy.pool_for(one, obs, ()) == "np-0"
+    assert policy.pool_for(two, obs, ("np-2",)) is None  # several slices: JobSet's exclusive placement
+    assert policy.pool_for(one, replace(obs, free_pools={}), ("np-2",)) is None
 
 
 def test_a_grow_finished_first_says_so_in_the_end_reason() -> None:

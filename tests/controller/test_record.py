@@ -36,7 +36,7 @@ def as_dict(rec: RunRecord) -> dict:
 
 def test_a_record_round_trips_with_its_schema_version() -> None:
     raw = as_dict(RECORD)
-    assert raw["schema_version"] == SCHEMA_VERSION == 2
+    assert raw["schema_version"] == SCHEMA_VERSION == 3
     assert "knobs" in raw and "policy" not in raw  # the rules are launcher/policy.py; these are knobs
     assert RunRecord.from_json(RECORD.to_json()) == RECORD  # tuples come back as tuples, not lists
 
@@ -54,6 +54,15 @@ def test_a_record_from_before_the_version_still_loads() -> None:
     raw["policy"]["preemption_budget"] = 1000  # a knob that is gone
     raw["committed"] = 3  # unknown top-level fields were dropped on read then
     assert RunRecord.from_json(json.dumps(raw)) == replace(RECORD, knobs=Knobs(unschedulable_grace_s=7))
+
+
+def test_a_segment_keeps_its_node_pool_and_a_version_2_record_has_none() -> None:
+    pinned = RECORD.with_segment(replace(RECORD.segments[0], pool="pool-b", nodepools=("pool-b",)))
+    assert RunRecord.from_json(pinned.to_json()).segments[0].pool == "pool-b"
+    raw = as_dict(RECORD)
+    raw["schema_version"] = 2
+    del raw["segments"][0]["pool"]  # version 2 had no such field
+    assert RunRecord.from_json(json.dumps(raw)).segments[0].pool is None
 
 
 def test_a_version_1_record_loads_its_knobs_from_policy() -> None:
@@ -87,5 +96,5 @@ def test_an_unknown_field_is_refused_in_one_line(section, field) -> None:
 
 def test_a_newer_schema_is_refused() -> None:
     raw = {**as_dict(RECORD), "schema_version": SCHEMA_VERSION + 1}
-    with pytest.raises(UserError, match=r"schema_version 3 is not one this reslice reads.*upgrade reslice"):
+    with pytest.raises(UserError, match=r"schema_version 4 is not one this reslice reads.*upgrade reslice"):
         RunRecord.from_json(json.dumps(raw))

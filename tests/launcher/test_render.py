@@ -93,6 +93,18 @@ def test_gke_essentials():
         assert labels["reslice.dev/run"] == "llm" and labels["reslice.dev/segment"] == "1"
 
 
+def test_a_one_slice_segment_on_a_named_pool_selects_it_without_exclusive_placement():
+    shape = make_shape("tpu7x-4x4x4", 1)
+    js = render_jobset(spec_for(shape), shape, segment=2, pool="tpu-pool-b")
+    assert jobset_errors(js) == []
+    assert "alpha.jobset.sigs.k8s.io/exclusive-topology" not in js["metadata"]["annotations"]
+    selector = pod_template(js)["spec"]["nodeSelector"]
+    assert selector == {**shape.preset.node_selector(), "cloud.google.com/gke-nodepool": "tpu-pool-b"}
+    two = make_shape("tpu7x-4x4x4", 2)
+    with pytest.raises(ValueError, match="2 slices cannot name one node pool"):
+        render_jobset(spec_for(two), two, pool="tpu-pool-b")
+
+
 def test_contract_environment():
     shape = make_shape("tpu7x-4x4x4", 2)
     spec = spec_for(shape, overrides=("train.steps=100", "moe.ragged_buffer_factor=1.25"), config="small")
