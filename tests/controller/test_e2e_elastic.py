@@ -35,6 +35,7 @@ def test_shrink_on_capacity_loss_then_grow_back_on_gcs(tmp_path, reference):
             )  # fmt: skip
             h.start_controller("elastic")
             h.wait_step("elastic", 5, timeout=150)
+            survivor = h.pool(0)
             h.cluster.remove(h.pool(1))  # capacity gone: nodes deleted, running pods fail
             wait_for(lambda: len(h.record("elastic").segments) >= 2, 60, "the shrink to a new segment")
             h.cluster.restore(h.pool(1))
@@ -55,6 +56,10 @@ def test_shrink_on_capacity_loss_then_grow_back_on_gcs(tmp_path, reference):
     for seg in rec.segments:
         assert seg.devices * seg.micro_batch * seg.grad_accum == MULTI_HOST_BATCH
     assert (shrunk.devices, shrunk.micro_batch, shrunk.grad_accum) == (16, 2, 1)
+    # The one-slice segment named the pool that survived (no exclusive placement's follower wait);
+    # the segments of two slices left placement to JobSet.
+    assert (first.pool, shrunk.pool, grown.pool) == (None, survivor, None)
+    assert shrunk.nodepools == (survivor,)
     # Acceptance 4: grew back after the stability window, from a checkpoint of its own.
     assert shrunk.end_kind == "grow" and "capacity returned" in shrunk.end_reason
     assert shrunk.end_step > shrunk.start_step
