@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import os
 import sys
+from collections.abc import Iterator
 
 # The supervisor of a multi-process trainer needs no more than these: it starts its child sooner.
 from trainer import peers, supervisor
@@ -78,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     preemption = Preemption()  # before the slow imports: SIGTERM at any time means exit 42
     timeline = Timeline(supervised=bool(os.environ.get(supervisor.CHILD_ENV)))
     try:
-        from trainer import config, distributed, loop
-
+        with _imports_without_gc():
+            from trainer import config, distributed, loop
         timeline.mark("imports")
         cfg = config.resolve(args.config, args.set, os.environ)
         code = loop.run(cfg, os.environ, preemption, timeline)
@@ -116,6 +119,20 @@ def main(argv: list[str] | None = None) -> int:
         _exit_now(1)
     finally:
         preemption.restore()
+
+
+@contextlib.contextmanager
+def _imports_without_gc() -> Iterator[None]:
+    """JAX, Flax, Orbax and Grain's imports make about a million objects and next to no garbage,
+    yet trigger the cyclic collector over and over: without it they take 0.2 of 1.2 CPU seconds
+    less, on every start-up. What they made stays for the process's life, so it is frozen: later
+    collections (through training) skip it."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        gc.enable()
 
 
 def _exit_now(code: int) -> None:
