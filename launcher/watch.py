@@ -25,15 +25,17 @@ def watch_run(
     stop: threading.Event | None = None,
     resync_s: float = 5.0,
     lease_s: int = 15,
+    own_process: bool = False,
 ) -> str:
-    """Reconcile `run` until it ends (or `stop`), showing it live. Returns the final state."""
+    """Reconcile `run` until it ends (or `stop`), showing it live. Returns the final state.
+    `own_process`: this process is the controller alone (Controller.own_process)."""
     got = kube.get_record(run)
     if got is None:
         raise UserError(f"no run named {run!r} in namespace {kube.namespace} (see `reslice runs`)")
     rundir = RunDir(got[0].spec.run_dir, got[0].spec.trainer)
     console = console or Console()
     stop = stop or threading.Event()
-    controller = Controller(kube, resync_s=resync_s, lease_s=lease_s)
+    controller = Controller(kube, resync_s=resync_s, lease_s=lease_s, own_process=own_process)
     throttle = Throttle(1.0)
     state = {"rec": got[0]}
 
@@ -84,6 +86,7 @@ def watch_all(
     lease_s: int = 15,
     log=print,
     health_port: int = 0,
+    own_process: bool = False,
 ) -> None:
     """The in-cluster mode: every non-terminal run of the namespace, each owned through its Lease
     so that two replicas never act on one run at once. With `health_port`, /healthz and /readyz
@@ -94,7 +97,7 @@ def watch_all(
         if d is not None and d.acts:
             log(f"{time.strftime('%H:%M:%S')} {result.run}: {d.action}: {d.reason}")
 
-    controller = Controller(kube, resync_s=resync_s, lease_s=lease_s, on_pass=report)
+    controller = Controller(kube, resync_s=resync_s, lease_s=lease_s, on_pass=report, own_process=own_process)
     health = None
     if health_port:
         health = HealthServer(health_port, controller.loop_state, stall_after(resync_s)).start()

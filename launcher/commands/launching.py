@@ -173,7 +173,7 @@ def launch(
         watcher = submit_first_segment(conn.kube, run)
         console.print(f"detached: segment 0 submitted; {watcher}. `reslice status {run}` reports")
         return
-    finish(conn.kube, run, watch_run(conn.kube, run, console=console))
+    finish(conn.kube, run, watch_run(conn.kube, run, console=console, own_process=True))
 
 
 def preflight(
@@ -323,6 +323,6 @@ def watch(
     if all_runs:
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        watch_all(kube, stop, resync_s=resync, lease_s=lease, health_port=health_port)
+        watch_all(kube, stop, resync_s=resync, lease_s=lease, health_port=health_port, own_process=True)
         return
-    finish(kube, run, watch_run(kube, run, console=console, resync_s=resync, lease_s=lease))
+    finish(kube, run, watch_run(kube, run, console=console, resync_s=resync, lease_s=lease, own_process=True))

@@ -4,6 +4,8 @@ selectors), and the run's Lease is renewed on a period with one PUT."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 from kubernetes import client
@@ -19,6 +21,7 @@ from launcher.render import RunSpec
 from launcher.snapshot import Snapshot
 from tests.controller.harness import wait_for
 from tests.support.fakeclock import FakeClock
+from tests.trainer.runs import ROOT
 
 PRESET = "tpu7x-2x2x2"
 
@@ -130,3 +133,30 @@ def test_each_controller_keeps_its_own_events_memo():
     assert events(second, *theirs) == (*theirs[0], *theirs[1])
     assert events(first, *mine) is joined  # the second controller's pass left the first's memo alone
     assert events(first, mine[0], ()) == mine[0]  # one side empty: no join to keep
+
+
+FREEZE_PROBE = """
+import gc
+from launcher.controller import FREEZE_EVERY_S, Controller
+
+off = Controller(None)  # a controller sharing its process (tests, the demo) leaves the GC alone
+off._tune_process()
+assert gc.get_freeze_count() == 0
+c = Controller(None, own_process=True)
+c._tune_process()  # once the caches have listed
+frozen = gc.get_freeze_count()
+assert frozen > 10_000, frozen
+kept = [[i] for i in range(50_000)]  # what a relist would bring
+c._tune_process()  # not again before FREEZE_EVERY_S
+assert gc.get_freeze_count() == frozen
+c._frozen_at -= FREEZE_EVERY_S
+c._tune_process()
+assert gc.get_freeze_count() >= frozen + 50_000
+print("ok")
+"""
+
+
+def test_a_controller_process_freezes_its_heap_once_synced_then_on_a_period() -> None:
+    # In a process of its own: freezing would reach into this test process's heap.
+    out = subprocess.run([sys.executable, "-c", FREEZE_PROBE], capture_output=True, text=True, cwd=ROOT)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
