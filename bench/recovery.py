@@ -14,9 +14,10 @@ on the new shape (total) <= 3 s (issue 12).
 
 "spawned" is from the submit to the start of the last new trainer process and "start-up" from there
 to the first step; a second table shows, per start-up phase, the median over every new process of
-wall and CPU seconds (the line each trainer process prints, trainer/startup.py). Measured on 2 shared
-cores at load average 4-6: total median 5.08 s (5.08-8.73), spawned 0.56 s, 2.66 CPU s per process
-(imports 1.24, first step 0.75, train step 0.23); README.md has the breakdown.
+wall and CPU seconds (the line each trainer process prints, trainer/startup.py). Measured on these
+2 cores: total median 2.40 s over 5 shrinks (2.31-2.93), and 3.17 s over 3 and 3.23 s over 5 from a
+fresh clone when the machine ran ~30 % slower, against 3.81-4.53 s before this stop's changes; README.md has the
+breakdown. The first shrink of a run loads or compiles the one-slice train step for the first time.
 """
 
 from __future__ import annotations
