@@ -336,10 +336,10 @@ class Controller:
 
     def _tune_process(self) -> None:
         """For a controller that has its process to itself: its heap collected once, then frozen
-        (``gc.freeze``), when the caches have listed and every FREEZE_EVERY_S after. The caches hold the run's pods and
-        nodes, tens of thousands of long-lived objects, and every full collection of the cyclic
-        GC walked them all: 100-150 ms at 3,072 pods (measured in `bench.controller_scale`'s
-        controller), landing inside decisions. Frozen, collections skip them; their JSON has no
+        (``gc.freeze``), when the caches have listed and every FREEZE_EVERY_S after. The caches
+        hold the run's pods and nodes, tens of thousands of long-lived objects, and every full
+        collection of the cyclic GC walked them all: 100-150 ms at 3,072 pods (measured in
+        `bench.controller_scale`'s controller), landing inside decisions. Frozen, collections skip them; their JSON has no
         cycles, so reference counting still frees them when a watch event replaces them."""
         if not self.own_process:
             return

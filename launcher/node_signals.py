@@ -103,23 +103,17 @@ def _pools(
     return {p: PoolObservation(p, *a) for p, a in acc.items()}
 
 
-def free_pools(pools: Iterable[PoolObservation], presets: Iterable[Preset]) -> dict[str, tuple[str, ...]]:
-    """Per preset: the names of the free, healthy, whole slices that `capacity` counts, in its order
-    (earliest usable first)."""
-    free = sorted((p for p in pools if not p.busy), key=lambda p: (p.since, p.name))
-    return {preset.name: tuple(p.name for p in free if p.whole_slice_of(preset)) for preset in presets}
+def free_slices(
+    pools: Iterable[PoolObservation], presets: Iterable[Preset]
+) -> dict[str, tuple[PoolObservation, ...]]:
+    """Per preset: every free, healthy, whole slice, earliest usable first (then by name).
 
-
-def capacity(pools: Iterable[PoolObservation], presets: Iterable[Preset]) -> dict[str, tuple[float, ...]]:
-    """Per preset: the `since` times of every free, healthy, whole slice, earliest first.
-
-    A shape of n slices of preset P fits when there are at least n entries, and has fitted since
-    the n-th entry.
+    A shape of n slices of preset P fits when there are at least n of them, and has fitted since
+    the n-th one's `since` (the observation's `capacity`); a one-slice segment may name one
+    (its `free_pools`).
     """
-    pools = [p for p in pools if not p.busy]
-    return {
-        preset.name: tuple(sorted(p.since for p in pools if p.whole_slice_of(preset))) for preset in presets
-    }
+    free = sorted((p for p in pools if not p.busy), key=lambda p: (p.since, p.name))
+    return {preset.name: tuple(p for p in free if p.whole_slice_of(preset)) for preset in presets}
 
 
 @dataclass(frozen=True)

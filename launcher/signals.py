@@ -17,7 +17,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 
 from launcher import rfc3339
-from launcher.node_signals import capacity, free_pools, nodes_view
+from launcher.node_signals import free_slices, nodes_view
 from launcher.pod_signals import (
     ABSENT,
     APP_FAILURE,
@@ -200,6 +200,7 @@ def _observe(
     disruptions += [f"node pool {name}: gone" for name in lost if name not in pools]
 
     exit_codes = mine.exit_codes
+    free = free_slices(pools.values(), presets)
     return Observation(
         now=0.0,
         segment=segment,
@@ -217,8 +218,8 @@ def _observe(
         disruptions=tuple(sorted(set(disruptions))),
         nodepools_in_use=tuple(in_use),
         lost_nodepools=tuple(lost),
-        capacity=capacity(pools.values(), presets),
-        free_pools=free_pools(pools.values(), presets),
+        capacity={preset: tuple(p.since for p in slices) for preset, slices in free.items()},
+        free_pools={preset: tuple(p.name for p in slices) for preset, slices in free.items()},
         live_jobsets=tuple(
             sorted(n for n, j in by_name.items() if not j["metadata"].get("deletionTimestamp"))
         ),
