@@ -179,6 +179,8 @@ class Steps:
 def finish_step(inc: Incarnation, pending: Pending, since: float, startup: dict[str, Any]) -> StepResult:
     """Wait for the pending step and build its record, with `startup` merged in (the caller passes
     the start-up timers with the first step of an incarnation only)."""
+    if jax.process_count() > 1:
+        distributed.await_step(pending.device_metrics)
     m = unpack(jax.device_get(pending.device_metrics))
     now = time.perf_counter()
     rec = inc.recorder(pending.n, m, pending.batch, pending.data_s, now - since)
