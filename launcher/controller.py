@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 
 from kubernetes.utils.retry import retry_on_conflict
@@ -49,6 +49,12 @@ FREEZE_EVERY_S = 600.0
 
 def lease_name(run: str) -> str:
     return f"reslice-{run}-controller"
+
+
+def _opened() -> threading.Event:
+    event = threading.Event()
+    event.set()
+    return event
 
 
 def default_identity() -> str:
@@ -79,6 +85,9 @@ class Controller:
     _held: set[str] = field(default_factory=set)
     _unusable_seen: set[str] = field(default_factory=set)
     _wake: threading.Event = field(default_factory=threading.Event)
+    # Set while the watches may apply events to the caches; cleared while a pass decides
+    # (`_deciding`).
+    _ingest: threading.Event = field(default_factory=_opened)
     # Why the loop was woken, counted: watch events per kind, and watch errors such as 410 Gone.
     wakeups: Counter = field(default_factory=Counter)
     last_error: str | None = None
@@ -148,26 +157,27 @@ class Controller:
     # --- one pass ------------------------------------------------------------------------------
 
     def reconcile(self, run: str, snap: Snapshot | None = None) -> PassResult:
-        got = self.record(run)
-        if got is None:
-            return PassResult(run, None, None)
-        rec, rv = got
-        if rec.terminal:
-            return PassResult(run, policy.Decision(policy.WAIT, f"run is {rec.state}", rec), None)
-        snap = snap or self.snapshot()
-        rundir = RunDir(rec.spec.run_dir, rec.spec.trainer)
-        obs = observe_run(rec, snap, rundir, self.clock(), self.catalog)
-        spec = rec.spec
-        ladder = shrink_ladder(
-            rec.requested(self.catalog),
-            spec.global_batch,
-            spec.max_micro_batch,
-            spec.max_grad_accum,
-            catalog=self.catalog,
-            model_parallel=spec.model_parallel,
-            trainer_config=json.loads(spec.trainer_config) if spec.trainer_config else None,
-        )
-        decision = policy.decide(rec, obs, ladder, self.catalog)
+        with self._deciding():
+            got = self.record(run)
+            if got is None:
+                return PassResult(run, None, None)
+            rec, rv = got
+            if rec.terminal:
+                return PassResult(run, policy.Decision(policy.WAIT, f"run is {rec.state}", rec), None)
+            snap = snap or self.snapshot()
+            rundir = RunDir(rec.spec.run_dir, rec.spec.trainer)
+            obs = observe_run(rec, snap, rundir, self.clock(), self.catalog)
+            spec = rec.spec
+            ladder = shrink_ladder(
+                rec.requested(self.catalog),
+                spec.global_batch,
+                spec.max_micro_batch,
+                spec.max_grad_accum,
+                catalog=self.catalog,
+                model_parallel=spec.model_parallel,
+                trainer_config=json.loads(spec.trainer_config) if spec.trainer_config else None,
+            )
+            decision = policy.decide(rec, obs, ladder, self.catalog)
         decided_at = time.time()  # the record's PUT follows: what the API server takes is after this
 
         entries = []
@@ -350,12 +360,29 @@ class Controller:
         gc.freeze()
         self._frozen_at = now
 
+    @contextlib.contextmanager
+    def _deciding(self) -> Iterator[None]:
+        """The watches hold off applying events while a pass reads and decides. In a burst (a node
+        pool lost: 768 node and 1,536 pod events at 4 x tpu7x-8x8x48) the watch threads decode
+        JSON for most of a second, and the GIL went to them two times in three: a pass of 20 ms
+        CPU took 60-150 ms to decide (bench.controller_scale). Held off, each watch decodes at most
+        one more event meanwhile; the API server buffers the rest (a real one, a watch channel;
+        the embedded one, 50,000 events), and the pass decides on one consistent state."""
+        self._ingest.clear()
+        try:
+            yield
+        finally:
+            self._ingest.set()
+
     def start_caches(self, halt: threading.Event) -> None:
         """Start a watch thread per cache; they run until `halt`."""
         self.caches = {name: Cache(src) for name, src in SOURCES.items()}
         for name, cache in self.caches.items():
             threading.Thread(
-                target=cache.run, args=(self.kube.lists, self.wake, halt), name=f"watch-{name}", daemon=True
+                target=cache.run,
+                args=(self.kube.lists, self.wake, halt, self._ingest.wait),
+                name=f"watch-{name}",
+                daemon=True,
             ).start()
 
     def _turned(self, ok: bool) -> None:

@@ -131,8 +131,16 @@ class Cache:
                 self._count(now, 1)
         return True
 
-    def run(self, lists: ListWatch, wake: Callable[[str], None], stop: threading.Event) -> None:
-        """List, then watch and apply, until `stop`; `wake(kind)` after every change.
+    def run(
+        self,
+        lists: ListWatch,
+        wake: Callable[[str], None],
+        stop: threading.Event,
+        gate: Callable[[], object] = lambda: None,
+    ) -> None:
+        """List, then watch and apply, until `stop`; `wake(kind)` after every change. `gate()`
+        returns when the next event may be applied (the controller holds events off while it
+        decides).
 
         Errors wake with words (the health probe tells a synced watch by a bare-kind wake-up)."""
         kind, src = self.source.kind, self.source
@@ -149,6 +157,7 @@ class Cache:
                         self.resource_version = None  # 410 Gone: the history is compacted, relist
                         wake(f"{kind}: watch error {obj.get('code')}")
                         break
+                    gate()
                     if self.apply(etype, obj):
                         wake(kind)
             except Exception as e:  # connection refused/reset while the API server restarts

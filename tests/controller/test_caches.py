@@ -160,3 +160,23 @@ def test_a_controller_process_freezes_its_heap_once_synced_then_on_a_period() ->
     # In a process of its own: freezing would reach into this test process's heap.
     out = subprocess.run([sys.executable, "-c", FREEZE_PROBE], capture_output=True, text=True, cwd=ROOT)
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_the_watches_hold_events_off_while_a_pass_decides():
+    # A pass decides on one state, and in a burst of events it gets the interpreter to itself:
+    # what arrives meanwhile is applied once it has decided.
+    with EmbeddedCluster(nodepools=[NodePoolSpec(PRESET, count=1)], mode="simulate") as cluster:
+        controller = Controller(Kube(cluster.api_client(), "default"))
+        halt = threading.Event()
+        controller.start_caches(halt)
+        try:
+            wait_for(controller.synced, 30, "the caches")
+            names = lambda: {n["metadata"]["name"] for n in controller.caches["nodes"].items()}  # noqa: E731
+            gone = sorted(names())[0]
+            with controller._deciding():
+                client.CoreV1Api(cluster.api_client()).delete_node(gone)
+                threading.Event().wait(0.5)  # the watch has had time to deliver the deletion
+                assert gone in names(), "an event was applied while the pass decided"
+            wait_for(lambda: gone not in names(), 10, "the deletion applied")
+        finally:
+            halt.set()
