@@ -34,7 +34,7 @@ def test_shrink_on_capacity_loss_then_grow_back_on_gcs(tmp_path, reference):
                 global_batch=MULTI_HOST_BATCH,
             )  # fmt: skip
             h.start_controller("elastic")
-            h.wait_step("elastic", 5, timeout=150)
+            h.wait_step("elastic", 5, timeout=300)
             survivor = h.pool(0)
             h.cluster.remove(h.pool(1))  # capacity gone: nodes deleted, running pods fail
             wait_for(lambda: len(h.record("elastic").segments) >= 2, 60, "the shrink to a new segment")

@@ -20,7 +20,7 @@ def test_controller_killed_mid_shrink(tmp_path):
         first = h.controller_process(
             "takeover", tmp_path / "controller-1.log", crash_point="after-record:start-segment:1"
         )
-        h.wait_step("takeover", 5, timeout=150)
+        h.wait_step("takeover", 5, timeout=300)  # a cold compile cache, 4 processes, a loaded machine
         h.cluster.remove(h.pool(1))
         assert first.wait(timeout=90) == 137, "the first controller should die at its crash point"
         rec = h.record("takeover")
