@@ -365,7 +365,7 @@ class Controller:
         """The watches hold off applying events while a pass reads and decides. In a burst (a node
         pool lost: 768 node and 1,536 pod events at 4 x tpu7x-8x8x48) the watch threads decode
         JSON for most of a second and share the interpreter lock with the pass: a pass of 5-20 ms
-        CPU took 60-150 ms to decide (bench.controller_scale); held off, 11-22 ms. Each watch
+        CPU took 80-150 ms to decide (bench.controller_scale); held off, 11-22 ms. Each watch
         decodes at most one more event meanwhile; the API server buffers the rest (a real one, a
         watch channel; the embedded one, 50,000 events), and the pass decides on one state."""
         self._ingest.clear()
