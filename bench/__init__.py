@@ -7,8 +7,10 @@
 import os
 from pathlib import Path
 
+from launcher.embedded import podenv
+
 # Trainer processes share one persistent compilation cache, as in the tests.
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.update(podenv.simulated_host(os.environ))  # as the embedded kubelet's trainers run
 os.environ.setdefault(
     "JAX_COMPILATION_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "jax")
 )

@@ -9,9 +9,13 @@ end-to-end tests inside the CI budget on two cores.
 import os
 from pathlib import Path
 
+from launcher.embedded import podenv
+
 ROOT = Path(__file__).resolve().parent.parent
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# This process and every trainer it starts run as the embedded kubelet's processes do (JAX on CPU,
+# the same XLA flags): then they load each other's compile cache entries.
+os.environ.update(podenv.simulated_host(os.environ))
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".cache" / "jax"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")

@@ -459,6 +459,13 @@ def test_hostname_rewrite_and_expansion():
     )
     assert env["PATH"] == "/bin" and env["JAX_PLATFORMS"] == "cpu" and env["JAX_NUM_CPU_DEVICES"] == "8"
     assert env["X"].startswith("127.0.0.1:")
+    assert env["XLA_FLAGS"] == podenv.NO_YNN_DOTS and env["OPENBLAS_NUM_THREADS"] == "1"
+    # The user's own XLA flags are kept, a YNN setting of theirs too.
+    mine = {"XLA_FLAGS": "--xla_dump_to=/d", "OPENBLAS_NUM_THREADS": "2"}
+    env = podenv.local_env({}, mine, chips=4, devices_per_chip=2, hostname="h", rewrite=None)
+    assert env["XLA_FLAGS"] == f"--xla_dump_to=/d {podenv.NO_YNN_DOTS}" and env["OPENBLAS_NUM_THREADS"] == "2"
+    ynn = {"XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type=individual_dot"}
+    assert podenv.simulated_host(ynn)["XLA_FLAGS"] == ynn["XLA_FLAGS"]
 
 
 def test_fit_error_counts_each_node_once_per_reason():

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 
+from launcher.embedded import podenv
 from launcher.memory import estimate
 from launcher.plan import plan_batch
+from tests.trainer.runs import ROOT
 from trainer import config
-from trainer.__main__ import main
 
 # A small dense decoder with every memory feature on: bf16, whole-block remat, query blocks of 128
 # of 512 positions, a chunked loss; fsdp 4 × tensor 2 on the 8 simulated devices.
@@ -20,10 +24,23 @@ MINI = [
 ]  # fmt: skip
 
 
-def test_memory_json_and_the_analytic_estimate_within_25_percent(cpu8: list, capsys, monkeypatch) -> None:
-    monkeypatch.setenv("RESLICE_GLOBAL_BATCH", "16")
-    assert main(["--config", "tiny", "--memory", *(a for s in MINI for a in ("--set", s))]) == 0
-    report = json.loads(capsys.readouterr().out)
+def test_memory_json_and_the_analytic_estimate_within_25_percent() -> None:
+    # Against XLA:CPU's default pipeline, as `--memory` compiles on a user's machine: the embedded
+    # kubelet's Eigen dots (podenv.simulated_host, which this session runs with) need 10 % less
+    # temporary memory for this step (54.0 MB against 59.9), the estimate being 71.9 MB.
+    flags = os.environ.get("XLA_FLAGS", "").replace(podenv.NO_YNN_DOTS, "")
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_NUM_CPU_DEVICES="8", RESLICE_GLOBAL_BATCH="16")
+    args = ["--config", "tiny", "--memory", *(a for s in MINI for a in ("--set", s))]
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
     assert report["mesh"] == {"data": 1, "fsdp": 4, "expert": 1, "tensor": 2}
     assert (report["dp_ranks"], report["micro_batch"], report["grad_accum"]) == (4, 4, 1)
     assert report["per_device_bytes"] == (
