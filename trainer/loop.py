@@ -350,7 +350,10 @@ def run(
             else:
                 # Nothing restored: the look for a checkpoint (opening Orbax's manager) is start-up.
                 restore_s = 0.0
-                state = init_state(cfg, mesh, abstract)
+                devices, hits = list(mesh.devices.flat), compile_cache.hits()
+                state = init_state(cfg, mesh, abstract, lambda low: compile_cache.compiled(low, devices))
+                if compile_cache.hits() > hits:
+                    print("trainer: initial state's program loaded from the compile cache", flush=True)
                 timeline.mark("init")
             writer.status(state="running", step=start, **status)
             steps = _build_steps(cfg, mesh, graphdef, abstract, plan.grad_accum)

@@ -78,10 +78,17 @@ def shardings_of(state: nnx.State) -> Any:
     return jax.tree.map(lambda a: a.sharding, state)
 
 
-def init_state(cfg: Config, mesh: Mesh, abstract: nnx.State) -> nnx.State:
-    """Materialise the initial state directly in its shardings (no host-side full copy)."""
+def init_state(
+    cfg: Config,
+    mesh: Mesh,
+    abstract: nnx.State,
+    compile: Callable[[jax.stages.Lowered], jax.stages.Compiled] = lambda lowered: lowered.compile(),
+) -> nnx.State:
+    """Materialise the initial state directly in its shardings (no host-side full copy); ``compile``
+    turns the lowered initializer into its executable (the loop passes the run's compile cache)."""
     with nnx.logical_axis_rules(logical_rules(cfg.mesh)):
-        return jax.jit(lambda: nnx.state(_build(cfg)), out_shardings=shardings_of(abstract))()
+        lowered = jax.jit(lambda: nnx.state(_build(cfg)), out_shardings=shardings_of(abstract)).lower()
+    return compile(lowered)()
 
 
 SCALARS = ("loss", "total_loss", "lb_loss", "z_loss", "grad_norm", "lr", "stop")

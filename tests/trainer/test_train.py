@@ -168,10 +168,11 @@ def test_two_processes_train_to_the_end_and_both_load_the_train_step_when_resume
         "ocdbt.process_0",
         "ocdbt.process_1",
     }
-    # Every process keeps its own entries on CPU (JAX's cache key differs per process there): the
-    # lowered program's and the train step's, keyed before tracing.
+    # Every process keeps its own entries on CPU (JAX's cache key differs per process there, and
+    # JAX writes process 0's only): the lowered train step's and the initial state's program in
+    # process-<i>, the train step keyed before tracing in train-step.
     for i in (0, 1):
-        assert len(list((tmp_path / "cache" / f"process-{i}").iterdir())) == 1
+        assert len(list((tmp_path / "cache" / f"process-{i}").iterdir())) == 2
     assert len(list((tmp_path / "cache" / "train-step").iterdir())) == 2
     # A second segment on the same shape with another config that makes the same program: the key
     # without tracing misses (a config change may change the program), the lowered program's entry
@@ -183,6 +184,15 @@ def test_two_processes_train_to_the_end_and_both_load_the_train_step_when_resume
         assert p.wait() == 0, p.output()[-4000:]
         assert "resumed step 40 " in p.output() and "train step loaded from the compile cache" in p.output()
     assert len(list((tmp_path / "cache" / "train-step").iterdir())) == 4
+    # A fresh run of that shape: neither process compiles the initial state's program (process 1
+    # did at every fresh start while JAX's cache alone served it).
+    (tmp_path / "fresh").mkdir()
+    short = ["--set", "train.steps=2", "--set", "optim.decay_steps=40"]
+    procs = runs.processes(str(tmp_path / "run2"), tmp_path / "fresh", grad_accum=2, extra=cache, args=short)
+    for p in procs:
+        assert p.wait() == 0, p.output()[-4000:]
+        assert "trainer: initial state's program loaded from the compile cache" in p.output()
+        assert "train step loaded from the compile cache" in p.output()
 
 
 def test_survivor_of_a_dead_peer_exits_peer_lost_at_once_instead_of_waiting_for_the_heartbeat(
