@@ -222,32 +222,37 @@ def _quiet_abandoned_reads(abandoned: Callable[[], bool]) -> Iterator[None]:
     ignored in <coroutine>" or asyncio's "Task exception was never retrieved" with a traceback
     (2500 lines for the tiny model). The one line that says the step is unusable is the report.
     ``abandoned()``: whether a restore failed, so that there is garbage to collect (a full
-    collection costs 0.08 CPU s after the trainer's imports, on every start-up otherwise)."""
+    collection costs 0.08 CPU s after the trainer's imports, on every start-up otherwise).
+
+    A read still in flight when Orbax gave up (on gs://) completes later on tensorstore's thread and
+    calls back into Orbax's closed event loop: "RuntimeError: Event loop is closed", an unraisable
+    error without an object, which the default hook prints as a bare traceback. It may come after
+    this block, so once a restore was abandoned those stay quiet for the process's life."""
     previous = sys.unraisablehook
     asyncio_log = logging.getLogger("asyncio")
     level = asyncio_log.level
     asyncio_log.setLevel(logging.CRITICAL)
 
     def hook(unraisable: Any) -> None:
-        if not inspect.iscoroutine(unraisable.object):
+        if not (inspect.iscoroutine(unraisable.object) or _closed_loop(unraisable.exc_value)):
             previous(unraisable)
 
-    # A read abandoned on gs:// may also call back into Orbax's closed event loop from tensorstore's
-    # thread, which prints "RuntimeError: Event loop is closed" through sys.excepthook.
-    previous_excepthook = sys.excepthook
+    def late(unraisable: Any) -> None:
+        if not _closed_loop(unraisable.exc_value):
+            previous(unraisable)
 
-    def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
-        if not (kind is RuntimeError and "Event loop is closed" in str(value)):
-            previous_excepthook(kind, value, tb)
-
-    sys.unraisablehook, sys.excepthook = hook, excepthook
+    sys.unraisablehook = hook
     try:
         yield
+    finally:
         if abandoned():
             gc.collect()  # the abandoned coroutines go now, while the hook is in place
-    finally:
-        sys.unraisablehook, sys.excepthook = previous, previous_excepthook
+        sys.unraisablehook = late if abandoned() else previous
         asyncio_log.setLevel(level)
+
+
+def _closed_loop(error: BaseException | None) -> bool:
+    return isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
 
 
 def _move(src: epath.Path, dst: epath.Path) -> None:
