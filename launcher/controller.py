@@ -125,7 +125,8 @@ class Controller:
         if self.synced():
             caches = self.caches
             items = {name: c.items() for name, c in caches.items() if name not in {"records", "foreign-pods"}}
-            return Snapshot.of(items, caches["foreign-pods"].indexed(), self._events_join)
+            departed = caches["pods"].take_departed()
+            return Snapshot.of(items, caches["foreign-pods"].indexed(), self._events_join, departed)
         return Snapshot.read(self.kube)
 
     def record(self, run: str) -> tuple[RunRecord, str] | None:

@@ -43,6 +43,9 @@ class Source:
     field_selector: str | None = None
     keep: Callable[[dict], Any] | None = None  # what is cached of each object (all of it: None)
     index: Callable[[Any], str | None] | None = None  # of what `keep` made
+    # Keep the last state of what is deleted until `take_departed()` (what client-go hands an
+    # informer's OnDelete): an object may be updated and deleted between two passes.
+    departed: bool = False
 
     @property
     def name(self) -> str:
@@ -65,12 +68,21 @@ class Cache:
     _tuple: tuple[Any, ...] | None = None  # items() until the next change
     _counts: Counter = field(default_factory=Counter)  # index value -> cached objects with it
     _keys: frozenset[str] | None = None  # indexed() until the set of index values changes
+    _departed: dict[tuple[str, str], Any] = field(default_factory=dict)
 
     def items(self) -> tuple[Any, ...]:
         with self._lock:
             if self._tuple is None:
                 self._tuple = tuple(self._items.values())
             return self._tuple
+
+    def take_departed(self) -> tuple[Any, ...]:
+        """The last state of each object deleted since the last call (Source.departed)."""
+        with self._lock:
+            if not self._departed:
+                return ()
+            out, self._departed = tuple(self._departed.values()), {}
+            return out
 
     def indexed(self) -> frozenset[str]:
         """The index values (Source.index) of the cached objects."""
@@ -122,6 +134,8 @@ class Cache:
             was = self._value(self._items.get(key(obj)))
             if etype == "DELETED":
                 self._items.pop(key(obj), None)
+                if self.source.departed:
+                    self._departed[key(obj)] = self.source.keep(obj) if self.source.keep else obj
                 now = None
             else:
                 kept = self._items[key(obj)] = self.source.keep(obj) if self.source.keep else obj

@@ -174,6 +174,26 @@ class RunPods:
     causes: dict[int, str]
 
 
+def disruptions_of(views: Iterable[PodView]) -> tuple[str, ...]:
+    """What the pods' own status says disrupted them, one line each (for the ledger and the view)."""
+    out = []
+    for v in views:
+        if v.disruption:
+            out.append(f"pod {v.name}: DisruptionTarget {v.disruption}")
+        if v.reason in {"Terminated", "NodeShutdown"}:
+            out.append(f"pod {v.name}: {v.reason}")
+        if v.exit_code == EXIT_PEER_LOST:
+            out.append(f"pod {v.name}: peer lost (exit {EXIT_PEER_LOST})")
+    return tuple(out)
+
+
+def departed_disruptions(run: str, segment: int | None, departed: Sequence[dict]) -> tuple[str, ...]:
+    """The disruptions of the segment's pods deleted since the last pass, from their last state: a
+    pod PodGC fails and deletes at once (DeletionByPodGC) is gone before a pass may see it."""
+    views = (pod_view(p) for p in departed if (p["metadata"].get("labels") or {}).get(LABEL_RUN) == run)
+    return disruptions_of(v for v in views if v.segment == segment)
+
+
 def run_pods(run: str, segment: int | None, pods: Sequence[dict]) -> RunPods:
     _pod_view.retain(pods)  # every run's pods: the views of pods deleted since go
     own = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_RUN) == run]
@@ -188,13 +208,6 @@ def run_pods(run: str, segment: int | None, pods: Sequence[dict]) -> RunPods:
     )
     seg_pods = tuple(v for v in views if v.segment == segment)
     pending = tuple(v for v in seg_pods if v.alive and not v.deleting and v.node is None)
-    disruptions = [f"pod {v.name}: DisruptionTarget {v.disruption}" for v in seg_pods if v.disruption]
-    disruptions += [
-        f"pod {v.name}: {v.reason}" for v in seg_pods if v.reason in {"Terminated", "NodeShutdown"}
-    ]
-    disruptions += [
-        f"pod {v.name}: peer lost (exit {EXIT_PEER_LOST})" for v in seg_pods if v.exit_code == EXIT_PEER_LOST
-    ]
     return RunPods(
         own=len(own),
         seg_pods=seg_pods,
@@ -202,7 +215,7 @@ def run_pods(run: str, segment: int | None, pods: Sequence[dict]) -> RunPods:
         placed=tuple({v.node for v in seg_pods if v.node and v.alive}),
         pending=pending,
         unsched=tuple(v for v in pending if v.unschedulable_since is not None),
-        disruptions=tuple(disruptions),
+        disruptions=disruptions_of(seg_pods),
         exit_codes=tuple(v.exit_code for v in seg_pods if v.exit_code not in (None, 0)),
         running=sum(v.phase == "Running" and not v.deleting for v in seg_pods),
         causes=attempt_causes(seg_pods),

@@ -32,6 +32,7 @@ from launcher.pod_signals import (
     RUNNING,
     SUSPENDED,
     Failure,
+    departed_disruptions,
     jobset_phase,
     run_pods,
     stronger,
@@ -132,6 +133,7 @@ def observe(
     nodes: Sequence[dict],
     events: Sequence[dict],
     presets: Iterable[Preset],
+    departed_pods: Sequence[dict] = (),
     foreign_nodes: AbstractSet[str] = frozenset(),
     committed_step: int | None,
     trainer: dict | None,
@@ -150,6 +152,8 @@ def observe(
         slice_hosts,
     )
     got = _observe_memo(small, jobsets, pods, nodes, events, foreign_nodes)
+    if gone := departed_disruptions(run, segment, departed_pods):
+        got = replace(got, disruptions=tuple(sorted({*got.disruptions, *gone})))
     return replace(got, now=now, committed_step=committed_step, trainer=trainer)
 
 

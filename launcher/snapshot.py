@@ -21,7 +21,7 @@ from launcher.rundir import RunDir
 # serves them), so that a namespace and a cluster full of other workloads cost a pass nothing:
 SOURCES = {
     "jobsets": Source("jobsets", LABEL_RUN),
-    "pods": Source("pods", LABEL_RUN, keep=projections.run_pod),
+    "pods": Source("pods", LABEL_RUN, keep=projections.run_pod, departed=True),
     # Pods of other workloads only mark nodes busy: the live, scheduled ones, a node each.
     "foreign-pods": Source(
         "pods",
@@ -53,6 +53,7 @@ class Snapshot:
     nodes: Sequence[dict]
     events: Sequence[dict]
     foreign_nodes: frozenset[str] = frozenset()  # nodes live pods of other workloads are on
+    departed_pods: Sequence[dict] = ()  # the run pods' last states, of those deleted since the last pass
 
     @staticmethod
     def read(kube: Kube) -> Snapshot:
@@ -65,10 +66,11 @@ class Snapshot:
         items: dict[str, Sequence[dict]],
         foreign_nodes: frozenset[str],
         join: Callable[[Sequence[dict], Sequence[dict]], Sequence[dict]] | None = None,
+        departed_pods: Sequence[dict] = (),
     ) -> Snapshot:
         failed, no_scale_up = items["events"], items["events-scale-up"]
         events = (join or EventsJoin())(failed, no_scale_up)
-        return Snapshot(items["jobsets"], items["pods"], items["nodes"], events, foreign_nodes)
+        return Snapshot(items["jobsets"], items["pods"], items["nodes"], events, foreign_nodes, departed_pods)
 
 
 @dataclass
@@ -117,6 +119,7 @@ def observe_run(
         slice_hosts=shape.preset.hosts if shape else 0,
         jobsets=[j for j in snap.jobsets if (j["metadata"].get("labels") or {}).get(LABEL_RUN) == rec.name],
         pods=snap.pods,
+        departed_pods=snap.departed_pods,
         foreign_nodes=snap.foreign_nodes,
         nodes=snap.nodes,
         events=snap.events,

@@ -42,3 +42,22 @@ def test_items_are_one_tuple_until_the_cache_changes():
     c.apply("MODIFIED", foreign("a", "n1", "3"))
     assert c.items() is not first and c.items()[0]["metadata"]["resourceVersion"] == "3"
     assert c.indexed() is keys  # the same set of nodes: no new one
+
+
+def test_a_departed_objects_last_state_is_handed_to_one_pass():
+    # PodGC fails a pod and deletes it at once: both events may arrive between two passes, and the
+    # cache then holds nothing of it. A source that asks keeps the last state until it is taken.
+    c = Cache(Source("pods", keep=lambda p: {**p, "kept": True}, departed=True))
+    c.replace([([foreign("a", "n1", "1"), foreign("b", "n1", "2")], "2")])
+    failed = {**foreign("a", "n1", "3"), "status": {"phase": "Failed"}}
+    c.apply("MODIFIED", failed)
+    c.apply("DELETED", {**failed, "metadata": {**failed["metadata"], "resourceVersion": "4"}})
+    (gone,) = c.take_departed()
+    assert (
+        gone["status"] == {"phase": "Failed"} and gone["kept"] and gone["metadata"]["resourceVersion"] == "4"
+    )
+    assert c.take_departed() == () and [p["metadata"]["name"] for p in c.items()] == ["b"]
+    plain = cache()  # a source that does not ask keeps nothing
+    plain.replace([([foreign("a", "n1", "1")], "1")])
+    plain.apply("DELETED", foreign("a", "n1", "2"))
+    assert plain.take_departed() == ()

@@ -28,6 +28,7 @@ def observe(*, pods=(), nodes=(), jobsets=(jobset(),), events=(), segment=0, exp
         trainer=kw.get("trainer"),
         slice_hosts=kw.get("slice_hosts", 0),
         foreign_nodes=kw.get("foreign_nodes", frozenset()),
+        departed_pods=kw.get("departed_pods", ()),
     )
     obs = signals.observe(**args, pods=list(pods), nodes=list(nodes), events=list(events))
     cached = signals.observe(
@@ -63,6 +64,20 @@ def test_disruption_target_reasons_are_reported(reason):
     obs = observe(pods=pods, nodes=FOUR_POOLS)
     assert f"pod demo-0-slice-0-0-aaaaa: DisruptionTarget {reason}" in obs.disruptions
     assert obs.phase == signals.RESTARTING  # a failed pod of the current attempt: JobSet is about to act
+
+
+def test_a_pod_deleted_since_the_last_pass_still_reports_its_disruption():
+    # PodGC marks the pod and deletes it at once: the pass that follows sees only its last state.
+    gone = pod("demo-0-slice-0-0-aaaaa", phase="Failed", disruption="DeletionByPodGC", exit_code=137)
+    other_segment = pod(
+        "demo-1-slice-0-0-bbbbb", segment=1, phase="Failed", disruption="PreemptionByScheduler"
+    )
+    other_run = pod("else-0-slice-0-0-ccccc", run="else", phase="Failed", disruption="PreemptionByScheduler")
+    departed = [projections.run_pod(p) for p in (gone, other_segment, other_run)]
+    obs = observe(pods=RUNNING4[1:], nodes=FOUR_POOLS, departed_pods=departed)
+    assert obs.disruptions == ("pod demo-0-slice-0-0-aaaaa: DisruptionTarget DeletionByPodGC",)
+    assert obs.pods_running == 3  # what is gone counts for nothing else
+    assert observe(pods=RUNNING4[1:], nodes=FOUR_POOLS).disruptions == ()
 
 
 @pytest.mark.parametrize("reason", ["Terminated", "NodeShutdown"])
