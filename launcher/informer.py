@@ -32,6 +32,8 @@ WATCH_TIMEOUT_S = (300, 600)
 # Objects per LIST page (client-go's reflector: 500): a relist of 20,000 pods never sits in memory
 # as one response.
 LIST_PAGE = 500
+# Departed objects kept for the next pass, at most (the oldest go first).
+DEPARTED_MAX = 1000
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,8 @@ class Cache:
                 self._items.pop(key(obj), None)
                 if self.source.departed:
                     self._departed[key(obj)] = self.source.keep(obj) if self.source.keep else obj
+                    if len(self._departed) > DEPARTED_MAX:  # nobody took them: no run is reconciled
+                        self._departed.pop(next(iter(self._departed)))
                 now = None
             else:
                 kept = self._items[key(obj)] = self.source.keep(obj) if self.source.keep else obj

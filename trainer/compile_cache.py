@@ -28,12 +28,11 @@ Two levels, the first tried first (``train_step``):
   entry of the lowered train step under ``<cache>/process-<i>/`` (``load_or_compile``).
 
 On CPU every process also keeps its own train-step entry (the key holds the process index); on TPU
-the key is the same on every host of a slice and process 0 writes it. The initial state's program
-(a fresh start) goes through ``compiled``: on CPU the same per-process entries as the lowered train
-step, elsewhere JAX's cache. Either is written only from
+the key is the same on every host of a slice and process 0 writes it. Either is written only from
 an executable compiled by this process or an earlier one, never from one JAX's cache loaded
-(``_compile``). Entries carry a sha256 of their payload and are written aside, then renamed: a
-reader never loads half an entry.
+(``_compile``). The initial state's program (a fresh start) goes through ``compiled``: on CPU the
+same per-process entries as the lowered train step, elsewhere JAX's cache. Entries carry a sha256
+of their payload and are written aside, then renamed: a reader never loads half an entry.
 
 ``hits()`` counts JAX's own ``/jax/compilation_cache/cache_hits`` events and the loads here, so
 the loop can report whether its compile was a load (``perf/compile_cache_hits``).

@@ -1,7 +1,7 @@
 """launcher/informer.py's Cache, fed by hand: the index and the one-tuple-per-change rule that let
 a pass read 20,000 pods of other workloads as one set (issue 12)."""
 
-from launcher.informer import Cache, Source
+from launcher.informer import DEPARTED_MAX, Cache, Source
 
 
 def foreign(name: str, node: str, rv: str) -> dict:
@@ -57,6 +57,10 @@ def test_a_departed_objects_last_state_is_handed_to_one_pass():
         gone["status"] == {"phase": "Failed"} and gone["kept"] and gone["metadata"]["resourceVersion"] == "4"
     )
     assert c.take_departed() == () and [p["metadata"]["name"] for p in c.items()] == ["b"]
+    for i in range(DEPARTED_MAX + 5):  # nobody takes them: at most DEPARTED_MAX, the newest
+        c.apply("DELETED", foreign(f"p{i}", "n1", str(10 + i)))
+    kept = c.take_departed()
+    assert len(kept) == DEPARTED_MAX and kept[-1]["metadata"]["name"] == f"p{DEPARTED_MAX + 4}"
     plain = cache()  # a source that does not ask keeps nothing
     plain.replace([([foreign("a", "n1", "1")], "1")])
     plain.apply("DELETED", foreign("a", "n1", "2"))
