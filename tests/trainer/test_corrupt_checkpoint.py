@@ -150,7 +150,7 @@ def test_on_gcs_too(committed: Path, clean_resume: dict, gcs: FakeGCS, tmp_path:
     assert sorted(int(a.split("-")[0]) for a in aside) == [4, 6, 8]
 
 
-def test_a_read_a_failed_restore_abandoned_stays_quiet_when_it_completes_later(monkeypatch) -> None:
+def test_a_read_abandoned_by_a_failed_restore_stays_quiet_when_it_completes_later(monkeypatch) -> None:
     # What tensorstore does with a read of gs:// in flight when Orbax gave up on the restore: on
     # completion it calls back into Orbax's closed event loop (an unraisable RuntimeError). Once a
     # restore was abandoned, that says nothing, even after the restores are over; anything else
