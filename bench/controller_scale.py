@@ -155,7 +155,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print one JSON line last")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp())
-    speed = [machine.loop_s()]
+    loop_before = machine.loop_s()
     cluster = ClusterProcess(args.slices, args.preset, tmp)
     try:
         kube = Kube(cluster.api_client(), "default")
@@ -175,7 +175,7 @@ def main() -> None:
         "loaded": loaded,
         "embedded": embedded,
         # Seconds of bench/machine.py's reference loop before and after: the hour's speed.
-        "machine_loop_s": [speed[0], machine.loop_s()],
+        "machine_loop_s": [loop_before, machine.loop_s()],
     }
     print(f"with {out['unrelated_objects']} unrelated objects: pass {loaded['pass_s'] * 1e3:.1f} ms "
           f"(x{out['unrelated_ratio']} alone), decision {loaded['decision_latency_s'] * 1e3:.0f} ms, "
