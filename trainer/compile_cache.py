@@ -24,15 +24,19 @@ Two levels, the first tried first (``train_step``):
   shardings, the devices' topology and the compiler version. On simulated CPU devices with several
   processes it would serve process 0 only: its key hashes the CPU client's topology, which differs
   per process (``jax/_src/cache_key.py``, ``_hash_accelerator_config``), and JAX writes entries
-  from process 0 only (``compiler.py``, ``_cache_write``). So on CPU every process keeps its own
-  entry of the lowered train step under ``<cache>/process-<i>/`` (``load_or_compile``).
+  from process 0 only (``compiler.py``, ``_cache_write``). So on CPU this module keeps the entries
+  of lowered programs itself, under ``<cache>/lowered/`` (``load_or_compile``), keyed by the
+  program and its devices but not the process: one executable serves every process.
 
-On CPU every process also keeps its own train-step entry (the key holds the process index); on TPU
-the key is the same on every host of a slice and process 0 writes it. Either is written only from
-an executable compiled by this process or an earlier one, never from one JAX's cache loaded
-(``_compile``). The initial state's program (a fresh start) goes through ``compiled``: on CPU the
-same per-process entries as the lowered train step, elsewhere JAX's cache. Entries carry a sha256
-of their payload and are written aside, then renamed: a reader never loads half an entry.
+On CPU the processes of a run share one machine's cores (simulated hosts), and N of them compiling
+the same program at once took N times its CPU (10-29 s each for ``tiny`` on 2 loaded cores). So
+there process 0 resolves each program first and the others load what it wrote
+(``_process_0_first``). On TPU each host compiles on its own CPUs at the same time, so none
+waits: JAX's key is the same on every host of a slice, and process 0 writes the train-step entry. Entries are written
+only from an executable compiled by this process or an earlier one, never from one JAX's cache
+loaded (``_compile``). The initial state's program (a fresh start) goes through ``compiled``: on
+CPU the same entries as the lowered train step, elsewhere JAX's cache. Entries carry a sha256 of
+their payload and are written aside, then renamed: a reader never loads half an entry.
 
 ``hits()`` counts JAX's own ``/jax/compilation_cache/cache_hits`` events and the loads here, so
 the loop can report whether its compile was a load (``perf/compile_cache_hits``).
@@ -46,6 +50,7 @@ import json
 import os
 import pickle
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -58,6 +63,7 @@ import optax
 from etils import epath
 from jax.experimental import serialize_executable
 from jax.experimental.compilation_cache import compilation_cache
+from orbax.checkpoint import multihost
 
 _dir: str | None = None
 _hits = 0
@@ -91,26 +97,70 @@ def hits() -> int:
     return _hits
 
 
-def own_entries(platform: str) -> bool:
-    """Whether this process keeps its own entries of lowered programs: JAX's key differs per process
-    only on CPU, and JAX's cache serves process 0."""
+def kept_here(platform: str) -> bool:
+    """Whether this module keeps the entries of lowered programs rather than JAX's cache: on CPU,
+    where JAX's key differs per process and JAX's cache serves process 0 only."""
     return platform == "cpu"
 
 
 def entry_path(lowered: jax.stages.Lowered, device_ids: Sequence[int]) -> epath.Path:
-    """The program (its shardings included), the devices it runs on, this process, the compiler."""
+    """The program (its shardings included), the devices it runs on, the compiler."""
     key = hashlib.sha256()
     for part in (
         lowered.as_text(),
         ",".join(map(str, device_ids)),
-        str(jax.process_index()),
         jax.__version__,
         jax.lib.__version__,
         os.environ.get("XLA_FLAGS", ""),
     ):
         key.update(part.encode())
         key.update(b"\0")
-    return epath.Path(_dir) / f"process-{jax.process_index()}" / key.hexdigest()
+    return epath.Path(_dir) / "lowered" / key.hexdigest()
+
+
+# How long a process waits for process 0 to resolve a program before compiling it itself: as long
+# as the first process waits for the last to join (trainer.distributed.INIT_TIMEOUT_S). A process 0
+# that dies meanwhile ends this one sooner (the coordination service's heartbeat).
+SHARED_WAIT_S = 900.0
+
+
+@contextlib.contextmanager
+def _process_0_first(site: str, path: epath.Path) -> Iterator[None]:
+    """Around resolving the entry at ``path`` (load, or compile and write) at ``site`` ("init",
+    "train-step"): on CPU with several processes, process 0 announces in the coordination
+    service's key-value store once it is done (loaded, written, or failed: then the others compile
+    for themselves), and any other process that finds no entry waits for that first. The
+    announcement carries the entry's name: a process whose key came out different (an environment
+    of its own) compiles for itself instead of waiting for an entry that will never come."""
+    shared = _dir is not None and kept_here(jax.default_backend()) and jax.process_count() > 1
+    if shared and jax.process_index() != 0 and not path.exists():
+        announced = _await_announcement(f"reslice/compile-cache/{site}")
+        if announced is not None and announced != path.name:
+            print(f"trainer: process 0's {site} program differs from this process's, compiling", flush=True)
+    try:
+        yield
+    finally:
+        if shared and jax.process_index() == 0:
+            try:
+                client = multihost.get_jax_distributed_client()
+                client.key_value_set(f"reslice/compile-cache/{site}", path.name, allow_overwrite=True)
+            except Exception as e:  # the others then wait out SHARED_WAIT_S, or die with the group
+                print(f"trainer: {site} program not announced to the other processes ({e})", flush=True)
+
+
+def _await_announcement(key: str, chunk_ms: int = 200) -> str | None:
+    """Process 0's announcement under ``key``, or None after SHARED_WAIT_S. Waited for in short
+    blocking gets: a blocked C++ call runs no Python signal handler (a SIGTERM meanwhile)."""
+    client = multihost.get_jax_distributed_client()
+    deadline = time.monotonic() + SHARED_WAIT_S
+    while time.monotonic() < deadline:
+        t0 = time.monotonic()
+        try:
+            return client.blocking_key_value_get(key, chunk_ms)
+        except Exception:  # DEADLINE_EXCEEDED until process 0 announces
+            time.sleep(max(0.0, chunk_ms / 1000 - (time.monotonic() - t0)))  # no spin on a fast error
+    print(f"trainer: process 0 did not announce {key} within {SHARED_WAIT_S:.0f} s, compiling", flush=True)
+    return None
 
 
 def load_or_compile(
@@ -151,8 +201,8 @@ def _compile(lowered: jax.stages.Lowered) -> tuple[jax.stages.Compiled, bytes | 
     """``lowered.compile()`` and, when it was compiled here, its serialization; None when JAX's
     cache loaded it. On XLA:CPU serializing a loaded executable gives a payload without the
     compiled functions (``NOT_FOUND: Function ... not found`` when it runs), so on CPU, where this
-    process's own entries stand in for JAX's cache, the train step is compiled without JAX's."""
-    if own_entries(jax.default_backend()):
+    module's entries stand in for JAX's cache, programs are compiled without JAX's."""
+    if kept_here(jax.default_backend()):
         with _jax_cache_off():
             executable = lowered.compile()
         return executable, serialize_executable.serialize(executable)[0]
@@ -243,8 +293,6 @@ def program_key(
         "devices": [(d.id, d.process_index, d.platform, d.device_kind) for d in devices],
         "platform": platform,
         "processes": jax.process_count(),
-        # On CPU the executable is this process's own (module docstring).
-        "process": jax.process_index() if platform == "cpu" else None,
         "jax_config": sorted((k, repr(v)) for k, v in jax.config.values.items()),
         "env": sorted(env.items()),
     }  # fmt: skip
@@ -252,12 +300,14 @@ def program_key(
 
 
 def compiled(lowered: jax.stages.Lowered, devices: Sequence[jax.Device]) -> jax.stages.Compiled:
-    """``lowered.compile()``; on CPU through this process's own entry, as the train step's second
+    """``lowered.compile()``; on CPU through this module's entries, as the train step's second
     level: there JAX's cache serves process 0 only, and every other process of a multi-process run
     compiled the state's initializer at every fresh start (7-8 CPU seconds for ``tiny``)."""
-    if _dir is None or not own_entries(jax.default_backend()):
+    if _dir is None or not kept_here(jax.default_backend()):
         return lowered.compile()
-    return load_or_compile(lowered, entry_path(lowered, [d.id for d in devices]), devices)[0]
+    path = entry_path(lowered, [d.id for d in devices])
+    with _process_0_first("init", path):
+        return load_or_compile(lowered, path, devices)[0]
 
 
 def train_step(
@@ -269,17 +319,18 @@ def train_step(
     if _dir is None:
         return jitted.lower(*args).compile()
     path = epath.Path(_dir) / "train-step" / program_key(program, args, devices)
-    entry = _read_whole(path)
-    if entry is not None:
-        loaded = _load(path, lambda: pickle.loads(entry), devices)
-        if loaded is not None:
-            print(f"trainer: train step loaded without tracing from {path}", flush=True)
-            return loaded
-    lowered = jitted.lower(*args)
-    if own_entries(jax.default_backend()):
-        executable, payload = load_or_compile(lowered, entry_path(lowered, [d.id for d in devices]), devices)
-    else:
-        executable, payload = _compile(lowered)
-    if payload is not None and (own_entries(jax.default_backend()) or jax.process_index() == 0):
-        _write_whole(path, pickle.dumps((payload, lowered.in_tree, lowered.out_tree)))
-    return executable
+    with _process_0_first("train-step", path):
+        entry = _read_whole(path)
+        if entry is not None:
+            loaded = _load(path, lambda: pickle.loads(entry), devices)
+            if loaded is not None:
+                print(f"trainer: train step loaded without tracing from {path}", flush=True)
+                return loaded
+        lowered, ids = jitted.lower(*args), [d.id for d in devices]
+        if kept_here(jax.default_backend()):
+            executable, payload = load_or_compile(lowered, entry_path(lowered, ids), devices)
+        else:
+            executable, payload = _compile(lowered)
+        if payload is not None and (kept_here(jax.default_backend()) or jax.process_index() == 0):
+            _write_whole(path, pickle.dumps((payload, lowered.in_tree, lowered.out_tree)))
+        return executable

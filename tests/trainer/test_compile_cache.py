@@ -16,16 +16,16 @@ from etils import epath
 from trainer import compile_cache
 
 
-def test_on_cpu_every_process_keeps_its_own_entries() -> None:
-    assert compile_cache.own_entries("cpu")
-    assert not compile_cache.own_entries("tpu")  # one JAX key for every host of a slice
+def test_on_cpu_the_entries_of_lowered_programs_are_kept_here() -> None:
+    assert compile_cache.kept_here("cpu")
+    assert not compile_cache.kept_here("tpu")  # one JAX key for every host of a slice
 
 
 def test_an_entry_is_written_whole_and_one_cut_short_is_compiled_over(tmp_path: Path) -> None:
     # A constant of its own: no cache of an earlier run can hold this program.
     salt = float(np.random.default_rng().integers(1, 1_000_000))
     lowered = jax.jit(lambda x: jnp.tanh(x) * salt).lower(jax.ShapeDtypeStruct((8,), np.float32))
-    path, dev = epath.Path(tmp_path) / "process-1" / "entry", jax.devices()[:1]
+    path, dev = epath.Path(tmp_path) / "lowered" / "entry", jax.devices()[:1]
     x = np.arange(8, dtype=np.float32)
 
     hits = compile_cache.hits()
