@@ -32,9 +32,9 @@ On CPU the processes of a run share one machine's cores (simulated hosts), and N
 the same program at once took N times its CPU (10-29 s each for ``tiny`` on 2 loaded cores). So
 there process 0 resolves each program first and the others load what it wrote
 (``_process_0_first``). On TPU each host compiles on its own CPUs at the same time, so none
-waits: JAX's key is the same on every host of a slice, and process 0 writes the train-step entry. Entries are written
-only from an executable compiled by this process or an earlier one, never from one JAX's cache
-loaded (``_compile``). The initial state's program (a fresh start) goes through ``compiled``: on
+waits: JAX's key is the same on every host of a slice, and process 0 writes the train-step entry.
+Entries are written only from an executable compiled by this process or an earlier one, never
+from one JAX's cache loaded (``_compile``). The initial state's program (a fresh start) goes through ``compiled``: on
 CPU the same entries as the lowered train step, elsewhere JAX's cache. Entries carry a sha256 of
 their payload and are written aside, then renamed: a reader never loads half an entry.
 
