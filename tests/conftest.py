@@ -31,12 +31,13 @@ MAXTEXT_E2E = ROOT / "tests" / "maxtext_e2e"
 # end-to-end tests' waiting left the cores half idle (user + sys CPU was 1.4 of the 2 cores).
 LONGEST_FIRST = (
     "tests/controller/test_e2e_elastic.py",  # 351
-    "tests/trainer/test_train.py",  # ~310
+    "tests/trainer/test_train.py",  # ~310 before test_lost_peers.py left it
     "tests/controller/test_e2e_takeover.py",  # 282
     "tests/controller/test_e2e_disruptions.py",  # 238
     "tests/trainer/test_start_barrier.py",  # 181
     "tests/sweep/test_e2e_sweep.py",  # 166
     "tests/trainer/test_sharded.py",  # 124
+    "tests/trainer/test_lost_peers.py",  # ~90 (split from test_train.py)
     "tests/trainer/test_step.py",  # ~75
     "tests/trainer/test_corrupt_checkpoint.py",  # 47
     "tests/controller/test_e2e_node_faults.py",  # 32

@@ -1,0 +1,94 @@
+"""Multi-process trainer runs that lose a peer (real JAX on simulated CPU devices): the survivors
+exit 43 (a disruption) or 143 at once instead of waiting out the heartbeat timeout, and a crash is
+still exit 1. Split from test_train.py so that the suite's two workers share that file's time."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+from tests.trainer import runs
+from trainer.peers import EXIT_PEER_LOST
+
+
+def test_survivor_of_a_dead_peer_exits_peer_lost_at_once_instead_of_waiting_for_the_heartbeat(
+    tmp_path: Path,
+) -> None:
+    # A lost host: its peer's collectives fail at once (Gloo: connection reset), but JAX's exit
+    # handler would then wait at the shutdown barrier until the heartbeat timeout (here 60 s; 100 s
+    # on GKE by default) while the slice stays held. The trainer skips the barrier and exits 43, a
+    # disruption rather than its own failure.
+    run_dir = tmp_path / "run"
+    procs = runs.processes(str(run_dir), tmp_path, grad_accum=2, extra={"RESLICE_HEARTBEAT_TIMEOUT_S": "60"})
+    runs.wait_for(lambda: runs.last_step(run_dir) >= 12, 200, "step 12", procs[0])
+    procs[1].signal(signal.SIGKILL)
+    t0 = time.monotonic()
+    rc = procs[0].wait(90)
+    elapsed = time.monotonic() - t0
+    out = procs[0].output()
+    assert rc == EXIT_PEER_LOST, out[-3000:]
+    # Which failure it sees first (Gloo's connection reset or the coordination service) is a race.
+    assert "a peer is lost" in out
+    # Either the trainer saw it (and skipped the barrier) or JAX's client aborted it first.
+    assert "without the shutdown barrier" in out or "JAX's coordination service ended this process" in out
+    assert elapsed < 15, f"the survivor took {elapsed:.1f} s to exit"
+    assert 10 in runs.committed(run_dir)  # what a resume uses is intact
+
+
+def test_when_the_coordinator_dies_during_start_up_the_survivor_exits_peer_lost(tmp_path: Path) -> None:
+    # Process 0 hosts JAX's coordination service. Whether it dies before or after process 1 joined,
+    # process 1's client aborts the process itself (SIGABRT, fate sharing): at once, or when the
+    # initialization timeout runs out. The supervisor turns that abort into 43.
+    run_dir = tmp_path / "run"
+    procs = runs.processes(str(run_dir), tmp_path, extra={"RESLICE_INIT_TIMEOUT_S": "5"})
+    time.sleep(2.0)  # both are starting: importing JAX, or joining
+    procs[0].signal(signal.SIGKILL)
+    t0 = time.monotonic()
+    rc = procs[1].wait(60)
+    elapsed = time.monotonic() - t0
+    out = procs[1].output()
+    assert rc == EXIT_PEER_LOST, out[-3000:]
+    assert "Terminating process because the JAX distributed service detected fatal errors" in out
+    assert "ended this process because a peer is lost: exit 43" in out
+    assert elapsed < 20, f"took {elapsed:.1f} s"  # the 5 s initialization timeout at most, not 900 s
+    assert runs.last_step(run_dir) == 0
+
+
+def test_a_crash_in_a_multi_process_run_is_still_exit_1(tmp_path: Path) -> None:
+    # Both processes raise at step 1. Process 0 always exits 1 (its heartbeat timeout, 60 s, is far
+    # off). Process 1 exits 1 too, unless process 0 (the coordination service) went first: then
+    # JAX aborts it and it exits 43 — which is why the controller counts a crash next to exit 43s
+    # as an application failure. (grad_accum=2: the shape of the other two-process runs here and in
+    # test_train.py, whose train step the suite's compile cache then holds.)
+    run_dir = tmp_path / "run"
+    crash = {"RESLICE_SET": json.dumps(["train.crash_at_step=1"]), "RESLICE_HEARTBEAT_TIMEOUT_S": "60"}
+    procs = runs.processes(str(run_dir), tmp_path, grad_accum=2, extra=crash)
+    codes = [p.wait() for p in procs]
+    out = procs[0].output()
+    assert codes[0] == 1, out[-3000:]
+    assert "train.crash_at_step=1: failing on purpose" in out and "a peer is lost" not in out
+    assert codes[1] in (1, EXIT_PEER_LOST), procs[1].output()[-3000:]
+    assert runs.last_step(run_dir) == 0
+
+
+def test_sigterm_while_a_peer_hangs_exits_143_instead_of_waiting_for_the_heartbeat(tmp_path: Path) -> None:
+    # A peer that stopped answering (SIGSTOP: no connection reset, no error) leaves the step in
+    # flight waiting until the heartbeat timeout. After a SIGTERM the watchdog ends it sooner.
+    run_dir = tmp_path / "run"
+    procs = runs.processes(str(run_dir), tmp_path, grad_accum=2, extra={"RESLICE_HEARTBEAT_TIMEOUT_S": "60"})
+    runs.wait_for(lambda: runs.last_step(run_dir) >= 12, 200, "step 12", procs[0])
+    procs[1].signal(signal.SIGSTOP)
+    try:
+        procs[0].signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        rc = procs[0].wait(90)
+        elapsed = time.monotonic() - t0
+    finally:
+        procs[1].signal(signal.SIGKILL)
+    out = procs[0].output()
+    assert rc == 143, out[-3000:]
+    assert "after SIGTERM (a peer is gone?)" in out
+    assert elapsed < 20, f"took {elapsed:.1f} s"  # the heartbeat would have taken 60 s
+    assert 10 in runs.committed(run_dir)
