@@ -95,14 +95,25 @@ def child_program(ctx: Context, cmd: Command) -> list[str]:
     return [ctx.python, "-m", TRAIN_MODULE]
 
 
+# Set for jaxlib 0.10.2 by the embedded kubelet (launcher/embedded/podenv.py, SIMULATED_XLA_FLAGS),
+# gone from jaxlib 0.12.0.1 (the MaxText profile's): "Unknown flag in XLA_FLAGS" there.
+XLA_FLAGS_GONE = frozenset({"xla_cpu_use_fusion_emitters"})
+
+
 def child_env(env: dict[str, str], cpu: bool) -> dict[str, str]:
     """MaxText's environment. On CPU MaxText starts JAX's coordinator on `gethostbyname(
     JAX_COORDINATOR_ADDRESS)` + its fixed port 1234 (`initialize_jax_for_cpu`), and JAX binds it on
     every address (`[::]:1234`) unless `JAX_COORDINATOR_BIND_ADDRESS` says otherwise: bound to the
     coordinator's own address instead — process 0's pod address, its own on the embedded cluster
     (one per pod, as on GKE) — two MaxText runs on one machine never take the same port. On TPU
-    JAX's own discovery picks address and port, and nothing is changed."""
+    JAX's own discovery picks address and port, and nothing is changed. XLA flags the profile's
+    jaxlib no longer has (XLA_FLAGS_GONE) are dropped: XLA aborts on a flag it does not know, and
+    the embedded kubelet sets them for the trainer's jaxlib."""
     out = dict(env)
+    if flags := env.get("XLA_FLAGS"):
+        out["XLA_FLAGS"] = " ".join(
+            f for f in flags.split() if f.lstrip("-").split("=")[0] not in XLA_FLAGS_GONE
+        )
     host = env.get("JAX_COORDINATOR_ADDRESS")
     if cpu and host and "JAX_COORDINATOR_BIND_ADDRESS" not in env:
         # Not resolvable (yet): left to MaxText, which retries the lookup itself, and binds everywhere.

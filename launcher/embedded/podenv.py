@@ -224,20 +224,35 @@ def rewrite_hosts(
     return pattern.sub(sub, value)
 
 
-# XLA:CPU builds a YNNPACK runtime for each fused dot the first time it runs: 0.25 of the 3.2 CPU
-# seconds of a trainer's start-up on these devices. Eigen's dots run the steps as fast.
-NO_YNN_DOTS = "--xla_cpu_experimental_ynn_fusion_type="
+# What a simulated host's XLA:CPU does differently, flag by flag (a flag the user sets is kept):
+# - its dots run on Eigen, not YNNPACK, which builds each fused dot's runtime the first time it
+#   runs: 0.25 of the 3.2 CPU seconds of a trainer's start-up here; the steps take as long;
+# - its fusions come from the classic IR emitters and LLVM optimises at -O1, not the MLIR fusion
+#   emitters at -O2: compiling `tiny`'s train step (8 devices) takes 10-12 CPU s instead of 19-21,
+#   and its steps take as long (docs/platform.md §5). A simulated TPU's compile is this machine's
+#   cost, not the user's, and most of what the tests and a shrink on the embedded cluster wait for.
+SIMULATED_XLA_FLAGS = (
+    ("xla_cpu_experimental_ynn_fusion_type", ""),
+    ("xla_cpu_use_fusion_emitters", "false"),
+    ("xla_backend_optimization_level", "1"),
+)
+
+
+def simulated_xla_flags(flags: str) -> str:
+    """``flags`` with each of SIMULATED_XLA_FLAGS appended that it does not set itself."""
+    for name, value in SIMULATED_XLA_FLAGS:
+        if f"--{name}=" not in flags:
+            flags = f"{flags} --{name}={value}".strip()
+    return flags
 
 
 def simulated_host(env: Mapping[str, str]) -> dict[str, str]:
-    """The settings of a simulated TPU host's processes, over ``env``: JAX on CPU, XLA:CPU's dots
-    without YNNPACK (a YNN flag of the user's is kept), numpy's BLAS on one thread (its idle threads
-    spin at import, on the cores the trainers start on). The kubelet sets them; the tests and the
-    benchmarks set them on themselves too, so that their own JAX and their trainers compile alike
-    (XLA_FLAGS is part of every compile cache key)."""
-    flags = env.get("XLA_FLAGS", "")
-    if "xla_cpu_experimental_ynn_fusion_type" not in flags:
-        flags = f"{flags} {NO_YNN_DOTS}".strip()
+    """The settings of a simulated TPU host's processes, over ``env``: JAX on CPU, XLA:CPU set to
+    compile quickly (SIMULATED_XLA_FLAGS, a flag of the user's kept), numpy's BLAS on one thread
+    (its idle threads spin at import, on the cores the trainers start on). The kubelet sets them;
+    the tests and the benchmarks set them on themselves too, so that their own JAX and their
+    trainers compile alike (XLA_FLAGS is part of every compile cache key)."""
+    flags = simulated_xla_flags(env.get("XLA_FLAGS", ""))
     blas_threads = env.get("OPENBLAS_NUM_THREADS", "1")
     return {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags, "OPENBLAS_NUM_THREADS": blas_threads}
 

@@ -459,13 +459,18 @@ def test_hostname_rewrite_and_expansion():
     )
     assert env["PATH"] == "/bin" and env["JAX_PLATFORMS"] == "cpu" and env["JAX_NUM_CPU_DEVICES"] == "8"
     assert env["X"].startswith("127.0.0.1:")
-    assert env["XLA_FLAGS"] == podenv.NO_YNN_DOTS and env["OPENBLAS_NUM_THREADS"] == "1"
+    simulated = "--xla_cpu_experimental_ynn_fusion_type= --xla_cpu_use_fusion_emitters=false"
+    simulated += " --xla_backend_optimization_level=1"
+    assert env["XLA_FLAGS"] == simulated and env["OPENBLAS_NUM_THREADS"] == "1"
     # The user's own XLA flags are kept, a YNN setting of theirs too.
     mine = {"XLA_FLAGS": "--xla_dump_to=/d", "OPENBLAS_NUM_THREADS": "2"}
     env = podenv.local_env({}, mine, chips=4, devices_per_chip=2, hostname="h", rewrite=None)
-    assert env["XLA_FLAGS"] == f"--xla_dump_to=/d {podenv.NO_YNN_DOTS}" and env["OPENBLAS_NUM_THREADS"] == "2"
-    ynn = {"XLA_FLAGS": "--xla_cpu_experimental_ynn_fusion_type=individual_dot"}
-    assert podenv.simulated_host(ynn)["XLA_FLAGS"] == ynn["XLA_FLAGS"]
+    assert env["XLA_FLAGS"] == f"--xla_dump_to=/d {simulated}" and env["OPENBLAS_NUM_THREADS"] == "2"
+    mine = "--xla_cpu_experimental_ynn_fusion_type=individual_dot --xla_backend_optimization_level=3"
+    assert (
+        podenv.simulated_host({"XLA_FLAGS": mine})["XLA_FLAGS"]
+        == f"{mine} --xla_cpu_use_fusion_emitters=false"
+    )
 
 
 def test_fit_error_counts_each_node_once_per_reason():

@@ -55,3 +55,11 @@ def test_maxtext_runs_through_pretrain_py_for_grain_input_or_several_processes_o
         assert Path(program[1]).is_file()
     # TPU (no Gloo), MaxText's own input: nothing to fix.
     assert child_program(replace(four, cpu=False), synthetic) == ["/mt/python", "-m", TRAIN_MODULE]
+
+
+def test_xla_flags_the_profiles_jaxlib_lacks_are_dropped() -> None:
+    # jaxlib 0.12.0.1 aborts on --xla_cpu_use_fusion_emitters (checked: "Unknown flag in XLA_FLAGS").
+    flags = "--xla_dump_to=/d --xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=1"
+    out = child_env({"XLA_FLAGS": flags}, cpu=True)
+    assert out["XLA_FLAGS"] == "--xla_dump_to=/d --xla_backend_optimization_level=1"
+    assert "XLA_FLAGS" not in child_env({}, cpu=False)
