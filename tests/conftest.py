@@ -24,26 +24,29 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 MAXTEXT_E2E = ROOT / "tests" / "maxtext_e2e"
 
-# The files that take longest, longest first (seconds in one fresh-clone run on 2 cores,
-# 2026-12-03). `dev.py test` runs two xdist workers on whole files in this order
+# The files that take longest, longest first (worker-seconds in one run of `dev.py test`'s three
+# workers on 2 cores, 2026-12-03). The workers take whole files in this order
 # (`--no-loadscope-reorder`): the long files start first and the many short ones fill in beside
 # them. xdist's default order (most tests first) left these few-test files for the end, where the
-# end-to-end tests' waiting left the cores half idle (user + sys CPU was 1.4 of the 2 cores).
+# end-to-end tests' waiting left the cores half idle.
 LONGEST_FIRST = (
-    "tests/controller/test_e2e_elastic.py",  # 351
-    "tests/trainer/test_train.py",  # ~310 before test_lost_peers.py left it
-    "tests/controller/test_e2e_takeover.py",  # 282
-    "tests/controller/test_e2e_disruptions.py",  # 238
+    "tests/trainer/test_train.py",  # 308
     "tests/trainer/test_start_barrier.py",  # 181
-    "tests/sweep/test_e2e_sweep.py",  # 166
-    "tests/trainer/test_sharded.py",  # 124
-    "tests/trainer/test_lost_peers.py",  # ~90 (split from test_train.py)
-    "tests/trainer/test_step.py",  # ~75
-    "tests/trainer/test_corrupt_checkpoint.py",  # 47
-    "tests/controller/test_e2e_node_faults.py",  # 32
-    "tests/controller/test_e2e_failures.py",  # 30
-    "tests/trainer/test_moe.py",  # ~30
-    "tests/maxtext/test_e2e_outcomes.py",  # 18
+    "tests/controller/test_e2e_elastic.py",  # 170
+    "tests/controller/test_e2e_disruptions.py",  # 159
+    "tests/controller/test_e2e_takeover.py",  # 132
+    "tests/sweep/test_e2e_sweep.py",  # 123
+    "tests/trainer/test_sharded.py",  # 100
+    "tests/controller/test_e2e_node_faults.py",  # 54
+    "tests/trainer/test_lost_peers.py",  # 52
+    "tests/trainer/test_step.py",  # 45
+    "tests/controller/test_e2e_failures.py",  # 38
+    "tests/trainer/test_corrupt_checkpoint.py",  # 35
+    "tests/embedded/test_cluster_nodes.py",  # 26
+    "tests/embedded/test_cluster_faults.py",  # 20
+    "tests/embedded/test_cluster_failure_policy.py",  # 18
+    "tests/trainer/test_memory.py",  # 15
+    "tests/maxtext/test_e2e_outcomes.py",  # 15
 )
 
 
