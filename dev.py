@@ -140,16 +140,9 @@ def bench(args: list[str]) -> None:
 
 def lock(args: list[str]) -> None:
     uv = shutil.which("uv") or sys.exit("dev.py lock: needs uv (pip install uv)")
-    _run(
-        uv,
-        "pip",
-        "compile",
-        "requirements/uv.in",
-        "--generate-hashes",
-        "--no-header",
-        "-o",
-        "requirements/uv.lock",
-    )
+    # uv itself, for set-up (`_install_lock`): every wheel of the pinned version hashed.
+    cmd = [uv, "pip", "compile", "requirements/uv.in", "--generate-hashes", "--no-header"]
+    _run(*cmd, "-o", "requirements/uv.lock")
     for out, extra, platform in LOCKS:
         cmd = [uv, "pip", "compile", "pyproject.toml", "--python-version", "3.11"]
         cmd += ["--python-platform", platform, "--generate-hashes", "--no-header"]

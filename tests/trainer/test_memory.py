@@ -26,8 +26,8 @@ MINI = [
 
 def test_memory_json_and_the_analytic_estimate_within_25_percent() -> None:
     # Against XLA:CPU's default pipeline, as `--memory` compiles on a user's machine, not the
-    # embedded kubelet's (podenv.simulated_host, which this session runs with): its Eigen dots need
-    # 10 % less temporary memory for this step (54.0 MB against 59.9), the estimate being 71.9 MB.
+    # embedded kubelet's (podenv.simulated_host, which this session runs with): its Eigen dots alone
+    # needed 10 % less temporary memory for this step (54.0 MB against 59.9; estimate 71.9 MB).
     simulated = podenv.simulated_xla_flags("").split()
     flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f not in simulated)
     env = dict(os.environ, XLA_FLAGS=flags, JAX_NUM_CPU_DEVICES="8", RESLICE_GLOBAL_BATCH="16")
