@@ -92,12 +92,14 @@ def setup() -> None:
 def _install_lock(python: str, lock: str) -> None:
     """``lock`` into ``python``'s venv, hashes required. With uv (itself pinned by hash,
     requirements/uv.lock, installed by pip): it fetches and unpacks the wheels in parallel, 6 s
-    for dev.lock's 236 packages with an empty cache where pip took 72 s (2026-12-03). Should uv
-    fail, pip does it."""
+    for dev.lock's 236 packages with an empty cache where pip took 72 s (2026-12-03). It trusts the
+    system's certificates as pip does (a proxy's CA there; uv's own roots alone fail with
+    "UnknownIssuer" unless SSL_CERT_FILE is set). Should uv fail, pip does it."""
     _run(python, *PIP, "--require-hashes", "-r", "requirements/uv.lock")
     uv = str(Path(python).parent / "uv")
     done = subprocess.run(
-        [uv, "pip", "install", "-q", "--python", python, "--require-hashes", "-r", lock], cwd=ROOT
+        [uv, "pip", "install", "-q", "--system-certs", "--python", python, "--require-hashes", "-r", lock],
+        cwd=ROOT,
     )
     if done.returncode:
         print(
