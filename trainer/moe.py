@@ -195,19 +195,22 @@ def dispatch_combine(
 
 
 def balance_loss(probs: jax.Array, top_idx: jax.Array, group: int) -> jax.Array:
-    """Switch-style load-balancing loss ``E/k · Σ_e f_e P_e`` per group of ``group`` sequences.
+    """Switch-style load-balancing loss ``E/k · Σ_e f_e P_e`` of each group of ``group`` sequences:
+    [B / group]; the loss is their mean (1 when balanced).
 
     ``f_e`` is the fraction of the group's tokens routed to e, ``P_e`` the mean router probability.
     It is computed on the global arrays (GSPMD), not per device, so it is independent of how the
-    batch is sharded; per-group means are a fixed partition of the global batch, so averaging over
-    micro-batches gives the same value and gradient for any gradient accumulation. 1 when balanced.
+    batch is sharded; per-group values are a fixed partition of the global batch, so averaging over
+    micro-batches gives the same value and gradient for any gradient accumulation. They come back
+    per group, not averaged: the caller averages once over every layer and group, one reduction
+    across devices per step rather than one per layer.
     """
     b, t, e = probs.shape
     k = top_idx.shape[-1]
     frac = jax.nn.one_hot(top_idx, e, dtype=jnp.float32).sum(-2)  # [B, T, E]
     frac = frac.reshape(b // group, group * t, e).mean(1)
     prob = probs.reshape(b // group, group * t, e).mean(1)
-    return (e / k) * jnp.mean(jnp.sum(frac * prob, -1))
+    return (e / k) * jnp.sum(frac * prob, -1)
 
 
 class MLP(nnx.Module):
@@ -252,15 +255,21 @@ class MoE(nnx.Module):
         b, t, d = x.shape
         logits = jnp.einsum("btd,de->bte", x.astype(jnp.float32), self.router[...])
         probs = jax.nn.softmax(logits, axis=-1)
-        gates, idx = jax.lax.top_k(probs, self.top_k)
+        tok, ex = P(BATCH_AXES), P(EXPERT_AXIS)
+        # Each token's choice is its own: ranked on the device that holds it. GSPMD does not
+        # partition top_k: on the global array it gathers every token's probabilities to every
+        # device of the mesh, once per MoE layer.
+        gates, idx = jax.shard_map(
+            lambda p: tuple(jax.lax.top_k(p, self.top_k)), in_specs=tok, out_specs=(tok, tok)
+        )(probs.reshape(b * t, -1))
+        gates, idx = gates.reshape(b, t, -1), idx.reshape(b, t, -1)
         aux = {
             "lb_loss": balance_loss(probs, idx, self.balance_group),
-            "z_loss": jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2),
+            "z_loss": jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2, axis=-1),  # [B]
         }
         body = partial(
             dispatch_combine, num_experts=self.num_experts, factor=self.factor, transport=self.transport
         )
-        tok, ex = P(BATCH_AXES), P(EXPERT_AXIS)
         y, _, stats = jax.shard_map(body, in_specs=(tok, tok, tok, ex, ex, ex), out_specs=(tok, tok, tok))(
             x.reshape(b * t, d),
             idx.reshape(b * t, -1),
@@ -269,9 +278,7 @@ class MoE(nnx.Module):
             self.w_up[...],
             self.w_down[...],
         )
-        aux["dropped_rows"] = stats[:, 0].sum()
-        aux["total_rows"] = stats[:, 1].sum()
-        aux["max_load"] = stats[:, 2].max()
+        aux["stats"] = stats  # [devices, 3], summed (max for the load) once per step, not per layer
         y = y.reshape(b, t, d)
         if self.shared is not None:
             y = y + self.shared(x)

@@ -117,12 +117,12 @@ def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: n
 
     def loss_fn(params: nnx.State, gdef: nnx.GraphDef, tokens: jax.Array) -> tuple[jax.Array, dict]:
         ce, aux = nnx.merge(gdef, params).loss(tokens[:, :-1], tokens[:, 1:])
-        if aux:  # each [MoE layers]
+        if aux:  # each stacked over the MoE layers: [L, groups], [L, B], [L, devices, 3]
             lb, z = jnp.mean(aux["lb_loss"]), jnp.mean(aux["z_loss"])
-            layers = jnp.stack([aux["dropped_rows"], aux["total_rows"], aux["max_load"]], axis=-1)
+            layers = aux["stats"]
         else:
             lb = z = jnp.zeros(())
-            layers = jnp.zeros((0, 3))
+            layers = jnp.zeros((0, 1, 3))
         return ce + lb_w * lb + z_w * z, {"ce": ce, "lb": lb, "z": z, "layers": layers}
 
     def step(state: nnx.State, tokens: jax.Array, stop: jax.Array) -> tuple[nnx.State, dict]:
@@ -140,7 +140,7 @@ def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: n
         grads = jax.tree.map(lambda g: g / tokens.shape[0], grads)
         lr = lr_at(opt.step[...])
         opt.update(model, grads)
-        layers = parts["layers"]  # [A, L, 3]
+        layers = parts["layers"]  # [A, L, devices, 3]
         grad_norm = optax.tree.norm(grads)
         # The flag's cross-device max must not be independent of the micro-batch loop: XLA:CPU can
         # run a top-level collective and the loop's collectives in different orders on different
@@ -158,7 +158,7 @@ def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: n
         metrics = {  # two arrays, not a dozen: one device-to-host transfer each per step
             "scalars": jnp.stack([jnp.asarray(x, jnp.float32) for x in scalars]),
             "layers": jnp.stack(
-                [layers[..., 0].sum(0), layers[..., 1].sum(0), layers[..., 2].max(0)], axis=-1
+                [layers[..., 0].sum((0, 2)), layers[..., 1].sum((0, 2)), layers[..., 2].max((0, 2))], axis=-1
             ),
         }
         return nnx.state((model, opt)), metrics
