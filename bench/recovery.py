@@ -15,9 +15,10 @@ on the new shape (total) <= 3 s (issue 12).
 "spawned" is from the submit to the start of the last new trainer process and "start-up" from there
 to the first step; a second table shows, per start-up phase, the median over every new process of
 wall and CPU seconds (the line each trainer process prints, trainer/startup.py). Measured on these
-2 cores: total median 2.40 s over 5 shrinks (2.31-2.93), and 3.17 s over 3 and 3.23 s over 5 from a
-fresh clone when the machine ran ~30 % slower, against 3.81-4.53 s before this stop's changes;
-README.md has the breakdown. The first shrink of a run loads or compiles the one-slice train step for the first time.
+2 cores: total median 2.40 s over 5 shrinks at the machine's best hour (reference loop 0.13 s), and
+3.84-5.79 s over 5 on 2026-12-03 with the same code as the machine slowed (0.13-0.22 s);
+README.md has the breakdown. The first shrink of a run loads or compiles the one-slice train step
+for the first time.
 """
 
 from __future__ import annotations
