@@ -256,9 +256,9 @@ class MoE(nnx.Module):
         logits = jnp.einsum("btd,de->bte", x.astype(jnp.float32), self.router[...])
         probs = jax.nn.softmax(logits, axis=-1)
         tok, ex = P(BATCH_AXES), P(EXPERT_AXIS)
-        # Each token's choice is its own: ranked on the device that holds it. GSPMD does not
-        # partition top_k: on the global array it gathers every token's probabilities to every
-        # device of the mesh, once per MoE layer.
+        # Each token's choice is its own: ranked on the device that holds it. On the global array
+        # XLA's SPMD partitioner did not split top_k (jaxlib 0.10.2): it gathered every token's
+        # probabilities to every device of the mesh, once per MoE layer (docs/platform.md §6).
         gates, idx = jax.shard_map(
             lambda p: tuple(jax.lax.top_k(p, self.top_k)), in_specs=tok, out_specs=(tok, tok)
         )(probs.reshape(b * t, -1))
