@@ -239,3 +239,25 @@ def test_plan_marks_rungs_the_model_cannot_live_on_infeasible(capsys):
         and "GiB of HBM" in small["infeasible"]
         and small["memory"]["total"] > 96 * 2**30
     )
+
+
+@pytest.mark.parametrize(
+    ("module", "distribution"), [("typer", "typer"), ("kubernetes", "kubernetes"), ("yaml", "pyyaml")]
+)
+def test_a_bare_install_says_which_extra_the_command_line_needs(module, distribution):
+    """`pip install reslice` without the `controller` extra: the entry point says so in one line,
+    exit 2, no traceback (a module set to None in sys.modules cannot be imported)."""
+    code = f"import sys; sys.modules[{module!r}] = None; from launcher.entry import main; main()"
+    proc = subprocess.run([sys.executable, "-c", code, "presets"], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert f"lacks {distribution}," in proc.stderr and "reslice[controller]" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_python_dash_m_launcher_runs_the_command_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher", "presets", "--json"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert any(r["name"] == "tpu7x-4x4x4" for r in json.loads(proc.stdout))
