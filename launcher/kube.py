@@ -200,14 +200,16 @@ class Kube:
 
     # --- JobSets -------------------------------------------------------------------------------
 
-    def create_jobset(self, jobset: dict) -> bool:
-        """Create; False if it already exists (a create is retried after a crash: idempotent)."""
+    def create_jobset(self, jobset: dict) -> dict | None:
+        """Create; the created JobSet, or None if it already exists (a create is retried after a
+        crash: idempotent)."""
         try:
-            self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, "jobsets", jobset)
-            return True
+            return self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "jobsets", jobset
+            )
         except ApiException as e:
             if e.status == 409:
-                return False
+                return None
             if e.status in (400, 422):  # invalid, or a webhook that cannot decode it: retrying cannot help
                 raise UserError(
                     f"the cluster rejected JobSet {jobset['metadata']['name']}: {_message(e)}"

@@ -20,7 +20,9 @@ from launcher.rundir import RunDir
 # What the caches hold, filtered by the server (label and field selectors as kube-apiserver
 # serves them), so that a namespace and a cluster full of other workloads cost a pass nothing:
 SOURCES = {
-    "jobsets": Source("jobsets", LABEL_RUN),
+    # Departed: a JobSet the controller created and then saw deleted is not laid over the cache
+    # (Controller._with_created).
+    "jobsets": Source("jobsets", LABEL_RUN, departed=True),
     "pods": Source("pods", LABEL_RUN, keep=projections.run_pod, departed=True),
     # Pods of other workloads only mark nodes busy: the live, scheduled ones, a node each.
     "foreign-pods": Source(

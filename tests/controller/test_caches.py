@@ -180,3 +180,41 @@ def test_the_watches_hold_events_off_while_a_pass_decides():
             wait_for(lambda: gone not in names(), 10, "the deletion applied")
         finally:
             halt.set()
+
+
+def test_a_pass_before_the_watch_delivers_a_create_sees_the_jobset_created(tmp_path):
+    # On a loaded machine the next pass can come before the watch delivers the JobSet just created
+    # (a CI run's ledger had a second create-jobset): that pass must see the JobSet, not its absence.
+    with EmbeddedCluster(nodepools=[NodePoolSpec(PRESET, count=1)], mode="simulate") as cluster:
+        kube = Kube(cluster.api_client(), "default")
+        spec = RunSpec(run="lag", run_dir=str(tmp_path / "lag"), global_batch=16, grace_period_s=1)
+        create_run(kube, prepare(spec, PRESET, 1, Knobs())[0])
+        controller = Controller(kube, lease_s=60)
+        halt = threading.Event()
+        controller.start_caches(halt)
+        try:
+            wait_for(lambda: controller.synced() and controller.record("lag"), 30, "the caches")
+            # The watches wait on this gate; the passes below open and close a new one of their own.
+            gate, controller._ingest = controller._ingest, threading.Event()
+            controller._ingest.set()
+            gate.clear()
+            cluster.server.requests.clear()
+            first = controller.reconcile("lag")
+            second = controller.reconcile("lag")
+            requests = dict(cluster.server.requests)
+            uid = kube.custom.get_namespaced_custom_object(
+                "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", first.decision.jobset
+            )["metadata"]["uid"]
+            assert controller.caches["jobsets"].items() == (), "the watch delivered it after all"
+            gate.set()
+            wait_for(lambda: controller.caches["jobsets"].items(), 10, "the watch delivers the JobSet")
+            third = controller.reconcile("lag")
+        finally:
+            halt.set()
+    assert first.decision.action == policy.START_SEGMENT
+    assert second.observation.jobset_uid == uid and second.decision.action not in {
+        policy.START_SEGMENT,
+        policy.CREATE_JOBSET,
+    }
+    assert requests.get(("create", "jobsets")) == 1, requests
+    assert third.observation.jobset_uid == uid and not controller._created, "the cache took over"
