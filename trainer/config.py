@@ -160,7 +160,7 @@ SECTIONS = ("model", "moe", "optim", "data", "train", "mesh", "checkpoint", "met
 # Named configs are overrides of the dataclass defaults (which are the `tiny` config).
 NAMED: dict[str, dict[str, dict[str, Any]]] = {
     # < 1 M parameters; tens of ms per step on 8 simulated CPU devices. Dropless by default so that
-    # losses do not depend on the expert-parallel layout (see moe.buffer_rows).
+    # losses do not depend on the expert-parallel layout (see sizes.buffer_rows).
     "tiny": {},
     "small": {
         "model": {"vocab_size": 2048, "seq_len": 128, "d_model": 256, "n_layers": 4, "n_heads": 8,

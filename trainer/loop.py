@@ -11,6 +11,7 @@ finishes the step already in flight (n + 1), saves it, waits for the commit and 
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -20,14 +21,16 @@ from typing import Any
 import jax
 import numpy as np
 
-from trainer import compile_cache, data, distributed, model, moe, storage
+from trainer import compile_cache, data, distributed, sizes, storage
 from trainer.checkpoint import Checkpointer
 from trainer.config import Config, ConfigError, config_hash, identity
 from trainer.mesh import batch_sharding, device_sharding, dp_ranks, mesh_for, process_block
 from trainer.metrics import RunWriter
 from trainer.startup import Timeline
-from trainer.step import abstract_state, init_state, make_train_step, unpack
 from trainer.watchdog import Preemption
+
+# trainer.step (flax, optax) is imported only where the model is traced: a fresh start, or a
+# resume whose abstract state or train step the compile cache does not hold.
 
 EXIT_FINISHED, EXIT_CONFIG, EXIT_PREEMPTED = 0, 2, 42
 
@@ -73,6 +76,17 @@ def _env_number(env: Mapping[str, str], key: str, kind: type = float) -> Any:
         return kind(env.get(key) or 0)
     except ValueError:
         raise ConfigError(f"{key}={env.get(key)!r} is not a number") from None
+
+
+SCALARS = ("loss", "total_loss", "lb_loss", "z_loss", "grad_norm", "lr", "stop")  # trainer.step's order
+
+
+def unpack(metrics: dict) -> dict[str, Any]:
+    """Host-side view of a step's metrics: the named scalars and ``layers`` [MoE layers, 3]
+    (dropped rows, routed rows, largest load over balanced)."""
+    out = dict(zip(SCALARS, (float(x) for x in metrics["scalars"]), strict=True))
+    out["layers"] = metrics["layers"]
+    return out
 
 
 @dataclass(frozen=True)
@@ -170,10 +184,47 @@ class Incarnation:
 class Steps:
     """The train step and its inputs' layouts (`_build_steps`)."""
 
-    train_step: Any  # jitted; compiled by `_compile`
+    train_step: Any  # compiled by `_compile` (None before)
     tokens_sharding: Any
     global_shape: tuple[int, int, int]
     flags: dict[bool, Any]  # the two possible values of this process's SIGTERM flag, as global arrays
+
+
+class Model:
+    """The model as flax sees it, traced on first use (trainer.step): a fresh start needs it, a
+    resume only where the compile cache misses, so a resumed trainer with a warm cache never
+    imports flax or optax (0.3 CPU s) nor traces the initializers (0.2-0.3 s)."""
+
+    def __init__(self, cfg: Config, mesh: Any):
+        self.cfg, self.mesh = cfg, mesh
+
+    @functools.cached_property
+    def traced(self) -> tuple[Any, Any]:  # (graphdef, abstract nnx state), under the mesh
+        from trainer import step
+
+        return step.abstract_state(self.cfg, self.mesh)
+
+    def abstract(self) -> dict:
+        from trainer import step
+
+        return step.plain(self.traced[1])
+
+    def init_state(self, compile: Any) -> dict:
+        from trainer import step
+
+        return step.init_state(self.cfg, self.mesh, self.traced[1], compile)
+
+    def train_step(self) -> Any:
+        from trainer import step
+
+        graphdef, abstract = self.traced
+        return step.make_train_step(self.cfg, graphdef, self.mesh, abstract)
+
+
+def program(cfg: Config) -> dict[str, Any]:
+    """What the compiled programs are a function of: the config, less the run directory (where
+    outputs go): a cache shared by runs (JAX_COMPILATION_CACHE_DIR) serves every run of a config."""
+    return {k: v for k, v in cfg.to_dict().items() if k != "run_dir"}
 
 
 def finish_step(inc: Incarnation, pending: Pending, since: float, startup: dict[str, Any]) -> StepResult:
@@ -199,12 +250,12 @@ def finish_step(inc: Incarnation, pending: Pending, since: float, startup: dict[
     return StepResult(rec, bool(m["stop"]), now)
 
 
-def _build_steps(cfg: Config, mesh: Any, graphdef: Any, abstract: Any, grad_accum: int) -> Steps:
+def _build_steps(cfg: Config, mesh: Any, grad_accum: int) -> Steps:
     gb, seq = cfg.train.global_batch, cfg.model.seq_len
     flag_sharding = device_sharding(mesh)
     local_flag = {v: np.full((len(mesh.local_devices),), int(v), np.int32) for v in (False, True)}
     return Steps(
-        make_train_step(cfg, graphdef, mesh, abstract),
+        None,
         batch_sharding(mesh),
         (grad_accum, gb // grad_accum, seq + 1),
         {
@@ -214,16 +265,13 @@ def _build_steps(cfg: Config, mesh: Any, graphdef: Any, abstract: Any, grad_accu
     )
 
 
-def _compile(cfg: Config, steps: Steps, state: Any, mesh: Any) -> tuple[Steps, dict[str, Any]]:
-    """Compile before the clock starts: the first step's time is then a step's, and the compilation
-    is reported on its own (start-up is badput, not training)."""
+def _compile(cfg: Config, steps: Steps, state: Any, model: Model) -> tuple[Steps, dict[str, Any]]:
+    """Compile (or load) before the clock starts: the first step's time is then a step's, and the
+    compilation is reported on its own (start-up is badput, not training)."""
     t_compile, hits = time.perf_counter(), compile_cache.hits()
     token_spec = jax.ShapeDtypeStruct(steps.global_shape, np.int32, sharding=steps.tokens_sharding)
-    # The run directory is where outputs go, nothing the program computes with: a cache shared by
-    # runs (JAX_COMPILATION_CACHE_DIR) serves every run of the same config.
-    program = {k: v for k, v in cfg.to_dict().items() if k != "run_dir"}
     train_step = compile_cache.train_step(
-        steps.train_step, (state, token_spec, steps.flags[False]), list(mesh.devices.flat), program
+        model.train_step, (state, token_spec, steps.flags[False]), list(model.mesh.devices.flat), program(cfg)
     )
     timers = {
         "perf/compile_seconds": time.perf_counter() - t_compile,
@@ -307,8 +355,8 @@ def run(
     chash, ident_dict = config_hash(cfg), identity(cfg)
     e = cfg.moe
     recorder = Recorder(
-        segment, attempt, plan, gb * seq, model.flops_per_token(cfg), _env_number(env, "RESLICE_PEAK_TFLOPS"),
-        moe.buffer_rows(plan.micro_batch * seq, e.top_k, e.ragged_buffer_factor, plan.expert_parallel, e.num_experts),
+        segment, attempt, plan, gb * seq, sizes.flops_per_token(cfg), _env_number(env, "RESLICE_PEAK_TFLOPS"),
+        sizes.buffer_rows(plan.micro_batch * seq, e.top_k, e.ragged_buffer_factor, plan.expert_parallel, e.num_experts),
     )  # fmt: skip
 
     def meta(step: int) -> dict[str, Any]:
@@ -322,7 +370,8 @@ def run(
     writer = None
     try:
         with jax.set_mesh(mesh):
-            graphdef, abstract = abstract_state(cfg, mesh)
+            model = Model(cfg, mesh)
+            abstract = compile_cache.abstract_state(program(cfg), mesh, model.abstract)
             timeline.mark("abstract state")
             # A foreign checkpoint is refused before anything is written into its run directory.
             t_restore = time.perf_counter()
@@ -351,18 +400,20 @@ def run(
                 # Nothing restored: the look for a checkpoint (opening Orbax's manager) is start-up.
                 restore_s = 0.0
                 devices, hits = list(mesh.devices.flat), compile_cache.hits()
-                state = init_state(cfg, mesh, abstract, lambda low: compile_cache.compiled(low, devices))
+                state = model.init_state(lambda low: compile_cache.compiled(low, devices))
                 if compile_cache.hits() > hits:
                     print("trainer: initial state's program loaded from the compile cache", flush=True)
                 timeline.mark("init")
             writer.status(state="running", step=start, **status)
-            steps = _build_steps(cfg, mesh, graphdef, abstract, plan.grad_accum)
+            steps = _build_steps(cfg, mesh, plan.grad_accum)
 
             if preemption.requested:  # during start-up: nothing trained since the latest checkpoint
                 print(f"trainer: preempted before the first step, step {start} stands, exit {EXIT_PREEMPTED}")
                 return EXIT_PREEMPTED
-            steps, compile_timers = _compile(cfg, steps, state, mesh)
+            steps, compile_timers = _compile(cfg, steps, state, model)
             timeline.mark("train step")
+            if "flax" not in sys.modules:
+                print("trainer: the model was not traced: flax and optax were never imported", flush=True)
             waited = _meet_peers(cfg, env, ident.num_processes, segment, attempt, preemption)
             if waited is None:
                 print(f"trainer: preempted before the first step, step {start} stands, exit {EXIT_PREEMPTED}")

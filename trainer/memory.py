@@ -23,7 +23,7 @@ def aot_memory(cfg: Config) -> dict[str, Any]:
     """Compile the train step for this environment's devices and report its memory per device."""
     from trainer.loop import batch_plan
     from trainer.mesh import batch_sharding, device_sharding, dp_ranks, mesh_for
-    from trainer.step import abstract_state, make_train_step
+    from trainer.step import abstract_state, make_train_step, plain
 
     mesh = mesh_for(cfg)
     plan = batch_plan(cfg, mesh.size, 1, mesh.shape["expert"], dp_ranks(mesh), mesh.shape["fsdp"])
@@ -36,7 +36,7 @@ def aot_memory(cfg: Config) -> dict[str, Any]:
         )
         stop = jax.ShapeDtypeStruct((mesh.size,), np.int32, sharding=device_sharding(mesh))
         t0 = time.perf_counter()
-        compiled = step.lower(abstract, tokens, stop).compile()
+        compiled = step.lower(plain(abstract), tokens, stop).compile()
         seconds = time.perf_counter() - t0
     m = compiled.memory_analysis()
     args, out, alias, temp = (

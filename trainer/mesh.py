@@ -25,9 +25,9 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from trainer.config import Config, ConfigError, MeshConfig
-from trainer.moe import BATCH_AXES
 
 AXES = ("data", "fsdp", "expert", "tensor")
+BATCH_AXES = ("data", "fsdp", "expert")  # the token/batch dimension: every axis but ``tensor``
 
 
 def logical_rules(mesh_cfg: MeshConfig) -> tuple[tuple[str, str | tuple[str, ...] | None], ...]:

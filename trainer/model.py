@@ -16,8 +16,8 @@ from jax.sharding import AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
 
 from trainer.config import Config, ModelConfig
-from trainer.mesh import AXES, logical_rules
-from trainer.moe import BATCH_AXES, MLP, MoE
+from trainer.mesh import AXES, BATCH_AXES, logical_rules
+from trainer.moe import MLP, MoE
 
 
 def pin_batch(x: jax.Array) -> jax.Array:
@@ -213,32 +213,3 @@ def abstract_model(cfg: Config) -> Transformer:
     mesh = AbstractMesh((1,) * len(AXES), AXES, axis_types=(AxisType.Auto,) * len(AXES))
     with jax.sharding.use_abstract_mesh(mesh), nnx.logical_axis_rules(logical_rules(cfg.mesh)):
         return nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(cfg.train.seed)))
-
-
-def param_counts(cfg: Config) -> tuple[int, int]:
-    """(total, active per token) parameters, from the config alone."""
-    m, e = cfg.model, cfg.moe
-    attn = 4 * m.d_model * m.n_heads * m.head_dim
-    norms = 2 * m.d_model
-    dense_ffn = 3 * m.d_model * m.d_ff
-    shared = 3 * m.d_model * e.shared_expert_dim
-    expert = 3 * m.d_model * e.d_expert
-    router = m.d_model * e.num_experts
-    n_moe = m.n_layers - m.dense_layers
-    base = 2 * m.vocab_size * m.d_model + m.d_model + m.n_layers * (attn + norms) + m.dense_layers * dense_ffn
-    total = base + n_moe * (router + shared + e.num_experts * expert)
-    active = base + n_moe * (router + shared + e.top_k * expert)
-    return total, active
-
-
-def flops_per_token(cfg: Config) -> float:
-    """Training FLOPs per token: 6 × matmul parameters used per token + causal attention.
-
-    Matmul parameters exclude the embedding lookup; attention scores and values add
-    ``12 · layers · heads · head_dim · seq_len / 2`` (causal: half the score matrix), as in MaxText.
-    """
-    m = cfg.model
-    _, active = param_counts(cfg)
-    matmul = active - m.vocab_size * m.d_model - m.d_model - m.n_layers * 2 * m.d_model
-    attention = 12 * m.n_layers * m.n_heads * m.head_dim * m.seq_len / 2
-    return 6.0 * matmul + attention

@@ -31,26 +31,10 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from trainer.config import MoEConfig
+from trainer.mesh import BATCH_AXES
+from trainer.sizes import buffer_rows
 
 EXPERT_AXIS = "expert"
-BATCH_AXES = ("data", "fsdp", "expert")  # the token/batch dimension: every axis but ``tensor``
-
-
-def buffer_rows(local_tokens: int, top_k: int, factor: float, ep: int, num_experts: int) -> int:
-    """Receive-buffer rows per expert shard: ``int(local_tokens * top_k * factor)``.
-
-    ``factor <= 0`` means dropless: the worst case ``local_tokens * top_k * min(EP, E / top_k)``
-    (every source sends all its rows for this shard's experts). Larger factors are capped there too,
-    as rows past the worst case can never be used.
-
-    A factor that drops rows makes the result depend on the expert-parallel layout: *which* rows drop
-    depends on how tokens are split into shards. Exactness across shapes (the cross-shape resume
-    test) therefore needs a dropless factor (or one that happens not to drop).
-    """
-    worst = int(local_tokens * top_k * min(ep, num_experts / top_k))
-    if factor <= 0:
-        return max(worst, 1)
-    return max(1, min(int(local_tokens * top_k * factor), worst))
 
 
 def resolve_transport(transport: str) -> str:

@@ -1,7 +1,10 @@
 """Train state and the jitted train step: A micro-batches under ``lax.scan``, then one AdamW update.
 
 The state is ``nnx.state((model, optimizer))``: parameters, Adam moments and the step counter, all
-carrying their partitioning, so the same abstract state restores a checkpoint onto any mesh.
+carrying their partitioning, so the same abstract state restores a checkpoint onto any mesh. Outside
+this module it travels as ``plain(state)``: nested dicts keyed by each leaf's path, which is what a
+checkpoint holds. The compiled step takes and returns that form, so a resumed trainer that loads
+its executable (trainer/compile_cache.py) runs it without importing flax or optax.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from trainer.config import Config, decay_steps
 from trainer.mesh import batch_sharding, device_sharding, logical_rules, replicated
@@ -74,8 +78,43 @@ def _fitted(sharding: NamedSharding, shape: tuple[int, ...]) -> NamedSharding:
     return NamedSharding(sharding.mesh, P(*entries))
 
 
-def shardings_of(state: nnx.State) -> Any:
+def shardings_of(state: Any) -> Any:
     return jax.tree.map(lambda a: a.sharding, state)
+
+
+def _name(key: Any) -> Any:
+    if isinstance(key, DictKey):
+        return key.key
+    if isinstance(key, GetAttrKey):
+        return key.name  # nnx's Variable: "value", as Orbax names it on disk
+    if isinstance(key, SequenceKey):
+        return key.idx
+    raise TypeError(f"unexpected pytree key {key!r}")
+
+
+def plain(tree: Any) -> dict:
+    """``tree`` (a state, or its abstract values or shardings) as nested dicts keyed by each leaf's
+    path: the leaves, paths and so the checkpoint files are nnx's, the containers plain."""
+    out: dict = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        node = out
+        for key in path[:-1]:
+            node = node.setdefault(_name(key), {})
+        node[_name(path[-1])] = leaf
+    return out
+
+
+def from_plain(template: nnx.State, values: dict) -> nnx.State:
+    """The nnx state of ``template``'s structure holding ``values`` (``plain`` of such a state)."""
+    paths, treedef = jax.tree_util.tree_flatten_with_path(template)
+
+    def at(path: tuple) -> Any:
+        node: Any = values
+        for key in path:
+            node = node[_name(key)]
+        return node
+
+    return jax.tree_util.tree_unflatten(treedef, [at(path) for path, _ in paths])
 
 
 def init_state(
@@ -83,27 +122,20 @@ def init_state(
     mesh: Mesh,
     abstract: nnx.State,
     compile: Callable[[jax.stages.Lowered], jax.stages.Compiled] = lambda lowered: lowered.compile(),
-) -> nnx.State:
-    """Materialise the initial state directly in its shardings (no host-side full copy); ``compile``
-    turns the lowered initializer into its executable (the loop passes the run's compile cache)."""
+) -> dict:
+    """Materialise the initial state (``plain``) directly in its shardings (no host-side full
+    copy); ``compile`` turns the lowered initializer into its executable (the loop passes the run's
+    compile cache)."""
     with nnx.logical_axis_rules(logical_rules(cfg.mesh)):
-        lowered = jax.jit(lambda: nnx.state(_build(cfg)), out_shardings=shardings_of(abstract)).lower()
+        lowered = jax.jit(
+            lambda: plain(nnx.state(_build(cfg))), out_shardings=plain(shardings_of(abstract))
+        ).lower()
     return compile(lowered)()
 
 
-SCALARS = ("loss", "total_loss", "lb_loss", "z_loss", "grad_norm", "lr", "stop")
-
-
-def unpack(metrics: dict) -> dict[str, Any]:
-    """Host-side view of a step's metrics: the named scalars and ``layers`` [MoE layers, 3]
-    (dropped rows, routed rows, largest load over balanced)."""
-    out = dict(zip(SCALARS, (float(x) for x in metrics["scalars"]), strict=True))
-    out["layers"] = metrics["layers"]
-    return out
-
-
 def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: nnx.State) -> Callable:
-    """jit(state, tokens [A, GB/A, T+1], stop [devices]) -> (state, metrics).
+    """jit(state, tokens [A, GB/A, T+1], stop [devices]) -> (state, metrics), the state ``plain``;
+    ``metrics["scalars"]`` in the order of trainer.loop.SCALARS.
 
     Gradients take the parameters' shardings (FSDP: reduce-scattered, never whole on a device).
 
@@ -125,8 +157,8 @@ def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: n
             layers = jnp.zeros((0, 1, 3))
         return ce + lb_w * lb + z_w * z, {"ce": ce, "lb": lb, "z": z, "layers": layers}
 
-    def step(state: nnx.State, tokens: jax.Array, stop: jax.Array) -> tuple[nnx.State, dict]:
-        model, opt = nnx.merge(graphdef, state)
+    def step(state: dict, tokens: jax.Array, stop: jax.Array) -> tuple[dict, dict]:
+        model, opt = nnx.merge(graphdef, from_plain(abstract, state))
         gdef, params = nnx.split(model)
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
 
@@ -161,12 +193,12 @@ def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: n
                 [layers[..., 0].sum((0, 2)), layers[..., 1].sum((0, 2)), layers[..., 2].max((0, 2))], axis=-1
             ),
         }
-        return nnx.state((model, opt)), metrics
+        return plain(nnx.state((model, opt))), metrics
 
-    rep = replicated(mesh)
+    rep, state_shardings = replicated(mesh), plain(shardings_of(abstract))
     return jax.jit(
         step,
-        in_shardings=(shardings_of(abstract), batch_sharding(mesh), device_sharding(mesh)),
-        out_shardings=(shardings_of(abstract), rep),
+        in_shardings=(state_shardings, batch_sharding(mesh), device_sharding(mesh)),
+        out_shardings=(state_shardings, rep),
         donate_argnums=0,
     )

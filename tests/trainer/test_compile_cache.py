@@ -52,10 +52,12 @@ def test_the_train_step_loads_without_tracing_and_a_changed_config_misses(
 ) -> None:
     monkeypatch.setattr(compile_cache, "_dir", str(tmp_path))  # enable() would also set JAX's cache
     traced: list[int] = []
+    made: list[int] = []
     salt = float(np.random.default_rng().integers(1, 1_000_000))
 
     def jitted() -> jax.stages.Wrapped:
         """A function of its own each time: JAX keeps one trace per function, this test none."""
+        made.append(1)  # a hit never builds it (the loop's builds it with flax)
 
         def step(x: jax.Array) -> jax.Array:
             traced.append(1)  # runs once per trace
@@ -66,25 +68,25 @@ def test_the_train_step_loads_without_tracing_and_a_changed_config_misses(
     args, dev = (jax.ShapeDtypeStruct((8,), np.float32),), jax.devices()[:1]
     x = np.arange(8, dtype=np.float32)
     hits = compile_cache.hits()
-    first = compile_cache.train_step(jitted(), args, dev, {"optim": {"lr": 1.0}})
+    first = compile_cache.train_step(jitted, args, dev, {"optim": {"lr": 1.0}})
     assert len(traced) == 1 and compile_cache.hits() == hits
     # A new function would be traced if it were lowered: the entry is loaded instead.
-    again = compile_cache.train_step(jitted(), args, dev, {"optim": {"lr": 1.0}})
-    assert len(traced) == 1 and compile_cache.hits() == hits + 1
+    again = compile_cache.train_step(jitted, args, dev, {"optim": {"lr": 1.0}})
+    assert len(traced) == 1 and len(made) == 1 and compile_cache.hits() == hits + 1
     np.testing.assert_allclose(again(x), first(x), rtol=0)
     assert len(list((tmp_path / "train-step").iterdir())) == 1
 
-    compile_cache.train_step(jitted(), args, dev, {"optim": {"lr": 2.0}})  # another config
+    compile_cache.train_step(jitted, args, dev, {"optim": {"lr": 2.0}})  # another config
     assert len(traced) == 2 and len(list((tmp_path / "train-step").iterdir())) == 2
     other_shape = (jax.ShapeDtypeStruct((4,), np.float32),)
-    compile_cache.train_step(jitted(), other_shape, dev, {"optim": {"lr": 1.0}})
+    compile_cache.train_step(jitted, other_shape, dev, {"optim": {"lr": 1.0}})
     assert len(traced) == 3
 
     # A whole entry that is not a train step (another writer's format): compiled over, not run.
     for entry in (tmp_path / "train-step").iterdir():
         compile_cache._write_whole(epath.Path(entry), b"not a pickled executable")
     np.testing.assert_allclose(
-        compile_cache.train_step(jitted(), args, dev, {"optim": {"lr": 1.0}})(x), first(x), rtol=0
+        compile_cache.train_step(jitted, args, dev, {"optim": {"lr": 1.0}})(x), first(x), rtol=0
     )
     assert len(traced) == 4
 
@@ -107,3 +109,39 @@ def test_the_key_covers_the_code_the_devices_and_the_arguments(tmp_path: Path) -
     assert base != compile_cache.program_key({"a": 1}, (jax.ShapeDtypeStruct((8,), np.int32),), devs)
     assert base != compile_cache.program_key({"a": 1}, (args[0], args[0]), devs)
     assert base != compile_cache.program_key({"a": 1}, args, devs[::-1])
+
+
+def test_the_abstract_state_is_kept_and_rebuilt_on_the_current_mesh(
+    cpu8: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainer import config, step
+    from trainer.loop import program
+    from trainer.mesh import mesh_for
+
+    monkeypatch.setattr(compile_cache, "_dir", str(tmp_path))
+    cfg = config.resolve("tiny", ["mesh.fsdp=2"], {})
+    mesh = mesh_for(cfg)
+    with jax.set_mesh(mesh):
+        traced = step.plain(step.abstract_state(cfg, mesh)[1])
+    built: list[int] = []
+
+    def build() -> dict:
+        built.append(1)
+        return traced
+
+    def untraceable() -> dict:
+        raise AssertionError("traced although the cache holds the abstract state")
+
+    assert compile_cache.abstract_state(program(cfg), mesh, build) is traced and built == [1]
+    kept = compile_cache.abstract_state(program(cfg), mesh, untraceable)
+    assert jax.tree.structure(kept) == jax.tree.structure(traced)
+    for a, b in zip(jax.tree.leaves(kept), jax.tree.leaves(traced), strict=True):
+        assert (a.shape, a.dtype, a.sharding) == (b.shape, b.dtype, b.sharding)
+    assert any(len(set(a.sharding.spec) - {None}) for a in jax.tree.leaves(kept))  # sharded leaves
+    # Another model, or another mesh, is traced again.
+    compile_cache.abstract_state(
+        program(config.resolve("tiny", ["mesh.fsdp=2", "model.d_model=32"], {})), mesh, build
+    )
+    other = mesh_for(config.resolve("tiny", ["mesh.fsdp=4"], {}))
+    compile_cache.abstract_state(program(cfg), other, build)
+    assert built == [1, 1, 1]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from trainer import config, loop, model
+from trainer import config, loop, model, sizes
 from trainer.__main__ import main
 from trainer.config import ConfigError
 
@@ -21,7 +21,7 @@ def abstract_param_count(name: str) -> int:
 
 
 def test_tiny_is_under_a_million_parameters() -> None:
-    total, active = model.param_counts(config.load("tiny"))
+    total, active = sizes.param_counts(config.load("tiny"))
     assert abstract_param_count("tiny") == total < 1_000_000
     assert active < total
 
@@ -29,11 +29,11 @@ def test_tiny_is_under_a_million_parameters() -> None:
 def test_olmoe_config_is_about_one_billion_active_parameters() -> None:
     """Counted from ``nnx.eval_shape``: nothing is materialised."""
     cfg = config.load("olmoe-1b")
-    total, active = model.param_counts(cfg)
+    total, active = sizes.param_counts(cfg)
     assert abstract_param_count("olmoe-1b") == total
     assert 6.5e9 < total < 7.5e9 and 1.1e9 < active < 1.5e9
-    assert 6 * active < model.flops_per_token(cfg) < 6 * active * 1.2
-    assert abstract_param_count("small") == model.param_counts(config.load("small"))[0]
+    assert 6 * active < sizes.flops_per_token(cfg) < 6 * active * 1.2
+    assert abstract_param_count("small") == sizes.param_counts(config.load("small"))[0]
 
 
 def test_precedence_config_then_overrides_then_contract_env(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import AxisType, Mesh
 from jax.sharding import PartitionSpec as P
 
-from trainer import moe
+from trainer import moe, sizes
 
 E, K, D_MODEL, D_FF = 8, 2, 8, 16
 DATA, EP = 2, 4  # 8 devices: two expert-parallel groups of four
@@ -103,7 +103,7 @@ def run(mesh: Mesh, inp: dict, factor: float) -> tuple[np.ndarray, np.ndarray, n
 @pytest.mark.parametrize("factor", [0.5, 1.0])
 def test_plan_matches_numpy_reference_on_skewed_routing(mesh: Mesh, inputs: dict, factor: float) -> None:
     y, kept, stats = run(mesh, inputs, factor)
-    buffer = moe.buffer_rows(N, K, factor, EP, E)
+    buffer = sizes.buffer_rows(N, K, factor, EP, E)
     assert buffer == int(N * K * factor)
     ids = inputs["ids"].reshape(DATA, EP, N, K)
     for g in range(DATA):
@@ -127,7 +127,7 @@ def test_drops_fall_as_the_factor_rises_and_vanish_when_dropless(mesh: Mesh, inp
     y, kept, stats = run(mesh, inputs, 0.0)
     assert stats[:, 0].sum() == 0 and kept.all()
     assert stats[:, 2].max() > 1.5  # the routing really is skewed
-    assert moe.buffer_rows(N, K, 0.0, EP, E) == N * K * min(EP, E // K)
+    assert sizes.buffer_rows(N, K, 0.0, EP, E) == N * K * min(EP, E // K)
     np.testing.assert_allclose(y, dense_reference(inputs, kept), rtol=2e-5, atol=2e-5)
 
 

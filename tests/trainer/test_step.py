@@ -10,9 +10,10 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from trainer import config, data, moe
-from trainer.mesh import batch_sharding, make_mesh
-from trainer.step import abstract_state, init_state, make_train_step, unpack
+from trainer import config, data
+from trainer.loop import unpack
+from trainer.mesh import BATCH_AXES, batch_sharding, make_mesh
+from trainer.step import abstract_state, init_state, make_train_step, plain
 
 
 def test_accumulating_two_micro_batches_equals_one_batch(cpu8: list) -> None:
@@ -24,7 +25,7 @@ def test_accumulating_two_micro_batches_equals_one_batch(cpu8: list) -> None:
     out = {}
     with jax.set_mesh(mesh):
         graphdef, abstract = abstract_state(cfg, mesh)
-        stop = jax.device_put(np.zeros(8, np.int32), NamedSharding(mesh, P(moe.BATCH_AXES)))
+        stop = jax.device_put(np.zeros(8, np.int32), NamedSharding(mesh, P(BATCH_AXES)))
         for accum in (1, 2):
             state = init_state(cfg, mesh, abstract)
             step = make_train_step(cfg, graphdef, mesh, abstract)
@@ -70,8 +71,8 @@ def test_moe_layers_forward_runs_no_collective_over_every_device(cpu8: list) -> 
         graphdef, abstract = abstract_state(cfg, mesh)
         step = make_train_step(cfg, graphdef, mesh, abstract)
         tokens = jax.ShapeDtypeStruct((1, 16, cfg.model.seq_len + 1), np.int32, sharding=batch_sharding(mesh))
-        stop = jax.ShapeDtypeStruct((8,), np.int32, sharding=NamedSharding(mesh, P(moe.BATCH_AXES)))
-        hlo = step.lower(abstract, tokens, stop).compile().as_text()
+        stop = jax.ShapeDtypeStruct((8,), np.int32, sharding=NamedSharding(mesh, P(BATCH_AXES)))
+        hlo = step.lower(plain(abstract), tokens, stop).compile().as_text()
     kinds = r" (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(-start)?\("
     collectives = [line for line in hlo.splitlines() if re.search(kinds, line) and "replica_groups=" in line]
     forward = [c for c in collectives if "while/body" in c and "transpose(" not in c]

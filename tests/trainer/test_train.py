@@ -122,6 +122,8 @@ def test_same_shape_resume_after_kill_is_bitwise_equal(reference: dict, tmp_path
     assert first_records[min(first_records)]["perf/restore_seconds"] == 0.0  # nothing to restore
     assert len(list((run_dir / "compile_cache" / "train-step").iterdir())) == 1
     assert "trainer: train step loaded without tracing" in out
+    # The abstract state came from the cache too: the resumed process never imported flax.
+    assert "flax and optax were never imported" in out and "never imported" not in first.output()
 
 
 def test_sigterm_exits_42_and_resumes_on_another_shape(reference: dict, tmp_path: Path) -> None:
