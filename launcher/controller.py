@@ -38,13 +38,10 @@ from launcher.presets import Catalog
 from launcher.record import FAILED, RunRecord
 from launcher.render import LABEL_RUN, LABEL_SEGMENT, render_jobset
 from launcher.rundir import RunDir
-from launcher.snapshot import SOURCES, WATCHED, EventsJoin, Snapshot, observe_run
+from launcher.snapshot import SOURCES, WATCHED, Created, EventsJoin, Snapshot, observe_run
 
 # The least time from one pass to the next while watch events keep coming.
 COALESCE_S = 0.02
-# How long a JobSet this controller created is taken to exist while its cache does not show it
-# (client-go's controller expectations time out after 5 minutes too).
-CREATED_TTL_S = 300.0
 # How often a controller that has its process to itself (Controller.own_process) collects and
 # freezes its heap again.
 FREEZE_EVERY_S = 600.0
@@ -106,11 +103,7 @@ class Controller:
     # it: a pass right after a write must not decide on the record from before it.
     _written: dict[str, tuple[str, RunRecord, str]] = field(default_factory=dict)
     _stale: set[str] = field(default_factory=set)  # runs whose record lost a swap: GET it next
-    # JobSets this controller created that its cache does not show yet, by name: (the JobSet, when,
-    # the cache's list count then). As client-go's controller expectations: a pass right after a
-    # create, before the watch has delivered it (a loaded machine), must not take the JobSet for
-    # absent and create it again. A wrong guess costs one 409: creating is idempotent.
-    _created: dict[str, tuple[dict, float, int]] = field(default_factory=dict)
+    _created: Created = field(default_factory=Created)  # JobSets created, until the cache shows them
     # When the first watch event since the last pass arrived: an action's ledger line says how
     # long the controller took from there to the record written (`woken_at`).
     _woken_at: float | None = None
@@ -133,27 +126,10 @@ class Controller:
         if self.synced():
             caches = self.caches
             items = {name: c.items() for name, c in caches.items() if name not in {"records", "foreign-pods"}}
-            items["jobsets"] = self._with_created(caches["jobsets"])
+            items["jobsets"] = self._created.over(caches["jobsets"], self.monotonic())
             departed = caches["pods"].take_departed()
             return Snapshot.of(items, caches["foreign-pods"].indexed(), self._events_join, departed)
         return Snapshot.read(self.kube)
-
-    def _with_created(self, cache: Cache) -> tuple[dict, ...]:
-        """The cached JobSets, and those this controller created until the cache shows them, their
-        deletion, or a relist (the list has them if they exist)."""
-        cached = cache.items()
-        gone = {o["metadata"].get("uid") for o in cache.take_departed()}
-        now = self.monotonic()
-        for name, (js, at, lists) in list(self._created.items()):
-            meta = js["metadata"]
-            if (
-                cache.get(meta["namespace"], name) is not None
-                or meta.get("uid") in gone
-                or cache.lists != lists
-                or now - at > CREATED_TTL_S
-            ):
-                del self._created[name]
-        return (*cached, *(js for js, _, _ in self._created.values())) if self._created else cached
 
     def record(self, run: str) -> tuple[RunRecord, str] | None:
         """The run record and its version: from the cache (with our own last write laid over it
@@ -264,7 +240,7 @@ class Controller:
             )
             if created is not None and (cache := self.caches.get("jobsets")) is not None:
                 created["metadata"].setdefault("namespace", self.kube.namespace)
-                self._created[seg.jobset] = (created, self.monotonic(), cache.lists)
+                self._created.add(created, cache, self.monotonic())
         elif d.action in {policy.END, policy.DELETE} and d.jobset:
             self.kube.delete_jobset(d.jobset)
             if d.force and (seg := d.record.current) is not None:

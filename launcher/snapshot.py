@@ -7,10 +7,10 @@ selectors, each object projected to the fields the signals read: launcher/projec
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from launcher import projections, signals
-from launcher.informer import Source
+from launcher.informer import Cache, Source
 from launcher.kube import Kube
 from launcher.presets import LABEL_ACCELERATOR, LABEL_NODEPOOL, Catalog
 from launcher.record import RunRecord
@@ -21,7 +21,7 @@ from launcher.rundir import RunDir
 # serves them), so that a namespace and a cluster full of other workloads cost a pass nothing:
 SOURCES = {
     # Departed: a JobSet the controller created and then saw deleted is not laid over the cache
-    # (Controller._with_created).
+    # (Created).
     "jobsets": Source("jobsets", LABEL_RUN, departed=True),
     "pods": Source("pods", LABEL_RUN, keep=projections.run_pod, departed=True),
     # Pods of other workloads only mark nodes busy: the live, scheduled ones, a node each.
@@ -73,6 +73,43 @@ class Snapshot:
         failed, no_scale_up = items["events"], items["events-scale-up"]
         events = (join or EventsJoin())(failed, no_scale_up)
         return Snapshot(items["jobsets"], items["pods"], items["nodes"], events, foreign_nodes, departed_pods)
+
+
+# How long a JobSet the controller created counts as existing while its cache does not show it
+# (client-go's controller expectations time out after 5 minutes too).
+CREATED_TTL_S = 300.0
+
+
+@dataclass
+class Created:
+    """The JobSets a controller created that its cache does not show yet, by name: (the JobSet,
+    when, the cache's list count then). As client-go's controller expectations: a pass right after
+    a create, before the watch has delivered it (a loaded machine), must not take the JobSet for
+    absent and create it again. A wrong guess costs one 409: creating is idempotent."""
+
+    _by_name: dict[str, tuple[dict, float, int]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    def add(self, jobset: dict, cache: Cache, now: float) -> None:
+        self._by_name[jobset["metadata"]["name"]] = (jobset, now, cache.lists)
+
+    def over(self, cache: Cache, now: float) -> tuple[dict, ...]:
+        """The cached JobSets, and ours until the cache shows them, their deletion, or a relist
+        (the list has them if they exist)."""
+        cached = cache.items()
+        gone = {o["metadata"].get("uid") for o in cache.take_departed()}
+        for name, (js, at, lists) in list(self._by_name.items()):
+            meta = js["metadata"]
+            if (
+                cache.get(meta["namespace"], name) is not None
+                or meta.get("uid") in gone
+                or cache.lists != lists
+                or now - at > CREATED_TTL_S
+            ):
+                del self._by_name[name]
+        return (*cached, *(js for js, _, _ in self._by_name.values())) if self._by_name else cached
 
 
 @dataclass

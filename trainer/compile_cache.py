@@ -12,7 +12,6 @@ Two levels, the first tried first (``train_step``), and the state's abstract val
 (``abstract_state``: the restore target and the executable's key, without tracing the model).
 With all three in the cache a resumed trainer never imports flax or optax (trainer/step.py).
 
-
 - **The train step without tracing** (``<cache>/train-step/``). JAX's cache key hashes the lowered
   program, so a hit still traces and lowers the flax nnx step (1.2 of 1.7 CPU seconds of a hit for
   ``tiny``; far more for a large model). Here the key is what the program is a function of: the
