@@ -23,7 +23,7 @@ import numpy as np
 
 from trainer import compile_cache, data, distributed, sizes, storage
 from trainer.checkpoint import Checkpointer
-from trainer.config import Config, ConfigError, config_hash, identity
+from trainer.config import Config, ConfigError, config_hash, decay_steps, identity
 from trainer.mesh import batch_sharding, device_sharding, dp_ranks, mesh_for, process_block
 from trainer.metrics import RunWriter
 from trainer.startup import Timeline
@@ -221,10 +221,28 @@ class Model:
         return step.make_train_step(self.cfg, graphdef, self.mesh, abstract)
 
 
+# What the host alone reads of the config: the compiled programs are not a function of it.
+HOST_ONLY = ("name", "run_dir", "data", "checkpoint", "metrics")
+HOST_ONLY_TRAIN = (
+    "steps",
+    "seed",
+    "crash_at_step",
+    "stall_timeout_s",
+    "compile_cache",
+    "debug_start_delay_s",
+)
+
+
 def program(cfg: Config) -> dict[str, Any]:
-    """What the compiled programs are a function of: the config, less the run directory (where
-    outputs go): a cache shared by runs (JAX_COMPILATION_CACHE_DIR) serves every run of a config."""
-    return {k: v for k, v in cfg.to_dict().items() if k != "run_dir"}
+    """What the train step and the state's shapes are a function of (compile_cache's keys): the
+    config less what only the host reads, with the schedule's decay steps resolved (``train.steps``
+    counts through them only). So a run extended by more steps, a changed checkpoint or metrics
+    cadence, or another run of the config sharing one cache (JAX_COMPILATION_CACHE_DIR) loads
+    the train step without tracing. A field added to the config is in the key until named here."""
+    out = {k: v for k, v in cfg.to_dict().items() if k not in HOST_ONLY}
+    out["train"] = {k: v for k, v in out["train"].items() if k not in HOST_ONLY_TRAIN}
+    out["optim"] = {**out["optim"], "decay_steps": decay_steps(cfg)}
+    return out
 
 
 def finish_step(inc: Incarnation, pending: Pending, since: float, startup: dict[str, Any]) -> StepResult:

@@ -145,3 +145,23 @@ def test_the_abstract_state_is_kept_and_rebuilt_on_the_current_mesh(
     other = mesh_for(config.resolve("tiny", ["mesh.fsdp=4"], {}))
     compile_cache.abstract_state(program(cfg), other, build)
     assert built == [1, 1, 1]
+
+
+def test_the_program_key_leaves_out_what_only_the_host_reads() -> None:
+    from trainer import config
+    from trainer.loop import program
+
+    base = config.resolve("tiny", ["train.steps=40"], {})
+    same = [
+        ["train.steps=42", "optim.decay_steps=40"],  # extended, the schedule unchanged
+        ["train.steps=40", "checkpoint.interval=3", "metrics.log_every=1", "train.seed=7"],
+        ["train.steps=40", "train.stall_timeout_s=9", "data.prefetch=4"],
+    ]
+    for sets in same:
+        assert program(config.resolve("tiny", sets, {})) == program(base), sets
+    for sets in (
+        ["train.steps=42"],
+        ["train.steps=40", "optim.lr=0.1"],
+        ["train.steps=40", "model.d_model=32"],
+    ):
+        assert program(config.resolve("tiny", sets, {})) != program(base), sets  # decay follows steps
