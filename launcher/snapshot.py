@@ -16,6 +16,7 @@ from launcher.presets import LABEL_ACCELERATOR, LABEL_NODEPOOL, Catalog
 from launcher.record import RunRecord
 from launcher.render import LABEL_RUN, run_preset
 from launcher.rundir import RunDir
+from launcher.signal_basics import SameInputs
 
 # What the caches hold, filtered by the server (label and field selectors as kube-apiserver
 # serves them), so that a namespace and a cluster full of other workloads cost a pass nothing:
@@ -141,6 +142,15 @@ def _listed(kube: Kube, src: Source) -> list[dict]:
     ]
 
 
+def _of_run(run: str, jobsets: Sequence[dict]) -> tuple[dict, ...]:
+    return tuple(j for j in jobsets if (j["metadata"].get("labels") or {}).get(LABEL_RUN) == run)
+
+
+# The same tuple while the cache's is unchanged: signals.observe then skips a steady pass's walk
+# over the run's pods (3,072 at 4 x tpu7x-8x8x48: 2 of a pass's 3 ms).
+_run_jobsets = SameInputs(_of_run)
+
+
 def observe_run(
     rec: RunRecord, snap: Snapshot, rundir: RunDir, now: float, catalog: Catalog
 ) -> signals.Observation:
@@ -156,7 +166,7 @@ def observe_run(
         segment_nodepools=seg.nodepools if live else (),
         expected_pods=shape.hosts if shape else 0,
         slice_hosts=shape.preset.hosts if shape else 0,
-        jobsets=[j for j in snap.jobsets if (j["metadata"].get("labels") or {}).get(LABEL_RUN) == rec.name],
+        jobsets=_run_jobsets((rec.name,), snap.jobsets),
         pods=snap.pods,
         departed_pods=snap.departed_pods,
         foreign_nodes=snap.foreign_nodes,

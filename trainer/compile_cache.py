@@ -67,6 +67,8 @@ from jax.experimental.compilation_cache import compilation_cache
 from jax.sharding import Mesh, NamedSharding
 from orbax.checkpoint import multihost
 
+from trainer.config import Config, decay_steps
+
 _dir: str | None = None
 _hits = 0
 
@@ -276,6 +278,30 @@ def _describe(args: Any) -> str:
     return repr(tree) + "".join(
         f"\n{x.shape}|{x.dtype}|{getattr(x, 'weak_type', False)}|{x.sharding!r}" for x in leaves
     )
+
+
+# What the host alone reads of the config: the compiled programs are not a function of it.
+HOST_ONLY = ("name", "run_dir", "data", "checkpoint", "metrics")
+HOST_ONLY_TRAIN = (
+    "steps",
+    "seed",
+    "crash_at_step",
+    "stall_timeout_s",
+    "compile_cache",
+    "debug_start_delay_s",
+)
+
+
+def program(cfg: Config) -> dict[str, Any]:
+    """What the train step and the state's shapes are a function of (compile_cache's keys): the
+    config less what only the host reads, with the schedule's decay steps resolved (``train.steps``
+    counts through them only). So a run extended by more steps, a changed checkpoint or metrics
+    cadence, or another run of the config sharing one cache (JAX_COMPILATION_CACHE_DIR) loads
+    the train step without tracing. A field added to the config is in the key until named here."""
+    out = {k: v for k, v in cfg.to_dict().items() if k not in HOST_ONLY}
+    out["train"] = {k: v for k, v in out["train"].items() if k not in HOST_ONLY_TRAIN}
+    out["optim"] = {**out["optim"], "decay_steps": decay_steps(cfg)}
+    return out
 
 
 def _versions() -> list[str]:

@@ -23,7 +23,7 @@ import numpy as np
 
 from trainer import compile_cache, data, distributed, sizes, storage
 from trainer.checkpoint import Checkpointer
-from trainer.config import Config, ConfigError, config_hash, decay_steps, identity
+from trainer.config import Config, ConfigError, config_hash, identity
 from trainer.mesh import batch_sharding, device_sharding, dp_ranks, mesh_for, process_block
 from trainer.metrics import RunWriter
 from trainer.startup import Timeline
@@ -221,30 +221,6 @@ class Model:
         return step.make_train_step(self.cfg, graphdef, self.mesh, abstract)
 
 
-# What the host alone reads of the config: the compiled programs are not a function of it.
-HOST_ONLY = ("name", "run_dir", "data", "checkpoint", "metrics")
-HOST_ONLY_TRAIN = (
-    "steps",
-    "seed",
-    "crash_at_step",
-    "stall_timeout_s",
-    "compile_cache",
-    "debug_start_delay_s",
-)
-
-
-def program(cfg: Config) -> dict[str, Any]:
-    """What the train step and the state's shapes are a function of (compile_cache's keys): the
-    config less what only the host reads, with the schedule's decay steps resolved (``train.steps``
-    counts through them only). So a run extended by more steps, a changed checkpoint or metrics
-    cadence, or another run of the config sharing one cache (JAX_COMPILATION_CACHE_DIR) loads
-    the train step without tracing. A field added to the config is in the key until named here."""
-    out = {k: v for k, v in cfg.to_dict().items() if k not in HOST_ONLY}
-    out["train"] = {k: v for k, v in out["train"].items() if k not in HOST_ONLY_TRAIN}
-    out["optim"] = {**out["optim"], "decay_steps": decay_steps(cfg)}
-    return out
-
-
 def finish_step(inc: Incarnation, pending: Pending, since: float, startup: dict[str, Any]) -> StepResult:
     """Wait for the pending step and build its record, with `startup` merged in (the caller passes
     the start-up timers with the first step of an incarnation only)."""
@@ -289,7 +265,10 @@ def _compile(cfg: Config, steps: Steps, state: Any, model: Model) -> tuple[Steps
     t_compile, hits = time.perf_counter(), compile_cache.hits()
     token_spec = jax.ShapeDtypeStruct(steps.global_shape, np.int32, sharding=steps.tokens_sharding)
     train_step = compile_cache.train_step(
-        model.train_step, (state, token_spec, steps.flags[False]), list(model.mesh.devices.flat), program(cfg)
+        model.train_step,
+        (state, token_spec, steps.flags[False]),
+        list(model.mesh.devices.flat),
+        compile_cache.program(cfg),
     )
     timers = {
         "perf/compile_seconds": time.perf_counter() - t_compile,
@@ -389,7 +368,7 @@ def run(
     try:
         with jax.set_mesh(mesh):
             model = Model(cfg, mesh)
-            abstract = compile_cache.abstract_state(program(cfg), mesh, model.abstract)
+            abstract = compile_cache.abstract_state(compile_cache.program(cfg), mesh, model.abstract)
             timeline.mark("abstract state")
             # A foreign checkpoint is refused before anything is written into its run directory.
             t_restore = time.perf_counter()

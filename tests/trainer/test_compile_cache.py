@@ -115,7 +115,7 @@ def test_the_abstract_state_is_kept_and_rebuilt_on_the_current_mesh(
     cpu8: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from trainer import config, step
-    from trainer.loop import program
+    from trainer.compile_cache import program
     from trainer.mesh import mesh_for
 
     monkeypatch.setattr(compile_cache, "_dir", str(tmp_path))
@@ -149,7 +149,7 @@ def test_the_abstract_state_is_kept_and_rebuilt_on_the_current_mesh(
 
 def test_the_program_key_leaves_out_what_only_the_host_reads() -> None:
     from trainer import config
-    from trainer.loop import program
+    from trainer.compile_cache import program
 
     base = config.resolve("tiny", ["train.steps=40"], {})
     same = [
