@@ -16,12 +16,13 @@ With all three in the cache a resumed trainer never imports flax or optax (train
   program, so a hit still traces and lowers the flax nnx step (1.2 of 1.7 CPU seconds of a hit for
   ``tiny``; far more for a large model). Here the key is what the program is a function of: the
   trainer's own source files, the versions of the libraries that trace and compile it (jax, jaxlib,
-  flax, optax, numpy, Python), the resolved config (less the run directory), the arguments' tree,
-  shapes, dtypes and shardings, the mesh and its devices in order, the platform and process count,
-  JAX's configuration values and the ``JAX_*`` / ``XLA_*`` / ``LIBTPU_INIT_ARGS`` environment. The
-  entry holds the serialized executable and its argument and result trees
-  (``jax.experimental.serialize_executable``). A library patched in place without a version change
-  is the one change the key cannot see: turn ``train.compile_cache`` off or empty the cache then.
+  flax, optax, numpy, Python), the resolved config less what only the host reads (``program``),
+  the arguments' tree, shapes, dtypes and shardings, the mesh and its devices in order, the
+  platform and process count, JAX's configuration values and the ``JAX_*`` / ``XLA_*`` /
+  ``LIBTPU_INIT_ARGS`` environment. The entry holds the serialized executable and its argument and
+  result trees (``jax.experimental.serialize_executable``). A library patched in place without a
+  version change is the one change the key cannot see: turn ``train.compile_cache`` off or empty
+  the cache then.
 - **The lowered program** (a miss above): JAX's own cache, whose key covers the program, its
   shardings, the devices' topology and the compiler version. On simulated CPU devices with several
   processes it would serve process 0 only: its key hashes the CPU client's topology, which differs
