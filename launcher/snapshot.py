@@ -147,7 +147,7 @@ def _of_run(run: str, jobsets: Sequence[dict]) -> tuple[dict, ...]:
 
 
 # The same tuple while the cache's is unchanged: signals.observe then skips a steady pass's walk
-# over the run's pods (3,072 at 4 x tpu7x-8x8x48: 2 of a pass's 3 ms).
+# over the run's pods (3,072 at 4 x tpu7x-8x8x48: a pass's CPU 2.9 -> 1.2 ms).
 _run_jobsets = SameInputs(_of_run)
 
 

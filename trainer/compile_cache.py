@@ -337,6 +337,10 @@ def program_key(
         "jax_config": sorted((k, repr(v)) for k, v in jax.config.values.items()),
         "env": sorted(env.items()),
     }  # fmt: skip
+    return _digest(parts)
+
+
+def _digest(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()
 
 
@@ -355,8 +359,7 @@ def abstract_state(program: dict[str, Any], mesh: Mesh, build: Callable[[], dict
         "program": program,
         "mesh": dict(mesh.shape),
     }
-    key = hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()
-    path = epath.Path(_dir) / "abstract-state" / key
+    path = epath.Path(_dir) / "abstract-state" / _digest(parts)
     entry = _read_whole(path)
     if entry is not None:
         try:
