@@ -75,13 +75,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(json.dumps({"config_hash": config.config_hash(cfg), "config": cfg.to_dict()}))
         return 0
-    from trainer.startup import Timeline
+    from trainer.startup import Timeline, no_rocm_plugin_scan
     from trainer.watchdog import Preemption
 
     preemption = Preemption()  # before the slow imports: SIGTERM at any time means exit 42
     timeline = Timeline(supervised=bool(os.environ.get(supervisor.CHILD_ENV)))
     try:
-        with _imports_without_gc():
+        with _imports_without_gc(), no_rocm_plugin_scan(os.environ):
             from trainer import config, distributed, loop
         timeline.mark("imports")
         cfg = config.resolve(args.config, args.set, os.environ)

@@ -11,9 +11,11 @@ start-up until it starts this process is the ``supervisor`` phase, CPU not count
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 
@@ -67,6 +69,36 @@ class Timeline:
 
 
 REPORT = "trainer: start-up: "
+
+
+@contextlib.contextmanager
+def no_rocm_plugin_scan(env: Mapping[str, str]) -> Iterator[None]:
+    """While jax is imported: hide the installed distributions from its ROCm plugin lookup where
+    ``JAX_PLATFORMS`` rules ROCm out.
+
+    jax 0.10.2 parses the METADATA of every installed distribution when ``jax.numpy`` is imported,
+    to find a ``jax-rocm*-plugin`` (jax/_src/numpy/array_constructors.py; jax-ml/jax#37879): 117
+    distributions in this project's environment, 0.07-0.13 CPU s of every trainer start-up. The fix
+    proposed upstream (jax-ml/jax#38030) skips the lookup when ``JAX_PLATFORMS`` is set without
+    ``rocm``, as the simulated hosts and CPU runs set it; this does the same from outside, touching
+    ``importlib.metadata.distributions()`` called without arguments (jax's lookup, the only such
+    call among the trainer's imports) for the duration of the block only."""
+    platforms = env.get("JAX_PLATFORMS", "")
+    if not platforms or "rocm" in platforms:
+        yield
+        return
+    from importlib import metadata
+
+    scan = metadata.distributions
+
+    def without_scan(**kwargs):
+        return scan(**kwargs) if kwargs else iter(())
+
+    metadata.distributions = without_scan
+    try:
+        yield
+    finally:
+        metadata.distributions = scan
 
 
 def parse_report(line: str) -> dict | None:

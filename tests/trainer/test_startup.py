@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import os
 import socket
 import subprocess
 import sys
@@ -10,6 +12,7 @@ import time
 
 from tests.trainer.runs import ROOT
 from trainer.distributed import await_coordinator
+from trainer.startup import no_rocm_plugin_scan
 
 TICK = 0.011  # /proc counts process starts in clock ticks of 10 ms
 
@@ -49,3 +52,45 @@ def test_a_coordinator_that_never_comes_is_left_to_jax_after_the_timeout() -> No
     for address in ("127.0.0.1:1", "no-such-host.invalid:8490", "[::1]:1"):
         waited = await_coordinator(address, timeout_s=0.2)
         assert 0.2 <= waited < 2.0, address
+
+
+_COUNT_METADATA_READS = """
+import os, sys
+from importlib import metadata
+from trainer.startup import no_rocm_plugin_scan
+reads = []
+read_text = metadata.PathDistribution.read_text
+metadata.PathDistribution.read_text = lambda self, name: reads.append(name) or read_text(self, name)
+with no_rocm_plugin_scan(os.environ):
+    import jax.numpy
+print(sum(n in ("METADATA", "PKG-INFO") for n in reads))
+"""
+
+
+def _metadata_reads_importing_jax(platforms: str | None) -> int:
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    if platforms is not None:
+        env["JAX_PLATFORMS"] = platforms
+    run = subprocess.run(
+        [sys.executable, "-c", _COUNT_METADATA_READS], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    )
+    return int(run.stdout.split()[-1])
+
+
+def test_importing_jax_skips_its_rocm_plugin_scan_where_the_platforms_rule_rocm_out() -> None:
+    installed = sum(1 for _ in importlib.metadata.distributions())
+    # jax reads every distribution's METADATA looking for a ROCm plugin, unless JAX_PLATFORMS says
+    # ROCm cannot be used; a few reads (libraries asking for a version) remain either way.
+    assert _metadata_reads_importing_jax(None) >= installed
+    assert _metadata_reads_importing_jax("rocm,cpu") >= installed
+    assert _metadata_reads_importing_jax("cpu") < 10 <= installed
+
+
+def test_the_distributions_are_hidden_only_inside_the_block_and_only_from_a_bare_scan() -> None:
+    real = importlib.metadata.distributions
+    with no_rocm_plugin_scan({"JAX_PLATFORMS": "cpu"}):
+        assert list(importlib.metadata.distributions()) == []
+        assert [d.metadata["Name"] for d in importlib.metadata.distributions(name="jax")] == ["jax"]
+    assert importlib.metadata.distributions is real
+    with no_rocm_plugin_scan({}):
+        assert importlib.metadata.distributions is real
