@@ -72,7 +72,12 @@ def _metadata_reads_importing_jax(platforms: str | None) -> int:
     if platforms is not None:
         env["JAX_PLATFORMS"] = platforms
     run = subprocess.run(
-        [sys.executable, "-c", _COUNT_METADATA_READS], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", _COUNT_METADATA_READS],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return int(run.stdout.split()[-1])
 
