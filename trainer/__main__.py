@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     one_shot = args.memory or args.probe_write or args.check  # these never join a process group
     if not one_shot and peers.multi_process(os.environ) and not os.environ.get(supervisor.CHILD_ENV):
-        return supervisor.supervise(sys.argv[1:] if argv is None else argv)
+        return supervisor.supervise(lambda: main(argv))
     from trainer.config import ConfigError
 
     if args.memory:
