@@ -100,7 +100,11 @@ class Checkpointer:
             )
 
     def usable_start(
-        self, total_steps: int, abstract: Any, check: Callable[[int, dict[str, Any]], None]
+        self,
+        total_steps: int,
+        abstract: Any,
+        check: Callable[[int, dict[str, Any]], None],
+        retrace: Callable[[], Any] | None = None,
     ) -> tuple[int, Any]:
         """(step, state) of the newest committed step that restores, or (0, None) when none does.
 
@@ -108,7 +112,12 @@ class Checkpointer:
         `check` refuses a foreign checkpoint (ConfigError: exit 2, never skipped over). A step whose
         meta is not JSON of this layout, or whose state is missing or does not restore (truncated
         arrays), is unusable: one line says so, it is moved aside (never deleted), and the previous
-        committed step is tried, which costs the steps since then and no more."""
+        committed step is tried, which costs the steps since then and no more.
+
+        `retrace` (given when `abstract` came from the compile cache, not from tracing the model)
+        returns the traced abstract state: the first step that does not restore into the cached one
+        is tried again with it before it is judged, so that a stale cache entry (a library patched
+        in place, its version unchanged) costs a trace, never a checkpoint."""
         with _quiet_abandoned_reads(lambda: bool(self.set_aside)):
             for step in sorted(self.manager.all_steps(), reverse=True):
                 try:
@@ -124,7 +133,19 @@ class Checkpointer:
                 try:
                     return step, self.restore(step, abstract)
                 except Exception as e:
-                    self._set_aside(step, e)
+                    error = e
+                if retrace is not None and not transient(error):
+                    print(
+                        f"trainer: checkpoint {self.directory}/{step} does not restore into the compile"
+                        f" cache's abstract state ({_reason(error)}): tracing the model for it",
+                        flush=True,
+                    )
+                    abstract, retrace = retrace(), None
+                    try:
+                        return step, self.restore(step, abstract)
+                    except Exception as e:
+                        error = e
+                self._set_aside(step, error)
         if self.set_aside:
             raise ConfigError(
                 f"no usable checkpoint in {self.directory}: all {len(self.set_aside)} committed steps were "

@@ -344,13 +344,16 @@ def _digest(parts: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=repr).encode()).hexdigest()
 
 
-def abstract_state(program: dict[str, Any], mesh: Mesh, build: Callable[[], dict]) -> dict:
+def abstract_state(
+    program: dict[str, Any], mesh: Mesh, build: Callable[[], dict], rebuild: bool = False
+) -> dict:
     """The state's abstract values on ``mesh`` (trainer.step's ``plain`` form: a ShapeDtypeStruct
     with its NamedSharding per leaf): from this cache, else ``build()`` (flax tracing the model's
     initializers), then stored. An entry holds each leaf's path, shape, dtype and PartitionSpec;
     its key is what they are a function of: the program, the trainer's sources, the libraries'
     versions and the mesh's axes. Every process that misses writes the same entry (renamed into
-    place: a reader never sees half of one)."""
+    place: a reader never sees half of one). ``rebuild``: build and store over the entry, for one
+    that a checkpoint of this very program did not restore into (a library changed in place)."""
     if _dir is None:
         return build()
     parts = {
@@ -360,7 +363,7 @@ def abstract_state(program: dict[str, Any], mesh: Mesh, build: Callable[[], dict
         "mesh": dict(mesh.shape),
     }
     path = epath.Path(_dir) / "abstract-state" / _digest(parts)
-    entry = _read_whole(path)
+    entry = None if rebuild else _read_whole(path)
     if entry is not None:
         try:
             out: dict = {}

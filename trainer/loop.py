@@ -204,6 +204,10 @@ class Model:
 
         return step.abstract_state(self.cfg, self.mesh)
 
+    @property
+    def was_traced(self) -> bool:
+        return "traced" in self.__dict__  # functools.cached_property keeps its value there
+
     def abstract(self) -> dict:
         from trainer import step
 
@@ -367,14 +371,17 @@ def run(
     writer = None
     try:
         with jax.set_mesh(mesh):
-            model = Model(cfg, mesh)
-            abstract = compile_cache.abstract_state(compile_cache.program(cfg), mesh, model.abstract)
+            model, program = Model(cfg, mesh), compile_cache.program(cfg)
+            abstract = compile_cache.abstract_state(program, mesh, model.abstract)
             timeline.mark("abstract state")
             # A foreign checkpoint is refused before anything is written into its run directory.
             t_restore = time.perf_counter()
             start, restored = ckpt.usable_start(
-                total_steps, abstract, lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb)
-            )
+                total_steps,
+                abstract,
+                lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb),
+                None if model.was_traced else lambda: compile_cache.abstract_state(program, mesh, model.abstract, True),
+            )  # fmt: skip
             restore_s = time.perf_counter() - t_restore
             writer = RunWriter(
                 cfg.run_dir, segment, attempt, cfg.metrics.flush_seconds, ident.process_id == 0

@@ -14,17 +14,23 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 import tensorstore as ts
 
 from launcher.controller import Controller
 from tests.support.fake_gcs import FakeGCS
 from tests.trainer import runs
-from trainer import checkpoint
+from trainer import checkpoint, compile_cache
 from trainer.__main__ import main
 from trainer.checkpoint import UNUSABLE_DIR, UNUSABLE_REASON
+from trainer.config import ConfigError
 
 # decay_steps fixed: the resumed run may train further (train.steps=10) and stay the same run.
 SETS = ["checkpoint.interval=2", "checkpoint.keep=10", "optim.decay_steps=10", "metrics.log_every=1000"]
@@ -167,3 +173,53 @@ def test_a_read_abandoned_by_a_failed_restore_stays_quiet_when_it_completes_late
     other.add_done_callback(lambda _: 1 / 0)
     other_promise.set_result(1)
     assert [type(u.exc_value) for u in printed] == [ZeroDivisionError]
+
+
+def _without_one_leaf(tree: dict) -> dict:
+    """`tree` short of its first leaf (depth first): an abstract state this checkpoint's arrays do
+    not restore into, as an entry written by another version of a library would be."""
+    key, value = next(iter(tree.items()))
+    rest = {k: v for k, v in tree.items() if k != key}
+    return {key: _without_one_leaf(value), **rest} if isinstance(value, dict) and len(value) > 1 else rest
+
+
+def test_a_stale_cached_abstract_state_costs_a_trace_not_the_checkpoint(tmp_path: Path) -> None:
+    ckpt = checkpoint.Checkpointer(str(tmp_path), 3, False)
+    state = {"b": {"value": jnp.ones((2, 3))}, "w": {"value": jnp.arange(8.0)}}
+    ckpt.save(2, state, {"step": 2, "config_hash": "h"})
+    ckpt.wait()
+    traced = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state)
+    retraced: list[int] = []
+
+    def retrace() -> dict:
+        retraced.append(1)
+        return traced
+
+    step, restored = ckpt.usable_start(10, _without_one_leaf(traced), lambda s, m: None, retrace)
+    assert (step, retraced, ckpt.set_aside) == (2, [1], [])
+    np.testing.assert_array_equal(restored["b"]["value"], state["b"]["value"])
+    # An abstract state traced already has nothing to fall back on: the step is judged unusable.
+    with pytest.raises(ConfigError, match="no usable checkpoint"):
+        ckpt.usable_start(10, _without_one_leaf(traced), lambda s, m: None)
+    assert [a["step"] for a in ckpt.set_aside] == [2] and (tmp_path / UNUSABLE_DIR).is_dir()
+    ckpt.close()
+
+
+def test_a_resume_past_a_stale_compile_cache_entry_keeps_every_checkpoint(
+    committed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(committed, run_dir)
+    cached = compile_cache.abstract_state
+
+    def stale_entry(program: dict, mesh: Any, build: Callable, rebuild: bool = False) -> dict:
+        abstract = cached(program, mesh, build, rebuild)
+        return abstract if rebuild else _without_one_leaf(abstract)
+
+    monkeypatch.setattr(compile_cache, "abstract_state", stale_entry)
+    capsys.readouterr()
+    assert _train(run_dir, 10, monkeypatch) == 0
+    out = capsys.readouterr().out
+    assert out.count("does not restore into the compile cache's abstract state") == 1
+    assert "resumed step 8 " in out and "is unusable" not in out
+    assert not (run_dir / UNUSABLE_DIR).exists() and runs.committed(run_dir) == [2, 4, 6, 8, 10]
