@@ -15,10 +15,11 @@ on the new shape (total) <= 3 s (issue 12).
 "spawned" is from the submit to the start of the last new trainer process and "start-up" from there
 to the first step; a second table shows, per start-up phase, the median over every new process of
 wall and CPU seconds (the line each trainer process prints, trainer/startup.py). Measured on these
-2 cores on 2026-12-03: total median 2.62-3.42 s over five runs (2.92 and 3.02 s over 5 shrinks at
-the machine's usual speed, 3.33 and 3.42 s at slower moments; reference loop 0.14-0.21 s), 3.81 s
-with the same command before a resume stopped importing flax; README.md has the breakdown. The first shrink of a run loads or
-compiles the one-slice train step for the first time.
+2 cores on 2026-12-03: total median 2.62-3.67 s over seven runs after a resume stopped importing
+flax (3.81 s before), 3.13 s after the supervisor forked its child and jax's ROCm scan was skipped
+(3.39 against 3.44 s side by side); the two new trainer processes fill both cores, so the figure
+follows the machine's speed (reference loop 0.14-0.30 s). README.md has the breakdown. The first
+shrink of a run loads or compiles the one-slice train step for the first time.
 """
 
 from __future__ import annotations
