@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from absl import flags
 from etils import epath
 
 from trainer.config import ConfigError
@@ -63,9 +64,27 @@ def _use_replica_parallel_only_for_large_arrays() -> None:
         absl_logger.setLevel(level)
 
 
+def _barriers_of_the_coordination_service() -> None:
+    """Orbax's barriers (opening the manager, each restore, several per save) as the JAX
+    coordination service's, not as a jitted all-gather over every device.
+
+    By default Orbax 0.12.8 syncs processes with ``multihost_utils.sync_global_devices``: a program
+    lowered, compiled and run across every device, on a simulated slice a 16-rank Gloo collective,
+    waiting without a timeout of its own for a peer that may be dead. Orbax's flag
+    ``experimental_orbax_use_distributed_barrier`` (what its own multi-process benchmarks set) makes
+    them ``wait_at_barrier`` calls on the coordination service, with Orbax's 300 s timeout, like the
+    trainer's start barrier: opening the manager then takes 0.03 s instead of 0.11 s of a resumed
+    process's start-up (2 processes x 8 devices, median of 10). The flag is read through absl,
+    which this process never parses: parsing the one flag makes it readable."""
+    flag = flags.FLAGS["experimental_orbax_use_distributed_barrier"]
+    if not flag.present:
+        flag.parse("true")
+
+
 class Checkpointer:
     def __init__(self, run_dir: str, keep: int, async_save: bool = True):
         _use_replica_parallel_only_for_large_arrays()
+        _barriers_of_the_coordination_service()
         self.directory = epath.Path(run_dir) / "checkpoints"
         self.set_aside: list[dict[str, Any]] = []  # the unusable steps moved aside at start-up
         options = ocp.CheckpointManagerOptions(

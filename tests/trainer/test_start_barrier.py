@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -96,3 +98,32 @@ def test_sigterm_at_the_start_barrier_exits_42_at_once_and_its_waiting_peers_the
             p.signal(signal.SIGKILL)
     assert runs.last_step(run_dir) == 0 and runs.committed(run_dir) == []
     print(f"start barrier: SIGTERM -> 42 in {took:.2f} s; the peer still waiting -> 43 after {waited:.1f} s")
+
+
+_ORBAX_BARRIER = """
+import sys
+from absl import flags
+from orbax.checkpoint._src.multihost import multihost
+from trainer.checkpoint import Checkpointer
+try:
+    multihost.EXPERIMENTAL_ORBAX_USE_DISTRIBUTED_BARRIER.value
+except flags.UnparsedFlagAccessError:  # Orbax then falls back to its all-gather barrier
+    print("unreadable")
+Checkpointer(sys.argv[1], 3)
+print(multihost.EXPERIMENTAL_ORBAX_USE_DISTRIBUTED_BARRIER.value)
+"""
+
+
+def test_orbax_meets_at_the_coordination_service_too(tmp_path: Path) -> None:
+    # What Orbax reads, as it reads it (sync_global_processes), in a process of its own: before a
+    # Checkpointer the flag cannot be read and Orbax uses a collective; after, its barriers are the
+    # coordination service's, as the start barrier.
+    out = subprocess.run(
+        [sys.executable, "-c", _ORBAX_BARRIER, str(tmp_path)],
+        cwd=runs.ROOT,
+        env=runs.env_for(str(tmp_path), 1),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert out == ["unreadable", "True"]
