@@ -15,11 +15,13 @@ on the new shape (total) <= 3 s (issue 12).
 "spawned" is from the submit to the start of the last new trainer process and "start-up" from there
 to the first step; a second table shows, per start-up phase, the median over every new process of
 wall and CPU seconds (the line each trainer process prints, trainer/startup.py). Measured on these
-2 cores on 2026-12-03: total median 2.62-3.67 s over seven runs after a resume stopped importing
-flax (3.81 s before), 3.13 s after the supervisor forked its child and jax's ROCm scan was skipped
-(3.39 against 3.44 s side by side); the two new trainer processes fill both cores, so the figure
-follows the machine's speed (reference loop 0.14-0.30 s). README.md has the breakdown. The first
-shrink of a run loads or compiles the one-slice train step for the first time.
+2 cores on 2026-12-03: total median 2.77 s (5 shrinks) and 3.03 / 2.85 s (3 each) with this
+start-up, against 3.09 / 3.41 s side by side with the one before it (the supervisor forked its
+child, jax's ROCm scan skipped, Orbax's barriers on the coordination service; 2.62-3.67 s over
+eight runs before, 3.81 s before a resume stopped importing flax). The two new trainer processes
+fill both cores, so the figure follows the machine's speed (reference loop 0.12-0.30 s).
+README.md has the breakdown. The first shrink of a run loads or compiles the one-slice train step
+for the first time.
 """
 
 from __future__ import annotations
