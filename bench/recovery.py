@@ -15,13 +15,13 @@ on the new shape (total) <= 3 s (issue 12).
 "spawned" is from the submit to the start of the last new trainer process and "start-up" from there
 to the first step; a second table shows, per start-up phase, the median over every new process of
 wall and CPU seconds (the line each trainer process prints, trainer/startup.py). Measured on these
-2 cores on 2026-12-03: total median 2.77 s (5 shrinks) and 3.03 / 2.85 s (3 each) with this
-start-up, against 3.09 / 3.41 s side by side with the one before it (the supervisor forked its
-child, jax's ROCm scan skipped, Orbax's barriers on the coordination service; 2.62-3.67 s over
-eight runs before, 3.81 s before a resume stopped importing flax). The two new trainer processes
-fill both cores, so the figure follows the machine's speed (reference loop 0.12-0.30 s).
-README.md has the breakdown. The first shrink of a run loads or compiles the one-slice train step
-for the first time.
+2 cores on 2026-12-03: total median 3.03 s against 3.41 s over five alternating rounds of
+`--cycles 3` with this start-up and the one before it (the supervisor forked its child, jax's ROCm
+scan skipped, Orbax's barriers on the coordination service); 2.77 and 3.78 s with `--cycles 5` at
+the machine's usual and a slower moment; 2.62-3.67 s over eight runs before, 3.81 s before a resume
+stopped importing flax. The two new trainer processes fill both cores, so the figure follows the
+machine's speed (reference loop 0.12-0.30 s). README.md has the breakdown. The first shrink of a
+run loads or compiles the one-slice train step for the first time.
 """
 
 from __future__ import annotations
