@@ -263,7 +263,7 @@ def _build_steps(cfg: Config, mesh: Any, grad_accum: int) -> Steps:
     )
 
 
-def _compile(cfg: Config, steps: Steps, state: Any, model: Model) -> tuple[Steps, dict[str, Any]]:
+def _compile(program: dict[str, Any], steps: Steps, state: Any, model: Model) -> tuple[Steps, dict[str, Any]]:
     """Compile (or load) before the clock starts: the first step's time is then a step's, and the
     compilation is reported on its own (start-up is badput, not training)."""
     t_compile, hits = time.perf_counter(), compile_cache.hits()
@@ -272,7 +272,7 @@ def _compile(cfg: Config, steps: Steps, state: Any, model: Model) -> tuple[Steps
         model.train_step,
         (state, token_spec, steps.flags[False]),
         list(model.mesh.devices.flat),
-        compile_cache.program(cfg),
+        program,
     )
     timers = {
         "perf/compile_seconds": time.perf_counter() - t_compile,
@@ -414,7 +414,7 @@ def run(
             if preemption.requested:  # during start-up: nothing trained since the latest checkpoint
                 print(f"trainer: preempted before the first step, step {start} stands, exit {EXIT_PREEMPTED}")
                 return EXIT_PREEMPTED
-            steps, compile_timers = _compile(cfg, steps, state, model)
+            steps, compile_timers = _compile(program, steps, state, model)
             timeline.mark("train step")
             if "flax" not in sys.modules:
                 print("trainer: the model was not traced: flax and optax were never imported", flush=True)
