@@ -82,11 +82,12 @@ def _barriers_of_the_coordination_service() -> None:
 
 
 class Checkpointer:
-    def __init__(self, run_dir: str, keep: int, async_save: bool = True):
+    def __init__(self, run_dir: str, keep: int, async_save: bool = True, save_delay_s: float = 0.0):
         _use_replica_parallel_only_for_large_arrays()
         _barriers_of_the_coordination_service()
         self.directory = epath.Path(run_dir) / "checkpoints"
         self.set_aside: list[dict[str, Any]] = []  # the unusable steps moved aside at start-up
+        self.save_delay_s = save_delay_s  # checkpoint.debug_save_delay_s, a test hook
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             save_interval_steps=1,  # the loop decides when to save
@@ -203,6 +204,12 @@ class Checkpointer:
 
     def save(self, step: int, state: Any, meta: dict[str, Any]) -> float:
         """Start a save; returns the seconds the caller was blocked (device-to-host copy, setup)."""
+        if self.save_delay_s:
+            print(
+                f"trainer: checkpoint.debug_save_delay_s: sleeping {self.save_delay_s:g} s before saving step {step}",
+                flush=True,
+            )
+            time.sleep(self.save_delay_s)
         start = time.perf_counter()
         self.manager.save(
             step,

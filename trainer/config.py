@@ -130,6 +130,9 @@ class CheckpointConfig:
     interval: int = 20  # save every N optimizer steps (and always at the last step and on SIGTERM)
     keep: int = 3
     async_save: bool = True
+    # Test hook: sleep this long before every save, as a process that reaches the save later than
+    # its peers, which wait for it in Orbax's first save barrier (0: never). Set it on one process.
+    debug_save_delay_s: float = 0.0
 
 
 @dataclass
@@ -365,6 +368,7 @@ def validate(cfg: Config) -> None:
         (cfg.data.workers >= 0 and cfg.data.prefetch >= 0, "data.workers and data.prefetch must be >= 0"),
         (cfg.train.stall_timeout_s >= 0, "train.stall_timeout_s must be >= 0 (0: automatic)"),
         (cfg.train.debug_start_delay_s >= 0, "train.debug_start_delay_s must be >= 0"),
+        (cfg.checkpoint.debug_save_delay_s >= 0, "checkpoint.debug_save_delay_s must be >= 0"),
         (t.steps > 0 and t.global_batch > 0, "train.steps and train.global_batch must be positive"),
         (t.micro_batch >= 0 and t.grad_accum > 0, "train.grad_accum must be positive"),
         (min(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, cfg.mesh.expert) >= 0, "mesh sizes must be >= 0 (0: automatic)"),

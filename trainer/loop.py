@@ -367,7 +367,8 @@ def run(
             "run": env.get("RESLICE_RUN", ""), "shape": asdict(plan), "time": time.time(),
         }  # fmt: skip
 
-    ckpt = Checkpointer(cfg.run_dir, cfg.checkpoint.keep, cfg.checkpoint.async_save)
+    c = cfg.checkpoint
+    ckpt = Checkpointer(cfg.run_dir, c.keep, c.async_save, c.debug_save_delay_s)
     writer = None
     try:
         with jax.set_mesh(mesh):

@@ -92,3 +92,30 @@ def test_sigterm_while_a_peer_hangs_exits_143_instead_of_waiting_for_the_heartbe
     assert "after SIGTERM (a peer is gone?)" in out
     assert elapsed < 20, f"took {elapsed:.1f} s"  # the heartbeat would have taken 60 s
     assert 10 in runs.committed(run_dir)
+
+
+def test_a_peer_lost_while_the_other_waits_in_a_save_barrier_is_a_disruption(tmp_path: Path) -> None:
+    # Orbax's save barriers meet at the coordination service (trainer/checkpoint.py), not in a
+    # collective that Gloo would fail at once. Process 1 reaches the save of step 10 late (a test
+    # hook) and dies there while process 0 waits for it in Orbax's first barrier: process 0 exits 43
+    # (a disruption, not its own failure) once the service gives up on process 1 (the 10 s
+    # heartbeat timeout, not the barrier's 300 s), and step 10 is not committed half-written.
+    run_dir = tmp_path / "run"
+    late = {"RESLICE_SET": json.dumps(["checkpoint.debug_save_delay_s=120"])}
+    procs = runs.processes(str(run_dir), tmp_path, grad_accum=2, only={1: late})
+    runs.wait_for(
+        lambda: "before saving step 10" in procs[1].output(), 200, "process 1 at its save", procs[1]
+    )
+    time.sleep(1.0)  # process 0 has finished step 10 with process 1; it is at the save's barrier
+    procs[1].signal(signal.SIGKILL)
+    t0 = time.monotonic()
+    rc = procs[0].wait(90)
+    elapsed = time.monotonic() - t0
+    out = procs[0].output()
+    assert rc == EXIT_PEER_LOST, out[-3000:]
+    assert elapsed < 25, f"the survivor took {elapsed:.1f} s to exit"
+    assert (
+        "Barrier Id: CheckpointManager:save_start" in out or "JAX distributed service detected fatal" in out
+    )
+    assert runs.committed(run_dir) == []
+    assert runs.last_step(run_dir) == 9  # step 10's record is written after its save
