@@ -67,6 +67,7 @@ def test_precedence_config_then_overrides_then_contract_env(tmp_path: Path) -> N
         (["train.steps=1.5"], {}, "train.steps: expected int"),
         (["moe.top_k=20"], {}, "moe.top_k must be in"),
         (["train.debug_start_delay_s=-1"], {}, "train.debug_start_delay_s must be >= 0"),
+        (["checkpoint.debug_save_delay_s=-1"], {}, "checkpoint.debug_save_delay_s must be >= 0"),
         (["train.steps"], {}, "not of the form"),
         ([], {"RESLICE_SET": "train.steps=3"}, "RESLICE_SET is not a JSON list"),
         ([], {"RESLICE_GLOBAL_BATCH": "many"}, "RESLICE_GLOBAL_BATCH='many' is not an integer"),
