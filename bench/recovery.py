@@ -13,7 +13,9 @@ step are the kubelet's and the trainer's). Goals: controller-owned median <= 1 s
 on the new shape (total) <= 3 s (issue 12).
 
 "spawned" is from the submit to the start of the last new trainer process and "start-up" from there
-to the first step; a second table shows, per start-up phase, the median over every new process of
+to the first step; "trainer cpu %" is the share of the machine's core-seconds from the fault to the
+first step that the new trainer processes used (from their start-up lines): near 100 % the total
+measures the machine, not waiting; a second table shows, per start-up phase, the median over every new process of
 wall and CPU seconds (the line each trainer process prints, trainer/startup.py). Measured on these
 2 cores on 2026-12-03: total median 3.03 s against 3.41 s over five alternating rounds of
 `--cycles 3` with this start-up and the one before it (the supervisor forked its child, jax's ROCm
@@ -27,6 +29,7 @@ run loads or compiles the one-slice train step for the first time.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -64,7 +67,13 @@ def stepped(rundir: RunDir, segment: int) -> bool:
 
 
 def breakdown(
-    ledger: list[dict], metrics: list[dict], rec, fault_t: float, segment: int, reports: list[dict]
+    ledger: list[dict],
+    metrics: list[dict],
+    rec,
+    fault_t: float,
+    segment: int,
+    reports: list[dict],
+    cores: int = os.cpu_count() or 1,
 ) -> dict[str, float]:
     ledger = sorted(ledger, key=lambda e: e["time"])
     observed = first(
@@ -94,6 +103,10 @@ def breakdown(
         "total": step - fault_t,
         # Of "first step", what the trainer's first record says it spent (process 0's view):
         # compiling or loading the train step, waiting for the peers at the start barrier.
+        # The machine's share that the new trainer processes used from the fault to the first
+        # step (their CPU seconds from their start-up lines over the window's core-seconds): near
+        # 100 % the total is the machine's speed, not waiting.
+        "trainer cpu %": 100 * sum(r["phases"]["total"]["cpu"] for r in reports) / (cores * (step - fault_t)),
         "compile": first_rec.get("perf/compile_seconds") or 0.0,
         "cache hits": first_rec.get("perf/compile_cache_hits") or 0,
         "barrier": first_rec.get("perf/start_barrier_seconds") or 0.0,
@@ -104,7 +117,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cycles", type=int, default=3)
     args = ap.parse_args()
-    console = Console(width=140)
+    console = Console(width=170)
     loop_before = machine.loop_s()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -139,9 +152,13 @@ def main() -> None:
     table.add_column("shrink")
     for c in cols:
         table.add_column(c, justify="right")
+
+    def cell(c: str, v: float) -> str:
+        return f"{v:.0f}" if c.endswith("%") else f"{v:.2f}"
+
     for i, r in enumerate(results):
-        table.add_row(str(i + 1), *(f"{r[c]:.2f}" for c in cols))
-    table.add_row("median", *(f"{statistics.median(r[c] for r in results):.2f}" for c in cols), style="bold")
+        table.add_row(str(i + 1), *(cell(c, r[c]) for c in cols))
+    table.add_row("median", *(cell(c, statistics.median(r[c] for r in results)) for c in cols), style="bold")
     console.print(table)
     console.print(phase_table(reports))
     owned = statistics.median(r["controller-owned"] for r in results)
