@@ -13,6 +13,15 @@ from tests.trainer import runs
 from trainer.peers import EXIT_PEER_LOST
 
 
+def lose(victim: runs.Trainer, survivor: runs.Trainer, timeout: float = 90) -> tuple[int, float, str]:
+    """SIGKILL ``victim`` (a lost host): the survivor's exit code, the seconds it took to exit, and
+    its output."""
+    victim.signal(signal.SIGKILL)
+    t0 = time.monotonic()
+    rc = survivor.wait(timeout)
+    return rc, time.monotonic() - t0, survivor.output()
+
+
 def test_survivor_of_a_dead_peer_exits_peer_lost_at_once_instead_of_waiting_for_the_heartbeat(
     tmp_path: Path,
 ) -> None:
@@ -23,11 +32,7 @@ def test_survivor_of_a_dead_peer_exits_peer_lost_at_once_instead_of_waiting_for_
     run_dir = tmp_path / "run"
     procs = runs.processes(str(run_dir), tmp_path, grad_accum=2, extra={"RESLICE_HEARTBEAT_TIMEOUT_S": "60"})
     runs.wait_for(lambda: runs.last_step(run_dir) >= 12, 200, "step 12", procs[0])
-    procs[1].signal(signal.SIGKILL)
-    t0 = time.monotonic()
-    rc = procs[0].wait(90)
-    elapsed = time.monotonic() - t0
-    out = procs[0].output()
+    rc, elapsed, out = lose(procs[1], procs[0])
     assert rc == EXIT_PEER_LOST, out[-3000:]
     # Which failure it sees first (Gloo's connection reset or the coordination service) is a race.
     assert "a peer is lost" in out
@@ -44,11 +49,7 @@ def test_when_the_coordinator_dies_during_start_up_the_survivor_exits_peer_lost(
     run_dir = tmp_path / "run"
     procs = runs.processes(str(run_dir), tmp_path, extra={"RESLICE_INIT_TIMEOUT_S": "5"})
     time.sleep(2.0)  # both are starting: importing JAX, or joining
-    procs[0].signal(signal.SIGKILL)
-    t0 = time.monotonic()
-    rc = procs[1].wait(60)
-    elapsed = time.monotonic() - t0
-    out = procs[1].output()
+    rc, elapsed, out = lose(procs[0], procs[1], 60)
     assert rc == EXIT_PEER_LOST, out[-3000:]
     assert "Terminating process because the JAX distributed service detected fatal errors" in out
     assert "ended this process because a peer is lost: exit 43" in out
@@ -107,11 +108,7 @@ def test_a_peer_lost_while_the_other_waits_in_a_save_barrier_is_a_disruption(tmp
         lambda: "before saving step 10" in procs[1].output(), 200, "process 1 at its save", procs[1]
     )
     time.sleep(1.0)  # process 0 has finished step 10 with process 1; it is at the save's barrier
-    procs[1].signal(signal.SIGKILL)
-    t0 = time.monotonic()
-    rc = procs[0].wait(90)
-    elapsed = time.monotonic() - t0
-    out = procs[0].output()
+    rc, elapsed, out = lose(procs[1], procs[0])
     assert rc == EXIT_PEER_LOST, out[-3000:]
     assert elapsed < 25, f"the survivor took {elapsed:.1f} s to exit"
     assert (
