@@ -15,14 +15,15 @@ on the new shape (total) <= 3 s (issue 12).
 "spawned" is from the submit to the start of the last new trainer process and "start-up" from there
 to the first step; "trainer cpu %" is the share of the machine's core-seconds from the fault to the
 first step that the new trainer processes used (from their start-up lines): near 100 % the total
-measures the machine, not waiting; a second table shows, per start-up phase, the median over every new process of
-wall and CPU seconds (the line each trainer process prints, trainer/startup.py). Measured on these
-2 cores on 2026-12-03: total median 3.03 s against 3.41 s over five alternating rounds of
-`--cycles 3` with this start-up and the one before it (the supervisor forked its child, jax's ROCm
-scan skipped, Orbax's barriers on the coordination service); 2.77 and 3.78 s with `--cycles 5` at
-the machine's usual and a slower moment; 2.62-3.67 s over eight runs before, 3.81 s before a resume
-stopped importing flax. The two new trainer processes fill both cores, so the figure follows the
-machine's speed (reference loop 0.12-0.30 s). README.md has the breakdown. The first shrink of a
+measures the machine, not waiting. A second table shows, per start-up phase, the median over every
+new process of wall and CPU seconds (the line each trainer process prints, trainer/startup.py).
+
+Measured on these 2 cores on 2026-12-03: total median 3.03 s against 3.41 s over five alternating
+rounds of `--cycles 3` with this start-up and the one before it (the supervisor forked its child,
+jax's ROCm scan skipped, Orbax's barriers on the coordination service); later the same code at five
+moments 2.48-4.30 s, the new trainers using 76-86 % of the machine in one of them. The two new
+trainer processes fill both cores, so the figure follows the machine's speed (reference loop
+0.12-0.30 s). README.md has the breakdown. The first shrink of a
 run loads or compiles the one-slice train step for the first time.
 """
 
@@ -101,12 +102,12 @@ def breakdown(
         "start-up": step - spawned,
         "controller-owned": (observed - fault_t) + (decided - observed) + (submitted - gone),
         "total": step - fault_t,
-        # Of "first step", what the trainer's first record says it spent (process 0's view):
-        # compiling or loading the train step, waiting for the peers at the start barrier.
         # The machine's share that the new trainer processes used from the fault to the first
         # step (their CPU seconds from their start-up lines over the window's core-seconds): near
         # 100 % the total is the machine's speed, not waiting.
         "trainer cpu %": 100 * sum(r["phases"]["total"]["cpu"] for r in reports) / (cores * (step - fault_t)),
+        # Of "first step", what the trainer's first record says it spent (process 0's view):
+        # compiling or loading the train step, waiting for the peers at the start barrier.
         "compile": first_rec.get("perf/compile_seconds") or 0.0,
         "cache hits": first_rec.get("perf/compile_cache_hits") or 0,
         "barrier": first_rec.get("perf/start_barrier_seconds") or 0.0,
