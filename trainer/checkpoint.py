@@ -74,8 +74,8 @@ def _barriers_of_the_coordination_service() -> None:
     ``experimental_orbax_use_distributed_barrier`` (what its own multi-process benchmarks set) makes
     them ``wait_at_barrier`` calls on the coordination service, with Orbax's 300 s timeout, like the
     trainer's start barrier: the start-up phase that opens the manager (with the mesh) then takes
-    0.04 s instead of 0.12 s of a resumed process (2 processes x 8 devices, median of 10). The flag is read through absl,
-    which this process never parses: parsing the one flag makes it readable."""
+    0.04 s instead of 0.12 s of a resumed process (2 processes x 8 devices, median of 10). The flag
+    is read through absl, which this process never parses: parsing the one flag makes it readable."""
     flag = flags.FLAGS["experimental_orbax_use_distributed_barrier"]
     if not flag.present:
         flag.parse("true")
@@ -205,11 +205,12 @@ class Checkpointer:
     def save(self, step: int, state: Any, meta: dict[str, Any]) -> float:
         """Start a save; returns the seconds the caller was blocked (device-to-host copy, setup)."""
         if self.save_delay_s:
+            delay = self.save_delay_s
             print(
-                f"trainer: checkpoint.debug_save_delay_s: sleeping {self.save_delay_s:g} s before saving step {step}",
+                f"trainer: checkpoint.debug_save_delay_s: sleeping {delay:g} s before saving step {step}",
                 flush=True,
             )
-            time.sleep(self.save_delay_s)
+            time.sleep(delay)
         start = time.perf_counter()
         self.manager.save(
             step,
