@@ -18,13 +18,12 @@ first step that the new trainer processes used (from their start-up lines): near
 measures the machine, not waiting. A second table shows, per start-up phase, the median over every
 new process of wall and CPU seconds (the line each trainer process prints, trainer/startup.py).
 
-Measured on these 2 cores on 2026-12-03: total median 3.03 s against 3.41 s over five alternating
-rounds of `--cycles 3` with this start-up and the one before it (the supervisor forked its child,
-jax's ROCm scan skipped, Orbax's barriers on the coordination service); later the same code at five
-moments 2.48-4.30 s, the new trainers using 76-86 % of the machine in one of them. The two new
-trainer processes fill both cores, so the figure follows the machine's speed (reference loop
-0.12-0.30 s). README.md has the breakdown. The first shrink of a
-run loads or compiles the one-slice train step for the first time.
+Measured on these 2 cores on 2026-12-03: total median 2.93, 2.83, 2.83 and 2.40 s over four runs
+at 18:16-18:34 UTC (16 shrinks pooled: 2.71 s, 13 within 3 s), 2.48-4.30 s at six moments an hour
+earlier, with the same trainer. The new trainer processes use 75-88 % of both cores from the fault
+to the first step, so the figure follows the machine's speed (reference loop 0.11-0.30 s).
+README.md has the breakdown. The first shrink of a run loads or compiles the one-slice train step
+for the first time.
 """
 
 from __future__ import annotations
