@@ -84,7 +84,7 @@ def wait_quiet(pid: int, share: float = 0.05, window_s: float = 0.5, timeout: fl
 # second to the next (measured: rounds of 50 passes in one process at 0.5 and at 1.0 ms, minutes
 # apart and seconds apart alike). Twenty passes in a row measured one moment, and the two phases'
 # ratio swung 0.85-1.5 with identical calls. So: rounds spread over seconds, each after a pause
-# (the controller passes after waiting on its watches, caches cold), the median of the rounds'
+# (the controller passes after waiting on its watches, the CPU's caches cold), the median of the rounds'
 # medians, and a reference loop timed at each round to show the machine's speed beside it.
 PASS_ROUNDS, PASSES_PER_ROUND, ROUND_PAUSE_S = 30, 10, 0.3
 
