@@ -81,6 +81,7 @@ def wait_quiet(pid: int, share: float = 0.05, window_s: float = 0.5, timeout: fl
         time.sleep(window_s)
         if cpu_s(pid) - before < share * window_s:
             return
+    print(f"the embedded cluster (pid {pid}) was still busy after {timeout:.0f} s: passes timed beside it")
 
 
 # A steady pass takes about a millisecond, and this shared machine's speed moves by 2x from one
