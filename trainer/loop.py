@@ -78,7 +78,8 @@ def _env_number(env: Mapping[str, str], key: str, kind: type = float) -> Any:
         raise ConfigError(f"{key}={env.get(key)!r} is not a number") from None
 
 
-SCALARS = ("loss", "total_loss", "lb_loss", "z_loss", "grad_norm", "lr", "stop")  # trainer.step's order
+# trainer.step's order
+SCALARS = ("loss", "total_loss", "lb_loss", "z_loss", "grad_norm", "lr", "logit_z_loss", "stop")
 
 
 def unpack(metrics: dict) -> dict[str, Any]:
@@ -113,6 +114,7 @@ class Recorder:
             "learning/loss": float(m["loss"]), "learning/total_loss": float(m["total_loss"]),
             "learning/moe_lb_loss": float(m["lb_loss"]), "learning/moe_z_loss": float(m["z_loss"]),
             "learning/lr": float(m["lr"]), "learning/grad_norm": float(m["grad_norm"]),
+            "learning/logit_z_loss": float(m["logit_z_loss"]),
             "perf/step_time_seconds": step_s, "perf/tokens_per_sec": tokens_per_sec,
             "perf/per_device_tflops_per_sec": tflops,
             "perf/mfu": tflops / self.peak_tflops if self.peak_tflops else None,
