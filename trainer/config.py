@@ -466,7 +466,13 @@ def schedule_change(step: int, saved: dict[str, Any], current: dict[str, Any]) -
 # what the trainer did before it). Set, they are in it like any other key.
 _NEW_KEYS = {
     "model": ("kv_heads", "qk_norm", "reordered_norm", "document_attention", "logit_z_loss"),
-    "optim": ("schedule", "decay_fraction", "warmup_nonzero_start", "decay_embeddings", "decay_norm_and_bias"),
+    "optim": (
+        "schedule",
+        "decay_fraction",
+        "warmup_nonzero_start",
+        "decay_embeddings",
+        "decay_norm_and_bias",
+    ),
     "data": ("eos_id",),
 }
 

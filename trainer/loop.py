@@ -21,9 +21,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from trainer import compile_cache, data, distributed, sizes, storage
+from trainer import compile_cache, data, distributed, sizes, stages, storage
 from trainer.checkpoint import Checkpointer
-from trainer.config import Config, ConfigError, config_hash, identity
+from trainer.config import Config, ConfigError, config_hash, identity, schedule_point
 from trainer.mesh import batch_sharding, device_sharding, dp_ranks, mesh_for, process_block
 from trainer.metrics import RunWriter
 from trainer.startup import Timeline
@@ -343,6 +343,7 @@ def run(
         storage.probe_write(cfg.run_dir)
     if cfg.data.source == "files":  # a missing or short token file: exit 2 before anything is written
         data.make_source(cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
+    stages.check_source(cfg)  # a stage's source that is missing or of another shape: exit 2 likewise
     ident = distributed.initialize(env)
     timeline.mark("distributed")
     if cfg.train.compile_cache:
@@ -355,7 +356,7 @@ def run(
     )
     gb, seq, total_steps = cfg.train.global_batch, cfg.model.seq_len, cfg.train.steps
     layout = data.Layout(gb, plan.grad_accum, *process_block(mesh, ident.process_id))
-    chash, ident_dict = config_hash(cfg), identity(cfg)
+    chash, ident_dict, sched = config_hash(cfg), identity(cfg), schedule_point(cfg)
     e = cfg.moe
     recorder = Recorder(
         segment, attempt, plan, gb * seq, sizes.flops_per_token(cfg), _env_number(env, "RESLICE_PEAK_TFLOPS"),
@@ -367,6 +368,7 @@ def run(
             "step": step, "data_position": step * gb, "global_batch": gb, "segment": segment,
             "restart_attempt": attempt, "config_hash": chash, "identity": ident_dict,
             "run": env.get("RESLICE_RUN", ""), "shape": asdict(plan), "time": time.time(),
+            **({"schedule": sched} if sched else {}),
         }  # fmt: skip
 
     c = cfg.checkpoint
@@ -382,7 +384,7 @@ def run(
             start, restored = ckpt.usable_start(
                 total_steps,
                 abstract,
-                lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb),
+                lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb, sched),
                 None if model.was_traced else lambda: compile_cache.abstract_state(program, mesh, model.abstract, True),
             )  # fmt: skip
             restore_s = time.perf_counter() - t_restore
@@ -410,6 +412,8 @@ def run(
                 state = model.init_state(lambda low: compile_cache.compiled(low, devices))
                 if compile_cache.hits() > hits:
                     print("trainer: initial state's program loaded from the compile cache", flush=True)
+                if cfg.train.init_from:  # a stage's first segment: its source's state, at step 0
+                    state = stages.initial_state(cfg, state, abstract)
                 timeline.mark("init")
             writer.status(state="running", step=start, **status)
             steps = _build_steps(cfg, mesh, plan.grad_accum)
