@@ -46,6 +46,8 @@ def schedule(cfg: Config) -> optax.Schedule:
     start = wsd_decay_start(cfg)
 
     def wsd(step: jax.Array) -> jax.Array:
+        # nnx.Optimizer counts steps in uint32: step - start must not wrap around before the decay.
+        step = jnp.asarray(step).astype(jnp.float32)
         into = jnp.clip((step - start) / max(total - start, 1), 0.0, 1.0)
         return jnp.where(step < warm, warmup(step), o.lr - (o.lr - floor) * into)
 

@@ -4,6 +4,7 @@ token-sum loss under gradient accumulation, the decay mask, WSD and the warm-up,
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -173,6 +174,8 @@ def test_schedules_wsd_and_the_first_warmup_step() -> None:
     assert config.wsd_decay_start(cfg) == 80
     assert float(lr(0)) == pytest.approx(o.lr / 4) and float(lr(3)) == pytest.approx(o.lr)
     assert all(float(lr(s)) == pytest.approx(o.lr) for s in (4, 50, 80))
+    # The optimizer's step counter is unsigned: before the decay start, step - start must not wrap.
+    assert float(lr(jnp.asarray(50, jnp.uint32))) == pytest.approx(o.lr)
     assert float(lr(90)) == pytest.approx(o.lr - (o.lr - o.lr * o.min_lr_ratio) * 0.5)
     assert float(lr(100)) == pytest.approx(o.lr * o.min_lr_ratio) == float(lr(500))
     # The default warm-up and cosine are optax's, as before these keys (bitwise).
