@@ -204,7 +204,9 @@ NAMED: dict[str, dict[str, dict[str, Any]]] = {
                   "head_dim": 128, "d_ff": 11008, "dense_layers": 32, "rope_theta": 500000.0,
                   "dtype": "bfloat16", "remat": "full", "attention_block": 512, "loss_chunk": 1024,
                   "qk_norm": True, "reordered_norm": True, "document_attention": True, "logit_z_loss": 1e-5},
-        "optim": {"lr": 3e-4, "warmup_steps": 2000, "weight_decay": 0.1, "warmup_nonzero_start": True},
+        # OLMo-core's OLMo 3 scripts exempt only the embedding from weight decay (docs/recipe.md).
+        "optim": {"lr": 3e-4, "warmup_steps": 2000, "weight_decay": 0.1, "warmup_nonzero_start": True,
+                  "decay_norm_and_bias": True},
         "data": {"eos_id": 100257},  # dolma2's <|endoftext|>
         "train": {"steps": 100_000, "global_batch": 512},
         "checkpoint": {"interval": 500, "keep": 3},

@@ -230,3 +230,16 @@ def test_new_keys_are_refused_in_one_line_when_wrong() -> None:
     ):
         with pytest.raises(config.ConfigError, match=text):
             config.resolve("tiny", [bad], {})
+
+
+def test_the_compile_cache_key_covers_the_new_keys_but_not_a_stages_source() -> None:
+    from trainer.compile_cache import program
+
+    base = program(config.load("tiny"))
+    for key in ("model.kv_heads=2", "model.qk_norm=true", "model.reordered_norm=true",
+                "model.document_attention=true", "model.logit_z_loss=1e-5", "data.eos_id=3",
+                "optim.schedule=wsd", "optim.decay_fraction=0.2", "optim.warmup_nonzero_start=true",
+                "optim.decay_embeddings=true", "optim.decay_norm_and_bias=true"):  # fmt: skip
+        assert program(config.resolve("tiny", [key], {})) != base, key
+    for key in ("train.init_from=/elsewhere", "train.init_optimizer=false"):
+        assert program(config.resolve("tiny", [key], {})) == base, key
