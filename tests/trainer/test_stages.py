@@ -8,12 +8,14 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
 
+from tests.support.fake_gcs import FakeGCS
 from tests.trainer import runs
 from trainer import config, stages
 from trainer.checkpoint import Checkpointer
@@ -151,3 +153,30 @@ def test_a_missing_or_uncommitted_source_is_one_line_and_exit_2(stage1: Path, tm
     )
     assert "model.d_model=64, this run 32" in line, line
     assert not run_dir.exists()
+
+
+def test_a_stage_starts_from_a_gcs_run_directory_and_reads_only_committed_steps(
+    stage1: Path, gcs: FakeGCS, tmp_path: Path
+) -> None:
+    """Stage 1's checkpoint copied object by object to gs:// (as a run on gs:// writes it), plus a
+    later step without its commit file: the stage starts from the committed one and writes nothing
+    under the source's prefix."""
+    prefix = f"stage1-{uuid.uuid4().hex[:8]}"
+    for path in (stage1 / "checkpoints" / "10").rglob("*"):
+        if path.is_file():
+            rel = path.relative_to(stage1)
+            gcs.write_object("reslice", f"{prefix}/{rel}", path.read_bytes())
+            if rel.name != "commit_success.txt":  # step 20: the same arrays, never committed
+                gcs.write_object(
+                    "reslice", f"{prefix}/checkpoints/20/{rel.relative_to('checkpoints/10')}", b""
+                )
+    before = gcs.list_objects("reslice", f"{prefix}/")
+    run_dir = tmp_path / "stage2"
+    env = runs.env_for(str(run_dir), 8, extra=gcs.env)
+    rc, out = runs.run(
+        env, tmp_path / "s2.log", _sets(f"train.init_from=gs://reslice/{prefix}", "train.steps=2")
+    )
+    assert rc == 0, out[-4000:]
+    assert f"from gs://reslice/{prefix}/checkpoints/10, at step 0" in out
+    assert gcs.list_objects("reslice", f"{prefix}/") == before
+    assert runs.committed(run_dir) == [2]
