@@ -15,6 +15,7 @@ Only committed steps are read (docs/contract.md), locally or on gs://, never wri
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import orbax.checkpoint as ocp
@@ -70,17 +71,14 @@ def _manager(directory: epath.Path) -> ocp.CheckpointManager:
 
 
 def _read_meta(directory: epath.Path, step: int) -> dict[str, Any]:
-    manager = _manager(directory)
+    """The step's ``meta/metadata`` JSON (docs/contract.md), read as a file: ``check_source`` runs
+    before ``jax.distributed.initialize``, which Orbax's manager would pre-empt by starting JAX."""
+    path = directory / str(step) / "meta" / "metadata"
     try:
-        restored = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        meta = json.loads(path.read_text())
     except Exception as e:
-        raise ConfigError(
-            f"train.init_from: {directory}/{step} has no readable meta ({type(e).__name__})"
-        ) from None
-    finally:
-        manager.close()
-    meta = dict(restored["meta"])
-    if "identity" not in meta:
+        raise ConfigError(f"train.init_from: {path} is not readable JSON ({type(e).__name__})") from None
+    if not isinstance(meta, dict) or "identity" not in meta:
         raise ConfigError(f"train.init_from: {directory}/{step} is not a trainer checkpoint (no identity)")
     return meta
 
