@@ -243,3 +243,14 @@ def test_the_compile_cache_key_covers_the_new_keys_but_not_a_stages_source() -> 
         assert program(config.resolve("tiny", [key], {})) != base, key
     for key in ("train.init_from=/elsewhere", "train.init_optimizer=false"):
         assert program(config.resolve("tiny", [key], {})) == base, key
+
+
+def test_new_keys_at_their_defaults_leave_the_identity_as_it_was() -> None:
+    """A checkpoint written before these keys existed resumes: their defaults are not in the hash."""
+    ident = config.identity(config.load("tiny"))
+    new = {"kv_heads", "qk_norm", "reordered_norm", "document_attention", "logit_z_loss", "schedule",
+           "decay_fraction", "warmup_nonzero_start", "decay_embeddings", "decay_norm_and_bias", "eos_id"}  # fmt: skip
+    assert not new & {k for section in ("model", "optim", "data") for k in ident[section]}
+    assert "init" not in ident
+    changed = config.identity(config.resolve("tiny", ["model.qk_norm=true", "data.eos_id=3"], {}))
+    assert changed["model"]["qk_norm"] is True and changed["data"]["eos_id"] == 3
