@@ -37,9 +37,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from launcher.errors import UserError
-from launcher.record import FAILED, FINISHED, STOPPED, Knobs
-from launcher.render import LABEL_RUN
+from launcher.core.errors import UserError
+from launcher.core.record import FAILED, FINISHED, STOPPED, Knobs
+from launcher.core.render import LABEL_RUN
 from tests.controller.harness import (
     GLOBAL_BATCH,
     MULTI_HOST,

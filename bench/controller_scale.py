@@ -48,13 +48,13 @@ from pathlib import Path
 
 from bench import machine
 from bench.scale_cluster import ClusterProcess
-from launcher.controller import Controller
-from launcher.kube import Kube
-from launcher.launch import create_run, prepare
-from launcher.preset_files import make_shape
-from launcher.record import Knobs
-from launcher.render import LABEL_RUN, RunSpec
-from launcher.rundir import RunDir
+from launcher.adapters.kube import Kube
+from launcher.adapters.preset_files import make_shape
+from launcher.adapters.rundir import RunDir
+from launcher.controller.launch import create_run, prepare
+from launcher.controller.loop import Controller
+from launcher.core.record import Knobs
+from launcher.core.render import LABEL_RUN, RunSpec
 from tests.support.wait import wait_for
 
 

@@ -39,9 +39,9 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import machine
-from launcher.launch import stop_run
-from launcher.record import Knobs
-from launcher.rundir import RunDir
+from launcher.adapters.rundir import RunDir
+from launcher.controller.launch import stop_run
+from launcher.core.record import Knobs
 from tests.controller.harness import MULTI_HOST, MULTI_HOST_BATCH, Harness, wait_for
 from trainer.startup import parse_report
 

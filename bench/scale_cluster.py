@@ -44,7 +44,7 @@ def add_load(cluster: Any, nodes: int, pods: int, events: int) -> dict[str, Any]
     """Unrelated objects, written to the store directly: CPU nodes of other pools, pods of another
     workload bound to them, events about those pods."""
     from bench.embedded_scale import rss_mib
-    from launcher.presets import LABEL_NODEPOOL
+    from launcher.core.presets import LABEL_NODEPOOL
 
     rss0, t = rss_mib(), time.perf_counter()
     store, res = cluster.store, cluster.res

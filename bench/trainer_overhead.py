@@ -78,7 +78,7 @@ class Bare:
 
 
 def _loop_round(cfg_name: str, overrides: list[str], steps: int) -> list[dict]:
-    from launcher.rundir import read_jsonl
+    from launcher.adapters.rundir import read_jsonl
     from trainer import config, loop
 
     with tempfile.TemporaryDirectory(prefix="reslice-bench-") as tmp:

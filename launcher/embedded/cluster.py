@@ -9,7 +9,7 @@ controller, the scheduler and the kubelet of every node. Faults and test helpers
 `reslice cluster ...` reaches a cluster running in another process through the extra HTTP routes
 under /embedded/v1/ (see `handle_route`). Started by `python -m launcher.embedded` (what
 `reslice cluster up` runs, and `reslice launch`/`sweep` when no cluster is configured:
-`launcher/connect.py`), by `reslice demo` (`launcher/demo.py`) and by the tests.
+`launcher/cli/connect.py`), by `reslice demo` (`launcher/cli/demo.py`) and by the tests.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from launcher.core.errors import UserError
 from launcher.embedded import faults, nodes, objects
 from launcher.embedded.defaults import DEFAULT_TOLERATION_S
 from launcher.embedded.job import JobController
@@ -30,7 +31,6 @@ from launcher.embedded.nodelife import NODE_MONITOR_GRACE_S, NodeLifecycle
 from launcher.embedded.nodes import FakeNodePool, NodePoolSpec
 from launcher.embedded.runtime import EventRecorder, Hub
 from launcher.embedded.scheduler import Scheduler
-from launcher.errors import UserError
 
 __all__ = ["EmbeddedCluster", "NodePoolSpec"]
 

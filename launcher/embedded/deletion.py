@@ -9,7 +9,7 @@ import json
 import time
 from typing import Any
 
-from launcher import rfc3339
+from launcher.core import rfc3339
 from launcher.embedded.errors import ApiError
 from launcher.embedded.resources import RESOURCES, Resource
 from launcher.embedded.stored import DELETED, MODIFIED, Rec

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from launcher import rfc3339
+from launcher.core import rfc3339
 from launcher.embedded.resources import GROUPS, VERBS, Resource
 
 KUBE_VERSION = {

@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from launcher import rfc3339
+from launcher.core import rfc3339
 from launcher.embedded import objects
 from launcher.embedded.errors import ApiError, bad_request
 

@@ -33,12 +33,12 @@ import threading
 import time
 from typing import Any, Protocol
 
-from launcher import rfc3339
+from launcher.core import rfc3339
+from launcher.core.errors import UserError
 from launcher.embedded import objects
 from launcher.embedded.nodelife import UNSCHEDULABLE_TAINT, mark_failed_by_podgc
 from launcher.embedded.nodes import FakeNodePool, node_object
 from launcher.embedded.podstatus import SHUTDOWN_MESSAGE
-from launcher.errors import UserError
 
 IMPENDING_TAINT = {"key": objects.IMPENDING_TERMINATION_TAINT, "value": "", "effect": "NoSchedule"}
 

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.core.capacity.podfit import pod_requests, quantity, tolerates
 from launcher.embedded import objects
-from launcher.podfit import pod_requests, quantity, tolerates
 
 # Filter failure reasons (kube-scheduler plugin messages).
 R_UNSCHEDULABLE = "node(s) were unschedulable"

@@ -22,7 +22,7 @@ import datetime as dt
 import re
 from typing import Any
 
-from launcher import rfc3339
+from launcher.core import rfc3339
 
 # The two decoders whose words upstream's errors carry: encoding/json (create, update, JSON and
 # merge patch) and runtime.DefaultUnstructuredConverter (strategic merge patch).

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher import rfc3339
+from launcher.core import rfc3339
 from launcher.embedded import objects
 from launcher.embedded.jobfailures import (
     BACKOFF_BASE_S,

@@ -11,7 +11,7 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Any
 
-from launcher import rfc3339
+from launcher.core import rfc3339
 from launcher.embedded import objects
 from launcher.embedded.jobpods import completion_index, finish_time
 

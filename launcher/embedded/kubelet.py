@@ -28,7 +28,7 @@ from collections.abc import Callable, Hashable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from launcher import rfc3339
+from launcher.core import rfc3339
 from launcher.embedded import objects, podenv
 from launcher.embedded.podrun import PodRun, crash_backoff_s
 from launcher.embedded.podstatus import (

@@ -30,11 +30,11 @@ import time
 from collections.abc import Hashable, Mapping
 from typing import Any
 
-from launcher import rfc3339
+from launcher.core import rfc3339
+from launcher.core.capacity.podfit import tolerates
 from launcher.embedded import objects
 from launcher.embedded.resources import RESOURCES
 from launcher.embedded.runtime import ControllerLoop, EventRecorder, log
-from launcher.podfit import tolerates
 
 UNREACHABLE_TAINT = "node.kubernetes.io/unreachable"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from launcher import rfc3339
+from launcher.core import rfc3339
 from launcher.embedded import bodies, discovery, eviction, objects
 from launcher.embedded.errors import ApiError, bad_request
 from launcher.embedded.patches import PATCH_TYPES

@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from launcher import rfc3339
+from launcher.core import rfc3339
 from launcher.embedded import objects
 from launcher.embedded.clock import REAL, Clock
 

@@ -10,7 +10,7 @@ import random
 import uuid
 from typing import Any
 
-from launcher import rfc3339
+from launcher.core import rfc3339
 from launcher.embedded import defaults, rules
 from launcher.embedded.errors import (
     STALE,

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.controller import Controller
+from launcher.adapters.kube import Kube
+from launcher.adapters.rundir import RunDir
+from launcher.controller.launch import create_run, prepare
+from launcher.controller.loop import Controller
+from launcher.core.record import Knobs, RunRecord
+from launcher.core.render import LABEL_RUN, RunSpec
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
-from launcher.kube import Kube
-from launcher.launch import create_run, prepare
-from launcher.record import Knobs, RunRecord
-from launcher.render import LABEL_RUN, RunSpec
-from launcher.rundir import RunDir
 from tests.support.wait import wait_for
 
 PRESET = "tpu7x-2x2x1"  # one host of 8 JAX devices: single-slice runs

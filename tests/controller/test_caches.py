@@ -10,15 +10,15 @@ import threading
 
 from kubernetes import client
 
-from launcher import policy
-from launcher.controller import Controller, PassResult, lease_name
+from launcher.adapters.kube import Kube
+from launcher.controller.launch import create_run, prepare
+from launcher.controller.loop import Controller, PassResult, lease_name
+from launcher.controller.snapshot import Snapshot
+from launcher.core import policy
+from launcher.core.presets import LABEL_ACCELERATOR
+from launcher.core.record import Knobs
+from launcher.core.render import RunSpec
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
-from launcher.kube import Kube
-from launcher.launch import create_run, prepare
-from launcher.presets import LABEL_ACCELERATOR
-from launcher.record import Knobs
-from launcher.render import RunSpec
-from launcher.snapshot import Snapshot
 from tests.controller.harness import wait_for
 from tests.support.fakeclock import FakeClock
 from tests.trainer.runs import ROOT
@@ -137,7 +137,7 @@ def test_each_controller_keeps_its_own_events_memo():
 
 FREEZE_PROBE = """
 import gc
-from launcher.controller import FREEZE_EVERY_S, Controller
+from launcher.controller.loop import FREEZE_EVERY_S, Controller
 
 off = Controller(None)  # a controller sharing its process (tests, the demo) leaves the GC alone
 off._tune_process()

@@ -3,8 +3,8 @@ restarts the run on spare capacity; the controller leaves it alone and accounts 
 
 import pytest
 
-from launcher.record import FINISHED
-from launcher.render import LABEL_RUN
+from launcher.core.record import FINISHED
+from launcher.core.render import LABEL_RUN
 from tests.controller.harness import Harness, kept_steps, recomputed, wait_for
 
 pytestmark = pytest.mark.e2e

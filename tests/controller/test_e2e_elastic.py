@@ -4,7 +4,7 @@ losses match an uninterrupted run step for step (issue 5, acceptance 3, 4 and 8)
 
 import pytest
 
-from launcher.record import FINISHED, Knobs
+from launcher.core.record import FINISHED, Knobs
 from tests.controller.harness import (
     MULTI_HOST,
     MULTI_HOST_BATCH,

@@ -4,7 +4,7 @@ configuration error (exit 2) fails it at once."""
 
 import pytest
 
-from launcher.record import FAILED, Knobs
+from launcher.core.record import FAILED, Knobs
 from tests.controller.harness import Harness
 
 pytestmark = pytest.mark.e2e

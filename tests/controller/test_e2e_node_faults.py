@@ -13,8 +13,8 @@ import signal
 
 import pytest
 
-from launcher.record import FINISHED
-from launcher.render import LABEL_RUN
+from launcher.core.record import FINISHED
+from launcher.core.render import LABEL_RUN
 from tests.controller.harness import Harness, kept_steps, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from launcher.controller import lease_name
+from launcher.adapters.kube import Kube
+from launcher.controller.launch import stop_run
+from launcher.controller.loop import lease_name
+from launcher.core.record import STOPPED
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
-from launcher.kube import Kube
-from launcher.launch import stop_run
-from launcher.record import STOPPED
 from tests.support.cli import run_cli
 
 PRESET = "tpu7x-2x2x2"

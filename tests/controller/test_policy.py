@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from launcher import policy, record, signals
-from launcher.plan import shrink_ladder
-from launcher.preset_files import load_catalog
-from launcher.record import Knobs, RunRecord, new_segment
-from launcher.render import RunSpec
+from launcher.adapters.preset_files import load_catalog
+from launcher.core import policy, record
+from launcher.core.plan import shrink_ladder
+from launcher.core.record import Knobs, RunRecord, new_segment
+from launcher.core.render import RunSpec
+from launcher.core.signals import observation as signals
 from tests.controller.objects import T0, jobset, pod, pool
 
 CATALOG = load_catalog()

@@ -4,13 +4,13 @@ from dataclasses import replace
 
 import pytest
 
-from launcher import record
-from launcher.plan import Plan
-from launcher.preset_files import make_shape
-from launcher.record import RunRecord, new_segment
-from launcher.render import RunSpec
-from launcher.report import CATEGORIES, build_report, waiting_intervals
-from launcher.report_plots import plot_loss, plot_timeline
+from launcher.adapters.preset_files import make_shape
+from launcher.core import record
+from launcher.core.accounting import CATEGORIES, build_report, waiting_intervals
+from launcher.core.plan import Plan
+from launcher.core.record import RunRecord, new_segment
+from launcher.core.render import RunSpec
+from launcher.report.plots import plot_loss, plot_timeline
 
 T0 = 1000.0
 
@@ -147,7 +147,7 @@ def test_every_second_in_one_category_on_the_shrinking_history():
 def test_badput_table_shows_each_category():
     from rich.console import Console
 
-    from launcher.view import badput_table
+    from launcher.report.view import badput_table
 
     rec, metrics, ledger = preempted_in_place()
     console = Console(width=120, record=True)
@@ -182,7 +182,7 @@ def test_plots_are_pngs(tmp_path):
 def test_live_view_interleaves_disruptions_with_actions_in_time_order():
     from rich.console import Console
 
-    from launcher.view import live_view
+    from launcher.report.view import live_view
 
     rec, metrics, _ = history()
     ledger = [

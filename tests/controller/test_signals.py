@@ -4,9 +4,11 @@ import dataclasses
 
 import pytest
 
-from launcher import projections, rfc3339, signals
-from launcher.preset_files import load_presets
-from launcher.signal_basics import ByVersion
+from launcher.adapters import projections
+from launcher.adapters.preset_files import load_presets
+from launcher.core import rfc3339
+from launcher.core.signals import observation as signals
+from launcher.core.signals.basics import ByVersion
 from tests.controller.objects import T0, failed_scheduling, jobset, pod, pool
 
 PRESETS = list(load_presets().values())
@@ -14,7 +16,7 @@ PRESETS = list(load_presets().values())
 
 def observe(*, pods=(), nodes=(), jobsets=(jobset(),), events=(), segment=0, expected=4, seg_pools=(), **kw):
     """The observation of the objects as served, checked against the one of what the controller's
-    caches keep of them (launcher/projections.py): every case here is also a case of those."""
+    caches keep of them (launcher/adapters/projections.py): every case here is also a case of those."""
     args = dict(
         now=kw.get("now", T0 + 100),
         run="demo",

@@ -3,7 +3,7 @@ backoffLimitPerIndex with maxFailedIndexes and the FailIndex action, restartPoli
 
 import copy
 
-from launcher import rfc3339
+from launcher.core import rfc3339
 from tests.embedded.cluster_helpers import HOSTS, condition, rendered, running
 from tests.support.wait import wait_for
 

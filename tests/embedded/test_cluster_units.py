@@ -10,13 +10,13 @@ from dataclasses import replace
 
 import pytest
 
+from launcher.adapters.preset_files import make_shape
+from launcher.core.errors import UserError
+from launcher.core.render import RunSpec, failure_policies, render_jobset
 from launcher.embedded import filters, jobactions, jobfailures, jobpods, jobsetactions, nodes, objects, podenv
 from launcher.embedded.defaults import PRIORITY_LABEL
 from launcher.embedded.job import SYNC_BATCH_S, JobController
 from launcher.embedded.store import RESOURCES
-from launcher.errors import UserError
-from launcher.preset_files import make_shape
-from launcher.render import RunSpec, failure_policies, render_jobset
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 

@@ -1,6 +1,6 @@
-"""The house rules the import contracts cannot state (docs/design.md "Layers", issue 14): over every module
-of launcher/ and trainer/, no class name defined in two modules, no one-letter module alias, no module
-over 450 lines, and no preset loading in the core. Source text only: nothing is imported."""
+"""The house rules the import contracts cannot state (docs/design.md "Layers"): over every module of
+launcher/ and trainer/, no class name defined in two modules, no one-letter module alias, and no
+preset loading in the core. Source text only: nothing is imported."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = sorted(p for package in ("launcher", "trainer") for p in (ROOT / package).rglob("*.py"))
-# The core of docs/design.md "Layers": handed a presets.Catalog, never reading presets/ itself.
-CORE = ("presets", "plan", "memory", "render", "record", "signals", "signal_basics", "node_signals",
-        "pod_signals", "policy", "report", "podfit")  # fmt: skip
+# The core of docs/design.md "Layers" (the folder launcher/core/): handed a presets.Catalog, never
+# reading presets/ itself.
+CORE = sorted((ROOT / "launcher" / "core").rglob("*.py"))
 
 
 @cache
@@ -53,17 +53,13 @@ def test_no_module_has_a_one_letter_alias() -> None:
     assert found == []
 
 
-def test_no_module_is_over_450_lines() -> None:
-    lengths = {str(p.relative_to(ROOT)): p.read_text().count("\n") for p in MODULES}
-    assert len(lengths) > 100 and {p: n for p, n in lengths.items() if n > 450} == {}
-
-
 def test_the_core_loads_no_presets() -> None:
+    assert len(CORE) > 10  # the glob sees the core
     loading = re.compile(r"load_preset|load_catalog|RESLICE_PRESETS_DIR|presets_dir")
     hits = [
-        f"launcher/{m}.py:{i}: {line.strip()}"
+        f"{m.relative_to(ROOT)}:{i}: {line.strip()}"
         for m in CORE
-        for i, line in enumerate((ROOT / "launcher" / f"{m}.py").read_text().splitlines(), 1)
+        for i, line in enumerate(m.read_text().splitlines(), 1)
         if loading.search(line)
     ]
     assert hits == []

@@ -11,9 +11,9 @@ import os
 
 import pytest
 
-from launcher.launch import create_run, prepare
-from launcher.record import FAILED, FINISHED, Knobs
-from launcher.render import RunSpec
+from launcher.controller.launch import create_run, prepare
+from launcher.core.record import FAILED, FINISHED, Knobs
+from launcher.core.render import RunSpec
 from tests.controller.harness import PRESET, Harness, kept_steps, recomputed
 from tests.maxtext.fake_package import fake_package
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.launch import create_run, prepare
-from launcher.record import FINISHED, Knobs
-from launcher.render import RunSpec
-from launcher.rundir import RunDir
+from launcher.adapters.rundir import RunDir
+from launcher.controller.launch import create_run, prepare
+from launcher.core.record import FINISHED, Knobs
+from launcher.core.render import RunSpec
 from tests.controller.harness import MULTI_HOST, Harness, kept_steps, wait_for
 from tests.maxtext_e2e.common import MODEL, VENV, VOCAB, single_process_env, site_packages
 

@@ -6,12 +6,12 @@ import math
 
 import pytest
 
-from launcher.errors import UserError
-from launcher.record import FAILED, FINISHED, PENDING, RUNNING, STOPPED, RunRecord
-from launcher.render import DNS1035, RunSpec
-from launcher.sweep_files import load_sweep, write_outputs
-from launcher.sweep_results import FactorResult, aggregate, recommend
-from launcher.sweep_spec import (
+from launcher.core.errors import UserError
+from launcher.core.record import FAILED, FINISHED, PENDING, RUNNING, STOPPED, RunRecord
+from launcher.core.render import DNS1035, RunSpec
+from launcher.sweep.files import load_sweep, write_outputs
+from launcher.sweep.results import FactorResult, aggregate, recommend
+from launcher.sweep.spec import (
     ATTACH,
     DONE,
     LAUNCH,

@@ -24,14 +24,14 @@ from dataclasses import replace
 import pytest
 from rich.console import Console
 
-from launcher.cli import main
-from launcher.commands.spec import for_cluster
-from launcher.launch import stop_run
-from launcher.record import FINISHED, STOPPED, Knobs
-from launcher.render import RunSpec
-from launcher.rundir import read_jsonl
-from launcher.sweep import run_sweep
-from launcher.sweep_spec import ATTACH, LAUNCH, RELAUNCH, make_sweep
+from launcher.adapters.rundir import read_jsonl
+from launcher.cli.app import main
+from launcher.cli.spec_options import for_cluster
+from launcher.controller.launch import stop_run
+from launcher.core.record import FINISHED, STOPPED, Knobs
+from launcher.core.render import RunSpec
+from launcher.sweep.driver import run_sweep
+from launcher.sweep.spec import ATTACH, LAUNCH, RELAUNCH, make_sweep
 from tests.controller.harness import PRESET, Harness, wait_for
 
 pytestmark = pytest.mark.e2e
