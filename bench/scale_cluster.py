@@ -177,7 +177,7 @@ class ClusterProcess:
         self.url, self.kubeconfig, self.pid = info["url"], Path(info["kubeconfig"]), info["pid"]
 
     def api_client(self) -> Any:
-        from launcher.embedded import kubeconfig
+        from launcher.embedded.api import kubeconfig
 
         return kubeconfig.api_client(self.url)
 

@@ -9,7 +9,7 @@ end-to-end tests inside the CI budget on two cores.
 import os
 from pathlib import Path
 
-from launcher.embedded import podenv
+from launcher.embedded.kubelet import podenv
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,7 +8,7 @@ what is stored, as client-go's transforms do (launcher/adapters/projections.py: 
 of a pod of another workload only its node), and `index` keeps, as client-go's indexers do, the set of one key over the cached objects up to date
 event by event (the nodes other workloads' pods are on): a pass reads it instead of walking 20,000
 pods. `items()` is one tuple per change of the cache, so that a pass over unchanged caches gets the
-very same objects (and signals.py can skip what it computed from them last time).
+very same objects (and core/signals/ can skip what it computed from them last time).
 
 The python client's SharedInformer does not exist and its Watch deserializes every event into the
 typed models (a millisecond per pod); events here stay plain dicts, as `kubectl get -o json` shows.

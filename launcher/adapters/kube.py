@@ -1,10 +1,10 @@
 """The typed client calls of a namespace: create, delete, get and list what the launcher and the
 controller act on, the run records (ConfigMaps, compare-and-swap) and the Leases. The LIST and WATCH
 that feed the controller's caches are launcher/adapters/listwatch.py. Called by the commands, launch, the
-controller, preflight and status; with listwatch.py, the only modules that talk to the API (errors.py
-and inputs.py import only the client's exception types and `parse_quantity`).
+controller, preflight and status; with listwatch.py, the only modules that talk to the API (core/errors.py
+and core/inputs.py import only the client's exception types and `parse_quantity`).
 
-Lists come back as plain dicts exactly as the API serves them (camelCase), so signals.py works on
+Lists come back as plain dicts exactly as the API serves them (camelCase), so core/signals/ works on
 the same objects a `kubectl get -o json` shows, and table tests can use realistic objects.
 """
 

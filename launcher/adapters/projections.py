@@ -1,5 +1,5 @@
 """What the controller's caches keep of each object (launcher/controller/snapshot.py's sources): the fields the
-signals read (launcher/core/signals/pods.py, node_signals.py, signals.py) and nothing else, as client-go
+signals read (launcher/core/signals/: pods.py, nodes.py, observation.py) and nothing else, as client-go
 informers keep what a controller's transform leaves. A trainer pod as served is ~33 KB of Python
 objects (env, args, volumes, twenty labels, five conditions) and a TPU node ~6 KB; what the
 signals read of them is a fraction; of a pod of another workload they read only the node it takes.

@@ -1,6 +1,6 @@
 """The run record: a run's spec, its segments and its counters. Pure data.
 
-Stored as JSON in the ConfigMap `reslice-<run>` (kube.py does the I/O with optimistic concurrency),
+Stored as JSON in the ConfigMap `reslice-<run>` (adapters/kube.py does the I/O with optimistic concurrency),
 so that a restarted controller, a second `reslice watch` and the in-cluster controller all read one
 truth. Every change to it goes through a compare-and-swap on the ConfigMap's resourceVersion.
 

@@ -37,7 +37,7 @@ EXIT_PREEMPTED = 42
 EXIT_PEER_LOST = 43  # a host of the segment died under the trainer (docs/contract.md)
 EXIT_CONFIG = 2
 
-# Rule names are part of the contract with the controller: signals.py reads which one fired.
+# Rule names are part of the contract with the controller: core/signals/ reads which one fired.
 RULE_CONFIG_ERROR = "configError"
 RULE_PREEMPTED = "preempted"
 RULE_APP_FAILURE = "appFailure"

@@ -1,5 +1,5 @@
 """RFC 3339 timestamps as the API server writes them (metav1.Time: whole seconds, UTC, "Z"), for the
-controller's signals (launcher/core/signals/observation.py) and the embedded cluster (launcher/embedded/objects.py,
+controller's signals (launcher/core/signals/observation.py) and the embedded cluster (launcher/embedded/types/objects.py,
 store.py, discovery.py). A leaf: it imports nothing of the project, so either side may use it.
 """
 

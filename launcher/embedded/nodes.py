@@ -14,7 +14,7 @@ from launcher.adapters.preset_files import load_preset
 from launcher.core import rfc3339
 from launcher.core.errors import UserError
 from launcher.core.presets import Preset
-from launcher.embedded import objects
+from launcher.embedded.types import objects
 
 
 def load_shape(preset: str) -> Preset:

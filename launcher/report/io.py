@@ -1,7 +1,7 @@
 """The report's I/O: reads a run back (its record from the cluster, its metrics and ledger from the
 run directory), builds its report (launcher/core/accounting.py, pure), writes its plots
 (launcher/report/plots.py) and prints its summary. Called by `reslice status`, `report`, `launch`
-and `demo` (launcher/cli/commands/inspecting.py, launching.py, launcher/cli/demo.py)."""
+and `demo` (launcher/cli/commands/inspecting.py and launching.py, launcher/cli/demo.py)."""
 
 from __future__ import annotations
 

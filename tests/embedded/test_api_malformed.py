@@ -36,17 +36,10 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from launcher.embedded import (
-    defaults,
-    filters,
-    jobactions,
-    jobfailures,
-    jobpods,
-    jobsetactions,
-    podenv,
-    podstatus,
-)
-from launcher.embedded.resources import RESOURCES, Resource
+from launcher.embedded.admission import defaults
+from launcher.embedded.controllers import filters, jobactions, jobfailures, jobpods, jobsetactions
+from launcher.embedded.kubelet import podenv, podstatus
+from launcher.embedded.types.resources import RESOURCES, Resource
 from tests.embedded.conftest import Api, start_api, stop_api
 from tests.embedded.conftest import job as job_body
 from tests.embedded.conftest import jobset as jobset_body

@@ -10,7 +10,7 @@ import sys
 
 from launcher.core.memory import estimate
 from launcher.core.plan import plan_batch
-from launcher.embedded import podenv
+from launcher.embedded.kubelet import podenv
 from tests.trainer.runs import ROOT
 from trainer import config
 

@@ -3,7 +3,7 @@
 Quantities are parsed by the official client's `kubernetes.utils.parse_quantity` (decimal and binary
 suffixes up to E and Ei, exponents such as `1e3`), not by a pattern of our own. Called by preflight's
 pool and quota checks (launcher/core/capacity/pools.py, launcher/core/capacity/quota.py, used by `reslice launch` and
-`preflight`) and by the embedded cluster's scheduler and node lifecycle (launcher/embedded/filters.py,
+`preflight`) and by the embedded cluster's scheduler and node lifecycle (launcher/embedded/controllers/filters.py,
 nodelife.py, podenv.py), which import it from here: the launcher's real-cluster commands need no
 part of the embedded cluster.
 """

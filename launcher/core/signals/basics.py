@@ -1,4 +1,4 @@
-"""What the signals modules (launcher/core/signals/nodes.py, pod_signals.py, signals.py) share: reading an
+"""What the signals modules (nodes.py, pods.py, observation.py) share: reading an
 object's conditions, and the two memos that spare a pass the objects that did not change."""
 
 from __future__ import annotations
