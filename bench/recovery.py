@@ -60,7 +60,7 @@ def startup_reports(log_dir: Path, run: str, segment: int) -> list[dict]:
 
 
 def stepped(rundir: RunDir, segment: int) -> bool:
-    """Whether a metrics record of `segment` is on disk. The poll reads that segment's files only:
+    """Whether a metrics line of `segment` is on disk. The poll reads that segment's files only:
     it shares the 2 cores with the trainers it measures (the record's own time is what counts)."""
     prefix = f"{segment:04d}-"
     return any(rundir.read_text(f"metrics/{n}") for n in rundir.list_dir("metrics") if n.startswith(prefix))

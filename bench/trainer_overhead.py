@@ -7,7 +7,7 @@
    simulated CPU devices, which would flatter the loop).
 2. loop: ``trainer.loop.run`` on the same config: data pipeline, metrics every step (JSON lines,
    TensorBoard), async Orbax checkpoints at the config's interval. Its per-step wall time is taken
-   from the metrics records between step 1 (compile) and the last step (whose final save is not
+   from the metrics lines between step 1 (compile) and the last step (whose final save is not
    steady state), so it includes the blocking part of every intermediate save.
 3. bare again; a round's ratio is loop / mean(bare before, bare after). Several rounds, the median
    is reported: the simulated devices share the host's cores with everything else on it.

@@ -171,27 +171,27 @@ class RunDir:
             return None  # caught mid-write by a non-atomic writer: next pass reads it whole
 
     def metrics(self) -> list[dict]:
-        """Every metrics record of every trainer incarnation, in the order they were written."""
-        records = []
+        """Every metrics line of every trainer incarnation, in the order they were written."""
+        lines = []
         for name in self.list_dir("metrics"):
             if name.endswith(".jsonl"):
-                records += read_jsonl(self.read_text(f"metrics/{name}"))
-        return sorted(records, key=lambda r: (r.get("time", 0.0), r.get("step", 0)))
+                lines += read_jsonl(self.read_text(f"metrics/{name}"))
+        return sorted(lines, key=lambda r: (r.get("time", 0.0), r.get("step", 0)))
 
     def latest_metrics(self) -> dict | None:
-        """The newest metrics record, without reading a long run's whole history: the last line of
+        """The newest metrics line, without reading a long run's whole history: the last line of
         the metrics file that sorts last (one file per trainer incarnation, named by segment,
         restart attempt and start time)."""
         names = [n for n in self.list_dir("metrics") if n.endswith(".jsonl")]
         for name in reversed(names):  # the newest file may not have its first line yet
-            records = read_jsonl(self._tail(f"metrics/{name}"))
-            if records:
-                return records[-1]
+            lines = read_jsonl(self._tail(f"metrics/{name}"))
+            if lines:
+                return lines[-1]
         return None
 
     def _tail(self, rel: str, size: int = 1 << 16) -> str | None:
         if self.root is None:
-            return self.read_text(rel)  # the trainer rotates GCS objects every 2,000 records
+            return self.read_text(rel)  # the trainer rotates GCS objects every 2,000 lines
         try:
             with (self.root / rel).open("rb") as f:
                 f.seek(0, os.SEEK_END)
@@ -212,7 +212,7 @@ class RunDir:
 
 
 def read_jsonl(text: str | None) -> list[dict]:
-    """The records of a JSON-lines text (metrics, the ledger), skipping blank lines and a line
+    """The lines of a JSON-lines text (metrics, the ledger), each a dict, skipping blank lines and a line
     caught half-written."""
     out = []
     for line in (text or "").splitlines():

@@ -29,6 +29,7 @@ from launcher.core.render import (
     run_name_error,
     short_notice,
 )
+from launcher.core.words import Action, LedgerKind, RunState, TrainerState
 
 
 def check_trainer_config(config: str, overrides: tuple[str, ...]) -> dict | None:
@@ -165,7 +166,7 @@ def create_run(kube, rec: RunRecord) -> None:
                 f"run directory {rec.spec.run_dir} belongs to run {owner!r}; choose another --run-dir"
             )
         status = rundir.status() or {}
-        if status.get("state") == "finished":
+        if status.get("state") == TrainerState.FINISHED:
             # Its trainer would find the final step committed and stop at once: a "run" of 0 steps.
             raise UserError(
                 f"run {rec.name!r} already finished in {rec.spec.run_dir} (step {status.get('step')}): "
@@ -192,7 +193,7 @@ def create_run(kube, rec: RunRecord) -> None:
                 with contextlib.suppress(OSError):
                     d.rmdir()
         raise
-    rundir.log([{"time": rec.created_at, "kind": "launch", "shape": f"{rec.preset} x{rec.slices}",
+    rundir.log([{"time": rec.created_at, "kind": LedgerKind.LAUNCH, "shape": f"{rec.preset} x{rec.slices}",
                  "global_batch": rec.spec.global_batch}])  # fmt: skip
 
 
@@ -231,7 +232,6 @@ def stop_run(kube, run: str) -> list[str]:
     from kubernetes.utils.retry import Backoff, retry_on_conflict
 
     from launcher.adapters.kube import Conflict
-    from launcher.core.record import STOPPED
 
     def mark_stopped() -> RunRecord:
         got = kube.get_record(run)
@@ -240,7 +240,8 @@ def stop_run(kube, run: str) -> list[str]:
         rec, rv = got
         if not rec.terminal:
             kube.update_record(
-                replace(rec, state=STOPPED, reason="stopped by the user", finished_at=time.time()), rv
+                replace(rec, state=RunState.STOPPED, reason="stopped by the user", finished_at=time.time()),
+                rv,
             )
         return rec
 
@@ -249,6 +250,6 @@ def stop_run(kube, run: str) -> list[str]:
     except Conflict:  # still changing: delete the JobSets all the same, as asked
         rec = kube.get_record(run)[0]
     deleted = [j["metadata"]["name"] for j in kube.jobsets(run) if kube.delete_jobset(j["metadata"]["name"])]
-    RunDir(rec.spec.run_dir).log([{"time": time.time(), "kind": "act", "action": "stop", "reason": "stopped by the user",
-                                   "state": STOPPED}])  # fmt: skip
+    RunDir(rec.spec.run_dir).log([{"time": time.time(), "kind": LedgerKind.ACT, "action": Action.STOP, "reason": "stopped by the user",
+                                   "state": RunState.STOPPED}])  # fmt: skip
     return deleted

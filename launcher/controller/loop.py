@@ -37,9 +37,10 @@ from launcher.core import policy
 from launcher.core.errors import UserError
 from launcher.core.plan import shrink_ladder
 from launcher.core.presets import Catalog
-from launcher.core.record import FAILED, RunRecord
+from launcher.core.record import RunRecord
 from launcher.core.render import LABEL_RUN, LABEL_SEGMENT, render_jobset
 from launcher.core.signals import observation as signals
+from launcher.core.words import Action, LedgerKind, RunState
 
 # The least time from one pass to the next while watch events keep coming.
 COALESCE_S = 0.02
@@ -167,7 +168,7 @@ class Controller:
                 return PassResult(run, None, None)
             rec, rv = got
             if rec.terminal:
-                return PassResult(run, policy.Decision(policy.WAIT, f"run is {rec.state}", rec), None)
+                return PassResult(run, policy.Decision(Action.WAIT, f"run is {rec.state}", rec), None)
             snap = snap or self.snapshot()
             rundir = RunDir(rec.spec.run_dir, rec.spec.trainer)
             obs = observe_run(rec, snap, rundir, self.clock(), self.catalog)
@@ -188,7 +189,7 @@ class Controller:
         summary = obs.summary()
         last_summary, last_reason = self._last.get(run, ({}, ""))
         if summary != last_summary:
-            entries.append({"kind": "observe", **summary})
+            entries.append({"kind": LedgerKind.OBSERVE, **summary})
         entries += self._new_unusable(obs.trainer)
         if decision.record != rec:
             try:
@@ -197,14 +198,16 @@ class Controller:
                 # Someone else changed the record since we read it: decide again on fresh state.
                 self._written.pop(run, None)
                 self._stale.add(run)
-                self._log(rundir, entries + [{"kind": "conflict", "reason": "record changed; re-reading"}])
+                self._log(
+                    rundir, entries + [{"kind": LedgerKind.CONFLICT, "reason": "record changed; re-reading"}]
+                )
                 self._last[run] = (summary, last_reason)
                 self._wake.set()
                 return PassResult(run, decision, obs, conflict=True)
         if decision.acts or decision.reason != last_reason:
             entries.append(
                 {
-                    "kind": "act" if decision.acts else "wait",
+                    "kind": LedgerKind.ACT if decision.acts else LedgerKind.WAIT,
                     "action": decision.action,
                     "reason": decision.reason,
                     "segment": decision.record.current.index if decision.record.current else None,
@@ -234,7 +237,7 @@ class Controller:
         return result
 
     def _act(self, d: policy.Decision) -> None:
-        if d.action in {policy.START_SEGMENT, policy.CREATE_JOBSET}:
+        if d.action in {Action.START_SEGMENT, Action.CREATE_JOBSET}:
             seg = d.record.current
             created = self.kube.create_jobset(
                 render_jobset(d.record.spec, seg.shape(self.catalog), seg.index, seg.pool)
@@ -242,7 +245,7 @@ class Controller:
             if created is not None and (cache := self.caches.get("jobsets")) is not None:
                 created["metadata"].setdefault("namespace", self.kube.namespace)
                 self._created.add(created, cache, self.monotonic())
-        elif d.action in {policy.END, policy.DELETE} and d.jobset:
+        elif d.action in {Action.END, Action.DELETE} and d.jobset:
             self.kube.delete_jobset(d.jobset)
             if d.force and (seg := d.record.current) is not None:
                 self.kube.delete_pods_now(f"{LABEL_RUN}={d.record.name},{LABEL_SEGMENT}={seg.index}")
@@ -250,11 +253,16 @@ class Controller:
     def _fail(self, run: str, rundir: RunDir, reason: str) -> None:
         def mark_failed() -> None:
             rec, rv = self.kube.get_record(run)
-            self.kube.update_record(replace(rec, state=FAILED, reason=reason, finished_at=self.clock()), rv)
+            self.kube.update_record(
+                replace(rec, state=RunState.FAILED, reason=reason, finished_at=self.clock()), rv
+            )
 
         with contextlib.suppress(Conflict):  # still changing after client-go's 5 tries: the ledger says it
             retry_on_conflict(mark_failed)
-        self._log(rundir, [{"kind": "act", "action": policy.FAIL, "reason": reason, "state": FAILED}])
+        self._log(
+            rundir,
+            [{"kind": LedgerKind.ACT, "action": Action.FAIL, "reason": reason, "state": RunState.FAILED}],
+        )
 
     def _new_unusable(self, trainer: dict | None) -> list[dict]:
         """Ledger lines for the checkpoints the trainer found unusable and moved aside (status.json),
@@ -264,7 +272,10 @@ class Controller:
             if isinstance(u, dict) and u.get("moved_to") not in self._unusable_seen:
                 self._unusable_seen.add(u.get("moved_to"))
                 out.append(
-                    {"kind": "unusable-checkpoint", **{k: u.get(k) for k in ("step", "moved_to", "reason")}}
+                    {
+                        "kind": LedgerKind.UNUSABLE_CHECKPOINT,
+                        **{k: u.get(k) for k in ("step", "moved_to", "reason")},
+                    }
                 )
         return out
 
@@ -286,7 +297,7 @@ class Controller:
             self._renewed[run] = now
         if held and run not in self._held:
             self._held.add(run)
-            entry = {"kind": "takeover" if previous else "lease", "holder": self.identity}
+            entry = {"kind": LedgerKind.TAKEOVER if previous else LedgerKind.LEASE, "holder": self.identity}
             if previous:
                 entry["previous"] = previous
             got = rundir or self._rundir(run)
@@ -425,10 +436,10 @@ class Controller:
             if rec is None or not rec.terminal:
                 all_done = False
             if result.decision and result.decision.action in {
-                policy.START_SEGMENT,
-                policy.END,
-                policy.DELETE,
-                policy.CREATE_JOBSET,
+                Action.START_SEGMENT,
+                Action.END,
+                Action.DELETE,
+                Action.CREATE_JOBSET,
             }:
                 snap = None  # the world changed: the next run re-reads it
                 self._wake.set()

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from launcher.core.record import WAITING, RunRecord
+from launcher.core.record import RunRecord
+from launcher.core.words import EndKind, LedgerKind, RunState
 
 LOSS = "learning/loss"
 STEP_TIME = "perf/step_time_seconds"
@@ -98,7 +99,7 @@ class SegmentReport:
     last_step: int | None
     steps_computed: int
     recomputed_steps: int
-    end_kind: str | None
+    end_kind: EndKind | None
     end_reason: str | None
     badput: Badput = field(default_factory=Badput)
 
@@ -159,10 +160,10 @@ def waiting_intervals(ledger: list[dict], end: float) -> list[tuple[float, float
     unschedulable = no_fit = False
     since = None
     for e in sorted(ledger, key=lambda e: e.get("time", 0.0)):
-        if e.get("kind") == "observe":
+        if e.get("kind") == LedgerKind.OBSERVE:
             unschedulable = bool(e.get("unschedulable"))
-        elif e.get("kind") in {"act", "wait"}:
-            no_fit = e.get("state") == WAITING
+        elif e.get("kind") in {LedgerKind.ACT, LedgerKind.WAIT}:
+            no_fit = e.get("state") == RunState.WAITING
         else:
             continue
         waiting, t = unschedulable or no_fit, e.get("time", 0.0)
@@ -197,7 +198,7 @@ def pods_running_at(ledger: list[dict], segment: int, after: float) -> float:
     or a ledger without pod observations): the gap is then start-up, not scheduling."""
     down = False
     for e in sorted(ledger, key=lambda e: e.get("time", 0.0)):
-        if e.get("kind") != "observe" or e.get("segment", segment) != segment:
+        if e.get("kind") != LedgerKind.OBSERVE or e.get("segment", segment) != segment:
             continue
         up = _all_running(e)
         if up is None:
@@ -295,8 +296,8 @@ def build_report(rec: RunRecord, metrics: list[dict], ledger: list[dict], now: f
         "preemption": rec.preemptions(),
         "peer_lost": rec.peer_losses(),
         "application_failure": rec.app_failures,
-        "capacity_lost": sum(s.end_kind == "capacity-lost" for s in rec.segments),
-        "grow": sum(s.end_kind == "grow" for s in rec.segments),
+        "capacity_lost": sum(s.end_kind == EndKind.CAPACITY_LOST for s in rec.segments),
+        "grow": sum(s.end_kind == EndKind.GROW for s in rec.segments),
     }
     return RunReport(
         run=rec.name,

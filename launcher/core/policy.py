@@ -27,20 +27,12 @@ from launcher.core.presets import Catalog
 from launcher.core.record import RunRecord, new_segment
 from launcher.core.render import EXIT_PEER_LOST
 from launcher.core.signals import observation as signals
-
-# Actions.
-WAIT = "wait"
-START_SEGMENT = "start-segment"  # record a new segment, then create its JobSet
-CREATE_JOBSET = "create-jobset"  # create the current segment's JobSet again (its creation was cut short)
-END = "end-segment"  # record why the segment ends, then delete its JobSet
-DELETE = "delete"  # delete a JobSet the record already says is over
-FINISH = "finish"
-FAIL = "fail"
+from launcher.core.words import Action, Cause, EndKind, FailureKind, Phase, RunState, TrainerState
 
 
 @dataclass(frozen=True)
 class Decision:
-    action: str
+    action: Action
     reason: str
     record: RunRecord  # the record to write (compare-and-swap) before acting
     jobset: str | None = None  # JobSet to create or delete
@@ -50,7 +42,7 @@ class Decision:
 
     @property
     def acts(self) -> bool:
-        return self.action != WAIT
+        return self.action != Action.WAIT
 
 
 def best_fit(
@@ -95,7 +87,7 @@ def bookkeep(rec: RunRecord, obs: signals.Observation) -> RunRecord:
         changes: dict = {}
         if obs.jobset_uid and seg.jobset_uid != obs.jobset_uid:
             changes["jobset_uid"] = obs.jobset_uid
-        if obs.phase == signals.RUNNING and seg.running_at is None:
+        if obs.phase == Phase.RUNNING and seg.running_at is None:
             changes["running_at"] = obs.now
         pools = tuple(sorted(set(seg.nodepools) | set(obs.nodepools_in_use)))
         if pools != seg.nodepools:
@@ -127,14 +119,14 @@ def restart_causes(seg: record.Segment, obs: signals.Observation) -> dict:
     uncounted = (obs.restarts - seg.restarts) - (counted - seg.restarts_counted)
     cause = signals.stronger(seg.failing, obs.causes.get(seg.restarts))
     changes = {"restarts": obs.restarts, "restarts_counted": counted, "failing": None}
-    if uncounted > 0 and cause == signals.PEER_LOST:
+    if uncounted > 0 and cause == Cause.PEER_LOST:
         changes["peer_lost"] = seg.peer_lost + 1
-    elif uncounted > 0 and cause == signals.APP_FAILURE:
+    elif uncounted > 0 and cause == Cause.APP_FAILURE:
         changes["uncounted_failures"] = seg.uncounted_failures + 1
     return changes
 
 
-def _end(rec: RunRecord, obs: signals.Observation, kind: str, reason: str, state: str) -> RunRecord:
+def _end(rec: RunRecord, obs: signals.Observation, kind: EndKind, reason: str, state: RunState) -> RunRecord:
     seg = rec.current
     assert seg is not None
     ended = replace(seg, ended_at=obs.now, end_kind=kind, end_reason=reason, end_step=obs.committed_step)
@@ -144,14 +136,14 @@ def _end(rec: RunRecord, obs: signals.Observation, kind: str, reason: str, state
 def _trainer_finished(rec: RunRecord, obs: signals.Observation) -> bool:
     status = obs.trainer or {}
     total = rec.total_steps or status.get("total_steps")
-    return status.get("state") == "finished" and total is not None and obs.committed_step == total
+    return status.get("state") == TrainerState.FINISHED and total is not None and obs.committed_step == total
 
 
 def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog: Catalog) -> Decision:
     """The one decision of this pass for the run, with the record to write before acting."""
     now = obs.now
     if rec.terminal:
-        return Decision(WAIT, f"run is {rec.state}: {rec.reason}", rec)
+        return Decision(Action.WAIT, f"run is {rec.state}: {rec.reason}", rec)
 
     rec = bookkeep(rec, obs)
     seg = rec.current
@@ -161,36 +153,42 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
     if _trainer_finished(rec, obs):
         reason = f"trainer finished step {obs.committed_step}"
         if seg and seg.live:
-            done = _end(rec, obs, "finished", reason, record.FINISHED)
+            done = _end(rec, obs, EndKind.FINISHED, reason, RunState.FINISHED)
         elif seg and seg.end_step != obs.committed_step:
             # Ended (say for a grow) but its trainer reached the final step before it stopped: the
             # segment ended by finishing, and the restart it was ended for never happened.
             was = f"{reason}, before the {seg.end_kind} it was ended for: {seg.end_reason}"
             done = rec.with_segment(
-                replace(seg, end_kind="finished", end_reason=was, end_step=obs.committed_step)
+                replace(seg, end_kind=EndKind.FINISHED, end_reason=was, end_step=obs.committed_step)
             )
         else:
             done = rec
-        return Decision(FINISH, reason, replace(done, state=record.FINISHED, reason=reason, finished_at=now))
+        return Decision(
+            Action.FINISH, reason, replace(done, state=RunState.FINISHED, reason=reason, finished_at=now)
+        )
 
     # No live segment: submit the next one once the previous one's pods are gone.
     if seg is None or not seg.live:
         if seg is not None and seg.jobset in obs.live_jobsets:
             return Decision(
-                DELETE,
+                Action.DELETE,
                 f"segment {seg.index} is over ({seg.end_kind}): deleting {seg.jobset}",
                 rec,
                 seg.jobset,
             )
         if obs.run_pods_alive:
-            return Decision(WAIT, f"waiting for {obs.run_pods_alive} pod(s) of the run to terminate", rec)
+            return Decision(
+                Action.WAIT, f"waiting for {obs.run_pods_alive} pod(s) of the run to terminate", rec
+            )
         if now < rec.next_submit_at:
             return Decision(
-                WAIT, f"backing off after an application failure until {rec.next_submit_at:.0f}", rec
+                Action.WAIT, f"backing off after an application failure until {rec.next_submit_at:.0f}", rec
             )
         if len(rec.segments) >= knobs.max_segments:
             reason = f"reached the limit of {knobs.max_segments} segments"
-            return Decision(FAIL, reason, replace(rec, state=record.FAILED, reason=reason, finished_at=now))
+            return Decision(
+                Action.FAIL, reason, replace(rec, state=RunState.FAILED, reason=reason, finished_at=now)
+            )
         if seg is None:
             # The first segment asks for the requested shape even if it does not fit yet: node
             # pools may be autoscaled from zero. Rule 2 shrinks it if capacity never comes.
@@ -200,7 +198,7 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
             rung = best_fit(ladder, obs)
             if rung is None:
                 reason = "waiting for capacity: no feasible shape of the ladder fits the cluster"
-                return Decision(WAIT, reason, replace(rec, state=record.WAITING, reason=reason))
+                return Decision(Action.WAIT, reason, replace(rec, state=RunState.WAITING, reason=reason))
             why = f"after segment {seg.index} ({seg.end_kind})"
         plan = rung.plan
         assert isinstance(plan, Plan)
@@ -209,37 +207,41 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
         new = new_segment(rec, rung.shape, plan, now, why, obs.committed_step, pool)
         reason = f"segment {new.index} on {_shape_words(rung)}{f' (node pool {pool})' if pool else ''} {why}"
         return Decision(
-            START_SEGMENT,
+            Action.START_SEGMENT,
             reason,
-            replace(rec.with_segment(new), state=record.RUNNING, reason=reason),
+            replace(rec.with_segment(new), state=RunState.RUNNING, reason=reason),
             new.jobset,
         )
 
     # A live segment whose JobSet does not exist: never created (the controller stopped between
     # recording and creating it), or deleted behind our back.
-    if obs.phase == signals.ABSENT:
+    if obs.phase == Phase.ABSENT:
         if seg.jobset_uid is None:
             return Decision(
-                CREATE_JOBSET, f"creating JobSet {seg.jobset} of segment {seg.index}", rec, seg.jobset
+                Action.CREATE_JOBSET, f"creating JobSet {seg.jobset} of segment {seg.index}", rec, seg.jobset
             )
         reason = f"JobSet {seg.jobset} disappeared"
-        return Decision(END, reason, _end(rec, obs, "lost", reason, record.RESHAPING), None)
+        return Decision(Action.END, reason, _end(rec, obs, EndKind.LOST, reason, RunState.RESHAPING), None)
 
-    if obs.phase == signals.COMPLETED:
+    if obs.phase == Phase.COMPLETED:
         reason = (
             f"JobSet {seg.jobset} completed but the trainer did not report the final step "
             f"(committed step {obs.committed_step}, target {rec.total_steps})"
         )
         return Decision(
-            FAIL, reason, replace(_end(rec, obs, "failed", reason, record.FAILED), finished_at=now)
+            Action.FAIL,
+            reason,
+            replace(_end(rec, obs, EndKind.FAILED, reason, RunState.FAILED), finished_at=now),
         )
 
     # 4. Failures that JobSet gave up on.
-    if obs.phase == signals.FAILED and obs.failure is not None:
-        if obs.failure.kind == "config-error":
+    if obs.phase == Phase.FAILED and obs.failure is not None:
+        if obs.failure.kind == FailureKind.CONFIG_ERROR:
             reason = f"configuration error (trainer exit code 2): {obs.failure.message}"
             return Decision(
-                FAIL, reason, replace(_end(rec, obs, "failed", reason, record.FAILED), finished_at=now)
+                Action.FAIL,
+                reason,
+                replace(_end(rec, obs, EndKind.FAILED, reason, RunState.FAILED), finished_at=now),
             )
         failures = rec.app_failures + obs.restarts_counted + 1
         last = (
@@ -250,15 +252,18 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
                 f"crash loop: {failures} application failures exceed the budget of "
                 f"{knobs.app_failure_budget} ({last}); preemptions so far: {rec.preemptions()}"
             )
-            ended = _end(rec, obs, "app-failure", reason, record.FAILED)
-            return Decision(FAIL, reason, replace(ended, app_failures=failures, finished_at=now))
+            ended = _end(rec, obs, EndKind.APP_FAILURE, reason, RunState.FAILED)
+            return Decision(Action.FAIL, reason, replace(ended, app_failures=failures, finished_at=now))
         backoff = knobs.app_backoff_s * 2 ** (failures - 1)
         reason = (
             f"application failure {failures}/{knobs.app_failure_budget} ({last}); retrying in {backoff:.0f}s"
         )
-        ended = _end(rec, obs, "app-failure", reason, record.RESHAPING)
+        ended = _end(rec, obs, EndKind.APP_FAILURE, reason, RunState.RESHAPING)
         return Decision(
-            END, reason, replace(ended, app_failures=failures, next_submit_at=now + backoff), seg.jobset
+            Action.END,
+            reason,
+            replace(ended, app_failures=failures, next_submit_at=now + backoff),
+            seg.jobset,
         )
 
     # A crash whose peers' exit 43 made JobSet restart without counting still spends the budget.
@@ -268,11 +273,11 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
             f"{knobs.app_failure_budget} (a trainer crashed and its peers exited {EXIT_PEER_LOST});"
             f" preemptions so far: {rec.preemptions()}"
         )
-        ended = _end(rec, obs, "app-failure", reason, record.FAILED)
-        return Decision(END, reason, replace(ended, finished_at=now), seg.jobset)  # JobSet would go on
+        ended = _end(rec, obs, EndKind.APP_FAILURE, reason, RunState.FAILED)
+        return Decision(Action.END, reason, replace(ended, finished_at=now), seg.jobset)  # JobSet would go on
 
-    if obs.phase in {signals.SUSPENDED, signals.DELETING}:
-        return Decision(WAIT, f"JobSet {seg.jobset} is {obs.phase}", rec)
+    if obs.phase in {Phase.SUSPENDED, Phase.DELETING}:
+        return Decision(Action.WAIT, f"JobSet {seg.jobset} is {obs.phase}", rec)
 
     current = seg.shape(catalog)
 
@@ -300,14 +305,14 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
                 causes.append(f"node pool {seg.pool} is no longer free")
             cause = "; ".join(causes)
             if rung is None:
-                return Decision(WAIT, f"{cause}; no smaller feasible shape fits either", rec)
+                return Decision(Action.WAIT, f"{cause}; no smaller feasible shape fits either", rec)
             how = "on another node pool" if rung.shape.devices == current.devices else "shrinking"
             reason = f"capacity lost: {cause}; {how} {current} -> {_shape_words(rung)}"
-            ended = _end(rec, obs, "capacity-lost", reason, record.RESHAPING)
+            ended = _end(rec, obs, EndKind.CAPACITY_LOST, reason, RunState.RESHAPING)
             # A node pool terminating (a preemption notice) still lets the trainer save; one gone does not.
-            return Decision(END, reason, ended, seg.jobset, force=bool(obs.gone_nodepools))
+            return Decision(Action.END, reason, ended, seg.jobset, force=bool(obs.gone_nodepools))
         return Decision(
-            WAIT,
+            Action.WAIT,
             f"{obs.unschedulable} pod(s) unschedulable for {waited:.0f}s (grace {knobs.unschedulable_grace_s:.0f}s)",
             rec,
         )
@@ -317,14 +322,16 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
     # Only at a checkpoint this segment committed itself: a segment that never got to train
     # must not be torn down again (no flapping), and the resize then costs no progress.
     progressed = obs.committed_step is not None and obs.committed_step > (seg.start_step or 0)
-    if knobs.grow and obs.phase == signals.RUNNING and current.devices < requested.devices and progressed:
+    if knobs.grow and obs.phase == Phase.RUNNING and current.devices < requested.devices and progressed:
         rung = best_fit(ladder, obs, stable_before=now - knobs.grow_window_s)
         if rung is not None and rung.shape.devices > current.devices:
             reason = (
                 f"capacity returned: {rung.shape} has fitted for {knobs.grow_window_s:.0f}s; "
                 f"growing {current} -> {_shape_words(rung)} (the trainer checkpoints on SIGTERM)"
             )
-            return Decision(END, reason, _end(rec, obs, "grow", reason, record.RESHAPING), seg.jobset)
+            return Decision(
+                Action.END, reason, _end(rec, obs, EndKind.GROW, reason, RunState.RESHAPING), seg.jobset
+            )
 
     # 1. Anything else — running, pending inside the grace, restarting after a disruption — is
     # JobSet's to handle.
@@ -332,5 +339,5 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
     restarting = "restarting (JobSet failure policy)" + (
         f" after {signals.CAUSE_WORDS[cause]}" if cause else ""
     )
-    words = {signals.RUNNING: "running", signals.PENDING: "starting", signals.RESTARTING: restarting}
-    return Decision(WAIT, f"segment {seg.index} on {current} {words.get(obs.phase, obs.phase)}", rec)
+    words = {Phase.RUNNING: "running", Phase.PENDING: "starting", Phase.RESTARTING: restarting}
+    return Decision(Action.WAIT, f"segment {seg.index} on {current} {words.get(obs.phase, obs.phase)}", rec)

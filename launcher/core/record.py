@@ -19,20 +19,14 @@ from launcher.core.errors import UserError
 from launcher.core.plan import Plan
 from launcher.core.presets import Catalog, Shape
 from launcher.core.render import RunSpec, jobset_name
+from launcher.core.words import EndKind, RunState
 
 # Run states.
-PENDING = "Pending"  # recorded, segment 0 not submitted yet
-RUNNING = "Running"  # a segment is live (or being submitted)
-RESHAPING = "Reshaping"  # a segment is ending to change shape; the next one follows
-WAITING = "WaitingForCapacity"  # no shape in the ladder fits what the cluster has
-FINISHED = "Finished"
-FAILED = "Failed"
-STOPPED = "Stopped"
 
 SCHEMA_VERSION = 3  # 2: the knobs' key is `knobs` (was `policy`); 3: a segment's `pool`
 # What records without a schema_version may hold that this reslice no longer has (section -> names).
 _RETIRED_V0 = {"policy": {"preemption_budget"}}
-TERMINAL = {FINISHED, FAILED, STOPPED}
+TERMINAL = {RunState.FINISHED, RunState.FAILED, RunState.STOPPED}
 
 
 @dataclass(frozen=True)
@@ -62,7 +56,7 @@ class Segment:
     running_at: float | None = None  # first time every pod was Running
     ended_at: float | None = None
     end_reason: str | None = None
-    end_kind: str | None = None  # finished | failed | capacity-lost | grow | app-failure | stopped
+    end_kind: EndKind | None = None
     start_step: int | None = None  # committed step it resumed from
     end_step: int | None = None  # committed step when it ended
     nodepools: tuple[str, ...] = ()
@@ -92,7 +86,7 @@ class RunRecord:
     preset: str  # requested shape
     slices: int
     knobs: Knobs = Knobs()
-    state: str = PENDING
+    state: str = RunState.PENDING
     reason: str = "launched"
     created_at: float = 0.0
     finished_at: float | None = None

@@ -20,6 +20,7 @@ from launcher.adapters.kube import Kube, Refused
 from launcher.core.capacity.checks import FAIL, OK, Check
 from launcher.core.presets import Preset
 from launcher.core.render import CONTAINER, RunSpec, placement
+from launcher.core.words import PodPhase
 
 LABEL_PROBE = "reslice.dev/preflight"
 PROBE_ROW = "write probe"
@@ -92,9 +93,9 @@ def probe_check(o: Outcome, run_dir: str) -> Check:
         return Check(
             PROBE_ROW, FAIL, f"the API server refused the probe pod: {o.waiting}", "see the rows above"
         )
-    if o.phase == "Succeeded" and o.exit_code == 0:
+    if o.phase == PodPhase.SUCCEEDED and o.exit_code == 0:
         return Check(PROBE_ROW, OK, f"pod {o.pod} on {o.node} wrote and deleted an object under {run_dir}")
-    if o.phase == "Failed":
+    if o.phase == PodPhase.FAILED:
         if "usage error" in said and "--probe-write" in said:
             return Check(
                 PROBE_ROW, FAIL, f"the image's trainer has no --probe-write ({said})",
@@ -131,16 +132,16 @@ def run_probe(
         while True:
             seen = kube.pod(name) or seen
             phase = (seen.get("status") or {}).get("phase", "Pending")
-            if phase in ("Succeeded", "Failed") or clock() - start > timeout_s:
+            if phase in (PodPhase.SUCCEEDED, PodPhase.FAILED) or clock() - start > timeout_s:
                 break
             sleep(0.5)
-        ended = phase in ("Succeeded", "Failed")
+        ended = phase in (PodPhase.SUCCEEDED, PodPhase.FAILED)
         return Outcome(
             pod=name,
             phase=phase,
             node=(seen.get("spec") or {}).get("nodeName"),
             exit_code=_exit_code(seen),
-            log=kube.pod_log(name, CONTAINER) if ended or phase == "Running" else "",
+            log=kube.pod_log(name, CONTAINER) if ended or phase == PodPhase.RUNNING else "",
             waiting="" if ended else waiting_reason(seen),
             waited_s=clock() - start,
         )

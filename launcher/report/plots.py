@@ -5,6 +5,7 @@ badput. Called by launcher/report/io.py (`reslice report`); the accounting they 
 from __future__ import annotations
 
 from launcher.core.accounting import CATEGORIES, LOSS, RunReport
+from launcher.core.words import EndKind
 
 COLOURS = {
     "productive": "#2ca02c",
@@ -63,7 +64,7 @@ def plot_timeline(report: RunReport, path: str) -> None:
     t0 = report.segments[0].start if report.segments else 0.0
     for seg in report.segments:
         top.barh(0, seg.end - seg.start, left=seg.start - t0, height=0.5, edgecolor="black",
-                 color="#1f77b4" if seg.end_kind != "capacity-lost" else "#aec7e8")  # fmt: skip
+                 color="#1f77b4" if seg.end_kind != EndKind.CAPACITY_LOST else "#aec7e8")  # fmt: skip
         top.text(
             (seg.start + seg.end) / 2 - t0,
             0,

@@ -17,7 +17,8 @@ from rich.text import Text
 from launcher.core.accounting import CATEGORIES, LOSS, TOKENS, RunReport
 from launcher.core.plan import Plan, Rung
 from launcher.core.presets import Preset, Shape
-from launcher.core.record import FAILED, FINISHED, RunRecord
+from launcher.core.record import RunRecord
+from launcher.core.words import LedgerKind, RunState
 
 
 def _clock(ts: float | None) -> str:
@@ -74,13 +75,13 @@ def badput_table(report: RunReport) -> Table:
     return table
 
 
-_VIEW_KINDS = {"act", "takeover", "launch", "conflict"}
+_VIEW_KINDS = {LedgerKind.ACT, LedgerKind.TAKEOVER, LedgerKind.LAUNCH, LedgerKind.CONFLICT}
 
 
 def live_view(rec: RunRecord, last: dict | None, ledger: list[dict], committed: int | None) -> Panel:
     seg = rec.current
     head = Text()
-    style = {FINISHED: "bold green", FAILED: "bold red"}.get(rec.state, "bold cyan")
+    style = {RunState.FINISHED: "bold green", RunState.FAILED: "bold red"}.get(rec.state, "bold cyan")
     head.append(f"{rec.name}  ", style="bold")
     head.append(rec.state, style=style)
     if seg is not None:

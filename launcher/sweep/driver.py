@@ -36,8 +36,9 @@ from launcher.adapters.rundir import RunDir
 from launcher.controller.launch import create_run, prepare
 from launcher.controller.loop import Controller
 from launcher.core.errors import UserError
-from launcher.core.record import FINISHED, Knobs, RunRecord
+from launcher.core.record import Knobs, RunRecord
 from launcher.core.render import LABEL_RUN, RunSpec
+from launcher.core.words import LedgerKind, RunState
 from launcher.report.view import Throttle, live_view
 from launcher.sweep.files import SWEEP_JSON, read_incarnations, result_of, write_outputs
 from launcher.sweep.results import FactorResult, Recommendation, pct
@@ -101,7 +102,7 @@ class SweepOutcome:
 
     @property
     def complete(self) -> bool:
-        return not self.interrupted and all(r.state == FINISHED and r.measured for r in self.results)
+        return not self.interrupted and all(r.state == RunState.FINISHED and r.measured for r in self.results)
 
 
 def _clear_leftovers(kube: Kube, run: str, timeout: float) -> None:
@@ -158,10 +159,15 @@ def run_sweep(
     for p in plans:
         if actions[p.run] == DONE:
             old = records[p.run]
-            results[p.run] = result_of(sweep, p.factor, FINISHED, old.reason if old else "finished earlier")
+            results[p.run] = result_of(
+                sweep, p.factor, RunState.FINISHED, old.reason if old else "finished earlier"
+            )
         elif actions[p.run] == MISSING:
             results[p.run] = FactorResult(
-                p.factor, p.run, FINISHED, f"finished, but its metrics are gone from {p.record.spec.run_dir}"
+                p.factor,
+                p.run,
+                RunState.FINISHED,
+                f"finished, but its metrics are gone from {p.record.spec.run_dir}",
             )
     done = sum(a == DONE for a in actions.values())
     if done:
@@ -201,7 +207,7 @@ def run_sweep(
             old = records[p.run]
             rd = RunDir(p.record.spec.run_dir, p.record.spec.trainer)
             if old is not None:  # RELAUNCH: the old record goes, its ledger in the run directory stays
-                rd.log([{"time": time.time(), "kind": "relaunch", "previous_state": old.state,
+                rd.log([{"time": time.time(), "kind": LedgerKind.RELAUNCH, "previous_state": old.state,
                          "previous_reason": old.reason, "reason": f"sweep {sweep.name} reruns what is missing"}])  # fmt: skip
                 kube.delete_record(p.run)
             _clear_leftovers(kube, p.run, timeout=p.record.spec.grace_period_s + 60.0)

@@ -32,7 +32,7 @@ FORMAT_VERSION = 1
 
 
 def read_incarnations(rundir: RunDir) -> list[list[dict]]:
-    """The metrics records of each metrics file (one file per trainer incarnation)."""
+    """The metrics lines of each metrics file (one file per trainer incarnation)."""
     files = []
     for name in rundir.list_dir("metrics"):
         if not name.endswith(".jsonl"):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from launcher.core.record import FINISHED
+from launcher.core.words import RunState
 from launcher.sweep.spec import FACTOR_KEY, SweepSpec, factor_label, is_dropless, sort_key
 
 # --- aggregation (pure) --------------------------------------------------------------------------
@@ -83,7 +83,7 @@ def aggregate(
     *,
     warmup: int,
     steps: int,
-    state: str = FINISHED,
+    state: str = RunState.FINISHED,
     reason: str = "",
 ) -> FactorResult:
     """The trainer's own metrics (docs/contract.md), summed or averaged over the steps after
@@ -150,7 +150,7 @@ def recommend(results: Sequence[FactorResult], max_drop: float) -> Recommendatio
     factor of the sweep also at most `max_drop` (on a non-increasing curve that is simply the
     smallest qualifying factor; on a noisy one it does not pick a factor that a larger one
     contradicts); dropless when none qualifies. Saving = 1 − its step time / dropless step time."""
-    done = [r for r in results if r.state == FINISHED and r.measured]
+    done = [r for r in results if r.state == RunState.FINISHED and r.measured]
     finite = sorted((r for r in done if not r.dropless), key=lambda r: r.factor)
     dropless = next((r for r in done if r.dropless), None)
     choice = None
@@ -222,7 +222,9 @@ def sweep_table(sweep: SweepSpec, results: Sequence[FactorResult], rec: Recommen
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
     for r in ordered(results):
         chosen = rec.factor is not None and r.factor == rec.factor
-        note = "◀ recommended" if chosen else ("" if r.state == FINISHED else f"{r.state}: {r.reason}")
+        note = (
+            "◀ recommended" if chosen else ("" if r.state == RunState.FINISHED else f"{r.state}: {r.reason}")
+        )
         table.add_row(
             r.label,
             _num(r.buffer_rows, "d"),
@@ -235,7 +237,7 @@ def sweep_table(sweep: SweepSpec, results: Sequence[FactorResult], rec: Recommen
             _num(r.loss_final, ".4f"),
             _num(r.loss_mean, ".4f"),
             note,
-            style="bold green" if chosen else ("red" if r.state != FINISHED else None),
+            style="bold green" if chosen else ("red" if r.state != RunState.FINISHED else None),
         )
     return table
 

@@ -14,8 +14,9 @@ from typing import Any
 
 from launcher.adapters.preset_files import make_shape
 from launcher.core.errors import UserError
-from launcher.core.record import FINISHED, RunRecord
+from launcher.core.record import RunRecord
 from launcher.core.render import DNS1035
+from launcher.core.words import RunState, TrainerState
 
 FACTOR_KEY = "moe.ragged_buffer_factor"
 
@@ -215,13 +216,15 @@ def next_action(record: RunRecord | None, status: dict | None, has_last_step: bo
     The run directory is the truth about results (a cluster may have lost its records); the record
     is the truth about whether a run is still alive. A run that finished is never rerun.
     """
-    finished = bool(status) and status.get("state") == "finished" and int(status.get("step", 0)) >= steps
+    finished = (
+        bool(status) and status.get("state") == TrainerState.FINISHED and int(status.get("step", 0)) >= steps
+    )
     if record is not None and not record.terminal:
         return ATTACH  # alive, perhaps even done and not yet noticed: let the controller finish it
     if finished and has_last_step:
         return DONE
     if record is None:
         return LAUNCH
-    if record.state == FINISHED:
+    if record.state == RunState.FINISHED:
         return MISSING
     return RELAUNCH  # Failed or Stopped: same name, same run directory, resumes its last checkpoint

@@ -14,10 +14,10 @@ from launcher.adapters.kube import Kube
 from launcher.controller.launch import create_run, prepare
 from launcher.controller.loop import Controller, PassResult, lease_name
 from launcher.controller.snapshot import Snapshot
-from launcher.core import policy
 from launcher.core.presets import LABEL_ACCELERATOR
 from launcher.core.record import Knobs
 from launcher.core.render import RunSpec
+from launcher.core.words import Action
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from tests.controller.harness import wait_for
 from tests.support.fakeclock import FakeClock
@@ -76,7 +76,7 @@ def test_a_synced_pass_reads_the_caches_and_lists_nothing(tmp_path):
             seen = len(results)
             cluster.remove(f"{PRESET}-np-1")
             wait_for(
-                lambda: any(r.decision.action == policy.START_SEGMENT and r.decision.record.current.index == 1 for r in results),
+                lambda: any(r.decision.action == Action.START_SEGMENT and r.decision.record.current.index == 1 for r in results),
                 30,
                 "segment 1",
             )  # fmt: skip
@@ -86,7 +86,7 @@ def test_a_synced_pass_reads_the_caches_and_lists_nothing(tmp_path):
             stop.set()
             loop.join(timeout=10)
         requests = dict(cluster.server.requests)
-    ended = next(r.decision for r in results if r.decision.action == policy.END)
+    ended = next(r.decision for r in results if r.decision.action == Action.END)
     assert ended.force and "node pools lost" in ended.reason
     # The shrink's writes, and nothing else: no LIST, no GET, in a dozen passes.
     assert not [k for k in requests if k[0] in {"list", "get"}], requests
@@ -211,10 +211,10 @@ def test_a_pass_before_the_watch_delivers_a_create_sees_the_jobset_created(tmp_p
             third = controller.reconcile("lag")
         finally:
             halt.set()
-    assert first.decision.action == policy.START_SEGMENT
+    assert first.decision.action == Action.START_SEGMENT
     assert second.observation.jobset_uid == uid and second.decision.action not in {
-        policy.START_SEGMENT,
-        policy.CREATE_JOBSET,
+        Action.START_SEGMENT,
+        Action.CREATE_JOBSET,
     }
     assert requests.get(("create", "jobsets")) == 1, requests
     assert third.observation.jobset_uid == uid and not controller._created, "the cache took over"

@@ -13,8 +13,8 @@ import signal
 
 import pytest
 
-from launcher.core.record import FINISHED
 from launcher.core.render import LABEL_RUN
+from launcher.core.words import RunState
 from tests.controller.harness import Harness, kept_steps, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -90,7 +90,7 @@ def test_drain_repair_and_suspension(tmp_path):
         h.kube.custom.patch_namespaced_custom_object(
             "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", name, {"spec": {"suspend": False}}
         )
-        rec = h.wait_state("nf", {FINISHED}, timeout=240)
+        rec = h.wait_state("nf", {RunState.FINISHED}, timeout=240)
         metrics, ledger = h.rundir("nf").metrics(), h.rundir("nf").ledger()
         (js,) = h.kube.jobsets("nf")
     finally:

@@ -5,11 +5,11 @@ from dataclasses import replace
 import pytest
 
 from launcher.adapters.preset_files import make_shape
-from launcher.core import record
 from launcher.core.accounting import CATEGORIES, build_report, waiting_intervals
 from launcher.core.plan import Plan
 from launcher.core.record import RunRecord, new_segment
 from launcher.core.render import RunSpec
+from launcher.core.words import RunState
 from launcher.report.plots import plot_loss, plot_timeline
 
 T0 = 1000.0
@@ -25,7 +25,7 @@ def history():
     s0 = new_segment(rec, make_shape("tpu7x-2x2x2", 2), Plan(32, 1, 1), T0, "launch", None)
     rec = rec.with_segment(replace(s0, ended_at=T0 + 30, end_kind="capacity-lost", end_reason="lost"))
     s1 = new_segment(rec, make_shape("tpu7x-2x2x2", 1), Plan(16, 2, 1), T0 + 30, "shrink", 2)
-    rec = replace(rec.with_segment(replace(s1, ended_at=T0 + 50, end_kind="finished")), state=record.FINISHED,
+    rec = replace(rec.with_segment(replace(s1, ended_at=T0 + 50, end_kind="finished")), state=RunState.FINISHED,
                   finished_at=T0 + 50)  # fmt: skip
     metrics = [
         {
@@ -45,7 +45,7 @@ def history():
     ]  # fmt: skip
     ledger = [
         {"time": T0 + 20, "kind": "observe", "unschedulable": 1},
-        {"time": T0 + 30, "kind": "act", "action": "start-segment", "state": record.RUNNING},
+        {"time": T0 + 30, "kind": "act", "action": "start-segment", "state": RunState.RUNNING},
         {"time": T0 + 30.5, "kind": "observe", "unschedulable": 0},
     ]
     return rec, metrics, ledger
@@ -79,7 +79,7 @@ def preempted_in_place():
     rec = RunRecord(spec=RunSpec(run="r", run_dir="/tmp/r", global_batch=32), preset="tpu7x-2x2x2", slices=1,
                     created_at=T0)  # fmt: skip
     s0 = new_segment(rec, make_shape("tpu7x-2x2x2", 1), Plan(16, 2, 1), T0, "launch", None)
-    rec = replace(rec.with_segment(replace(s0, ended_at=T0 + 30, end_kind="finished")), state=record.FINISHED,
+    rec = replace(rec.with_segment(replace(s0, ended_at=T0 + 30, end_kind="finished")), state=RunState.FINISHED,
                   finished_at=T0 + 30)  # fmt: skip
 
     def step(n, attempt, t, **extra):
@@ -162,8 +162,8 @@ def test_badput_table_shows_each_category():
 
 def test_waiting_for_capacity_when_nothing_fits():
     ledger = [
-        {"time": 10, "kind": "wait", "action": "wait", "state": record.WAITING},
-        {"time": 25, "kind": "act", "action": "start-segment", "state": record.RUNNING},
+        {"time": 10, "kind": "wait", "action": "wait", "state": RunState.WAITING},
+        {"time": 25, "kind": "act", "action": "start-segment", "state": RunState.RUNNING},
         {"time": 30, "kind": "observe", "unschedulable": 2},
     ]
     assert waiting_intervals(ledger, end=40) == [(10, 25), (30, 40)]

@@ -63,3 +63,44 @@ def test_the_core_loads_no_presets() -> None:
         if loading.search(line)
     ]
     assert hits == []
+
+
+def _domain_words() -> dict[str, str]:
+    """Every value of a StrEnum defined in launcher/ (launcher.core.words and the rest), by value:
+    the enum member that spells it. launcher/embedded is left out: it speaks Kubernetes' words."""
+    words = {}
+    for path, tree in parsed().items():
+        if not path.startswith("launcher/") or path.startswith("launcher/embedded/"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and any(ast.unparse(b) == "StrEnum" for b in node.bases):
+                for stmt in node.body:
+                    if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant):
+                        words[stmt.value.value] = f"{node.name}.{stmt.targets[0].id}"
+    return words
+
+
+def test_no_domain_word_is_compared_as_a_literal() -> None:
+    """A run state, action, phase, cause, end kind or ledger kind is compared through its StrEnum,
+    never as a string literal (`==`, `!=`, `in`, `not in`, `match`), outside the enums' definitions."""
+    words = _domain_words()
+    assert {"Running", "running", "end-segment", "capacity-lost", "peer-lost"} <= words.keys()
+    found = []
+    for path, tree in parsed().items():
+        if not path.startswith("launcher/") or path.startswith("launcher/embedded/"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+            elif isinstance(node, ast.MatchValue):
+                operands = [node.value]
+            else:
+                continue
+            for operand in operands:
+                literals = operand.elts if isinstance(operand, ast.Set | ast.Tuple | ast.List) else [operand]
+                found += [
+                    f"{path}:{node.lineno}: {lit.value!r} (use {words[lit.value]})"
+                    for lit in literals
+                    if isinstance(lit, ast.Constant) and isinstance(lit.value, str) and lit.value in words
+                ]
+    assert found == []

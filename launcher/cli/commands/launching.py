@@ -47,6 +47,7 @@ from launcher.cli.watch import watch_all, watch_run
 from launcher.core import inputs
 from launcher.core.errors import UserError
 from launcher.core.render import DEFAULT_COORDINATOR_PORT, render_jobset
+from launcher.core.words import RunState
 
 
 def finish(kube, run: str, state: str) -> None:
@@ -54,7 +55,7 @@ def finish(kube, run: str, state: str) -> None:
     from launcher.report.io import summarize
 
     summarize(kube, run, console)
-    if state != "Finished":
+    if state != RunState.FINISHED:
         raise typer.Exit(1)
 
 
@@ -285,7 +286,7 @@ def demo(
         raise UserError(
             "--steps must be between 25 and 100000 (capacity goes at step 5; the run must outlive the regrowth)"
         )
-    if run_demo(workdir, steps, console) != "Finished":
+    if run_demo(workdir, steps, console) != RunState.FINISHED:
         raise typer.Exit(1)
 
 

@@ -21,39 +21,18 @@ from launcher.core.presets import Preset
 from launcher.core.signals.basics import SameInputs
 from launcher.core.signals.nodes import free_slices, nodes_view
 from launcher.core.signals.pods import (
-    ABSENT,
-    APP_FAILURE,
     CAUSE_WORDS,
-    COMPLETED,
-    DELETING,
-    FAILED,
-    PEER_LOST,
-    PENDING,
-    PREEMPTION,
-    RESTARTING,
-    RUNNING,
-    SUSPENDED,
     Failure,
     departed_disruptions,
     jobset_phase,
     run_pods,
     stronger,
 )
+from launcher.core.words import Phase
 
-# The words of an observation, for the policy: the JobSet's phases and the causes of a restart.
+# What the policy reads of the signals besides the Observation (the words are launcher.core.words').
 __all__ = [
-    "ABSENT",
-    "APP_FAILURE",
     "CAUSE_WORDS",
-    "COMPLETED",
-    "DELETING",
-    "FAILED",
-    "PEER_LOST",
-    "PENDING",
-    "PREEMPTION",
-    "RESTARTING",
-    "RUNNING",
-    "SUSPENDED",
     "Failure",
     "Observation",
     "observe",
@@ -65,7 +44,7 @@ __all__ = [
 class Observation:
     now: float
     segment: int | None  # the segment this observes (the record's current one)
-    phase: str
+    phase: Phase
     failure: Failure | None
     jobset_uid: str | None
     restarts: int
@@ -100,7 +79,7 @@ class Observation:
         return times[slices - 1] if len(times) >= slices else None
 
     def summary(self) -> dict:
-        """What the ledger records; changes in it are what is worth a line."""
+        """What the ledger keeps of it; changes in it are what is worth a line."""
         return {
             "segment": self.segment,
             "phase": self.phase,

@@ -16,6 +16,7 @@ from launcher.core.render import (
     LABEL_SEGMENT,
 )
 from launcher.core.signals.basics import ByVersion, conditions, true_condition
+from launcher.core.words import Cause, FailureKind, Phase, PodPhase
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class PodView:
 
     @property
     def alive(self) -> bool:
-        return self.phase not in {"Succeeded", "Failed"}
+        return self.phase not in {PodPhase.SUCCEEDED, PodPhase.FAILED}
 
 
 def pod_view(pod: dict) -> PodView:
@@ -74,17 +75,14 @@ _pod_view = ByVersion(pod_view)
 # --- why an attempt failed -----------------------------------------------------------------------
 
 # Causes of a JobSet restart, as the failed pods of the attempt tell it.
-PREEMPTION = "preemption"  # a DisruptionTarget, or the trainer saved and exited 42
-PEER_LOST = "peer-lost"  # the trainer exited 43: a host of the segment died under it
-APP_FAILURE = "app-failure"  # a trainer failed on its own (any other exit, no disruption)
 CAUSE_WORDS = {
-    PREEMPTION: "a preemption or disruption",
-    PEER_LOST: f"a lost peer: a host of the segment died (trainer exit {EXIT_PEER_LOST})",
-    APP_FAILURE: "an application failure",
+    Cause.PREEMPTION: "a preemption or disruption",
+    Cause.PEER_LOST: f"a lost peer: a host of the segment died (trainer exit {EXIT_PEER_LOST})",
+    Cause.APP_FAILURE: "an application failure",
 }
 # When the pods of one attempt disagree, the strongest cause wins: a crash makes its peers exit 43
 # (their collectives fail), and a preempted host's peers may do the same before it saves.
-_STRENGTH = {PEER_LOST: 0, PREEMPTION: 1, APP_FAILURE: 2}
+_STRENGTH = {Cause.PEER_LOST: 0, Cause.PREEMPTION: 1, Cause.APP_FAILURE: 2}
 
 
 def stronger(a: str | None, b: str | None) -> str | None:
@@ -96,17 +94,17 @@ def pod_cause(v: PodView) -> str | None:
     failed while being deleted (the restart's doing, not its cause: the controller has usually seen
     the cause before, as a pod fails a second or more before JobSet restarts); or a container that
     vanished with its host (ContainerStatusUnknown)."""
-    if v.phase != "Failed":
+    if v.phase != PodPhase.FAILED:
         return None
     if v.disruption or v.reason in {"Terminated", "NodeShutdown"}:
-        return PREEMPTION
+        return Cause.PREEMPTION
     if v.deleting or v.exit_reason == "ContainerStatusUnknown":
         return None
     if v.exit_code == EXIT_PREEMPTED:
-        return PREEMPTION
+        return Cause.PREEMPTION
     if v.exit_code == EXIT_PEER_LOST:
-        return PEER_LOST
-    return APP_FAILURE
+        return Cause.PEER_LOST
+    return Cause.APP_FAILURE
 
 
 def attempt_causes(pods: Iterable[PodView]) -> dict[int, str]:
@@ -120,48 +118,40 @@ def attempt_causes(pods: Iterable[PodView]) -> dict[int, str]:
 
 # --- the JobSet --------------------------------------------------------------------------------
 
-ABSENT = "absent"
-DELETING = "deleting"
-PENDING = "pending"
-RUNNING = "running"
-RESTARTING = "restarting"
-SUSPENDED = "suspended"
-COMPLETED = "completed"
-FAILED = "failed"
-
 
 @dataclass(frozen=True)
 class Failure:
-    kind: str  # config-error | max-restarts | other
+    kind: FailureKind
     reason: str
     message: str
 
 
 def jobset_phase(jobset: dict | None, pods: list[PodView], expected_pods: int) -> tuple[str, Failure | None]:
     if jobset is None:
-        return ABSENT, None
+        return Phase.ABSENT, None
     if jobset["metadata"].get("deletionTimestamp"):
-        return DELETING, None
+        return Phase.DELETING, None
     if cond := true_condition(jobset, "Completed"):
-        return COMPLETED, None
+        return Phase.COMPLETED, None
     if cond := true_condition(jobset, "Failed"):
         reason = cond.get("reason", "")
         message = cond.get("message", "")
         # FailJobSet is only ever the config-error rule's action (render.failure_policies).
-        kind = {"FailJobSetFailurePolicyAction": "config-error", "ReachedMaxRestarts": "max-restarts"}.get(
-            reason, "other"
-        )
-        return FAILED, Failure(kind=kind, reason=reason, message=message)
+        kind = {
+            "FailJobSetFailurePolicyAction": FailureKind.CONFIG_ERROR,
+            "ReachedMaxRestarts": FailureKind.MAX_RESTARTS,
+        }.get(reason, FailureKind.OTHER)
+        return Phase.FAILED, Failure(kind=kind, reason=reason, message=message)
     if (jobset.get("spec") or {}).get("suspend") or true_condition(jobset, "Suspended"):
-        return SUSPENDED, None
+        return Phase.SUSPENDED, None
     attempt = int((jobset.get("status") or {}).get("restarts") or 0)
     current = [p for p in pods if p.attempt == attempt and not p.deleting]
     stale = [p for p in pods if p.attempt < attempt or (p.deleting and p.alive)]
-    if stale or any(p.phase == "Failed" for p in current):
-        return RESTARTING, None
-    if len(current) == expected_pods and all(p.phase == "Running" for p in current):
-        return RUNNING, None
-    return PENDING, None
+    if stale or any(p.phase == PodPhase.FAILED for p in current):
+        return Phase.RESTARTING, None
+    if len(current) == expected_pods and all(p.phase == PodPhase.RUNNING for p in current):
+        return Phase.RUNNING, None
+    return Phase.PENDING, None
 
 
 @dataclass(frozen=True)
@@ -210,7 +200,7 @@ def run_pods(run: str, segment: int | None, pods: Sequence[dict]) -> RunPods:
         for p in pods
         if p["metadata"]["name"] not in own_names
         and (p.get("spec") or {}).get("nodeName")
-        and (p.get("status") or {}).get("phase") not in {"Succeeded", "Failed"}
+        and (p.get("status") or {}).get("phase") not in {PodPhase.SUCCEEDED, PodPhase.FAILED}
     )
     seg_pods = tuple(v for v in views if v.segment == segment)
     pending = tuple(v for v in seg_pods if v.alive and not v.deleting and v.node is None)
@@ -223,6 +213,6 @@ def run_pods(run: str, segment: int | None, pods: Sequence[dict]) -> RunPods:
         unsched=tuple(v for v in pending if v.unschedulable_since is not None),
         disruptions=disruptions_of(seg_pods),
         exit_codes=tuple(v.exit_code for v in seg_pods if v.exit_code not in (None, 0)),
-        running=sum(v.phase == "Running" and not v.deleting for v in seg_pods),
+        running=sum(v.phase == PodPhase.RUNNING and not v.deleting for v in seg_pods),
         causes=attempt_causes(seg_pods),
     )
