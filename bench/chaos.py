@@ -38,8 +38,8 @@ from rich.console import Console
 from rich.table import Table
 
 from launcher.core.errors import UserError
+from launcher.core.labels import LABEL_RUN
 from launcher.core.record import Knobs
-from launcher.core.render import LABEL_RUN
 from launcher.core.words import RunState
 from tests.controller.harness import (
     GLOBAL_BATCH,

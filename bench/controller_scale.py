@@ -53,8 +53,9 @@ from launcher.adapters.preset_files import make_shape
 from launcher.adapters.rundir import RunDir
 from launcher.controller.launch import create_run, prepare
 from launcher.controller.loop import Controller
+from launcher.core.labels import LABEL_RUN
 from launcher.core.record import Knobs
-from launcher.core.render import LABEL_RUN, RunSpec
+from launcher.core.spec import RunSpec
 from tests.support.wait import wait_for
 
 

@@ -21,8 +21,8 @@ from kubernetes.client.rest import ApiException
 
 from launcher.adapters.listwatch import ListWatch
 from launcher.core.errors import ClusterNotReady, UserError
+from launcher.core.labels import API_VERSION, LABEL_RUN
 from launcher.core.record import RunRecord
-from launcher.core.render import API_VERSION, LABEL_RUN
 
 GROUP, VERSION = API_VERSION.split("/")
 RECORD_KEY = "record.json"

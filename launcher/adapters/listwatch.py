@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
 
-from launcher.core.render import API_VERSION
+from launcher.core.labels import API_VERSION
 
 GROUP, VERSION = API_VERSION.split("/")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sys
 
+from launcher.core.labels import LABEL_RESTART_ATTEMPT, LABEL_RUN, LABEL_SEGMENT
 from launcher.core.presets import (
     LABEL_ACCELERATOR,
     LABEL_INSTANCE_TYPE,
@@ -21,7 +22,6 @@ from launcher.core.presets import (
     LABEL_SPOT,
     LABEL_TOPOLOGY,
 )
-from launcher.core.render import LABEL_RESTART_ATTEMPT, LABEL_RUN, LABEL_SEGMENT
 
 _intern = sys.intern
 

@@ -21,7 +21,7 @@ from launcher.adapters.rundir import RunDir
 from launcher.cli.watch import watch_run
 from launcher.controller.launch import create_run, prepare
 from launcher.core.record import Knobs
-from launcher.core.render import RunSpec
+from launcher.core.spec import RunSpec
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from launcher.report.io import summarize
 

@@ -11,12 +11,12 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from launcher.core.render import RunSpec
+from launcher.core.spec import RunSpec
 
 # Piped output (CI logs, tests) gets a wide fixed width instead of rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 160)
 
-DEFAULT_IMAGE = "reslice-trainer:latest"
+DEFAULT_IMAGE = RunSpec.image
 DEFAULT_INIT_TIMEOUT = RunSpec.init_timeout_s
 
 

@@ -10,7 +10,8 @@ from typing import Any
 from launcher.adapters.preset_files import load_catalog
 from launcher.core import inputs
 from launcher.core.errors import UserError
-from launcher.core.render import RunSpec
+from launcher.core.spec import RunSpec
+from launcher.core.words import TrainerProfile
 
 
 def check_run_options(
@@ -54,7 +55,7 @@ def trainer_config(trainer: str, config: str | None) -> str:
     check_trainer(trainer)
     if config is not None:
         return config
-    return "base" if trainer == "maxtext" else "tiny"
+    return "base" if trainer == TrainerProfile.MAXTEXT else RunSpec.config
 
 
 def placement_policies(preset: str, values: list[str] | None) -> tuple[tuple[str, str], ...]:

@@ -22,14 +22,9 @@ from launcher.core.inputs import quantity
 from launcher.core.plan import Plan, Rung, shrink_ladder
 from launcher.core.presets import Catalog
 from launcher.core.record import Knobs, RunRecord
-from launcher.core.render import (
-    RunSpec,
-    coordinator_port_error,
-    grace_period,
-    run_name_error,
-    short_notice,
-)
-from launcher.core.words import Action, LedgerKind, RunState, TrainerState
+from launcher.core.render import run_name_error
+from launcher.core.spec import RunSpec, coordinator_port_error, grace_period, short_notice
+from launcher.core.words import Action, LedgerKind, RunState, TrainerProfile, TrainerState
 
 
 def check_trainer_config(config: str, overrides: tuple[str, ...]) -> dict | None:
@@ -104,7 +99,7 @@ def prepare(
         raise UserError(err)
     quantity("--cpu-request", spec.cpu_request)
     quantity("--memory-request", spec.memory_request)
-    if spec.trainer != "maxtext":  # MaxText's batch counts devices (launcher.core.maxtext)
+    if spec.trainer != TrainerProfile.MAXTEXT:  # MaxText's batch counts devices (launcher.core.maxtext)
         spec = replace(spec, model_parallel=trainer_model_parallel(spec.config, spec.overrides))
     ladder = shrink_ladder(
         shape,

@@ -35,10 +35,11 @@ from launcher.controller.health import LoopState
 from launcher.controller.snapshot import SOURCES, WATCHED, Created, EventsJoin, Snapshot, observe_run
 from launcher.core import policy
 from launcher.core.errors import UserError
+from launcher.core.labels import LABEL_RUN, LABEL_SEGMENT
 from launcher.core.plan import shrink_ladder
 from launcher.core.presets import Catalog
 from launcher.core.record import RunRecord
-from launcher.core.render import LABEL_RUN, LABEL_SEGMENT, render_jobset
+from launcher.core.render import render_jobset
 from launcher.core.signals import observation as signals
 from launcher.core.words import Action, LedgerKind, RunState
 

@@ -13,11 +13,12 @@ from launcher.adapters import projections
 from launcher.adapters.informer import Cache, Source
 from launcher.adapters.kube import Kube
 from launcher.adapters.rundir import RunDir
+from launcher.core.labels import LABEL_RUN
 from launcher.core.presets import LABEL_ACCELERATOR, LABEL_NODEPOOL, Catalog
 from launcher.core.record import RunRecord
-from launcher.core.render import LABEL_RUN, run_preset
 from launcher.core.signals import observation as signals
 from launcher.core.signals.basics import SameInputs
+from launcher.core.spec import run_preset
 
 # What the caches hold, filtered by the server (label and field selectors as kube-apiserver
 # serves them), so that a namespace and a cluster full of other workloads cost a pass nothing:

@@ -17,8 +17,9 @@ from pathlib import Path
 from launcher.core.errors import UserError
 from launcher.core.plan import Plan
 from launcher.core.presets import Shape
+from launcher.core.words import TrainerProfile
 
-PROFILES = ("reslice", "maxtext")
+PROFILES = tuple(TrainerProfile)
 ENTRYPOINT = ("python", "-m", "maxtext_entry", "--")
 # MaxText writes <base_output_directory>/<run_name>/{checkpoints,tensorboard,...}: under the run
 # directory, apart from what reslice's files are (run.json, events.jsonl, status.json, metrics/).
@@ -69,7 +70,7 @@ def known_keys() -> frozenset[str]:
 def checkpoint_layout(trainer: str) -> tuple[str, int]:
     """Where a profile's checkpoints are in the run directory, and what to add to a checkpoint's
     name to get reslice's 1-based step: what the controller and the report read (launcher.adapters.rundir)."""
-    return (CHECKPOINTS, 1) if trainer == "maxtext" else ("checkpoints", 0)
+    return (CHECKPOINTS, 1) if trainer == TrainerProfile.MAXTEXT else ("checkpoints", 0)
 
 
 def check_trainer(trainer: str) -> None:

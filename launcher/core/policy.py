@@ -30,10 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from launcher.core import record
+from launcher.core.exits import EXIT_PEER_LOST
 from launcher.core.plan import Plan, Rung
 from launcher.core.presets import Catalog
 from launcher.core.record import RunRecord, new_segment
-from launcher.core.render import EXIT_PEER_LOST
 from launcher.core.signals import observation as signals
 from launcher.core.words import Action, Cause, EndKind, FailureKind, Phase, RunState, TrainerState
 

@@ -16,9 +16,10 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 
 from launcher.core.errors import UserError
+from launcher.core.labels import jobset_name
 from launcher.core.plan import Plan
 from launcher.core.presets import Catalog, Shape
-from launcher.core.render import RunSpec, jobset_name
+from launcher.core.spec import RunSpec
 from launcher.core.words import EndKind, RunState
 
 # Run states.

@@ -17,127 +17,42 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field, replace
 
+from launcher.core import maxtext
 from launcher.core.errors import UserError
+from launcher.core.exits import (
+    EXIT_CONFIG,
+    EXIT_PEER_LOST,
+    EXIT_PREEMPTED,
+    RULE_APP_FAILURE,
+    RULE_CONFIG_ERROR,
+    RULE_PREEMPTED,
+)
+from launcher.core.labels import (
+    ANNOTATION_EXCLUSIVE,
+    API_VERSION,
+    CONTAINER,
+    LABEL_JOB_INDEX,
+    LABEL_QUEUE,
+    LABEL_RESTART_ATTEMPT,
+    REPLICATED_JOB,
+    jobset_name,
+    segment_labels,
+)
 from launcher.core.plan import Plan, plan_batch
 from launcher.core.presets import LABEL_NODEPOOL, RESOURCE_TPU, Preset, Shape
-
-API_VERSION = "jobset.x-k8s.io/v1alpha2"
-REPLICATED_JOB = "slice"
-CONTAINER = "trainer"
-LABEL_RUN = "reslice.dev/run"
-LABEL_SEGMENT = "reslice.dev/segment"
-LABEL_QUEUE = "kueue.x-k8s.io/queue-name"
-ANNOTATION_EXCLUSIVE = "alpha.jobset.sigs.k8s.io/exclusive-topology"
-LABEL_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
-LABEL_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
-
-EXIT_PREEMPTED = 42
-EXIT_PEER_LOST = 43  # a host of the segment died under the trainer (docs/contract.md)
-EXIT_CONFIG = 2
-
-# Rule names are part of the contract with the controller: core/signals/ reads which one fired.
-RULE_CONFIG_ERROR = "configError"
-RULE_PREEMPTED = "preempted"
-RULE_APP_FAILURE = "appFailure"
-
-# Ports TPU hosts already use on the host network: 8431 (runtime metrics), 8080 (multislice
-# coordinator), 8470-8482 (TPU runtime; libtpu's TPU_PROCESS_PORT 8476 on tpu7x; JAX's own Cloud
-# TPU coordinator default 8482). docs/platform.md §2.
-RESERVED_PORTS = frozenset({8431, 8080, *range(8470, 8483)})
-DEFAULT_COORDINATOR_PORT = 8490
+from launcher.core.spec import (
+    RunSpec,
+    coordinator_port_error,
+    grace_period,
+    run_preset,
+    short_notice,
+    trainer_overrides,
+)
+from launcher.core.words import TrainerProfile
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 POD_SUFFIX = 6  # "-xxxxx" that the Job controller appends to generated pod names
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """Everything about a run that does not change between segments."""
-
-    run: str
-    run_dir: str
-    global_batch: int
-    image: str = "reslice-trainer:latest"
-    config: str = "tiny"
-    overrides: tuple[str, ...] = ()
-    namespace: str = "default"
-    max_micro_batch: int = 16
-    max_grad_accum: int | None = None
-    # Devices per data-parallel rank (the trainer config's mesh.tensor): the batch plan's divisor is
-    # devices / model_parallel (docs/contract.md). Learned from the config by `launch`.
-    model_parallel: int = 1
-    # JSON of the trainer config's model, moe and mesh sections (launcher.core.memory), "" when unknown:
-    # the controller then never shrinks onto a rung whose memory estimate exceeds its HBM.
-    trainer_config: str = ""
-    # Seconds from SIGTERM to SIGKILL. None: the termination notice the shape's capacity gives
-    # (Preset.notice_s: 15 s on spot), since a longer grace period is not honoured there anyway.
-    grace_period_s: int | None = None
-    max_restarts: int = 10
-    ttl_after_finished_s: int = 3600
-    queue: str | None = None
-    priority_class: str | None = None
-    image_pull_policy: str = "IfNotPresent"
-    service_account: str | None = None
-    coordinator_port: int = DEFAULT_COORDINATOR_PORT
-    megascale_port: int = 8080
-    heartbeat_timeout_s: int | None = None
-    # How long jax.distributed waits for the last process to join: the pods of a 768-host slice
-    # are scheduled and pull the image over minutes (docs/contract.md).
-    init_timeout_s: int = 900
-    env: tuple[tuple[str, str], ...] = field(default=())
-    # (preset name, policy): the placement policy each preset's node pools were created with.
-    placement_policies: tuple[tuple[str, str], ...] = ()
-    cpu_request: str | None = None  # None: the preset's (from its machine type)
-    memory_request: str | None = None
-    # Measured seconds from SIGTERM to a committed emergency checkpoint (a step plus the save), and
-    # the checkpoint interval for segments on capacity whose notice is shorter than that.
-    save_seconds: float | None = None
-    short_notice_interval: int | None = None
-    # The trainer profile: "reslice" (trainer/) or "maxtext" (launcher.core.maxtext, docs/maxtext.md).
-    trainer: str = "reslice"
-
-
-def run_preset(spec: RunSpec, preset: Preset) -> Preset:
-    """`preset` as this run selects it: with the placement policy the run names for it, if any."""
-    policy = dict(spec.placement_policies).get(preset.name)
-    return replace(preset, placement_policy=policy) if policy else preset
-
-
-def grace_period(spec: RunSpec, preset: Preset) -> int:
-    return spec.grace_period_s if spec.grace_period_s is not None else preset.notice_s
-
-
-def short_notice(spec: RunSpec, preset: Preset) -> bool:
-    """Whether an emergency save cannot finish between SIGTERM and SIGKILL on this capacity (a
-    grace period longer than the capacity's notice is not honoured, so the shorter one counts).
-    Preemptions there lose the work since the last periodic checkpoint."""
-    window = min(grace_period(spec, preset), preset.notice_s)
-    return spec.save_seconds is not None and spec.save_seconds > window
-
-
-def trainer_overrides(spec: RunSpec, preset: Preset) -> list[str]:
-    """The run's `--set` overrides, plus a shorter checkpoint interval on short-notice capacity."""
-    extra = []
-    if short_notice(spec, preset) and spec.short_notice_interval is not None:
-        extra.append(f"checkpoint.interval={spec.short_notice_interval}")
-    return [*spec.overrides, *extra]
-
-
-def coordinator_port_error(port: int) -> str | None:
-    if not 1024 <= port <= 65535:
-        return f"coordinator port {port} is outside 1024-65535"
-    if port in RESERVED_PORTS:
-        return (
-            f"coordinator port {port} is one TPU hosts use on the host network "
-            "(8431, 8080, 8470-8482): choose another, e.g. 8490"
-        )
-    return None
-
-
-def jobset_name(run: str, segment: int) -> str:
-    return f"{run}-{segment}"
 
 
 def name_error(name: str, shape: Shape) -> str | None:
@@ -304,10 +219,8 @@ def placement(spec: RunSpec, preset: Preset) -> dict:
 def container_command(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> tuple[list[str], list[dict]]:
     """The trainer container's command and environment for the run's trainer profile."""
     env = trainer_env(spec, shape, segment, plan)
-    if spec.trainer != "maxtext":
+    if spec.trainer != TrainerProfile.MAXTEXT:
         return ["python", "-m", "trainer"], env
-    from launcher.core import maxtext
-
     js = jobset_name(spec.run, segment)
     interval = spec.short_notice_interval if short_notice(spec, shape.preset) else None
     keys = maxtext.maxtext_keys(spec.run_dir, spec.overrides, shape, plan, interval)
@@ -353,10 +266,6 @@ def pod_spec(spec: RunSpec, shape: Shape, segment: int, plan: Plan, pool: str | 
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
     }
     return {**pod, **where}  # the rest of `where` (priority class, service account) goes last
-
-
-def segment_labels(run: str, segment: int) -> dict[str, str]:
-    return {LABEL_RUN: run, LABEL_SEGMENT: str(segment)}
 
 
 def render_jobset(spec: RunSpec, shape: Shape, segment: int = 0, pool: str | None = None) -> dict:

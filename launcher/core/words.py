@@ -104,3 +104,11 @@ class LedgerKind(StrEnum):
     UNUSABLE_CHECKPOINT = "unusable-checkpoint"
     LAUNCH = "launch"
     RELAUNCH = "relaunch"  # a sweep relaunched a run
+
+
+class TrainerProfile(StrEnum):
+    """The trainer a run runs (`RunSpec.trainer`, `--trainer`): reslice's own (trainer/) or MaxText
+    (docs/maxtext.md)."""
+
+    RESLICE = "reslice"
+    MAXTEXT = "maxtext"

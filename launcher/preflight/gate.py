@@ -19,7 +19,7 @@ from launcher.core.errors import ClusterNotReady, UserError
 from launcher.core.inputs import quantity
 from launcher.core.plan import ladder_shapes, shrink_ladder
 from launcher.core.presets import LABEL_NODEPOOL, Shape
-from launcher.core.render import RunSpec
+from launcher.core.spec import RunSpec
 from launcher.preflight.probe import PROBE_ROW, probe_check, probe_pod, run_probe
 
 JOBSET_API = "/apis/jobset.x-k8s.io/v1alpha2"

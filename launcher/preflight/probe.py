@@ -18,8 +18,10 @@ from dataclasses import dataclass
 
 from launcher.adapters.kube import Kube, Refused
 from launcher.core.capacity.checks import FAIL, OK, Check
+from launcher.core.labels import CONTAINER
 from launcher.core.presets import Preset
-from launcher.core.render import CONTAINER, RunSpec, placement
+from launcher.core.render import placement
+from launcher.core.spec import RunSpec
 from launcher.core.words import PodPhase
 
 LABEL_PROBE = "reslice.dev/preflight"

@@ -36,8 +36,9 @@ from launcher.adapters.rundir import RunDir
 from launcher.controller.launch import create_run, prepare
 from launcher.controller.loop import Controller
 from launcher.core.errors import UserError
+from launcher.core.labels import LABEL_RUN
 from launcher.core.record import Knobs, RunRecord
-from launcher.core.render import LABEL_RUN, RunSpec
+from launcher.core.spec import RunSpec
 from launcher.core.words import LedgerKind, RunState
 from launcher.report.view import Throttle, live_view
 from launcher.sweep.files import SWEEP_JSON, read_incarnations, result_of, write_outputs

@@ -21,8 +21,9 @@ from launcher.adapters.kube import Kube
 from launcher.adapters.rundir import RunDir
 from launcher.controller.launch import create_run, prepare
 from launcher.controller.loop import Controller
+from launcher.core.labels import LABEL_RUN
 from launcher.core.record import Knobs, RunRecord
-from launcher.core.render import LABEL_RUN, RunSpec
+from launcher.core.spec import RunSpec
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from tests.support.wait import wait_for
 

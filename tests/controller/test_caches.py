@@ -16,7 +16,7 @@ from launcher.controller.loop import Controller, PassResult, lease_name
 from launcher.controller.snapshot import Snapshot
 from launcher.core.presets import LABEL_ACCELERATOR
 from launcher.core.record import Knobs
-from launcher.core.render import RunSpec
+from launcher.core.spec import RunSpec
 from launcher.core.words import Action
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from tests.controller.harness import wait_for

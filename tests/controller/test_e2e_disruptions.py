@@ -3,7 +3,7 @@ restarts the run on spare capacity; the controller leaves it alone and accounts 
 
 import pytest
 
-from launcher.core.render import LABEL_RUN
+from launcher.core.labels import LABEL_RUN
 from launcher.core.words import RunState
 from tests.controller.harness import Harness, kept_steps, recomputed, wait_for
 

@@ -13,7 +13,7 @@ import signal
 
 import pytest
 
-from launcher.core.render import LABEL_RUN
+from launcher.core.labels import LABEL_RUN
 from launcher.core.words import RunState
 from tests.controller.harness import Harness, kept_steps, wait_for
 

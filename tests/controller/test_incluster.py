@@ -17,7 +17,7 @@ import pytest
 from launcher.adapters.kube import Kube
 from launcher.controller.launch import create_run, prepare
 from launcher.core.record import Knobs
-from launcher.core.render import RunSpec
+from launcher.core.spec import RunSpec
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from tests.support.wait import wait_for
 

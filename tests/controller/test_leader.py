@@ -9,7 +9,7 @@ from launcher.adapters.rundir import RunDir
 from launcher.controller.launch import create_run, prepare
 from launcher.controller.loop import Controller
 from launcher.core.record import Knobs
-from launcher.core.render import RunSpec
+from launcher.core.spec import RunSpec
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from tests.controller.harness import wait_for
 

@@ -13,8 +13,8 @@ from launcher.adapters.preset_files import load_catalog
 from launcher.core import policy, record
 from launcher.core.plan import shrink_ladder
 from launcher.core.record import Knobs, RunRecord, new_segment
-from launcher.core.render import RunSpec
 from launcher.core.signals import observation as signals
+from launcher.core.spec import RunSpec
 from launcher.core.words import Action, Cause, RunState
 from tests.controller.objects import T0, jobset, pod, pool
 

@@ -8,7 +8,7 @@ import pytest
 
 from launcher.core.errors import UserError
 from launcher.core.record import SCHEMA_VERSION, Knobs, RunRecord, Segment
-from launcher.core.render import RunSpec
+from launcher.core.spec import RunSpec
 
 SEGMENT = Segment(
     index=0, preset="tpu7x-2x2x2", slices=2, devices=16, micro_batch=2, grad_accum=1,

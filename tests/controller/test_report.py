@@ -8,7 +8,7 @@ from launcher.adapters.preset_files import make_shape
 from launcher.core.accounting import CATEGORIES, build_report, waiting_intervals
 from launcher.core.plan import Plan
 from launcher.core.record import RunRecord, new_segment
-from launcher.core.render import RunSpec
+from launcher.core.spec import RunSpec
 from launcher.core.words import RunState
 from launcher.report.plots import plot_loss, plot_timeline
 

@@ -14,7 +14,8 @@ from typing import Any
 from kubernetes import client
 
 from launcher.adapters.preset_files import make_shape
-from launcher.core.render import RunSpec, render_jobset
+from launcher.core.render import render_jobset
+from launcher.core.spec import RunSpec
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from tests.support.wait import wait_for
 

@@ -12,7 +12,8 @@ import pytest
 
 from launcher.adapters.preset_files import make_shape
 from launcher.core.errors import UserError
-from launcher.core.render import RunSpec, failure_policies, render_jobset
+from launcher.core.render import failure_policies, render_jobset
+from launcher.core.spec import RunSpec
 from launcher.embedded import nodes
 from launcher.embedded.admission.defaults import PRIORITY_LABEL
 from launcher.embedded.controllers import filters, jobactions, jobfailures, jobpods, jobsetactions

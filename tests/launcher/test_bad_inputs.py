@@ -19,7 +19,7 @@ from kubernetes import client
 
 from launcher.controller.launch import prepare
 from launcher.core.record import Knobs
-from launcher.core.render import RunSpec
+from launcher.core.spec import RunSpec
 from launcher.embedded.cluster import EmbeddedCluster
 from tests.support.cli import run_cli
 from trainer.__main__ import main as trainer_main

@@ -10,7 +10,8 @@ import pytest
 
 from launcher.adapters.preset_files import make_shape
 from launcher.core.errors import UserError
-from launcher.core.render import RunSpec, render_jobset
+from launcher.core.render import render_jobset
+from launcher.core.spec import RunSpec
 from tests.support.cli import run_cli
 
 PRESET = "tpu7x-2x2x2"  # 2 hosts and 16 JAX devices per slice

@@ -22,8 +22,10 @@ from launcher.core.capacity import checks
 from launcher.core.capacity.checks import FAIL, OK, SKIP, WARN, ClusterFacts, Request
 from launcher.core.capacity.pools import create_command, pools_for
 from launcher.core.capacity.quota import shortfalls
+from launcher.core.labels import LABEL_RUN
 from launcher.core.presets import LABEL_PLACEMENT, Shape
-from launcher.core.render import LABEL_RUN, RunSpec, placement, render_jobset
+from launcher.core.render import placement, render_jobset
+from launcher.core.spec import RunSpec
 from launcher.embedded.cluster import EmbeddedCluster
 from launcher.embedded.nodes import FakeNodePool, node_object
 from launcher.preflight.probe import LABEL_PROBE, Outcome, probe_check, probe_pod

@@ -13,7 +13,7 @@ import pytest
 
 from launcher.controller.launch import create_run, prepare
 from launcher.core.record import Knobs
-from launcher.core.render import RunSpec
+from launcher.core.spec import RunSpec
 from launcher.core.words import RunState
 from tests.controller.harness import PRESET, Harness, kept_steps, recomputed
 from tests.maxtext.fake_package import fake_package

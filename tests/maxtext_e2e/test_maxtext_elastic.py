@@ -22,7 +22,7 @@ import pytest
 from launcher.adapters.rundir import RunDir
 from launcher.controller.launch import create_run, prepare
 from launcher.core.record import Knobs
-from launcher.core.render import RunSpec
+from launcher.core.spec import RunSpec
 from launcher.core.words import RunState
 from tests.controller.harness import MULTI_HOST, Harness, kept_steps, wait_for
 from tests.maxtext_e2e.common import MODEL, VENV, VOCAB, single_process_env, site_packages

@@ -8,7 +8,8 @@ import pytest
 
 from launcher.core.errors import UserError
 from launcher.core.record import RunRecord
-from launcher.core.render import DNS1035, RunSpec
+from launcher.core.render import DNS1035
+from launcher.core.spec import RunSpec
 from launcher.core.words import RunState
 from launcher.sweep.files import load_sweep, write_outputs
 from launcher.sweep.results import FactorResult, aggregate, recommend

@@ -29,7 +29,7 @@ from launcher.cli.app import main
 from launcher.cli.spec_options import for_cluster
 from launcher.controller.launch import stop_run
 from launcher.core.record import Knobs
-from launcher.core.render import RunSpec
+from launcher.core.spec import RunSpec
 from launcher.core.words import RunState
 from launcher.sweep.driver import run_sweep
 from launcher.sweep.spec import ATTACH, LAUNCH, RELAUNCH, make_sweep

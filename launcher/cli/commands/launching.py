@@ -46,8 +46,10 @@ from launcher.cli.spec_options import check_run_options, for_cluster, run_spec, 
 from launcher.cli.watch import watch_all, watch_run
 from launcher.core import inputs
 from launcher.core.errors import UserError
-from launcher.core.render import DEFAULT_COORDINATOR_PORT, render_jobset
-from launcher.core.words import RunState
+from launcher.core.record import Knobs
+from launcher.core.render import render_jobset
+from launcher.core.spec import DEFAULT_COORDINATOR_PORT, RunSpec
+from launcher.core.words import RunState, TrainerProfile
 
 
 def finish(kube, run: str, state: str) -> None:
@@ -65,7 +67,7 @@ def launch(
     global_batch: GlobalBatchOpt,
     slices: SlicesOpt = None,
     config: ConfigOpt = None,
-    trainer: TrainerOpt = "reslice",
+    trainer: TrainerOpt = RunSpec.trainer,
     overrides: SetOpt = None,
     run_dir: Annotated[
         str | None, typer.Option("--run-dir", help="Path or gs:// (default ./runs/RUN).")
@@ -78,12 +80,12 @@ def launch(
             help="Submit segment 0 and return; `reslice watch` (or the in-cluster controller) watches.",
         ),
     ] = False,
-    namespace: NamespaceOpt = "default",
+    namespace: NamespaceOpt = RunSpec.namespace,
     kubeconfig: KubeconfigOpt = None,
-    max_micro_batch: MaxMicroOpt = 16,
+    max_micro_batch: MaxMicroOpt = RunSpec.max_micro_batch,
     max_grad_accum: MaxAccumOpt = None,
     grace_period: GracePeriodOpt = None,
-    max_restarts: MaxRestartsOpt = 3,
+    max_restarts: MaxRestartsOpt = RunSpec.max_restarts,
     init_timeout: InitTimeoutOpt = DEFAULT_INIT_TIMEOUT,
     queue: QueueOpt = None,
     priority_class: PriorityClassOpt = None,
@@ -96,11 +98,19 @@ def launch(
             "--no-preflight e.g. for node pools that autoscale from zero.",
         ),
     ] = True,
-    unschedulable_grace: Annotated[float, typer.Option("--unschedulable-grace", help="Seconds.")] = 120.0,
-    grow_window: Annotated[float, typer.Option("--grow-window", help="Seconds capacity must hold.")] = 300.0,
-    grow: Annotated[bool, typer.Option("--grow/--no-grow", help="Grow back when capacity returns.")] = True,
-    app_failure_budget: Annotated[int, typer.Option("--app-failure-budget")] = 3,
-    app_backoff: Annotated[float, typer.Option("--app-backoff", help="Seconds, doubled per failure.")] = 30.0,
+    unschedulable_grace: Annotated[
+        float, typer.Option("--unschedulable-grace", help="Seconds.")
+    ] = Knobs.unschedulable_grace_s,
+    grow_window: Annotated[
+        float, typer.Option("--grow-window", help="Seconds capacity must hold.")
+    ] = Knobs.grow_window_s,
+    grow: Annotated[
+        bool, typer.Option("--grow/--no-grow", help="Grow back when capacity returns.")
+    ] = Knobs.grow,
+    app_failure_budget: Annotated[int, typer.Option("--app-failure-budget")] = Knobs.app_failure_budget,
+    app_backoff: Annotated[
+        float, typer.Option("--app-backoff", help="Seconds, doubled per failure.")
+    ] = Knobs.app_backoff_s,
     coordinator_port: CoordinatorPortOpt = DEFAULT_COORDINATOR_PORT,
     placement_policy: PlacementOpt = None,
     cpu_request: CpuRequestOpt = None,
@@ -111,7 +121,6 @@ def launch(
     """Launch a run: plan, submit segment 0, and watch it (shrink, grow back) until it ends."""
     from launcher.cli.connect import connect
     from launcher.controller.launch import create_run, prepare, short_notice_presets
-    from launcher.core.record import Knobs
 
     check_run_options(
         overrides=overrides, slices=slices, global_batch=global_batch, max_micro_batch=max_micro_batch,
@@ -147,7 +156,7 @@ def launch(
         trainer=trainer,
     )  # fmt: skip
     rec, ladder = prepare(spec, preset, slices, knobs)  # every check before anything is created
-    if trainer == "maxtext":  # its keys depend on the shape: every rung's JobSet must render
+    if trainer == TrainerProfile.MAXTEXT:  # its keys depend on the shape: every rung's JobSet must render
         for rung in ladder:
             if rung.feasible:
                 render_jobset(spec, rung.shape, 0)
@@ -186,10 +195,10 @@ def preflight(
         int | None,
         typer.Option("--global-batch", "-b", help="Sequences per step (default: every shape GKE can run)."),
     ] = None,
-    max_micro_batch: MaxMicroOpt = 16,
+    max_micro_batch: MaxMicroOpt = RunSpec.max_micro_batch,
     max_grad_accum: MaxAccumOpt = None,
     image: ImageOpt = DEFAULT_IMAGE,
-    namespace: NamespaceOpt = "default",
+    namespace: NamespaceOpt = RunSpec.namespace,
     kubeconfig: KubeconfigOpt = None,
     queue: QueueOpt = None,
     priority_class: PriorityClassOpt = None,
@@ -295,7 +304,7 @@ def watch(
     all_runs: Annotated[
         bool, typer.Option("--all", help="Every run of the namespace (in-cluster mode).")
     ] = False,
-    namespace: NamespaceOpt = "default",
+    namespace: NamespaceOpt = RunSpec.namespace,
     kubeconfig: KubeconfigOpt = None,
     resync: Annotated[float, typer.Option("--resync", envvar="RESLICE_RESYNC_S", help="Seconds.")] = 5.0,
     lease: Annotated[int, typer.Option("--lease", envvar="RESLICE_LEASE_S", help="Lease seconds.")] = 15,

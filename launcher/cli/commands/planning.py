@@ -43,7 +43,9 @@ from launcher.cli.spec_options import check_run_options, run_spec, trainer_confi
 from launcher.core import inputs
 from launcher.core.errors import UserError
 from launcher.core.plan import Plan, shrink_ladder
-from launcher.core.render import DEFAULT_COORDINATOR_PORT, render_jobset
+from launcher.core.render import render_jobset
+from launcher.core.spec import DEFAULT_COORDINATOR_PORT, RunSpec
+from launcher.core.words import TrainerProfile
 from launcher.report.view import ladder_table, presets_table
 
 
@@ -77,7 +79,7 @@ def plan(
     preset: PresetOpt,
     global_batch: GlobalBatchOpt,
     slices: SlicesOpt = None,
-    max_micro_batch: MaxMicroOpt = 16,
+    max_micro_batch: MaxMicroOpt = RunSpec.max_micro_batch,
     max_grad_accum: MaxAccumOpt = None,
     config: Annotated[
         str | None, typer.Option("--config", "-c", help="Trainer config: its mesh.tensor divides the batch.")
@@ -141,18 +143,18 @@ def render(
     slices: SlicesOpt = None,
     segment: Annotated[int, typer.Option("--segment", help="Segment index.")] = 0,
     config: ConfigOpt = None,
-    trainer: TrainerOpt = "reslice",
+    trainer: TrainerOpt = RunSpec.trainer,
     overrides: SetOpt = None,
-    namespace: NamespaceOpt = "default",
-    max_micro_batch: MaxMicroOpt = 16,
+    namespace: NamespaceOpt = RunSpec.namespace,
+    max_micro_batch: MaxMicroOpt = RunSpec.max_micro_batch,
     max_grad_accum: MaxAccumOpt = None,
     grace_period: GracePeriodOpt = None,
-    max_restarts: MaxRestartsOpt = 10,
+    max_restarts: MaxRestartsOpt = RunSpec.max_restarts,
     init_timeout: InitTimeoutOpt = DEFAULT_INIT_TIMEOUT,
     queue: QueueOpt = None,
     priority_class: PriorityClassOpt = None,
     service_account: ServiceAccountOpt = None,
-    pull_policy: Annotated[str, typer.Option("--pull-policy")] = "IfNotPresent",
+    pull_policy: Annotated[str, typer.Option("--pull-policy")] = RunSpec.image_pull_policy,
     coordinator_port: CoordinatorPortOpt = DEFAULT_COORDINATOR_PORT,
     placement_policy: PlacementOpt = None,
     cpu_request: CpuRequestOpt = None,
@@ -182,7 +184,7 @@ def render(
         max_micro_batch=max_micro_batch, max_grad_accum=max_grad_accum,
         trainer=trainer,
         model_parallel=1
-        if trainer == "maxtext"
+        if trainer == TrainerProfile.MAXTEXT
         else trainer_model_parallel(config, tuple(overrides or ()), strict=False),
         grace_period_s=grace_period, max_restarts=max_restarts, init_timeout_s=init_timeout, queue=queue,
         priority_class=priority_class, service_account=service_account, image_pull_policy=pull_policy,

@@ -23,6 +23,7 @@ from launcher.cli.options import (
 )
 from launcher.cli.spec_options import check_run_options, for_cluster, run_spec
 from launcher.core import inputs
+from launcher.core.spec import RunSpec
 from launcher.sweep.spec import DEFAULT_FACTORS
 
 
@@ -30,7 +31,7 @@ def sweep(
     preset: PresetOpt,
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps of every run.")],
     slices: SlicesOpt = None,
-    config: ConfigOpt = "tiny",
+    config: ConfigOpt = RunSpec.config,
     factors: Annotated[
         str, typer.Option("--factors", help="Buffer factors, comma-separated; ≤ 0 (e.g. -1) = dropless.")
     ] = DEFAULT_FACTORS,
@@ -50,7 +51,7 @@ def sweep(
         str | None, typer.Option("--sweep-dir", help="Path or gs:// (default ./sweeps/NAME).")
     ] = None,
     image: ImageOpt = DEFAULT_IMAGE,
-    namespace: NamespaceOpt = "default",
+    namespace: NamespaceOpt = RunSpec.namespace,
     kubeconfig: KubeconfigOpt = None,
     grace_period: GracePeriodOpt = None,
 ) -> None:

@@ -14,7 +14,8 @@ from launcher.core.capacity.pools import Pool, create_command, names, pools_for
 from launcher.core.capacity.quota import shortfalls
 from launcher.core.plan import Plan
 from launcher.core.presets import Shape
-from launcher.core.render import RunSpec, placement, pod_spec, run_preset
+from launcher.core.render import placement, pod_spec
+from launcher.core.spec import RunSpec, run_preset
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 

@@ -8,13 +8,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from launcher.core import rfc3339
-from launcher.core.render import (
-    EXIT_PEER_LOST,
-    EXIT_PREEMPTED,
-    LABEL_RESTART_ATTEMPT,
-    LABEL_RUN,
-    LABEL_SEGMENT,
-)
+from launcher.core.exits import EXIT_PEER_LOST, EXIT_PREEMPTED
+from launcher.core.labels import LABEL_RESTART_ATTEMPT, LABEL_RUN, LABEL_SEGMENT
 from launcher.core.signals.basics import ByVersion, conditions, true_condition
 from launcher.core.words import Cause, FailureKind, Phase, PodPhase
 
