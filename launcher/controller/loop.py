@@ -112,6 +112,8 @@ class Controller:
     _woken_at: float | None = None
     _pass_woken_at: float | None = None
     _events_join: EventsJoin = field(default_factory=EventsJoin)
+    # What its passes keep of the objects that did not change (launcher.core.signals.observation).
+    memos: signals.Memos = field(default_factory=signals.Memos)
     # The process is this controller alone (`reslice watch`): its GC is tuned for the latency of
     # decisions (`_tune_process`).
     own_process: bool = False
@@ -163,16 +165,20 @@ class Controller:
     # --- one pass ------------------------------------------------------------------------------
 
     def reconcile(self, run: str, snap: Snapshot | None = None) -> PassResult:
+        got = self.record(run)
+        if got is None:
+            return PassResult(run, None, None)
+        rec, rv = got
+        if rec.terminal:
+            return PassResult(run, policy.Decision(Action.WAIT, f"run is {rec.state}", rec), None)
+        # The run directory (gs:// in production) is read before the watches are held off: a slow
+        # read there must not stall them. The record is swapped by resourceVersion, so deciding on
+        # caches a little newer than it is safe.
+        rundir = RunDir(rec.spec.run_dir, rec.spec.trainer)
+        progress = (rundir.latest_committed_step(), rundir.status())
         with self._deciding():
-            got = self.record(run)
-            if got is None:
-                return PassResult(run, None, None)
-            rec, rv = got
-            if rec.terminal:
-                return PassResult(run, policy.Decision(Action.WAIT, f"run is {rec.state}", rec), None)
             snap = snap or self.snapshot()
-            rundir = RunDir(rec.spec.run_dir, rec.spec.trainer)
-            obs = observe_run(rec, snap, rundir, self.clock(), self.catalog)
+            obs = observe_run(rec, snap, progress, self.clock(), self.catalog, self.memos)
             spec = rec.spec
             ladder = shrink_ladder(
                 rec.requested(self.catalog),

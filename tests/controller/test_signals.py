@@ -286,13 +286,14 @@ def test_an_observation_from_the_caches_tuples_follows_every_change():
     different segment, must still give a new observation; the clock and the trainer's files always."""
     pods, nodes = tuple(RUNNING4), tuple(FOUR_POOLS)
     three = tuple(n for n in FOUR_POOLS if n["metadata"]["labels"]["cloud.google.com/gke-nodepool"] != "np-3")
+    memos = signals.Memos()  # one controller's: every call below reuses what it kept
 
     def obs(nodes, **kw):
         base = {"jobsets": (jobset(),), "pods": pods, "nodes": nodes, "events": ()}
         return signals.observe(
             now=kw.get("now", T0 + 100), run="demo", segment=kw.get("segment", 0), segment_jobset="demo-0",
             segment_nodepools=("np-0", "np-1", "np-2", "np-3"), expected_pods=4, presets=PRESETS, committed_step=kw.get("step"),
-            trainer=None, slice_hosts=1, **{**base, **kw.get("over", {})},
+            trainer=None, slice_hosts=1, memos=memos, **{**base, **kw.get("over", {})},
         )  # fmt: skip
 
     first = obs(nodes, step=5)

@@ -64,7 +64,7 @@ class PoolObservation:
         return all(self.labels.get(k) == v for k, v in sel.items()) and self.healthy == preset.hosts
 
 
-def _facts_of(node: dict) -> tuple[str, str | None, bool, float, tuple[str, ...]]:
+def node_facts(node: dict) -> tuple[str, str | None, bool, float, tuple[str, ...]]:
     """All a pass reads of one node: name, pool, healthy, usable since, its BAD_TAINTS keys."""
     meta = node["metadata"]
     bad = tuple(t["key"] for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") in BAD_TAINTS)
@@ -77,12 +77,9 @@ def _facts_of(node: dict) -> tuple[str, str | None, bool, float, tuple[str, ...]
     )
 
 
-_node_facts = ByVersion(_facts_of)
-
-
 def nodepools(nodes: Sequence[dict], foreign_nodes: AbstractSet[str]) -> dict[str, PoolObservation]:
     """Group nodes by `cloud.google.com/gke-nodepool`. `foreign_nodes`: nodes running other workloads."""
-    return _pools(nodes, [_node_facts(n) for n in nodes], foreign_nodes)
+    return _pools(nodes, [node_facts(n) for n in nodes], foreign_nodes)
 
 
 def _pools(
@@ -125,9 +122,15 @@ class NodesView:
     bad_taints: tuple[tuple[str, str], ...]  # (node, taint key) of every node with a BAD_TAINTS taint
 
 
-def nodes_view(nodes: Sequence[dict], foreign_nodes: AbstractSet[str]) -> NodesView:
-    _node_facts.retain(nodes)  # the facts of deleted nodes go
-    facts = [_node_facts(n) for n in nodes]
+def nodes_view(
+    nodes: Sequence[dict], foreign_nodes: AbstractSet[str], *, memo: ByVersion | None = None
+) -> NodesView:
+    """What the nodes say. `memo`: the caller's ByVersion(node_facts), which spares it the nodes that
+    did not change since its last call (the controller's, launcher.core.signals.observation.Memos)."""
+    facts_of = memo if memo is not None else node_facts
+    if memo is not None:
+        memo.retain(nodes)  # the facts of deleted nodes go
+    facts = [facts_of(n) for n in nodes]
     pool_of = {name: pool for name, pool, *_ in facts}
     bad = tuple((f[0], key) for f in facts for key in f[4])
     return NodesView(_pools(nodes, facts, foreign_nodes), pool_of, bad)

@@ -15,16 +15,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from launcher.core import rfc3339
+from launcher.core.labels import LABEL_RUN
 from launcher.core.presets import Preset
-from launcher.core.signals.basics import SameInputs
-from launcher.core.signals.nodes import free_slices, nodes_view
+from launcher.core.signals.basics import ByVersion, SameInputs
+from launcher.core.signals.nodes import free_slices, node_facts, nodes_view
 from launcher.core.signals.pods import (
     CAUSE_WORDS,
     Failure,
     departed_disruptions,
     jobset_phase,
+    pod_view,
     run_pods,
     stronger,
 )
@@ -95,8 +98,26 @@ class Observation:
         }
 
 
-_run_pods_memo = SameInputs(run_pods)
-_nodes_memo = SameInputs(nodes_view)
+class Memos:
+    """What a controller keeps between its passes so that a pass re-reads only what changed: the
+    views of pods and the facts of nodes by resourceVersion, and the last result of each step of
+    `observe` by its inputs (the caches hand out the same tuples until they change). One per
+    controller (its `memos` field), never shared between two; `observe` without one computes
+    everything afresh."""
+
+    def __init__(self) -> None:
+        self.pod_views = ByVersion(pod_view)
+        self.node_facts = ByVersion(node_facts)
+        self.run_pods = SameInputs(partial(run_pods, memo=self.pod_views))
+        self.nodes = SameInputs(partial(nodes_view, memo=self.node_facts))
+        # The same tuple while the cache's is unchanged: `observe` then skips a steady pass's walk
+        # over the run's pods.
+        self.run_jobsets = SameInputs(jobsets_of_run)
+        self.observe = SameInputs(partial(_observe, memos=self))
+
+
+def jobsets_of_run(run: str, jobsets: Sequence[dict]) -> tuple[dict, ...]:
+    return tuple(j for j in jobsets if (j["metadata"].get("labels") or {}).get(LABEL_RUN) == run)
 
 
 def observe(
@@ -117,10 +138,13 @@ def observe(
     committed_step: int | None,
     trainer: dict | None,
     slice_hosts: int = 0,
+    memos: Memos | None = None,
 ) -> Observation:
     """Build the observation of `run` whose current segment is `segment` (JobSet `segment_jobset`).
     `foreign_nodes`: nodes that live pods of other workloads (not in `pods`) are on; `slice_hosts`:
-    nodes per slice of the segment (a pool with fewer has lost hosts for good)."""
+    nodes per slice of the segment (a pool with fewer has lost hosts for good); `memos`: the
+    controller's (a fresh one without)."""
+    memos = memos if memos is not None else Memos()
     small = (
         run,
         segment,
@@ -130,7 +154,7 @@ def observe(
         tuple(presets),
         slice_hosts,
     )
-    got = _observe_memo(small, jobsets, pods, nodes, events, foreign_nodes)
+    got = memos.observe(small, jobsets, pods, nodes, events, foreign_nodes)
     if gone := departed_disruptions(run, segment, departed_pods):
         got = replace(got, disruptions=tuple(sorted({*got.disruptions, *gone})))
     return replace(got, now=now, committed_step=committed_step, trainer=trainer)
@@ -149,8 +173,10 @@ def _observe(
     nodes: Sequence[dict],
     events: Sequence[dict],
     foreign_nodes: AbstractSet[str],
+    *,
+    memos: Memos,
 ) -> Observation:
-    mine = _run_pods_memo((run, segment), pods)
+    mine = memos.run_pods((run, segment), pods)
     seg_pods = mine.seg_pods
     # No copy of a big set of other workloads' nodes when no other run shares the namespace.
     foreign_nodes = (mine.others | foreign_nodes) if mine.others else foreign_nodes
@@ -159,7 +185,7 @@ def _observe(
     phase, failure = jobset_phase(jobset, list(seg_pods), expected_pods)
     js_status = (jobset or {}).get("status") or {}
 
-    known = _nodes_memo((), nodes, foreign_nodes)
+    known = memos.nodes((), nodes, foreign_nodes)
     pools, node_pool = known.pools, known.pool_of
     in_use = sorted({pool for node in mine.placed if (pool := node_pool.get(node))})
     lost = sorted(
@@ -213,9 +239,6 @@ def _observe(
         causes=mine.causes,
         gone_nodepools=tuple(n for n in lost if n not in pools or pools[n].nodes < slice_hosts),
     )
-
-
-_observe_memo = SameInputs(_observe)
 
 
 def _latest_failed_scheduling(events: Sequence[dict], pod_names: set[str]) -> str | None:

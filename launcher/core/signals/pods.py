@@ -64,9 +64,6 @@ def pod_view(pod: dict) -> PodView:
     )
 
 
-_pod_view = ByVersion(pod_view)
-
-
 # --- why an attempt failed -----------------------------------------------------------------------
 
 # Causes of a JobSet restart, as the failed pods of the attempt tell it.
@@ -185,10 +182,17 @@ def departed_disruptions(run: str, segment: int | None, departed: Sequence[dict]
     return disruptions_of(v for v in views if v.segment == segment)
 
 
-def run_pods(run: str, segment: int | None, pods: Sequence[dict]) -> RunPods:
-    _pod_view.retain(pods)  # every run's pods: the views of pods deleted since go
+def run_pods(
+    run: str, segment: int | None, pods: Sequence[dict], *, memo: ByVersion | None = None
+) -> RunPods:
+    """The pods of `run` as the signals read them. `memo`: the caller's ByVersion(pod_view), which
+    spares it the pods that did not change since its last call (the controller's,
+    launcher.core.signals.observation.Memos)."""
+    view = memo if memo is not None else pod_view
+    if memo is not None:
+        memo.retain(pods)  # every run's pods: the views of pods deleted since go
     own = [p for p in pods if (p["metadata"].get("labels") or {}).get(LABEL_RUN) == run]
-    views = [_pod_view(p) for p in own]
+    views = [view(p) for p in own]
     own_names = {p["metadata"]["name"] for p in own}
     others = frozenset(
         p["spec"]["nodeName"]
