@@ -128,7 +128,7 @@ def serve(args: argparse.Namespace) -> int:
             return 200, {"requests": counted}
         if method == "POST" and action == "freeze":
             # Before the timed part, as the controller does with its own heap: a full collection
-            # over the store (1.6 GiB loaded) stalls this API server for ~0.6 s, a pause a real
+            # over the loaded store stalls this API server (the route answers how long), a pause a real
             # one (Go's concurrent GC) does not take, and the controller's PUT waited on it.
             t = time.perf_counter()
             gc.collect()

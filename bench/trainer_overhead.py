@@ -14,9 +14,8 @@
 
 Defaults: ``tiny`` with a global batch of 256, 8 simulated CPU devices, 3 checkpoint intervals + 1
 steps. On CPU the "devices" are the host's cores, so every millisecond of host work (the loop's
-~10 ms per step of data, metrics and save) is taken from them: the ratio depends on how long a
-step is (2 cores: global batch 128 ≈ 1.07, 256 ≈ 1.03, 512 ≈ 1.00). On an accelerator the host
-work overlaps the device step.
+data, metrics and save) is taken from them: the ratio depends on how long a step is (figures by
+global batch: docs/measurements.md). On an accelerator the host work overlaps the device step.
 A second row measures the same config sharded (default fsdp 4 × tensor 2 on the 8 devices), in the
 same process and run, and the last line gives its ratios to the first row's.
 Prints figures; it is not a timed test.
@@ -97,8 +96,8 @@ def measure(cfg_name: str, overrides: list[str], steps_arg: int, rounds: int) ->
     steps = steps_arg or 3 * cfg.checkpoint.interval + 1
     bare_steps = max(steps // 2, 10)
     bare = Bare(cfg)
-    # Untimed: the first calls after the compile run ~20 % slower (797 vs 650 ms/step measured),
-    # which would flatter the first round's loop.
+    # Untimed: the first calls after the compile run slower, which would flatter the first round's
+    # loop.
     bare.seconds_per_step(bare_steps)
     bares, loops, records = [bare.seconds_per_step(bare_steps)], [], []
     for _ in range(rounds):

@@ -96,8 +96,8 @@ app.command("sweep-report")(sweeping.sweep_report)
 
 @functools.cache
 def _command() -> Callable[..., Any]:
-    """The click command of `app`, built once: building it is most of the cost of a refused input
-    (56 ms), which the bad-input suite pays for hundreds of cases in one process."""
+    """The click command of `app`, built once: building it is most of the cost of a refused input,
+    which the bad-input suite pays for hundreds of cases in one process."""
     return typer.main.get_command(app)
 
 

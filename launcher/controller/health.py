@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from launcher.core.errors import UserError
 
-# A pass normally ends within one resync period (plus the pass itself: 0.86 s at 3,072 pods); six
+# A pass normally ends within one resync period (plus the pass itself); six
 # missed periods, and never under 30 s, tells a stuck loop from a slow one.
 STALL_PERIODS = 6
 MIN_STALL_S = 30.0

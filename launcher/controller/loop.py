@@ -373,8 +373,8 @@ class Controller:
         """For a controller that has its process to itself: its heap collected once, then frozen
         (``gc.freeze``), when the caches have listed and every FREEZE_EVERY_S after. The caches
         hold the run's pods and nodes, tens of thousands of long-lived objects, and every full
-        collection of the cyclic GC walked them all: 100-150 ms at 3,072 pods (measured in
-        `bench.controller_scale`'s controller), landing inside decisions. Frozen, collections skip them; their JSON has no
+        collection of the cyclic GC walked them all, landing inside decisions
+        (`bench.controller_scale` measures it; docs/measurements.md). Frozen, collections skip them; their JSON has no
         cycles, so reference counting still frees them when a watch event replaces them."""
         if not self.own_process:
             return
@@ -389,8 +389,8 @@ class Controller:
     def _deciding(self) -> Iterator[None]:
         """The watches hold off applying events while a pass reads and decides. In a burst (a node
         pool lost: 768 node and 1,536 pod events at 4 x tpu7x-8x8x48) the watch threads decode
-        JSON for most of a second and share the interpreter lock with the pass: a pass of 5-20 ms
-        CPU took 80-150 ms to decide (bench.controller_scale); held off, 11-22 ms. Each watch
+        JSON for most of a second and share the interpreter lock with the pass, which then takes
+        several times its own CPU to decide (bench.controller_scale; docs/measurements.md). Each watch
         decodes at most one more event meanwhile; the API server buffers the rest (a real one, a
         watch channel; the embedded one, 50,000 events), and the pass decides on one state."""
         self._ingest.clear()

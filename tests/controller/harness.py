@@ -37,7 +37,7 @@ MULTI_HOST_BATCH = 32
 # every run, whatever its length (40 steps, as tests/trainer/runs.py's runs): the schedule's
 # constants are compiled into the train step, so runs of 20 and 250 steps on one shape, and the
 # trainer tests' runs of that shape, load one executable from the suite's compile cache instead of
-# compiling one each (a compile is ~16 s of CPU per process).
+# compiling one each (a compile costs seconds of CPU per process).
 TRAINER_SETTINGS = (
     "train.steps={steps}",
     "checkpoint.interval={interval}",

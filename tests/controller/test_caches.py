@@ -1,4 +1,4 @@
-"""The controller reads caches kept by its watches (issue 12): once they are synced a pass makes no
+"""The controller reads caches kept by its watches: once they are synced a pass makes no
 request but its decisions' writes, unrelated objects never reach the caches (server-side
 selectors), and the run's Lease is renewed on a period with one PUT."""
 

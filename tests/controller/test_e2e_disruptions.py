@@ -1,4 +1,4 @@
-"""Same-size disruptions end to end (issue 5, acceptance 1, 2 and 6): JobSet's failure policy
+"""Same-size disruptions end to end: JobSet's failure policy
 restarts the run on spare capacity; the controller leaves it alone and accounts for it."""
 
 import pytest

@@ -1,6 +1,6 @@
 """Capacity loss and return, end to end, with a gs:// run directory: the real controller shrinks a
 run to the largest feasible smaller shape at the same global batch, then grows it back, and the
-losses match an uninterrupted run step for step (issue 5, acceptance 3, 4 and 8)."""
+losses match an uninterrupted run step for step."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Failures that are the trainer's own (issue 5, acceptance 7): a crash loop fails the run after its
+"""Failures that are the trainer's own: a crash loop fails the run after its
 application-failure budget, with backoff and without touching the preemption budget; a
 configuration error (exit 2) fails it at once."""
 

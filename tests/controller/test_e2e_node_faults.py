@@ -1,4 +1,4 @@
-"""The controller on GKE's node-level disruption paths (issue 13), one run through all of them:
+"""The controller on GKE's node-level disruption paths, one run through all of them:
 a `kubectl drain` (eviction API), an auto-repair without graceful shutdown (the node deleted and
 recreated: PodGC), a network partition (the node NotReady, its pod evicted by the unreachable taint
 and finished once the kubelet is back) and a queue suspending the JobSet (Kueue's preemption). The

@@ -1,4 +1,4 @@
-"""`reslice watch --all` with two replicas (issue 5, in-cluster mode): each run is owned through a
+"""`reslice watch --all` with two replicas (in-cluster mode): each run is owned through a
 Lease, so only one replica ever acts on it; when the owner dies without releasing it, the other
 takes over after the lease expires and the ledger says so."""
 

@@ -219,7 +219,7 @@ REQUIRED: dict[str, list[Path]] = {
     ],
     "nodes": [("status", "conditions", 0, "type")],
 }
-# PodDisruptionBudgets (issue 13) are left out for now: adding a kind reshuffles the draws, and the
+# PodDisruptionBudgets are left out for now: adding a kind reshuffles the draws, and the
 # new ones hit a latent ResourceQuota case (a JSON number under spec.hard is a valid Quantity in Go,
 # which the wrong-type strategy does not expect) that needs its own fix.
 KINDS = sorted(p for p in RESOURCES if p != "poddisruptionbudgets")

@@ -1,4 +1,4 @@
-"""The MaxText profile's outcomes through the real controller (issue 16's acceptance): runs launched
+"""The MaxText profile's outcomes through the real controller: runs launched
 with `trainer="maxtext"` on the embedded cluster, the real entrypoint in every pod, around the
 stand-in MaxText (fake_maxtext.py: MaxText's 0-based checkpoints under maxtext/checkpoints, its exit
 0 after a preemption save and after a data crash). A preempted segment restarts without spending

@@ -1,4 +1,4 @@
-"""MaxText, elastic, end to end (issue 16's acceptance; docs/maxtext.md): real MaxText 0.2.5
+"""MaxText, elastic, end to end (docs/maxtext.md): real MaxText 0.2.5
 (.venv-maxtext) launched by reslice (`trainer="maxtext"`) on the embedded cluster on 2 multi-host
 slices (tpu7x-2x2x2 x2: 4 processes of 8 CPU devices), one slice's node pool removed after step 10:
 the run shrinks to 1 slice at the same global batch, grows back when the pool returns, and finishes,

@@ -1,5 +1,5 @@
 """A ragged-buffer sweep end to end: real trainer runs on the embedded cluster under the real
-controller, interrupted twice and resumed (issue 6, acceptance 1–3).
+controller, interrupted twice and resumed.
 
 The sweep is run four times over one sweep directory:
 1. two runs finish; the third is killed mid-run once it has a checkpoint: the sweep is interrupted
@@ -37,7 +37,7 @@ from tests.controller.harness import PRESET, Harness, wait_for
 
 pytestmark = pytest.mark.e2e
 FACTORS = "1.0,1.125,1.25,1.5,-1"
-# Enough steps (~25 ms each) after the first checkpoint for `reslice stop` to land mid-run.
+# Enough steps after the first checkpoint for `reslice stop` to land mid-run.
 STEPS, WARMUP, INTERVAL = 80, 10, 10
 
 

@@ -53,7 +53,8 @@ class SameInputs:
     the same tuple until they change (launcher/adapters/informer.py), so a pass after an event on the nodes
     does not walk 3,072 pods again, and a pass over unchanged caches walks nothing. Lists (tables
     in tests, a pass that read the API) are computed every time. One entry by default: each holds
-    a generation of the caches' objects alive (with two, the controller peaked at 209 MiB loaded)."""
+    a generation of the caches' objects alive (with two, the controller's peak RSS grew:
+    docs/measurements.md)."""
 
     def __init__(self, fn, most: int = 1) -> None:
         self._fn, self._most, self._got = fn, most, []
