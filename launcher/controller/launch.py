@@ -18,12 +18,11 @@ from dataclasses import asdict, replace
 from launcher.adapters.preset_files import load_catalog
 from launcher.adapters.rundir import RunDir
 from launcher.core.errors import UserError
-from launcher.core.inputs import quantity
 from launcher.core.plan import Plan, Rung, shrink_ladder
 from launcher.core.presets import Catalog
 from launcher.core.record import Knobs, RunRecord
 from launcher.core.render import run_name_error
-from launcher.core.spec import RunSpec, coordinator_port_error, grace_period, short_notice
+from launcher.core.spec import RunSpec, check, grace_period, short_notice
 from launcher.core.words import Action, LedgerKind, RunState, TrainerProfile, TrainerState
 
 
@@ -90,15 +89,9 @@ def prepare(
 ) -> tuple[RunRecord, list[Rung]]:
     """The record of a new run and its ladder, or a UserError saying why it cannot run. The presets
     are `catalog`'s, or read here (launch is an edge: the plan and the record never read them)."""
+    check(spec)
     catalog = catalog if catalog is not None else load_catalog()
     shape = catalog.shape(preset, slices)
-    for kv in spec.overrides:
-        if "=" not in kv or not kv.split("=", 1)[0].strip():
-            raise UserError(f"--set {kv!r}: expected key=value")
-    if err := coordinator_port_error(spec.coordinator_port):
-        raise UserError(err)
-    quantity("--cpu-request", spec.cpu_request)
-    quantity("--memory-request", spec.memory_request)
     if spec.trainer != TrainerProfile.MAXTEXT:  # MaxText's batch counts devices (launcher.core.maxtext)
         spec = replace(spec, model_parallel=trainer_model_parallel(spec.config, spec.overrides))
     ladder = shrink_ladder(
@@ -116,10 +109,6 @@ def prepare(
     for rung in ladder:
         if rung.feasible and (err := run_name_error(spec.run, rung.shape, knobs.max_segments - 1)):
             raise UserError(err)
-    if spec.short_notice_interval is not None and spec.short_notice_interval < 1:
-        raise UserError(
-            f"--short-notice-interval must be a positive number of steps, got {spec.short_notice_interval}"
-        )
     short = short_notice_presets(spec, ladder)
     if short and spec.short_notice_interval is None:
         raise UserError(

@@ -11,7 +11,7 @@ import math
 import re
 from pathlib import Path
 
-from launcher.core.capacity import podfit
+from launcher.core import podfit
 from launcher.core.errors import UserError
 
 # Kubernetes name rules (k8s.io/apimachinery/pkg/util/validation/validation.go).

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from launcher.core import inputs
+from launcher.core.errors import UserError
 from launcher.core.presets import Preset
 from launcher.core.words import TrainerProfile
 
@@ -99,3 +101,27 @@ def coordinator_port_error(port: int) -> str | None:
             "(8431, 8080, 8470-8482): choose another, e.g. 8490"
         )
     return None
+
+
+def check(spec: RunSpec) -> None:
+    """A launch request's spec, checked in one place (controller/launch.prepare, which `reslice
+    launch`, the sweep and the demo go through): the options a person gives, each against what the
+    cluster and the trainer accept. One UserError naming the first bad option; nothing is created
+    before it."""
+    inputs.overrides(list(spec.overrides))
+    inputs.spec_options(
+        image_ref=spec.image,
+        ns=spec.namespace,
+        grace_period=spec.grace_period_s,
+        max_restarts=spec.max_restarts,
+        init_timeout=spec.init_timeout_s,
+        queue=spec.queue,
+        priority_class=spec.priority_class,
+        service_account=spec.service_account,
+        cpu_request=spec.cpu_request,
+        memory_request=spec.memory_request,
+    )
+    if err := coordinator_port_error(spec.coordinator_port):
+        raise UserError(err)
+    inputs.seconds("--save-seconds", spec.save_seconds, positive=True)
+    inputs.integer("--short-notice-interval", spec.short_notice_interval, high=inputs.MAX_STEPS)

@@ -1,8 +1,8 @@
-"""launcher/core/capacity/podfit.py: quantities as the official client parses them, pod requests, tolerations."""
+"""launcher/core/podfit.py: quantities as the official client parses them, pod requests, tolerations."""
 
 import pytest
 
-from launcher.core.capacity.podfit import pod_requests, quantity, tolerates
+from launcher.core.podfit import pod_requests, quantity, tolerates
 
 
 @pytest.mark.parametrize(

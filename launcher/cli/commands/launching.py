@@ -122,19 +122,13 @@ def launch(
     from launcher.cli.connect import connect
     from launcher.controller.launch import create_run, prepare, short_notice_presets
 
-    check_run_options(
-        overrides=overrides, slices=slices, global_batch=global_batch, max_micro_batch=max_micro_batch,
-        max_grad_accum=max_grad_accum, image=image, namespace=namespace, grace_period=grace_period,
-        max_restarts=max_restarts, init_timeout=init_timeout, queue=queue, priority_class=priority_class,
-        service_account=service_account, cpu_request=cpu_request, memory_request=memory_request,
-    )  # fmt: skip
+    # The shape's numbers here; the spec's options in one place, launch.prepare (core/spec.check).
+    inputs.shape_options(slices, global_batch, max_micro_batch, max_grad_accum)
     config = trainer_config(trainer, config)
     inputs.seconds("--unschedulable-grace", unschedulable_grace)
     inputs.seconds("--grow-window", grow_window)
     inputs.integer("--app-failure-budget", app_failure_budget, low=0, high=10_000)
     inputs.seconds("--app-backoff", app_backoff)
-    inputs.seconds("--save-seconds", save_seconds, positive=True)
-    inputs.integer("--short-notice-interval", short_notice_interval, high=inputs.MAX_STEPS)
     inputs.run_dir("--run-dir", run_dir or f"runs/{run}")
     shape = make_shape(preset, slices)
     local = run_dir is None or not run_dir.startswith("gs://")

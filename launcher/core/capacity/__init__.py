@@ -1,1 +1,1 @@
-"""Capacity, pure: a pod's requests and tolerations, node pools, quota, and the checks preflight runs."""
+"""Capacity, pure: node pools, quota, and the checks preflight runs (over core/podfit)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from launcher.core.capacity.podfit import quantity, tolerates
+from launcher.core.podfit import quantity, tolerates
 from launcher.core.presets import LABEL_ACCELERATOR, LABEL_NODEPOOL, LABEL_TOPOLOGY, Preset
 from launcher.core.signals.nodes import BAD_TAINTS, node_problem
 

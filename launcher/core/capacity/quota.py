@@ -9,7 +9,7 @@ defaults (Kubernetes "Resource Quotas" concept page).
 
 from __future__ import annotations
 
-from launcher.core.capacity.podfit import pod_requests, quantity
+from launcher.core.podfit import pod_requests, quantity
 
 # ResourceQuota keys a pod must state a value for, or quota admission refuses it.
 COMPUTE_KEYS = {"cpu", "memory", "requests.cpu", "requests.memory", "limits.cpu", "limits.memory"}

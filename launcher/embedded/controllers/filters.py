@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.core.capacity.podfit import pod_requests, quantity, tolerates
+from launcher.core.podfit import pod_requests, quantity, tolerates
 from launcher.embedded.types import objects
 
 # Filter failure reasons (kube-scheduler plugin messages).

@@ -31,7 +31,7 @@ from collections.abc import Hashable, Mapping
 from typing import Any
 
 from launcher.core import rfc3339
-from launcher.core.capacity.podfit import tolerates
+from launcher.core.podfit import tolerates
 from launcher.embedded.controllers.runtime import ControllerLoop, EventRecorder, log
 from launcher.embedded.types import objects
 from launcher.embedded.types.resources import RESOURCES

@@ -62,7 +62,7 @@ def field_value(pod: Mapping[str, Any], path: str, pod_ip: str = LOOPBACK) -> st
 
 def resource_value(container: Mapping[str, Any], node: Mapping[str, Any], ref: Mapping[str, Any]) -> str:
     """Downward API resourceFieldRef (limits.x / requests.x; an unset limit is the node's allocatable)."""
-    from launcher.core.capacity.podfit import quantity
+    from launcher.core.podfit import quantity
 
     kind, _, res = (ref.get("resource") or "").partition(".")
     r = container.get("resources") or {}

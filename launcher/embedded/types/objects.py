@@ -3,7 +3,7 @@
 Everything here takes and returns data: timestamps, conditions, label selectors, owner references.
 The controllers, the scheduler and the kubelet share them so that they agree on the details the real
 components agree on (RFC 3339 times, condition transition times, selector rules). Tolerations and
-pod requests are launcher/core/capacity/podfit.py's: preflight needs them too, without the embedded cluster.
+pod requests are launcher/core/podfit.py's: preflight needs them too, without the embedded cluster.
 """
 
 from __future__ import annotations
