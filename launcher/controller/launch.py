@@ -185,7 +185,8 @@ def submit_first_segment(kube, run: str) -> str:
     """For `launch --detach`: one reconcile pass under the run's lease, so that segment 0's JobSet
     exists before the command returns, then the lease is released for whoever watches the run.
     Returns who that is, in words."""
-    from launcher.controller.loop import Controller, lease_name
+    from launcher.controller.lease import lease_name
+    from launcher.controller.loop import Controller
 
     controller = Controller(kube)
     if controller.own(run):

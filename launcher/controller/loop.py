@@ -32,6 +32,7 @@ from launcher.adapters.kube import RECORD_KEY, Conflict, Kube, record_name, reco
 from launcher.adapters.preset_files import load_catalog
 from launcher.adapters.rundir import RunDir
 from launcher.controller.health import LoopState
+from launcher.controller.lease import Leases
 from launcher.controller.snapshot import SOURCES, WATCHED, Created, EventsJoin, Snapshot, observe_run
 from launcher.core import policy
 from launcher.core.errors import UserError
@@ -48,10 +49,6 @@ COALESCE_S = 0.02
 # How often a controller that has its process to itself (Controller.own_process) collects and
 # freezes its heap again.
 FREEZE_EVERY_S = 600.0
-
-
-def lease_name(run: str) -> str:
-    return f"reslice-{run}-controller"
 
 
 def _opened() -> threading.Event:
@@ -85,7 +82,6 @@ class Controller:
     catalog: Catalog = field(default_factory=load_catalog)
     # Per run: what the ledger last recorded, so that only changes get a line.
     _last: dict[str, tuple[dict, str]] = field(default_factory=dict)
-    _held: set[str] = field(default_factory=set)
     _unusable_seen: set[str] = field(default_factory=set)
     _wake: threading.Event = field(default_factory=threading.Event)
     # Set while the watches may apply events to the caches; cleared while a pass decides
@@ -100,8 +96,6 @@ class Controller:
     pass_ok: bool = False
     # Fed by the watches while run_forever runs; empty otherwise (then a pass reads the API).
     caches: dict[str, Cache] = field(default_factory=dict)
-    # Per run: when its Lease was last renewed (time.monotonic).
-    _renewed: dict[str, float] = field(default_factory=dict)
     # Per run: (the version we replaced, the record we wrote, its version), until the cache shows
     # it: a pass right after a write must not decide on the record from before it.
     _written: dict[str, tuple[str, RunRecord, str]] = field(default_factory=dict)
@@ -119,10 +113,9 @@ class Controller:
     own_process: bool = False
     _frozen_at: float | None = None
 
-    @property
-    def renew_every_s(self) -> float:
-        """Half the lease: a late pass still renews in time; a renewal is one PUT."""
-        return self.lease_s / 2
+    def __post_init__(self) -> None:
+        # The Leases of the runs it owns (launcher/controller/lease.py).
+        self.leases = Leases(self.kube, self.identity, self.lease_s, self.monotonic)
 
     def synced(self) -> bool:
         return bool(self.caches) and all(c.synced.is_set() for c in self.caches.values())
@@ -294,34 +287,19 @@ class Controller:
     # --- ownership -----------------------------------------------------------------------------
 
     def own(self, run: str, rundir: RunDir | None = None) -> bool:
-        """Hold the run's Lease, renewing it every `renew_every_s`: between renewals it is held (no
-        one may take it before `lease_s` has passed since the last). The ledger notes a takeover."""
-        now = self.monotonic()
-        if run in self._held and now - self._renewed.get(run, -1e9) < self.renew_every_s:
-            return True
-        held, previous = self.kube.acquire_lease(lease_name(run), self.identity, self.lease_s)
-        if held:
-            self._renewed[run] = now
-        if held and run not in self._held:
-            self._held.add(run)
+        """Hold the run's Lease (`Leases.acquire`). The ledger notes a new hold, and a takeover."""
+        held, newly, previous = self.leases.acquire(run)
+        if newly:
             entry = {"kind": LedgerKind.TAKEOVER if previous else LedgerKind.LEASE, "holder": self.identity}
             if previous:
                 entry["previous"] = previous
             got = rundir or self._rundir(run)
             if got:
                 self._log(got, [entry])
-        elif not held:
-            self._held.discard(run)
         return held
 
     def release(self, run: str) -> None:
-        self.kube.release_lease(lease_name(run), self.identity)
-        self._held.discard(run)
-        self._renewed.pop(run, None)
-
-    def _until_renewal(self) -> float:
-        due = [t + self.renew_every_s - self.monotonic() for r, t in self._renewed.items() if r in self._held]
-        return max(0.0, min(due, default=self.resync_s))
+        self.leases.release(run)
 
     def _rundir(self, run: str) -> RunDir | None:
         got = self.record(run)
@@ -361,7 +339,7 @@ class Controller:
                 if until_done and done:
                     return
                 self._tune_process()
-                self._wake.wait(min(self.resync_s, self._until_renewal()))
+                self._wake.wait(min(self.resync_s, self.leases.until_renewal(self.resync_s)))
                 # Coalesce a burst of watch events into one pass: passes at least COALESCE_S apart.
                 # The first event after a quiet spell (a node pool lost) is acted on at once.
                 stop.wait(max(0.0, self.turned_at + COALESCE_S - time.monotonic()))
@@ -428,9 +406,7 @@ class Controller:
     def pass_once(self, runs: list[str]) -> bool:
         """One pass over `runs`; True when all of them are terminal."""
         self._pass_woken_at, self._woken_at = self._woken_at, None
-        for gone in set(self._renewed) - set(runs):  # ended, or deleted: its Lease may lapse
-            self._renewed.pop(gone)
-            self._held.discard(gone)
+        self.leases.forget_all_but(runs)
         snap = None
         all_done = True
         for run in runs:

@@ -12,7 +12,8 @@ from kubernetes import client
 
 from launcher.adapters.kube import Kube
 from launcher.controller.launch import create_run, prepare
-from launcher.controller.loop import Controller, PassResult, lease_name
+from launcher.controller.lease import lease_name
+from launcher.controller.loop import Controller, PassResult
 from launcher.controller.snapshot import Snapshot
 from launcher.core.presets import LABEL_ACCELERATOR
 from launcher.core.record import Knobs

@@ -15,7 +15,7 @@ from kubernetes import client
 
 from launcher.adapters.kube import Kube
 from launcher.controller.launch import stop_run
-from launcher.controller.loop import lease_name
+from launcher.controller.lease import lease_name
 from launcher.core.words import RunState
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from tests.support.cli import run_cli
