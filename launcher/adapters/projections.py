@@ -25,11 +25,11 @@ from launcher.core.presets import (
 
 _intern = sys.intern
 
-# pod_signals.run_pods and pod_view: the run, the segment, the JobSet restart attempt.
+# signals/pods.run_pods and pod_view: the run, the segment, the JobSet restart attempt.
 POD_LABELS = (LABEL_RUN, LABEL_SEGMENT, LABEL_RESTART_ATTEMPT)
 # pod_view: unschedulable (PodScheduled False) and disrupted (DisruptionTarget True).
 POD_CONDITIONS = ("PodScheduled", "DisruptionTarget")
-# node_signals: the pool a node is in, and every label a preset's node selector names.
+# signals/nodes: the pool a node is in, and every label a preset's node selector names.
 NODE_LABELS = (
     LABEL_NODEPOOL,
     LABEL_ACCELERATOR,
@@ -38,7 +38,7 @@ NODE_LABELS = (
     LABEL_PLACEMENT,
     LABEL_SPOT,
 )
-# node_signals.node_problem and node_since.
+# signals/nodes.node_problem and node_since.
 NODE_CONDITIONS = ("Ready",)
 _CONDITION_FIELDS = ("type", "status", "reason", "message", "lastTransitionTime")
 

@@ -3,7 +3,7 @@
 The trainer owns most of it (docs/contract.md): checkpoints, metrics, status.json. The launcher
 writes `run.json` and the ledger `events.jsonl`, and reads the rest. GCS objects cannot be appended
 to, so the ledger is rewritten with a generation precondition: two writers never lose a line.
-Called by the edges: launch, controller, snapshot, watch, demo, sweep, sweep_files, report_io.
+Called by the layers above the adapters: controller (launch, loop, snapshot), cli (watch, demo), sweep (driver, files), report (io).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ a compare-and-swap, and only then acts. Whoever loses the swap re-reads and deci
 fixed name, so a second controller or a restarted one never submits a segment twice. Each run is
 owned by whoever holds its Lease; the ledger (`events.jsonl`) gets a line for every change in what
 was observed and every action. Built by `reslice watch` and `launch` (launcher/cli/watch.py,
-launch.py), the sweep and the in-cluster controller.
+launcher/controller/launch.py), the sweep and the in-cluster controller.
 """
 
 from __future__ import annotations

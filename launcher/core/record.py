@@ -20,7 +20,7 @@ from launcher.core.labels import jobset_name
 from launcher.core.plan import Plan
 from launcher.core.presets import Catalog, Shape
 from launcher.core.spec import RunSpec
-from launcher.core.words import EndKind, RunState
+from launcher.core.words import Cause, EndKind, RunState
 
 # Run states.
 
@@ -68,7 +68,7 @@ class Segment:
     # whose pods showed a crash next to the exit 43s it caused (they spend the run's budget).
     peer_lost: int = 0
     uncounted_failures: int = 0
-    failing: str | None = None  # why the current attempt's pods are failing (pod_signals.pod_cause)
+    failing: Cause | None = None  # why the current attempt's pods are failing (signals/pods.pod_cause)
     # The node pool a one-slice segment's JobSet names (render.render_jobset), or None: JobSet's
     # exclusive placement chooses.
     pool: str | None = None

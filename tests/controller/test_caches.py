@@ -110,7 +110,7 @@ def test_the_lease_is_renewed_on_a_period_with_one_put(tmp_path):
         for _ in range(20):
             assert controller.own("lease")
         assert not requests, "no request between renewals"
-        clock.step(controller.renew_every_s - 0.01)
+        clock.step(controller.leases.renew_every_s - 0.01)
         assert controller.own("lease") and not requests, "renewed early"
         clock.step(0.02)
         assert controller.own("lease")

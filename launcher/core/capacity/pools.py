@@ -4,7 +4,7 @@ A node pool is one slice (JobSet's exclusive placement on `cloud.google.com/gke-
 host one when every node carries the labels the pods select (`Preset.node_selector()`, the single
 source), it has exactly the preset's hosts, no node has a NoSchedule/NoExecute taint the pods do not
 tolerate, each node's allocatable cpu and memory hold what one trainer pod requests, and every node
-is healthy now (`node_signals.node_problem`, the controller's own rule). All but health last until
+is healthy now (`signals/nodes.node_problem`, the controller's own rule). All but health last until
 someone changes the pool (or the requests); health comes and goes.
 """
 
