@@ -38,9 +38,7 @@ def world_doc(epoch: int, slices: list[str], hosts: int = 2, **over: object) -> 
 class Pod:
     """One pod's supervisor: slice `slice_id`, host `host`, following `<tmp>/world.json`."""
 
-    def __init__(
-        self, tmp: Path, slice_id: str = "b", host: int = 1, module: str = "tests.trainer.worldfake"
-    ):
+    def __init__(self, tmp: Path, slice_id: str = "b", host: int = 1, extra: dict[str, str] | None = None):
         self.world_file, self.record, self.log = tmp / "world.json", tmp / "record.jsonl", tmp / "pod.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RESLICE_", "JOB_COMPLETION_INDEX"))}
         env.update(
@@ -52,9 +50,12 @@ class Pod:
             JOB_COMPLETION_INDEX=str(host),
             FAKE_RECORD=str(self.record),
         )
+        if extra and "RESLICE_WORLD_CONFIGMAP" in extra:  # the ConfigMap instead of the file
+            del env["RESLICE_WORLD_FILE"]
+        env.update(extra or {})
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", module], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                [sys.executable, "-m", "tests.trainer.worldfake"], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                 start_new_session=True,
             )  # fmt: skip
 

@@ -1,0 +1,149 @@
+"""trainer.worldsource's ConfigMap watch against the embedded cluster's API server: how soon a
+published world reaches a pod's supervisor, what it asks of the API (the Role's verbs), a 410 after
+the server lost its history, and the supervisor following a ConfigMap end to end."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from launcher.embedded.cluster import EmbeddedCluster
+from launcher.embedded.resources import RESOURCES
+from tests.support.wait import wait_for
+from tests.trainer.test_supervisor_world import Pod, world_doc
+from trainer import worldsource
+
+NAME, NS = "llm-world", "default"
+UPDATES = 30
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[EmbeddedCluster]:
+    with EmbeddedCluster(nodepools="tpu7x-2x2x2:2", mode="simulate", state_dir=tmp_path / "cluster") as c:
+        yield c
+
+
+def configmap(name: str, epoch: int) -> dict:
+    return {"metadata": {"name": name}, "data": {worldsource.WORLD_KEY: json.dumps(world_doc(epoch, ["b"]))}}
+
+
+class Seen:
+    """The documents a source delivered, with the monotonic time each arrived."""
+
+    def __init__(self) -> None:
+        self.docs: list[tuple[float, dict]] = []
+        self.problems: list[str] = []
+        self.cond = threading.Condition()
+
+    def document(self, doc: bytes) -> None:
+        with self.cond:
+            self.docs.append((time.monotonic(), json.loads(doc)))
+            self.cond.notify_all()
+
+    def problem(self, msg: str) -> None:
+        self.problems.append(msg)
+
+    def wait_epoch(self, epoch: int, timeout: float = 10.0) -> float:
+        """The arrival time of the first document of `epoch`."""
+        with self.cond:
+            found = self.cond.wait_for(
+                lambda: next((t for t, d in self.docs if d["epoch"] == epoch), None), timeout
+            )
+        assert found, f"epoch {epoch} never arrived: {[d['epoch'] for _, d in self.docs]} {self.problems}"
+        return found
+
+
+def start_source(cluster: EmbeddedCluster) -> tuple[worldsource.ConfigMapSource, Seen]:
+    src = worldsource.from_env(
+        {"RESLICE_WORLD_CONFIGMAP": NAME, "RESLICE_WORLD_NAMESPACE": NS, "RESLICE_WORLD_API": cluster.url}
+    )
+    assert isinstance(src, worldsource.ConfigMapSource)
+    seen = Seen()
+    src.start(seen.document, seen.problem)
+    return src, seen
+
+
+def test_a_published_world_is_seen_well_within_a_second(cluster: EmbeddedCluster) -> None:
+    core = client.CoreV1Api(cluster.api_client())
+    core.create_namespaced_config_map(NS, configmap(NAME, 0))
+    core.create_namespaced_config_map(NS, configmap("another", 100))
+    cluster.server.audit.clear()
+    src, seen = start_source(cluster)
+    try:
+        seen.wait_epoch(0)
+        # What a Role for it must allow: list and watch of configmaps (resourceNames-limited, with
+        # the fieldSelector on the name), nothing else.
+        wait_for(lambda: ("watch", "", "configmaps") in cluster.server.audit, 5, "the watch")
+        assert cluster.server.audit == {("list", "", "configmaps"), ("watch", "", "configmaps")}
+        latencies = []
+        for epoch in range(1, UPDATES + 1):
+            t0 = time.monotonic()  # before the write: the write's own round trip counts too
+            core.patch_namespaced_config_map(NAME, NS, configmap(NAME, epoch))
+            core.patch_namespaced_config_map("another", NS, configmap("another", 100 + epoch))
+            latencies.append(seen.wait_epoch(epoch) - t0)
+        print(
+            f"ConfigMap update -> source saw it, {UPDATES} updates: median {statistics.median(latencies):.4f} s,"
+            f" max {max(latencies):.4f} s"
+        )
+        assert max(latencies) < 1.0, latencies
+        assert all(d["epoch"] < 100 for _, d in seen.docs)  # the other ConfigMap never reaches it
+        assert src.lists == 1 and not seen.problems
+    finally:
+        src.stop()
+
+
+def test_the_watch_lists_again_after_410_gone(cluster: EmbeddedCluster) -> None:
+    core = client.CoreV1Api(cluster.api_client())
+    core.create_namespaced_config_map(NS, configmap(NAME, 0))
+    src, seen = start_source(cluster)
+    try:
+        seen.wait_epoch(0)
+        wait_for(lambda: ("watch", "", "configmaps") in cluster.server.audit, 5, "the watch")
+        cluster.server.stop()  # the watch ends; reconnecting is refused meanwhile
+        res = RESOURCES["configmaps"]
+        cluster.store.patch(res, NS, NAME, configmap(NAME, 1), "merge")  # published while it was away
+        cluster.store.compact()  # and the history is gone: its resourceVersion answers 410
+        time.sleep(0.3)
+        cluster.server.start()
+        seen.wait_epoch(1)  # from the second LIST
+        assert src.lists == 2
+        assert any("Connection refused" in p or "ConnectionRefused" in p for p in seen.problems), (
+            seen.problems
+        )
+        core.patch_namespaced_config_map(NAME, NS, configmap(NAME, 2))
+        seen.wait_epoch(2, timeout=5)
+    finally:
+        src.stop()
+
+
+def test_the_supervisor_follows_a_configmap(cluster: EmbeddedCluster, tmp_path: Path) -> None:
+    core = client.CoreV1Api(cluster.api_client())
+    core.create_namespaced_config_map(NS, configmap(NAME, 0))
+    pod = Pod(
+        tmp_path,
+        extra={
+            "RESLICE_WORLD_CONFIGMAP": NAME,
+            "RESLICE_WORLD_NAMESPACE": NS,
+            "RESLICE_WORLD_API": cluster.url,
+        },
+    )
+    try:
+        assert pod.wait_starts(1)[0]["env"]["RESLICE_WORLD_EPOCH"] == "0"
+        doc = world_doc(1, ["a", "b"])
+        core.patch_namespaced_config_map(NAME, NS, {"data": {worldsource.WORLD_KEY: json.dumps(doc)}})
+        second = pod.wait_starts(2)[1]
+        assert second["env"]["RESLICE_WORLD_EPOCH"] == "1" and second["env"]["RESLICE_SLICE_INDEX"] == "1"
+        core.patch_namespaced_config_map(
+            NAME, NS, {"data": {worldsource.WORLD_KEY: json.dumps(world_doc(2, ["a"]))}}
+        )
+        assert pod.wait() == 0, pod.output()
+        assert "follows the worlds of ConfigMap default/llm-world at http://127.0.0.1:" in pod.output()
+    finally:
+        pod.kill()
