@@ -78,3 +78,65 @@ def test_a_lost_slice_continues_in_the_same_pod_from_its_checkpoint(reference: d
     assert {(r["devices"], r["micro_batch"], r["num_processes"]) for r in second.values()} == {(4, 4, 1)}
     runs.assert_matches_reference({**first, **second}, reference, exact=False)
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
+
+
+def pod(run_dir: Path, world_file: Path, slice_id: str, log: Path) -> runs.Trainer:
+    return runs.Trainer(
+        runs.env_for(
+            str(run_dir),
+            4,
+            extra={
+                "RESLICE_RUN": "inplace",
+                "RESLICE_RESTART_MODE": "in-place",
+                "RESLICE_WORLD_FILE": str(world_file),
+                "RESLICE_SLICE_ID": slice_id,
+                "JOB_COMPLETION_INDEX": "0",
+            },
+        ),
+        log,
+    )
+
+
+def test_the_coordinators_slice_lost_then_a_new_slice_grows_the_world_back(
+    reference: dict, tmp_path: Path
+) -> None:
+    """s0 hosts process 0 and dies (SIGKILL, a host error): s1's trainer exits 43 and its pod
+    waits; the next world is s1 alone (now process 0); a new pod of slice s2, started before any
+    world has it, waits until the world after that takes it in as process 1; s1's trainer is
+    restarted in place each time."""
+    run_dir, world_file = tmp_path / "run", tmp_path / "world.json"
+    s0, s1 = (pod(run_dir, world_file, s, tmp_path / f"{s}.log") for s in ("s0", "s1"))
+    s2: runs.Trainer | None = None
+    try:
+        publish(world_file, world(0, ["s0", "s1"], micro_batch=2))
+        runs.wait_for(lambda: runs.last_step(run_dir) >= 12, 180, "step 12 (step 10 committed)", s1)
+        s0.signal(9)  # the coordinator's host is gone, with its pod
+        runs.wait_for(
+            lambda: "exited 43; waiting for a world newer than epoch 0" in s1.output(), 120, "43", s1
+        )
+        publish(world_file, world(1, ["s1"], micro_batch=4))
+        s2 = pod(run_dir, world_file, "s2", tmp_path / "s2.log")  # grown capacity: its pod starts first
+        runs.wait_for(lambda: "world epoch 1: process 0 of 1" in s1.output(), 60, "s1 alone", s1)
+        runs.wait_for(lambda: runs.last_step(run_dir) >= 24, 180, "step 24 on s1 alone", s1)
+        assert "world epoch" not in s2.output().split("follows the worlds of", 1)[1]  # it only waited
+        publish(world_file, world(2, ["s1", "s2"], micro_batch=2))
+        assert s1.wait() == 0, s1.output()[-4000:]
+        assert s2.wait() == 0, s2.output()[-4000:]
+    finally:
+        for p in (s0, s1, s2):
+            if p is not None:
+                p.signal(9)
+    assert "world epoch 2: process 0 of 2" in s1.output()
+    assert "world epoch 2: process 1 of 2" in s2.output()
+
+    files = sorted(runs.metrics_files(run_dir).items())
+    assert len(files) == 3, [n for n, _ in files]  # one per world's process 0: s0, then s1 twice
+    first, second, third = (runs.parse_metrics({n: t}) for n, t in files)
+    assert min(second) == 11  # step 10 committed; 11 and 12 were lost with s0 and computed again
+    assert min(third) == max(second) + 1 and max(third) == 40  # the SIGTERM's checkpoint
+    shapes = [
+        {(r["devices"], r["micro_batch"], r["num_processes"]) for r in f.values()}
+        for f in (first, second, third)
+    ]
+    assert shapes == [{(8, 2, 2)}, {(4, 4, 1)}, {(8, 2, 2)}]
+    runs.assert_matches_reference(runs.parse_metrics(dict(files)), reference, exact=False)
