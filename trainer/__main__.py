@@ -87,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.watchdog import Preemption
 
     preemption = Preemption()  # before the slow imports: SIGTERM at any time means exit 42
-    timeline = Timeline(supervised=bool(os.environ.get(supervisor.CHILD_ENV)))
+    # An in-place pod's later trainers start at their fork: the container's start is epochs ago.
+    restarted = bool(os.environ.get(supervisor.RESTARTED_ENV))
+    timeline = Timeline(supervised=bool(os.environ.get(supervisor.CHILD_ENV)) and not restarted)
     try:
         with _imports_without_gc(), no_rocm_plugin_scan(os.environ):
             from trainer import config, distributed, loop

@@ -43,6 +43,9 @@ if TYPE_CHECKING:
     from trainer import worldsource
 
 CHILD_ENV = "RESLICE_TRAINER_CHILD"  # set in the child: it trains instead of supervising
+# Set in an in-place pod's every child but its first: its start-up began at its fork, not at the
+# container's start (trainer.startup.Timeline, which __main__ tells so).
+RESTARTED_ENV = "RESLICE_TRAINER_RESTARTED"
 _TAIL = 64 * 1024
 _PR_SET_PDEATHSIG = 1
 
@@ -248,6 +251,8 @@ def _follow(
         except world.WorldError as e:
             print(f"trainer: {e}", file=sys.stderr, flush=True)
             return world.EXIT_CONFIG
+        if member:
+            child_env[RESTARTED_ENV] = "1"
         child = _fork(train, newest, child_env, events)
         state["child"], started, member = child, newest.epoch, True
         pid = position * newest.hosts_per_slice + me.host

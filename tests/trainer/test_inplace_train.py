@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from tests.trainer import runs
+from trainer.startup import parse_report
 
 
 def world(epoch: int, slices: list[str], micro_batch: int) -> dict:
@@ -57,7 +58,8 @@ def test_a_lost_slice_continues_in_the_same_pod_from_its_checkpoint(reference: d
     try:
         publish(world_file, world(0, ["s0", "s1"], micro_batch=2))
         runs.wait_for(lambda: runs.last_step(run_dir) >= 5, 180, "step 5 in the 2-process world", pods["s0"])
-        publish(world_file, world(1, ["s0"], micro_batch=4))  # slice s1 is lost
+        shrunk = world(1, ["s0"], micro_batch=4)  # slice s1 is lost
+        publish(world_file, shrunk)
         assert pods["s1"].wait() == 0, pods["s1"].output()[-4000:]
         assert pods["s0"].wait() == 0, pods["s0"].output()[-4000:]
     finally:
@@ -68,6 +70,10 @@ def test_a_lost_slice_continues_in_the_same_pod_from_its_checkpoint(reference: d
     assert "trainer: world epoch 0: process 0 of 2" in out0
     assert "trainer: world epoch 1: process 0 of 1" in out0
     assert "the trainer of epoch 0 exited 42" in out0
+    # The restarted trainer's start-up is timed from its fork, not from the pod's start.
+    reports = [r for line in out0.splitlines() if (r := parse_report(line))]
+    assert len(reports) == 2 and reports[1]["spawned"] >= shrunk["published"] > reports[0]["spawned"]
+    assert "supervisor" in reports[0]["phases"] and "supervisor" not in reports[1]["phases"]
 
     files = runs.metrics_files(run_dir)
     first, second = (runs.parse_metrics({n: t}) for n, t in sorted(files.items()))

@@ -31,6 +31,7 @@ KEYS = (
     "MEGASCALE_NUM_SLICES",
     "MEGASCALE_SLICE_ID",
     supervisor.CHILD_ENV,
+    supervisor.RESTARTED_ENV,
 )
 
 
