@@ -191,14 +191,11 @@ def supervise_world(
         return world.EXIT_CONFIG
     events: queue.SimpleQueue[tuple[_Event, object, float]] = queue.SimpleQueue()  # put is reentrant
     state: dict[str, _Child | None] = {"child": None}
-    terminating: list[int] = []
+    terminating: list[int] = []  # the signals this process got (set in the handler, read by the loop)
 
     def on_signal(signum: int, _frame: object) -> None:
+        # The loop forwards it: a child forked a moment ago, not yet in `state`, gets it too.
         terminating.append(signum)
-        child = state["child"]
-        if child is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child.pid, signum)
         events.put((_Event.SIGNAL, signum, time.time()))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -230,11 +227,12 @@ def _follow(
     started = -1  # the epoch of the last child started
     member = False  # a child of this pod ran in some world
     ended = "no trainer before"  # how the previous child ended, for the next epoch's log line
+    failed: int | None = None  # the exit code once the running child has ended (a bad world)
 
     def start() -> int | None:
         """Start a child in `newest` when it is due: None, or the code to exit with."""
         nonlocal started, member
-        if newest is None or newest.epoch <= started or terminating:
+        if newest is None or newest.epoch <= started or terminating or failed is not None:
             return None
         position = newest.position(me)
         if position is None:
@@ -285,12 +283,22 @@ def _follow(
                     flush=True,
                 )
                 return world.EXIT_PREEMPTED
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, what)  # type: ignore[arg-type]
         elif kind is _Event.WORLD:
             try:
                 w = world.parse(what)  # type: ignore[arg-type]
             except world.WorldError as e:
                 print(f"trainer: {e}", file=sys.stderr, flush=True)
-                return world.EXIT_CONFIG
+                if child is None:
+                    return world.EXIT_CONFIG
+                # The trainer saves the step in flight first; then the pod fails with exit 2.
+                failed = world.EXIT_CONFIG
+                if child.ended_at is None and not terminating:
+                    child.ended_at = time.time()
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child.pid, signal.SIGTERM)
+                continue
             if newest is not None and w.epoch <= newest.epoch:
                 if w.epoch < newest.epoch:
                     print(
@@ -315,6 +323,9 @@ def _follow(
             ended = f"the trainer of epoch {child.world.epoch} exited {code}{took}"
             if terminating or code == 0:
                 return code
+            if failed is not None:
+                print(f"trainer: {ended}; exit {failed} for the world that could not be read", flush=True)
+                return failed
             if code == peers.EXIT_PEER_LOST or (
                 child.ended_at is not None and code in (world.EXIT_PREEMPTED, 128 + signal.SIGTERM)
             ):

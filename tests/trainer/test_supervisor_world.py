@@ -244,3 +244,14 @@ def test_bad_mode_or_source_is_one_line_and_exit_2(tmp_path: Path, env: dict, li
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip() == line
     assert not run_dir.exists()
+
+
+def test_a_malformed_world_while_training_lets_the_trainer_save_then_exits_2(pod) -> None:
+    p = pod()
+    p.publish(world_doc(0, ["b"]))
+    p.wait_starts(1)
+    p.publish(world_doc(1, ["b"], coordinator="no-port"))
+    assert p.wait() == 2, p.output()
+    assert [r["how"] for r in p.records() if r["event"] == "end"] == ["sigterm"]  # it saved first
+    assert "trainer: world: 'coordinator' must be 'host:port', not 'no-port'" in p.output()
+    assert "exit 2 for the world that could not be read" in p.output()
