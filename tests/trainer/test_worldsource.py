@@ -22,6 +22,7 @@ from trainer import worldsource
 
 NAME, NS = "llm-world", "default"
 UPDATES = 30
+WATCHERS = 50
 
 
 @pytest.fixture
@@ -97,6 +98,30 @@ def test_a_published_world_is_seen_well_within_a_second(cluster: EmbeddedCluster
         assert src.lists == 1 and not seen.problems
     finally:
         src.stop()
+
+
+def test_fifty_watchers_all_see_each_world_within_a_second(cluster: EmbeddedCluster) -> None:
+    """Many pods watch one ConfigMap: every update is fanned out to each of their streams."""
+    core = client.CoreV1Api(cluster.api_client())
+    core.create_namespaced_config_map(NS, configmap(NAME, 0))
+    sources = [start_source(cluster) for _ in range(WATCHERS)]
+    try:
+        for _, seen in sources:
+            seen.wait_epoch(0)
+        wait_for(lambda: cluster.server.requests[("watch", "configmaps")] >= WATCHERS, 10, "every watch")
+        slowest = []
+        for epoch in range(1, 11):
+            t0 = time.monotonic()
+            core.patch_namespaced_config_map(NAME, NS, configmap(NAME, epoch))
+            slowest.append(max(seen.wait_epoch(epoch) for _, seen in sources) - t0)
+        print(
+            f"{WATCHERS} watchers, 10 updates: the last watcher saw each after median"
+            f" {statistics.median(slowest):.4f} s, max {max(slowest):.4f} s"
+        )
+        assert max(slowest) < 1.0, slowest
+    finally:
+        for src, _ in sources:
+            src.stop()
 
 
 def test_the_watch_lists_again_after_410_gone(cluster: EmbeddedCluster) -> None:
