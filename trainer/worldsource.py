@@ -143,16 +143,17 @@ class ConfigMapSource:
         return f"/api/v1/namespaces/{quote(self.namespace)}/configmaps?{qs}"
 
     def _open(self, path: str, timeout: float) -> http.client.HTTPResponse:
+        self._close()
         conn = self.endpoint.connect(timeout)
         self._conn = conn
         conn.request("GET", path, headers=self.endpoint.headers())
         resp = conn.getresponse()
         if resp.status == 410:
-            resp.close()
+            self._close()
             raise _Gone()
         if resp.status != 200:
             body = resp.read(2000).decode(errors="replace")
-            resp.close()
+            self._close()
             raise OSError(f"HTTP {resp.status} for GET {path}: {_message(body)}")
         return resp
 
@@ -166,7 +167,7 @@ class ConfigMapSource:
         try:
             body = json.loads(resp.read())
         finally:
-            resp.close()
+            self._close()
         self.lists += 1
         for item in body.get("items") or []:
             self._deliver(item, on_document)
@@ -192,8 +193,13 @@ class ConfigMapSource:
                 if kind in ("ADDED", "MODIFIED"):
                     self._deliver(obj, on_document)
         finally:
-            resp.close()
+            self._close()
         return rv
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
 
     def _run(self, on_document: Deliver, on_problem: Problem) -> None:
         rv: str | None = None

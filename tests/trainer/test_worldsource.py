@@ -4,7 +4,11 @@ the server lost its history, and the supervisor following a ConfigMap end to end
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
+import socket
+import ssl
 import statistics
 import threading
 import time
@@ -172,3 +176,142 @@ def test_the_supervisor_follows_a_configmap(cluster: EmbeddedCluster, tmp_path: 
         assert "follows the worlds of ConfigMap default/llm-world at http://127.0.0.1:" in pod.output()
     finally:
         pod.kill()
+
+
+def _self_signed(tmp: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 that is its own CA (the pod's ca.crt), and its key."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kubernetes")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = tmp / "ca.crt", tmp / "server.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return cert_file, key_file
+
+
+class BearerTlsFront:
+    """What a real API server adds to the embedded one's plain HTTP: TLS, and a bearer token
+    checked on every request (401 otherwise). Everything else is relayed to the embedded server."""
+
+    def __init__(self, upstream: int, cert: Path, key: Path) -> None:
+        self.upstream, self.token, self.refused = upstream, "", 0
+        self.ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.ctx.load_cert_chain(cert, key)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                raw, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
+
+    def _serve(self, raw: socket.socket) -> None:
+        with contextlib.suppress(OSError, ssl.SSLError):
+            conn = self.ctx.wrap_socket(raw, server_side=True)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                head += chunk
+            lines = head.split(b"\r\n\r\n", 1)[0].decode().split("\r\n")
+            auth = next(
+                (
+                    v.strip()
+                    for k, _, v in (h.partition(":") for h in lines[1:])
+                    if k.lower() == "authorization"
+                ),
+                "",
+            )
+            if auth != f"Bearer {self.token}":
+                self.refused += 1
+                body = b'{"kind":"Status","code":401,"message":"Unauthorized"}'
+                conn.sendall(
+                    b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+                )
+                conn.close()
+                return
+            up = socket.create_connection(("127.0.0.1", self.upstream))
+            up.sendall(head)
+
+            def back() -> None:
+                with contextlib.suppress(OSError):
+                    while data := up.recv(65536):
+                        conn.sendall(data)
+                with contextlib.suppress(OSError):
+                    conn.close()
+
+            threading.Thread(target=back, daemon=True).start()
+            while data := conn.recv(65536):
+                up.sendall(data)
+            up.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_in_cluster_tls_and_a_rotated_token(cluster: EmbeddedCluster, tmp_path: Path) -> None:
+    """As in a pod: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT, the service
+    account's CA and namespace, and its token read again at every connection (the kubelet rotates
+    it): a stale token is refused (one log line, retries) until the file holds the new one."""
+    sa = tmp_path / "serviceaccount"
+    sa.mkdir()
+    cert, key = _self_signed(sa)
+    (sa / "namespace").write_text(NS)
+    (sa / "token").write_text("old-token")
+    front = BearerTlsFront(cluster.server.port, cert, key)
+    front.token = "new-token"  # rotated before the pod's supervisor connects
+    core = client.CoreV1Api(cluster.api_client())
+    core.create_namespaced_config_map(NS, configmap(NAME, 0))
+    src = worldsource.from_env(
+        {
+            "RESLICE_WORLD_CONFIGMAP": NAME,
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(front.port),
+        },
+        sa,
+    )
+    seen = Seen()
+    src.start(seen.document, seen.problem)
+    try:
+        wait_for(lambda: front.refused >= 2, 10, "the stale token refused")
+        assert (
+            len(seen.problems) == 1 and "HTTP 401" in seen.problems[0] and "Unauthorized" in seen.problems[0]
+        )
+        (sa / "token").write_text("new-token\n")
+        seen.wait_epoch(0)
+        core.patch_namespaced_config_map(NAME, NS, configmap(NAME, 1))
+        seen.wait_epoch(1, timeout=5)
+    finally:
+        src.stop()
+        front.close()
