@@ -20,6 +20,15 @@ The child's stdout is inherited; its stderr passes through here, and its last 64
 child killed by SIGABRT right after JAX's "Terminating process because the JAX distributed service
 detected fatal errors" exits ``EXIT_PEER_LOST``; every other exit is passed on. The child gets
 SIGKILL if this process dies first (``PR_SET_PDEATHSIG``).
+
+With ``RESLICE_RESTART_MODE=in-place`` (``supervise_world``, docs/contract.md "World (in-place
+restarts)") the pod outlives its trainers: this process follows the published worlds
+(``trainer.world``, delivered by ``trainer.worldsource``) and forks one child per epoch, with that
+world's environment. It then has threads when it forks (the world source, the previous child's
+stderr pump): none of them prints, logs or writes through ``sys.stderr``'s buffer (the pump writes
+to file descriptor 2 directly), so no lock the child could need is held at the fork.
+
+Called by ``trainer.__main__``.
 """
 
 from __future__ import annotations
