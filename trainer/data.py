@@ -308,14 +308,15 @@ class Mixture:
     """Which source and record fill each global position of a step: a pure function of (sources,
     weights, seed, step, global batch).
 
-    Source k's count among the first R positions is ``F_k(R) = floor(R·w_k + φ_k)`` for every source
-    but the heaviest, which takes the rest (``w`` normalised, ``φ_k`` a fixed offset in [0, 1) drawn
-    from the seed). Each ``F_k`` is non-decreasing, so step s holds ``F_k((s+1)·GB) − F_k(s·GB)``
-    samples of source k and the heaviest source's count never goes negative as long as
-    ``GB − Σ_{k≠heaviest} ceil(GB·w_k) ≥ 0`` (checked). Over any run of steps each source's share
-    is within one sample of its weight: no sampling noise. Within the step the positions of each
-    source are spread by a seeded permutation of the step, and source k's j-th sample overall is
-    record ``order_k[j]`` of its own shuffle (reshuffled every epoch, as a single source's).
+    Source k's count among the first R positions is ``F_k(R) = floor(R·w_k + ½)`` (R·w_k rounded)
+    for every source but the heaviest, which takes the rest (``w`` normalised). Each ``F_k`` is
+    non-decreasing, so step s holds ``F_k((s+1)·GB) − F_k(s·GB)`` samples of source k, and the
+    heaviest source's count never goes negative as long as ``GB − Σ_{k≠heaviest} ceil(GB·w_k) ≥ 0``
+    (checked). Over any prefix of the run every source but the heaviest is within half a sample of
+    its weight and the heaviest within (K − 1)/2: no sampling noise. Within the step the positions of
+    each source are spread by a permutation drawn from (seed, step), and source k's j-th sample
+    overall is record ``order_k[j]`` of its own shuffle (reshuffled every epoch, as a single
+    source's).
 
     With one source this is exactly the single-source order (position r holds ``order[r]``), so a
     run's data order and ``data/sample_digest`` are unchanged by the mixture machinery.
@@ -326,7 +327,6 @@ class Mixture:
         total = sum(p.weight for p in parts)
         self.w = np.array([p.weight / total for p in parts], np.float64)
         self.heaviest = int(np.argmax(self.w))
-        self.phi = _uniform(seed, 3, np.arange(len(parts)), 1)[:, 0]
         others = sum(int(np.ceil(global_batch * w)) for k, w in enumerate(self.w) if k != self.heaviest)
         if global_batch < others:
             raise DataError(
@@ -340,7 +340,7 @@ class Mixture:
 
     def counts(self, positions: int) -> np.ndarray:
         """[K] how many of the first ``positions`` global positions each source fills."""
-        f = np.floor(positions * self.w + self.phi).astype(np.int64)
+        f = np.floor(positions * self.w + 0.5).astype(np.int64)
         f[self.heaviest] = 0
         f[self.heaviest] = positions - f.sum()
         return f
