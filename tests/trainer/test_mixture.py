@@ -367,3 +367,22 @@ def test_eval_loss_of_a_checkpoint_is_the_same_on_8_and_2_devices(
     assert abs(on2["eval/held/loss"] - on8["eval/held/loss"]) <= 1e-5, (on2, on8)
     # A different checkpoint evaluates differently: the figure is the parameters', not a constant.
     assert eval_at(mixed["dir"], 4, cpu8, 1, corpus)["eval/held/loss"] != on8["eval/held/loss"]
+
+
+def test_a_token_id_outside_the_vocabulary_mid_run_is_exit_2_in_one_line(tmp_path: Path) -> None:
+    """The first and last records pass the start-up check; a middle one, read at step 1 or 2 (20
+    records, 16 a step), fails the run with the file and the record named, not retried."""
+    tokens = np.random.default_rng(2).integers(0, VOCAB, 20 * SEQ + 1)
+    tokens[10 * SEQ + 3] = 4000
+    write(tmp_path / "bad.npy", tokens)
+    args = [
+        "--set",
+        "train.steps=4",
+        "--set",
+        "data.sources=" + json.dumps([{"name": "x", "path": str(tmp_path / "bad.npy")}]),
+    ]
+    rc, out = runs.run(runs.env_for(str(tmp_path / "run"), 2), tmp_path / "trainer.log", args)
+    assert rc == 2, out[-3000:]
+    errors = [line for line in out.splitlines() if line.startswith("trainer: config error:")]
+    assert len(errors) == 1 and "Traceback" not in out, out[-3000:]
+    assert f"{tmp_path / 'bad.npy'} record 10 " in errors[0] and "token id 4000" in errors[0]
