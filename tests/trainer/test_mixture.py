@@ -92,6 +92,7 @@ def test_two_sources_keep_their_weights_and_the_same_samples_on_every_layout(cor
         # A record comes from one source: its ids lie in that source's range.
         assert all(row.max() < 128 or row.min() >= 128 for row in want)
     share_a = from_a / total
+    print(f"400 steps: source a {share_a:.4f} of {total} tokens (weight 0.25), b {1 - share_a:.4f} (0.75)")
     assert abs(share_a - 0.25) <= 0.02 and abs((1 - share_a) - 0.75) <= 0.02, share_a
     assert counted == {"a": from_a, "b": total - from_a}
 
@@ -318,7 +319,7 @@ def test_the_mixture_takes_the_same_samples_on_every_shape(
     shape: str, mixed: dict, corpus: dict[str, str], tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    args = mix_args(corpus, False)
+    args = mix_args(corpus, shape == "2 processes")  # evaluation across processes too
     if shape == "2 processes":
         procs = runs.processes(str(run_dir), tmp_path, count=2, devices=2, args=args)
         for p in procs:
@@ -333,6 +334,13 @@ def test_the_mixture_takes_the_same_samples_on_every_shape(
         assert rec["data/sample_digest"] == ref["data/sample_digest"], f"{shape}: step {step}"
         assert (rec["data/tokens/a"], rec["data/tokens/b"]) == (ref["data/tokens/a"], ref["data/tokens/b"])
         assert abs(rec["learning/loss"] - ref["learning/loss"]) <= 1e-5, f"{shape}: step {step}"
+        if "eval/held/loss" in rec:  # the eval of parameters within 1e-5 of the 8-device run's
+            assert abs(rec["eval/held/loss"] - ref["eval/held/loss"]) <= 1e-4, f"{shape}: step {step}"
+            print(
+                f"{shape}: step {step} eval loss {rec['eval/held/loss']!r} vs {ref['eval/held/loss']!r} on 8 devices"
+            )
+    if shape == "2 processes":
+        assert {s for s, r in records.items() if "eval/held/loss" in r} == {4, 8}
 
 
 def eval_at(
@@ -364,6 +372,9 @@ def test_eval_loss_of_a_checkpoint_is_the_same_on_8_and_2_devices(
     on2 = eval_at(mixed["dir"], 8, cpu8[:2], 4, corpus)
     # What the run logged after step 8 is this checkpoint's eval (the state it saved).
     assert abs(on8["eval/held/loss"] - mixed["records"][8]["eval/held/loss"]) <= 1e-6
+    print(
+        f"eval loss of checkpoint 8: {on8['eval/held/loss']!r} on 8 devices, {on2['eval/held/loss']!r} on 2 (accumulation 4)"
+    )
     assert abs(on2["eval/held/loss"] - on8["eval/held/loss"]) <= 1e-5, (on2, on8)
     # A different checkpoint evaluates differently: the figure is the parameters', not a constant.
     assert eval_at(mixed["dir"], 4, cpu8, 1, corpus)["eval/held/loss"] != on8["eval/held/loss"]
