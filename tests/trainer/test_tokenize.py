@@ -147,3 +147,19 @@ def test_bad_input_is_one_line_exit_2_and_nothing_created(
         done.stderr
     )
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+def test_the_trainer_trains_on_what_it_wrote(tokenizer_file: Path, tmp_path: Path) -> None:
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in corpus(400, 3)))
+    done = tokenize(
+        "--tokenizer", str(tokenizer_file), "--out", str(tmp_path / "web"), str(tmp_path / "docs.jsonl")
+    )
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    sets = [f"model.vocab_size={summary['vocab_size']}", f"data.eos_id={summary['eos_id']}", "train.steps=3",
+            "data.sources=" + json.dumps([{"name": "web", "path": str(tmp_path / "web")}])]  # fmt: skip
+    rc, out = runs.run(runs.env_for(str(tmp_path / "run"), 2), tmp_path / "trainer.log",
+                       [a for s in sets for a in ("--set", s)])  # fmt: skip
+    assert rc == 0, out[-3000:]
+    records = runs.parse_metrics(runs.metrics_files(tmp_path / "run"))
+    assert sorted(records) == [1, 2, 3] and all(r["data/tokens/web"] == 16 * 32 for r in records.values())
