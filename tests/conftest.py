@@ -31,6 +31,7 @@ MAXTEXT_E2E = ROOT / "tests" / "maxtext_e2e"
 # end-to-end tests' waiting left the cores half idle.
 LONGEST_FIRST = (
     "tests/trainer/test_train.py",  # 308
+    "tests/trainer/test_mixture.py",  # 229 (measured alone with -n 0)
     "tests/trainer/test_start_barrier.py",  # 181
     "tests/controller/test_e2e_elastic.py",  # 170
     "tests/controller/test_e2e_disruptions.py",  # 159
