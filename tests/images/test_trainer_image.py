@@ -61,7 +61,9 @@ def test_trains_checkpoints_exits_42_on_sigterm_and_resumes(images, tmp_path):
     assert took < 60, f"SIGKILL, not the trainer, ended it ({took:.1f} s)"
     saved = committed(run_dir)[-1]
     assert 10 <= saved < STEPS, (committed(run_dir), out[-2000:])
+    assert f"trainer: preempted: step {saved} committed, exit 42" in out
     status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "running" and status["step"] == saved, status
     print(f"stopped: exit {rc} {took:.1f} s after SIGTERM, checkpoints {committed(run_dir)}, status {status}")
 
     second = trainer(image, run_dir, tmp_path / "second.log")
@@ -71,7 +73,8 @@ def test_trains_checkpoints_exits_42_on_sigterm_and_resumes(images, tmp_path):
         second.close()
     out = second.output()
     assert rc == 0, out[-4000:]
-    assert f"trainer: resumed step {saved + 1} from" in out or f"resumed step {saved}" in out, out[-3000:]
+    assert f"trainer: resumed step {saved} from {RUN_DIR}/checkpoints" in out, out[-3000:]
+    assert f"trainer: finished {STEPS} steps" in out
     assert committed(run_dir)[-1] == STEPS
     records = [r for f in sorted((run_dir / "metrics").glob("*.jsonl")) for r in read_jsonl(f.read_text())]
     steps = {r["step"] for r in records}
