@@ -28,12 +28,15 @@ def test_watch_in_the_image_runs_as_65532_and_shrinks_a_run(images, tmp_path):
     assert user == "65532:65532"
     run_dir = tmp_path / "shrink"
     run_dir.mkdir()
-    run_dir.chmod(0o777)  # the controller's ledger, written as uid 65532
+    run_dir.chmod(0o777)  # the controller writes its ledger there as uid 65532
     pools = [NodePoolSpec(PRESET, count=2)]
     with EmbeddedCluster(nodepools=pools, mode="simulate") as cluster:
         kube = Kube(cluster.api_client(), "default")
         spec = RunSpec(run="shrink", run_dir=str(run_dir), global_batch=32, grace_period_s=1)
         create_run(kube, prepare(spec, PRESET, 2, Knobs(unschedulable_grace_s=5))[0])
+        # What launch wrote (run.json, events.jsonl) is root's: the controller appends as 65532.
+        for path in run_dir.rglob("*"):
+            path.chmod(0o777 if path.is_dir() else 0o666)
         kubeconfig = cluster.kubeconfig
         kubeconfig.chmod(0o644)
         args = ["watch", "--all", "--kubeconfig", "/kube/config", "--resync", "0.5"]
