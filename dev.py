@@ -438,6 +438,11 @@ def build_images(names: list[str] | None = None) -> None:
 
 
 def images(args: list[str]) -> None:
+    known = [tag.split("/")[-1].split(":")[0].removeprefix("reslice-") for tag, _ in IMAGES]
+    unknown = [a for a in args if not any(a in tag for tag, _ in IMAGES)]
+    if unknown:
+        print(f"dev.py images: no image named {unknown[0]!r} (images: {', '.join(known)})", file=sys.stderr)
+        sys.exit(2)
     try:
         build_images(args)
     except EngineUnavailable as e:
