@@ -141,14 +141,15 @@ def _runs_image_tests(args: list[str]) -> bool:
 def _prepare_images() -> None:
     """The images, built (or found current in podman's cache) before pytest starts, so that no test
     worker builds them beside the others' tests; where no engine can be set up, the image tests skip
-    with the one line said here (tests/images/conftest.py reads RESLICE_IMAGES)."""
+    with the one line said here (tests/images/conftest.py reads RESLICE_IMAGES_SKIP, and
+    RESLICE_IMAGES_BUILT: nothing left to build)."""
     try:
         build_images()
     except EngineUnavailable as e:
         print(f"dev.py test: the image tests skip: no container engine: {e}", file=sys.stderr)
-        os.environ["RESLICE_IMAGES"] = f"no container engine: {e}"
+        os.environ["RESLICE_IMAGES_SKIP"] = f"no container engine: {e}"
         return
-    os.environ["RESLICE_IMAGES"] = "built"
+    os.environ["RESLICE_IMAGES_BUILT"] = "1"
 
 
 def _workers(args: list[str]) -> list[str]:
@@ -211,9 +212,9 @@ IMAGES = (
     ("localhost/reslice-maxtext:dev", "docker/maxtext.Dockerfile"),
 )
 # The stand-in for the official python:X-slim images (no registry here): a Debian bookworm root
-# file system from debootstrap (the official slim images are Debian bookworm too) with the runtime
-# libraries the official image installs for CPython's extension modules, and this machine's own
-# CPython X (a pyenv build) in /usr/local, where the official image builds its CPython.
+# file system from debootstrap (this VM's release; the official tags' is trixie, docs/images.md)
+# with the runtime libraries the official image installs for CPython's extension modules, and this
+# machine's own CPython X (a pyenv build) in /usr/local, where the official image builds its CPython.
 ROOTFS_SUITE = "bookworm"
 ROOTFS_MIRROR = "http://deb.debian.org/debian"
 ROOTFS_PACKAGES = (

@@ -1,7 +1,8 @@
 """The image tests' engine: podman with the project's containers.conf (dev.py), and the images
-`dev.py images` builds. `dev.py test` builds them before pytest and says so in RESLICE_IMAGES; run
-alone, the first image test builds them (podman's layer cache: seconds once built). Where no engine
-can be set up (no apt, not root), every image test skips with dev.py's one line."""
+`dev.py images` builds. `dev.py test` builds them before pytest and says so (RESLICE_IMAGES_BUILT,
+or RESLICE_IMAGES_SKIP with why there is no engine); run alone (`pytest tests/images`), the first
+image test builds them (podman's layer cache: seconds once built). Where no engine can be set up
+(no apt, not root), every image test skips with dev.py's one line. Used by tests/images/test_*.py."""
 
 from __future__ import annotations
 
@@ -12,17 +13,13 @@ import pytest
 
 import dev
 
-# dev.py test's word on the images: "built", or why there is no engine.
-IMAGES_ENV = "RESLICE_IMAGES"
-
 
 @pytest.fixture(scope="session")
 def images() -> dict[str, str]:
     """Dockerfile -> image tag, every image built and current."""
-    said = os.environ.get(IMAGES_ENV)
-    if said and said != "built":
-        pytest.skip(said)
-    if said != "built":
+    if why := os.environ.get("RESLICE_IMAGES_SKIP"):
+        pytest.skip(why)
+    if not os.environ.get("RESLICE_IMAGES_BUILT"):
         dev.PODMAN_CONF.parent.mkdir(parents=True, exist_ok=True)
         # xdist workers: one builds, the others wait and find podman's cache warm.
         with open(dev.PODMAN_CONF.parent / "build.lock", "w") as lock:
