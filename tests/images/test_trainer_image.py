@@ -77,5 +77,5 @@ def test_trains_checkpoints_exits_42_on_sigterm_and_resumes(images, tmp_path):
     assert f"trainer: finished {STEPS} steps" in out
     assert committed(run_dir)[-1] == STEPS
     records = [r for f in sorted((run_dir / "metrics").glob("*.jsonl")) for r in read_jsonl(f.read_text())]
-    steps = {r["step"] for r in records}
-    assert steps == set(range(1, STEPS + 1)), sorted(steps)
+    # Every step once: the stop lost no step and the resume recomputed none.
+    assert sorted(r["step"] for r in records) == list(range(1, STEPS + 1))
