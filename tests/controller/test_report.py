@@ -4,13 +4,13 @@ from dataclasses import replace
 
 import pytest
 
-from launcher import record
-from launcher.plan import Plan
-from launcher.preset_files import make_shape
-from launcher.record import RunRecord, new_segment
-from launcher.render import RunSpec
-from launcher.report import CATEGORIES, build_report, waiting_intervals
-from launcher.report_plots import plot_loss, plot_timeline
+from launcher.adapters.preset_files import make_shape
+from launcher.core.accounting import CATEGORIES, build_report, waiting_intervals
+from launcher.core.plan import Plan
+from launcher.core.record import RunRecord, new_segment
+from launcher.core.spec import RunSpec
+from launcher.core.words import RunState
+from launcher.report.plots import plot_loss, plot_timeline
 
 T0 = 1000.0
 
@@ -25,7 +25,7 @@ def history():
     s0 = new_segment(rec, make_shape("tpu7x-2x2x2", 2), Plan(32, 1, 1), T0, "launch", None)
     rec = rec.with_segment(replace(s0, ended_at=T0 + 30, end_kind="capacity-lost", end_reason="lost"))
     s1 = new_segment(rec, make_shape("tpu7x-2x2x2", 1), Plan(16, 2, 1), T0 + 30, "shrink", 2)
-    rec = replace(rec.with_segment(replace(s1, ended_at=T0 + 50, end_kind="finished")), state=record.FINISHED,
+    rec = replace(rec.with_segment(replace(s1, ended_at=T0 + 50, end_kind="finished")), state=RunState.FINISHED,
                   finished_at=T0 + 50)  # fmt: skip
     metrics = [
         {
@@ -45,7 +45,7 @@ def history():
     ]  # fmt: skip
     ledger = [
         {"time": T0 + 20, "kind": "observe", "unschedulable": 1},
-        {"time": T0 + 30, "kind": "act", "action": "start-segment", "state": record.RUNNING},
+        {"time": T0 + 30, "kind": "act", "action": "start-segment", "state": RunState.RUNNING},
         {"time": T0 + 30.5, "kind": "observe", "unschedulable": 0},
     ]
     return rec, metrics, ledger
@@ -79,7 +79,7 @@ def preempted_in_place():
     rec = RunRecord(spec=RunSpec(run="r", run_dir="/tmp/r", global_batch=32), preset="tpu7x-2x2x2", slices=1,
                     created_at=T0)  # fmt: skip
     s0 = new_segment(rec, make_shape("tpu7x-2x2x2", 1), Plan(16, 2, 1), T0, "launch", None)
-    rec = replace(rec.with_segment(replace(s0, ended_at=T0 + 30, end_kind="finished")), state=record.FINISHED,
+    rec = replace(rec.with_segment(replace(s0, ended_at=T0 + 30, end_kind="finished")), state=RunState.FINISHED,
                   finished_at=T0 + 30)  # fmt: skip
 
     def step(n, attempt, t, **extra):
@@ -131,7 +131,7 @@ def test_goodput_split_as_ml_goodput_measurement_does():
     assert out["goodput"] == pytest.approx(round(5.25 / 30, 4))
     assert out["badput_s"] == {
         "scheduling": 12.5, "startup": 2.5, "compilation": 4.0, "checkpoint_restore": 2.5,
-        "data_loading": 0.75, "recomputed_steps": 2.0, "checkpoint_save": 0.5,
+        "data_loading": 0.75, "recomputed_steps": 2.0, "checkpoint_save": 0.5, "evaluation": 0.0,
     }  # fmt: skip
     assert out["waiting_for_capacity_s"] == 3.0 and out["segments"][0]["badput_s"] == out["badput_s"]
 
@@ -144,10 +144,27 @@ def test_every_second_in_one_category_on_the_shrinking_history():
     assert b.productive + sum(getattr(b, name) for name, _, _ in CATEGORIES) == pytest.approx(b.wall)
 
 
+def test_evaluation_is_its_own_category_not_training_nor_scheduling():
+    """Step 2 of the preempted history evaluates for 0.75 s after its save (`perf/eval_seconds`,
+    which no step time includes): those seconds leave scheduling (the remainder) for evaluation,
+    and productive training is unchanged."""
+    rec, metrics, ledger = preempted_in_place()
+    before = build_report(rec, metrics, ledger, now=T0 + 999).badput
+    metrics[1]["perf/eval_seconds"] = 0.75
+    after = build_report(rec, metrics, ledger, now=T0 + 999).badput
+    assert after.evaluation == pytest.approx(0.75) and before.evaluation == 0
+    assert after.productive == pytest.approx(before.productive)
+    assert after.scheduling == pytest.approx(before.scheduling - 0.75)
+    assert after.productive + sum(getattr(after, name) for name, _, _ in CATEGORIES) == pytest.approx(
+        after.wall
+    )
+    assert build_report(rec, metrics, ledger, now=T0 + 999).as_dict()["badput_s"]["evaluation"] == 0.75
+
+
 def test_badput_table_shows_each_category():
     from rich.console import Console
 
-    from launcher.view import badput_table
+    from launcher.report.view import badput_table
 
     rec, metrics, ledger = preempted_in_place()
     console = Console(width=120, record=True)
@@ -162,8 +179,8 @@ def test_badput_table_shows_each_category():
 
 def test_waiting_for_capacity_when_nothing_fits():
     ledger = [
-        {"time": 10, "kind": "wait", "action": "wait", "state": record.WAITING},
-        {"time": 25, "kind": "act", "action": "start-segment", "state": record.RUNNING},
+        {"time": 10, "kind": "wait", "action": "wait", "state": RunState.WAITING},
+        {"time": 25, "kind": "act", "action": "start-segment", "state": RunState.RUNNING},
         {"time": 30, "kind": "observe", "unschedulable": 2},
     ]
     assert waiting_intervals(ledger, end=40) == [(10, 25), (30, 40)]
@@ -182,7 +199,7 @@ def test_plots_are_pngs(tmp_path):
 def test_live_view_interleaves_disruptions_with_actions_in_time_order():
     from rich.console import Console
 
-    from launcher.view import live_view
+    from launcher.report.view import live_view
 
     rec, metrics, _ = history()
     ledger = [

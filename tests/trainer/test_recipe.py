@@ -225,7 +225,7 @@ def test_new_keys_are_refused_in_one_line_when_wrong() -> None:
     for bad, text in (
         ("model.kv_heads=3", "model.kv_heads must divide"),
         ("optim.schedule=linear", "optim.schedule must be"),
-        ("data.eos_id=256", "data.eos_id must be"),
+        ("data.eos_id=256", "data.eos_id must be -1"),
         ("optim.decay_fraction=0", "optim.decay_fraction"),
     ):
         with pytest.raises(config.ConfigError, match=text):
