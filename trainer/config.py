@@ -553,7 +553,7 @@ _NEW_KEYS = {
         "decay_embeddings",
         "decay_norm_and_bias",
     ),
-    "data": ("eos_id",),
+    "data": ("eos_id", "sources"),
 }
 
 
@@ -576,6 +576,8 @@ def identity(cfg: Config) -> dict[str, Any]:
     data = dataclasses.asdict(cfg.data)
     for k in ("workers", "prefetch"):
         data.pop(k)
+    if data["dtype"] == "auto":  # what it resolves to; "uint16" was the default before "auto"
+        data["dtype"] = "uint16" if cfg.model.vocab_size <= 1 << 16 else "uint32"
     optim = dataclasses.asdict(cfg.optim)
     if cfg.optim.schedule == "wsd":  # where the decay starts: schedule_point, checked on resume
         optim.pop("decay_steps")
