@@ -49,7 +49,7 @@ class InputError(Exception):
     """Bad input: one line on stderr, exit 2."""
 
 
-class _Parser(argparse.ArgumentParser):
+class _TokenizeParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2
         print(f"tokenize: usage error: {message}", file=sys.stderr)
         sys.exit(2)
@@ -205,7 +205,7 @@ def tokenize(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="python -m trainer.tokenize", description=__doc__.split("\n\n")[0])
+    parser = _TokenizeParser(prog="python -m trainer.tokenize", description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "inputs", nargs="+", metavar="INPUT", help=".jsonl/.json (one document a line) or text"
     )
