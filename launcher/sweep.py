@@ -9,7 +9,9 @@ loss. Nothing here recomputes drops from loads: the trainer counts them where th
 
 Layout: ``<sweep_dir>/<sweep>-f<slug>/`` is each run's ordinary run directory; ``sweep.json``,
 ``sweep.csv`` and ``sweep.png`` lie beside them. Each run is an ordinary run (record, controller,
-ledger), so preemption and shrink handling apply to sweeps too.
+ledger), so preemption handling applies to sweeps too; but a sweep measures every factor on the one
+shape it names, so a run the controller puts on another shape (capacity lost, it shrank) is stopped
+at once and reported as not measured (`sweep_spec.off_shape`).
 
 This module is the driver, called by `reslice sweep` (`launcher/commands/sweeping.py`): it plans
 every run (:func:`plan_sweep`) and runs what is missing under one controller (:func:`run_sweep`).
@@ -31,16 +33,26 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from launcher.controller import Controller
+from launcher.controller import Controller, PassResult
 from launcher.errors import UserError
 from launcher.kube import Kube
-from launcher.launch import create_run, prepare
+from launcher.launch import create_run, prepare, stop_run
 from launcher.record import FINISHED, Knobs, RunRecord
 from launcher.render import LABEL_RUN, RunSpec
 from launcher.rundir import RunDir
 from launcher.sweep_files import SWEEP_JSON, read_incarnations, result_of, write_outputs
 from launcher.sweep_results import FactorResult, Recommendation, pct
-from launcher.sweep_spec import ATTACH, DONE, LAUNCH, MISSING, RELAUNCH, SweepSpec, next_action, run_name
+from launcher.sweep_spec import (
+    ATTACH,
+    DONE,
+    LAUNCH,
+    MISSING,
+    RELAUNCH,
+    SweepSpec,
+    next_action,
+    off_shape,
+    run_name,
+)
 from launcher.view import Throttle, live_view
 
 
@@ -174,7 +186,19 @@ def run_sweep(
     active: list[FactorRun] = []
     controller = Controller(kube, resync_s=resync_s, lease_s=lease_s)
     changed = threading.Event()
-    controller.on_pass = lambda _result: changed.set()
+    unmeasured: dict[str, str] = {}  # run -> why it left the sweep's shape
+
+    def on_pass(result: PassResult) -> None:
+        """After each pass has acted: a run the controller put on another shape stops at once,
+        before its new segment can train."""
+        d = result.decision
+        why = off_shape(d.record, sweep.preset, sweep.slices) if d is not None else None
+        if why is not None and result.run not in unmeasured:
+            unmeasured[result.run] = why
+            stop_run(kube, result.run, why)
+        changed.set()
+
+    controller.on_pass = on_pass
     ctl_stop = threading.Event()
     loop = threading.Thread(
         target=controller.run_forever, args=(lambda: [p.run for p in active], ctl_stop), daemon=True
@@ -216,7 +240,10 @@ def run_sweep(
     def finish(p: FactorRun, rec: RunRecord) -> None:
         active.remove(p)
         controller.release(p.run)
-        r = result_of(sweep, p.factor, rec.state, rec.reason)
+        if p.run in unmeasured:  # its metrics, if any, are not all of the sweep's shape
+            r = FactorResult(p.factor, p.run, rec.state, unmeasured[p.run])
+        else:
+            r = result_of(sweep, p.factor, rec.state, rec.reason)
         results[p.run] = r
         if r.measured:
             console.print(

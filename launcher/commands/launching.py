@@ -29,6 +29,7 @@ from launcher.commands.options import (
     MemoryRequestOpt,
     NamespaceOpt,
     PlacementOpt,
+    PreflightOpt,
     PresetOpt,
     PriorityClassOpt,
     QueueOpt,
@@ -87,14 +88,7 @@ def launch(
     queue: QueueOpt = None,
     priority_class: PriorityClassOpt = None,
     service_account: ServiceAccountOpt = None,
-    checks: Annotated[
-        bool,
-        typer.Option(
-            "--preflight/--no-preflight",
-            help="Refuse a cluster that cannot run it (no JobSet, no node pools of the shape...); "
-            "--no-preflight e.g. for node pools that autoscale from zero.",
-        ),
-    ] = True,
+    checks: PreflightOpt = True,
     unschedulable_grace: Annotated[float, typer.Option("--unschedulable-grace", help="Seconds.")] = 120.0,
     grow_window: Annotated[float, typer.Option("--grow-window", help="Seconds capacity must hold.")] = 300.0,
     grow: Annotated[bool, typer.Option("--grow/--no-grow", help="Grow back when capacity returns.")] = True,

@@ -17,6 +17,7 @@ from launcher.commands.options import (
     ImageOpt,
     KubeconfigOpt,
     NamespaceOpt,
+    PreflightOpt,
     PresetOpt,
     SetOpt,
     SlicesOpt,
@@ -53,6 +54,7 @@ def sweep(
     namespace: NamespaceOpt = "default",
     kubeconfig: KubeconfigOpt = None,
     grace_period: GracePeriodOpt = None,
+    checks: PreflightOpt = True,
 ) -> None:
     """Sweep the MoE ragged buffer factor: one run per factor; drops, load and step time side by side."""
     from launcher.connect import connect
@@ -83,12 +85,19 @@ def sweep(
     knobs = Knobs()
     plan_sweep(spec, template, knobs)  # every run planned and checked before anything starts
     conn = connect(kubeconfig, namespace, start_embedded=f"{spec.preset}:{spec.slices}")
+    template = for_cluster(template, conn.embedded, grace_period)
+    if checks:  # launch's free checks, on the one shape every run of the sweep is measured on
+        from launcher.checks import Request
+        from launcher.preflight import refuse_unready
+        from launcher.preset_files import make_shape
+
+        refuse_unready(conn.kube, Request(template, (make_shape(spec.preset, spec.slices),)))
     if conn.embedded and spec.max_parallel > 1:
         # One machine: parallel runs would share its cores and every step time would be wrong.
         console.print(f"embedded cluster: runs one at a time (--max-parallel {spec.max_parallel} ignored)")
         spec = replace(spec, max_parallel=1)
     outcome = run_sweep(
-        conn.kube, spec, for_cluster(template, conn.embedded, grace_period), knobs,
+        conn.kube, spec, template, knobs,
         console=console, live=sys.stdout.isatty(),
     )  # fmt: skip
     console.print(sweep_table(spec, outcome.results, outcome.recommendation))
