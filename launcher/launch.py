@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import asdict, replace
 
-from launcher.errors import UserError
+from launcher.errors import ClusterNotReady, UserError
 from launcher.inputs import quantity
 from launcher.plan import Plan, Rung, shrink_ladder
 from launcher.preset_files import load_catalog
@@ -184,8 +184,8 @@ def create_run(kube, rec: RunRecord) -> None:
                 f"run {rec.name!r} already finished in {rec.spec.run_dir} (step {status.get('step')}): "
                 "launch a new --run, or give another --run-dir"
             )
-    if not kube.namespace_exists():
-        raise UserError(
+    if not kube.namespace_exists():  # the cluster is not ready for the run, as preflight says (exit 1)
+        raise ClusterNotReady(
             f"namespace {kube.namespace!r} does not exist: `kubectl create namespace {kube.namespace}`"
         )
     if kube.get_record(rec.name) is not None:

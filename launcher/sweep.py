@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -66,10 +66,12 @@ class FactorRun:
         return self.record.name
 
 
-def plan_sweep(sweep: SweepSpec, template: RunSpec, knobs: Knobs) -> list[FactorRun]:
-    """Every run of the sweep, each planned and checked as `reslice launch` would, before anything
-    is created; and the sweep directory must not hold a different sweep. `template` supplies what is
-    not the sweep's business (image, namespace, grace period...)."""
+def plan_sweep(
+    sweep: SweepSpec, template: RunSpec, knobs: Knobs, factors: Sequence[float] | None = None
+) -> list[FactorRun]:
+    """Every run of the sweep (or those of `factors`), each planned and checked as `reslice launch`
+    would, before anything is created; and the sweep directory must not hold a different sweep.
+    `template` supplies what is not the sweep's business (image, namespace, grace period...)."""
     stored = RunDir(sweep.sweep_dir).read_text(SWEEP_JSON)
     if stored is not None:
         try:
@@ -87,7 +89,7 @@ def plan_sweep(sweep: SweepSpec, template: RunSpec, knobs: Knobs) -> list[Factor
                 f"({', '.join(f'{k}={v}' for k, v in diff.items())}); choose another --name or --sweep-dir"
             )
     out = []
-    for f in sweep.factors:
+    for f in sweep.factors if factors is None else factors:
         spec = replace(
             template,
             run=run_name(sweep.name, f),

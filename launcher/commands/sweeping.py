@@ -83,7 +83,10 @@ def sweep(
         namespace=namespace,
     )  # fmt: skip
     knobs = Knobs()
-    plan_sweep(spec, template, knobs)  # every run planned and checked before anything starts
+    # The runs differ in their buffer factor only (make_sweep checked them all): one planned here
+    # finds what a bad input would break in every run before the cluster is asked anything;
+    # run_sweep plans them all before it creates anything.
+    plan_sweep(spec, template, knobs, spec.factors[:1])
     conn = connect(kubeconfig, namespace, start_embedded=f"{spec.preset}:{spec.slices}")
     template = for_cluster(template, conn.embedded, grace_period)
     if checks:  # launch's free checks, on the one shape every run of the sweep is measured on
