@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiException
 
-from launcher.embedded.podrun import CRASH_BACKOFF_S
+from launcher.embedded.kubelet.podrun import CRASH_BACKOFF_S
 from tests.embedded.cluster_helpers import PodRecorder, condition, rendered, running
 from tests.embedded.conftest import Api, jobset
 from tests.support.wait import wait_for

@@ -11,13 +11,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from launcher.commands.spec import for_cluster
+from launcher.adapters.kube import Kube
+from launcher.cli.spec_options import for_cluster
+from launcher.core.record import Knobs, RunRecord, Segment
+from launcher.core.spec import RunSpec
+from launcher.core.words import EndKind, RunState
 from launcher.embedded.cluster import EmbeddedCluster
-from launcher.kube import Kube
-from launcher.record import STOPPED, Knobs, RunRecord, Segment
-from launcher.render import RunSpec
-from launcher.sweep import SweepOutcome, run_sweep
-from launcher.sweep_spec import make_sweep, off_shape
+from launcher.sweep.driver import SweepOutcome, run_sweep
+from launcher.sweep.spec import make_sweep, off_shape
 from tests.support.wait import wait_for
 
 PRESET = "tpu7x-2x2x2"
@@ -31,7 +32,9 @@ def test_off_shape_names_the_first_segment_on_another_shape() -> None:
     rec = RunRecord(spec=RunSpec(run="r", run_dir="/d", global_batch=64), preset=PRESET, slices=2)
     assert off_shape(rec, PRESET, 2) is None
     lost = "capacity lost: node pools lost: p; shrinking tpu7x-2x2x2 x2 -> tpu7x-2x2x2 x1"
-    rec = rec.with_segment(_segment(0, PRESET, 2, ended_at=1.0, end_kind="capacity-lost", end_reason=lost))
+    rec = rec.with_segment(
+        _segment(0, PRESET, 2, ended_at=1.0, end_kind=EndKind.CAPACITY_LOST, end_reason=lost)
+    )
     assert off_shape(rec, PRESET, 2) is None  # ended, but no segment on another shape yet
     rec = rec.with_segment(_segment(1, PRESET, 1))
     assert off_shape(rec, PRESET, 2) == (
@@ -80,7 +83,7 @@ def test_a_run_that_would_shrink_is_stopped_and_not_measured(tmp_path: Path) -> 
         left = [j for j in kube.jobsets(run) if not j["metadata"].get("deletionTimestamp")]
     assert not result.measured and not done[0].complete
     assert result.reason.startswith(f"not measured: its segment 1 would run on {PRESET} x1, not the sweep's")
-    assert rec.state == STOPPED and rec.reason == result.reason
+    assert rec.state == RunState.STOPPED and rec.reason == result.reason
     assert [(s.preset, s.slices) for s in rec.segments] == [(PRESET, 2), (PRESET, 1)]
     assert left == []  # the other shape's JobSet deleted with the run's stop
-    assert f"{run}: {STOPPED}: {result.reason}" in out.getvalue()
+    assert f"{run}: {RunState.STOPPED}: {result.reason}" in out.getvalue()
