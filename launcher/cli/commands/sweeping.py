@@ -91,9 +91,9 @@ def sweep(
     conn = connect(kubeconfig, namespace, start_embedded=f"{spec.preset}:{spec.slices}")
     template = for_cluster(template, conn.embedded, grace_period)
     if checks:  # launch's free checks, on the one shape every run of the sweep is measured on
-        from launcher.checks import Request
-        from launcher.preflight import refuse_unready
-        from launcher.preset_files import make_shape
+        from launcher.adapters.preset_files import make_shape
+        from launcher.core.capacity.checks import Request
+        from launcher.preflight.gate import refuse_unready
 
         refuse_unready(conn.kube, Request(template, (make_shape(spec.preset, spec.slices),)))
     if conn.embedded and spec.max_parallel > 1:
