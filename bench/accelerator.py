@@ -146,7 +146,7 @@ def _has_backend(name: str) -> bool:
         return False
 
 
-def step_time(layers: int, batch: int, steps: int, quick: bool) -> dict:
+def step_time(layers: int, batch: int, steps: int, quick: bool, overrides: list[str] | None = None) -> dict:
     """The real train step of olmo-7b (``layers`` deep) on one accelerator device."""
     import jax
     import numpy as np
@@ -160,8 +160,8 @@ def step_time(layers: int, batch: int, steps: int, quick: bool) -> dict:
             "train.grad_accum=1", "train.micro_batch=0"]  # fmt: skip
     if quick:
         sets += ["model.vocab_size=512", "model.seq_len=128", "model.d_model=128", "model.n_heads=4",
-                 "model.head_dim=32", "model.d_ff=256", "model.attention_block=32", "model.loss_chunk=32"]  # fmt: skip
-    cfg = config.resolve("olmo-7b", sets, {})
+                 "model.head_dim=32", "model.d_ff=256", "model.attention_block=32", "model.loss_chunk=32", "data.eos_id=1"]  # fmt: skip
+    cfg = config.resolve("olmo-7b", [*sets, *(overrides or [])], {})
     backend = jax.default_backend()
     device = jax.devices()[0]
     mesh = mesh_for(cfg, [device])
@@ -198,6 +198,7 @@ def step_time(layers: int, batch: int, steps: int, quick: bool) -> dict:
         "backend": backend,
         "device_kind": device.device_kind,
         "layers": layers,
+        "overrides": overrides or [],
         "params": total,
         "global_batch": batch,
         "seq_len": seq,
@@ -221,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a toy model for part 2 (a CPU dry run)")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--transports-only", action="store_true", help="part 1 only")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="olmo-7b override (part 2)"
+    )
     args = parser.parse_args(argv)
 
     import jax
@@ -240,9 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.transports_only:
             raise RuntimeError("skipped (--transports-only)")
-        st = step_time(args.layers, args.batch, args.steps, args.quick)
+        st = step_time(args.layers, args.batch, args.steps, args.quick, args.set)
         result["step"] = st
-        print(f"\n2. olmo-7b at {st['layers']} layers ({st['params'] / 1e9:.2f} B parameters), "
+        print(f"\n2. olmo-7b {' '.join(args.set)} at {st['layers']} layers ({st['params'] / 1e9:.2f} B parameters), "
               f"{st['global_batch']} × {st['seq_len']} tokens, on {st['device_kind']}:")  # fmt: skip
         print(f"  compile + first step {st['compile_and_first_step_s']} s; step {st['step_s_median']} s "
               f"(median of {len(st['step_s_all'])}: {st['step_s_all']}); {st['tokens_per_s']:.0f} tokens/s; "

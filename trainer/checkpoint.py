@@ -28,7 +28,7 @@ import orbax.checkpoint as ocp
 from absl import flags
 from etils import epath
 
-from trainer.config import ConfigError
+from trainer.config import ConfigError, schedule_change
 
 COMMIT_FILE = "commit_success.txt"
 UNUSABLE_DIR = "checkpoints-unusable"  # beside checkpoints/: steps that did not restore, kept
@@ -118,9 +118,18 @@ class Checkpointer:
             check(step, meta)
 
     def check_compatible(
-        self, step: int, meta: dict[str, Any], config_hash: str, identity: dict, global_batch: int
+        self,
+        step: int,
+        meta: dict[str, Any],
+        config_hash: str,
+        identity: dict,
+        global_batch: int,
+        schedule: dict[str, Any] | None = None,
     ) -> None:
-        """Refuse (ConfigError, exit 2) a checkpoint of another run: never silently resume it."""
+        """Refuse (ConfigError, exit 2) a checkpoint of another run: never silently resume it.
+
+        ``schedule`` (trainer.config.schedule_point): a WSD schedule's decay, which a run may move
+        (or grow by more steps) while the steps it already trained are unaffected."""
         where = f"checkpoint {self.directory}/{step}"
         if meta.get("global_batch") != global_batch:
             raise ConfigError(
@@ -131,6 +140,9 @@ class Checkpointer:
             raise ConfigError(
                 f"{where} has config hash {meta.get('config_hash')}, this run {config_hash} ({diff}): refusing to resume"
             )
+        why = schedule_change(step, meta.get("schedule") or {}, schedule or {})
+        if why:
+            raise ConfigError(f"{where} was {why}: refusing to resume")
 
     def usable_start(
         self,

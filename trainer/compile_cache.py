@@ -290,7 +290,12 @@ HOST_ONLY_TRAIN = (
     "stall_timeout_s",
     "compile_cache",
     "debug_start_delay_s",
+    "init_from",  # a stage's source is read by the host; the step is the same program
+    "init_optimizer",
 )
+# What the train step reads of the (otherwise host-only) data section: the EOS masks the loss and
+# bounds the documents.
+DATA_IN_STEP = ("eos_id",)
 
 
 def program(cfg: Config) -> dict[str, Any]:
@@ -301,6 +306,7 @@ def program(cfg: Config) -> dict[str, Any]:
     the train step without tracing. A field added to the config is in the key until named here."""
     out = {k: v for k, v in cfg.to_dict().items() if k not in HOST_ONLY}
     out["train"] = {k: v for k, v in out["train"].items() if k not in HOST_ONLY_TRAIN}
+    out["data"] = {k: getattr(cfg.data, k) for k in DATA_IN_STEP}
     out["optim"] = {**out["optim"], "decay_steps": decay_steps(cfg)}
     return out
 

@@ -49,6 +49,14 @@ class ModelConfig:
     remat: str = "none"  # none | full | save_dots: what a block keeps for the backward pass
     attention_block: int = 0  # queries per attention block (0: all at once, T × T scores)
     loss_chunk: int = 0  # positions per loss chunk (0: all at once, the whole B × T × V logits)
+    # The recipe (docs/recipe.md). Off by default, so that the configs before them train bitwise as
+    # they did; the pretraining configs (olmo-7b, olmoe-1b) turn them on.
+    kv_heads: int = 0  # key/value heads (grouped-query attention); 0: n_heads
+    qk_norm: bool = False  # RMSNorm on the whole query and key projections, before RoPE (OLMo 2/3)
+    reordered_norm: bool = False  # x + norm(f(x)) instead of x + f(norm(x)) (OLMo 2/3's block)
+    # Attention stays within a document: segment ids from the EOS tokens (data.eos_id).
+    document_attention: bool = False
+    logit_z_loss: float = 0.0  # weight of the output logits' z-loss, logsumexp(logits)² per target
 
 
 @dataclass
@@ -74,6 +82,13 @@ class OptimConfig:
     min_lr_ratio: float = 0.1
     warmup_steps: int = 10
     decay_steps: int = 0  # 0: train.steps
+    schedule: str = "cosine"  # cosine | wsd (warm-up, stable, linear decay)
+    decay_fraction: float = 0.1  # wsd: the last fraction of decay_steps decays to lr * min_lr_ratio
+    # False: step 0 trains at lr 0 (optax's warm-up); true: step s < warmup_steps at lr·(s+1)/warmup.
+    warmup_nonzero_start: bool = False
+    # Weight decay on the embedding, and on norm scales and biases (OLMo-core's AdamW options).
+    decay_embeddings: bool = False
+    decay_norm_and_bias: bool = False
     weight_decay: float = 0.1
     b1: float = 0.9
     b2: float = 0.95
@@ -129,6 +144,10 @@ class TrainConfig:
     # Test hook: sleep this long after compiling, before the start barrier, as a process whose
     # compile is that much slower than its peers' (0: never). Set it on one process only.
     debug_start_delay_s: float = 0.0
+    # Stages: start from another run's committed checkpoint (its run directory: the latest one; or
+    # one checkpoints/<step> directory), at step 0 with this run's own schedule, data and optimizer.
+    init_from: str = ""
+    init_optimizer: bool = True  # with init_from: the Adam moments too (false: fresh moments)
 
 
 @dataclass
@@ -192,15 +211,20 @@ NAMED: dict[str, dict[str, dict[str, Any]]] = {
         "train": {"steps": 500, "global_batch": 32},
         "checkpoint": {"interval": 100},
     },
-    # OLMo-3-7B-like dense model (d_model 4096, 32 layers, SwiGLU 11008, vocab padded to 100352,
-    # 8192-token sequences, 512 × 8192 = 4.19 M tokens per step): FSDP over the slice, every block
+    # OLMo-3-7B's shape (d_model 4096, 32 layers, 32 heads, SwiGLU 11008, vocab padded to 100352, QK-norm,
+    # reordered norms; 7,298,617,344 parameters as OLMo-core's olmo3_7B, no sliding window: docs/recipe.md),
+    # 8192-token sequences, 512 × 8192 = 4.19 M tokens per step: FSDP over the slice, every block
     # rematerialised, attention in query blocks and the loss in chunks, so that a step fits the
     # 96 GiB of one Ironwood device on a quarter slice (`python -m trainer --config olmo-7b --memory`).
     "olmo-7b": {
         "model": {"vocab_size": 100352, "seq_len": 8192, "d_model": 4096, "n_layers": 32, "n_heads": 32,
                   "head_dim": 128, "d_ff": 11008, "dense_layers": 32, "rope_theta": 500000.0,
-                  "dtype": "bfloat16", "remat": "full", "attention_block": 512, "loss_chunk": 1024},
-        "optim": {"lr": 3e-4, "warmup_steps": 2000, "weight_decay": 0.1},
+                  "dtype": "bfloat16", "remat": "full", "attention_block": 512, "loss_chunk": 1024,
+                  "qk_norm": True, "reordered_norm": True, "document_attention": True, "logit_z_loss": 1e-5},
+        # OLMo-core's OLMo 3 scripts exempt only the embedding from weight decay (docs/recipe.md).
+        "optim": {"lr": 3e-4, "warmup_steps": 2000, "weight_decay": 0.1, "warmup_nonzero_start": True,
+                  "decay_norm_and_bias": True},
+        "data": {"eos_id": 100257},  # dolma2's <|endoftext|>
         "train": {"steps": 100_000, "global_batch": 512},
         "checkpoint": {"interval": 500, "keep": 3},
     },
@@ -208,10 +232,10 @@ NAMED: dict[str, dict[str, dict[str, Any]]] = {
     "olmoe-1b": {
         "model": {"vocab_size": 50304, "seq_len": 4096, "d_model": 2048, "n_layers": 16, "n_heads": 16,
                   "head_dim": 128, "d_ff": 8192, "dense_layers": 0, "dtype": "bfloat16", "remat": "full",
-                  "attention_block": 512, "loss_chunk": 1024},
+                  "attention_block": 512, "loss_chunk": 1024, "document_attention": True},
         "moe": {"num_experts": 64, "top_k": 8, "d_expert": 1024, "ragged_buffer_factor": 1.0625},
-        "optim": {"lr": 4e-4, "warmup_steps": 2000, "weight_decay": 0.1},
-        "data": {"source": "files", "dtype": "uint32"},
+        "optim": {"lr": 4e-4, "warmup_steps": 2000, "weight_decay": 0.1, "warmup_nonzero_start": True},
+        "data": {"source": "files", "dtype": "uint32", "eos_id": 50279},  # gpt-neox-olmo-dolma-v1_5's EOS
         "train": {"steps": 100_000, "global_batch": 512},
         "checkpoint": {"interval": 500, "keep": 3},
     },
@@ -416,6 +440,13 @@ def validate(cfg: Config) -> None:
     checks = [
         (m.vocab_size > 0 and m.seq_len > 0 and m.d_model > 0 and m.n_layers > 0, "model sizes must be positive"),
         (m.n_heads > 0 and m.head_dim > 0 and m.head_dim % 2 == 0, "model.head_dim must be positive and even (RoPE)"),
+        (m.kv_heads >= 0 and m.n_heads % (m.kv_heads or m.n_heads) == 0,
+         "model.kv_heads must divide model.n_heads (0: n_heads)"),
+        (m.logit_z_loss >= 0, "model.logit_z_loss must be >= 0"),
+        (o.schedule in ("cosine", "wsd"), "optim.schedule must be cosine or wsd"),
+        (0 < o.decay_fraction <= 1, "optim.decay_fraction must be in (0, 1]"),
+        (o.schedule != "wsd" or wsd_decay_start(cfg) >= o.warmup_steps,
+         "optim.schedule=wsd: the decay (optim.decay_fraction of the decay steps) must start after the warm-up"),
         (0 <= m.dense_layers <= m.n_layers, "model.dense_layers must be in [0, model.n_layers]"),
         (m.dtype in ("float32", "bfloat16"), "model.dtype must be float32 or bfloat16"),
         (m.remat in ("none", "full", "save_dots"), "model.remat must be none, full or save_dots"),
@@ -475,12 +506,69 @@ def decay_steps(cfg: Config) -> int:
     return cfg.optim.decay_steps or cfg.train.steps
 
 
+def wsd_decay_start(cfg: Config) -> int:
+    """The first step of a WSD schedule's decay: the last ``decay_fraction`` of the decay steps."""
+    total = decay_steps(cfg)
+    return total - max(1, round(cfg.optim.decay_fraction * total))
+
+
+def schedule_point(cfg: Config) -> dict[str, Any]:
+    """What a checkpoint's meta records of a WSD schedule's decay (``{}`` for cosine): a resume
+    compares it with its own to decide whether the steps already trained are unaffected."""
+    if cfg.optim.schedule != "wsd":
+        return {}
+    return {"decay_start": wsd_decay_start(cfg), "decay_end": decay_steps(cfg)}
+
+
+def schedule_change(step: int, saved: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """Why a checkpoint at ``step`` cannot resume under a moved WSD decay, or None when it can.
+
+    Before both decay starts the two schedules give every step the same learning rate (warm-up,
+    then the stable peak), so the steps already trained are what the new schedule would have
+    trained: a run may then grow (``train.steps``) or move its decay. Past either start they differ.
+    """
+    if saved == current:
+        return None
+    if not saved or not current:  # cosine on one side: the hash already refused it
+        return f"schedule {saved or 'cosine'} -> {current or 'cosine'}"
+    first = min(saved["decay_start"], current["decay_start"])
+    if step <= first:
+        return None
+    return (
+        f"trained to step {step}, past the decay start {first} (WSD decay {saved['decay_start']}-"
+        f"{saved['decay_end']} -> {current['decay_start']}-{current['decay_end']}): train.steps and the "
+        "decay can change only while a run is in its stable phase"
+    )
+
+
+# Keys added after checkpoints existed: at their default they are left out of the identity, so a run
+# checkpointed before they existed resumes under the same hash (what the key does at its default is
+# what the trainer did before it). Set, they are in it like any other key.
+_NEW_KEYS = {
+    "model": ("kv_heads", "qk_norm", "reordered_norm", "document_attention", "logit_z_loss"),
+    "optim": (
+        "schedule",
+        "decay_fraction",
+        "warmup_nonzero_start",
+        "decay_embeddings",
+        "decay_norm_and_bias",
+    ),
+    "data": ("eos_id", "sources"),
+}
+
+
+def _drop_defaults(section: str, values: dict[str, Any]) -> dict[str, Any]:
+    default = dataclasses.asdict(Config())[section]
+    return {k: v for k, v in values.items() if k not in _NEW_KEYS.get(section, ()) or v != default[k]}
+
+
 def identity(cfg: Config) -> dict[str, Any]:
     """What a checkpoint must agree on to be resumed: model, optimizer and data, not the layout.
 
     Left out on purpose: the batch plan (checked separately, global batch explicitly), the mesh, the
     buffer factor and transport (they change which rows drop, not the state), remat, attention
-    blocks and loss chunks (how a step is computed), loader workers, steps.
+    blocks and loss chunks (how a step is computed), loader workers, steps, and a WSD schedule's
+    decay point (``schedule_point``: a resume may move it while the trained steps are unaffected).
     """
     moe = dataclasses.asdict(cfg.moe)
     for k in ("ragged_buffer_factor", "transport"):
@@ -488,18 +576,27 @@ def identity(cfg: Config) -> dict[str, Any]:
     data = dataclasses.asdict(cfg.data)
     for k in ("workers", "prefetch"):
         data.pop(k)
+    if data["dtype"] == "auto":  # what it resolves to; "uint16" was the default before "auto"
+        data["dtype"] = "uint16" if cfg.model.vocab_size <= 1 << 16 else "uint32"
     optim = dataclasses.asdict(cfg.optim)
-    optim["decay_steps"] = decay_steps(cfg)
+    if cfg.optim.schedule == "wsd":  # where the decay starts: schedule_point, checked on resume
+        optim.pop("decay_steps")
+        optim.pop("decay_fraction")
+    else:
+        optim["decay_steps"] = decay_steps(cfg)
     model = dataclasses.asdict(cfg.model)
     for k in ("remat", "attention_block", "loss_chunk"):  # how the step is computed, not the model
         model.pop(k)
-    return {
-        "model": model,
+    out = {
+        "model": _drop_defaults("model", model),
         "moe": moe,
-        "optim": optim,
-        "data": data,
+        "optim": _drop_defaults("optim", optim),
+        "data": _drop_defaults("data", data),
         "init_seed": cfg.train.seed,
     }
+    if cfg.train.init_from:  # a stage: its checkpoints are not the source run's, nor another stage's
+        out["init"] = {"from": cfg.train.init_from, "optimizer": cfg.train.init_optimizer}
+    return out
 
 
 def config_hash(cfg: Config) -> str:

@@ -5,8 +5,9 @@ batches are the same every time and on every shape: batch b is positions ``[b·G
 the source's own fixed order (trainer.data.eval_order, seeded by the source's name), split over
 micro-batches and processes as a training step is, so the eval loss at a checkpoint is a function
 of the parameters alone (up to the reduction order of the devices' sums). The loss is the model's
-own (``Transformer.loss``: mean cross-entropy over a micro-batch) averaged over the equal-sized
-micro-batches and batches, which is the mean over every eval token; perplexity is its exp.
+own token sum (``Transformer.loss``'s ``loss_sum`` and ``loss_tokens``: with ``data.eos_id`` the
+target after an EOS does not count) added over micro-batches and batches and divided once, the mean
+over every eval target that counts; perplexity is its exp.
 
 The eval step reads the state and never donates it, so turning evaluation on changes no training
 step. Its time is reported apart (``perf/eval_seconds``) and kept out of the next step's time.
@@ -30,7 +31,8 @@ EVAL_TIME = "perf/eval_seconds"
 
 
 def make_eval_step(cfg: Config, graphdef: Any, mesh: Any, abstract: Any) -> Any:
-    """jit(state, tokens [A, GB/A, T+1]) -> the mean loss over the micro-batches (replicated)."""
+    """jit(state, tokens [A, GB/A, T+1]) -> [Σ cross entropy, targets that count] over the
+    micro-batches (replicated)."""
     from flax import nnx
 
     from trainer.mesh import batch_sharding, replicated
@@ -40,11 +42,12 @@ def make_eval_step(cfg: Config, graphdef: Any, mesh: Any, abstract: Any) -> Any:
         def micro(total: jax.Array, mb: jax.Array) -> tuple[jax.Array, None]:
             # Merged inside the loop body: nnx refuses variables made at the outer trace level.
             model, _ = nnx.merge(graphdef, from_plain(abstract, state))
-            ce, _ = model.loss(mb[:, :-1], mb[:, 1:])
-            return total + ce.astype(jnp.float32), None
+            _, aux = model.loss(mb[:, :-1], mb[:, 1:])
+            sums = jnp.stack([aux["loss_sum"], aux["loss_tokens"]]).astype(jnp.float32)
+            return total + sums, None
 
-        total, _ = jax.lax.scan(micro, jnp.zeros((), jnp.float32), tokens)
-        return total / tokens.shape[0]
+        total, _ = jax.lax.scan(micro, jnp.zeros((2,), jnp.float32), tokens)
+        return total
 
     return jax.jit(
         step,
@@ -93,14 +96,15 @@ class Evaluator:
         t0 = time.perf_counter()
         out: dict[str, float] = {}
         for part, order in zip(self.parts, self.orders, strict=True):
-            losses = []
+            sums = []
             for b in range(self.cfg.eval.batches):
                 local = data.eval_batch(part.source, order, b, self.layout)
                 tokens = jax.make_array_from_process_local_data(
                     self.tokens_sharding, local, self.global_shape
                 )
-                losses.append(self.step(state, tokens))
-            loss = float(np.mean([float(x) for x in jax.device_get(losses)]))
+                sums.append(self.step(state, tokens))
+            loss_sum, count = np.sum(np.asarray(jax.device_get(sums), np.float64), axis=0)
+            loss = float(loss_sum / max(count, 1.0))
             out[f"eval/{part.name}/loss"] = loss
             out[f"eval/{part.name}/perplexity"] = math.exp(min(loss, 700.0))  # exp overflows past ~709
         out[EVAL_TIME] = time.perf_counter() - t0

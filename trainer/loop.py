@@ -21,9 +21,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from trainer import compile_cache, data, distributed, evaluate, sizes, storage
+from trainer import compile_cache, data, distributed, evaluate, sizes, stages, storage
 from trainer.checkpoint import Checkpointer
-from trainer.config import Config, ConfigError, config_hash, identity
+from trainer.config import Config, ConfigError, config_hash, identity, schedule_point
 from trainer.mesh import batch_sharding, device_sharding, dp_ranks, mesh_for, process_block
 from trainer.metrics import RunWriter
 from trainer.startup import Timeline
@@ -78,7 +78,8 @@ def _env_number(env: Mapping[str, str], key: str, kind: type = float) -> Any:
         raise ConfigError(f"{key}={env.get(key)!r} is not a number") from None
 
 
-SCALARS = ("loss", "total_loss", "lb_loss", "z_loss", "grad_norm", "lr", "stop")  # trainer.step's order
+# trainer.step's order
+SCALARS = ("loss", "total_loss", "lb_loss", "z_loss", "grad_norm", "lr", "logit_z_loss", "stop")
 
 
 def unpack(metrics: dict) -> dict[str, Any]:
@@ -113,6 +114,7 @@ class Recorder:
             "learning/loss": float(m["loss"]), "learning/total_loss": float(m["total_loss"]),
             "learning/moe_lb_loss": float(m["lb_loss"]), "learning/moe_z_loss": float(m["z_loss"]),
             "learning/lr": float(m["lr"]), "learning/grad_norm": float(m["grad_norm"]),
+            "learning/logit_z_loss": float(m["logit_z_loss"]),
             "perf/step_time_seconds": step_s, "perf/tokens_per_sec": tokens_per_sec,
             "perf/per_device_tflops_per_sec": tflops,
             "perf/mfu": tflops / self.peak_tflops if self.peak_tflops else None,
@@ -355,6 +357,7 @@ def run(
         data.make_mixture(cfg.data, cfg.model.vocab_size, cfg.model.seq_len, cfg.train.global_batch)
     if cfg.eval.sources:
         data.eval_sources(cfg.eval.sources, cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
+    stages.check_source(cfg)  # a stage's source that is missing or of another shape: exit 2 likewise
     ident = distributed.initialize(env)
     timeline.mark("distributed")
     segment = _env_number(env, "RESLICE_SEGMENT", int)
@@ -365,7 +368,7 @@ def run(
     )
     gb, seq, total_steps = cfg.train.global_batch, cfg.model.seq_len, cfg.train.steps
     layout = data.Layout(gb, plan.grad_accum, *process_block(mesh, ident.process_id))
-    chash, ident_dict = config_hash(cfg), identity(cfg)
+    chash, ident_dict, sched = config_hash(cfg), identity(cfg), schedule_point(cfg)
     e = cfg.moe
     recorder = Recorder(
         segment, attempt, plan, gb * seq, sizes.flops_per_token(cfg), _env_number(env, "RESLICE_PEAK_TFLOPS"),
@@ -377,6 +380,7 @@ def run(
             "step": step, "data_position": step * gb, "global_batch": gb, "segment": segment,
             "restart_attempt": attempt, "config_hash": chash, "identity": ident_dict,
             "run": env.get("RESLICE_RUN", ""), "shape": asdict(plan), "time": time.time(),
+            **({"schedule": sched} if sched else {}),
         }  # fmt: skip
 
     c = cfg.checkpoint
@@ -385,7 +389,7 @@ def run(
     try:
         # A checkpoint of another run is refused before anything is written into its run
         # directory, the compile cache's entries included: the cache is enabled only after.
-        ckpt.check_newest(lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb))
+        ckpt.check_newest(lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb, sched))
         if cfg.train.compile_cache:
             compile_cache.enable(cfg.run_dir)
         with jax.set_mesh(mesh):
@@ -397,7 +401,7 @@ def run(
             start, restored = ckpt.usable_start(
                 total_steps,
                 abstract,
-                lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb),
+                lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb, sched),
                 None if model.was_traced else lambda: compile_cache.abstract_state(program, mesh, model.abstract, True),
             )  # fmt: skip
             restore_s = time.perf_counter() - t_restore
@@ -425,6 +429,8 @@ def run(
                 state = model.init_state(lambda low: compile_cache.compiled(low, devices))
                 if compile_cache.hits() > hits:
                     print("trainer: initial state's program loaded from the compile cache", flush=True)
+                if cfg.train.init_from:  # a stage's first segment: its source's state, at step 0
+                    state = stages.initial_state(cfg, state, abstract)
                 timeline.mark("init")
             writer.status(state="running", step=start, **status)
             steps = _build_steps(cfg, mesh, plan.grad_accum)

@@ -46,14 +46,28 @@ def rope(x: jax.Array, theta: float) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, block: int) -> jax.Array:
+def segment_ids(tokens: jax.Array, eos_id: int) -> jax.Array:
+    """[B, T] int32: the number of EOS tokens before each position (MaxText's packed segments).
+
+    An EOS belongs to the document it ends; the token after it starts the next segment."""
+    eos = (tokens == eos_id).astype(jnp.int32)
+    return jnp.cumsum(eos, axis=1) - eos
+
+
+def blocked_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, block: int, segments: jax.Array | None = None
+) -> jax.Array:
     """Causal attention on [B, T, H, hd], ``block`` queries at a time: the [B, H, block, T] scores
     of one block exist at once, never the whole T × T (each block is rematerialised in the backward
     pass). ``block`` 0 or >= T: ``jax.nn.dot_product_attention`` (XLA's, or the platform's fused
-    kernel), which on CPU materialises the whole score matrix."""
+    kernel), which on CPU materialises the whole score matrix. ``segments`` [B, T] (segment_ids):
+    a query attends only to keys of its own segment (document)."""
     b, t, h, hd = q.shape
     if not block or block >= t:
-        return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        if segments is None:
+            return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        same = segments[:, None, :, None] == segments[:, None, None, :]  # [B, 1, T, T]
+        return jax.nn.dot_product_attention(q, k, v, mask=same, is_causal=True)
     if t % block:
         raise ValueError(f"model.attention_block={block} must divide model.seq_len={t}")
     scale = hd**-0.5
@@ -64,6 +78,9 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, block: int) -> j
         i, qi = args  # qi [B, block, H, hd]
         scores = jnp.einsum("bqhd,bkhd->bhqk", qi, k, preferred_element_type=jnp.float32) * scale
         causal = (i * block + jnp.arange(block))[:, None] >= keys[None, :]
+        if segments is not None:
+            seg_q = jax.lax.dynamic_slice_in_dim(segments, i * block, block, axis=1)  # [B, block]
+            causal = causal[None, None] & (seg_q[:, None, :, None] == segments[:, None, None, :])
         probs = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1).astype(v.dtype)
         return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
 
@@ -75,22 +92,33 @@ def blocked_attention(q: jax.Array, k: jax.Array, v: jax.Array, block: int) -> j
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d, h, hd = cfg.d_model, cfg.n_heads, cfg.head_dim
+        kv = cfg.kv_heads or h
         normal = nnx.initializers.normal(cfg.init_std)
         init = nnx.with_partitioning(normal, ("embed", "heads", "head_dim"))
         self.wq = nnx.Param(init(rngs.params(), (d, h, hd)))
-        self.wk = nnx.Param(init(rngs.params(), (d, h, hd)))
-        self.wv = nnx.Param(init(rngs.params(), (d, h, hd)))
+        self.wk = nnx.Param(init(rngs.params(), (d, kv, hd)))
+        self.wv = nnx.Param(init(rngs.params(), (d, kv, hd)))
         self.wo = nnx.Param(
             nnx.with_partitioning(normal, ("heads", "head_dim", "embed"))(rngs.params(), (h, hd, d))
         )
+        # OLMo-core's QK-norm: one RMSNorm over each whole projection (all heads), not per head.
+        self.q_norm = RMSNorm(h * hd) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(kv * hd) if cfg.qk_norm else None
+        self.groups = h // kv
         self.theta, self.block = cfg.rope_theta, cfg.attention_block
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, segments: jax.Array | None = None) -> jax.Array:
         dt = x.dtype
-        q = rope(jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(dt)), self.theta)
-        k = rope(jnp.einsum("btd,dhk->bthk", x, self.wk[...].astype(dt)), self.theta)
+        q = jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(dt))
+        k = jnp.einsum("btd,dhk->bthk", x, self.wk[...].astype(dt))
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q.reshape(*q.shape[:2], -1)).reshape(q.shape)
+            k = self.k_norm(k.reshape(*k.shape[:2], -1)).reshape(k.shape)
+        q, k = rope(q, self.theta), rope(k, self.theta)
         v = jnp.einsum("btd,dhk->bthk", x, self.wv[...].astype(dt))
-        out = blocked_attention(q, k, v, self.block)
+        if self.groups > 1:  # grouped-query attention: query head i reads key/value head i // groups
+            k, v = jnp.repeat(k, self.groups, axis=2), jnp.repeat(v, self.groups, axis=2)
+        out = blocked_attention(q, k, v, self.block, segments)
         return jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt))
 
 
@@ -101,13 +129,18 @@ class Block(nnx.Module):
         self.attn = Attention(m, rngs=rngs)
         self.ffn_norm = RMSNorm(m.d_model)
         self.is_moe = moe
+        self.reordered = m.reordered_norm
         if moe:
             self.ffn = MoE(m.d_model, cfg.moe, m.init_std, rngs=rngs)
         else:
             self.ffn = MLP(m.d_model, m.d_ff, m.init_std, rngs=rngs)
 
-    def __call__(self, x: jax.Array) -> tuple[jax.Array, dict]:
-        x = x + self.attn(self.attn_norm(x))
+    def __call__(self, x: jax.Array, segments: jax.Array | None = None) -> tuple[jax.Array, dict]:
+        if self.reordered:  # OLMo 2/3: each sub-layer's output is normed before the residual add
+            x = x + self.attn_norm(self.attn(x, segments))
+            y, aux = self.ffn(x) if self.is_moe else (self.ffn(x), {})
+            return pin_batch(x + self.ffn_norm(y)), aux
+        x = x + self.attn(self.attn_norm(x), segments)
         if self.is_moe:
             y, aux = self.ffn(self.ffn_norm(x))
             return pin_batch(x + y), aux
@@ -133,7 +166,10 @@ class Stack(nnx.Module):
         self.layers = create(rngs)
         self.remat = cfg.model.remat
 
-    def __call__(self, x: jax.Array) -> tuple[jax.Array, dict]:
+    def __call__(self, x: jax.Array, segments: jax.Array | None = None) -> tuple[jax.Array, dict]:
+        if segments is not None:
+            return self._scan_with_segments(x, segments)
+
         def body(block: Block, x: jax.Array) -> tuple[jax.Array, dict]:
             return block(x)
 
@@ -145,6 +181,22 @@ class Stack(nnx.Module):
             return body(block, x)
 
         return forward(self.layers, x)
+
+    def _scan_with_segments(self, x: jax.Array, segments: jax.Array) -> tuple[jax.Array, dict]:
+        """The same scan with the segment ids broadcast to every layer (a separate trace, so that a
+        model without document attention compiles exactly the program it did before)."""
+
+        def body(block: Block, x: jax.Array, segments: jax.Array) -> tuple[jax.Array, dict]:
+            return block(x, segments)
+
+        if self.remat != "none":
+            body = nnx.remat(body, policy=REMAT_POLICIES[self.remat])
+
+        @nnx.scan(in_axes=(0, nnx.Carry, None), out_axes=(nnx.Carry, 0))
+        def forward(block: Block, x: jax.Array, segments: jax.Array) -> tuple[jax.Array, dict]:
+            return body(block, x, segments)
+
+        return forward(self.layers, x, segments)
 
 
 def chunked_cross_entropy(x: jax.Array, w: jax.Array, targets: jax.Array, chunk: int) -> jax.Array:
@@ -170,6 +222,38 @@ def chunked_cross_entropy(x: jax.Array, w: jax.Array, targets: jax.Array, chunk:
     return total / (b * t)
 
 
+def token_losses(
+    x: jax.Array, w: jax.Array, targets: jax.Array, weights: jax.Array, chunk: int
+) -> tuple[jax.Array, jax.Array]:
+    """(Σ weight · cross entropy, Σ weight · logsumexp(logits)²) over the targets [B, T], with the
+    logits of at most ``chunk`` positions at once, as ``chunked_cross_entropy``. Sums, not means:
+    the train step divides by the whole step's target count (trainer/step.py)."""
+    b, t, d = x.shape
+
+    def sums(xc: jax.Array, tc: jax.Array, wc: jax.Array) -> tuple[jax.Array, jax.Array]:
+        logits = jnp.einsum("btd,dv->btv", xc, w).astype(jnp.float32)
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, tc)
+        z = jax.nn.logsumexp(logits, axis=-1) ** 2
+        return jnp.sum(ce * wc), jnp.sum(z * wc)
+
+    if not chunk or chunk >= t:
+        return sums(x, targets, weights)
+    if t % chunk:
+        raise ValueError(f"model.loss_chunk={chunk} must divide model.seq_len={t}")
+
+    @jax.checkpoint
+    def one(total: tuple[jax.Array, jax.Array], xtw: tuple) -> tuple[tuple[jax.Array, jax.Array], None]:
+        ce, z = sums(*xtw)
+        return (total[0] + ce, total[1] + z), None
+
+    xs = x.reshape(b, t // chunk, chunk, d).swapaxes(0, 1)
+    ts = targets.reshape(b, t // chunk, chunk).swapaxes(0, 1)
+    ws = weights.reshape(b, t // chunk, chunk).swapaxes(0, 1)
+    zero = jnp.zeros((), jnp.float32)
+    total, _ = jax.lax.scan(one, (zero, zero), (xs, ts, ws))
+    return total
+
+
 class Transformer(nnx.Module):
     def __init__(self, cfg: Config, *, rngs: nnx.Rngs):
         m = cfg.model
@@ -186,16 +270,21 @@ class Transformer(nnx.Module):
         )
         self.dtype = jnp.dtype(m.dtype)
         self.loss_chunk = m.loss_chunk
+        self.eos_id = cfg.data.eos_id
+        self.documents = m.document_attention and cfg.data.eos_id >= 0
+        self.logit_z = m.logit_z_loss > 0
 
     def hidden(self, tokens: jax.Array) -> tuple[jax.Array, dict]:
         """tokens [B, T] -> final normed hidden states [B, T, D] and the MoE aux outputs, each
-        stacked over the MoE layers ({} for a dense model)."""
+        stacked over the MoE layers ({} for a dense model). With document attention a position
+        attends only to the earlier positions of its own document."""
         x = pin_batch(self.embed[...][tokens].astype(self.dtype))
+        segments = segment_ids(tokens, self.eos_id) if self.documents else None
         if self.dense is not None:
-            x, _ = self.dense(x)
+            x, _ = self.dense(x, segments)
         aux: dict = {}
         if self.moe is not None:
-            x, aux = self.moe(x)
+            x, aux = self.moe(x, segments)
         return self.final_norm(x), aux
 
     def __call__(self, tokens: jax.Array) -> tuple[jax.Array, dict]:
@@ -204,8 +293,26 @@ class Transformer(nnx.Module):
         return jnp.einsum("btd,dv->btv", x, self.lm_head[...].astype(self.dtype)).astype(jnp.float32), aux
 
     def loss(self, tokens: jax.Array, targets: jax.Array) -> tuple[jax.Array, dict]:
+        """(mean cross entropy over the targets that count, aux). ``aux`` holds the MoE outputs
+        (``lb_loss``, ``z_loss``, ``stats``: MoE models only) and the token sums that a step or an
+        evaluation adds up across batches: ``loss_sum`` (Σ cross entropy), ``loss_tokens`` (how
+        many targets count) and ``logit_z_sum`` (Σ logsumexp², when model.logit_z_loss > 0).
+
+        With data.eos_id set, the target of a position whose input is EOS (the next document's
+        first token) does not count."""
         x, aux = self.hidden(tokens)
-        return chunked_cross_entropy(x, self.lm_head[...].astype(self.dtype), targets, self.loss_chunk), aux
+        w = self.lm_head[...].astype(self.dtype)
+        b, t = targets.shape
+        if self.eos_id < 0 and not self.logit_z:  # the program of the configs before these keys
+            ce = chunked_cross_entropy(x, w, targets, self.loss_chunk)
+            return ce, {**aux, "loss_sum": ce * (b * t), "loss_tokens": jnp.asarray(b * t, jnp.float32)}
+        weights = (tokens != self.eos_id).astype(jnp.float32)
+        ce_sum, z_sum = token_losses(x, w, targets, weights, self.loss_chunk)
+        count = jnp.sum(weights)
+        out = {**aux, "loss_sum": ce_sum, "loss_tokens": count}
+        if self.logit_z:
+            out["logit_z_sum"] = z_sum
+        return ce_sum / jnp.maximum(count, 1.0), out
 
 
 def abstract_model(cfg: Config) -> Transformer:

@@ -27,8 +27,9 @@ def buffer_rows(local_tokens: int, top_k: int, factor: float, ep: int, num_exper
 def param_counts(cfg: Config) -> tuple[int, int]:
     """(total, active per token) parameters, from the config alone."""
     m, e = cfg.model, cfg.moe
-    attn = 4 * m.d_model * m.n_heads * m.head_dim
-    norms = 2 * m.d_model
+    kv = m.kv_heads or m.n_heads
+    attn = 2 * m.d_model * (m.n_heads + kv) * m.head_dim  # q and o; k and v (grouped)
+    norms = 2 * m.d_model + (m.n_heads + kv) * m.head_dim * m.qk_norm
     dense_ffn = 3 * m.d_model * m.d_ff
     shared = 3 * m.d_model * e.shared_expert_dim
     expert = 3 * m.d_model * e.d_expert
@@ -48,6 +49,8 @@ def flops_per_token(cfg: Config) -> float:
     """
     m = cfg.model
     _, active = param_counts(cfg)
-    matmul = active - m.vocab_size * m.d_model - m.d_model - m.n_layers * 2 * m.d_model
+    norms = 2 * m.d_model + ((m.kv_heads or m.n_heads) + m.n_heads) * m.head_dim * m.qk_norm
+    matmul = active - m.vocab_size * m.d_model - m.d_model - m.n_layers * norms
+    # Without sliding windows or document masks: the causal upper bound, as MaxText counts it.
     attention = 12 * m.n_layers * m.n_heads * m.head_dim * m.seq_len / 2
     return 6.0 * matmul + attention

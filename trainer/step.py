@@ -20,26 +20,70 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
-from trainer.config import Config, decay_steps
+from trainer.config import Config, decay_steps, wsd_decay_start
 from trainer.mesh import batch_sharding, device_sharding, logical_rules, replicated
 from trainer.model import Transformer
 
 
 def schedule(cfg: Config) -> optax.Schedule:
+    """The learning rate of step s (0-based): a warm-up, then cosine to lr · min_lr_ratio at the
+    decay steps, or WSD: the peak until ``wsd_decay_start``, then linear to the same floor."""
     o = cfg.optim
     total = max(decay_steps(cfg), o.warmup_steps + 1)
-    return optax.warmup_cosine_decay_schedule(0.0, o.lr, o.warmup_steps, total, o.lr * o.min_lr_ratio)
+    floor = o.lr * o.min_lr_ratio
+    if o.schedule == "cosine" and not o.warmup_nonzero_start:  # the configs before these keys: bitwise
+        return optax.warmup_cosine_decay_schedule(0.0, o.lr, o.warmup_steps, total, floor)
+    warm = o.warmup_steps
+    # optax's warm-up trains step 0 at lr 0 (a wasted update); this one reaches the peak at step warm - 1.
+    first = 1 if o.warmup_nonzero_start else 0
+
+    def warmup(step: jax.Array) -> jax.Array:
+        return o.lr * jnp.minimum((step + first) / max(warm, 1), 1.0)
+
+    if o.schedule == "cosine":
+        decay = optax.cosine_decay_schedule(o.lr, total - warm, o.min_lr_ratio)
+        return optax.join_schedules([warmup, decay], [warm])
+    start = wsd_decay_start(cfg)
+
+    def wsd(step: jax.Array) -> jax.Array:
+        # nnx.Optimizer counts steps in uint32: step - start must not wrap around before the decay.
+        step = jnp.asarray(step).astype(jnp.float32)
+        into = jnp.clip((step - start) / max(total - start, 1), 0.0, 1.0)
+        return jnp.where(step < warm, warmup(step), o.lr - (o.lr - floor) * into)
+
+    return wsd
+
+
+def _path_names(path: tuple) -> list[str]:
+    return [str(_name(k)) for k in path]
+
+
+def decay_mask(cfg: Config) -> Callable[[Any], Any]:
+    """Which parameters AdamW decays, by name, as OLMo-core's AdamW options: every matrix but the
+    embedding (``optim.decay_embeddings``), never a norm scale or a bias (``optim.decay_norm_and_bias``).
+
+    By name, not by rank: scanned layers store their norm scales as [layers, d], so ``ndim >= 2``
+    decayed them."""
+    o = cfg.optim
+
+    def decayed(path: tuple, _: Any) -> bool:
+        names = _path_names(path)
+        if names[0] == "embed":
+            return o.decay_embeddings
+        if names[-1] in ("scale", "bias") or (names[-1] == "value" and names[-2] in ("scale", "bias")):
+            return o.decay_norm_and_bias
+        return True
+
+    return lambda params: jax.tree_util.tree_map_with_path(decayed, params)
 
 
 def optimizer(cfg: Config) -> optax.GradientTransformation:
     o = cfg.optim
-
-    def decay_mask(params: Any) -> Any:  # no weight decay on norm scales
-        return jax.tree.map(lambda p: p.ndim >= 2, params)
-
     return optax.chain(
         optax.clip_by_global_norm(o.clip_norm),
-        optax.adamw(schedule(cfg), b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask),
+        optax.adamw(
+            schedule(cfg), b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay, mask=decay_mask(cfg)
+        ),
     )
 
 
@@ -143,33 +187,58 @@ def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: n
     process learns about a preemption at the same step without an extra collective.
     """
     lb_w, z_w = cfg.moe.load_balance_weight, cfg.moe.z_loss_weight
+    logit_z_w = cfg.model.logit_z_loss
+    eos = cfg.data.eos_id
+    # With document boundaries the micro-batches count different numbers of targets: each one's
+    # loss is its token sum over the whole step's count, and the step adds them (no mean of means),
+    # so that any micro-batching of the global batch trains exactly the one-batch step. Without
+    # them every micro-batch counts the same and the mean of means is that; kept for bitwise results.
+    token_sum = eos >= 0
     lr_at = schedule(cfg)
     abstract_model, _ = nnx.merge(graphdef, abstract)
     param_shardings = shardings_of(nnx.state(abstract_model))
 
-    def loss_fn(params: nnx.State, gdef: nnx.GraphDef, tokens: jax.Array) -> tuple[jax.Array, dict]:
+    def loss_fn(
+        params: nnx.State, gdef: nnx.GraphDef, tokens: jax.Array, count: jax.Array | None, accum: int
+    ) -> tuple[jax.Array, dict]:
         ce, aux = nnx.merge(gdef, params).loss(tokens[:, :-1], tokens[:, 1:])
-        if aux:  # each stacked over the MoE layers: [L, groups], [L, B], [L, devices, 3]
+        if "lb_loss" in aux:  # each stacked over the MoE layers: [L, groups], [L, B], [L, devices, 3]
             lb, z = jnp.mean(aux["lb_loss"]), jnp.mean(aux["z_loss"])
             layers = aux["stats"]
         else:
             lb = z = jnp.zeros(())
             layers = jnp.zeros((0, 1, 3))
-        return ce + lb_w * lb + z_w * z, {"ce": ce, "lb": lb, "z": z, "layers": layers}
+        logit_z = jnp.zeros(())
+        if count is not None:  # this micro-batch's share of the step's means
+            ce, lb, z = aux["loss_sum"] / count, lb / accum, z / accum
+            if logit_z_w:
+                logit_z = aux["logit_z_sum"] / count
+        elif logit_z_w:
+            logit_z = aux["logit_z_sum"] / aux["loss_tokens"]
+        total = ce + lb_w * lb + z_w * z
+        if logit_z_w:
+            total = total + logit_z_w * logit_z
+        return total, {"ce": ce, "lb": lb, "z": z, "logit_z": logit_z, "layers": layers}
 
     def step(state: dict, tokens: jax.Array, stop: jax.Array) -> tuple[dict, dict]:
         model, opt = nnx.merge(graphdef, from_plain(abstract, state))
         gdef, params = nnx.split(model)
         grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        accum = tokens.shape[0]
+        # The targets that count in the whole global batch (every micro-batch, every device).
+        count = jnp.maximum(jnp.sum(tokens[..., :-1] != eos).astype(jnp.float32), 1.0) if token_sum else None
 
         def micro(acc: nnx.State, mb: jax.Array) -> tuple[nnx.State, tuple]:
-            (total, parts), grads = grad_fn(params, gdef, mb)
+            (total, parts), grads = grad_fn(params, gdef, mb, count, accum)
             acc = jax.lax.with_sharding_constraint(jax.tree.map(jnp.add, acc, grads), param_shardings)
             return acc, (total, parts)
 
         zeros = jax.lax.with_sharding_constraint(jax.tree.map(jnp.zeros_like, params), param_shardings)
         grads, (total, parts) = jax.lax.scan(micro, zeros, tokens)
-        grads = jax.tree.map(lambda g: g / tokens.shape[0], grads)
+        # Token sums add up to the step's means; means of equal micro-batches are averaged.
+        reduce = jnp.sum if token_sum else jnp.mean
+        if not token_sum:
+            grads = jax.tree.map(lambda g: g / accum, grads)
         lr = lr_at(opt.step[...])
         opt.update(model, grads)
         layers = parts["layers"]  # [A, L, devices, 3]
@@ -179,12 +248,13 @@ def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: n
         # devices and deadlock. Adding (grad_norm < 0), always 0, orders it after the loop.
         stop_any = jnp.max(stop + (grad_norm < 0).astype(stop.dtype))
         scalars = [
-            parts["ce"].mean(),
-            total.mean(),
-            parts["lb"].mean(),
-            parts["z"].mean(),
+            reduce(parts["ce"]),
+            reduce(total),
+            reduce(parts["lb"]),
+            reduce(parts["z"]),
             grad_norm,
             lr,
+            reduce(parts["logit_z"]),
             stop_any,
         ]
         metrics = {  # two arrays, not a dozen: one device-to-host transfer each per step

@@ -189,3 +189,12 @@ def test_a_missing_token_file_is_exit_2_before_anything_is_written(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not exist" in err[0]
     assert not (tmp_path / "run").exists()  # no checkpoints/, no metrics/
+
+
+def test_keys_added_later_leave_an_older_runs_hash_as_it_was() -> None:
+    """A run checkpointed before data mixtures, eval, the OLMo 3 recipe keys, stages and
+    ``data.dtype: auto`` existed resumes under the same config hash: these are the hashes those
+    configs had then."""
+    assert config.config_hash(config.resolve("tiny", [], {})) == "475b43bf7696b39d"
+    assert config.config_hash(config.resolve("small", [], {})) == "2fac280ceb71bcec"
+    assert config.config_hash(config.resolve("tiny", ["data.dtype=uint16"], {})) == "475b43bf7696b39d"
