@@ -104,6 +104,19 @@ class Checkpointer:
         restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
         return dict(restored["meta"])
 
+    def check_newest(self, check: Callable[[int, dict[str, Any]], None]) -> None:
+        """`check` on the newest committed step when its meta reads as a checkpoint's: the identity
+        check, asked before the trainer writes anything (`usable_start` judges every step later)."""
+        step = self.manager.latest_step()
+        if step is None:
+            return
+        try:
+            meta = self.read_meta(step)
+        except Exception:
+            return  # unreadable: usable_start sets it aside and checks the step before
+        if isinstance(meta, dict) and meta.get("step") == step and "config_hash" in meta:
+            check(step, meta)
+
     def check_compatible(
         self,
         step: int,

@@ -360,8 +360,6 @@ def run(
     stages.check_source(cfg)  # a stage's source that is missing or of another shape: exit 2 likewise
     ident = distributed.initialize(env)
     timeline.mark("distributed")
-    if cfg.train.compile_cache:
-        compile_cache.enable(cfg.run_dir)
     segment = _env_number(env, "RESLICE_SEGMENT", int)
     attempt = _env_number(env, "RESLICE_RESTART_ATTEMPT", int)
     mesh = mesh_for(cfg)
@@ -389,6 +387,11 @@ def run(
     ckpt = Checkpointer(cfg.run_dir, c.keep, c.async_save, c.debug_save_delay_s)
     writer = None
     try:
+        # A checkpoint of another run is refused before anything is written into its run
+        # directory, the compile cache's entries included: the cache is enabled only after.
+        ckpt.check_newest(lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb, sched))
+        if cfg.train.compile_cache:
+            compile_cache.enable(cfg.run_dir)
         with jax.set_mesh(mesh):
             model, program = Model(cfg, mesh), compile_cache.program(cfg)
             abstract = compile_cache.abstract_state(program, mesh, model.abstract)

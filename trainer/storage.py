@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -36,9 +37,27 @@ class StorageError(ConfigError):
     """The run directory cannot be written; the message names the fix."""
 
 
+# Bucket names (https://cloud.google.com/storage/docs/buckets#naming): lowercase letters, digits,
+# '-', '_' and '.', start and end alphanumeric, 3-222 characters, dotted parts of at most 63.
+_BUCKET = re.compile(r"^[a-z0-9][-a-z0-9_.]{1,220}[a-z0-9]$")
+
+
+def bucket_error(run_dir: str) -> str | None:
+    """Why a gs:// run directory cannot be one (its bucket name), or None: asked before the storage
+    layer is, whose client retries and logs a traceback for a name no bucket can have."""
+    if not _is_gcs(run_dir):
+        return None
+    bucket = run_dir.removeprefix("gs://").split("/", 1)[0]
+    if _BUCKET.match(bucket) and ".." not in bucket and all(len(p) <= 63 for p in bucket.split(".")):
+        return None
+    return f"run directory {run_dir}: {bucket!r} is not a valid Cloud Storage bucket name"
+
+
 def probe_write(run_dir: str) -> str:
     """Write and delete a small object under `run_dir`, leaving it as it was (a local directory the
     probe had to create is removed again); the object's path, or StorageError."""
+    if err := bucket_error(run_dir):
+        raise StorageError(err)
     root = epath.Path(run_dir)
     target = root / f"{PROBE_PREFIX}{socket.gethostname()}-{os.getpid()}"
     # An object store's directory is only a name prefix: nothing to create (or to remove) there.

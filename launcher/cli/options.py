@@ -111,3 +111,12 @@ ShortNoticeOpt = Annotated[
 ]
 
 KubeconfigOpt = Annotated[str | None, typer.Option("--kubeconfig", help="Kubeconfig (default: $KUBECONFIG).")]
+# launch and sweep: the free checks before anything is created.
+PreflightOpt = Annotated[
+    bool,
+    typer.Option(
+        "--preflight/--no-preflight",
+        help="Refuse a cluster that cannot run it (no JobSet, no node pools of the shape...); "
+        "--no-preflight e.g. for node pools that autoscale from zero.",
+    ),
+]

@@ -17,22 +17,22 @@ from dataclasses import asdict, replace
 
 from launcher.adapters.preset_files import load_catalog
 from launcher.adapters.rundir import RunDir
-from launcher.core.errors import UserError
+from launcher.core.errors import ClusterNotReady, UserError
 from launcher.core.plan import Plan, Rung, shrink_ladder
 from launcher.core.presets import Catalog
 from launcher.core.record import Knobs, RunRecord
-from launcher.core.render import run_name_error
+from launcher.core.render import run_name_error, run_name_room
 from launcher.core.spec import RunSpec, check, grace_period, short_notice
 from launcher.core.words import Action, LedgerKind, RunState, TrainerProfile, TrainerState
 
 
-def check_trainer_config(config: str, overrides: tuple[str, ...]) -> dict | None:
+def check_trainer_config(config: str, overrides: tuple[str, ...]) -> dict:
     """Ask the trainer (`python -m trainer --check`, no JAX) whether the config and overrides are
     valid, through the contract (exit code 2 and one line), not an import; the resolved config.
-    A config path that exists only inside the image (e.g. `/app/cfg.yaml`) cannot be checked here:
-    None."""
-    if ("/" in config or config.endswith((".yaml", ".yml"))) and not os.path.exists(config):
-        return None
+    A config given as a file must be one here: the launcher checks what it submits, so a config the
+    pods read from the image needs a copy at the same path."""
+    if ("/" in config or config.endswith((".yaml", ".yml"))) and not os.path.isfile(config):
+        raise UserError(f"--config {config}: no such file (a config file must exist where reslice runs)")
     cmd = [sys.executable, "-m", "trainer", "--check", "--config", config]
     for kv in overrides:
         cmd += ["--set", kv]
@@ -59,24 +59,38 @@ def model_parallel(resolved: dict | None, overrides: tuple[str, ...]) -> int:
     return 1
 
 
-def resolve_trainer_config(config: str, overrides: tuple[str, ...], strict: bool = True) -> dict | None:
-    """The trainer config as the trainer resolves it. Not ``strict`` (plan, render): a config the
-    trainer refuses here (e.g. a data path that exists only in the image) is None, and what the
-    launcher needs of it comes from the overrides; ``launch`` refuses it."""
+def resolve_trainer_config(config: str, overrides: tuple[str, ...], strict: bool = True) -> dict:
+    """The trainer config as the trainer resolves it: the one check of `--config` and `--set` that
+    every command taking them runs (plan, render, preflight, launch, sweep), so that they accept and
+    refuse the same configs. Only the data may be missing here when not ``strict`` (plan, render,
+    preflight: a token file that exists only in the image); the config is then resolved with
+    synthetic data, which is all the plan needs of it. ``launch`` refuses that too."""
     try:
         return check_trainer_config(config, overrides)
-    except UserError:
+    except UserError as refused:
         if strict:
             raise
-    try:  # the plan needs the model and mesh, not the data: a token file only the image has is fine
-        return check_trainer_config(config, (*overrides, "data.source=synthetic"))
-    except UserError:
-        return None
+        try:
+            return check_trainer_config(config, (*overrides, "data.source=synthetic"))
+        except UserError:
+            raise refused from None
 
 
 def trainer_model_parallel(config: str, overrides: tuple[str, ...], strict: bool = True) -> int:
     """The model-parallel degree of a trainer config."""
     return model_parallel(resolve_trainer_config(config, overrides, strict), overrides)
+
+
+def ladder_name_error(run: str, ladder: list[Rung], max_segments: int) -> str | None:
+    """Why `run` cannot name a run on `ladder`, or None: the longest JobSet name it may need is its
+    last segment's (`max_segments` - 1) on a feasible rung, and the advice is the tightest rung's, so
+    following it is accepted. `launch` and `render` both ask this, so they state one limit."""
+    worst = min(
+        (r.shape for r in ladder if r.feasible),
+        key=lambda shape: run_name_room(shape, max_segments - 1),
+        default=None,
+    )
+    return None if worst is None else run_name_error(run, worst, max_segments - 1)
 
 
 def prepare(
@@ -105,10 +119,8 @@ def prepare(
     first = ladder[0]
     if not isinstance(first.plan, Plan):
         raise UserError(f"{shape}: {first.plan.reason}")
-    # The longest JobSet name this run may need: the last segment the policy allows.
-    for rung in ladder:
-        if rung.feasible and (err := run_name_error(spec.run, rung.shape, knobs.max_segments - 1)):
-            raise UserError(err)
+    if err := ladder_name_error(spec.run, ladder, knobs.max_segments):
+        raise UserError(err)
     short = short_notice_presets(spec, ladder)
     if short and spec.short_notice_interval is None:
         raise UserError(
@@ -156,8 +168,8 @@ def create_run(kube, rec: RunRecord) -> None:
                 f"run {rec.name!r} already finished in {rec.spec.run_dir} (step {status.get('step')}): "
                 "launch a new --run, or give another --run-dir"
             )
-    if not kube.namespace_exists():
-        raise UserError(
+    if not kube.namespace_exists():  # the cluster is not ready for the run, as preflight says (exit 1)
+        raise ClusterNotReady(
             f"namespace {kube.namespace!r} does not exist: `kubectl create namespace {kube.namespace}`"
         )
     if kube.get_record(rec.name) is not None:
@@ -209,9 +221,10 @@ def submit_first_segment(kube, run: str) -> str:
     )
 
 
-def stop_run(kube, run: str) -> list[str]:
+def stop_run(kube, run: str, reason: str = "stopped by the user") -> list[str]:
     """Mark the run Stopped (compare-and-swap, so no controller starts another segment), then
-    delete its JobSets. The record and the run directory stay."""
+    delete its JobSets. The record and the run directory stay. `reslice stop` and the sweep (a run
+    that left the sweep's shape) call it."""
     from dataclasses import replace
 
     from kubernetes.utils.retry import Backoff, retry_on_conflict
@@ -225,8 +238,7 @@ def stop_run(kube, run: str) -> list[str]:
         rec, rv = got
         if not rec.terminal:
             kube.update_record(
-                replace(rec, state=RunState.STOPPED, reason="stopped by the user", finished_at=time.time()),
-                rv,
+                replace(rec, state=RunState.STOPPED, reason=reason, finished_at=time.time()), rv
             )
         return rec
 
@@ -235,6 +247,6 @@ def stop_run(kube, run: str) -> list[str]:
     except Conflict:  # still changing: delete the JobSets all the same, as asked
         rec = kube.get_record(run)[0]
     deleted = [j["metadata"]["name"] for j in kube.jobsets(run) if kube.delete_jobset(j["metadata"]["name"])]
-    RunDir(rec.spec.run_dir).log([{"time": time.time(), "kind": LedgerKind.ACT, "action": Action.STOP, "reason": "stopped by the user",
+    RunDir(rec.spec.run_dir).log([{"time": time.time(), "kind": LedgerKind.ACT, "action": Action.STOP, "reason": reason,
                                    "state": RunState.STOPPED}])  # fmt: skip
     return deleted

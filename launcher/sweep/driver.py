@@ -9,7 +9,9 @@ loss. Nothing here recomputes drops from loads: the trainer counts them where th
 
 Layout: ``<sweep_dir>/<sweep>-f<slug>/`` is each run's ordinary run directory; ``sweep.json``,
 ``sweep.csv`` and ``sweep.png`` lie beside them. Each run is an ordinary run (record, controller,
-ledger), so preemption and shrink handling apply to sweeps too.
+ledger), so preemption handling applies to sweeps too; but a sweep measures every factor on the one
+shape it names, so a run the controller puts on another shape (capacity lost, it shrank) is stopped
+at once and reported as not measured (`sweep.spec.off_shape`).
 
 This module is the driver, called by `reslice sweep` (`launcher/cli/commands/sweeping.py`): it plans
 every run (:func:`plan_sweep`) and runs what is missing under one controller (:func:`run_sweep`).
@@ -23,7 +25,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,8 +35,8 @@ from rich.text import Text
 
 from launcher.adapters.kube import Kube
 from launcher.adapters.rundir import RunDir
-from launcher.controller.launch import create_run, prepare
-from launcher.controller.loop import Controller
+from launcher.controller.launch import create_run, prepare, stop_run
+from launcher.controller.loop import Controller, PassResult
 from launcher.core.errors import UserError
 from launcher.core.labels import LABEL_RUN
 from launcher.core.record import Knobs, RunRecord
@@ -43,7 +45,17 @@ from launcher.core.words import LedgerKind, RunState
 from launcher.report.view import Throttle, live_view
 from launcher.sweep.files import SWEEP_JSON, read_incarnations, result_of, write_outputs
 from launcher.sweep.results import FactorResult, Recommendation, pct
-from launcher.sweep.spec import ATTACH, DONE, LAUNCH, MISSING, RELAUNCH, SweepSpec, next_action, run_name
+from launcher.sweep.spec import (
+    ATTACH,
+    DONE,
+    LAUNCH,
+    MISSING,
+    RELAUNCH,
+    SweepSpec,
+    next_action,
+    off_shape,
+    run_name,
+)
 
 
 @dataclass(frozen=True)
@@ -56,10 +68,12 @@ class FactorRun:
         return self.record.name
 
 
-def plan_sweep(sweep: SweepSpec, template: RunSpec, knobs: Knobs) -> list[FactorRun]:
-    """Every run of the sweep, each planned and checked as `reslice launch` would, before anything
-    is created; and the sweep directory must not hold a different sweep. `template` supplies what is
-    not the sweep's business (image, namespace, grace period...)."""
+def plan_sweep(
+    sweep: SweepSpec, template: RunSpec, knobs: Knobs, factors: Sequence[float] | None = None
+) -> list[FactorRun]:
+    """Every run of the sweep (or those of `factors`), each planned and checked as `reslice launch`
+    would, before anything is created; and the sweep directory must not hold a different sweep.
+    `template` supplies what is not the sweep's business (image, namespace, grace period...)."""
     stored = RunDir(sweep.sweep_dir).read_text(SWEEP_JSON)
     if stored is not None:
         try:
@@ -77,7 +91,7 @@ def plan_sweep(sweep: SweepSpec, template: RunSpec, knobs: Knobs) -> list[Factor
                 f"({', '.join(f'{k}={v}' for k, v in diff.items())}); choose another --name or --sweep-dir"
             )
     out = []
-    for f in sweep.factors:
+    for f in sweep.factors if factors is None else factors:
         spec = replace(
             template,
             run=run_name(sweep.name, f),
@@ -181,7 +195,19 @@ def run_sweep(
     active: list[FactorRun] = []
     controller = Controller(kube, resync_s=resync_s, lease_s=lease_s)
     changed = threading.Event()
-    controller.on_pass = lambda _result: changed.set()
+    unmeasured: dict[str, str] = {}  # run -> why it left the sweep's shape
+
+    def on_pass(result: PassResult) -> None:
+        """After each pass has acted: a run the controller put on another shape stops at once,
+        before its new segment can train."""
+        d = result.decision
+        why = off_shape(d.record, sweep.preset, sweep.slices) if d is not None else None
+        if why is not None and result.run not in unmeasured:
+            unmeasured[result.run] = why
+            stop_run(kube, result.run, why)
+        changed.set()
+
+    controller.on_pass = on_pass
     ctl_stop = threading.Event()
     loop = threading.Thread(
         target=controller.run_forever, args=(lambda: [p.run for p in active], ctl_stop), daemon=True
@@ -223,7 +249,10 @@ def run_sweep(
     def finish(p: FactorRun, rec: RunRecord) -> None:
         active.remove(p)
         controller.release(p.run)
-        r = result_of(sweep, p.factor, rec.state, rec.reason)
+        if p.run in unmeasured:  # its metrics, if any, are not all of the sweep's shape
+            r = FactorResult(p.factor, p.run, rec.state, unmeasured[p.run])
+        else:
+            r = result_of(sweep, p.factor, rec.state, rec.reason)
         results[p.run] = r
         if r.measured:
             console.print(

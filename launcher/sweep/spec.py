@@ -228,3 +228,18 @@ def next_action(record: RunRecord | None, status: dict | None, has_last_step: bo
     if record.state == RunState.FINISHED:
         return MISSING
     return RELAUNCH  # Failed or Stopped: same name, same run directory, resumes its last checkpoint
+
+
+def off_shape(record: RunRecord, preset: str, slices: int) -> str | None:
+    """Why a run of the sweep cannot be measured, or None: the controller put a segment of it on a
+    shape other than the sweep's (capacity lost, it shrank). A sweep compares every factor on the one
+    shape it names, so such a run is stopped and reported, never measured."""
+    for seg in record.segments:
+        if (seg.preset, seg.slices) != (preset, slices):
+            before = record.segments[seg.index - 1] if seg.index > 0 else None
+            why = (before.end_reason if before is not None else None) or seg.reason
+            return (
+                f"not measured: its segment {seg.index} would run on {seg.preset} x{seg.slices}, "
+                f"not the sweep's {preset} x{slices} ({why})"
+            )
+    return None

@@ -151,9 +151,21 @@ def _cases() -> list[tuple[list[str], int]]:
         add([*cmd, "--kubeconfig", "malformed.yaml"])
         add([*cmd, "--kubeconfig", "nocontext.yaml"])
         add([*cmd, "--kubeconfig", "nowhere.yaml"], 1)  # the cluster is unreachable: exit 1
-    # A namespace that does not exist: preflight's check refuses it (1); without it, the launch (2).
+    # A namespace that does not exist: the cluster is not ready for the run (1), whether preflight's
+    # check or the launch itself finds it.
     add([*LAUNCH, "--namespace", "nosuch"], 1)
-    add([*LAUNCH, "--namespace", "nosuch", "--no-preflight"])
+    add([*LAUNCH, "--namespace", "nosuch", "--no-preflight"], 1)
+    # One check of --config and --set for every command that takes them: a config file that is not
+    # there, a config file with an unknown key, an unknown key or a value of the wrong type.
+    for base in (PLAN, RENDER, LAUNCH, PREFLIGHT, SWEEP):
+        add([*base, "--config", "/path/that/does/not/exist.yaml"])
+        add([*base, "--config", "unknownkey.yaml"])
+        add([*base, "--set", "train.nosuch=1"])
+        add([*base, "--set", "model.d_model=wide"])
+    # A sweep on a cluster without node pools of its shape: refused as launch refuses it (1).
+    add(["sweep", "--preset", "tpu7x-4x4x4", "--steps", "20"], 1)
+    # A run name render used to take and launch refuses: one limit, the tightest rung's last segment.
+    add(["render", "-p", "tpu7x-8x8x48", "-n", "4", "--run", "r" * 42, "--run-dir", "rd", "-b", "24576"])
     # The embedded cluster's commands.
     for extra in (["--port", "99999"], ["--port", "-1"], ["--timeout", "0"], ["--timeout", "nan"]):
         add(["cluster", "up", "--state-dir", "newstate", *extra])
@@ -216,6 +228,7 @@ def world(cluster: EmbeddedCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     (tmp_path / "afile").write_text("a file, not a directory\n")
     (tmp_path / "adir").mkdir()
     (tmp_path / "malformed.yaml").write_text("apiVersion: v1\nclusters: [oops\n")
+    (tmp_path / "unknownkey.yaml").write_text("base: tiny\ntrain:\n  stepz: 10\n")
     (tmp_path / "nocontext.yaml").write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\n")
     nowhere = Path(cluster.kubeconfig).read_text().replace(cluster.url, "http://127.0.0.1:9")
     (tmp_path / "nowhere.yaml").write_text(nowhere)
@@ -334,3 +347,49 @@ def test_no_cloud_credentials_for_a_gcs_run_dir(
     rundir._client_for.cache_clear()
     assert code == 2 and err.count("\n") == 1 and "no Google Cloud credentials" in err, err
     assert (_objects(cluster), _files(world)) == before
+
+
+def test_a_sweep_on_a_cluster_without_its_pools_is_refused_at_once(
+    world: Path, cluster: EmbeddedCluster, capsys
+) -> None:
+    """launch's free checks, before any run is created: one line naming the missing pools, exit 1."""
+    import time
+
+    before = (_objects(cluster), _files(world))
+    t0 = time.monotonic()
+    code, _, err = run_cli(capsys, "sweep", "--preset", "tpu7x-4x4x4", "--steps", "20")
+    elapsed = time.monotonic() - t0
+    assert code == 1 and err.count("\n") == 1 and elapsed < 10, (elapsed, err)
+    assert "node pools for tpu7x-4x4x4 x1" in err and "needs 1 node pool of tpu7x-4x4x4" in err, err
+    assert (_objects(cluster), _files(world)) == before
+
+
+def test_render_and_launch_state_one_run_name_limit(world: Path, capsys) -> None:
+    shape = ["-p", "tpu7x-8x8x48", "-n", "4", "-b", "24576", "--run", "r" * 60]
+    _, _, launched = run_cli(capsys, "launch", *shape)
+    _, _, rendered = run_cli(capsys, "render", *shape, "--run-dir", "rd")
+    advice = [re.search(r"use at most (\d+) characters", e) for e in (launched, rendered)]
+    assert advice[0] and advice[1] and advice[0].group(1) == advice[1].group(1), (launched, rendered)
+
+
+def test_a_run_directory_in_a_bucket_no_bucket_can_have_is_one_line(
+    world: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.setenv("RESLICE_RUN_DIR", "gs://Bad_Bucket!/x")
+    before = _files(world)
+    code = _trainer(["--config", "tiny"])
+    err = capsys.readouterr().err
+    assert (code, len(err.splitlines()), "Traceback" not in err) == (2, 1, True), err
+    assert "'Bad_Bucket!' is not a valid Cloud Storage bucket name" in err
+    assert _files(world) == before
+
+
+def test_status_of_a_run_without_a_checkpoint_says_so(world: Path, cluster: EmbeddedCluster, capsys) -> None:
+    code, _, err = run_cli(capsys, "launch", *PRESET, "--run", "fresh", "--detach", "-b", "32")
+    assert code == 0, err
+    code, out, err = run_cli(capsys, "status", "fresh")
+    [line] = [ln for ln in out.splitlines() if "committed checkpoint" in ln]
+    assert code == 0 and line.startswith("no committed checkpoint yet (target step") and "None" not in line, (
+        out
+    )
+    run_cli(capsys, "stop", "fresh")

@@ -287,6 +287,19 @@ def test_refuses_a_checkpoint_of_another_run(
     assert {p.name: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before  # nothing written
 
 
+def test_a_checkpoint_of_another_run_is_refused_before_the_compile_cache_is_written(reference: dict) -> None:
+    """Without a compile cache of its own (the suite shares one), the trainer keeps compiled
+    programs in <run_dir>/compile_cache: none may be written into a run directory it refuses."""
+    run_dir = reference["dir"]
+    before = {str(p): p.stat().st_mtime_ns for p in run_dir.rglob("*")}
+    env = runs.env_for(str(run_dir), 8)
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    sets = [a for s in runs.COMMON for a in ("--set", s)]
+    line = _one_line_exit_2(env, [*sets, "--set", "optim.lr=0.001"])
+    assert "refusing to resume" in line, line
+    assert {str(p): p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before
+
+
 def test_batch_plan_mismatch_is_a_config_error(tmp_path: Path) -> None:
     env = runs.env_for(str(tmp_path / "run"), 8, global_batch=12)
     line = _one_line_exit_2(env, [])

@@ -31,8 +31,13 @@ def status(
         print_json({**report.as_dict(), "latest_committed_step": committed, "total_steps": rec.total_steps})
         return
     console.print(f"[bold]{run}[/bold]: {rec.state} — {rec.reason}")
+    checkpoint = (
+        f"latest committed checkpoint: step {committed} of {rec.total_steps or '?'}"
+        if committed is not None
+        else f"no committed checkpoint yet (target step {rec.total_steps or '?'})"
+    )
     console.print(
-        f"latest committed checkpoint: step {committed} of {rec.total_steps or '?'}; "
+        f"{checkpoint}; "
         f"restarts: {', '.join(f'{k.replace(chr(95), chr(32))} {v}' for k, v in report.restarts.items())}"
     )
     console.print(segments_table(rec, report))

@@ -29,6 +29,7 @@ from launcher.cli.options import (
     MemoryRequestOpt,
     NamespaceOpt,
     PlacementOpt,
+    PreflightOpt,
     PresetOpt,
     PriorityClassOpt,
     QueueOpt,
@@ -90,14 +91,7 @@ def launch(
     queue: QueueOpt = None,
     priority_class: PriorityClassOpt = None,
     service_account: ServiceAccountOpt = None,
-    checks: Annotated[
-        bool,
-        typer.Option(
-            "--preflight/--no-preflight",
-            help="Refuse a cluster that cannot run it (no JobSet, no node pools of the shape...); "
-            "--no-preflight e.g. for node pools that autoscale from zero.",
-        ),
-    ] = True,
+    checks: PreflightOpt = True,
     unschedulable_grace: Annotated[
         float, typer.Option("--unschedulable-grace", help="Seconds.")
     ] = Knobs.unschedulable_grace_s,

@@ -163,7 +163,8 @@ def render(
     as_json: Annotated[bool, typer.Option("--json", help="JSON instead of YAML.")] = False,
 ) -> None:
     """Render the JobSet of one segment as YAML (or JSON)."""
-    from launcher.controller.launch import trainer_model_parallel
+    from launcher.controller.launch import ladder_name_error, trainer_model_parallel
+    from launcher.core.record import Knobs
 
     check_run_options(
         overrides=overrides, slices=slices, global_batch=global_batch, max_micro_batch=max_micro_batch,
@@ -190,7 +191,20 @@ def render(
         priority_class=priority_class, service_account=service_account, image_pull_policy=pull_policy,
         coordinator_port=coordinator_port, cpu_request=cpu_request, memory_request=memory_request,
     )  # fmt: skip
-    jobset = render_jobset(spec, load_catalog().shape(preset, slices), segment)
+    catalog = load_catalog()
+    shape = catalog.shape(preset, slices)
+    # The run name's limit as `launch` states it: the last segment any rung of the ladder may take.
+    ladder = shrink_ladder(
+        shape,
+        global_batch,
+        max_micro_batch,
+        max_grad_accum,
+        catalog=catalog,
+        model_parallel=spec.model_parallel,
+    )
+    if err := ladder_name_error(run, ladder, Knobs().max_segments):
+        raise UserError(err)
+    jobset = render_jobset(spec, shape, segment)
     text = json.dumps(jobset, indent=2) + "\n" if as_json else yaml.safe_dump(jobset, sort_keys=False)
     if output is None:
         sys.stdout.write(text)

@@ -16,6 +16,7 @@ from launcher.cli.options import (
     ImageOpt,
     KubeconfigOpt,
     NamespaceOpt,
+    PreflightOpt,
     PresetOpt,
     SetOpt,
     SlicesOpt,
@@ -54,6 +55,7 @@ def sweep(
     namespace: NamespaceOpt = RunSpec.namespace,
     kubeconfig: KubeconfigOpt = None,
     grace_period: GracePeriodOpt = None,
+    checks: PreflightOpt = True,
 ) -> None:
     """Sweep the MoE ragged buffer factor: one run per factor; drops, load and step time side by side."""
     from launcher.cli.connect import connect
@@ -82,14 +84,24 @@ def sweep(
         namespace=namespace,
     )  # fmt: skip
     knobs = Knobs()
-    plan_sweep(spec, template, knobs)  # every run planned and checked before anything starts
+    # The runs differ in their buffer factor only (make_sweep checked them all): one planned here
+    # finds what a bad input would break in every run before the cluster is asked anything;
+    # run_sweep plans them all before it creates anything.
+    plan_sweep(spec, template, knobs, spec.factors[:1])
     conn = connect(kubeconfig, namespace, start_embedded=f"{spec.preset}:{spec.slices}")
+    template = for_cluster(template, conn.embedded, grace_period)
+    if checks:  # launch's free checks, on the one shape every run of the sweep is measured on
+        from launcher.adapters.preset_files import make_shape
+        from launcher.core.capacity.checks import Request
+        from launcher.preflight.gate import refuse_unready
+
+        refuse_unready(conn.kube, Request(template, (make_shape(spec.preset, spec.slices),)))
     if conn.embedded and spec.max_parallel > 1:
         # One machine: parallel runs would share its cores and every step time would be wrong.
         console.print(f"embedded cluster: runs one at a time (--max-parallel {spec.max_parallel} ignored)")
         spec = replace(spec, max_parallel=1)
     outcome = run_sweep(
-        conn.kube, spec, for_cluster(template, conn.embedded, grace_period), knobs,
+        conn.kube, spec, template, knobs,
         console=console, live=sys.stdout.isatty(),
     )  # fmt: skip
     console.print(sweep_table(spec, outcome.results, outcome.recommendation))

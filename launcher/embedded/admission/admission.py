@@ -7,7 +7,8 @@ In the order a real cluster applies them:
    JobSet first (controller-runtime answers one it cannot decode, e.g. `replicas: "many"`, with 400),
    then defaults success/startup policy, Indexed completion mode, `enableDNSHostnames`,
    `restartPolicy: OnFailure`, failure-policy rule names;
-4. validate against the CRD's `openAPIV3Schema` (jsonschema; a wrong type is a FieldValueTypeInvalid
+4. the resource's own validation: object meta (`metadata.name` a DNS-1123 subdomain, labels, owner
+   references), then the CRD's `openAPIV3Schema` (jsonschema; a wrong type is a FieldValueTypeInvalid
    cause, as apiextensions-apiserver's kubeOpenAPIResultToFieldErrors writes it) and its CEL rules
    (the immutability transition rules and the startupPolicy/dependsOn exclusion): 422 Invalid;
 5. the validating webhook (`vjobset.kb.io`, create and update; reached only by an object the schema
@@ -16,7 +17,7 @@ In the order a real cluster applies them:
    characters, known replicated-job names in the success and failure policies, failure-policy rule
    names matching `^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$` and unique; on update,
    `replicatedJobs` immutable except the pod template's labels, annotations, nodeSelector,
-   tolerations and schedulingGates while suspended: 422 Invalid.
+   tolerations and schedulingGates while suspended, and `managedBy` immutable: 422 Invalid.
 A webhook's refusal reads `admission webhook "<name>" denied the request: ...`, as the API server
 relays it (apiserver admission/plugin/webhook/errors ToStatusErr). A status write's status is
 pruned, defaulted and validated against the status schema (steps 1, 2, 4), without webhooks.
@@ -48,6 +49,7 @@ from launcher.embedded.admission.jobsetwebhook import (
     webhook_defaults,
     webhook_update_causes,
 )
+from launcher.embedded.admission.validation import object_meta
 from launcher.embedded.types import jobsettypes
 from launcher.embedded.types.errors import ApiError, invalid
 from launcher.embedded.types.gotypes import Mismatch, decode
@@ -86,7 +88,10 @@ def admit_jobset(old: dict[str, Any] | None, new: dict[str, Any], schema_dir: Pa
     new.clear()
     new.update(cleaned)
     name = new["metadata"].get("name", "")
-    causes = schema_causes(new, schema_dir) + ([] if old is None else cel_update_causes(old, new, schema_dir))
+    # The resource's own validation (the custom resource strategy: object meta, then the schema and
+    # CEL) comes before any validating webhook: a bad name is refused for itself.
+    causes = object_meta(RESOURCES["jobsets"], new) + schema_causes(new, schema_dir)
+    causes += [] if old is None else cel_update_causes(old, new, schema_dir)
     if causes:
         raise invalid(JOBSET_KIND, name, causes)
     _webhook_decode(VALIDATING_WEBHOOK, new)

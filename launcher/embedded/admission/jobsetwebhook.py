@@ -3,7 +3,7 @@ webhook's defaults (`mjobset.kb.io`: success/startup policy, Indexed completion 
 `enableDNSHostnames`, `restartPolicy: OnFailure`, failure-policy rule names) and the validating
 webhook's checks (`vjobset.kb.io`: on create, generated Job and Pod names, known replicated-job
 names in the policies, rule names, coordinator, managedBy; on update, `replicatedJobs` immutable
-except what Kueue changes while suspended), as lists of 422 causes.
+except what Kueue changes while suspended, and `managedBy`), as lists of 422 causes.
 
 Pure. Steps 3 and 5 of `admission.py`, which calls it and relays a refusal.
 """
@@ -27,8 +27,9 @@ _MAX_INT32 = 2**31 - 1
 _FAILURE_REASONS = (
     "BackoffLimitExceeded",
     "DeadlineExceeded",
-    "PodFailurePolicy",
+    "FailedIndexes",
     "MaxFailedIndexesExceeded",
+    "PodFailurePolicy",
 )
 _HTTP_PATH_FMT = r"[A-Za-z0-9/\-._~%!$&'()*+,;=:]+"  # apimachinery validation's httpPathFmt
 _HTTP_PATH = re.compile(_HTTP_PATH_FMT)
@@ -283,7 +284,8 @@ def _failure_policy_causes(policy: dict[str, Any], known: set[str]) -> Causes:
 
 
 def webhook_update_causes(old: dict[str, Any], new: dict[str, Any]) -> Causes:
-    """The validating webhook's ValidateUpdate: replicated jobs immutable (Kueue's fields aside)."""
+    """The validating webhook's ValidateUpdate: replicated jobs immutable (Kueue's fields aside), and
+    managedBy (ValidateImmutableField, which prints a nil pointer as null)."""
     causes: Causes = []
     old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
     old_rjobs = old_spec.get("replicatedJobs") or []
@@ -292,6 +294,9 @@ def webhook_update_causes(old: dict[str, Any], new: dict[str, Any]) -> Causes:
         old_rjobs, new_rjobs = _without_kueue_fields(old_rjobs), _without_kueue_fields(new_rjobs)
     if new_rjobs != old_rjobs:
         causes.append(("spec.replicatedJobs", 'Invalid value: "array": field is immutable'))
+    if new_spec.get("managedBy") != old_spec.get("managedBy"):
+        shown = "null" if new_spec.get("managedBy") is None else new_spec["managedBy"]
+        causes.append(("spec.managedBy", f'Invalid value: "{shown}": field is immutable'))
     return causes
 
 

@@ -17,11 +17,11 @@ from launcher.embedded.types.errors import ApiError, bad_request
 from launcher.embedded.types.resources import GROUPS, Resource, lookup
 
 # Kinds whose DELETE answers with the object rather than a Status once it is gone: the registries
-# that set ReturnDeletedObject (pkg/registry/core/{pod,serviceaccount}/storage) and namespaces, whose
+# that set ReturnDeletedObject (pkg/registry/core/{pod,service,serviceaccount}/storage) and namespaces, whose
 # REST Delete returns the object. A custom resource's store leaves it unset
 # (apiextensions-apiserver pkg/registry/customresource/etcd.go): a JobSet removed at once answers
 # with a Status, one kept by finalizers (foreground, orphan) with the object, as every kind.
-_DELETE_RETURNS_OBJECT = {"pods", "namespaces", "serviceaccounts"}
+_DELETE_RETURNS_OBJECT = {"pods", "namespaces", "serviceaccounts", "services"}
 # The finalizer the API server puts on an object deleted with these propagation policies
 # (staging/src/k8s.io/apiserver/pkg/registry/generic/registry/store.go, deletionFinalizersForGarbageCollection).
 _GC_FINALIZERS = {"Foreground": "foregroundDeletion", "Orphan": "orphan"}

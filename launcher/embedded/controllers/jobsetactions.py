@@ -219,7 +219,8 @@ def decide(
             status["restartsCountTowardsMax"] = int(status.get("restartsCountTowardsMax") or 0) + 1
         todo.events.append(("Warning", reason, msg))
         why = f"FailurePolicy_{rule_name}" if rule_name else "DefaultFailurePolicy"
-        objects.set_condition(conds, RESTARTING, "True", why, msg, when)
+        if objects.set_condition(conds, RESTARTING, "True", why, msg, when):
+            todo.events.append(("Warning", why, msg))  # setCondition's event, besides the action's
         todo.requeue_after = 0.0  # the next pass deletes this attempt's Jobs
         return todo
 

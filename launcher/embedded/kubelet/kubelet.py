@@ -239,16 +239,20 @@ class Kubelet(ControllerLoop):
             self.processes.watch(run, c, self._on_exit)
 
     def _restart_in_place(self, run: PodRun, names: list[str]) -> bool:
-        """restartPolicy OnFailure and a non-zero exit: the kubelet restarts the container in the same
-        pod, after the crash back-off; the pod stays Running. False when nothing restarts. (Always is
-        not restarted here: bare pods and Deployments in this cluster end when their process does.)"""
+        """restartPolicy Always (any exit) or OnFailure (a non-zero exit): the kubelet restarts the
+        container in the same pod, after the crash back-off; the pod stays Running. False when
+        nothing restarts."""
         with run.lock:
             if run.terminating or run.cause is not None or run.done.is_set():
                 return False
             again = [
                 c
                 for c in names
-                if c in run.exit_codes and run.restart_policy == "OnFailure" and run.exit_codes[c] != 0
+                if c in run.exit_codes
+                and (
+                    run.restart_policy == "Always"
+                    or (run.restart_policy == "OnFailure" and run.exit_codes[c])
+                )
             ]
             if not again:
                 return False

@@ -98,7 +98,10 @@ def terminated_status(
                         if lost
                         else ("Completed" if code == 0 else "Error"),
                         **({"message": LOST_MESSAGE} if lost else {}),
-                        "startedAt": started or when,
+                        # A container restarted in place started after the pod did.
+                        "startedAt": ((prev.get("state") or {}).get("running") or {}).get("startedAt")
+                        or started
+                        or when,
                         "finishedAt": finished.get(c["name"], when),
                         "containerID": ids.get(c["name"], ""),
                     }
