@@ -13,7 +13,6 @@ import typer
 
 from launcher import inputs
 from launcher.commands.options import (
-    DEFAULT_IMAGE,
     DEFAULT_INIT_TIMEOUT,
     ConfigOpt,
     CoordinatorPortOpt,
@@ -42,7 +41,7 @@ from launcher.commands.options import (
     console,
     print_json,
 )
-from launcher.commands.spec import check_run_options, for_cluster, run_spec, trainer_config
+from launcher.commands.spec import check_run_options, for_cluster, run_spec, trainer_config, trainer_image
 from launcher.errors import UserError
 from launcher.preset_files import make_shape
 from launcher.render import DEFAULT_COORDINATOR_PORT, render_jobset
@@ -69,7 +68,7 @@ def launch(
     run_dir: Annotated[
         str | None, typer.Option("--run-dir", help="Path or gs:// (default ./runs/RUN).")
     ] = None,
-    image: ImageOpt = DEFAULT_IMAGE,
+    image: ImageOpt = None,
     detach: Annotated[
         bool,
         typer.Option(
@@ -112,6 +111,7 @@ def launch(
     from launcher.launch import create_run, prepare, short_notice_presets
     from launcher.record import Knobs
 
+    image = trainer_image(trainer, image)
     check_run_options(
         overrides=overrides, slices=slices, global_batch=global_batch, max_micro_batch=max_micro_batch,
         max_grad_accum=max_grad_accum, image=image, namespace=namespace, grace_period=grace_period,
@@ -187,7 +187,7 @@ def preflight(
     ] = None,
     max_micro_batch: MaxMicroOpt = 16,
     max_grad_accum: MaxAccumOpt = None,
-    image: ImageOpt = DEFAULT_IMAGE,
+    image: ImageOpt = None,
     namespace: NamespaceOpt = "default",
     kubeconfig: KubeconfigOpt = None,
     queue: QueueOpt = None,
@@ -212,6 +212,7 @@ def preflight(
         ),
     ] = None,
     overrides: SetOpt = None,
+    trainer: TrainerOpt = "reslice",
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """Check that the cluster can run a run before anything is created (exit 1 if it cannot)."""
@@ -224,6 +225,7 @@ def preflight(
 
     if not DNS1035.match(run) or len(run) > 63:  # the probe pod carries it as a label value
         raise UserError(f"--run {run!r} is not a DNS-1035 label of at most 63 characters")
+    image = trainer_image(trainer, image)
     check_run_options(
         overrides=overrides, slices=slices, global_batch=global_batch, max_micro_batch=max_micro_batch,
         max_grad_accum=max_grad_accum, image=image, namespace=namespace, queue=queue,
@@ -234,8 +236,17 @@ def preflight(
     inputs.run_dir("--run-dir", run_dir, here=False)
     shape = make_shape(preset, slices)
     sets = tuple(overrides or ())
-    # As `plan`: without --config or --set, the batch plan alone (no trainer asked, no memory estimate).
-    resolved = resolve_trainer_config(config or "tiny", sets, strict=False) if config or sets else None
+    profile_config = trainer_config(trainer, config)  # an unknown --trainer: exit 2 here
+    if trainer == "maxtext":
+        # MaxText's keys and config (launcher.maxtext); its batch plan is one device per rank.
+        from launcher.maxtext import config_args, parse_overrides
+
+        config_args(profile_config)
+        parse_overrides(sets)
+        resolved = None
+    else:
+        # As `plan`: without --config or --set, the batch plan alone (no trainer asked, no memory estimate).
+        resolved = resolve_trainer_config(config or "tiny", sets, strict=False) if config or sets else None
     shapes, skipped = ladder(
         shape, global_batch, max_micro_batch, max_grad_accum, model_parallel(resolved, sets), resolved
     )
@@ -253,6 +264,7 @@ def preflight(
         service_account=service_account,
         cpu_request=cpu_request,
         memory_request=memory_request,
+        trainer=trainer,
     )
     check_requests(spec)
     conn = connect(kubeconfig, namespace)

@@ -13,7 +13,6 @@ import yaml
 
 from launcher import inputs
 from launcher.commands.options import (
-    DEFAULT_IMAGE,
     DEFAULT_INIT_TIMEOUT,
     ConfigOpt,
     CoordinatorPortOpt,
@@ -39,7 +38,7 @@ from launcher.commands.options import (
     console,
     print_json,
 )
-from launcher.commands.spec import check_run_options, run_spec, trainer_config
+from launcher.commands.spec import check_run_options, run_spec, trainer_config, trainer_image
 from launcher.errors import UserError
 from launcher.plan import Plan, shrink_ladder
 from launcher.preset_files import load_catalog
@@ -137,7 +136,7 @@ def render(
     run: RunOpt,
     run_dir: Annotated[str, typer.Option("--run-dir", help="Run directory: a path or gs://bucket/prefix.")],
     global_batch: GlobalBatchOpt,
-    image: ImageOpt = DEFAULT_IMAGE,
+    image: ImageOpt = None,
     slices: SlicesOpt = None,
     segment: Annotated[int, typer.Option("--segment", help="Segment index.")] = 0,
     config: ConfigOpt = None,
@@ -163,6 +162,7 @@ def render(
     """Render the JobSet of one segment as YAML (or JSON)."""
     from launcher.launch import trainer_model_parallel
 
+    image = trainer_image(trainer, image)
     check_run_options(
         overrides=overrides, slices=slices, global_batch=global_batch, max_micro_batch=max_micro_batch,
         max_grad_accum=max_grad_accum, image=image, namespace=namespace, grace_period=grace_period,

@@ -11,7 +11,6 @@ import typer
 
 from launcher import inputs
 from launcher.commands.options import (
-    DEFAULT_IMAGE,
     ConfigOpt,
     GracePeriodOpt,
     ImageOpt,
@@ -20,9 +19,10 @@ from launcher.commands.options import (
     PresetOpt,
     SetOpt,
     SlicesOpt,
+    TrainerOpt,
     console,
 )
-from launcher.commands.spec import check_run_options, for_cluster, run_spec
+from launcher.commands.spec import check_run_options, for_cluster, run_spec, trainer_config, trainer_image
 from launcher.sweep_spec import DEFAULT_FACTORS
 
 
@@ -30,7 +30,8 @@ def sweep(
     preset: PresetOpt,
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps of every run.")],
     slices: SlicesOpt = None,
-    config: ConfigOpt = "tiny",
+    config: ConfigOpt = None,
+    trainer: TrainerOpt = "reslice",
     factors: Annotated[
         str, typer.Option("--factors", help="Buffer factors, comma-separated; ≤ 0 (e.g. -1) = dropless.")
     ] = DEFAULT_FACTORS,
@@ -49,18 +50,20 @@ def sweep(
     sweep_dir: Annotated[
         str | None, typer.Option("--sweep-dir", help="Path or gs:// (default ./sweeps/NAME).")
     ] = None,
-    image: ImageOpt = DEFAULT_IMAGE,
+    image: ImageOpt = None,
     namespace: NamespaceOpt = "default",
     kubeconfig: KubeconfigOpt = None,
     grace_period: GracePeriodOpt = None,
 ) -> None:
-    """Sweep the MoE ragged buffer factor: one run per factor; drops, load and step time side by side."""
+    """Sweep the MoE ragged buffer factor: one run per factor; drops, load and step time side by side.
+    `--trainer maxtext` sweeps MaxText's `ragged_buffer_factor` on a MaxText MoE model (docs/maxtext.md)."""
     from launcher.connect import connect
     from launcher.record import Knobs
     from launcher.sweep import plan_sweep, run_sweep
     from launcher.sweep_results import sweep_table
     from launcher.sweep_spec import make_sweep
 
+    image = trainer_image(trainer, image)
     check_run_options(
         overrides=overrides, slices=slices, global_batch=global_batch, max_micro_batch=16, max_grad_accum=None,
         image=image, namespace=namespace, grace_period=grace_period,
@@ -71,17 +74,24 @@ def sweep(
     inputs.fraction("--max-drop", max_drop)
     if sweep_dir is not None:
         inputs.run_dir("--sweep-dir", sweep_dir)
+    config = trainer_config(trainer, config)  # an unknown --trainer: exit 2 here
     spec = make_sweep(
         name=name, preset=preset, slices=slices, config=config, factors=factors, steps=steps,
         global_batch=global_batch, overrides=tuple(overrides or ()), warmup=warmup, max_drop=max_drop,
-        max_parallel=max_parallel, sweep_dir=sweep_dir,
+        max_parallel=max_parallel, sweep_dir=sweep_dir, trainer=trainer,
     )  # fmt: skip
     template = run_spec(
         preset=spec.preset, run=name, run_dir=spec.sweep_dir, global_batch=spec.global_batch, image=image,
-        namespace=namespace,
+        namespace=namespace, trainer=trainer,
     )  # fmt: skip
     knobs = Knobs()
-    plan_sweep(spec, template, knobs)  # every run planned and checked before anything starts
+    plans = plan_sweep(spec, template, knobs)  # every run planned and checked before anything starts
+    if trainer == "maxtext":  # MaxText's keys are checked where they are rendered
+        from launcher.preset_files import make_shape
+        from launcher.render import render_jobset
+
+        for p in plans:
+            render_jobset(p.record.spec, make_shape(spec.preset, spec.slices), 0)
     conn = connect(kubeconfig, namespace, start_embedded=f"{spec.preset}:{spec.slices}")
     if conn.embedded and spec.max_parallel > 1:
         # One machine: parallel runs would share its cores and every step time would be wrong.
