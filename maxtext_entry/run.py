@@ -164,13 +164,14 @@ class _Metrics:
     lines: int = 0
     pending: str = ""
     held: list[str] = field(default_factory=list)
-    rbf: dict[int, list[float]] = field(default_factory=dict)
+    rbf: dict[int, list[float]] = field(default_factory=dict)  # written by the output reader's thread
+    rbf_last: int = -1  # the latest step with a REQUIRED_RBF line: `rbf` is never iterated across threads
 
     def note_output(self, line: str) -> None:
         if "REQUIRED_RBF" in line and (got := metrics.required_rbf(line)) is not None:
-            self.rbf.setdefault(
-                got[0], got[1]
-            )  # a dropless replay of the step logs again: the attempt counts
+            # A dropless replay of the step logs it again: the first attempt's counts.
+            self.rbf.setdefault(got[0], got[1])
+            self.rbf_last = max(self.rbf_last, got[0])
 
     def pump(self, final: bool = False) -> None:
         try:
@@ -188,8 +189,9 @@ class _Metrics:
         for i, line in enumerate(todo):
             parsed = json.loads(line)
             step = int(parsed["step"])
-            if self.rbf and step not in self.rbf and not final:
-                self.held = todo[i:]  # its REQUIRED_RBF line is still in the pipe
+            if self.rbf_last >= 0 and step not in self.rbf and step > self.rbf_last and not final:
+                # Its REQUIRED_RBF line is still in the pipe (had a later step's come, none would).
+                self.held = todo[i:]
                 break
             records.append(json.dumps(metrics.record(parsed, self.who, time.time(), self.rbf.get(step))))
             raw.append(line)
