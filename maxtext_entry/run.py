@@ -25,7 +25,10 @@ from maxtext_entry.outcome import Outcome, exit_code
 TRAIN_MODULE = "maxtext.trainers.pre_train.train"
 TAIL_LINES = 200
 POLL_S = 1.0
-FLUSH_S = 10.0  # gs://: the metrics objects are rewritten whole at most this often (and at each commit)
+# gs://: the metrics objects are rewritten whole every FLUSH_S, and at the first poll that finds a
+# record of a committed step unwritten (`_Metrics.owes`): a segment killed without notice (its node
+# pool gone) resumes after its last commit, so the records up to it are the ones it must not lose.
+FLUSH_S = 10.0
 MAXTEXT_METRICS = "maxtext/metrics"  # MaxText's own metrics lines, copied from its local metrics_file
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # in a checkout: its root
 MAXTEXT_CPU_PORT = 1234  # MaxText's fixed coordinator port on CPU (`initialize_jax_for_cpu`)
@@ -164,6 +167,7 @@ class _Metrics:
     lines: int = 0
     pending: str = ""
     held: list[str] = field(default_factory=list)
+    unflushed: int | None = None  # the earliest step (0-based) pumped since the last flush
     rbf: dict[int, list[float]] = field(default_factory=dict)  # written by the output reader's thread
     rbf_last: int = -1  # the latest step with a REQUIRED_RBF line: `rbf` is never iterated across threads
 
@@ -196,11 +200,18 @@ class _Metrics:
             records.append(json.dumps(metrics.record(parsed, self.who, time.time(), self.rbf.get(step))))
             raw.append(line)
         self.lines += len(records)
+        if records and self.unflushed is None:
+            self.unflushed = int(json.loads(raw[0])["step"])
         if self.records is not None and self.raw is not None:
             self.records.add(records)
             self.raw.add(raw)
 
+    def owes(self, latest: int | None) -> bool:
+        """A record of a step the latest checkpoint holds is not written yet."""
+        return self.unflushed is not None and latest is not None and self.unflushed <= latest
+
     def flush(self) -> None:
+        self.unflushed = None
         for sink in (self.records, self.raw):
             if sink is not None:
                 sink.flush(_now_ms())
@@ -274,8 +285,8 @@ def supervise(cmd: Command, ctx: Context) -> int:
             pass
         follow.pump()
         latest = checkpoints.latest(directory)
-        if latest != seen or time.monotonic() - flushed >= FLUSH_S:
-            follow.flush()  # gs://: the records at each commit and every FLUSH_S
+        if follow.owes(latest) or time.monotonic() - flushed >= FLUSH_S:
+            follow.flush()  # gs://: the records of committed steps at once, the others every FLUSH_S
             flushed = time.monotonic()
         if ctx.process_index == 0 and latest != seen:
             write_status(ctx, cmd, latest)

@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -137,3 +138,23 @@ def test_a_run_directory_in_a_missing_bucket_is_a_config_error(tmp_path: Path, g
     assert code == 2, err[-3000:]
     assert err.startswith("maxtext_entry: config error: bucket gs://no-such-bucket-here does not exist")
     assert json.dumps(gcs.list_objects("runs", f"{tmp_path.name}/")) == "[]"
+
+
+def test_records_of_committed_steps_reach_gcs_before_a_hard_kill(tmp_path: Path, gcs: FakeGCS) -> None:
+    """A segment whose node pool is gone is killed without notice and resumes after its last commit:
+    the records up to that commit must already be in the bucket, though gs:// objects are otherwise
+    rewritten only every FLUSH_S (10 s)."""
+    url = f"gs://runs/{tmp_path.name}/run"
+    p = _start(tmp_path, gcs, url, 100_000, FAKE_STEP_S="0.1")
+    rd = RunDir(url, "maxtext")
+    try:
+        wait_for(lambda: (rd.latest_committed_step() or 0) >= 11 or p.poll() is not None, 60, "checkpoint 10")
+        committed = time.monotonic()
+        wait_for(
+            lambda: 11 in {r["step"] for r in rd.metrics()} or p.poll() is not None, 8, "step 11's record"
+        )
+        assert time.monotonic() - committed < 5, "flushed by the periodic rewrite, not for the commit"
+    finally:
+        p.kill()  # SIGKILL: nothing is flushed from here on (MaxText dies with the entrypoint)
+        p.communicate(timeout=30)
+    assert [r["step"] for r in rd.metrics()][:11] == list(range(1, 12))
