@@ -42,8 +42,8 @@ LONGEST_FIRST = (
     "tests/trainer/test_step.py",  # 45
     "tests/controller/test_e2e_failures.py",  # 38
     "tests/trainer/test_corrupt_checkpoint.py",  # 35
-    "tests/maxtext/test_entry_gcs.py",  # 19 (alone, 2026-12-04)
-    "tests/sweep/test_maxtext_sweep.py",  # 19 (alone, 2026-12-04)
+    "tests/maxtext/test_entry_gcs.py",
+    "tests/sweep/test_maxtext_sweep.py",
     "tests/embedded/test_cluster_nodes.py",  # 26
     "tests/embedded/test_cluster_faults.py",  # 20
     "tests/embedded/test_cluster_failure_policy.py",  # 18

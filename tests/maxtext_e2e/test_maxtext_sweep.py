@@ -24,8 +24,8 @@ pytestmark = pytest.mark.e2e
 FACTORS = "1.0,1.25,2.0,-1"
 STEPS, WARMUP = 20, 5
 # MaxText's MoE on CPU: `megablox=false` (ragged_dot instead of the Pallas GMM kernel, which on CPU
-# runs interpreted: 0.77 s a step instead of 0.02, same losses) and the ragged sort's JAX reference
-# (`ragged_gather_fallback`); the sweep itself sets use_ring_of_experts and use_ragged_sort, which
+# runs interpreted, many times slower for the same losses: docs/maxtext.md) and the ragged sort's
+# JAX reference (`ragged_gather_fallback`); the sweep itself sets use_ring_of_experts and use_ragged_sort, which
 # MaxText's probes need.
 MOE = (
     "decoder_block=mixtral", "num_experts=8", "num_experts_per_tok=2", "base_moe_mlp_dim=128",
