@@ -132,6 +132,14 @@ def elastic(tmp_path: Path, data: Path, reference: dict[int, dict], run_dir: str
         h.start_controller("mt")
         h.wait_step("mt", LOSE_AT, timeout=900)
         lost_after = h.rundir("mt").latest_committed_step()
+        # MaxText writes a step's metrics line one step late, after the next step trained: a slice
+        # lost right after the commit would take the committed step's record with it, on any
+        # storage (docs/maxtext.md). Its record reaches the run directory first.
+        wait_for(
+            lambda: set(range(1, lost_after + 1)) <= {m["step"] for m in h.rundir("mt").metrics()},
+            300,
+            f"the records of steps 1-{lost_after} in the run directory",
+        )
         h.cluster.remove(h.pool(1))  # capacity gone: nodes deleted, the slice's pods killed
         wait_for(lambda: len(h.record("mt").segments) >= 2, 300, "the shrink to a new segment")
         h.cluster.restore(h.pool(1))
