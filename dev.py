@@ -91,8 +91,8 @@ def setup() -> None:
 
 def _install_lock(python: str, lock: str) -> None:
     """``lock`` into ``python``'s venv, hashes required. With uv (itself pinned by hash,
-    requirements/uv.lock, installed by pip): it fetches and unpacks the wheels in parallel, 6 s
-    for dev.lock's 236 packages with an empty cache where pip took 72 s (2026-12-03). It trusts the
+    requirements/uv.lock, installed by pip): it fetches and unpacks the wheels in parallel, several
+    times faster than pip with an empty cache (docs/measurements.md). It trusts the
     system's certificates as pip does (a proxy's CA there; uv's own roots alone fail with
     "UnknownIssuer" unless SSL_CERT_FILE is set). Should uv fail, pip does it."""
     _run(python, *PIP, "--require-hashes", "-r", "requirements/uv.lock")
@@ -121,7 +121,7 @@ def test(args: list[str]) -> None:
 def _workers(args: list[str]) -> list[str]:
     """Three pytest workers on the two cores, whole files each: most of an end-to-end test's wall
     time is waiting (on the cluster, the controller, a peer's grace period), so a third file beside
-    two others fills the cores (the suite's pytest phase 683 -> 576 s, side by side, 2026-12-03);
+    two others fills the cores (the suite's pytest phase is shorter: docs/measurements.md);
     whole files keep a module's reference run computed once. Files go out in collection order, the
     longest first (tests/conftest.py, LONGEST_FIRST). ``-n 0`` (or any -n) overrides."""
     if any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in args):

@@ -7,7 +7,7 @@
 import os
 from pathlib import Path
 
-from launcher.embedded import podenv
+from launcher.embedded.kubelet import podenv
 
 # Trainer processes share one persistent compilation cache, as in the tests.
 os.environ.update(podenv.simulated_host(os.environ))  # as the embedded kubelet's trainers run

@@ -37,9 +37,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from launcher.errors import UserError
-from launcher.record import FAILED, FINISHED, STOPPED, Knobs
-from launcher.render import LABEL_RUN
+from launcher.core.errors import UserError
+from launcher.core.labels import LABEL_RUN
+from launcher.core.record import Knobs
+from launcher.core.words import RunState
 from tests.controller.harness import (
     GLOBAL_BATCH,
     MULTI_HOST,
@@ -65,8 +66,8 @@ SHAPES = {"elastic": (MULTI_HOST, 2, MULTI_HOST_BATCH), "single": (PRESET, 1, GL
 
 def finished_problems(state: str, committed: list[int], kept: list[int], steps: int) -> list[str]:
     out = []
-    if state != FINISHED:
-        out.append(f"state {state}, not {FINISHED}")
+    if state != RunState.FINISHED:
+        out.append(f"state {state}, not {RunState.FINISHED}")
     if not committed or committed[-1] != steps:
         out.append(f"last committed checkpoint {committed[-1] if committed else None}, not {steps}")
     if kept != list(range(1, steps + 1)):
@@ -166,7 +167,7 @@ class Chaos:
         """A running trainer pod, once there is one; None when the run ended meanwhile."""
 
         def pick():
-            if self.h.record(RUN).state in (FINISHED, FAILED, STOPPED):
+            if self.h.record(RUN).state in (RunState.FINISHED, RunState.FAILED, RunState.STOPPED):
                 return {"ended": True}
             pods = [
                 p
@@ -264,7 +265,7 @@ def run_seed(
                 time.sleep(delay)
                 target = chaos.inject(fault)
                 chaos.done.append((time.monotonic() - t0, fault, target))
-            h.wait_state(RUN, {FINISHED, FAILED, STOPPED}, timeout=600)
+            h.wait_state(RUN, {RunState.FINISHED, RunState.FAILED, RunState.STOPPED}, timeout=600)
         except AssertionError as e:  # a wait timed out: the run is stuck, the seed did not hold
             error = str(e)
         for t in chaos.timers:

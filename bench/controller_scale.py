@@ -1,7 +1,7 @@
 """The controller at scale: a 4 x tpu7x-8x8x48 run (3,072 simulated pods on 3,072 nodes) loses a
 node pool, first with the run alone in the cluster, then with unrelated load in the same namespace
 and cluster (10,000 nodes of other pools, 20,000 pods of other workloads, 5,000 events). Its cost
-should follow the run, not the cluster (issue 12).
+should follow the run, not the cluster.
 
     .venv/bin/python -m bench.controller_scale [--slices 4] [--nodes 10000 --pods 20000 --events 5000] [--json]
 
@@ -27,8 +27,8 @@ and a fresh controller process (whose caches list what exists then):
 Each decision line also says how long the embedded cluster's process spent in full cyclic-GC
 collections during it: a stalled server delays the record's PUT, which the latency counts. Its heap
 is collected and frozen once the run's pods run (POST /bench/v1/freeze), as the controller freezes
-its own: a full collection over the loaded store stalled it for 0.63 s inside one decision
-(2026-12-03), a pause a real API server, with Go's concurrent GC, does not take.
+its own: a full collection over the loaded store stalls it inside a decision (docs/measurements.md),
+a pause a real API server, with Go's concurrent GC, does not take.
 
 With --json the last line printed is one JSON object with both phases and the ratios.
 """
@@ -48,13 +48,14 @@ from pathlib import Path
 
 from bench import machine
 from bench.scale_cluster import ClusterProcess
-from launcher.controller import Controller
-from launcher.kube import Kube
-from launcher.launch import create_run, prepare
-from launcher.preset_files import make_shape
-from launcher.record import Knobs
-from launcher.render import LABEL_RUN, RunSpec
-from launcher.rundir import RunDir
+from launcher.adapters.kube import Kube
+from launcher.adapters.preset_files import make_shape
+from launcher.adapters.rundir import RunDir
+from launcher.controller.launch import create_run, prepare
+from launcher.controller.loop import Controller
+from launcher.core.labels import LABEL_RUN
+from launcher.core.record import Knobs
+from launcher.core.spec import RunSpec
 from tests.support.wait import wait_for
 
 
@@ -84,10 +85,9 @@ def wait_quiet(pid: int, share: float = 0.05, window_s: float = 0.5, timeout: fl
     print(f"the embedded cluster (pid {pid}) was still busy after {timeout:.0f} s: passes timed beside it")
 
 
-# A steady pass takes about a millisecond, and this shared machine's speed moves by 2x from one
-# second to the next (measured: rounds of 50 passes in one process at 0.5 and at 1.0 ms, minutes
-# apart and seconds apart alike). Twenty passes in a row measured one moment, and the two phases'
-# ratio swung 0.85-1.5 with identical calls. So: rounds spread over seconds, each after a pause
+# A steady pass is short, and a shared machine's speed moves from one second to the next
+# (docs/measurements.md): passes in a row measure one moment, and the two phases' ratio swings
+# with identical calls. So: rounds spread over seconds, each after a pause
 # (the controller passes after waiting on its watches, the CPU's caches cold), the median of the rounds'
 # medians, and a reference loop timed at each round to show the machine's speed beside it.
 PASS_ROUNDS, PASSES_PER_ROUND, ROUND_PAUSE_S = 30, 10, 0.3

@@ -26,9 +26,10 @@ from typing import Any
 
 from kubernetes import client, watch
 
+from launcher.adapters.preset_files import make_shape
+from launcher.core.render import render_jobset
+from launcher.core.spec import RunSpec
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
-from launcher.preset_files import make_shape
-from launcher.render import RunSpec, render_jobset
 
 
 def build_cluster(

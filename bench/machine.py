@@ -1,8 +1,7 @@
 """How fast this machine runs Python right now, printed beside wall-clock figures.
 
-A shared VM's speed drifts by the hour: on the 2-core machine the project is developed on, the
-same trainer start-up took 2.0 CPU s at one hour and 3.8 at another. A wall-clock goal read
-without this figure says as much about the hour as about the code."""
+A shared VM's speed drifts by the hour (docs/measurements.md): a wall-clock goal read without this
+figure says as much about the hour as about the code."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ the ledger, the run record and the trainer's metrics: fault -> observed -> decid
 what the controller itself spends: noticing the fault, deciding, and submitting once the old pods
 are gone (waiting for the trainer to checkpoint and exit is the trainer's; pod start and the first
 step are the kubelet's and the trainer's). Goals: controller-owned median <= 1 s, fault -> first step
-on the new shape (total) <= 3 s (issue 12).
+on the new shape (total) <= 3 s.
 
 "spawned" is from the submit to the start of the last new trainer process and "start-up" from there
 to the first step; "trainer cpu %" is the share of the machine's core-seconds from the fault to the
@@ -18,11 +18,9 @@ first step that the new trainer processes used (from their start-up lines): near
 measures the machine, not waiting. A second table shows, per start-up phase, the median over every
 new process of wall and CPU seconds (the line each trainer process prints, trainer/startup.py).
 
-Measured on these 2 cores on 2026-12-03: total median 2.93, 2.83, 2.83 and 2.40 s over four runs
-at 18:16-18:34 UTC (16 shrinks pooled: 2.71 s, 13 within 3 s), 2.48-4.30 s at six moments an hour
-earlier, with the same trainer. The new trainer processes use 75-88 % of both cores from the fault
-to the first step, so the figure follows the machine's speed (reference loop 0.11-0.30 s).
-README.md has the breakdown. The first shrink of a run loads or compiles the one-slice train step
+The new trainer processes use most of the machine's cores from the fault to the first step, so
+the total follows the machine's speed: the reference loop's time is printed beside it. Figures:
+README.md and docs/measurements.md. The first shrink of a run loads or compiles the one-slice train step
 for the first time.
 """
 
@@ -39,9 +37,9 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import machine
-from launcher.launch import stop_run
-from launcher.record import Knobs
-from launcher.rundir import RunDir
+from launcher.adapters.rundir import RunDir
+from launcher.controller.launch import stop_run
+from launcher.core.record import Knobs
 from tests.controller.harness import MULTI_HOST, MULTI_HOST_BATCH, Harness, wait_for
 from trainer.startup import parse_report
 
@@ -60,7 +58,7 @@ def startup_reports(log_dir: Path, run: str, segment: int) -> list[dict]:
 
 
 def stepped(rundir: RunDir, segment: int) -> bool:
-    """Whether a metrics record of `segment` is on disk. The poll reads that segment's files only:
+    """Whether a metrics line of `segment` is on disk. The poll reads that segment's files only:
     it shares the 2 cores with the trainers it measures (the record's own time is what counts)."""
     prefix = f"{segment:04d}-"
     return any(rundir.read_text(f"metrics/{n}") for n in rundir.list_dir("metrics") if n.startswith(prefix))

@@ -44,7 +44,7 @@ def add_load(cluster: Any, nodes: int, pods: int, events: int) -> dict[str, Any]
     """Unrelated objects, written to the store directly: CPU nodes of other pools, pods of another
     workload bound to them, events about those pods."""
     from bench.embedded_scale import rss_mib
-    from launcher.presets import LABEL_NODEPOOL
+    from launcher.core.presets import LABEL_NODEPOOL
 
     rss0, t = rss_mib(), time.perf_counter()
     store, res = cluster.store, cluster.res
@@ -128,7 +128,7 @@ def serve(args: argparse.Namespace) -> int:
             return 200, {"requests": counted}
         if method == "POST" and action == "freeze":
             # Before the timed part, as the controller does with its own heap: a full collection
-            # over the store (1.6 GiB loaded) stalls this API server for ~0.6 s, a pause a real
+            # over the loaded store stalls this API server (the route answers how long), a pause a real
             # one (Go's concurrent GC) does not take, and the controller's PUT waited on it.
             t = time.perf_counter()
             gc.collect()
@@ -177,7 +177,7 @@ class ClusterProcess:
         self.url, self.kubeconfig, self.pid = info["url"], Path(info["kubeconfig"]), info["pid"]
 
     def api_client(self) -> Any:
-        from launcher.embedded import kubeconfig
+        from launcher.embedded.api import kubeconfig
 
         return kubeconfig.api_client(self.url)
 

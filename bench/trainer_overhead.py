@@ -7,16 +7,15 @@
    simulated CPU devices, which would flatter the loop).
 2. loop: ``trainer.loop.run`` on the same config: data pipeline, metrics every step (JSON lines,
    TensorBoard), async Orbax checkpoints at the config's interval. Its per-step wall time is taken
-   from the metrics records between step 1 (compile) and the last step (whose final save is not
+   from the metrics lines between step 1 (compile) and the last step (whose final save is not
    steady state), so it includes the blocking part of every intermediate save.
 3. bare again; a round's ratio is loop / mean(bare before, bare after). Several rounds, the median
    is reported: the simulated devices share the host's cores with everything else on it.
 
 Defaults: ``tiny`` with a global batch of 256, 8 simulated CPU devices, 3 checkpoint intervals + 1
 steps. On CPU the "devices" are the host's cores, so every millisecond of host work (the loop's
-~10 ms per step of data, metrics and save) is taken from them: the ratio depends on how long a
-step is (2 cores: global batch 128 ≈ 1.07, 256 ≈ 1.03, 512 ≈ 1.00). On an accelerator the host
-work overlaps the device step.
+data, metrics and save) is taken from them: the ratio depends on how long a step is (figures by
+global batch: docs/measurements.md). On an accelerator the host work overlaps the device step.
 A second row measures the same config sharded (default fsdp 4 × tensor 2 on the 8 devices), in the
 same process and run, and the last line gives its ratios to the first row's.
 Prints figures; it is not a timed test.
@@ -78,7 +77,7 @@ class Bare:
 
 
 def _loop_round(cfg_name: str, overrides: list[str], steps: int) -> list[dict]:
-    from launcher.rundir import read_jsonl
+    from launcher.adapters.rundir import read_jsonl
     from trainer import config, loop
 
     with tempfile.TemporaryDirectory(prefix="reslice-bench-") as tmp:
@@ -97,8 +96,8 @@ def measure(cfg_name: str, overrides: list[str], steps_arg: int, rounds: int) ->
     steps = steps_arg or 3 * cfg.checkpoint.interval + 1
     bare_steps = max(steps // 2, 10)
     bare = Bare(cfg)
-    # Untimed: the first calls after the compile run ~20 % slower (797 vs 650 ms/step measured),
-    # which would flatter the first round's loop.
+    # Untimed: the first calls after the compile run slower, which would flatter the first round's
+    # loop.
     bare.seconds_per_step(bare_steps)
     bares, loops, records = [bare.seconds_per_step(bare_steps)], [], []
     for _ in range(rounds):

@@ -1,3 +1,3 @@
-from launcher.entry import main
+from launcher.cli.entry import main
 
 main()

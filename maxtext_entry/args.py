@@ -1,4 +1,4 @@
-"""MaxText's command line as the launcher rendered it (launcher/maxtext.py), and what the
+"""MaxText's command line as the launcher rendered it (launcher/core/maxtext.py), and what the
 entrypoint adds in the container. Pure."""
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ def parse(argv: list[str]) -> Command:
             raise ConfigError(f"argument {arg!r}: expected key=value")
         keys[key] = value
     if missing := [k for k in REQUIRED if k not in keys]:
-        raise ConfigError(f"missing {', '.join(missing)} (the launcher renders them: launcher/maxtext.py)")
+        raise ConfigError(
+            f"missing {', '.join(missing)} (the launcher renders them: launcher/core/maxtext.py)"
+        )
     if not keys["steps"].isdigit() or int(keys["steps"]) < 1:
         raise ConfigError(f"steps={keys['steps']}: expected a positive integer")
     return Command(config, keys)

@@ -100,7 +100,7 @@ def child_program(ctx: Context, cmd: Command) -> list[str]:
     return [ctx.python, "-m", TRAIN_MODULE]
 
 
-# Set for jaxlib 0.10.2 by the embedded kubelet (launcher/embedded/podenv.py, SIMULATED_XLA_FLAGS),
+# Set for jaxlib 0.10.2 by the embedded kubelet (launcher/embedded/kubelet/podenv.py, SIMULATED_XLA_FLAGS),
 # gone from jaxlib 0.12.0.1 (the MaxText profile's): "Unknown flag in XLA_FLAGS" there.
 XLA_FLAGS_GONE = frozenset({"xla_cpu_use_fusion_emitters"})
 

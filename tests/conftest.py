@@ -9,7 +9,7 @@ end-to-end tests inside the CI budget on two cores.
 import os
 from pathlib import Path
 
-from launcher.embedded import podenv
+from launcher.embedded.kubelet import podenv
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,8 +24,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 MAXTEXT_E2E = ROOT / "tests" / "maxtext_e2e"
 
-# The files that take longest, longest first (worker-seconds in one run of `dev.py test`'s three
-# workers on 2 cores, 2026-12-03). The workers take whole files in this order
+# The files that take longest, longest first (by worker-seconds in a run of `dev.py test`'s three
+# workers; --durations prints them). The workers take whole files in this order
 # (`--no-loadscope-reorder`): the long files start first and the many short ones fill in beside
 # them. xdist's default order (most tests first) left these few-test files for the end, where the
 # end-to-end tests' waiting left the cores half idle.

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator
 
 # The supervisor of a multi-process trainer needs no more than these: it starts its child sooner.
-from trainer import peers, supervisor
+from trainer import peers, supervisor, world
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,8 +42,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     one_shot = args.memory or args.probe_write or args.check  # these never join a process group
-    if not one_shot and peers.multi_process(os.environ) and not os.environ.get(supervisor.CHILD_ENV):
-        return supervisor.supervise(lambda: main(argv))
+    if not one_shot and not os.environ.get(supervisor.CHILD_ENV):
+        try:
+            in_place = world.restart_mode(os.environ) is world.RestartMode.IN_PLACE
+        except world.WorldError as e:
+            print(f"trainer: {e}", file=sys.stderr, flush=True)
+            return 2
+        if in_place:  # even a one-process world: the next may have more
+            return supervisor.supervise_world(lambda: main(argv), os.environ)
+        if peers.multi_process(os.environ):
+            return supervisor.supervise(lambda: main(argv))
     from trainer.config import ConfigError
 
     if args.memory:
@@ -79,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.watchdog import Preemption
 
     preemption = Preemption()  # before the slow imports: SIGTERM at any time means exit 42
-    timeline = Timeline(supervised=bool(os.environ.get(supervisor.CHILD_ENV)))
+    # An in-place pod's later trainers start at their fork: the container's start is epochs ago.
+    restarted = bool(os.environ.get(supervisor.RESTARTED_ENV))
+    timeline = Timeline(supervised=bool(os.environ.get(supervisor.CHILD_ENV)) and not restarted)
     try:
         with _imports_without_gc(), no_rocm_plugin_scan(os.environ):
             from trainer import config, distributed, loop

@@ -20,6 +20,15 @@ The child's stdout is inherited; its stderr passes through here, and its last 64
 child killed by SIGABRT right after JAX's "Terminating process because the JAX distributed service
 detected fatal errors" exits ``EXIT_PEER_LOST``; every other exit is passed on. The child gets
 SIGKILL if this process dies first (``PR_SET_PDEATHSIG``).
+
+With ``RESLICE_RESTART_MODE=in-place`` (``supervise_world``, docs/contract.md "World (in-place
+restarts)") the pod outlives its trainers: this process follows the published worlds
+(``trainer.world``, delivered by ``trainer.worldsource``) and forks one child per epoch, with that
+world's environment. It then has threads when it forks (the world source, the previous child's
+stderr pump): none of them prints, logs or writes through ``sys.stderr``'s buffer (the pump writes
+to file descriptor 2 directly), so no lock the child could need is held at the fork.
+
+Called by ``trainer.__main__``.
 """
 
 from __future__ import annotations
@@ -27,16 +36,25 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import queue
 import signal
 import sys
 import threading
+import time
 import traceback
-from collections.abc import Callable
-from typing import NoReturn
+from collections.abc import Callable, Mapping
+from enum import StrEnum
+from typing import TYPE_CHECKING, NoReturn
 
-from trainer import peers
+from trainer import peers, world
+
+if TYPE_CHECKING:
+    from trainer import worldsource
 
 CHILD_ENV = "RESLICE_TRAINER_CHILD"  # set in the child: it trains instead of supervising
+# Set in an in-place pod's every child but its first: its start-up began at its fork, not at the
+# container's start (trainer.startup.Timeline, which __main__ tells so).
+RESTARTED_ENV = "RESLICE_TRAINER_RESTARTED"
 _TAIL = 64 * 1024
 _PR_SET_PDEATHSIG = 1
 
@@ -46,18 +64,32 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _pass_through(read_end: int, tail: bytearray) -> None:
-    """Copy the child's stderr to ours, keeping the last _TAIL bytes in `tail`."""
+def _pass_through(read_end: int, tail: bytearray, raw: bool = False) -> None:
+    """Copy the child's stderr to ours, keeping the last _TAIL bytes in `tail`. `raw`: straight to
+    file descriptor 2, without the lock of ``sys.stderr``'s buffer (a later child is forked while
+    this thread may still run: a lock it held at the fork would stay held in that child)."""
     out = sys.stderr.buffer
     while chunk := os.read(read_end, 65536):
-        out.write(chunk)
-        out.flush()
+        if raw:
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(2, view) :]
+        else:
+            out.write(chunk)
+            out.flush()
         tail += chunk
         del tail[:-_TAIL]
 
 
-def _child(train: Callable[[], int], parent: int, read_end: int, write_end: int) -> NoReturn:
-    """The forked child: stderr into the pipe, the signals' defaults back, then train and exit."""
+def _child(
+    train: Callable[[], int],
+    parent: int,
+    read_end: int,
+    write_end: int,
+    env: Mapping[str, str] | None = None,
+) -> NoReturn:
+    """The forked child: stderr into the pipe, the signals' defaults back, its environment (`env`,
+    a world's; else the pod's), then train and exit."""
     code = 1
     try:
         os.close(read_end)
@@ -68,6 +100,9 @@ def _child(train: Callable[[], int], parent: int, read_end: int, write_end: int)
         _die_with_parent()
         if os.getppid() != parent:  # the parent died before PR_SET_PDEATHSIG was set
             os._exit(1)
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
         os.environ[CHILD_ENV] = "1"
         code = train()
     except SystemExit as e:
@@ -121,3 +156,219 @@ def supervise(train: Callable[[], int]) -> int:
             flush=True,
         )
     return code
+
+
+class _Event(StrEnum):
+    """What the in-place supervisor's loop hears about, one queue for all."""
+
+    WORLD = "world"  # a world document (from the source's thread)
+    PROBLEM = "problem"  # the source's trouble, for one log line
+    EXITED = "exited"  # the child ended (from its waiter thread)
+    SIGNAL = "signal"  # SIGTERM or SIGINT to this process (already forwarded to the child)
+
+
+class _Child:
+    """One trainer child of the in-place supervisor: its pid, its world, its stderr pump."""
+
+    def __init__(self, pid: int, of: world.World, pump: threading.Thread, tail: bytearray) -> None:
+        self.pid, self.world, self.pump, self.tail = pid, of, pump, tail
+        self.ended_at: float | None = None  # when this supervisor sent it SIGTERM for a newer world
+
+
+def supervise_world(
+    train: Callable[[], int],
+    env: Mapping[str, str],
+    source: worldsource.Source | None = None,
+) -> int:
+    """``RESLICE_RESTART_MODE=in-place`` (docs/contract.md "World (in-place restarts)"): follow the
+    published worlds and run ``train()`` in a forked child in each that includes this pod, with
+    ``world.child_env``; return the exit code this process should have.
+
+    A newer epoch ends the child (SIGTERM: it saves the step in flight and exits 42, or 43/143
+    when a peer is gone) and starts the next in the new world; a world that leaves this pod out,
+    after one that had it, ends the child and returns 0. The child's 0 returns 0; its 43, or its
+    42/143 after this supervisor's own SIGTERM, waits for the next epoch; any other code is
+    returned. A SIGTERM to this process is forwarded and the child's code returned (42 when no
+    child runs). One child at a time, and never one for an epoch at or below the last started."""
+    from trainer import worldsource  # http.client imports ssl: not for the recreate mode's start-up
+
+    try:
+        me = world.me_from_env(env)
+        src = source or worldsource.from_env(env)
+    except world.WorldError as e:
+        print(f"trainer: {e}", file=sys.stderr, flush=True)
+        return world.EXIT_CONFIG
+    events: queue.SimpleQueue[tuple[_Event, object, float]] = queue.SimpleQueue()  # put is reentrant
+    state: dict[str, _Child | None] = {"child": None}
+    terminating: list[int] = []  # the signals this process got (set in the handler, read by the loop)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        # The loop forwards it: a child forked a moment ago, not yet in `state`, gets it too.
+        terminating.append(signum)
+        events.put((_Event.SIGNAL, signum, time.time()))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    src.start(
+        lambda doc: events.put((_Event.WORLD, doc, time.time())),
+        lambda msg: events.put((_Event.PROBLEM, msg, time.time())),
+    )
+    print(
+        f"trainer: in-place: slice {me.slice_id} host {me.host} follows the worlds of {src.describe()}",
+        flush=True,
+    )
+    try:
+        return _follow(train, env, me, events, state, terminating)
+    finally:
+        src.stop()
+
+
+def _follow(
+    train: Callable[[], int],
+    env: Mapping[str, str],
+    me: world.Me,
+    events: queue.SimpleQueue[tuple[_Event, object, float]],
+    state: dict[str, _Child | None],
+    terminating: list[int],
+) -> int:
+    newest: world.World | None = None
+    seen_at = 0.0
+    started = -1  # the epoch of the last child started
+    member = False  # a child of this pod ran in some world
+    ended = "no trainer before"  # how the previous child ended, for the next epoch's log line
+    failed: int | None = None  # the exit code once the running child has ended (a bad world)
+
+    def start() -> int | None:
+        """Start a child in `newest` when it is due: None, or the code to exit with."""
+        nonlocal started, member
+        if newest is None or newest.epoch <= started or terminating or failed is not None:
+            return None
+        position = newest.position(me)
+        if position is None:
+            if member:
+                print(
+                    f"trainer: world epoch {newest.epoch} leaves slice {me.slice_id} out"
+                    f" (slices {list(newest.slices)}; {ended}): exit 0",
+                    flush=True,
+                )
+                return 0
+            return None  # a pod of a slice not taking part yet: it waits for a world with it
+        try:
+            child_env = world.child_env(newest, me, env)
+        except world.WorldError as e:
+            print(f"trainer: {e}", file=sys.stderr, flush=True)
+            return world.EXIT_CONFIG
+        if member:
+            child_env[RESTARTED_ENV] = "1"
+        child = _fork(train, newest, child_env, events)
+        state["child"], started, member = child, newest.epoch, True
+        pid = position * newest.hosts_per_slice + me.host
+        published = (
+            f"seen {seen_at - newest.published:.3f} s after publication, "
+            if newest.published is not None
+            else ""
+        )
+        print(
+            f"trainer: world epoch {newest.epoch}: process {pid} of {newest.num_processes} on slices"
+            f" {list(newest.slices)}, micro-batch {newest.micro_batch} x {newest.grad_accum} accum;"
+            f" {published}{ended}, started {time.time() - seen_at:.3f} s after it was seen",
+            flush=True,
+        )
+        return None
+
+    while True:
+        try:
+            kind, what, at = events.get(timeout=1.0)  # a timeout lets signal handlers run
+        except queue.Empty:
+            continue
+        child = state["child"]
+        if kind is _Event.PROBLEM:
+            print(f"trainer: {what}", file=sys.stderr, flush=True)
+        elif kind is _Event.SIGNAL:
+            if child is None:
+                print(
+                    f"trainer: signal {what} with no trainer running: nothing to save,"
+                    f" exit {world.EXIT_PREEMPTED}",
+                    flush=True,
+                )
+                return world.EXIT_PREEMPTED
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, what)  # type: ignore[arg-type]
+        elif kind is _Event.WORLD:
+            try:
+                w = world.parse(what)  # type: ignore[arg-type]
+            except world.WorldError as e:
+                print(f"trainer: {e}", file=sys.stderr, flush=True)
+                if child is None:
+                    return world.EXIT_CONFIG
+                # The trainer saves the step in flight first; then the pod fails with exit 2.
+                failed = world.EXIT_CONFIG
+                if child.ended_at is None and not terminating:
+                    child.ended_at = time.time()
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child.pid, signal.SIGTERM)
+                continue
+            if newest is not None and w.epoch <= newest.epoch:
+                if w.epoch < newest.epoch:
+                    print(
+                        f"trainer: world epoch {w.epoch} ignored: epoch {newest.epoch} is newer", flush=True
+                    )
+                continue
+            newest, seen_at = w, at
+            if child is not None:
+                if child.ended_at is None and not terminating:
+                    child.ended_at = time.time()
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child.pid, signal.SIGTERM)
+            elif (code := start()) is not None:
+                return code
+        elif kind is _Event.EXITED:
+            pid, returncode = what  # type: ignore[misc]
+            assert child is not None and pid == child.pid
+            state["child"] = None
+            child.pump.join(timeout=2.0)  # see supervise(): a leftover loader worker may hold the pipe
+            code = peers.supervised_exit(returncode, bytes(child.tail).decode(errors="replace"))
+            took = f" {time.time() - child.ended_at:.3f} s after SIGTERM" if child.ended_at else ""
+            ended = f"the trainer of epoch {child.world.epoch} exited {code}{took}"
+            if terminating or code == 0:
+                return code
+            if failed is not None:
+                print(f"trainer: {ended}; exit {failed} for the world that could not be read", flush=True)
+                return failed
+            if code == peers.EXIT_PEER_LOST or (
+                child.ended_at is not None and code in (world.EXIT_PREEMPTED, 128 + signal.SIGTERM)
+            ):
+                if (code := start()) is not None:
+                    return code
+                if state["child"] is None:
+                    print(f"trainer: {ended}; waiting for a world newer than epoch {started}", flush=True)
+            else:
+                print(f"trainer: {ended}: exit {code}", flush=True)
+                return code
+
+
+def _fork(
+    train: Callable[[], int],
+    of: world.World,
+    env: Mapping[str, str],
+    events: queue.SimpleQueue[tuple[_Event, object, float]],
+) -> _Child:
+    """Fork the child of world `of` with `env`, its stderr pump, and a thread that reports its exit."""
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        _child(train, parent, read_end, write_end, env)
+    os.close(write_end)
+    tail = bytearray()
+    pump = threading.Thread(target=_pass_through, args=(read_end, tail, True), name="stderr", daemon=True)
+    pump.start()
+
+    def reap() -> None:
+        returncode = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        events.put((_Event.EXITED, (pid, returncode), time.time()))
+
+    threading.Thread(target=reap, name="reaper", daemon=True).start()
+    return _Child(pid, of, pump, tail)

@@ -15,8 +15,8 @@ import sys
 import threading
 from pathlib import Path
 
+from launcher.core.errors import UserError
 from launcher.embedded.cluster import DEFAULT_NODEPOOLS, EmbeddedCluster
-from launcher.errors import UserError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from launcher.errors import UserError
+from launcher.core.errors import UserError
 
 app = typer.Typer(
     help="An embedded Kubernetes cluster with fake TPU node pools, on this machine.",
@@ -127,7 +127,7 @@ def up(
     if mode not in ("process", "simulate"):
         raise UserError(f"--mode must be process or simulate, got {mode!r}")
     parse_nodepools(nodepools)  # a bad spec fails here, not in the background
-    from launcher import inputs
+    from launcher.core import inputs
 
     inputs.integer("--port", port, low=0, high=65535)
     inputs.seconds("--timeout", timeout, positive=True)
@@ -293,7 +293,7 @@ def preempt(
     directory: StateDir = None,
 ) -> None:
     """Spot preemption: taint, DisruptionTarget, SIGTERM, grace, nodes removed."""
-    from launcher import inputs
+    from launcher.core import inputs
 
     inputs.seconds("--grace", grace)
     out = _call(

@@ -9,7 +9,7 @@ controller, the scheduler and the kubelet of every node. Faults and test helpers
 `reslice cluster ...` reaches a cluster running in another process through the extra HTTP routes
 under /embedded/v1/ (see `handle_route`). Started by `python -m launcher.embedded` (what
 `reslice cluster up` runs, and `reslice launch`/`sweep` when no cluster is configured:
-`launcher/connect.py`), by `reslice demo` (`launcher/demo.py`) and by the tests.
+`launcher/cli/connect.py`), by `reslice demo` (`launcher/cli/demo.py`) and by the tests.
 """
 
 from __future__ import annotations
@@ -21,16 +21,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.embedded import faults, nodes, objects
-from launcher.embedded.defaults import DEFAULT_TOLERATION_S
-from launcher.embedded.job import JobController
-from launcher.embedded.jobset import EMULATED_VERSION, JobSetController
-from launcher.embedded.kubelet import Kubelet
-from launcher.embedded.nodelife import NODE_MONITOR_GRACE_S, NodeLifecycle
+from launcher.core.errors import UserError
+from launcher.embedded import faults, nodes
+from launcher.embedded.admission.defaults import DEFAULT_TOLERATION_S
+from launcher.embedded.controllers.job import JobController
+from launcher.embedded.controllers.jobset import EMULATED_VERSION, JobSetController
+from launcher.embedded.controllers.nodelife import NODE_MONITOR_GRACE_S, NodeLifecycle
+from launcher.embedded.controllers.runtime import EventRecorder, Hub
+from launcher.embedded.controllers.scheduler import Scheduler
+from launcher.embedded.kubelet.kubelet import Kubelet
 from launcher.embedded.nodes import FakeNodePool, NodePoolSpec
-from launcher.embedded.runtime import EventRecorder, Hub
-from launcher.embedded.scheduler import Scheduler
-from launcher.errors import UserError
+from launcher.embedded.types import objects
 
 __all__ = ["EmbeddedCluster", "NodePoolSpec"]
 
@@ -80,9 +81,9 @@ class EmbeddedCluster:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> EmbeddedCluster:
-        from launcher.embedded import kubeconfig
-        from launcher.embedded.apiserver import ApiServer
-        from launcher.embedded.store import RESOURCES, Store
+        from launcher.embedded.api import kubeconfig
+        from launcher.embedded.api.apiserver import ApiServer
+        from launcher.embedded.store.store import RESOURCES, Store
 
         self.res = RESOURCES
         if self.state_dir is not None:
@@ -145,7 +146,7 @@ class EmbeddedCluster:
         return self.server.url
 
     def api_client(self) -> Any:
-        from launcher.embedded import kubeconfig
+        from launcher.embedded.api import kubeconfig
 
         return kubeconfig.api_client(self.url)
 

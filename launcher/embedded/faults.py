@@ -20,7 +20,7 @@
 
 Node faults (one node): `drain` (kubectl drain: cordon, evict through the eviction API),
 `uncordon`, `repair` (GKE auto-repair: the node deleted and recreated, PodGC fails its pods),
-`partition` / `heal` (the kubelet's heartbeats stop and resume; launcher/embedded/nodelife.py).
+`partition` / `heal` (the kubelet's heartbeats stop and resume; launcher/embedded/controllers/nodelife.py).
 
 Called by `EmbeddedCluster`'s fault methods (launcher/embedded/cluster.py), which tests call and
 `reslice cluster ...` reaches through the cluster's /embedded/v1/ routes; typed against
@@ -33,12 +33,12 @@ import threading
 import time
 from typing import Any, Protocol
 
-from launcher import rfc3339
-from launcher.embedded import objects
-from launcher.embedded.nodelife import UNSCHEDULABLE_TAINT, mark_failed_by_podgc
+from launcher.core import rfc3339
+from launcher.core.errors import UserError
+from launcher.embedded.controllers.nodelife import UNSCHEDULABLE_TAINT, mark_failed_by_podgc
+from launcher.embedded.kubelet.podstatus import SHUTDOWN_MESSAGE
 from launcher.embedded.nodes import FakeNodePool, node_object
-from launcher.embedded.podstatus import SHUTDOWN_MESSAGE
-from launcher.errors import UserError
+from launcher.embedded.types import objects
 
 IMPENDING_TAINT = {"key": objects.IMPENDING_TERMINATION_TAINT, "value": "", "effect": "NoSchedule"}
 
@@ -257,7 +257,7 @@ def drain(cluster: FaultTarget, node: str, timeout_s: float = 60.0, wait: bool =
     """`kubectl drain`: cordon the node, then evict each of its pods through the eviction API,
     retrying refusals by a PodDisruptionBudget every second until `timeout_s`; with `wait`, until
     the evicted pods are gone."""
-    from launcher.embedded import eviction
+    from launcher.embedded.api import eviction
 
     cur = _node(cluster, node)
     taints = [t for t in (cur.get("spec") or {}).get("taints") or [] if t.get("key") != UNSCHEDULABLE_TAINT]

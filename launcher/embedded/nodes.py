@@ -10,11 +10,11 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher import rfc3339
-from launcher.embedded import objects
-from launcher.errors import UserError
-from launcher.preset_files import load_preset
-from launcher.presets import Preset
+from launcher.adapters.preset_files import load_preset
+from launcher.core import rfc3339
+from launcher.core.errors import UserError
+from launcher.core.presets import Preset
+from launcher.embedded.types import objects
 
 
 def load_shape(preset: str) -> Preset:

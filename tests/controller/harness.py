@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launcher.controller import Controller
+from launcher.adapters.kube import Kube
+from launcher.adapters.rundir import RunDir
+from launcher.controller.launch import create_run, prepare
+from launcher.controller.loop import Controller
+from launcher.core.labels import LABEL_RUN
+from launcher.core.record import Knobs, RunRecord
+from launcher.core.spec import RunSpec
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
-from launcher.kube import Kube
-from launcher.launch import create_run, prepare
-from launcher.record import Knobs, RunRecord
-from launcher.render import LABEL_RUN, RunSpec
-from launcher.rundir import RunDir
 from tests.support.wait import wait_for
 
 PRESET = "tpu7x-2x2x1"  # one host of 8 JAX devices: single-slice runs
@@ -36,7 +37,7 @@ MULTI_HOST_BATCH = 32
 # every run, whatever its length (40 steps, as tests/trainer/runs.py's runs): the schedule's
 # constants are compiled into the train step, so runs of 20 and 250 steps on one shape, and the
 # trainer tests' runs of that shape, load one executable from the suite's compile cache instead of
-# compiling one each (a compile is ~16 s of CPU per process).
+# compiling one each (a compile costs seconds of CPU per process).
 TRAINER_SETTINGS = (
     "train.steps={steps}",
     "checkpoint.interval={interval}",

@@ -6,9 +6,9 @@ JobSet status conditions and counters (docs/platform.md §2–4).
 
 from __future__ import annotations
 
-from launcher import rfc3339
-from launcher.preset_files import load_preset
-from launcher.presets import LABEL_NODEPOOL
+from launcher.adapters.preset_files import load_preset
+from launcher.core import rfc3339
+from launcher.core.presets import LABEL_NODEPOOL
 
 T0 = 1_800_000_000.0
 

@@ -1,4 +1,4 @@
-"""The controller reads caches kept by its watches (issue 12): once they are synced a pass makes no
+"""The controller reads caches kept by its watches: once they are synced a pass makes no
 request but its decisions' writes, unrelated objects never reach the caches (server-side
 selectors), and the run's Lease is renewed on a period with one PUT."""
 
@@ -10,15 +10,16 @@ import threading
 
 from kubernetes import client
 
-from launcher import policy
-from launcher.controller import Controller, PassResult, lease_name
+from launcher.adapters.kube import Kube
+from launcher.controller.launch import create_run, prepare
+from launcher.controller.lease import lease_name
+from launcher.controller.loop import Controller, PassResult
+from launcher.controller.snapshot import Snapshot
+from launcher.core.presets import LABEL_ACCELERATOR
+from launcher.core.record import Knobs
+from launcher.core.spec import RunSpec
+from launcher.core.words import Action
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
-from launcher.kube import Kube
-from launcher.launch import create_run, prepare
-from launcher.presets import LABEL_ACCELERATOR
-from launcher.record import Knobs
-from launcher.render import RunSpec
-from launcher.snapshot import Snapshot
 from tests.controller.harness import wait_for
 from tests.support.fakeclock import FakeClock
 from tests.trainer.runs import ROOT
@@ -76,7 +77,7 @@ def test_a_synced_pass_reads_the_caches_and_lists_nothing(tmp_path):
             seen = len(results)
             cluster.remove(f"{PRESET}-np-1")
             wait_for(
-                lambda: any(r.decision.action == policy.START_SEGMENT and r.decision.record.current.index == 1 for r in results),
+                lambda: any(r.decision.action == Action.START_SEGMENT and r.decision.record.current.index == 1 for r in results),
                 30,
                 "segment 1",
             )  # fmt: skip
@@ -86,7 +87,7 @@ def test_a_synced_pass_reads_the_caches_and_lists_nothing(tmp_path):
             stop.set()
             loop.join(timeout=10)
         requests = dict(cluster.server.requests)
-    ended = next(r.decision for r in results if r.decision.action == policy.END)
+    ended = next(r.decision for r in results if r.decision.action == Action.END)
     assert ended.force and "node pools lost" in ended.reason
     # The shrink's writes, and nothing else: no LIST, no GET, in a dozen passes.
     assert not [k for k in requests if k[0] in {"list", "get"}], requests
@@ -109,7 +110,7 @@ def test_the_lease_is_renewed_on_a_period_with_one_put(tmp_path):
         for _ in range(20):
             assert controller.own("lease")
         assert not requests, "no request between renewals"
-        clock.step(controller.renew_every_s - 0.01)
+        clock.step(controller.leases.renew_every_s - 0.01)
         assert controller.own("lease") and not requests, "renewed early"
         clock.step(0.02)
         assert controller.own("lease")
@@ -137,7 +138,7 @@ def test_each_controller_keeps_its_own_events_memo():
 
 FREEZE_PROBE = """
 import gc
-from launcher.controller import FREEZE_EVERY_S, Controller
+from launcher.controller.loop import FREEZE_EVERY_S, Controller
 
 off = Controller(None)  # a controller sharing its process (tests, the demo) leaves the GC alone
 off._tune_process()
@@ -211,10 +212,10 @@ def test_a_pass_before_the_watch_delivers_a_create_sees_the_jobset_created(tmp_p
             third = controller.reconcile("lag")
         finally:
             halt.set()
-    assert first.decision.action == policy.START_SEGMENT
+    assert first.decision.action == Action.START_SEGMENT
     assert second.observation.jobset_uid == uid and second.decision.action not in {
-        policy.START_SEGMENT,
-        policy.CREATE_JOBSET,
+        Action.START_SEGMENT,
+        Action.CREATE_JOBSET,
     }
     assert requests.get(("create", "jobsets")) == 1, requests
     assert third.observation.jobset_uid == uid and not controller._created, "the cache took over"

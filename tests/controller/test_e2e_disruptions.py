@@ -1,10 +1,10 @@
-"""Same-size disruptions end to end (issue 5, acceptance 1, 2 and 6): JobSet's failure policy
+"""Same-size disruptions end to end: JobSet's failure policy
 restarts the run on spare capacity; the controller leaves it alone and accounts for it."""
 
 import pytest
 
-from launcher.record import FINISHED
-from launcher.render import LABEL_RUN
+from launcher.core.labels import LABEL_RUN
+from launcher.core.words import RunState
 from tests.controller.harness import Harness, kept_steps, recomputed, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -45,7 +45,7 @@ def test_preemption_then_hard_kill(tmp_path):
         committed = h.rundir("same").latest_committed_step()
         pod = h.kube.pods(f"{LABEL_RUN}=same")[0]["metadata"]["name"]
         h.cluster.kill_pod("default", pod)
-        rec = h.wait_state("same", {FINISHED}, timeout=150)
+        rec = h.wait_state("same", {RunState.FINISHED}, timeout=150)
         metrics, ledger = h.rundir("same").metrics(), h.rundir("same").ledger()
     finally:
         h.close()
@@ -78,7 +78,7 @@ def test_api_server_restart_mid_run(tmp_path):
         controller = h.start_controller("steady")
         h.wait_step("steady", 10, timeout=90)
         h.cluster.restart_apiserver(downtime_s=2.0)
-        rec = h.wait_state("steady", {FINISHED}, timeout=120)
+        rec = h.wait_state("steady", {RunState.FINISHED}, timeout=120)
         metrics = h.rundir("steady").metrics()
     finally:
         h.close()
@@ -86,7 +86,7 @@ def test_api_server_restart_mid_run(tmp_path):
     errors = {k: v for k, v in controller.wakeups.items() if "watch" in k}
     assert any("410" in k for k in errors), errors
     assert any("interrupted" in k for k in errors), errors
-    assert rec.state == FINISHED and len(rec.segments) == 1
+    assert rec.state == RunState.FINISHED and len(rec.segments) == 1
     assert sorted(kept_steps(metrics)) == list(range(1, 201))
 
 
@@ -107,7 +107,7 @@ def test_a_crashed_host_is_a_lost_peer_not_an_application_failure(tmp_path):
         wait_for(lambda: max(m["step"] for m in h.rundir("host").metrics()) >= committed + 2, 60, "2 steps")
         victim = next(p for p in h.run_pods("host") if p["metadata"]["name"].startswith("host-0-slice-0-0-"))
         h.cluster.crash_host("default", victim["metadata"]["name"])
-        rec = h.wait_state("host", {FINISHED}, timeout=300)
+        rec = h.wait_state("host", {RunState.FINISHED}, timeout=300)
         metrics, ledger = h.rundir("host").metrics(), h.rundir("host").ledger()
         (js,) = h.kube.jobsets("host")
     finally:

@@ -1,10 +1,11 @@
 """Capacity loss and return, end to end, with a gs:// run directory: the real controller shrinks a
 run to the largest feasible smaller shape at the same global batch, then grows it back, and the
-losses match an uninterrupted run step for step (issue 5, acceptance 3, 4 and 8)."""
+losses match an uninterrupted run step for step."""
 
 import pytest
 
-from launcher.record import FINISHED, Knobs
+from launcher.core.record import Knobs
+from launcher.core.words import RunState
 from tests.controller.harness import (
     MULTI_HOST,
     MULTI_HOST_BATCH,
@@ -40,7 +41,7 @@ def test_shrink_on_capacity_loss_then_grow_back_on_gcs(tmp_path, reference):
             wait_for(lambda: len(h.record("elastic").segments) >= 2, 60, "the shrink to a new segment")
             h.cluster.restore(h.pool(1))
             wait_for(lambda: len(h.record("elastic").segments) >= 3, 90, "the grow back")
-            rec = h.wait_state("elastic", {FINISHED}, timeout=240)
+            rec = h.wait_state("elastic", {RunState.FINISHED}, timeout=240)
             rundir = h.rundir("elastic")
             metrics, ledger = rundir.metrics(), rundir.ledger()
             objects = gcs.list_objects("runs", "elastic/")

@@ -1,10 +1,11 @@
-"""Failures that are the trainer's own (issue 5, acceptance 7): a crash loop fails the run after its
+"""Failures that are the trainer's own: a crash loop fails the run after its
 application-failure budget, with backoff and without touching the preemption budget; a
 configuration error (exit 2) fails it at once."""
 
 import pytest
 
-from launcher.record import FAILED, Knobs
+from launcher.core.record import Knobs
+from launcher.core.words import RunState
 from tests.controller.harness import Harness
 
 pytestmark = pytest.mark.e2e
@@ -17,14 +18,14 @@ def test_crash_loop_then_config_error(tmp_path):
         # Every incarnation raises before step 3: exit code 1, an application failure.
         h.launch("crashy", slices=1, steps=50, knobs=knobs, max_restarts=1, extra=("train.crash_at_step=3",))
         h.start_controller("crashy")
-        crashy = h.wait_state("crashy", {FAILED}, timeout=180)
+        crashy = h.wait_state("crashy", {RunState.FAILED}, timeout=180)
         crashy_ledger = h.rundir("crashy").ledger()
         # A token file that does not exist: the trainer exits 2 before training.
         h.launch(
             "broken", slices=1, steps=50, extra=("data.source=files", f"data.path={tmp_path}/missing.bin")
         )
         h.start_controller("broken")
-        broken = h.wait_state("broken", {FAILED}, timeout=120)
+        broken = h.wait_state("broken", {RunState.FAILED}, timeout=120)
     finally:
         h.close()
 

@@ -1,4 +1,4 @@
-"""The controller on GKE's node-level disruption paths (issue 13), one run through all of them:
+"""The controller on GKE's node-level disruption paths, one run through all of them:
 a `kubectl drain` (eviction API), an auto-repair without graceful shutdown (the node deleted and
 recreated: PodGC), a network partition (the node NotReady, its pod evicted by the unreachable taint
 and finished once the kubelet is back) and a queue suspending the JobSet (Kueue's preemption). The
@@ -13,8 +13,8 @@ import signal
 
 import pytest
 
-from launcher.record import FINISHED
-from launcher.render import LABEL_RUN
+from launcher.core.labels import LABEL_RUN
+from launcher.core.words import RunState
 from tests.controller.harness import Harness, kept_steps, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -90,7 +90,7 @@ def test_drain_repair_and_suspension(tmp_path):
         h.kube.custom.patch_namespaced_custom_object(
             "jobset.x-k8s.io", "v1alpha2", "default", "jobsets", name, {"spec": {"suspend": False}}
         )
-        rec = h.wait_state("nf", {FINISHED}, timeout=240)
+        rec = h.wait_state("nf", {RunState.FINISHED}, timeout=240)
         metrics, ledger = h.rundir("nf").metrics(), h.rundir("nf").ledger()
         (js,) = h.kube.jobsets("nf")
     finally:

@@ -1,4 +1,4 @@
-"""A controller killed in the middle of a shrink, and another taking over (issue 5, acceptance 5):
+"""A controller killed in the middle of a shrink, and another taking over:
 the run completes, two JobSets of the run never exist at once, and the ledger shows the takeover.
 
 The first controller dies at the worst moment of the shrink: it has recorded the next segment in

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from launcher.adapters.kube import Kube
+from launcher.controller.launch import create_run, prepare
+from launcher.core.record import Knobs
+from launcher.core.spec import RunSpec
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
-from launcher.kube import Kube
-from launcher.launch import create_run, prepare
-from launcher.record import Knobs
-from launcher.render import RunSpec
 from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ def test_without_the_embedded_cluster_its_commands_say_it_is_not_installed(tmp_p
 
 def test_launch_against_a_real_cluster_needs_no_embedded_cluster(tmp_path):
     """A user's install without the `embedded` extra: `reslice launch` runs preflight's free checks
-    (launcher/preflight.py's refuse_unready: node pools, taints, requests against allocatable, quota)
+    (launcher/preflight/gate.py's refuse_unready: node pools, taints, requests against allocatable, quota)
     and submits segment 0 against a cluster reached through its kubeconfig, without trying to
     import launcher.embedded. One process: `reslice preflight` adds only the write probe to those
     checks, and lint-imports holds both statically."""

@@ -1,7 +1,7 @@
-"""launcher/informer.py's Cache, fed by hand: the index and the one-tuple-per-change rule that let
-a pass read 20,000 pods of other workloads as one set (issue 12)."""
+"""launcher/adapters/informer.py's Cache, fed by hand: the index and the one-tuple-per-change rule that let
+a pass read 20,000 pods of other workloads as one set."""
 
-from launcher.informer import DEPARTED_MAX, Cache, Source
+from launcher.adapters.informer import DEPARTED_MAX, Cache, Source
 
 
 def foreign(name: str, node: str, rv: str) -> dict:

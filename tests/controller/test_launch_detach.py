@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from launcher.controller import lease_name
+from launcher.adapters.kube import Kube
+from launcher.controller.launch import stop_run
+from launcher.controller.lease import lease_name
+from launcher.core.words import RunState
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
-from launcher.kube import Kube
-from launcher.launch import stop_run
-from launcher.record import STOPPED
 from tests.support.cli import run_cli
 
 PRESET = "tpu7x-2x2x2"
@@ -126,4 +126,4 @@ def test_stop_retries_on_conflict_and_stops_the_run(capsys, cluster, tmp_path):
     assert stop_run(kube, "busy") == ["busy-0"]
     assert kube.writes == 2  # the 409, then the write on the record read again
     rec = kube.get_record("busy")[0]
-    assert (rec.state, rec.reason) == (STOPPED, "stopped by the user") and kube.jobsets("busy") == []
+    assert (rec.state, rec.reason) == (RunState.STOPPED, "stopped by the user") and kube.jobsets("busy") == []

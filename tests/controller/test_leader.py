@@ -1,16 +1,16 @@
-"""`reslice watch --all` with two replicas (issue 5, in-cluster mode): each run is owned through a
+"""`reslice watch --all` with two replicas (in-cluster mode): each run is owned through a
 Lease, so only one replica ever acts on it; when the owner dies without releasing it, the other
 takes over after the lease expires and the ledger says so."""
 
 import threading
 
-from launcher.controller import Controller
+from launcher.adapters.kube import Kube
+from launcher.adapters.rundir import RunDir
+from launcher.controller.launch import create_run, prepare
+from launcher.controller.loop import Controller
+from launcher.core.record import Knobs
+from launcher.core.spec import RunSpec
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
-from launcher.kube import Kube
-from launcher.launch import create_run, prepare
-from launcher.record import Knobs
-from launcher.render import RunSpec
-from launcher.rundir import RunDir
 from tests.controller.harness import wait_for
 
 CONTROLLERS: dict[str, Controller] = {}

@@ -11,12 +11,13 @@ from pathlib import Path
 import yaml
 from kubernetes import client
 
+from launcher.adapters.kube import Kube
+from launcher.cli.watch import watch_all
+from launcher.controller.launch import create_run, prepare
+from launcher.core.labels import LABEL_RUN
+from launcher.core.record import Knobs
+from launcher.core.spec import RunSpec
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
-from launcher.kube import Kube
-from launcher.launch import create_run, prepare
-from launcher.record import Knobs
-from launcher.render import LABEL_RUN, RunSpec
-from launcher.watch import watch_all
 from tests.controller.harness import wait_for
 from tests.support.kubectl import find_kubectl, kubectl
 

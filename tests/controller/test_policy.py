@@ -9,11 +9,13 @@ from typing import Any
 
 import pytest
 
-from launcher import policy, record, signals
-from launcher.plan import shrink_ladder
-from launcher.preset_files import load_catalog
-from launcher.record import Knobs, RunRecord, new_segment
-from launcher.render import RunSpec
+from launcher.adapters.preset_files import load_catalog
+from launcher.core import policy, record
+from launcher.core.plan import shrink_ladder
+from launcher.core.record import Knobs, RunRecord, new_segment
+from launcher.core.signals import observation as signals
+from launcher.core.spec import RunSpec
+from launcher.core.words import Action, Cause, RunState
 from tests.controller.objects import T0, jobset, pod, pool
 
 CATALOG = load_catalog()
@@ -31,7 +33,7 @@ def record_on(slices: int | None, **changes) -> RunRecord:
     if slices is not None:
         rung = next(r for r in LADDER if r.shape.slices == slices)
         seg = replace(new_segment(rec, rung.shape, rung.plan, T0, "test", None), jobset_uid="uid-demo-0")
-        rec = replace(rec.with_segment(seg), state=record.RUNNING)
+        rec = replace(rec.with_segment(seg), state=RunState.RUNNING)
     return replace(rec, **changes)
 
 
@@ -105,7 +107,7 @@ def ended_for_a_grow_at_step_55() -> RunRecord:
 
 def restarted_after_a_crash_loop() -> RunRecord:
     rec = with_current(record_on(4, app_failures=KNOBS.app_failure_budget), restarts=40, peer_lost=40)
-    return with_current(rec, failing=signals.APP_FAILURE)
+    return with_current(rec, failing=Cause.APP_FAILURE)
 
 
 ANY = object()  # the decision's JobSet is not what the case is about
@@ -174,9 +176,9 @@ CASES = [
         lambda: record_on(None),
         lambda rec: observe(rec, pools=0),
         Want(
-            policy.START_SEGMENT,
+            Action.START_SEGMENT,
             "demo-0",
-            record={"current.slices": 4, "current.batch": GB, "state": record.RUNNING},
+            record={"current.slices": 4, "current.batch": GB, "state": RunState.RUNNING},
         ),
     ),
     Case(
@@ -184,7 +186,7 @@ CASES = [
         lambda: record_on(4),
         lambda rec: observe(rec, pods=running(4)),
         Want(
-            policy.WAIT,
+            Action.WAIT,
             reason=("running",),
             record={"current.running_at": T0 + 100, "current.nodepools": ("np-0", "np-1", "np-2", "np-3")},
         ),
@@ -199,14 +201,14 @@ CASES = [
                 *running(4)[1:],
             ],
         ),
-        Want(policy.WAIT, reason=("restarting",)),
+        Want(Action.WAIT, reason=("restarting",)),
     ),
     Case(
         # Room for 4 slices exists (e.g. pods just created): wait for the scheduler.
         "unschedulable inside the grace with room waits",
         lambda: record_on(4),
         lambda rec: observe(rec, pods=pending(range(4), since=T0 + 90)),
-        Want(policy.WAIT, reason=("grace 60s",)),
+        Want(Action.WAIT, reason=("grace 60s",)),
     ),
     Case(
         # Capacity says 4 pools exist but the pods still do not bind after the grace (e.g. a
@@ -215,35 +217,35 @@ CASES = [
         lambda: record_on(4),
         lambda rec: observe(rec, pods=running(1) + pending((1, 2, 3), since=T0), pools=4, now=T0 + 61),
         Want(
-            policy.END,
+            Action.END,
             "demo-0",
             reason=("capacity lost", "-> tpu7x-2x2x2 x2"),
-            record={"current.end_kind": "capacity-lost", "state": record.RESHAPING},
+            record={"current.end_kind": "capacity-lost", "state": RunState.RESHAPING},
         ),
     ),
     Case(
         "node pools gone shrinks at once to the largest fit",
         lambda: record_on(4),
         lambda rec: observe(rec, pods=running(1) + pending((1, 2, 3), since=T0 + 99), pools=1),
-        Want(policy.END, reason=("-> tpu7x-2x2x2 x1",)),
+        Want(Action.END, reason=("-> tpu7x-2x2x2 x1",)),
     ),
     Case(
         "node pools lost while restarting shrinks without waiting for the restart",
         lambda: pools_named(record_on(4)),
         lost_pools_while_restarting,
-        Want(policy.END, reason=("node pools lost: np-2, np-3", "-> tpu7x-2x2x2 x2")),
+        Want(Action.END, reason=("node pools lost: np-2, np-3", "-> tpu7x-2x2x2 x2")),
     ),
     Case(
         "pools gone end the segment with zero grace",
         lambda: pools_named(record_on(4)),
         lambda rec: observe(rec, pods=running(2), pools=2),
-        Want(policy.END, force=True),
+        Want(Action.END, force=True),
     ),
     Case(
         "a preemption notice ends the segment and keeps the save",
         lambda: pools_named(record_on(4)),
         preemption_notice,
-        Want(policy.END, reason=("node pools lost: np-3",), force=False),
+        Want(Action.END, reason=("node pools lost: np-3",), force=False),
     ),
     Case(
         "a node pool lost with spare capacity is left to JobSet",
@@ -260,26 +262,26 @@ CASES = [
                 )
             ],
         ),
-        Want(policy.WAIT, reason=("restarting",)),
+        Want(Action.WAIT, reason=("restarting",)),
     ),
     Case(
         "unschedulable and nothing smaller fits waits",
         lambda: record_on(1),
         lambda rec: observe(rec, pods=pending([0], since=T0), pools=0, now=T0 + 1000),
-        Want(policy.WAIT, reason=("no smaller feasible shape",)),
+        Want(Action.WAIT, reason=("no smaller feasible shape",)),
     ),
     Case(
         "the next segment waits for the old pods to terminate",
         ended_on_one_pool,
         lambda rec: observe(rec, pods=running(1), pools=1, jobsets=[]),
-        Want(policy.WAIT, reason=(f"{HOSTS} pod(s) of the run to terminate",)),
+        Want(Action.WAIT, reason=(f"{HOSTS} pod(s) of the run to terminate",)),
     ),
     Case(
         "then submits the largest fit with the same global batch",
         ended_on_one_pool,
         lambda rec: observe(rec, pods=[], pools=1, jobsets=[]),
         Want(
-            policy.START_SEGMENT,
+            Action.START_SEGMENT,
             "demo-1",
             record={
                 "current.index": 1,
@@ -304,7 +306,7 @@ CASES = [
             capacity={PRESET: (T0,)},
         ),
         Want(
-            policy.END,
+            Action.END,
             "demo-0",
             reason=("node pools lost: np-0", "on another node pool tpu7x-2x2x2"),
             record={"current.end_kind": "capacity-lost"},
@@ -314,13 +316,13 @@ CASES = [
         "an ended segment whose JobSet lingers is deleted again",
         lambda: decided(record_on(4), pods=pending(range(4), T0), pools=1),
         lambda rec: observe(rec, pods=[], pools=1, jobsets=[jobset("demo-0")]),
-        Want(policy.DELETE, "demo-0"),
+        Want(Action.DELETE, "demo-0"),
     ),
     Case(
         "no capacity at all keeps the Pending JobSet: nothing smaller fits",
         lambda: record_on(4),
         lambda rec: observe(rec, pods=pending(range(4), T0), pools=0),
-        Want(policy.WAIT),
+        Want(Action.WAIT),
     ),
     Case(
         "no capacity at all after a segment ended waits for capacity",
@@ -329,20 +331,20 @@ CASES = [
             and replace(rec, segments=(replace(rec.current, ended_at=T0, end_kind="capacity-lost"),))
         ),
         lambda rec: observe(rec, pods=[], pools=0, jobsets=[]),
-        Want(policy.WAIT, record={"state": record.WAITING}),
+        Want(Action.WAIT, record={"state": RunState.WAITING}),
     ),
     Case(
         "capacity back inside the stability window: no grow yet",
         lambda: record_on(1),
         lambda rec: observe(rec, pods=running(1), pools=4, now=T0 + 100, pool_since=T0 + 80),
-        Want(policy.WAIT),
+        Want(Action.WAIT),
     ),
     Case(
         "capacity back past the stability window grows",
         lambda: record_on(1),
         lambda rec: observe(rec, pods=running(1), pools=4, now=T0 + 111, pool_since=T0 + 80),
         Want(
-            policy.END,
+            Action.END,
             reason=("-> tpu7x-2x2x2 x4", "checkpoints on SIGTERM"),
             record={"current.end_kind": "grow"},
         ),
@@ -351,19 +353,19 @@ CASES = [
         "a grow waits for a checkpoint of the segment",
         lambda: with_current(record_on(1), start_step=10),
         lambda rec: observe(rec, pods=running(1), pools=4, now=T0 + 1000, committed=10),
-        Want(policy.WAIT),
+        Want(Action.WAIT),
     ),
     Case(
         "a grow after the segment's first checkpoint",
         lambda: with_current(record_on(1), start_step=10),
         lambda rec: observe(rec, pods=running(1), pools=4, now=T0 + 1000, committed=15),
-        Want(policy.END),
+        Want(Action.END),
     ),
     Case(
         "grow disabled",
         lambda: record_on(1, knobs=replace(KNOBS, grow=False)),
         lambda rec: observe(rec, pods=running(1), pools=4, now=T0 + 1000),
-        Want(policy.WAIT),
+        Want(Action.WAIT),
     ),
     Case(
         "a configuration error fails the run at once",
@@ -374,7 +376,7 @@ CASES = [
             jobsets=[jobset(condition=("Failed", "FailJobSetFailurePolicyAction", "rule config-error"))],
         ),
         Want(
-            policy.FAIL, reason=("configuration error",), record={"state": record.FAILED, "app_failures": 0}
+            Action.FAIL, reason=("configuration error",), record={"state": RunState.FAILED, "app_failures": 0}
         ),
     ),
     Case(
@@ -392,7 +394,7 @@ CASES = [
             ],
         ),
         Want(
-            policy.END,
+            Action.END,
             reason=("last exit code 1",),
             record={"app_failures": 2, "next_submit_at": T0 + 100 + 10 * 2, "preemptions()": 5},
         ),
@@ -401,13 +403,13 @@ CASES = [
         "backing off: the next segment waits",
         after_two_app_failures,
         lambda rec: observe(rec, pods=[], jobsets=[], now=T0 + 105),
-        Want(policy.WAIT, reason=("backing off",)),
+        Want(Action.WAIT, reason=("backing off",)),
     ),
     Case(
         "one more application failure is over the budget: the run fails",
         lambda: decided(after_two_app_failures(), pods=[], jobsets=[], now=T0 + 200),
         the_next_segment_crashes,
-        Want(policy.FAIL, reason=("crash loop", "preemptions so far: 5")),
+        Want(Action.FAIL, reason=("crash loop", "preemptions so far: 5")),
     ),
     Case(
         "the trainer finished: the run finishes",
@@ -418,13 +420,13 @@ CASES = [
             committed=100,
             trainer={"state": "finished", "step": 100, "total_steps": 100},
         ),
-        Want(policy.FINISH, record={"state": record.FINISHED, "total_steps": 100}),
+        Want(Action.FINISH, record={"state": RunState.FINISHED, "total_steps": 100}),
     ),
     Case(
         "a segment ended for a grow at step 55",
         lambda: with_current(record_on(1, total_steps=60), start_step=40),
         lambda rec: observe(rec, pods=running(1), pools=4, now=T0 + 111, pool_since=T0 + 80, committed=55),
-        Want(policy.END, record={"current.end_kind": "grow"}),
+        Want(Action.END, record={"current.end_kind": "grow"}),
     ),
     Case(
         # The trainer got SIGTERM at step 59 of 60, finished the last step and committed it.
@@ -432,9 +434,9 @@ CASES = [
         ended_for_a_grow_at_step_55,
         lambda rec: observe(rec, pods=running(1), committed=60, trainer=FINISHED_AT_60),
         Want(
-            policy.FINISH,
+            Action.FINISH,
             record={
-                "state": record.FINISHED,
+                "state": RunState.FINISHED,
                 "current.end_kind": "finished",
                 "current.end_step": 60,
                 "len(segments)": 1,
@@ -447,26 +449,26 @@ CASES = [
         lambda rec: observe(
             rec, jobsets=[jobset(condition=("Completed", "AllJobsCompleted", "done"))], committed=50
         ),
-        Want(policy.FAIL),
+        Want(Action.FAIL),
     ),
     Case(
         "a recorded but never created JobSet is created",
         lambda: with_current(record_on(4), jobset_uid=None),
         lambda rec: observe(rec, jobsets=[]),
-        Want(policy.CREATE_JOBSET, "demo-0"),
+        Want(Action.CREATE_JOBSET, "demo-0"),
     ),
     Case(
         "a JobSet deleted behind our back ends the segment",
         lambda: record_on(4),
         lambda rec: observe(rec, jobsets=[]),
-        Want(policy.END, None, record={"current.end_kind": "lost"}),
+        Want(Action.END, None, record={"current.end_kind": "lost"}),
     ),
     *(
         Case(
             f"a terminal run ({state}) does nothing",
             lambda state=state: record_on(4, state=state),
             lambda rec: observe(rec, pods=pending(range(4), T0), pools=0),
-            Want(policy.WAIT),
+            Want(Action.WAIT),
         )
         for state in sorted(record.TERMINAL)
     ),
@@ -474,24 +476,24 @@ CASES = [
         "suspended by Kueue waits",
         lambda: record_on(4),
         lambda rec: observe(rec, jobsets=[jobset(suspend=True)], pods=[]),
-        Want(policy.WAIT, reason=("suspended",)),
+        Want(Action.WAIT, reason=("suspended",)),
     ),
     Case(
         "a lost peer is named while JobSet restarts",
         lambda: record_on(4),
         lambda rec: observe(rec, pods=[failed_pod(), *running(4)[1:]]),
-        Want(policy.WAIT, reason=("restarting (JobSet failure policy) after a lost peer",)),
+        Want(Action.WAIT, reason=("restarting (JobSet failure policy) after a lost peer",)),
     ),
     Case(
         "lost peers never spend the budget",
         lambda: with_current(
             record_on(4, app_failures=KNOBS.app_failure_budget),
-            failing=signals.PEER_LOST,
+            failing=Cause.PEER_LOST,
             restarts=40,
             peer_lost=40,
         ),
         lambda rec: observe(rec, pods=running(4), jobsets=[jobset(restarts=41)]),
-        Want(policy.WAIT, record={"current.peer_lost": 41, "app_failures": 2}),
+        Want(Action.WAIT, record={"current.peer_lost": 41, "app_failures": 2}),
     ),
     Case(
         # The same restart after a crash that made its peers exit 43: over the budget, the run fails.
@@ -499,10 +501,10 @@ CASES = [
         restarted_after_a_crash_loop,
         lambda rec: observe(rec, pods=running(4), jobsets=[jobset(restarts=41)]),
         Want(
-            policy.END,
+            Action.END,
             "demo-0",
             reason=("crash loop: 3 application failures exceed the budget of 2",),
-            record={"state": record.FAILED},
+            record={"state": RunState.FAILED},
         ),
     ),
 ]
@@ -546,22 +548,22 @@ def test_a_grow_finished_first_says_so_in_the_end_reason() -> None:
     "failing,restarts,counted,pods,expect",
     [
         # The survivor of a dead host exited 43, JobSet has not restarted yet: remembered as failing.
-        (None, 0, 0, [failed_pod(), *running(4)[1:]], {"failing": signals.PEER_LOST, "peer_lost": 0}),
+        (None, 0, 0, [failed_pod(), *running(4)[1:]], {"failing": Cause.PEER_LOST, "peer_lost": 0}),
         # JobSet restarted (not counted); the failed pods are gone already: what was seen counts.
-        (signals.PEER_LOST, 1, 0, running(4), {"failing": None, "peer_lost": 1, "preemptions": 0}),
+        (Cause.PEER_LOST, 1, 0, running(4), {"failing": None, "peer_lost": 1, "preemptions": 0}),
         # ... or still in view, seen for the first time in this pass.
         (None, 1, 0, [failed_pod(i=1)], {"peer_lost": 1, "preemptions": 0}),
         # A crash next to the 43s it caused, and the pod failure policy took the 43: an app failure.
-        (None, 0, 0, [failed_pod(), failed_pod(i=1, code=1)], {"failing": signals.APP_FAILURE}),
-        (signals.PEER_LOST, 0, 0, [failed_pod(i=1, code=1)], {"failing": signals.APP_FAILURE}),  # the crash shows later
-        (signals.APP_FAILURE, 1, 0, [], {"uncounted_failures": 1, "app_failures": 1, "preemptions": 0}),
+        (None, 0, 0, [failed_pod(), failed_pod(i=1, code=1)], {"failing": Cause.APP_FAILURE}),
+        (Cause.PEER_LOST, 0, 0, [failed_pod(i=1, code=1)], {"failing": Cause.APP_FAILURE}),  # the crash shows later
+        (Cause.APP_FAILURE, 1, 0, [], {"uncounted_failures": 1, "app_failures": 1, "preemptions": 0}),
         # JobSet counted it (the crash's pod failed first): JobSet's count, nothing more here.
-        (signals.APP_FAILURE, 1, 1, [], {"uncounted_failures": 0, "restarts_counted": 1, "app_failures": 0}),
+        (Cause.APP_FAILURE, 1, 1, [], {"uncounted_failures": 0, "restarts_counted": 1, "app_failures": 0}),
         # A saved preemption, or nothing seen at all: a preemption, as before.
         (None, 1, 0, [failed_pod(code=42)], {"peer_lost": 0, "preemptions": 1}),
         (None, 1, 0, [], {"peer_lost": 0, "preemptions": 1}),
         # Two restarts between passes: the first gets the cause seen, the other stays a preemption.
-        (signals.PEER_LOST, 2, 0, [], {"peer_lost": 1, "preemptions": 1}),
+        (Cause.PEER_LOST, 2, 0, [], {"peer_lost": 1, "preemptions": 1}),
     ],
 )  # fmt: skip
 def test_restart_causes_are_counted(failing, restarts, counted, pods, expect):
@@ -570,7 +572,7 @@ def test_restart_causes_are_counted(failing, restarts, counted, pods, expect):
     d = policy.decide(
         rec, observe(rec, pods=pods, jobsets=[jobset(restarts=restarts, counted=counted)]), LADDER, CATALOG
     )
-    assert d.action == policy.WAIT
+    assert d.action == Action.WAIT
     seg = d.record.current
     got = {
         "failing": seg.failing, "peer_lost": seg.peer_lost, "uncounted_failures": seg.uncounted_failures,

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from launcher.errors import UserError
-from launcher.record import SCHEMA_VERSION, Knobs, RunRecord, Segment
-from launcher.render import RunSpec
+from launcher.core.errors import UserError
+from launcher.core.record import SCHEMA_VERSION, Knobs, RunRecord, Segment
+from launcher.core.spec import RunSpec
 
 SEGMENT = Segment(
     index=0, preset="tpu7x-2x2x2", slices=2, devices=16, micro_batch=2, grad_accum=1,
@@ -37,7 +37,7 @@ def as_dict(rec: RunRecord) -> dict:
 def test_a_record_round_trips_with_its_schema_version() -> None:
     raw = as_dict(RECORD)
     assert raw["schema_version"] == SCHEMA_VERSION == 3
-    assert "knobs" in raw and "policy" not in raw  # the rules are launcher/policy.py; these are knobs
+    assert "knobs" in raw and "policy" not in raw  # the rules are launcher/core/policy.py; these are knobs
     assert RunRecord.from_json(RECORD.to_json()) == RECORD  # tuples come back as tuples, not lists
 
 

@@ -4,13 +4,13 @@ from dataclasses import replace
 
 import pytest
 
-from launcher import record
-from launcher.plan import Plan
-from launcher.preset_files import make_shape
-from launcher.record import RunRecord, new_segment
-from launcher.render import RunSpec
-from launcher.report import CATEGORIES, build_report, waiting_intervals
-from launcher.report_plots import plot_loss, plot_timeline
+from launcher.adapters.preset_files import make_shape
+from launcher.core.accounting import CATEGORIES, build_report, waiting_intervals
+from launcher.core.plan import Plan
+from launcher.core.record import RunRecord, new_segment
+from launcher.core.spec import RunSpec
+from launcher.core.words import RunState
+from launcher.report.plots import plot_loss, plot_timeline
 
 T0 = 1000.0
 
@@ -25,7 +25,7 @@ def history():
     s0 = new_segment(rec, make_shape("tpu7x-2x2x2", 2), Plan(32, 1, 1), T0, "launch", None)
     rec = rec.with_segment(replace(s0, ended_at=T0 + 30, end_kind="capacity-lost", end_reason="lost"))
     s1 = new_segment(rec, make_shape("tpu7x-2x2x2", 1), Plan(16, 2, 1), T0 + 30, "shrink", 2)
-    rec = replace(rec.with_segment(replace(s1, ended_at=T0 + 50, end_kind="finished")), state=record.FINISHED,
+    rec = replace(rec.with_segment(replace(s1, ended_at=T0 + 50, end_kind="finished")), state=RunState.FINISHED,
                   finished_at=T0 + 50)  # fmt: skip
     metrics = [
         {
@@ -45,7 +45,7 @@ def history():
     ]  # fmt: skip
     ledger = [
         {"time": T0 + 20, "kind": "observe", "unschedulable": 1},
-        {"time": T0 + 30, "kind": "act", "action": "start-segment", "state": record.RUNNING},
+        {"time": T0 + 30, "kind": "act", "action": "start-segment", "state": RunState.RUNNING},
         {"time": T0 + 30.5, "kind": "observe", "unschedulable": 0},
     ]
     return rec, metrics, ledger
@@ -79,7 +79,7 @@ def preempted_in_place():
     rec = RunRecord(spec=RunSpec(run="r", run_dir="/tmp/r", global_batch=32), preset="tpu7x-2x2x2", slices=1,
                     created_at=T0)  # fmt: skip
     s0 = new_segment(rec, make_shape("tpu7x-2x2x2", 1), Plan(16, 2, 1), T0, "launch", None)
-    rec = replace(rec.with_segment(replace(s0, ended_at=T0 + 30, end_kind="finished")), state=record.FINISHED,
+    rec = replace(rec.with_segment(replace(s0, ended_at=T0 + 30, end_kind="finished")), state=RunState.FINISHED,
                   finished_at=T0 + 30)  # fmt: skip
 
     def step(n, attempt, t, **extra):
@@ -147,7 +147,7 @@ def test_every_second_in_one_category_on_the_shrinking_history():
 def test_badput_table_shows_each_category():
     from rich.console import Console
 
-    from launcher.view import badput_table
+    from launcher.report.view import badput_table
 
     rec, metrics, ledger = preempted_in_place()
     console = Console(width=120, record=True)
@@ -162,8 +162,8 @@ def test_badput_table_shows_each_category():
 
 def test_waiting_for_capacity_when_nothing_fits():
     ledger = [
-        {"time": 10, "kind": "wait", "action": "wait", "state": record.WAITING},
-        {"time": 25, "kind": "act", "action": "start-segment", "state": record.RUNNING},
+        {"time": 10, "kind": "wait", "action": "wait", "state": RunState.WAITING},
+        {"time": 25, "kind": "act", "action": "start-segment", "state": RunState.RUNNING},
         {"time": 30, "kind": "observe", "unschedulable": 2},
     ]
     assert waiting_intervals(ledger, end=40) == [(10, 25), (30, 40)]
@@ -182,7 +182,7 @@ def test_plots_are_pngs(tmp_path):
 def test_live_view_interleaves_disruptions_with_actions_in_time_order():
     from rich.console import Console
 
-    from launcher.view import live_view
+    from launcher.report.view import live_view
 
     rec, metrics, _ = history()
     ledger = [

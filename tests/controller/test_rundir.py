@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from launcher.rundir import RunDir
+from launcher.adapters.rundir import RunDir
 from tests.support.fake_gcs import fake_gcs
 
 

@@ -4,9 +4,12 @@ import dataclasses
 
 import pytest
 
-from launcher import projections, rfc3339, signals
-from launcher.preset_files import load_presets
-from launcher.signal_basics import ByVersion
+from launcher.adapters import projections
+from launcher.adapters.preset_files import load_presets
+from launcher.core import rfc3339
+from launcher.core.signals import observation as signals
+from launcher.core.signals.basics import ByVersion
+from launcher.core.words import Cause, Phase
 from tests.controller.objects import T0, failed_scheduling, jobset, pod, pool
 
 PRESETS = list(load_presets().values())
@@ -14,7 +17,7 @@ PRESETS = list(load_presets().values())
 
 def observe(*, pods=(), nodes=(), jobsets=(jobset(),), events=(), segment=0, expected=4, seg_pools=(), **kw):
     """The observation of the objects as served, checked against the one of what the controller's
-    caches keep of them (launcher/projections.py): every case here is also a case of those."""
+    caches keep of them (launcher/adapters/projections.py): every case here is also a case of those."""
     args = dict(
         now=kw.get("now", T0 + 100),
         run="demo",
@@ -47,7 +50,7 @@ RUNNING4 = [pod(f"demo-0-slice-{i}-0-abcde", node_name=f"gke-np-{i}-0") for i in
 
 def test_running_segment_on_four_whole_slices():
     obs = observe(pods=RUNNING4, nodes=FOUR_POOLS)
-    assert obs.phase == signals.RUNNING
+    assert obs.phase == Phase.RUNNING
     assert obs.pods_running == 4 and obs.unschedulable == 0
     assert obs.nodepools_in_use == ("np-0", "np-1", "np-2", "np-3")
     assert obs.fits("tpu7x-2x2x1", 4) and not obs.fits("tpu7x-2x2x1", 5)
@@ -63,7 +66,7 @@ def test_disruption_target_reasons_are_reported(reason):
     pods = [pod("demo-0-slice-0-0-aaaaa", phase="Failed", disruption=reason, exit_code=143), *RUNNING4[1:]]
     obs = observe(pods=pods, nodes=FOUR_POOLS)
     assert f"pod demo-0-slice-0-0-aaaaa: DisruptionTarget {reason}" in obs.disruptions
-    assert obs.phase == signals.RESTARTING  # a failed pod of the current attempt: JobSet is about to act
+    assert obs.phase == Phase.RESTARTING  # a failed pod of the current attempt: JobSet is about to act
 
 
 def test_a_pod_deleted_since_the_last_pass_still_reports_its_disruption():
@@ -89,7 +92,7 @@ def test_pod_failed_by_node_shutdown(reason):
 
 def test_deletion_timestamp_on_running_pod_means_restarting():
     pods = [pod("demo-0-slice-0-0-aaaaa", deleting=True), *RUNNING4[1:]]
-    assert observe(pods=pods, nodes=FOUR_POOLS).phase == signals.RESTARTING
+    assert observe(pods=pods, nodes=FOUR_POOLS).phase == Phase.RESTARTING
 
 
 def test_old_attempt_pods_still_terminating_means_restarting():
@@ -97,13 +100,13 @@ def test_old_attempt_pods_still_terminating_means_restarting():
         pod(f"q{i}", attempt=1) for i in range(4)
     ]
     obs = observe(pods=pods, nodes=FOUR_POOLS, jobsets=[jobset(restarts=1)])
-    assert obs.phase == signals.RESTARTING and obs.restarts == 1
+    assert obs.phase == Phase.RESTARTING and obs.restarts == 1
 
 
 def test_unschedulable_pods_since_and_message():
     pods = RUNNING4[:1] + [pod(f"demo-0-slice-{i}-0-x", unschedulable_since=T0 + 10 * i) for i in (1, 2, 3)]
     obs = observe(pods=pods, nodes=pool("np-0"))
-    assert obs.phase == signals.PENDING
+    assert obs.phase == Phase.PENDING
     assert obs.unschedulable == 3 and obs.unschedulable_since == T0 + 10
     assert "Insufficient google.com/tpu" in obs.unschedulable_message
     assert obs.fits("tpu7x-2x2x1", 1) and not obs.fits("tpu7x-2x2x1", 2)
@@ -205,12 +208,12 @@ def test_a_slice_fits_since_its_last_node_was_created_or_turned_ready():
 @pytest.mark.parametrize(
     "condition,phase,kind",
     [
-        (("Completed", "AllJobsCompleted", "jobset completed successfully"), signals.COMPLETED, None),
-        (("Failed", "FailJobSetFailurePolicyAction", 'Failure policy rule "config-error" matched'), signals.FAILED,
+        (("Completed", "AllJobsCompleted", "jobset completed successfully"), Phase.COMPLETED, None),
+        (("Failed", "FailJobSetFailurePolicyAction", 'Failure policy rule "config-error" matched'), Phase.FAILED,
          "config-error"),
-        (("Failed", "ReachedMaxRestarts", "jobset failed due to reaching max number of restarts"), signals.FAILED,
+        (("Failed", "ReachedMaxRestarts", "jobset failed due to reaching max number of restarts"), Phase.FAILED,
          "max-restarts"),
-        (("Failed", "FailedJobs", "jobset failed due to one or more job failures"), signals.FAILED, "other"),
+        (("Failed", "FailedJobs", "jobset failed due to one or more job failures"), Phase.FAILED, "other"),
     ],
 )  # fmt: skip
 def test_jobset_terminal_conditions(condition, phase, kind):
@@ -223,13 +226,13 @@ def test_jobset_terminal_conditions(condition, phase, kind):
 
 
 def test_kueue_suspension():
-    assert observe(pods=[], nodes=FOUR_POOLS, jobsets=[jobset(suspend=True)]).phase == signals.SUSPENDED
+    assert observe(pods=[], nodes=FOUR_POOLS, jobsets=[jobset(suspend=True)]).phase == Phase.SUSPENDED
 
 
 def test_absent_and_deleting_jobset():
-    assert observe(pods=[], nodes=FOUR_POOLS, jobsets=[]).phase == signals.ABSENT
+    assert observe(pods=[], nodes=FOUR_POOLS, jobsets=[]).phase == Phase.ABSENT
     obs = observe(pods=RUNNING4, nodes=FOUR_POOLS, jobsets=[jobset(deleting=True)])
-    assert obs.phase == signals.DELETING and obs.live_jobsets == () and obs.run_pods_alive == 4
+    assert obs.phase == Phase.DELETING and obs.live_jobsets == () and obs.run_pods_alive == 4
 
 
 def test_exit_codes_and_other_runs_pods_are_separated():
@@ -247,22 +250,22 @@ def failed(name="demo-0-slice-0-0-a", **kw):
     "pods,causes",
     [
         # A host died: the survivor exits 43; the dead host's pod is still Running (nobody reports).
-        ([failed(exit_code=43), pod("b")], {0: signals.PEER_LOST}),
+        ([failed(exit_code=43), pod("b")], {0: Cause.PEER_LOST}),
         # ... and once deleted, the dead host's pod is a container that could not be found.
         ([failed(exit_code=43), failed("b", exit_code=137, exit_reason="ContainerStatusUnknown")],
-         {0: signals.PEER_LOST}),
+         {0: Cause.PEER_LOST}),
         # A crash made its peer exit 43 first: the crash is the cause.
-        ([failed(exit_code=43), failed("b", exit_code=1)], {0: signals.APP_FAILURE}),
-        ([failed(exit_code=43), failed("b", exit_code=137, exit_reason="OOMKilled")], {0: signals.APP_FAILURE}),
+        ([failed(exit_code=43), failed("b", exit_code=1)], {0: Cause.APP_FAILURE}),
+        ([failed(exit_code=43), failed("b", exit_code=137, exit_reason="OOMKilled")], {0: Cause.APP_FAILURE}),
         # A preempted host saved (42) or carries DisruptionTarget: a preemption, whatever its peers did.
-        ([failed(exit_code=43), failed("b", exit_code=42)], {0: signals.PREEMPTION}),
-        ([failed(exit_code=43), failed("b", disruption="TerminationByKubelet", exit_code=143)], {0: signals.PREEMPTION}),
-        ([failed(reason="Terminated", exit_code=42)], {0: signals.PREEMPTION}),
+        ([failed(exit_code=43), failed("b", exit_code=42)], {0: Cause.PREEMPTION}),
+        ([failed(exit_code=43), failed("b", disruption="TerminationByKubelet", exit_code=143)], {0: Cause.PREEMPTION}),
+        ([failed(reason="Terminated", exit_code=42)], {0: Cause.PREEMPTION}),
         # Failed while being deleted: the restart's doing, not its cause.
         ([failed(exit_code=143, deleting=True), failed("b", exit_code=43, deleting=True)], {}),
         # Attempts are told apart.
-        ([failed(exit_code=43, attempt=0), failed("b", exit_code=1, attempt=1)], {0: signals.PEER_LOST, 1: signals.APP_FAILURE}),
-        ([pod("a"), failed("b", exit_code=0)], {0: signals.APP_FAILURE}),  # Failed with 0: not a success
+        ([failed(exit_code=43, attempt=0), failed("b", exit_code=1, attempt=1)], {0: Cause.PEER_LOST, 1: Cause.APP_FAILURE}),
+        ([pod("a"), failed("b", exit_code=0)], {0: Cause.APP_FAILURE}),  # Failed with 0: not a success
         (RUNNING4, {}),
     ],
 )  # fmt: skip
@@ -274,7 +277,7 @@ def test_attempt_causes(pods, causes):
 def test_peer_lost_pods_are_named_in_the_disruptions():
     obs = observe(pods=[failed(exit_code=43), *RUNNING4[1:]], nodes=FOUR_POOLS)
     assert "pod demo-0-slice-0-0-a: peer lost (exit 43)" in obs.disruptions
-    assert obs.phase == signals.RESTARTING and obs.last_exit_code == 43
+    assert obs.phase == Phase.RESTARTING and obs.last_exit_code == 43
 
 
 def test_an_observation_from_the_caches_tuples_follows_every_change():
@@ -283,23 +286,24 @@ def test_an_observation_from_the_caches_tuples_follows_every_change():
     different segment, must still give a new observation; the clock and the trainer's files always."""
     pods, nodes = tuple(RUNNING4), tuple(FOUR_POOLS)
     three = tuple(n for n in FOUR_POOLS if n["metadata"]["labels"]["cloud.google.com/gke-nodepool"] != "np-3")
+    memos = signals.Memos()  # one controller's: every call below reuses what it kept
 
     def obs(nodes, **kw):
         base = {"jobsets": (jobset(),), "pods": pods, "nodes": nodes, "events": ()}
         return signals.observe(
             now=kw.get("now", T0 + 100), run="demo", segment=kw.get("segment", 0), segment_jobset="demo-0",
             segment_nodepools=("np-0", "np-1", "np-2", "np-3"), expected_pods=4, presets=PRESETS, committed_step=kw.get("step"),
-            trainer=None, slice_hosts=1, **{**base, **kw.get("over", {})},
+            trainer=None, slice_hosts=1, memos=memos, **{**base, **kw.get("over", {})},
         )  # fmt: skip
 
     first = obs(nodes, step=5)
-    assert first.lost_nodepools == () and first.committed_step == 5 and first.phase == signals.RUNNING
+    assert first.lost_nodepools == () and first.committed_step == 5 and first.phase == Phase.RUNNING
     lost = obs(three, now=T0 + 200)
     assert lost.lost_nodepools == ("np-3",) and lost.now == T0 + 200 and lost.committed_step is None
     again = obs(nodes, step=6)
     assert again.lost_nodepools == () and again.committed_step == 6
     failed = (pod("demo-0-slice-0-0-abcde", node_name="gke-np-0-0", phase="Failed", exit_code=1), *pods[1:])
-    assert obs(nodes, over={"pods": failed}).phase == signals.RESTARTING
+    assert obs(nodes, over={"pods": failed}).phase == Phase.RESTARTING
     assert obs(nodes, segment=1).pods_running == 0  # same tuples, another segment
     assert obs(nodes, over={"foreign_nodes": frozenset({"gke-np-1-0"})}).capacity != first.capacity
 

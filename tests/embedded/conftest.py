@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from launcher.embedded.apiserver import ApiServer
-from launcher.embedded.kubeconfig import api_client
-from launcher.embedded.store import Store
+from launcher.embedded.api.apiserver import ApiServer
+from launcher.embedded.api.kubeconfig import api_client
+from launcher.embedded.store.store import Store
 
 # Short enough that a test sees several bookmarks in a second; real servers send one a minute.
 BOOKMARK_INTERVAL_S = 0.2

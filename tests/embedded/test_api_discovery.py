@@ -104,7 +104,7 @@ def _check_tables(api: Api) -> None:
 
 
 def test_kubectl_lists_jobsets_pods_nodes_and_shows_logs(api: Api, tmp_path: Path) -> None:
-    from launcher.embedded.kubeconfig import write_kubeconfig
+    from launcher.embedded.api.kubeconfig import write_kubeconfig
 
     _seed(api)
     _check_tables(api)
@@ -136,7 +136,7 @@ def test_kubectl_lists_jobsets_pods_nodes_and_shows_logs(api: Api, tmp_path: Pat
 def test_kubectl_applies_manifests(api: Api, tmp_path: Path) -> None:
     """`kubectl apply -f` (client-side validation against the server's OpenAPI, create, then a
     merge patch for the JobSet on the second apply) and a 422 surfacing as kubectl's error."""
-    from launcher.embedded.kubeconfig import write_kubeconfig
+    from launcher.embedded.api.kubeconfig import write_kubeconfig
 
     binary = find_kubectl()
     if binary is None:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from kubernetes.client import ApiException
 
-from launcher.embedded.crdschema import CRD_FILE, SCHEMA_DIR
+from launcher.embedded.admission.crdschema import CRD_FILE, SCHEMA_DIR
 from tests.embedded.conftest import Api, jobset
 
 JS = ("jobset.x-k8s.io", "v1alpha2", "default", "jobsets")

@@ -36,17 +36,10 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from launcher.embedded import (
-    defaults,
-    filters,
-    jobactions,
-    jobfailures,
-    jobpods,
-    jobsetactions,
-    podenv,
-    podstatus,
-)
-from launcher.embedded.resources import RESOURCES, Resource
+from launcher.embedded.admission import defaults
+from launcher.embedded.controllers import filters, jobactions, jobfailures, jobpods, jobsetactions
+from launcher.embedded.kubelet import podenv, podstatus
+from launcher.embedded.types.resources import RESOURCES, Resource
 from tests.embedded.conftest import Api, start_api, stop_api
 from tests.embedded.conftest import job as job_body
 from tests.embedded.conftest import jobset as jobset_body
@@ -226,7 +219,7 @@ REQUIRED: dict[str, list[Path]] = {
     ],
     "nodes": [("status", "conditions", 0, "type")],
 }
-# PodDisruptionBudgets (issue 13) are left out for now: adding a kind reshuffles the draws, and the
+# PodDisruptionBudgets are left out for now: adding a kind reshuffles the draws, and the
 # new ones hit a latent ResourceQuota case (a JSON number under spec.hard is a valid Quantity in Go,
 # which the wrong-type strategy does not expect) that needs its own fix.
 KINDS = sorted(p for p in RESOURCES if p != "poddisruptionbudgets")

@@ -15,9 +15,9 @@ import pytest
 from kubernetes import watch
 from kubernetes.client import ApiException
 
-from launcher.embedded.journal import JOURNAL
-from launcher.embedded.resources import RESOURCES
-from launcher.embedded.store import Store
+from launcher.embedded.store.journal import JOURNAL
+from launcher.embedded.store.store import Store
+from launcher.embedded.types.resources import RESOURCES
 from tests.embedded.conftest import jobset, pod, start_api, stop_api
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,8 +83,8 @@ def test_server_restart_reloads_from_the_state_dir(tmp_path: Path) -> None:
 _WRITER = textwrap.dedent(
     """
     import sys
-    from launcher.embedded.resources import RESOURCES
-    from launcher.embedded.store import Store
+    from launcher.embedded.types.resources import RESOURCES
+    from launcher.embedded.store.store import Store
     store = Store(sys.argv[1])
     i = 0
     while True:

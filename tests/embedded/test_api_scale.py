@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from launcher.embedded.resources import RESOURCES
+from launcher.embedded.types.resources import RESOURCES
 from tests.embedded.conftest import Api, start_api, stop_api
 
 SLICES, HOSTS = 4, 768

@@ -7,7 +7,7 @@ import json
 import pytest
 from kubernetes.client import ApiException
 
-from launcher.embedded.resources import RESOURCES
+from launcher.embedded.types.resources import RESOURCES
 from tests.embedded.conftest import Api, pod, start_api, stop_api
 
 

@@ -196,7 +196,7 @@ def test_watch_list_initial_events_end_with_an_annotated_bookmark(api: Api) -> N
 def test_subscribers_see_every_commit_in_order_and_may_write_back(api: Api) -> None:
     """In-process controllers: called in commit order, off the store lock, so a subscriber can
     write to the store from its callback (here: an Event for every pod) without deadlocking."""
-    from launcher.embedded.resources import RESOURCES
+    from launcher.embedded.types.resources import RESOURCES
 
     seen: list[tuple[str, str, int]] = []
 

@@ -4,7 +4,7 @@ routes, down; and user errors as one line on stderr with exit code 2."""
 import pytest
 from kubernetes import client, config
 
-from launcher.cli import main
+from launcher.cli.app import main
 from launcher.embedded.cli import read_info
 from tests.embedded.cluster_helpers import GROUP, HOSTS, VERSION, rendered, wait_for
 

@@ -3,7 +3,7 @@ backoffLimitPerIndex with maxFailedIndexes and the FailIndex action, restartPoli
 
 import copy
 
-from launcher import rfc3339
+from launcher.core import rfc3339
 from tests.embedded.cluster_helpers import HOSTS, condition, rendered, running
 from tests.support.wait import wait_for
 
@@ -103,8 +103,9 @@ def _backoff_limit_per_index_fail_index_and_max_failed_indexes(kube):
 def test_a_retried_index_carries_its_failure_count_and_all_indexes_finished_is_failed_indexes():
     import datetime as dt
 
-    from launcher.embedded import jobactions, objects
-    from launcher.embedded.jobfailures import INDEX_FAILURE_COUNT
+    from launcher.embedded.controllers import jobactions
+    from launcher.embedded.controllers.jobfailures import INDEX_FAILURE_COUNT
+    from launcher.embedded.types import objects
 
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     spec = _indexed_job("r", backoffLimitPerIndex=1)["spec"] | {"completions": 2, "parallelism": 2}
@@ -144,8 +145,9 @@ def test_a_retried_index_carries_its_failure_count_and_all_indexes_finished_is_f
 def test_restarting_jobset_condition_takes_each_terminal_reason():
     import datetime as dt
 
-    from launcher.embedded import jobsetactions, objects
-    from launcher.embedded.jobsetjobs import construct_job
+    from launcher.embedded.controllers import jobsetactions
+    from launcher.embedded.controllers.jobsetjobs import construct_job
+    from launcher.embedded.types import objects
 
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     js = rendered("rs", "unused")

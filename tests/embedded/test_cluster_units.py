@@ -10,13 +10,17 @@ from dataclasses import replace
 
 import pytest
 
-from launcher.embedded import filters, jobactions, jobfailures, jobpods, jobsetactions, nodes, objects, podenv
-from launcher.embedded.defaults import PRIORITY_LABEL
-from launcher.embedded.job import SYNC_BATCH_S, JobController
-from launcher.embedded.store import RESOURCES
-from launcher.errors import UserError
-from launcher.preset_files import make_shape
-from launcher.render import RunSpec, failure_policies, render_jobset
+from launcher.adapters.preset_files import make_shape
+from launcher.core.errors import UserError
+from launcher.core.render import failure_policies, render_jobset
+from launcher.core.spec import RunSpec
+from launcher.embedded import nodes
+from launcher.embedded.admission.defaults import PRIORITY_LABEL
+from launcher.embedded.controllers import filters, jobactions, jobfailures, jobpods, jobsetactions
+from launcher.embedded.controllers.job import SYNC_BATCH_S, JobController
+from launcher.embedded.kubelet import podenv
+from launcher.embedded.store.store import RESOURCES
+from launcher.embedded.types import objects
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -144,7 +148,7 @@ def test_exclusive_placement_keeps_jobs_in_their_own_pool():
 
 
 def test_jobset_pod_webhook_labels_the_priority():
-    from launcher.embedded import defaults
+    from launcher.embedded.admission import defaults
 
     def created(ann, priority=None):
         pod = {"metadata": {"name": "p", "annotations": ann}, "spec": {"containers": []}}
@@ -499,8 +503,8 @@ def test_finished_pods_of_a_deleted_job_lose_their_tracking_finalizer():
     # A pod failed and was deleted while its Job existed, but the Job was deleted before the Job
     # controller got to it: no more events will come for that pod, so the Job's own deletion must
     # release it (found at 1,024 pods: a shrink waited forever for such pods to go).
-    from launcher.embedded.jobpods import TRACKING_FINALIZER
-    from launcher.embedded.store import RESOURCES, Store
+    from launcher.embedded.controllers.jobpods import TRACKING_FINALIZER
+    from launcher.embedded.store.store import RESOURCES, Store
 
     store = Store()
     pods = RESOURCES["pods"]
@@ -532,7 +536,7 @@ def test_a_burst_of_pod_events_costs_one_job_sync_and_a_spec_change_syncs_at_onc
     # must not mean thousands of syncs, each re-reading every pod of the Job.
     import threading
 
-    from launcher.embedded.store import RESOURCES, Store
+    from launcher.embedded.store.store import RESOURCES, Store
     from tests.support.fakeclock import FakeClock
     from tests.support.wait import wait_for
 
@@ -581,7 +585,7 @@ def test_a_burst_of_pod_events_costs_one_job_sync_and_a_spec_change_syncs_at_onc
 
 
 def test_taint_eviction_marks_a_pod_someone_else_is_deleting_once():
-    from launcher.embedded import nodelife
+    from launcher.embedded.controllers import nodelife
 
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     node = {"spec": {"taints": [{"key": "x", "effect": "NoExecute", "timeAdded": "2026-01-01T00:00:00Z"}]}}
@@ -605,7 +609,7 @@ def test_taint_eviction_marks_a_pod_someone_else_is_deleting_once():
 
 
 def test_default_toleration_seconds_follow_the_clusters_setting():
-    from launcher.embedded import defaults
+    from launcher.embedded.admission import defaults
 
     def tolerations(toleration_s=None, own=()):
         pod = {"metadata": {"name": "p"}, "spec": {"containers": [], "tolerations": list(own)}}

@@ -4,7 +4,7 @@ objects (the real client over HTTP against the embedded cluster, simulate mode) 
 under the working directory, taken before and after each case. And the valid inputs that must be
 accepted (scientific notation, the README's examples, the longest run name the advice allows).
 
-Everything runs in-process (`launcher.cli.main`, `trainer.__main__.main`): ~270 cases in ~15 s of CPU.
+Everything runs in-process (`launcher.cli.app.main`, `trainer.__main__.main`), so the whole table is cheap.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from launcher.controller.launch import prepare
+from launcher.core.record import Knobs
+from launcher.core.spec import RunSpec
 from launcher.embedded.cluster import EmbeddedCluster
-from launcher.launch import prepare
-from launcher.record import Knobs
-from launcher.render import RunSpec
 from tests.support.cli import run_cli
 from trainer.__main__ import main as trainer_main
 
@@ -340,7 +340,7 @@ def test_no_cloud_credentials_for_a_gcs_run_dir(
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("HOME", str(world))  # no ~/.config/gcloud
     monkeypatch.setenv("NO_GCE_CHECK", "true")  # not on GCE: skip the metadata server's probe
-    from launcher import rundir
+    from launcher.adapters import rundir
 
     rundir._client_for.cache_clear()
     before = (_objects(cluster), _files(world))

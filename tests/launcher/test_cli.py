@@ -247,7 +247,7 @@ def test_plan_marks_rungs_the_model_cannot_live_on_infeasible(capsys):
 def test_a_bare_install_says_which_extra_the_command_line_needs(module, distribution):
     """`pip install reslice` without the `controller` extra: the entry point says so in one line,
     exit 2, no traceback (a module set to None in sys.modules cannot be imported)."""
-    code = f"import sys; sys.modules[{module!r}] = None; from launcher.entry import main; main()"
+    code = f"import sys; sys.modules[{module!r}] = None; from launcher.cli.entry import main; main()"
     proc = subprocess.run([sys.executable, "-c", code, "presets"], capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from launcher.cli import main
+from launcher.cli.app import main
 from tests.support.schemas import jobset_errors, validate_job_template
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"

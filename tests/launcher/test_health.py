@@ -7,8 +7,8 @@ import urllib.request
 
 import pytest
 
-from launcher.errors import UserError
-from launcher.health import HealthServer, LoopState, liveness, readiness, stall_after
+from launcher.controller.health import HealthServer, LoopState, liveness, readiness, stall_after
+from launcher.core.errors import UserError
 from tests.support.cli import run_cli
 
 STALL = 30.0

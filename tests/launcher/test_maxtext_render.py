@@ -1,4 +1,4 @@
-"""The MaxText profile's JobSet (launcher/maxtext.py through launcher/render.py): the keys a rung
+"""The MaxText profile's JobSet (launcher/core/maxtext.py through launcher/core/render.py): the keys a rung
 gets, the distributed environment, and bad input refused with one line and exit 2."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import UserError
-from launcher.preset_files import make_shape
-from launcher.render import RunSpec, render_jobset
+from launcher.adapters.preset_files import make_shape
+from launcher.core.errors import UserError
+from launcher.core.render import render_jobset
+from launcher.core.spec import RunSpec
 from tests.support.cli import run_cli
 
 PRESET = "tpu7x-2x2x2"  # 2 hosts and 16 JAX devices per slice

@@ -1,8 +1,8 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher.plan import Infeasible, Plan, plan_batch, shrink_ladder
-from launcher.preset_files import load_catalog, make_shape
+from launcher.adapters.preset_files import load_catalog, make_shape
+from launcher.core.plan import Infeasible, Plan, plan_batch, shrink_ladder
 
 
 @given(

@@ -1,8 +1,8 @@
-"""launcher/podfit.py: quantities as the official client parses them, pod requests, tolerations."""
+"""launcher/core/podfit.py: quantities as the official client parses them, pod requests, tolerations."""
 
 import pytest
 
-from launcher.podfit import pod_requests, quantity, tolerates
+from launcher.core.podfit import pod_requests, quantity, tolerates
 
 
 @pytest.mark.parametrize(

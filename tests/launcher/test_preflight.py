@@ -16,17 +16,19 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from launcher import checks
-from launcher.checks import FAIL, OK, SKIP, WARN, ClusterFacts, Request
+from launcher.adapters.kube import Kube, record_name
+from launcher.adapters.preset_files import load_preset, make_shape
+from launcher.core.capacity import checks
+from launcher.core.capacity.checks import FAIL, OK, SKIP, WARN, ClusterFacts, Request
+from launcher.core.capacity.pools import create_command, pools_for
+from launcher.core.capacity.quota import shortfalls
+from launcher.core.labels import LABEL_RUN
+from launcher.core.presets import LABEL_PLACEMENT, Shape
+from launcher.core.render import placement, render_jobset
+from launcher.core.spec import RunSpec
 from launcher.embedded.cluster import EmbeddedCluster
 from launcher.embedded.nodes import FakeNodePool, node_object
-from launcher.kube import Kube, record_name
-from launcher.pools import create_command, pools_for
-from launcher.preset_files import load_preset, make_shape
-from launcher.presets import LABEL_PLACEMENT, Shape
-from launcher.probe import LABEL_PROBE, Outcome, probe_check, probe_pod
-from launcher.quota import shortfalls
-from launcher.render import LABEL_RUN, RunSpec, placement, render_jobset
+from launcher.preflight.probe import LABEL_PROBE, Outcome, probe_check, probe_pod
 from tests.maxtext.fake_package import fake_package
 from tests.support.cli import run_cli
 from tests.support.fake_gcs import fake_gcs
@@ -142,7 +144,7 @@ def test_a_smaller_rung_that_does_not_fit_is_a_warning_and_unhealthy_pools_do_no
 
 
 def test_shapes_the_run_never_takes_are_shown_as_not_needed() -> None:
-    from launcher.preflight import ladder
+    from launcher.preflight.gate import ladder
 
     # No global batch: every shape GKE can run is checked; 2 x tpu7x-2x2x1 is no GKE shape.
     shapes, skipped = ladder(make_shape("tpu7x-2x2x2", 2), None, 16, None)
@@ -170,9 +172,9 @@ def test_shapes_the_run_never_takes_are_shown_as_not_needed() -> None:
 
 
 def test_the_trainer_config_shapes_the_ladder_as_in_plan() -> None:
-    from launcher.errors import UserError
-    from launcher.launch import model_parallel, resolve_trainer_config
-    from launcher.preflight import ladder
+    from launcher.controller.launch import model_parallel, resolve_trainer_config
+    from launcher.core.errors import UserError
+    from launcher.preflight.gate import ladder
 
     # 8 sequences on 32 devices: no plan; with mesh.tensor=4 a data-parallel rank is 4 devices.
     shape = make_shape("tpu7x-2x2x2", 2)

@@ -1,8 +1,8 @@
 import pytest
 
-from launcher.errors import UserError
-from launcher.preset_files import load_preset, load_presets, make_shape
-from launcher.presets import Shape, parse_preset, topology_error
+from launcher.adapters.preset_files import load_preset, load_presets, make_shape
+from launcher.core.errors import UserError
+from launcher.core.presets import Shape, parse_preset, topology_error
 
 BASE = {
     "name": "x",

@@ -4,10 +4,11 @@ from dataclasses import replace
 
 import pytest
 
-from launcher.errors import UserError
-from launcher.preset_files import load_presets, make_shape
-from launcher.presets import LABEL_PLACEMENT, RESOURCE_TPU, Shape
-from launcher.render import RESERVED_PORTS, RunSpec, name_error, render_jobset
+from launcher.adapters.preset_files import load_presets, make_shape
+from launcher.core.errors import UserError
+from launcher.core.presets import LABEL_PLACEMENT, RESOURCE_TPU, Shape
+from launcher.core.render import name_error, render_jobset
+from launcher.core.spec import RESERVED_PORTS, RunSpec
 from tests.support.schemas import jobset_errors, validate_job_template
 
 PRESETS = sorted(load_presets())

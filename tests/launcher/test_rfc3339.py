@@ -4,7 +4,7 @@ import datetime as dt
 
 import pytest
 
-from launcher import rfc3339
+from launcher.core import rfc3339
 
 
 def test_stamps_are_whole_seconds_in_utc_with_z() -> None:

@@ -1,4 +1,4 @@
-"""The MaxText profile's outcomes through the real controller (issue 16's acceptance): runs launched
+"""The MaxText profile's outcomes through the real controller: runs launched
 with `trainer="maxtext"` on the embedded cluster, the real entrypoint in every pod, around the
 stand-in MaxText (fake_maxtext.py: MaxText's 0-based checkpoints under maxtext/checkpoints, its exit
 0 after a preemption save and after a data crash). A preempted segment restarts without spending
@@ -11,9 +11,10 @@ import os
 
 import pytest
 
-from launcher.launch import create_run, prepare
-from launcher.record import FAILED, FINISHED, Knobs
-from launcher.render import RunSpec
+from launcher.controller.launch import create_run, prepare
+from launcher.core.record import Knobs
+from launcher.core.spec import RunSpec
+from launcher.core.words import RunState
 from tests.controller.harness import PRESET, Harness, kept_steps, recomputed
 from tests.maxtext.fake_package import fake_package
 
@@ -48,7 +49,7 @@ def test_a_preempted_maxtext_segment_restarts_free_and_finishes_a_crash_spends_t
         victim = pool_of(h, "pre")
         h.cluster.preempt(victim, grace_s=20)  # SIGTERM: the save, MaxText exits 0, the entrypoint 42
         h.cluster.restore(victim)
-        pre = h.wait_state("pre", {FINISHED}, timeout=120)
+        pre = h.wait_state("pre", {RunState.FINISHED}, timeout=120)
         pre_dir = h.rundir("pre")
         metrics, status, committed = pre_dir.metrics(), pre_dir.status(), pre_dir.committed_steps()
 
@@ -56,7 +57,7 @@ def test_a_preempted_maxtext_segment_restarts_free_and_finishes_a_crash_spends_t
         # then the segment fails: 2 failures spend the budget of 1.
         launch(h, "crashy", 40, knobs, FAKE_MODE="data_crash")
         h.start_controller("crashy")
-        crashy = h.wait_state("crashy", {FAILED}, timeout=120)
+        crashy = h.wait_state("crashy", {RunState.FAILED}, timeout=120)
     finally:
         h.close()
 

@@ -2,7 +2,7 @@
 MaxText (fake_maxtext.py), which commits its checkpoints through etils' epath as Orbax does: the
 entrypoint reads them there, writes status.json and the metrics records there, keeps MaxText's own
 metrics_file local and copies its lines to `maxtext/metrics/`; what it wrote is read back with the
-launcher's reader (`launcher.rundir.RunDir`, the google-cloud-storage client), as the controller
+launcher's reader (`launcher.adapters.rundir.RunDir`, the google-cloud-storage client), as the controller
 reads it. And the write probe (`--probe-write`) of `reslice preflight --trainer maxtext`."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.rundir import RunDir, read_jsonl
+from launcher.adapters.rundir import RunDir, read_jsonl
 from tests.maxtext.fake_package import fake_package
 from tests.support.fake_gcs import FakeGCS, fake_gcs
 from tests.support.wait import wait_for
@@ -34,7 +34,7 @@ KEYS = [
 def gcs() -> Iterator[FakeGCS]:
     with fake_gcs(buckets=["runs"]) as server:
         saved = {k: os.environ.get(k) for k in server.env}
-        server.apply()  # this process reads back with launcher.rundir (STORAGE_EMULATOR_HOST)
+        server.apply()  # this process reads back with launcher.adapters.rundir (STORAGE_EMULATOR_HOST)
         yield server
         for k, v in saved.items():
             if v is None:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launcher.rundir import read_jsonl
+from launcher.adapters.rundir import read_jsonl
 from tests.maxtext.fake_package import fake_package
 from tests.support.wait import wait_for
 

@@ -29,7 +29,7 @@ STEPS, DEVICES = 40, 4
 
 
 def keys(run_dir: Path) -> list[str]:
-    """launcher/maxtext.py's keys for 1 slice of 4 devices at global batch 4, synthetic data."""
+    """launcher/core/maxtext.py's keys for 1 slice of 4 devices at global batch 4, synthetic data."""
     return [
         *MODEL, "dataset_type=synthetic", f"steps={STEPS}", f"learning_rate_schedule_steps={STEPS}",
         "per_device_batch_size=1", "gradient_accumulation_steps=1", "dcn_data_parallelism=1",

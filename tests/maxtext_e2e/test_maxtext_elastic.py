@@ -1,4 +1,4 @@
-"""MaxText, elastic, end to end (issue 16's acceptance; docs/maxtext.md): real MaxText 0.2.5
+"""MaxText, elastic, end to end (docs/maxtext.md): real MaxText 0.2.5
 (.venv-maxtext) launched by reslice (`trainer="maxtext"`) on the embedded cluster on 2 multi-host
 slices (tpu7x-2x2x2 x2: 4 processes of 8 CPU devices), one slice's node pool removed after step 10:
 the run shrinks to 1 slice at the same global batch, grows back when the pool returns, and finishes,
@@ -21,10 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.launch import create_run, prepare
-from launcher.record import FINISHED, Knobs
-from launcher.render import RunSpec
-from launcher.rundir import RunDir
+from launcher.adapters.rundir import RunDir
+from launcher.controller.launch import create_run, prepare
+from launcher.core.record import Knobs
+from launcher.core.spec import RunSpec
+from launcher.core.words import RunState
 from tests.controller.harness import MULTI_HOST, Harness, kept_steps, wait_for
 from tests.maxtext_e2e.common import MODEL, VENV, VOCAB, single_process_env, site_packages
 from tests.support.fake_gcs import fake_gcs
@@ -99,7 +100,7 @@ def test_maxtext_on_a_gcs_run_directory_shrinks_and_grows_with_the_losses_of_an_
 ):
     with fake_gcs(buckets=["runs"]) as gcs:
         saved = {k: os.environ.get(k) for k in gcs.env}
-        gcs.apply()  # this process reads the run directory back (launcher.rundir: STORAGE_EMULATOR_HOST)
+        gcs.apply()  # this process reads the run directory back (launcher.adapters.rundir: STORAGE_EMULATOR_HOST)
         try:
             elastic(tmp_path, data, reference, f"gs://runs/{tmp_path.name}/mt", gcs.env)
             objects = gcs.list_objects("runs", f"{tmp_path.name}/mt/")
@@ -144,7 +145,7 @@ def elastic(tmp_path: Path, data: Path, reference: dict[int, dict], run_dir: str
         wait_for(lambda: len(h.record("mt").segments) >= 2, 300, "the shrink to a new segment")
         h.cluster.restore(h.pool(1))
         wait_for(lambda: len(h.record("mt").segments) >= 3, 900, "the grow back")
-        rec = h.wait_state("mt", {FINISHED}, timeout=900)
+        rec = h.wait_state("mt", {RunState.FINISHED}, timeout=900)
         # What a user sees: `reslice status` against the embedded cluster, the real CLI.
         env = {**os.environ, "KUBECONFIG": str(h.cluster.kubeconfig), "COLUMNS": "110"}
         shown = subprocess.run(
@@ -175,7 +176,7 @@ def elastic(tmp_path: Path, data: Path, reference: dict[int, dict], run_dir: str
         assert seg.devices * seg.micro_batch * seg.grad_accum == GLOBAL_BATCH
     assert (shrunk.devices, shrunk.micro_batch, shrunk.grad_accum) == (16, 2, 1)
     assert shrunk.start_step >= LOSE_AT and shrunk.end_step > shrunk.start_step
-    assert rec.app_failures == 0 and rec.state == FINISHED
+    assert rec.app_failures == 0 and rec.state == RunState.FINISHED
     # The controller read MaxText's own layout: maxtext/checkpoints/<k> is step k + 1.
     assert committed[-1] == STEPS and status["state"] == "finished" and status["step"] == STEPS
     assert shown.returncode == 0 and f"latest committed checkpoint: step {STEPS} of {STEPS}" in shown.stdout

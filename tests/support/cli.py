@@ -2,7 +2,7 @@
 
 import pytest
 
-from launcher.cli import main
+from launcher.cli.app import main
 
 
 def run_cli(capsys, *argv: str) -> tuple[int | str | None, str, str]:

@@ -1,7 +1,7 @@
 """A clock that stands still until the test steps it (k8s.io/utils/clock/testing.FakeClock).
 
 It serves both shapes the code takes a clock in: `monotonic()` / `wait(cond, timeout)` for the
-embedded controllers' work queues (launcher.embedded.clock.Clock) and `monotonic()` / `sleep(s)`
+embedded controllers' work queues (launcher.embedded.controllers.clock.Clock) and `monotonic()` / `sleep(s)`
 for the trainer's SIGTERM watchdog. A waiter wakes once `step()` has moved the time past its
 deadline; `wait_for_waiter()` is how a test knows the other thread has come round to wait again
 (HasWaiters upstream), so nothing here waits on wall time except as a safety net.

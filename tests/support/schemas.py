@@ -5,7 +5,7 @@ from __future__ import annotations
 import jsonschema
 import kubernetes_validate
 
-from launcher.embedded.crdschema import crd_schema
+from launcher.embedded.admission.crdschema import crd_schema
 
 K8S_VERSION = "1.33.0"
 

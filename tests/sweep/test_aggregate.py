@@ -6,12 +6,14 @@ import math
 
 import pytest
 
-from launcher.errors import UserError
-from launcher.record import FAILED, FINISHED, PENDING, RUNNING, STOPPED, RunRecord
-from launcher.render import DNS1035, RunSpec
-from launcher.sweep_files import load_sweep, write_outputs
-from launcher.sweep_results import FactorResult, aggregate, recommend
-from launcher.sweep_spec import (
+from launcher.core.errors import UserError
+from launcher.core.record import RunRecord
+from launcher.core.render import DNS1035
+from launcher.core.spec import RunSpec
+from launcher.core.words import RunState
+from launcher.sweep.files import load_sweep, write_outputs
+from launcher.sweep.results import FactorResult, aggregate, recommend
+from launcher.sweep.spec import (
     ATTACH,
     DONE,
     LAUNCH,
@@ -130,7 +132,7 @@ def test_drops_come_from_the_trainers_counts_not_from_loads():
     assert r.dropped_fraction == 11 / 384
     # Per layer: layer 0 dropped 5 of 192, layer 1 dropped 6 of 192.
     assert (r.worst_layer, r.worst_layer_dropped_fraction) == (1, 6 / 192)
-    assert r.buffer_rows == 128 and r.state == FINISHED
+    assert r.buffer_rows == 128 and r.state == RunState.FINISHED
 
 
 def test_aggregate_load_loss_and_timing_over_measured_steps():
@@ -160,16 +162,16 @@ def test_aggregate_keeps_the_last_computation_and_skips_each_incarnations_first_
 
 
 def test_aggregate_without_measured_steps_or_unfinished():
-    r = aggregate(1.0, "s-f1", [[rec(1), rec(2)]], warmup=2, steps=10, state=FAILED, reason="boom")
-    assert not r.measured and r.dropped_fraction is None and r.state == FAILED
-    r = aggregate(1.0, "s-f1", [[rec(s) for s in range(1, 6)]], warmup=2, steps=10, state=STOPPED)
+    r = aggregate(1.0, "s-f1", [[rec(1), rec(2)]], warmup=2, steps=10, state=RunState.FAILED, reason="boom")
+    assert not r.measured and r.dropped_fraction is None and r.state == RunState.FAILED
+    r = aggregate(1.0, "s-f1", [[rec(s) for s in range(1, 6)]], warmup=2, steps=10, state=RunState.STOPPED)
     assert r.measured and r.loss_final is None  # never reached the last step
 
 
 # --- recommendation ----------------------------------------------------------------------------
 
 
-def result(factor, drop, step_ms, state=FINISHED):
+def result(factor, drop, step_ms, state=RunState.FINISHED):
     return FactorResult(factor=factor, run=run_name("s", factor), state=state, measured_steps=10,
                         dropped_fraction=drop, step_time_median_s=step_ms / 1e3)  # fmt: skip
 
@@ -185,7 +187,7 @@ def test_recommend_smallest_factor_under_threshold_and_saving():
 
 
 def test_recommend_is_not_fooled_by_a_noisy_dip_and_ignores_unfinished_runs():
-    rs = [result(1.0, 0.0005, 20), result(1.25, 0.02, 21), result(1.5, 0.0, 22, state=FAILED),
+    rs = [result(1.0, 0.0005, 20), result(1.25, 0.02, 21), result(1.5, 0.0, 22, state=RunState.FAILED),
           result(2.0, 0.0, 24), result(-1.0, 0.0, 30)]  # fmt: skip
     assert recommend(rs, 0.001).factor == 2.0
 
@@ -195,7 +197,7 @@ def test_recommend_falls_back_to_dropless_or_says_what_is_missing():
     assert rec.factor == -1.0 and rec.saving == 0.0 and "use dropless" in rec.message
     rec = recommend([result(1.0, 0.1, 20), result(2.0, 0.0, 22)], 0.001)
     assert rec.factor == 2.0 and rec.saving is None and "no dropless run" in rec.message
-    assert recommend([result(1.0, 0.0, 20, state=RUNNING)], 0.001).factor is None
+    assert recommend([result(1.0, 0.0, 20, state=RunState.RUNNING)], 0.001).factor is None
 
 
 # --- resumability ------------------------------------------------------------------------------
@@ -213,16 +215,26 @@ FINISHED_STATUS = {"state": "finished", "step": 20, "total_steps": 20}
     ("state", "status", "has_last", "action"),
     [
         (None, None, False, LAUNCH),  # never launched
-        (FINISHED, FINISHED_STATUS, True, DONE),
+        (RunState.FINISHED, FINISHED_STATUS, True, DONE),
         (None, FINISHED_STATUS, True, DONE),  # the cluster lost its records: the run directory decides
-        (FINISHED, FINISHED_STATUS, False, MISSING),  # finished, results gone: rerunning cannot help
-        (FINISHED, None, False, MISSING),
-        (RUNNING, {"state": "running", "step": 8}, False, ATTACH),  # left live by an interrupted sweep
-        (PENDING, None, False, ATTACH),
-        (RUNNING, FINISHED_STATUS, True, ATTACH),  # trainer done, record not yet: let the controller see
-        (STOPPED, {"state": "running", "step": 8}, False, RELAUNCH),
-        (FAILED, None, False, RELAUNCH),
-        (STOPPED, FINISHED_STATUS, True, DONE),
+        (RunState.FINISHED, FINISHED_STATUS, False, MISSING),  # finished, results gone: rerunning cannot help
+        (RunState.FINISHED, None, False, MISSING),
+        (
+            RunState.RUNNING,
+            {"state": "running", "step": 8},
+            False,
+            ATTACH,
+        ),  # left live by an interrupted sweep
+        (RunState.PENDING, None, False, ATTACH),
+        (
+            RunState.RUNNING,
+            FINISHED_STATUS,
+            True,
+            ATTACH,
+        ),  # trainer done, record not yet: let the controller see
+        (RunState.STOPPED, {"state": "running", "step": 8}, False, RELAUNCH),
+        (RunState.FAILED, None, False, RELAUNCH),
+        (RunState.STOPPED, FINISHED_STATUS, True, DONE),
         (None, {"state": "finished", "step": 10}, True, LAUNCH),  # finished fewer steps than asked
     ],
 )

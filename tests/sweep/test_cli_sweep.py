@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-import launcher.connect
-from launcher.sweep_files import write_outputs
-from launcher.sweep_results import FactorResult
-from launcher.sweep_spec import make_sweep
+import launcher.cli.connect
+from launcher.sweep.files import write_outputs
+from launcher.sweep.results import FactorResult
+from launcher.sweep.spec import make_sweep
 from tests.support.cli import run_cli
 
 
@@ -17,7 +17,7 @@ def no_cluster(monkeypatch, tmp_path):
     """Any attempt to reach (or start) a cluster is recorded, and would find none."""
     calls = []
     monkeypatch.setattr(
-        launcher.connect, "connect", lambda *a, **k: calls.append(a) or pytest.fail("connected")
+        launcher.cli.connect, "connect", lambda *a, **k: calls.append(a) or pytest.fail("connected")
     )
     monkeypatch.setenv("RESLICE_CLUSTER_DIR", str(tmp_path / "cluster"))
     monkeypatch.delenv("KUBECONFIG", raising=False)

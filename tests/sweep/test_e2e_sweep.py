@@ -1,5 +1,5 @@
 """A ragged-buffer sweep end to end: real trainer runs on the embedded cluster under the real
-controller, interrupted twice and resumed (issue 6, acceptance 1–3).
+controller, interrupted twice and resumed.
 
 The sweep is run four times over one sweep directory:
 1. two runs finish; the third is killed mid-run once it has a checkpoint: the sweep is interrupted
@@ -24,19 +24,20 @@ from dataclasses import replace
 import pytest
 from rich.console import Console
 
-from launcher.cli import main
-from launcher.commands.spec import for_cluster
-from launcher.launch import stop_run
-from launcher.record import FINISHED, STOPPED, Knobs
-from launcher.render import RunSpec
-from launcher.rundir import read_jsonl
-from launcher.sweep import run_sweep
-from launcher.sweep_spec import ATTACH, LAUNCH, RELAUNCH, make_sweep
+from launcher.adapters.rundir import read_jsonl
+from launcher.cli.app import main
+from launcher.cli.spec_options import for_cluster
+from launcher.controller.launch import stop_run
+from launcher.core.record import Knobs
+from launcher.core.spec import RunSpec
+from launcher.core.words import RunState
+from launcher.sweep.driver import run_sweep
+from launcher.sweep.spec import ATTACH, LAUNCH, RELAUNCH, make_sweep
 from tests.controller.harness import PRESET, Harness, wait_for
 
 pytestmark = pytest.mark.e2e
 FACTORS = "1.0,1.125,1.25,1.5,-1"
-# Enough steps (~25 ms each) after the first checkpoint for `reslice stop` to land mid-run.
+# Enough steps after the first checkpoint for `reslice stop` to land mid-run.
 STEPS, WARMUP, INTERVAL = 80, 10, 10
 
 
@@ -132,9 +133,11 @@ def test_sweep_interrupted_and_resumed_on_the_embedded_cluster(tmp_path, capsys)
         assert started == [(runs[0], LAUNCH), (runs[1], LAUNCH), (runs[2], LAUNCH)]
         states = [r.state for r in outcome.results]
         assert (
-            not outcome.complete and states[:2] == [FINISHED, FINISHED] and states[3:] == ["NotLaunched"] * 2
+            not outcome.complete
+            and states[:2] == [RunState.FINISHED, RunState.FINISHED]
+            and states[3:] == ["NotLaunched"] * 2
         )
-        assert h.record(runs[2]).state == STOPPED
+        assert h.record(runs[2]).state == RunState.STOPPED
         done = {r: fingerprint(h, r) for r in runs[:2]}
 
         # 2. The stopped run is relaunched under its name; interrupted again as the fourth starts.
@@ -143,8 +146,8 @@ def test_sweep_interrupted_and_resumed_on_the_embedded_cluster(tmp_path, capsys)
         assert outcome.interrupted == [runs[3]]
         ledger = h.rundir(runs[2]).ledger()
         assert [e["kind"] for e in ledger].count("launch") == 2
-        assert any(e["kind"] == "relaunch" and e["previous_state"] == STOPPED for e in ledger)
-        assert h.record(runs[2]).state == FINISHED
+        assert any(e["kind"] == "relaunch" and e["previous_state"] == RunState.STOPPED for e in ledger)
+        assert h.record(runs[2]).state == RunState.FINISHED
         # It was stopped mid-run and resumed from its checkpoint: two trainers, the second not from step 1.
         rd = h.rundir(runs[2])
         firsts = sorted(

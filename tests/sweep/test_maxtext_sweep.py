@@ -15,7 +15,7 @@ import statistics
 
 import pytest
 
-from launcher.rundir import RunDir
+from launcher.adapters.rundir import RunDir
 from tests.controller.harness import PRESET, Harness
 from tests.maxtext.fake_package import fake_package
 from tests.support.cli import run_cli

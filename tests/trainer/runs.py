@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from launcher.rundir import read_jsonl
+from launcher.adapters.rundir import read_jsonl
 from tests.support import wait as support
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import tensorstore as ts
 
-from launcher.controller import Controller
+from launcher.controller.loop import Controller
 from tests.support.fake_gcs import FakeGCS
 from tests.trainer import runs
 from trainer import checkpoint, compile_cache

@@ -8,9 +8,9 @@ import os
 import subprocess
 import sys
 
-from launcher.embedded import podenv
-from launcher.memory import estimate
-from launcher.plan import plan_batch
+from launcher.core.memory import estimate
+from launcher.core.plan import plan_batch
+from launcher.embedded.kubelet import podenv
 from tests.trainer.runs import ROOT
 from trainer import config
 

@@ -1,0 +1,240 @@
+"""Launching a run: validate and plan before anything is created, then write the run record.
+
+Nothing is submitted, deleted or overwritten until every check has passed: the shape and its whole
+shrink ladder are planned, every JobSet name the run could ever need fits its pod names, the run
+name is free and the run directory does not belong to another run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+
+from launcher.adapters.preset_files import load_catalog
+from launcher.adapters.rundir import RunDir
+from launcher.core.errors import UserError
+from launcher.core.plan import Plan, Rung, shrink_ladder
+from launcher.core.presets import Catalog
+from launcher.core.record import Knobs, RunRecord
+from launcher.core.render import run_name_error
+from launcher.core.spec import RunSpec, check, grace_period, short_notice
+from launcher.core.words import Action, LedgerKind, RunState, TrainerProfile, TrainerState
+
+
+def check_trainer_config(config: str, overrides: tuple[str, ...]) -> dict | None:
+    """Ask the trainer (`python -m trainer --check`, no JAX) whether the config and overrides are
+    valid, through the contract (exit code 2 and one line), not an import; the resolved config.
+    A config path that exists only inside the image (e.g. `/app/cfg.yaml`) cannot be checked here:
+    None."""
+    if ("/" in config or config.endswith((".yaml", ".yml"))) and not os.path.exists(config):
+        return None
+    cmd = [sys.executable, "-m", "trainer", "--check", "--config", config]
+    for kv in overrides:
+        cmd += ["--set", kv]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RESLICE_")}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60, check=False)
+    if proc.returncode != 0:
+        lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit code {proc.returncode}"]
+        raise UserError(lines[-1].removeprefix("trainer: "))
+    return json.loads(proc.stdout)["config"]
+
+
+def model_parallel(resolved: dict | None, overrides: tuple[str, ...]) -> int:
+    """Devices per data-parallel rank: the config's ``mesh.tensor`` (0 means 1). For a config the
+    launcher cannot resolve, the last ``mesh.tensor`` override, else 1."""
+    if resolved is not None:
+        return int(resolved.get("mesh", {}).get("tensor") or 1)
+    for kv in reversed(overrides):
+        key, _, value = kv.partition("=")
+        if key.strip() == "mesh.tensor":
+            try:
+                return int(value.strip() or 1) or 1
+            except ValueError:
+                raise UserError(f"--set {kv!r}: mesh.tensor must be an integer") from None
+    return 1
+
+
+def resolve_trainer_config(config: str, overrides: tuple[str, ...], strict: bool = True) -> dict | None:
+    """The trainer config as the trainer resolves it. Not ``strict`` (plan, render): a config the
+    trainer refuses here (e.g. a data path that exists only in the image) is None, and what the
+    launcher needs of it comes from the overrides; ``launch`` refuses it."""
+    try:
+        return check_trainer_config(config, overrides)
+    except UserError:
+        if strict:
+            raise
+    try:  # the plan needs the model and mesh, not the data: a token file only the image has is fine
+        return check_trainer_config(config, (*overrides, "data.source=synthetic"))
+    except UserError:
+        return None
+
+
+def trainer_model_parallel(config: str, overrides: tuple[str, ...], strict: bool = True) -> int:
+    """The model-parallel degree of a trainer config."""
+    return model_parallel(resolve_trainer_config(config, overrides, strict), overrides)
+
+
+def prepare(
+    spec: RunSpec,
+    preset: str,
+    slices: int | None,
+    knobs: Knobs,
+    now: float | None = None,
+    catalog: Catalog | None = None,
+) -> tuple[RunRecord, list[Rung]]:
+    """The record of a new run and its ladder, or a UserError saying why it cannot run. The presets
+    are `catalog`'s, or read here (launch is an edge: the plan and the record never read them)."""
+    check(spec)
+    catalog = catalog if catalog is not None else load_catalog()
+    shape = catalog.shape(preset, slices)
+    if spec.trainer != TrainerProfile.MAXTEXT:  # MaxText's batch counts devices (launcher.core.maxtext)
+        spec = replace(spec, model_parallel=trainer_model_parallel(spec.config, spec.overrides))
+    ladder = shrink_ladder(
+        shape,
+        spec.global_batch,
+        spec.max_micro_batch,
+        spec.max_grad_accum,
+        catalog=catalog,
+        model_parallel=spec.model_parallel,
+    )
+    first = ladder[0]
+    if not isinstance(first.plan, Plan):
+        raise UserError(f"{shape}: {first.plan.reason}")
+    # The longest JobSet name this run may need: the last segment the policy allows.
+    for rung in ladder:
+        if rung.feasible and (err := run_name_error(spec.run, rung.shape, knobs.max_segments - 1)):
+            raise UserError(err)
+    short = short_notice_presets(spec, ladder)
+    if short and spec.short_notice_interval is None:
+        raise UserError(
+            f"an emergency save takes {spec.save_seconds:g} s, more than {', '.join(short)} "
+            "give between SIGTERM and SIGKILL: a preemption there loses the work since the last checkpoint. "
+            "Give --short-notice-interval N (checkpoint every N steps on that capacity), or use capacity "
+            "with a longer notice"
+        )
+    rec = RunRecord(
+        spec=spec,
+        preset=shape.preset.name,
+        slices=shape.slices,
+        knobs=knobs,
+        created_at=now if now is not None else time.time(),
+        reason="launched",
+    )
+    return rec, ladder
+
+
+def short_notice_presets(spec: RunSpec, ladder: list[Rung]) -> list[str]:
+    """`preset (N s)` for every preset of the feasible rungs whose notice cannot hold an emergency save."""
+    seen: dict[str, str] = {}
+    for rung in ladder:
+        p = rung.shape.preset
+        if rung.feasible and p.name not in seen and short_notice(spec, p):
+            seen[p.name] = f"{p.name} ({min(grace_period(spec, p), p.notice_s)} s)"
+    return list(seen.values())
+
+
+def create_run(kube, rec: RunRecord) -> None:
+    """Claim the run directory and write the run record. Refuses to reuse another run's directory
+    or an existing run's name."""
+    rundir = RunDir(rec.spec.run_dir)
+    existing = rundir.read_text("run.json")
+    if existing is not None:
+        owner = json.loads(existing).get("run")
+        if owner != rec.name:
+            raise UserError(
+                f"run directory {rec.spec.run_dir} belongs to run {owner!r}; choose another --run-dir"
+            )
+        status = rundir.status() or {}
+        if status.get("state") == TrainerState.FINISHED:
+            # Its trainer would find the final step committed and stop at once: a "run" of 0 steps.
+            raise UserError(
+                f"run {rec.name!r} already finished in {rec.spec.run_dir} (step {status.get('step')}): "
+                "launch a new --run, or give another --run-dir"
+            )
+    if not kube.namespace_exists():
+        raise UserError(
+            f"namespace {kube.namespace!r} does not exist: `kubectl create namespace {kube.namespace}`"
+        )
+    if kube.get_record(rec.name) is not None:
+        raise UserError(
+            f"run {rec.name!r} already exists: `reslice status {rec.name}` (or `reslice stop` it)"
+        )
+    created = rundir.missing_dirs()
+    if existing is None:
+        rundir.write_text("run.json", json.dumps({"run": rec.name, "spec": asdict(rec.spec), "preset": rec.preset,
+                                                  "slices": rec.slices}, indent=2))  # fmt: skip
+    try:
+        kube.create_record(rec)
+    except BaseException:
+        if existing is None:  # the claim was this launch's own: leave the directory as it was
+            rundir.delete("run.json")
+            for d in created:
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+        raise
+    rundir.log([{"time": rec.created_at, "kind": LedgerKind.LAUNCH, "shape": f"{rec.preset} x{rec.slices}",
+                 "global_batch": rec.spec.global_batch}])  # fmt: skip
+
+
+def submit_first_segment(kube, run: str) -> str:
+    """For `launch --detach`: one reconcile pass under the run's lease, so that segment 0's JobSet
+    exists before the command returns, then the lease is released for whoever watches the run.
+    Returns who that is, in words."""
+    from launcher.controller.lease import lease_name
+    from launcher.controller.loop import Controller
+
+    controller = Controller(kube)
+    if controller.own(run):
+        controller.pass_once([run])
+        controller.release(run)
+        holder = None
+    else:
+        holder = kube.lease_holder(lease_name(run))
+    if holder:
+        return f"controller {holder} holds the run's lease: it runs the run"
+    watchers = sorted(kube.live_lease_holders(exclude=controller.identity))
+    if watchers:
+        return (
+            f"a controller is active in namespace {kube.namespace} ({', '.join(watchers)}): "
+            "`reslice watch --all` picks the run up at its next pass"
+        )
+    return (
+        "no controller watches this run yet: segment 0 runs, but nothing shrinks, grows or restarts it "
+        f"until `reslice watch {run}` runs, or the in-cluster controller (`kubectl apply -k manifests/controller`)"
+    )
+
+
+def stop_run(kube, run: str) -> list[str]:
+    """Mark the run Stopped (compare-and-swap, so no controller starts another segment), then
+    delete its JobSets. The record and the run directory stay."""
+    from dataclasses import replace
+
+    from kubernetes.utils.retry import Backoff, retry_on_conflict
+
+    from launcher.adapters.kube import Conflict
+
+    def mark_stopped() -> RunRecord:
+        got = kube.get_record(run)
+        if got is None:
+            raise UserError(f"no run named {run!r} in namespace {kube.namespace}")
+        rec, rv = got
+        if not rec.terminal:
+            kube.update_record(
+                replace(rec, state=RunState.STOPPED, reason="stopped by the user", finished_at=time.time()),
+                rv,
+            )
+        return rec
+
+    try:  # client-go's RetryOnConflict, with 10 tries: a busy controller rewrites the record each pass
+        rec = retry_on_conflict(mark_stopped, Backoff(steps=10, duration=0.01, factor=1.0, jitter=0.1))
+    except Conflict:  # still changing: delete the JobSets all the same, as asked
+        rec = kube.get_record(run)[0]
+    deleted = [j["metadata"]["name"] for j in kube.jobsets(run) if kube.delete_jobset(j["metadata"]["name"])]
+    RunDir(rec.spec.run_dir).log([{"time": time.time(), "kind": LedgerKind.ACT, "action": Action.STOP, "reason": "stopped by the user",
+                                   "state": RunState.STOPPED}])  # fmt: skip
+    return deleted

@@ -1,0 +1,437 @@
+"""The reconcile loop: watch -> observe -> decide -> act -> record.
+
+Level-triggered, as Kubernetes controllers are written: watches on JobSets, Pods, Nodes, Events
+and the run records keep caches (launcher/adapters/informer.py) and wake the loop (a timer resyncs it);
+each pass reads the caches, never the API (launcher/controller/snapshot.py: what the caches hold, the snapshot
+of a pass, a run's observation), asks the pure policy for one decision, writes the run record with
+a compare-and-swap, and only then acts. Whoever loses the swap re-reads and decides again, and segment k's JobSet has a
+fixed name, so a second controller or a restarted one never submits a segment twice. Each run is
+owned by whoever holds its Lease; the ledger (`events.jsonl`) gets a line for every change in what
+was observed and every action. Built by `reslice watch` and `launch` (launcher/cli/watch.py,
+launcher/controller/launch.py), the sweep and the in-cluster controller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
+
+from kubernetes.utils.retry import retry_on_conflict
+
+from launcher.adapters.informer import Cache
+from launcher.adapters.kube import RECORD_KEY, Conflict, Kube, record_name, record_of
+from launcher.adapters.preset_files import load_catalog
+from launcher.adapters.rundir import RunDir
+from launcher.controller.health import LoopState
+from launcher.controller.lease import Leases
+from launcher.controller.snapshot import SOURCES, WATCHED, Created, EventsJoin, Snapshot, observe_run
+from launcher.core import policy
+from launcher.core.errors import UserError
+from launcher.core.labels import LABEL_RUN, LABEL_SEGMENT
+from launcher.core.plan import shrink_ladder
+from launcher.core.presets import Catalog
+from launcher.core.record import RunRecord
+from launcher.core.render import render_jobset
+from launcher.core.signals import observation as signals
+from launcher.core.words import Action, LedgerKind, RunState
+
+# The least time from one pass to the next while watch events keep coming.
+COALESCE_S = 0.02
+# How often a controller that has its process to itself (Controller.own_process) collects and
+# freezes its heap again.
+FREEZE_EVERY_S = 600.0
+
+
+def _opened() -> threading.Event:
+    event = threading.Event()
+    event.set()
+    return event
+
+
+def default_identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class PassResult:
+    run: str
+    decision: policy.Decision | None
+    observation: signals.Observation | None
+    conflict: bool = False
+
+
+@dataclass
+class Controller:
+    kube: Kube
+    identity: str = field(default_factory=default_identity)
+    resync_s: float = 5.0
+    lease_s: int = 15
+    clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic  # Lease renewals: passed in so tests step it
+    on_pass: Callable[[PassResult], None] | None = None
+    # The presets, read once when the controller is built: a pass never reads a preset file.
+    catalog: Catalog = field(default_factory=load_catalog)
+    # Per run: what the ledger last recorded, so that only changes get a line.
+    _last: dict[str, tuple[dict, str]] = field(default_factory=dict)
+    _unusable_seen: set[str] = field(default_factory=set)
+    _wake: threading.Event = field(default_factory=threading.Event)
+    # Set while the watches may apply events to the caches; cleared while a pass decides
+    # (`_deciding`).
+    _ingest: threading.Event = field(default_factory=_opened)
+    # Why the loop was woken, counted: watch events per kind, and watch errors such as 410 Gone.
+    wakeups: Counter = field(default_factory=Counter)
+    last_error: str | None = None
+    # For the health probes (time.monotonic): when the loop started and last finished a pass.
+    started_at: float = field(default_factory=time.monotonic)
+    turned_at: float | None = None
+    pass_ok: bool = False
+    # Fed by the watches while run_forever runs; empty otherwise (then a pass reads the API).
+    caches: dict[str, Cache] = field(default_factory=dict)
+    # Per run: (the version we replaced, the record we wrote, its version), until the cache shows
+    # it: a pass right after a write must not decide on the record from before it.
+    _written: dict[str, tuple[str, RunRecord, str]] = field(default_factory=dict)
+    _stale: set[str] = field(default_factory=set)  # runs whose record lost a swap: GET it next
+    _created: Created = field(default_factory=Created)  # JobSets created, until the cache shows them
+    # When the first watch event since the last pass arrived: an action's ledger line says how
+    # long the controller took from there to the record written (`woken_at`).
+    _woken_at: float | None = None
+    _pass_woken_at: float | None = None
+    _events_join: EventsJoin = field(default_factory=EventsJoin)
+    # What its passes keep of the objects that did not change (launcher.core.signals.observation).
+    memos: signals.Memos = field(default_factory=signals.Memos)
+    # The process is this controller alone (`reslice watch`): its GC is tuned for the latency of
+    # decisions (`_tune_process`).
+    own_process: bool = False
+    _frozen_at: float | None = None
+
+    def __post_init__(self) -> None:
+        # The Leases of the runs it owns (launcher/controller/lease.py).
+        self.leases = Leases(self.kube, self.identity, self.lease_s, self.monotonic)
+
+    def synced(self) -> bool:
+        return bool(self.caches) and all(c.synced.is_set() for c in self.caches.values())
+
+    def snapshot(self) -> Snapshot:
+        if self.synced():
+            caches = self.caches
+            items = {name: c.items() for name, c in caches.items() if name not in {"records", "foreign-pods"}}
+            items["jobsets"] = self._created.over(caches["jobsets"], self.monotonic())
+            departed = caches["pods"].take_departed()
+            return Snapshot.of(items, caches["foreign-pods"].indexed(), self._events_join, departed)
+        return Snapshot.read(self.kube)
+
+    def record(self, run: str) -> tuple[RunRecord, str] | None:
+        """The run record and its version: from the cache (with our own last write laid over it
+        until the watch delivers it), or from the API."""
+        if not self.synced() or run in self._stale:
+            self._stale.discard(run)
+            return self.kube.get_record(run)
+        cm = self.caches["records"].get(self.kube.namespace, record_name(run))
+        if cm is None:
+            return None
+        got = record_of(cm)
+        written = self._written.get(run)
+        if written is not None:
+            if got[1] == written[0]:
+                return written[1], written[2]
+            del self._written[run]
+        return got
+
+    def live_runs(self) -> list[str]:
+        """Every run of the namespace that has not ended."""
+        if not self.synced():
+            return [r.name for r in self.kube.records() if not r.terminal]
+        recs = (
+            record_of(cm) for cm in self.caches["records"].items() if RECORD_KEY in (cm.get("data") or {})
+        )
+        return [rec.name for rec, _ in recs if not rec.terminal]
+
+    # --- one pass ------------------------------------------------------------------------------
+
+    def reconcile(self, run: str, snap: Snapshot | None = None) -> PassResult:
+        got = self.record(run)
+        if got is None:
+            return PassResult(run, None, None)
+        rec, rv = got
+        if rec.terminal:
+            return PassResult(run, policy.Decision(Action.WAIT, f"run is {rec.state}", rec), None)
+        # The run directory (gs:// in production) is read before the watches are held off: a slow
+        # read there must not stall them. The record is swapped by resourceVersion, so deciding on
+        # caches a little newer than it is safe.
+        rundir = RunDir(rec.spec.run_dir, rec.spec.trainer)
+        progress = (rundir.latest_committed_step(), rundir.status())
+        with self._deciding():
+            snap = snap or self.snapshot()
+            obs = observe_run(rec, snap, progress, self.clock(), self.catalog, self.memos)
+            spec = rec.spec
+            ladder = shrink_ladder(
+                rec.requested(self.catalog),
+                spec.global_batch,
+                spec.max_micro_batch,
+                spec.max_grad_accum,
+                catalog=self.catalog,
+                model_parallel=spec.model_parallel,
+                trainer_config=json.loads(spec.trainer_config) if spec.trainer_config else None,
+            )
+            decision = policy.decide(rec, obs, ladder, self.catalog)
+        decided_at = time.time()  # the record's PUT follows: what the API server takes is after this
+
+        entries = []
+        summary = obs.summary()
+        last_summary, last_reason = self._last.get(run, ({}, ""))
+        if summary != last_summary:
+            entries.append({"kind": LedgerKind.OBSERVE, **summary})
+        entries += self._new_unusable(obs.trainer)
+        if decision.record != rec:
+            try:
+                self._written[run] = (rv, decision.record, self.kube.update_record(decision.record, rv))
+            except Conflict:
+                # Someone else changed the record since we read it: decide again on fresh state.
+                self._written.pop(run, None)
+                self._stale.add(run)
+                self._log(
+                    rundir, entries + [{"kind": LedgerKind.CONFLICT, "reason": "record changed; re-reading"}]
+                )
+                self._last[run] = (summary, last_reason)
+                self._wake.set()
+                return PassResult(run, decision, obs, conflict=True)
+        if decision.acts or decision.reason != last_reason:
+            entries.append(
+                {
+                    "kind": LedgerKind.ACT if decision.acts else LedgerKind.WAIT,
+                    "action": decision.action,
+                    "reason": decision.reason,
+                    "segment": decision.record.current.index if decision.record.current else None,
+                    "state": decision.record.state,
+                    **(
+                        {"woken_at": woken, "decided_at": decided_at}
+                        if decision.acts and (woken := self._pass_woken_at)
+                        else {}
+                    ),
+                    **({"zero_grace": True} if decision.force else {}),
+                }
+            )
+        # The ledger gets the decision before the action: a controller that dies in between
+        # leaves its intent on record, and the next one's takeover line follows it.
+        self._log(rundir, entries)
+        self._last[run] = (summary, decision.reason)
+        where = f"{decision.action}:{decision.record.current.index if decision.record.current else '-'}"
+        crash_point(f"after-record:{where}")
+        try:
+            self._act(decision)
+        except UserError as e:  # the cluster refused the JobSet (422): retrying cannot help
+            self._fail(run, rundir, f"cannot submit: {e}")
+        crash_point(f"after-act:{where}")
+        result = PassResult(run, decision, obs)
+        if self.on_pass:
+            self.on_pass(result)
+        return result
+
+    def _act(self, d: policy.Decision) -> None:
+        if d.action in {Action.START_SEGMENT, Action.CREATE_JOBSET}:
+            seg = d.record.current
+            created = self.kube.create_jobset(
+                render_jobset(d.record.spec, seg.shape(self.catalog), seg.index, seg.pool)
+            )
+            if created is not None and (cache := self.caches.get("jobsets")) is not None:
+                created["metadata"].setdefault("namespace", self.kube.namespace)
+                self._created.add(created, cache, self.monotonic())
+        elif d.action in {Action.END, Action.DELETE} and d.jobset:
+            self.kube.delete_jobset(d.jobset)
+            if d.force and (seg := d.record.current) is not None:
+                self.kube.delete_pods_now(f"{LABEL_RUN}={d.record.name},{LABEL_SEGMENT}={seg.index}")
+
+    def _fail(self, run: str, rundir: RunDir, reason: str) -> None:
+        def mark_failed() -> None:
+            rec, rv = self.kube.get_record(run)
+            self.kube.update_record(
+                replace(rec, state=RunState.FAILED, reason=reason, finished_at=self.clock()), rv
+            )
+
+        with contextlib.suppress(Conflict):  # still changing after client-go's 5 tries: the ledger says it
+            retry_on_conflict(mark_failed)
+        self._log(
+            rundir,
+            [{"kind": LedgerKind.ACT, "action": Action.FAIL, "reason": reason, "state": RunState.FAILED}],
+        )
+
+    def _new_unusable(self, trainer: dict | None) -> list[dict]:
+        """Ledger lines for the checkpoints the trainer found unusable and moved aside (status.json),
+        each once per controller: the run lost the steps since the previous committed one."""
+        out = []
+        for u in (trainer or {}).get("unusable_checkpoints") or []:
+            if isinstance(u, dict) and u.get("moved_to") not in self._unusable_seen:
+                self._unusable_seen.add(u.get("moved_to"))
+                out.append(
+                    {
+                        "kind": LedgerKind.UNUSABLE_CHECKPOINT,
+                        **{k: u.get(k) for k in ("step", "moved_to", "reason")},
+                    }
+                )
+        return out
+
+    def _log(self, rundir: RunDir, entries: list[dict]) -> None:
+        if entries:
+            now = self.clock()
+            rundir.log({"time": now, "controller": self.identity, **e} for e in entries)
+
+    # --- ownership -----------------------------------------------------------------------------
+
+    def own(self, run: str, rundir: RunDir | None = None) -> bool:
+        """Hold the run's Lease (`Leases.acquire`). The ledger notes a new hold, and a takeover."""
+        held, newly, previous = self.leases.acquire(run)
+        if newly:
+            entry = {"kind": LedgerKind.TAKEOVER if previous else LedgerKind.LEASE, "holder": self.identity}
+            if previous:
+                entry["previous"] = previous
+            got = rundir or self._rundir(run)
+            if got:
+                self._log(got, [entry])
+        return held
+
+    def release(self, run: str) -> None:
+        self.leases.release(run)
+
+    def _rundir(self, run: str) -> RunDir | None:
+        got = self.record(run)
+        return RunDir(got[0].spec.run_dir, got[0].spec.trainer) if got else None
+
+    # --- the loop ------------------------------------------------------------------------------
+
+    def wake(self, why: str = "") -> None:
+        self.wakeups[why] += 1
+        self._woken_at = self._woken_at or time.time()
+        self._wake.set()
+
+    def run_forever(
+        self, runs: Callable[[], Iterable[str]], stop: threading.Event, until_done: bool = False
+    ) -> None:
+        """Reconcile `runs()` on every wake-up or resync until `stop` (or, with `until_done`,
+        until every run is terminal)."""
+        halt = threading.Event()  # stops the watches when this loop ends, whatever ended it
+        self.started_at = time.monotonic()
+        self.start_caches(halt)
+        try:
+            # As client-go's WaitForCacheSync: no pass decides on a half-listed world.
+            while not stop.is_set() and not self.synced():
+                self._wake.clear()
+                self._wake.wait(1.0)
+            self._tune_process()
+            while not stop.is_set():
+                self._wake.clear()
+                try:
+                    done = self.pass_once(list(runs()))
+                except Exception as e:  # the API may be restarting: keep the loop alive, retry soon
+                    self.last_error = f"{type(e).__name__}: {e}"
+                    self._turned(ok=False)
+                    stop.wait(1.0)
+                    continue
+                self._turned(ok=True)
+                if until_done and done:
+                    return
+                self._tune_process()
+                self._wake.wait(min(self.resync_s, self.leases.until_renewal(self.resync_s)))
+                # Coalesce a burst of watch events into one pass: passes at least COALESCE_S apart.
+                # The first event after a quiet spell (a node pool lost) is acted on at once.
+                stop.wait(max(0.0, self.turned_at + COALESCE_S - time.monotonic()))
+        finally:
+            halt.set()
+            self.caches = {}
+
+    def _tune_process(self) -> None:
+        """For a controller that has its process to itself: its heap collected once, then frozen
+        (``gc.freeze``), when the caches have listed and every FREEZE_EVERY_S after. The caches
+        hold the run's pods and nodes, tens of thousands of long-lived objects, and every full
+        collection of the cyclic GC walked them all, landing inside decisions
+        (`bench.controller_scale` measures it; docs/measurements.md). Frozen, collections skip them; their JSON has no
+        cycles, so reference counting still frees them when a watch event replaces them."""
+        if not self.own_process:
+            return
+        now = time.monotonic()
+        if self._frozen_at is not None and now - self._frozen_at < FREEZE_EVERY_S:
+            return
+        gc.collect()
+        gc.freeze()
+        self._frozen_at = now
+
+    @contextlib.contextmanager
+    def _deciding(self) -> Iterator[None]:
+        """The watches hold off applying events while a pass reads and decides. In a burst (a node
+        pool lost: 768 node and 1,536 pod events at 4 x tpu7x-8x8x48) the watch threads decode
+        JSON for most of a second and share the interpreter lock with the pass, which then takes
+        several times its own CPU to decide (bench.controller_scale; docs/measurements.md). Each watch
+        decodes at most one more event meanwhile; the API server buffers the rest (a real one, a
+        watch channel; the embedded one, 50,000 events), and the pass decides on one state."""
+        self._ingest.clear()
+        try:
+            yield
+        finally:
+            self._ingest.set()
+
+    def start_caches(self, halt: threading.Event) -> None:
+        """Start a watch thread per cache; they run until `halt`."""
+        self.caches = {name: Cache(src) for name, src in SOURCES.items()}
+        for name, cache in self.caches.items():
+            threading.Thread(
+                target=cache.run,
+                args=(self.kube.lists, self.wake, halt, self._ingest.wait),
+                name=f"watch-{name}",
+                daemon=True,
+            ).start()
+
+    def _turned(self, ok: bool) -> None:
+        self.pass_ok = ok
+        self.turned_at = time.monotonic()
+
+    def loop_state(self) -> LoopState:
+        return LoopState(
+            started_at=self.started_at,
+            turned_at=self.turned_at,
+            pass_ok=self.pass_ok,
+            error=None if self.pass_ok else self.last_error,
+            unsynced=tuple(
+                name for name in WATCHED if not (c := self.caches.get(name)) or not c.synced.is_set()
+            ),
+        )
+
+    def pass_once(self, runs: list[str]) -> bool:
+        """One pass over `runs`; True when all of them are terminal."""
+        self._pass_woken_at, self._woken_at = self._woken_at, None
+        self.leases.forget_all_but(runs)
+        snap = None
+        all_done = True
+        for run in runs:
+            if not self.own(run):
+                all_done = False
+                continue
+            snap = snap or self.snapshot()
+            result = self.reconcile(run, snap)
+            rec = result.decision.record if result.decision else None
+            if rec is None or not rec.terminal:
+                all_done = False
+            if result.decision and result.decision.action in {
+                Action.START_SEGMENT,
+                Action.END,
+                Action.DELETE,
+                Action.CREATE_JOBSET,
+            }:
+                snap = None  # the world changed: the next run re-reads it
+                self._wake.set()
+        return all_done
+
+
+def crash_point(name: str) -> None:
+    """Fault injection for crash-consistency tests: `RESLICE_CRASH_POINT=after-record:start-segment:1`
+    makes the controller die (as if SIGKILLed) right after it recorded segment 1 and before it
+    created its JobSet — the worst moment for a controller to go."""
+    if os.environ.get("RESLICE_CRASH_POINT") == name:
+        os._exit(137)

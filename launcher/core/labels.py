@@ -1,0 +1,23 @@
+"""The names and labels of what reslice creates (JobSets, their pods), and the JobSet API's own
+label and annotation keys it reads. Imported by the renderer, the signals, the adapters and the
+commands: anything that names or selects a run's objects."""
+
+from __future__ import annotations
+
+API_VERSION = "jobset.x-k8s.io/v1alpha2"
+REPLICATED_JOB = "slice"
+CONTAINER = "trainer"
+LABEL_RUN = "reslice.dev/run"
+LABEL_SEGMENT = "reslice.dev/segment"
+LABEL_QUEUE = "kueue.x-k8s.io/queue-name"
+ANNOTATION_EXCLUSIVE = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+LABEL_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
+LABEL_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
+
+
+def jobset_name(run: str, segment: int) -> str:
+    return f"{run}-{segment}"
+
+
+def segment_labels(run: str, segment: int) -> dict[str, str]:
+    return {LABEL_RUN: run, LABEL_SEGMENT: str(segment)}

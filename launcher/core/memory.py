@@ -1,0 +1,106 @@
+"""An analytic estimate of the train step's memory per device, for every rung of the ladder.
+
+Pure arithmetic on the trainer config (as ``python -m trainer --check`` resolves it) and a batch
+plan: cheap enough for every rung, unlike compiling the step (``python -m trainer --memory`` does
+that for one shape, and tests/launcher/test_memory.py checks this estimate against it on small
+shapes). Terms, per device (b sequences per data-parallel rank per micro-step, T tokens, tensor
+parallelism t, activation bytes a):
+
+- state: fp32 parameters and both Adam moments, 12 bytes a parameter, sharded over
+  fsdp × tensor (× data with ``mesh.shard_over_data``; experts also over expert);
+- gradients and their accumulator: 8 bytes a parameter, sharded alike;
+- one layer's weights gathered by FSDP (fp32 and their compute-dtype copy), split over tensor;
+- what the backward pass keeps per layer: the block input only (``remat: full``), the matmul
+  outputs (``save_dots``) or everything, T × T scores included (``none``);
+- the working set of one layer's forward and backward, with one query block of attention scores
+  (``model.attention_block``) in fp32;
+- one chunk of logits (``model.loss_chunk``) in fp32, with its softmax and gradient.
+
+Called by launcher/core/plan.py (every rung of ``shrink_ladder`` given a trainer config).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+GIB = 2**30
+
+
+class PlanLike(Protocol):
+    """What the estimate reads of a batch plan: launcher/core/plan.py's Plan has it. Not that class itself,
+    so that this module imports nothing of plan.py, which calls it (no import circle)."""
+
+    @property
+    def devices(self) -> int: ...
+    @property
+    def micro_batch(self) -> int: ...
+    @property
+    def model_parallel(self) -> int: ...
+
+
+def param_counts(model: dict, moe: dict) -> tuple[int, int]:
+    """(parameters outside the experts, expert parameters)."""
+    d, h, hd, f, v, n = (
+        model[k] for k in ("d_model", "n_heads", "head_dim", "d_ff", "vocab_size", "n_layers")
+    )
+    dense_layers = model["dense_layers"]
+    n_moe = n - dense_layers
+    attn = 4 * d * h * hd + 2 * d
+    shared = 3 * d * moe["shared_expert_dim"] + d * moe["num_experts"]
+    other = 2 * v * d + d + n * attn + dense_layers * 3 * d * f + n_moe * shared
+    return other, n_moe * 3 * d * moe["d_expert"] * moe["num_experts"]
+
+
+def estimate(cfg: dict[str, Any], plan: PlanLike) -> dict[str, float]:
+    """Bytes per device by term, and ``total``, for ``cfg`` (the trainer's resolved config) on ``plan``."""
+    m, e, mesh = cfg["model"], cfg["moe"], cfg.get("mesh", {})
+    t = plan.model_parallel
+    data = mesh.get("data") or 1
+    shard = plan.devices if mesh.get("shard_over_data") else plan.devices // data
+    expert = _expert_size(cfg, plan.devices // (data * t))
+    other, experts = param_counts(m, e)
+    per_param = other / max(shard // expert, 1) + experts / shard  # dense weights are replicated over expert
+    d, h, hd, f, v, n, seq = (
+        m[k] for k in ("d_model", "n_heads", "head_dim", "d_ff", "vocab_size", "n_layers", "seq_len")
+    )
+    a = 2 if m["dtype"] == "bfloat16" else 4
+    b = plan.micro_batch
+    moe_layer = m["dense_layers"] < n
+    ff = e["top_k"] * e["d_expert"] + e["shared_expert_dim"] if moe_layer else f
+    layer_params = 4 * d * h * hd + 3 * d * (e["d_expert"] * e["num_experts"] // expert if moe_layer else f)
+    heads = h * hd / t
+    inner = b * seq * (6 * d + 4 * heads + 3 * ff / t) * a
+    if moe_layer:  # dispatch and return buffers of the routed rows
+        inner += 4 * b * seq * e["top_k"] * d * a
+    block = m.get("attention_block") or seq
+    scores = b * (h / t) * min(block, seq) * seq * 4 * 3
+    remat = m.get("remat", "none")
+    if remat == "full":
+        saved = n * b * seq * d * a
+    elif remat == "save_dots":
+        saved = n * b * seq * (2 * d + 3 * heads + 2 * ff / t) * a
+    else:
+        saved = n * (inner + b * (h / t) * seq * seq * (4 + a))
+    chunk = m.get("loss_chunk") or seq
+    terms = {
+        "state": 12 * per_param,
+        "gradients": 8 * per_param,
+        "gathered_layer": (4 + a) * layer_params / t,
+        "saved_activations": saved,
+        "layer_working_set": 2 * inner + scores,
+        "logits": b * min(chunk, seq) * v / t * 4 * 3,
+    }
+    terms["total"] = sum(terms.values())
+    return terms
+
+
+def _expert_size(cfg: dict, rest: int) -> int:
+    """The trainer's expert-parallel size (trainer/mesh.py mesh_shape), from what it knows here."""
+    m, e, mesh = cfg["model"], cfg["moe"], cfg.get("mesh", {})
+    if m["dense_layers"] >= m["n_layers"]:
+        return 1
+    if mesh.get("expert"):
+        return mesh["expert"]
+    if mesh.get("fsdp"):
+        return max(rest // mesh["fsdp"], 1)
+    return max(x for x in range(1, rest + 1) if rest % x == 0 and e["num_experts"] % x == 0)

@@ -1,0 +1,202 @@
+"""The run record: a run's spec, its segments and its counters. Pure data.
+
+Stored as JSON in the ConfigMap `reslice-<run>` (adapters/kube.py does the I/O with optimistic concurrency),
+so that a restarted controller, a second `reslice watch` and the in-cluster controller all read one
+truth. Every change to it goes through a compare-and-swap on the ConfigMap's resourceVersion.
+
+The JSON carries `schema_version`. A field this reslice does not know is refused (UserError), not
+dropped: a record written by a newer reslice, rewritten by an older one, would lose it silently.
+Older records still load: one from before the version (none) has its retired fields dropped; versions
+0 and 1 keep the knobs under `policy`, the name version 2 gave back to launcher/core/policy.py's rules.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+
+from launcher.core.errors import UserError
+from launcher.core.labels import jobset_name
+from launcher.core.plan import Plan
+from launcher.core.presets import Catalog, Shape
+from launcher.core.spec import RunSpec
+from launcher.core.words import Cause, EndKind, RunState
+
+# Run states.
+
+SCHEMA_VERSION = 3  # 2: the knobs' key is `knobs` (was `policy`); 3: a segment's `pool`
+# What records without a schema_version may hold that this reslice no longer has (section -> names).
+_RETIRED_V0 = {"policy": {"preemption_budget"}}
+TERMINAL = {RunState.FINISHED, RunState.FAILED, RunState.STOPPED}
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """The run's knobs: grace periods, windows and budgets (seconds / counts) that the rules of
+    launcher/core/policy.py read."""
+
+    unschedulable_grace_s: float = 120.0  # pods Pending this long = capacity is not coming
+    grow_window_s: float = 300.0  # a larger shape must fit this long before growing back
+    grow: bool = True
+    app_failure_budget: int = 3  # failed segments (after JobSet's own maxRestarts) before giving up
+    app_backoff_s: float = 30.0  # doubled after each failed segment
+    max_segments: int = 999
+
+
+@dataclass(frozen=True)
+class Segment:
+    index: int
+    preset: str
+    slices: int
+    devices: int
+    micro_batch: int
+    grad_accum: int
+    jobset: str
+    submitted_at: float
+    reason: str  # why this segment was started on this shape
+    running_at: float | None = None  # first time every pod was Running
+    ended_at: float | None = None
+    end_reason: str | None = None
+    end_kind: EndKind | None = None
+    start_step: int | None = None  # committed step it resumed from
+    end_step: int | None = None  # committed step when it ended
+    nodepools: tuple[str, ...] = ()
+    jobset_uid: str | None = None  # set once the JobSet is seen: a later absence means it was deleted
+    restarts: int = 0  # JobSet restarts within the segment (status.restarts)
+    restarts_counted: int = 0  # of those, counted toward maxRestarts (application failures)
+    # Of the uncounted ones, those whose pods said a peer was lost (trainer exit 43), and those
+    # whose pods showed a crash next to the exit 43s it caused (they spend the run's budget).
+    peer_lost: int = 0
+    uncounted_failures: int = 0
+    failing: Cause | None = None  # why the current attempt's pods are failing (signals/pods.pod_cause)
+    # The node pool a one-slice segment's JobSet names (render.render_jobset), or None: JobSet's
+    # exclusive placement chooses.
+    pool: str | None = None
+
+    def shape(self, catalog: Catalog) -> Shape:
+        return Shape(catalog.preset(self.preset), self.slices)
+
+    @property
+    def live(self) -> bool:
+        return self.ended_at is None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    spec: RunSpec
+    preset: str  # requested shape
+    slices: int
+    knobs: Knobs = Knobs()
+    state: str = RunState.PENDING
+    reason: str = "launched"
+    created_at: float = 0.0
+    finished_at: float | None = None
+    segments: tuple[Segment, ...] = ()
+    app_failures: int = 0  # failed segments plus counted restarts (and uncounted crashes), over the run
+    next_submit_at: float = 0.0  # backoff after an application failure
+    total_steps: int | None = None  # learned from the trainer's status.json
+
+    @property
+    def name(self) -> str:
+        return self.spec.run
+
+    def requested(self, catalog: Catalog) -> Shape:
+        return Shape(catalog.preset(self.preset), self.slices)
+
+    @property
+    def current(self) -> Segment | None:
+        return self.segments[-1] if self.segments else None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    def preemptions(self) -> int:
+        return sum(
+            s.restarts - s.restarts_counted - s.peer_lost - s.uncounted_failures for s in self.segments
+        )
+
+    def peer_losses(self) -> int:
+        return sum(s.peer_lost for s in self.segments)
+
+    def with_segment(self, segment: Segment) -> RunRecord:
+        """Replace the segment of the same index, or append the next one."""
+        segs = list(self.segments)
+        if segs and segs[-1].index == segment.index:
+            segs[-1] = segment
+        else:
+            assert segment.index == len(segs), "segments are numbered consecutively"
+            segs.append(segment)
+        return replace(self, segments=tuple(segs))
+
+    def to_json(self) -> str:
+        return json.dumps({"schema_version": SCHEMA_VERSION, **asdict(self)}, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> RunRecord:
+        raw = json.loads(text)
+        name = repr(raw["spec"].get("run")) if isinstance(raw.get("spec"), dict) else "?"
+        version = raw.pop("schema_version", 0)
+        if not isinstance(version, int) or not 0 <= version <= SCHEMA_VERSION:
+            raise UserError(
+                f"run record {name}: schema_version {version!r} is not one this reslice reads"
+                f" (0-{SCHEMA_VERSION}): upgrade reslice"
+            )
+        retired = _RETIRED_V0 if version == 0 else {}
+        knobs_key = "knobs" if version >= 2 else "policy"
+
+        def known(section: dict, cls: type, where: str) -> dict:
+            names = {f.name for f in fields(cls)}
+            if where == "record":  # the sections were popped: a name of one left over is not known
+                names -= {"spec", "segments", "knobs"}
+            # Before the version, unknown top-level fields were dropped on read: they still are.
+            if version == 0 and where == "record":
+                return {k: v for k, v in section.items() if k in names}
+            unknown = sorted(k for k in section if k not in names and k not in retired.get(where, ()))
+            if unknown:
+                raise UserError(
+                    f"run record {name}: unknown field(s) {', '.join(f'{where}.{k}' for k in unknown)}"
+                    f" (written by a newer reslice? this one reads schema_version {SCHEMA_VERSION}):"
+                    " upgrade reslice"
+                )
+            return {k: v for k, v in section.items() if k in names}
+
+        spec = known(raw.pop("spec"), RunSpec, "spec")
+        spec["overrides"] = tuple(spec.get("overrides", ()))
+        spec["env"] = tuple(tuple(kv) for kv in spec.get("env", ()))
+        spec["placement_policies"] = tuple(tuple(kv) for kv in spec.get("placement_policies", ()))
+        segments = tuple(
+            Segment(**{**seg, "nodepools": tuple(seg.get("nodepools", ()))})
+            for seg in (known(s, Segment, "segments") for s in raw.pop("segments", []))
+        )
+        knobs = Knobs(**known(raw.pop(knobs_key, {}), Knobs, knobs_key))
+        return RunRecord(
+            spec=RunSpec(**spec), knobs=knobs, segments=segments, **known(raw, RunRecord, "record")
+        )
+
+
+def new_segment(
+    record: RunRecord,
+    shape: Shape,
+    plan: Plan,
+    now: float,
+    reason: str,
+    start_step: int | None,
+    pool: str | None = None,
+) -> Segment:
+    index = len(record.segments)
+    return Segment(
+        index=index,
+        preset=shape.preset.name,
+        slices=shape.slices,
+        devices=shape.devices,
+        micro_batch=plan.micro_batch,
+        grad_accum=plan.grad_accum,
+        jobset=jobset_name(record.name, index),
+        submitted_at=now,
+        reason=reason,
+        start_step=start_step,
+        # Its pool is the segment's from the start: losing it before the pods run ends the segment.
+        nodepools=(pool,) if pool else (),
+        pool=pool,
+    )

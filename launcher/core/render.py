@@ -1,0 +1,326 @@
+"""RunSpec + Shape -> a JobSet for GKE, as a plain dict. Pure: YAML happens at the edge.
+
+What the JobSet must get right, and why (docs/platform.md §2–3):
+- one replicated job, one child Job per slice, one pod per host; `exclusive-topology` pins each
+  child Job to its own node pool (= one slice);
+- the failure policy tells causes apart: a disruption, a trainer that saved and exited 42, or one
+  whose peer was lost (exit 43) restarts the JobSet without spending `maxRestarts`; exit 2
+  (configuration error) fails it at once; any other failure restarts and counts;
+- `BlockingRecreate`, so that new pods never race the terminating ones for the same slice;
+- the trainer contract environment (docs/contract.md) and the distributed identity;
+- what GKE needs of a TPU pod: the node labels of the slice (machine type included, placement
+  policy only when one is named), a JAX coordinator port no TPU host service uses, cpu and memory
+  requests (never BestEffort), a grace period the capacity's termination notice really gives.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from launcher.core import maxtext
+from launcher.core.errors import UserError
+from launcher.core.exits import (
+    EXIT_CONFIG,
+    EXIT_PEER_LOST,
+    EXIT_PREEMPTED,
+    RULE_APP_FAILURE,
+    RULE_CONFIG_ERROR,
+    RULE_PREEMPTED,
+)
+from launcher.core.labels import (
+    ANNOTATION_EXCLUSIVE,
+    API_VERSION,
+    CONTAINER,
+    LABEL_JOB_INDEX,
+    LABEL_QUEUE,
+    LABEL_RESTART_ATTEMPT,
+    REPLICATED_JOB,
+    jobset_name,
+    segment_labels,
+)
+from launcher.core.plan import Plan, plan_batch
+from launcher.core.presets import LABEL_NODEPOOL, RESOURCE_TPU, Preset, Shape
+from launcher.core.spec import (
+    RunSpec,
+    coordinator_port_error,
+    grace_period,
+    run_preset,
+    short_notice,
+    trainer_overrides,
+)
+from launcher.core.words import TrainerProfile
+
+DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+POD_SUFFIX = 6  # "-xxxxx" that the Job controller appends to generated pod names
+
+
+def name_error(name: str, shape: Shape) -> str | None:
+    """Why `name` cannot be a JobSet of `shape`, or None.
+
+    The webhook rejects a JobSet whose generated pod names (`<js>-<rjob>-<jobIdx>-<podIdx>-xxxxx`)
+    are not DNS-1035 labels of at most 63 characters; the longest index decides.
+    """
+    if not DNS1035.match(name):
+        return f"{name!r} is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter)"
+    longest = f"{name}-{REPLICATED_JOB}-{shape.slices - 1}-{shape.preset.hosts - 1}"
+    if len(longest) + POD_SUFFIX > 63:
+        room = 63 - (len(longest) - len(name)) - POD_SUFFIX
+        return (
+            f"JobSet name {name!r} is too long for {shape}: its pod names would be "
+            f"{len(longest) + POD_SUFFIX} characters (max 63); use at most {room} characters"
+        )
+    return None
+
+
+def run_name_room(shape: Shape, segment: int) -> int:
+    """The longest run name whose JobSet of segment `segment` on `shape` has pod names of at most 63
+    characters: the advice `run_name_error` gives is this number, so following it is accepted."""
+    pod = f"-{segment}-{REPLICATED_JOB}-{shape.slices - 1}-{shape.preset.hosts - 1}"
+    return 63 - len(pod) - POD_SUFFIX
+
+
+def run_name_error(run: str, shape: Shape, segment: int) -> str | None:
+    """Why `run` cannot name a run that may reach segment `segment` on `shape`, or None."""
+    if not DNS1035.match(run):
+        return f"run name {run!r} is not a DNS-1035 label (lowercase letters, digits and '-', starting with a letter)"
+    room = run_name_room(shape, segment)
+    if len(run) > room:
+        return (
+            f"run name {run!r} ({len(run)} characters) is too long for {shape}: the pod names of its "
+            f"segment {segment} would be longer than 63 characters; use at most {room} characters"
+        )
+    return None
+
+
+def plan_for(spec: RunSpec, shape: Shape) -> Plan:
+    plan = plan_batch(
+        spec.global_batch, shape.devices, spec.max_micro_batch, spec.max_grad_accum, spec.model_parallel
+    )
+    if not isinstance(plan, Plan):
+        raise UserError(f"{shape}: {plan.reason}")
+    return plan
+
+
+def failure_policies(spec: RunSpec) -> tuple[dict, dict]:
+    """(Job podFailurePolicy, JobSet failurePolicy).
+
+    The Job turns each cause into a failure reason and message; the JobSet maps them to actions.
+    Every job failure caused by a podFailurePolicy rule has reason `PodFailurePolicy`, so the
+    config-error rule must come first and match on the message the Job controller writes
+    ("Container trainer for pod ns/p failed with exit code 2 matching FailJob rule at index 2").
+    """
+    pod_failure_policy = {
+        "rules": [
+            {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": CONTAINER,
+                    "operator": "In",
+                    "values": [EXIT_PREEMPTED, EXIT_PEER_LOST],  # the API wants them ascending
+                },
+            },
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_CONFIG]},
+            },
+        ]
+    }
+    jobset_failure_policy = {
+        "maxRestarts": spec.max_restarts,
+        "restartStrategy": "BlockingRecreate",
+        "rules": [
+            {
+                "name": RULE_CONFIG_ERROR,
+                "action": "FailJobSet",
+                "onJobFailureReasons": ["PodFailurePolicy"],
+                "onJobFailureMessagePatterns": [f"failed with exit code {EXIT_CONFIG} matching FailJob rule"],
+            },
+            {
+                # Disruptions, exit 42 and exit 43: the controller tells them apart by the pods.
+                "name": RULE_PREEMPTED,
+                "action": "RestartJobSetAndIgnoreMaxRestarts",
+                "onJobFailureReasons": ["PodFailurePolicy"],
+            },
+            # Empty reasons match any failure: crashes, OOM, BackoffLimitExceeded.
+            {"name": RULE_APP_FAILURE, "action": "RestartJobSet"},
+        ],
+    }
+    return pod_failure_policy, jobset_failure_policy
+
+
+def _env(name: str, value: object) -> dict:
+    return {"name": name, "value": str(value)}
+
+
+def _field_env(name: str, path: str) -> dict:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def trainer_env(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> list[dict]:
+    js = jobset_name(spec.run, segment)
+    # Slice 0, host 0 is process 0; its stable DNS name comes from enableDNSHostnames.
+    host0 = f"{js}-{REPLICATED_JOB}-0-0.{js}"
+    preset = shape.preset
+    env = [
+        _env("RESLICE_RUN", spec.run),
+        _env("RESLICE_SEGMENT", segment),
+        _env("RESLICE_RUN_DIR", spec.run_dir),
+        _env("RESLICE_GLOBAL_BATCH", spec.global_batch),
+        _env("RESLICE_MICRO_BATCH", plan.micro_batch),
+        _env("RESLICE_GRAD_ACCUM", plan.grad_accum),
+        _env("RESLICE_NUM_SLICES", shape.slices),
+        _env("RESLICE_CONFIG", spec.config),
+        _env("RESLICE_SET", json.dumps(trainer_overrides(spec, preset))),
+        _env("RESLICE_COORDINATOR", f"{host0}:{spec.coordinator_port}"),
+        _env("RESLICE_NUM_PROCESSES", shape.hosts),
+        _env("RESLICE_HOSTS_PER_SLICE", preset.hosts),
+        _field_env("RESLICE_SLICE_INDEX", f"metadata.labels['{LABEL_JOB_INDEX}']"),
+        _field_env("RESLICE_RESTART_ATTEMPT", f"metadata.labels['{LABEL_RESTART_ATTEMPT}']"),
+        _env("RESLICE_PEAK_TFLOPS", preset.peak_tflops_per_chip / preset.devices_per_chip),
+    ]
+    if spec.heartbeat_timeout_s is not None:
+        env.append(_env("RESLICE_HEARTBEAT_TIMEOUT_S", spec.heartbeat_timeout_s))
+    env.append(_env("RESLICE_INIT_TIMEOUT_S", spec.init_timeout_s))
+    if shape.slices > 1:
+        env += [
+            _env("MEGASCALE_COORDINATOR_ADDRESS", host0),
+            _env("MEGASCALE_NUM_SLICES", shape.slices),
+            _field_env("MEGASCALE_SLICE_ID", f"metadata.labels['{LABEL_JOB_INDEX}']"),
+            _env("MEGASCALE_PORT", spec.megascale_port),
+        ]
+    env += [_env(k, v) for k, v in spec.env]
+    return env
+
+
+def placement(spec: RunSpec, preset: Preset) -> dict:
+    """Where a pod of `preset` runs and as whom: the part of the pod spec that the trainer pods and
+    the preflight write probe (launcher/preflight/probe.py) share, so the probe tests what the trainers get."""
+    preset = run_preset(spec, preset)
+    tolerations = [{"key": RESOURCE_TPU, "operator": "Exists", "effect": "NoSchedule"}]
+    if preset.spot:
+        tolerations.append(
+            {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+        )
+    pod = {
+        "hostNetwork": True,
+        "dnsPolicy": "ClusterFirstWithHostNet",
+        "nodeSelector": preset.node_selector(),
+        "tolerations": tolerations,
+    }
+    if spec.priority_class:
+        pod["priorityClassName"] = spec.priority_class
+    if spec.service_account:
+        pod["serviceAccountName"] = spec.service_account
+    return pod
+
+
+def container_command(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> tuple[list[str], list[dict]]:
+    """The trainer container's command and environment for the run's trainer profile."""
+    env = trainer_env(spec, shape, segment, plan)
+    if spec.trainer != TrainerProfile.MAXTEXT:
+        return ["python", "-m", "trainer"], env
+    js = jobset_name(spec.run, segment)
+    interval = spec.short_notice_interval if short_notice(spec, shape.preset) else None
+    keys = maxtext.maxtext_keys(spec.run_dir, spec.overrides, shape, plan, interval)
+    host0 = f"{js}-{REPLICATED_JOB}-0-0.{js}"
+    job_index = f"metadata.labels['{LABEL_JOB_INDEX}']"
+    return maxtext.command(spec.config, keys), env + maxtext.distributed_env(host0, shape, job_index)
+
+
+def pod_spec(spec: RunSpec, shape: Shape, segment: int, plan: Plan, pool: str | None = None) -> dict:
+    preset = shape.preset
+    command, env = container_command(spec, shape, segment, plan)
+    where = placement(spec, preset)
+    if pool:
+        where["nodeSelector"] = {**where["nodeSelector"], LABEL_NODEPOOL: pool}
+    chips = {RESOURCE_TPU: str(preset.chips_per_host)}
+    host = preset.requests()
+    requests = {
+        **chips,
+        "cpu": spec.cpu_request or host["cpu"],
+        "memory": spec.memory_request or host["memory"],
+    }
+    pod = {
+        "restartPolicy": "Never",
+        "hostNetwork": where["hostNetwork"],
+        "dnsPolicy": where["dnsPolicy"],
+        "terminationGracePeriodSeconds": grace_period(spec, preset),
+        "nodeSelector": where["nodeSelector"],
+        "tolerations": where["tolerations"],
+        "containers": [
+            {
+                "name": CONTAINER,
+                "image": spec.image,
+                "imagePullPolicy": spec.image_pull_policy,
+                "command": command,
+                "env": env,
+                "ports": [{"containerPort": spec.coordinator_port, "name": "coordinator"}],
+                # Requests without cpu/memory limits: Burstable, never BestEffort, and the trainer
+                # may use the rest of its host.
+                "resources": {"requests": requests, "limits": dict(chips)},
+                "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+            }
+        ],
+        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+    }
+    return {**pod, **where}  # the rest of `where` (priority class, service account) goes last
+
+
+def render_jobset(spec: RunSpec, shape: Shape, segment: int = 0, pool: str | None = None) -> dict:
+    """The JobSet of segment `segment` of the run on `shape`. Raises UserError if impossible.
+
+    `pool`: the node pool of a one-slice segment (the controller names one it sees free). Its pods
+    then select that pool and the JobSet drops exclusive placement, which would hold every follower
+    pod back until its leader is scheduled: JobSet's pod webhook rejects followers until then and
+    the Job controller creates them again a second or more later (docs/platform.md §2)."""
+    if pool and shape.slices != 1:
+        raise ValueError(f"a JobSet of {shape.slices} slices cannot name one node pool")
+    name = jobset_name(spec.run, segment)
+    if err := shape.error or coordinator_port_error(spec.coordinator_port):
+        raise UserError(err)
+    if err := run_name_error(spec.run, shape, segment):
+        raise UserError(err)
+    plan = plan_for(spec, shape)
+    pod_failure_policy, jobset_failure_policy = failure_policies(spec)
+    labels = segment_labels(spec.run, segment)
+    jobset_labels = dict(labels)
+    if spec.queue:
+        jobset_labels[LABEL_QUEUE] = spec.queue
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "JobSet",
+        "metadata": {
+            "name": name,
+            "namespace": spec.namespace,
+            "labels": jobset_labels,
+            "annotations": {} if pool else {ANNOTATION_EXCLUSIVE: LABEL_NODEPOOL},
+        },
+        "spec": {
+            "ttlSecondsAfterFinished": spec.ttl_after_finished_s,
+            "network": {"enableDNSHostnames": True, "subdomain": name},
+            "failurePolicy": jobset_failure_policy,
+            "successPolicy": {"operator": "All"},
+            "replicatedJobs": [
+                {
+                    "name": REPLICATED_JOB,
+                    "replicas": shape.slices,
+                    "template": {
+                        "metadata": {"labels": dict(labels)},
+                        "spec": {
+                            "parallelism": shape.preset.hosts,
+                            "completions": shape.preset.hosts,
+                            "completionMode": "Indexed",
+                            "backoffLimit": 0,
+                            "podFailurePolicy": pod_failure_policy,
+                            "template": {
+                                "metadata": {"labels": dict(labels)},
+                                "spec": pod_spec(spec, shape, segment, plan, pool),
+                            },
+                        },
+                    },
+                }
+            ],
+        },
+    }

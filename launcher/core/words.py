@@ -1,0 +1,121 @@
+"""The domain's words, one StrEnum each: what a run record, a decision, an observation and the ledger
+say. Their values are the strings the record (a ConfigMap), the ledger (events.jsonl) and the
+reports have always held, so a StrEnum member and the old string compare, hash and serialise alike.
+
+Imported by the core (record, policy, signals, accounting) and by whatever compares or writes these
+words above it; tests/launcher/test_house_rules.py fails on a literal compared to one of them
+outside this module."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class RunState(StrEnum):
+    """A run record's `state`."""
+
+    PENDING = "Pending"  # recorded, segment 0 not submitted yet
+    RUNNING = "Running"  # a segment is live (or being submitted)
+    RESHAPING = "Reshaping"  # a segment is ending to change shape; the next one follows
+    WAITING = "WaitingForCapacity"  # no shape in the ladder fits what the cluster has
+    FINISHED = "Finished"
+    FAILED = "Failed"
+    STOPPED = "Stopped"
+
+
+class EndKind(StrEnum):
+    """Why a segment ended (`Segment.end_kind`): written by the policy alone."""
+
+    FINISHED = "finished"  # the trainer reported the final step
+    FAILED = "failed"  # the run failed with it (a configuration error, a JobSet completed early)
+    APP_FAILURE = "app-failure"  # JobSet gave up on application failures, or the budget is spent
+    CAPACITY_LOST = "capacity-lost"  # shrinking, or moving to another node pool
+    GROW = "grow"  # a larger shape has fitted for the grow window
+    LOST = "lost"  # its JobSet disappeared behind the controller's back
+
+
+class Action(StrEnum):
+    """What a decision asks the controller to do (`policy.Decision.action`)."""
+
+    WAIT = "wait"
+    START_SEGMENT = "start-segment"  # record a new segment, then create its JobSet
+    CREATE_JOBSET = "create-jobset"  # create the current segment's JobSet again (its creation was cut short)
+    END = "end-segment"  # record why the segment ends, then delete its JobSet
+    DELETE = "delete"  # delete a JobSet the record already says is over
+    FINISH = "finish"
+    FAIL = "fail"
+    STOP = "stop"  # `reslice stop` (controller/launch.py), never a decision of the policy
+
+
+class Phase(StrEnum):
+    """The phase of a segment's JobSet, as the signals read it."""
+
+    ABSENT = "absent"
+    DELETING = "deleting"
+    PENDING = "pending"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    SUSPENDED = "suspended"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class Cause(StrEnum):
+    """The cause of a JobSet restart, as the failed pods of the attempt tell it."""
+
+    PREEMPTION = "preemption"  # a DisruptionTarget, or the trainer saved and exited 42
+    PEER_LOST = "peer-lost"  # the trainer exited 43: a host of the segment died under it
+    APP_FAILURE = "app-failure"  # a trainer failed on its own (any other exit, no disruption)
+
+
+class FailureKind(StrEnum):
+    """Why JobSet gave up on a segment (`signals.Failure.kind`)."""
+
+    CONFIG_ERROR = "config-error"  # the trainer exited 2: the config-error rule failed the JobSet
+    MAX_RESTARTS = "max-restarts"
+    OTHER = "other"
+
+
+class PodPhase(StrEnum):
+    """Kubernetes' pod phases, the ones the signals and the probe compare."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class TrainerState(StrEnum):
+    """The trainer's `state` in its status file (docs/contract.md)."""
+
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class LedgerKind(StrEnum):
+    """The `kind` of a ledger line (the run directory's events.jsonl)."""
+
+    OBSERVE = "observe"
+    ACT = "act"
+    WAIT = "wait"
+    CONFLICT = "conflict"
+    TAKEOVER = "takeover"
+    LEASE = "lease"
+    UNUSABLE_CHECKPOINT = "unusable-checkpoint"
+    LAUNCH = "launch"
+    RELAUNCH = "relaunch"  # a sweep relaunched a run
+
+
+class DropUnit(StrEnum):
+    """What a sweep's dropped fraction counts (`sweep.results.FactorResult.drop_unit`)."""
+
+    ROWS = "rows"  # reslice's trainer counts the (token, expert) rows it dropped
+    LAYER_STEPS = "layer-steps"  # MaxText: (step, MoE layer) pairs whose buffer overflowed
+
+
+class TrainerProfile(StrEnum):
+    """The trainer a run runs (`RunSpec.trainer`, `--trainer`): reslice's own (trainer/) or MaxText
+    (docs/maxtext.md)."""
+
+    RESLICE = "reslice"
+    MAXTEXT = "maxtext"

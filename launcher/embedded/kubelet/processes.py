@@ -1,0 +1,167 @@
+"""Process mode's runner: a pod's containers as local processes, each in its own process group,
+output appended to a log file per container; the environment and argv the kubelet gives them
+(`podenv.py`: env, the JobSet hostname rewrite to local ports, TPU chips), signals to the whole
+process tree, and the log files the API server's pods/log reads.
+
+Called by `kubelet.Kubelet`, which owns the pod lifecycle (when to start, restart, signal, and
+what status to write); this module does no API writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from launcher.embedded.kubelet import podenv
+from launcher.embedded.kubelet.podrun import PodRun
+from launcher.embedded.nodes import devices_per_chip
+from launcher.embedded.types import objects
+from launcher.embedded.types.resources import RESOURCES
+
+
+class ProcessRunner:
+    """Starts and signals the processes of `PodRun`s and keeps their log files."""
+
+    def __init__(self, store: Any, log_dir: Path, cwd: Path) -> None:
+        self.store = store
+        self.jobsets = RESOURCES["jobsets"]
+        self.configmaps = RESOURCES["configmaps"]
+        self.log_dir = log_dir
+        self.cwd = cwd
+        self.ports = podenv.PortMap()
+        self.addresses = podenv.AddressMap()
+        self._logs: dict[tuple[str, str], dict[str, Path]] = {}
+
+    # -- logs ----------------------------------------------------------------------------------
+    def log_path(self, namespace: str, name: str, container: str) -> Path | None:
+        logs = self._logs.get((namespace, name))
+        if logs and container in logs:
+            return logs[container]
+        # Not started by this process (an earlier run of a cluster with a state dir): look on disk.
+        hits = sorted(self.log_dir.glob(f"{namespace}_{name}_*/{container}.log"))
+        return hits[-1] if hits else None
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The pod left the API: its logs are no longer served from memory."""
+        self._logs.pop((namespace, name), None)
+
+    def log_stream(
+        self,
+        namespace: str,
+        name: str,
+        container: str,
+        follow: bool,
+        run_of: Callable[[str, str], PodRun | None],
+    ) -> Iterator[bytes]:
+        """The file so far, and with follow, what is appended until the container exits
+        (`run_of(namespace, name)`: the pod's run, None when it runs no more)."""
+        path = self.log_path(namespace, name, container)
+        if path is None or not path.exists():
+            return
+        with open(path, "rb") as f:
+            while True:
+                data = f.read(65536)
+                if data:
+                    yield data
+                    continue
+                if not follow:
+                    return
+                run = run_of(namespace, name)
+                if run is None or run.done.is_set():
+                    rest = f.read()
+                    if rest:
+                        yield rest
+                    return
+                time.sleep(0.1)
+
+    # -- starting ------------------------------------------------------------------------------
+    def _jobset_rewrite(self, pod: Mapping[str, Any]) -> tuple[Callable[[str], str] | None, str]:
+        """The rewrite of the JobSet's pod hostnames, and the pod's own address (podIP)."""
+        js_name = objects.labels(pod).get(objects.JOBSET_NAME)
+        if not js_name:
+            return None, podenv.LOOPBACK
+        try:
+            js = self.store.get(self.jobsets, objects.meta(pod).get("namespace"), js_name)
+        except Exception:
+            return None, podenv.LOOPBACK
+        pattern = podenv.hostname_pattern(js)
+        uid, attempt = objects.meta(js)["uid"], objects.labels(pod).get(objects.RESTART_ATTEMPT, "0")
+
+        def address(host: str) -> str:
+            return self.addresses.get(uid, attempt, host)
+
+        def rewrite(v: str) -> str:
+            return podenv.rewrite_hosts(v, pattern, lambda port: self.ports.get(uid, attempt, port), address)
+
+        own = (pod.get("spec") or {}).get("hostname")
+        return rewrite, address(own) if own else podenv.LOOPBACK
+
+    def _configmap(self, ns: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.store.get(self.configmaps, ns, name)
+        except Exception:
+            return None
+
+    def spawn(self, run: PodRun, pod: dict[str, Any], node: dict[str, Any]) -> None:
+        """Start every container of the pod; raises podenv.ContainerConfigError (CreateContainerConfigError)
+        before starting any when one cannot be configured."""
+        spec = pod.get("spec") or {}
+        rewrite, run.pod_ip = self._jobset_rewrite(pod)
+        chips = objects.pod_tpu_request(pod)
+        dpc = devices_per_chip(objects.labels(node).get(objects.ACCELERATOR_LABEL))
+        hostname = run.node if spec.get("hostNetwork") else (spec.get("hostname") or run.name)
+        d = self.log_dir / f"{run.namespace}_{run.name}_{run.uid}"
+        d.mkdir(parents=True, exist_ok=True)
+        plans = []
+        for c in spec.get("containers") or []:
+            pod_env = podenv.container_env(pod, c, node, self._configmap, run.pod_ip)
+            env = podenv.local_env(pod_env, os.environ, chips, dpc, hostname, rewrite)
+            args = podenv.argv(c, {k: env[k] for k in pod_env})
+            if not args:
+                raise podenv.ContainerConfigError(
+                    f"container {c['name']} has no command (no image to take it from)"
+                )
+            wd = c.get("workingDir")
+            cwd = wd if wd and Path(wd).is_dir() else str(self.cwd)
+            plans.append((c["name"], args, env, cwd))
+        for cname, args, env, cwd in plans:
+            run.plans[cname] = (args, env, cwd)
+            run.logs[cname] = d / f"{cname}.log"
+            self.launch(run, cname)
+        self._logs[(run.namespace, run.name)] = dict(run.logs)
+
+    def launch(self, run: PodRun, cname: str) -> None:
+        """(Re)start one container from its plan."""
+        args, env, cwd = run.plans[cname]
+        with open(run.logs[cname], "ab") as out:  # a restarted container appends, as its log does
+            run.procs[cname] = subprocess.Popen(
+                args,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: signals reach the whole tree
+            )
+
+    @staticmethod
+    def watch(run: PodRun, cname: str, on_exit: Callable[[PodRun, str, int], None]) -> None:
+        """Call `on_exit(run, cname, returncode)` from a thread once the container's process ends."""
+        proc = run.procs[cname]
+        threading.Thread(
+            target=lambda: on_exit(run, cname, proc.wait()), daemon=True, name=f"wait-{run.name}"
+        ).start()
+
+    @staticmethod
+    def signal(run: PodRun, sig: int) -> None:
+        """Signal the process group of every container still running."""
+        for proc in run.procs.values():
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)

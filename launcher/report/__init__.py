@@ -1,0 +1,1 @@
+"""Reading a run back: its report (io), plots and the terminal view."""

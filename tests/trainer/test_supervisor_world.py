@@ -1,0 +1,257 @@
+"""The in-place supervisor (``RESLICE_RESTART_MODE=in-place``): a real supervisor process that follows
+a world file and forks real children; the children run a fake ``train()`` that records the
+environment it got (tests/trainer/worldfake.py). The table of exit codes is docs/contract.md's
+"World (in-place restarts)"."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.wait import wait_for
+from tests.trainer.runs import ROOT
+
+
+def world_doc(epoch: int, slices: list[str], hosts: int = 2, **over: object) -> dict:
+    return {
+        "run": "llm",
+        "epoch": epoch,
+        "slices": slices,
+        "hosts_per_slice": hosts,
+        "coordinator": f"127.0.0.1:{9000 + epoch}",
+        "global_batch": 16,
+        "micro_batch": 8 // len(slices),
+        "grad_accum": 1,
+        "megascale": {"coordinator_address": "127.0.0.1"},
+        "published": time.time(),
+        **over,
+    }
+
+
+class Pod:
+    """One pod's supervisor: slice `slice_id`, host `host`, following `<tmp>/world.json`."""
+
+    def __init__(self, tmp: Path, slice_id: str = "b", host: int = 1, extra: dict[str, str] | None = None):
+        self.world_file, self.record, self.log = tmp / "world.json", tmp / "record.jsonl", tmp / "pod.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RESLICE_", "JOB_COMPLETION_INDEX"))}
+        env.update(
+            PYTHONPATH=str(ROOT),
+            RESLICE_RUN="llm",
+            RESLICE_RESTART_MODE="in-place",
+            RESLICE_WORLD_FILE=str(self.world_file),
+            RESLICE_SLICE_ID=slice_id,
+            JOB_COMPLETION_INDEX=str(host),
+            FAKE_RECORD=str(self.record),
+        )
+        if extra and "RESLICE_WORLD_CONFIGMAP" in extra:  # the ConfigMap instead of the file
+            del env["RESLICE_WORLD_FILE"]
+        env.update(extra or {})
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.trainer.worldfake"], env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
+                start_new_session=True,
+            )  # fmt: skip
+
+    def publish(self, doc: dict) -> None:
+        tmp = self.world_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, self.world_file)  # whole, as the contract asks of a file publisher
+
+    def records(self) -> list[dict]:
+        if not self.record.exists():
+            return []
+        return [json.loads(line) for line in self.record.read_text().splitlines()]
+
+    def starts(self) -> list[dict]:
+        return [r for r in self.records() if r["event"] == "start"]
+
+    def wait_starts(self, n: int) -> list[dict]:
+        def enough() -> list[dict] | None:
+            assert self.proc.poll() is None, f"the supervisor exited {self.proc.returncode}:\n{self.output()}"
+            got = self.starts()
+            return got if len(got) >= n else None
+
+        return wait_for(enough, 20, f"{n} children started")
+
+    def wait(self, timeout: float = 20) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"the supervisor did not exit:\n{self.output()}") from None
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def alive_for(self, seconds: float) -> None:
+        time.sleep(seconds)
+        assert self.proc.poll() is None, f"the supervisor exited {self.proc.returncode}:\n{self.output()}"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@pytest.fixture
+def pod(tmp_path: Path):
+    pods: list[Pod] = []
+
+    def make(**kw: object) -> Pod:
+        pods.append(Pod(tmp_path, **kw))  # type: ignore[arg-type]
+        return pods[-1]
+
+    yield make
+    for p in pods:
+        p.kill()
+
+
+def test_each_epoch_restarts_the_child_with_its_world(pod) -> None:
+    p = pod()
+    p.publish(world_doc(0, ["c"]))  # a world without this pod's slice: it waits, starts nothing
+    p.alive_for(0.5)
+    assert p.starts() == []
+    p.publish(world_doc(1, ["a", "b"]))
+    (first,) = p.wait_starts(1)
+    assert first["env"] == {
+        "RESLICE_WORLD_EPOCH": "1", "RESLICE_SEGMENT": "1", "RESLICE_COORDINATOR": "127.0.0.1:9001",
+        "RESLICE_NUM_PROCESSES": "4", "RESLICE_NUM_SLICES": "2", "RESLICE_SLICE_INDEX": "1",
+        "JOB_COMPLETION_INDEX": "1", "RESLICE_MICRO_BATCH": "4", "RESLICE_GRAD_ACCUM": "1",
+        "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "1", "RESLICE_TRAINER_CHILD": "1",
+    }  # fmt: skip
+    p.publish(world_doc(2, ["b"]))  # slice a lost: b is process 2·0+1 of 2, alone, no multislice
+    second = p.wait_starts(2)[1]
+    assert second["env"]["RESLICE_SLICE_INDEX"] == "0" and second["env"]["RESLICE_NUM_PROCESSES"] == "2"
+    assert second["env"]["RESLICE_TRAINER_RESTARTED"] == "1"  # its start-up begins at its fork
+    assert "MEGASCALE_NUM_SLICES" not in second["env"] and second["env"]["RESLICE_MICRO_BATCH"] == "8"
+    p.publish(world_doc(1, ["a", "b"]))  # a replayed older epoch: ignored
+    p.alive_for(0.5)
+    assert len(p.starts()) == 2
+    p.publish(world_doc(3, ["c", "b"]))  # grown: a new slice before this one
+    third = p.wait_starts(3)[2]
+    assert third["env"]["RESLICE_SLICE_INDEX"] == "1" and third["env"]["RESLICE_NUM_PROCESSES"] == "4"
+    p.publish(world_doc(4, ["a", "c"]))  # this slice is out: the child ends, the pod exits 0
+    assert p.wait() == 0, p.output()
+
+    out = p.output()
+    assert "world epoch 1 ignored: epoch 2 is newer" in out
+    assert "world epoch 4 leaves slice b out" in out
+    for epoch in (1, 2, 3):
+        assert sum(f"world epoch {epoch}: process" in line for line in out.splitlines()) == 1, out
+    # One child at a time: each started after the one before had ended, every one by SIGTERM.
+    recs = p.records()
+    ends = [r for r in recs if r["event"] == "end"]
+    assert [e["how"] for e in ends] == ["sigterm"] * 3
+    starts = p.starts()
+    assert all(starts[i + 1]["t"] > ends[i]["t"] for i in range(2))
+    assert len({r["pid"] for r in starts}) == 3
+
+
+@pytest.mark.parametrize(
+    ("child", "then"),
+    [
+        ({"FAKE_EXIT": "43", "FAKE_AFTER_S": "0.2"}, "waits"),  # a lost peer: the pod survives
+        ({"FAKE_ON_TERM": "143"}, "waits"),  # a stall after the supervisor's SIGTERM
+        ({"FAKE_ON_TERM": "42"}, "waits"),  # the emergency checkpoint after its SIGTERM
+        ({"FAKE_EXIT": "0", "FAKE_AFTER_S": "0.2"}, 0),  # finished
+        ({"FAKE_EXIT": "2", "FAKE_AFTER_S": "0.2"}, 2),  # a configuration error
+        ({"FAKE_EXIT": "42", "FAKE_AFTER_S": "0.2"}, 42),  # a 42 nobody here asked for
+        ({"FAKE_ON_TERM": "1"}, 1),  # a save that failed after the supervisor's SIGTERM
+    ],
+)
+def test_child_exit_codes(pod, child: dict, then: object) -> None:
+    p = pod()
+    p.publish(world_doc(0, ["b"], env=child))
+    p.wait_starts(1)
+    if "FAKE_EXIT" not in child:  # the supervisor's own SIGTERM, for a newer world
+        p.publish(world_doc(1, ["b", "a"]))
+    if then != "waits":
+        assert p.wait() == then, p.output()
+        assert len(p.starts()) == 1
+        return
+    if "FAKE_EXIT" in child:  # the pod survives its child until the controller's next world
+        wait_for(lambda: any(r["event"] == "end" for r in p.records()), 10, "the child's exit")
+        p.alive_for(0.5)
+        assert len(p.starts()) == 1
+        p.publish(world_doc(1, ["b", "a"]))
+    second = p.wait_starts(2)[1]
+    assert second["env"]["RESLICE_WORLD_EPOCH"] == "1" and second["env"]["RESLICE_SLICE_INDEX"] == "0"
+    assert "waiting for a world newer than epoch 0" in p.output() or "FAKE_EXIT" not in child
+
+
+def test_sigterm_to_the_pod_is_forwarded_and_its_code_returned(pod) -> None:
+    p = pod()
+    p.publish(world_doc(0, ["b"], env={"FAKE_ON_TERM": "42"}))
+    p.wait_starts(1)
+    os.kill(p.proc.pid, signal.SIGTERM)  # to the supervisor only, as a runtime signals PID 1
+    assert p.wait() == 42, p.output()
+    assert [r["how"] for r in p.records() if r["event"] == "end"] == ["sigterm"]
+
+
+def test_sigterm_between_children_exits_42(pod) -> None:
+    p = pod()
+    p.publish(world_doc(0, ["b"], env={"FAKE_EXIT": "43"}))
+    wait_for(lambda: any(r["event"] == "end" for r in p.records()), 10, "the child's exit 43")
+    p.alive_for(0.3)
+    os.kill(p.proc.pid, signal.SIGTERM)
+    assert p.wait() == 42, p.output()
+    assert "with no trainer running: nothing to save, exit 42" in p.output()
+
+
+def test_a_malformed_world_is_one_line_and_exit_2(pod) -> None:
+    p = pod()
+    p.publish(world_doc(0, ["b"], hosts=0))
+    assert p.wait() == 2, p.output()
+    assert (
+        p.output().strip().splitlines()[-1]
+        == "trainer: world: 'hosts_per_slice' must be an integer >= 1, not 0"
+    )
+    assert p.starts() == []
+
+
+@pytest.mark.parametrize(
+    ("env", "line"),
+    [
+        (
+            {"RESLICE_RESTART_MODE": "sideways"},
+            "trainer: RESLICE_RESTART_MODE='sideways' is not one of recreate, in-place",
+        ),
+        (
+            {"RESLICE_RESTART_MODE": "in-place", "RESLICE_SLICE_ID": "a"},
+            "trainer: in-place mode needs RESLICE_WORLD_CONFIGMAP (or RESLICE_WORLD_FILE): where the worlds are",
+        ),
+        (
+            {"RESLICE_RESTART_MODE": "in-place", "RESLICE_WORLD_FILE": "/nonexistent"},
+            "trainer: in-place mode needs RESLICE_SLICE_ID (or RESLICE_SLICE_INDEX): this pod's slice",
+        ),
+    ],
+)
+def test_bad_mode_or_source_is_one_line_and_exit_2(tmp_path: Path, env: dict, line: str) -> None:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("RESLICE_", "JOB_COMPLETION_INDEX"))}
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "--config", "tiny"],
+        env={**base, "PYTHONPATH": str(ROOT), "RESLICE_RUN_DIR": str(run_dir), **env},
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == line
+    assert not run_dir.exists()
+
+
+def test_a_malformed_world_while_training_lets_the_trainer_save_then_exits_2(pod) -> None:
+    p = pod()
+    p.publish(world_doc(0, ["b"]))
+    p.wait_starts(1)
+    p.publish(world_doc(1, ["b"], coordinator="no-port"))
+    assert p.wait() == 2, p.output()
+    assert [r["how"] for r in p.records() if r["event"] == "end"] == ["sigterm"]  # it saved first
+    assert "trainer: world: 'coordinator' must be 'host:port', not 'no-port'" in p.output()
+    assert "exit 2 for the world that could not be read" in p.output()

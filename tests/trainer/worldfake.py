@@ -1,0 +1,63 @@
+"""``python -m tests.trainer.worldfake``: the in-place supervisor (``trainer.supervisor.supervise_world``)
+around a fake trainer, for tests/trainer/test_supervisor_world.py.
+
+The supervisor is the real one: it reads the pod's environment, follows the world source, forks.
+Only ``train()`` is fake: each child appends one JSON line to ``$FAKE_RECORD`` when it starts
+(its pid and the contract variables it got) and one when it ends (how), and otherwise does what
+its world's ``env`` tells it: ``FAKE_EXIT`` = exit with that code after ``FAKE_AFTER_S`` seconds;
+``FAKE_ON_TERM`` = the code it exits with on SIGTERM (42 by default, as the trainer after its save).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+from trainer import supervisor
+
+KEYS = (
+    "RESLICE_WORLD_EPOCH",
+    "RESLICE_SEGMENT",
+    "RESLICE_COORDINATOR",
+    "RESLICE_NUM_PROCESSES",
+    "RESLICE_NUM_SLICES",
+    "RESLICE_SLICE_INDEX",
+    "JOB_COMPLETION_INDEX",
+    "RESLICE_MICRO_BATCH",
+    "RESLICE_GRAD_ACCUM",
+    "MEGASCALE_NUM_SLICES",
+    "MEGASCALE_SLICE_ID",
+    supervisor.CHILD_ENV,
+    supervisor.RESTARTED_ENV,
+)
+
+
+def _record(**fields: object) -> None:
+    line = json.dumps({"pid": os.getpid(), "t": time.time(), **fields}) + "\n"
+    with open(os.environ["FAKE_RECORD"], "a") as f:  # one short append per line: lines stay whole
+        f.write(line)
+
+
+def train() -> int:
+    _record(event="start", env={k: os.environ[k] for k in KEYS if k in os.environ})
+    on_term = int(os.environ.get("FAKE_ON_TERM", "42"))
+
+    def term(_signum: int, _frame: object) -> None:
+        _record(event="end", how="sigterm", code=on_term)
+        os._exit(on_term)
+
+    signal.signal(signal.SIGTERM, term)
+    if "FAKE_EXIT" in os.environ:
+        time.sleep(float(os.environ.get("FAKE_AFTER_S", "0")))
+        code = int(os.environ["FAKE_EXIT"])
+        _record(event="end", how="exit", code=code)
+        return code
+    while True:
+        time.sleep(0.02)
+
+
+if __name__ == "__main__":
+    sys.exit(supervisor.supervise_world(train, os.environ))

@@ -1,0 +1,208 @@
+"""The world of an in-place run: which slices train, in what order, and with what batch plan. Pure.
+
+The controller publishes each world (an *epoch*) as a small JSON document (docs/contract.md, "World
+(in-place restarts)"); every pod's ``trainer.supervisor`` follows it (``trainer.worldsource``
+delivers the documents) and starts its trainer child with ``child_env(world, me, base_env)``. The
+pod itself never changes: it knows its stable slice id and its host index within the slice, and its
+process id is compacted over the world's slices in their published order:
+``process_id = position(my slice) × hosts_per_slice + host index``.
+
+Called by ``trainer.supervisor`` (``parse``, ``me_from_env``, ``child_env``, ``restart_mode``) and
+the tests. No JAX, nothing heavy: it runs in the supervisor before its first fork.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+# Mirrors trainer.loop.EXIT_PREEMPTED (docs/contract.md "Exit codes"); the supervisor imports no loop.
+EXIT_PREEMPTED = 42
+EXIT_CONFIG = 2
+
+RESTART_MODE_ENV = "RESLICE_RESTART_MODE"
+SLICE_ID_ENV = "RESLICE_SLICE_ID"
+EPOCH_ENV = "RESLICE_WORLD_EPOCH"
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Keys the world decides for the child: stale values from the pod's own environment never reach it.
+_MEGASCALE = ("MEGASCALE_COORDINATOR_ADDRESS", "MEGASCALE_NUM_SLICES", "MEGASCALE_SLICE_ID", "MEGASCALE_PORT")
+
+
+class RestartMode(StrEnum):
+    """``RESLICE_RESTART_MODE``: how a shape change reaches this pod."""
+
+    RECREATE = "recreate"  # the pod is deleted and a new segment's pod runs one trainer (default)
+    IN_PLACE = "in-place"  # the pod stays; its supervisor restarts the trainer in each new world
+
+
+class WorldError(ValueError):
+    """A world document or a pod identity that cannot be used: the supervisor exits 2 with it."""
+
+
+@dataclass(frozen=True)
+class Me:
+    """This pod: its stable slice id (``RESLICE_SLICE_ID``, else ``RESLICE_SLICE_INDEX``) and its
+    host index in the slice (``JOB_COMPLETION_INDEX``)."""
+
+    slice_id: str
+    host: int
+
+
+@dataclass(frozen=True)
+class World:
+    run: str
+    epoch: int
+    slices: tuple[str, ...]
+    hosts_per_slice: int
+    coordinator: str
+    global_batch: int
+    micro_batch: int
+    grad_accum: int
+    megascale: Mapping[str, str] = field(default_factory=dict)
+    segment: int | None = None  # RESLICE_SEGMENT of the child; the epoch when absent
+    published: float | None = None  # the controller's unix time of publication, for the log
+    env: Mapping[str, str] = field(default_factory=dict)  # more variables for the child
+
+    def position(self, me: Me) -> int | None:
+        """Where this pod's slice is in the world, or None when it takes no part."""
+        try:
+            return self.slices.index(me.slice_id)
+        except ValueError:
+            return None
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.slices) * self.hosts_per_slice
+
+
+def restart_mode(env: Mapping[str, str]) -> RestartMode:
+    raw = env.get(RESTART_MODE_ENV, "") or RestartMode.RECREATE.value
+    try:
+        return RestartMode(raw)
+    except ValueError:
+        allowed = ", ".join(m.value for m in RestartMode)
+        raise WorldError(f"{RESTART_MODE_ENV}={raw!r} is not one of {allowed}") from None
+
+
+def _int(doc: Mapping[str, Any], key: str, low: int) -> int:
+    v = doc.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+        raise WorldError(f"world: {key!r} must be an integer >= {low}, not {v!r}")
+    return v
+
+
+def _strings(doc: Mapping[str, Any], key: str) -> dict[str, str]:
+    v = doc.get(key) or {}
+    if not isinstance(v, dict):
+        raise WorldError(f"world: {key!r} must be an object of names to values")
+    out = {}
+    for k, x in v.items():
+        if not isinstance(k, str) or not _NAME.match(k) or isinstance(x, (dict, list)) or x is None:
+            raise WorldError(f"world: {key}.{k} must be a name with a string or number value")
+        out[k] = str(x)
+    return out
+
+
+def parse(text: str | bytes) -> World:
+    """The world of a published document; WorldError names the first thing wrong with it."""
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise WorldError(f"world: not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise WorldError("world: the document must be a JSON object")
+    run = doc.get("run")
+    if not isinstance(run, str) or not run:
+        raise WorldError(f"world: 'run' must be a non-empty string, not {run!r}")
+    raw_slices = doc.get("slices")
+    if not isinstance(raw_slices, list) or not raw_slices:
+        raise WorldError(f"world: 'slices' must be a non-empty list of slice ids, not {raw_slices!r}")
+    if any(isinstance(s, bool) or not isinstance(s, (str, int)) or s == "" for s in raw_slices):
+        raise WorldError(f"world: every slice id must be a non-empty string or an integer: {raw_slices!r}")
+    slices = tuple(str(s) for s in raw_slices)
+    if len(set(slices)) != len(slices):
+        raise WorldError(f"world: 'slices' lists a slice twice: {raw_slices!r}")
+    coordinator = doc.get("coordinator")
+    host, _, port = str(coordinator or "").rpartition(":")
+    if not isinstance(coordinator, str) or not host or not port.isdigit():
+        raise WorldError(f"world: 'coordinator' must be 'host:port', not {coordinator!r}")
+    segment = doc.get("segment")
+    if segment is not None:
+        segment = _int(doc, "segment", 0)
+    published = doc.get("published")
+    if published is not None and (isinstance(published, bool) or not isinstance(published, (int, float))):
+        raise WorldError(f"world: 'published' must be unix seconds, not {published!r}")
+    world = World(
+        run=run,
+        epoch=_int(doc, "epoch", 0),
+        slices=slices,
+        hosts_per_slice=_int(doc, "hosts_per_slice", 1),
+        coordinator=coordinator,
+        global_batch=_int(doc, "global_batch", 1),
+        micro_batch=_int(doc, "micro_batch", 1),
+        grad_accum=_int(doc, "grad_accum", 1),
+        megascale=_strings(doc, "megascale"),
+        segment=segment,
+        published=float(published) if published is not None else None,
+        env=_strings(doc, "env"),
+    )
+    if len(slices) > 1 and "coordinator_address" not in world.megascale:
+        raise WorldError("world: a world of several slices needs megascale.coordinator_address")
+    return world
+
+
+def me_from_env(env: Mapping[str, str]) -> Me:
+    """This pod's identity from its own environment (docs/contract.md)."""
+    slice_id = env.get(SLICE_ID_ENV) or env.get("RESLICE_SLICE_INDEX") or ""
+    if not slice_id:
+        raise WorldError(f"in-place mode needs {SLICE_ID_ENV} (or RESLICE_SLICE_INDEX): this pod's slice")
+    raw = env.get("JOB_COMPLETION_INDEX") or "0"
+    if not raw.isdigit():
+        raise WorldError(f"JOB_COMPLETION_INDEX={raw!r} is not a host index")
+    return Me(slice_id, int(raw))
+
+
+def child_env(world: World, me: Me, base_env: Mapping[str, str]) -> dict[str, str]:
+    """The trainer child's environment in ``world``: the pod's own, the world's ``env``, then what
+    the world decides (process id and count, coordinator, slices, batch plan, ``MEGASCALE_*``).
+    WorldError when this pod takes no part in it."""
+    position = world.position(me)
+    if position is None:
+        raise WorldError(f"slice {me.slice_id!r} is not in world epoch {world.epoch} ({list(world.slices)})")
+    if me.host >= world.hosts_per_slice:
+        raise WorldError(
+            f"host index {me.host} is outside the world's {world.hosts_per_slice} hosts per slice"
+        )
+    if base_env.get("RESLICE_RUN") not in (None, "", world.run):
+        raise WorldError(f"world of run {world.run!r}, but this pod is of run {base_env['RESLICE_RUN']!r}")
+    env = {k: v for k, v in base_env.items() if k not in _MEGASCALE}
+    env.update(world.env)
+    n = len(world.slices)
+    env.update(
+        RESLICE_RUN=world.run,
+        RESLICE_SEGMENT=str(world.epoch if world.segment is None else world.segment),
+        RESLICE_COORDINATOR=world.coordinator,
+        RESLICE_NUM_PROCESSES=str(world.num_processes),
+        RESLICE_NUM_SLICES=str(n),
+        RESLICE_HOSTS_PER_SLICE=str(world.hosts_per_slice),
+        RESLICE_SLICE_INDEX=str(position),
+        JOB_COMPLETION_INDEX=str(me.host),
+        RESLICE_GLOBAL_BATCH=str(world.global_batch),
+        RESLICE_MICRO_BATCH=str(world.micro_batch),
+        RESLICE_GRAD_ACCUM=str(world.grad_accum),
+        **{EPOCH_ENV: str(world.epoch)},
+    )
+    if n > 1:  # multislice: the slice id is the compacted position, as the process id is
+        env.update(
+            MEGASCALE_COORDINATOR_ADDRESS=world.megascale["coordinator_address"],
+            MEGASCALE_NUM_SLICES=str(n),
+            MEGASCALE_SLICE_ID=str(position),
+        )
+        if "port" in world.megascale:
+            env["MEGASCALE_PORT"] = world.megascale["port"]
+    return env
