@@ -23,6 +23,10 @@ from tests.support.cli import run_cli
 pytestmark = pytest.mark.e2e
 FACTORS = "1.0,1.25,2.0,-1"
 STEPS, WARMUP = 20, 5
+# MaxText's default bfloat16: its ring-of-experts MoE path fails to compile with the float32 keys the
+# elastic test uses (`AssertionError: (ShapedArray(bfloat16[16,32,64]), ShapedArray(float32[...]))`
+# in train_step's grad), and this test compares no losses across shapes.
+FLOAT32 = ("dtype=", "weight_dtype=", "matmul_precision=")
 # MaxText's MoE on CPU: `megablox=false` (ragged_dot instead of the Pallas GMM kernel, which on CPU
 # runs interpreted, many times slower for the same losses: docs/maxtext.md) and the ragged sort's
 # JAX reference (`ragged_gather_fallback`); the sweep itself sets use_ring_of_experts and use_ragged_sort, which
@@ -41,7 +45,7 @@ def test_reslice_sweep_of_real_maxtext_ragged_buffer_factor(tmp_path, capsys) ->
     argv = ["sweep", "--trainer", "maxtext", "--preset", PRESET, "--steps", str(STEPS), "--warmup", str(WARMUP),
             "--name", "mt", "--factors", FACTORS, "--sweep-dir", str(sweep_dir),
             "--kubeconfig", str(h.cluster.kubeconfig)]  # fmt: skip
-    for kv in (*MODEL, *MOE):
+    for kv in (*(k for k in MODEL if not k.startswith(FLOAT32)), *MOE):
         argv += ["--set", kv]
     started = time.monotonic()
     try:
