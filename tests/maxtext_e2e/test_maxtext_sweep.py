@@ -27,13 +27,14 @@ STEPS, WARMUP = 20, 5
 # elastic test uses (`AssertionError: (ShapedArray(bfloat16[16,32,64]), ShapedArray(float32[...]))`
 # in train_step's grad), and this test compares no losses across shapes.
 FLOAT32 = ("dtype=", "weight_dtype=", "matmul_precision=")
-# MaxText's MoE on CPU: `megablox=false` (ragged_dot instead of the Pallas GMM kernel, which on CPU
-# runs interpreted, many times slower for the same losses: docs/maxtext.md) and the ragged sort's
-# JAX reference (`ragged_gather_fallback`); the sweep itself sets use_ring_of_experts and use_ragged_sort, which
-# MaxText's probes need.
+# MaxText's MoE on CPU: the ragged sort's JAX reference (`ragged_gather_fallback`), and MaxText's
+# default `megablox=true`, whose Pallas GMM kernel runs interpreted on CPU: `megablox=false`
+# (ragged_dot) is faster there but fails dropless in MaxText 0.2.5 (`TypeError: expected rhs group
+# dimension size to be 4, got 1` in `jax_ragged_dot_gmm`, docs/maxtext.md). The sweep itself sets
+# use_ring_of_experts and use_ragged_sort, which MaxText's probes need.
 MOE = (
     "decoder_block=mixtral", "num_experts=8", "num_experts_per_tok=2", "base_moe_mlp_dim=128",
-    "megablox=false", "ragged_gather_fallback=true", "ici_expert_parallelism=8", "dataset_type=synthetic",
+    "ragged_gather_fallback=true", "ici_expert_parallelism=8", "dataset_type=synthetic",
 )  # fmt: skip
 
 
