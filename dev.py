@@ -6,18 +6,25 @@
     python3 dev.py bench [NAME]   set up .venv, then list the benchmarks (or run bench.NAME)
     python3 dev.py lock           regenerate requirements/*.lock after changing pyproject.toml (uv)
     python3 dev.py maxtext        set up .venv-maxtext (Python 3.12) from requirements/maxtext.lock
+    python3 dev.py images [NAME]  build the trainer, controller and MaxText images with podman (as root:
+                                  apt installs podman, runc, debootstrap; docs/images.md)
 
 Set-up runs again only when requirements/dev.lock, requirements/uv.lock or pyproject.toml changed
 since the last one.
-`dev.py test` sets up .venv-maxtext too, but only when an argument names tests/maxtext_e2e.
+`dev.py test` sets up .venv-maxtext too, but only when an argument names tests/maxtext_e2e, and
+builds the images (`dev.py images`, cached) when it runs tests/images (the whole suite does).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -36,6 +43,8 @@ MAXTEXT_VENV = ROOT / ".venv-maxtext"
 MAXTEXT_LOCK = ROOT / "requirements" / "maxtext.lock"
 # Tests that run MaxText itself (in .venv-maxtext) live here; tests/maxtext/ needs only .venv.
 MAXTEXT_TESTS = "tests/maxtext_e2e"
+# Tests that run the images (`dev.py images`): `dev.py test` builds them first when these run.
+IMAGE_TESTS = "tests/images"
 # (output, extra, platform): the lock files `lock` writes, all for CPython 3.11 on Linux x86-64, one
 # per install: dev (tests, the embedded demo: everything), controller (the controller image,
 # docker/controller.Dockerfile: the launcher alone), trainer (the trainer image, docker/Dockerfile:
@@ -115,7 +124,32 @@ def test(args: list[str]) -> None:
     _run(str(BIN / "ruff"), "check", ".")
     _run(str(BIN / "ruff"), "format", "--check", ".")
     _run(str(BIN / "lint-imports"))
+    if _runs_image_tests(args):
+        _prepare_images()
     _exec(str(BIN / "pytest"), *_workers(args), *args)
+
+
+def _runs_image_tests(args: list[str]) -> bool:
+    """Whether pytest will collect tests/images: no path among the arguments (the whole suite), or
+    a path that holds it or lies in it."""
+    images = ROOT / IMAGE_TESTS
+    paths = [(ROOT / a.split("::")[0]).resolve() for a in args if not a.startswith("-")]
+    paths = [p for p in paths if p.exists()]
+    return not paths or any(p == images or p in images.parents or images in p.parents for p in paths)
+
+
+def _prepare_images() -> None:
+    """The images, built (or found current in podman's cache) before pytest starts, so that no test
+    worker builds them beside the others' tests; where no engine can be set up, the image tests skip
+    with the one line said here (tests/images/conftest.py reads RESLICE_IMAGES_SKIP, and
+    RESLICE_IMAGES_BUILT: nothing left to build)."""
+    try:
+        build_images()
+    except EngineUnavailable as e:
+        print(f"dev.py test: the image tests skip: no container engine: {e}", file=sys.stderr)
+        os.environ["RESLICE_IMAGES_SKIP"] = f"no container engine: {e}"
+        return
+    os.environ["RESLICE_IMAGES_BUILT"] = "1"
 
 
 def _workers(args: list[str]) -> list[str]:
@@ -157,6 +191,265 @@ def lock(args: list[str]) -> None:
         _run(*cmd, "--annotation-style", "line", "-o", f"requirements/{name}.lock")
 
 
+# -- `dev.py images`: the three images with podman, without Docker or a registry ------------------
+# docs/images.md says what each piece is for and what the stand-in bases differ in.
+PODMAN_CONF = ROOT / ".cache" / "containers" / "containers.conf"
+# What this VM kind needs of podman (apt's 4.3): its hard nofile limit is 20000 and podman asks for
+# more by default; crun refuses its hybrid cgroups, runc runs; no systemd to manage cgroups.
+PODMAN_SETTINGS = """[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+"""
+APT_PACKAGES = ("podman", "runc", "debootstrap")
+# (tag, Dockerfile): built from the repository root, the Dockerfiles as they are.
+IMAGES = (
+    ("localhost/reslice-trainer:dev", "docker/Dockerfile"),
+    ("localhost/reslice-controller:dev", "docker/controller.Dockerfile"),
+    ("localhost/reslice-maxtext:dev", "docker/maxtext.Dockerfile"),
+)
+# The stand-in for the official python:X-slim images (no registry here): a Debian bookworm root
+# file system from debootstrap (this VM's release; the official tags' is trixie, docs/images.md)
+# with the runtime libraries the official image installs for CPython's extension modules, and this
+# machine's own CPython X (a pyenv build) in /usr/local, where the official image builds its CPython.
+ROOTFS_SUITE = "bookworm"
+ROOTFS_MIRROR = "http://deb.debian.org/debian"
+ROOTFS_PACKAGES = (
+    "ca-certificates", "netbase", "tzdata", "libssl3", "libffi8", "libsqlite3-0", "libbz2-1.0",
+    "liblzma5", "zlib1g", "libreadline8", "libncursesw6", "libexpat1", "libtirpc3", "libuuid1",
+    "libgdbm6", "libgdbm-compat4",
+)  # fmt: skip
+BASE_PYTHONS = ("3.11", "3.12")
+# What the official image's build removes from /usr/local, and site-packages: the stand-in's pip
+# comes from the interpreter's own ensurepip, not from whatever this machine installed there.
+BASE_EXCLUDES = ("test", "tests", "idle_test", "__pycache__", "site-packages", "*.pyc", "libpython*.a")
+BASE_DOCKERFILE = """FROM {rootfs}
+COPY python /usr/local
+RUN ldconfig \\
+    && ln -sf python{version} /usr/local/bin/python \\
+    && python{version} -m ensurepip --default-pip \\
+    && ln -sf pip{version} /usr/local/bin/pip \\
+    && python -c "import ssl, sqlite3, ctypes, lzma, bz2, zlib, readline, uuid"
+ENV PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \\
+    PYTHON_VERSION={full}
+LABEL reslice.stand-in={key}
+CMD ["python{version}"]
+"""
+
+
+class EngineUnavailable(Exception):
+    """Podman cannot be set up here (no apt, not root): the image tests skip with this line."""
+
+
+def podman_env() -> dict[str, str]:
+    """The environment every podman command runs in: the project's containers.conf alone
+    (CONTAINERS_CONF replaces the system's files for these commands, and touches nothing else)."""
+    return {**os.environ, "CONTAINERS_CONF": str(PODMAN_CONF)}
+
+
+def podman(*args: str, check: bool = True, capture: bool = False) -> subprocess.CompletedProcess:
+    """``podman ARGS``: exits dev.py with podman's error when ``check``; builds' image ids (stdout)
+    are not printed."""
+    out = None if capture or args[0] != "build" else subprocess.DEVNULL
+    done = subprocess.run(
+        ["podman", *args], env=podman_env(), cwd=ROOT, capture_output=capture, stdout=out, text=True
+    )
+    if check and done.returncode:
+        detail = f": {done.stderr.strip()[-2000:]}" if capture else ""
+        sys.exit(f"dev.py images: podman {' '.join(args[:3])} ... failed (exit {done.returncode}){detail}")
+    return done
+
+
+def engine() -> None:
+    """podman, runc and debootstrap (apt, as root) and the project's containers.conf."""
+    missing = [p for p in APT_PACKAGES if shutil.which(p) is None and not Path(f"/usr/sbin/{p}").exists()]
+    if missing:
+        if os.geteuid() != 0 or shutil.which("apt-get") is None:
+            raise EngineUnavailable(
+                f"{' '.join(missing)} not installed and cannot be: "
+                + ("apt-get needs root" if shutil.which("apt-get") else "no apt-get")
+            )
+        print(f"dev.py images: apt-get install {' '.join(APT_PACKAGES)}", file=sys.stderr)
+        quiet = {"stdout": subprocess.DEVNULL, "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}}
+        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *APT_PACKAGES]):
+            if subprocess.run(cmd, **quiet).returncode:
+                raise EngineUnavailable(f"`{' '.join(cmd)}` failed")
+    if os.geteuid() != 0:
+        raise EngineUnavailable(
+            "podman here runs rootful (the VM has no subuid ranges for rootless): run as root"
+        )
+    PODMAN_CONF.parent.mkdir(parents=True, exist_ok=True)
+    if not PODMAN_CONF.exists() or PODMAN_CONF.read_text() != PODMAN_SETTINGS:
+        PODMAN_CONF.write_text(PODMAN_SETTINGS)
+
+
+def _key(*parts: object) -> str:
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def _labelled(image: str, key: str) -> bool:
+    got = podman("image", "inspect", "--format", '{{index .Labels "reslice.stand-in"}}', image,
+                 check=False, capture=True)  # fmt: skip
+    return got.returncode == 0 and got.stdout.strip() == key
+
+
+def rootfs() -> str:
+    """The Debian root file system as an image, tagged by the hash of what makes it."""
+    key = _key(ROOTFS_SUITE, ROOTFS_MIRROR, ROOTFS_PACKAGES)
+    tag = f"localhost/reslice-rootfs:{key}"
+    if podman("image", "exists", tag, check=False).returncode == 0:
+        return tag
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="reslice-rootfs-") as tmp:
+        target = Path(tmp) / "root"
+        cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(ROOTFS_PACKAGES)}"]
+        done = subprocess.run(
+            [*cmd, ROOTFS_SUITE, str(target), ROOTFS_MIRROR], capture_output=True, text=True
+        )
+        if done.returncode:
+            sys.exit(
+                f"dev.py images: debootstrap failed (exit {done.returncode}): {done.stderr.strip()[-1000:]}"
+            )
+        # apt's package lists and caches are not part of a slim image.
+        for junk in ("var/lib/apt/lists", "var/cache/apt", "var/log"):
+            for p in (target / junk).glob("*"):
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        # --one-file-system: nothing of a /proc or /sys that debootstrap failed to unmount.
+        tar = subprocess.Popen(
+            ["tar", "-C", str(target), "--one-file-system", "-c", "."], stdout=subprocess.PIPE
+        )
+        imported = subprocess.run(["podman", "import", "-", tag], stdin=tar.stdout, env=podman_env(),
+                                  capture_output=True)  # fmt: skip
+        tar.stdout.close()
+        if tar.wait() or imported.returncode:
+            sys.exit("dev.py images: could not import the debootstrap root file system into podman")
+    print(
+        f"dev.py images: {tag} (debootstrap {ROOTFS_SUITE}) in {time.monotonic() - started:.0f} s",
+        file=sys.stderr,
+    )
+    return tag
+
+
+def _interpreter(version: str) -> str:
+    """``python<version>`` on PATH when it runs, else pyenv's newest build of it (a pyenv shim of a
+    version not selected does not run, though the build is there)."""
+    found = shutil.which(f"python{version}")
+    if found and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0:
+        return found
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    builds = sorted(
+        root.glob(f"versions/{version}.*/bin/python{version}"), key=lambda p: _release(p.parent.parent.name)
+    )
+    if not builds:
+        sys.exit(
+            f"dev.py images: needs a CPython {version} build for the stand-in python:{version}-slim (pyenv install {version})"
+        )
+    return str(builds[-1])
+
+
+def _release(name: str) -> tuple[int, ...]:
+    return tuple(int(x) if x.isdigit() else -1 for x in name.split("."))
+
+
+def base(version: str, rootfs_tag: str) -> None:
+    """docker.io/library/python:<version>-slim, the stand-in: `rootfs_tag` plus this machine's
+    CPython <version> (found as dev.py finds its interpreters) copied into /usr/local. Rebuilt only
+    when the root file system or the interpreter's build changes (the key, a label on the image)."""
+    exe = _interpreter(version)
+    found = subprocess.run(
+        [exe, "-c", "import sys, sysconfig; print(sys.base_prefix); print(sys.version.split()[0]);"
+         "print(sysconfig.get_config_var('LDLIBRARY'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    prefix, full = Path(found[0]), found[1]
+    if prefix in (Path("/usr"), Path("/usr/local")) or not (prefix / "lib" / f"python{version}").is_dir():
+        sys.exit(
+            f"dev.py images: Python {version} at {prefix} is not a self-contained build to copy (pyenv's is)"
+        )
+    lib = prefix / "lib" / found[2]
+    key = _key(
+        rootfs_tag,
+        str(prefix),
+        full,
+        lib.stat().st_size if lib.exists() else 0,
+        BASE_DOCKERFILE,
+        BASE_EXCLUDES,
+    )
+    tag = f"docker.io/library/python:{version}-slim"
+    if _labelled(tag, key):
+        return
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="reslice-base-") as tmp:
+        copy = Path(tmp) / "python"
+        shutil.copytree(prefix, copy, symlinks=True, ignore=_base_ignore(prefix))
+        (copy / "lib" / f"python{version}" / "site-packages").mkdir()
+        text = BASE_DOCKERFILE.format(rootfs=rootfs_tag, version=version, full=full, key=key)
+        (Path(tmp) / "Dockerfile").write_text(text)
+        podman("build", "--quiet", "-t", tag, tmp)
+    print(
+        f"dev.py images: {tag} (CPython {full} from {prefix}) in {time.monotonic() - started:.0f} s",
+        file=sys.stderr,
+    )
+
+
+def _base_ignore(prefix: Path) -> Callable[[str, list[str]], set[str]]:
+    """BASE_EXCLUDES anywhere, and in bin/ what is not CPython's own (scripts that packages
+    installed into this interpreter put there, pointing at this machine's paths)."""
+    patterns = shutil.ignore_patterns(*BASE_EXCLUDES)
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        out = set(patterns(folder, names))
+        if Path(folder) == prefix / "bin":
+            out |= {n for n in names if not n.startswith(("python", "pydoc", "idle", "2to3"))}
+        return out
+
+    return ignore
+
+
+def build_mounts() -> list[str]:
+    """What pip inside `podman build` needs to reach the package index from here: the host's CA
+    bundle (a proxy's CA in it) and pip.conf, where they exist; read-only build mounts, in no layer."""
+    mounts = []
+    for path in ("/etc/ssl/certs/ca-certificates.crt", "/etc/pip.conf"):
+        if Path(path).is_file():
+            mounts += ["-v", f"{path}:{path}:ro"]
+    return mounts
+
+
+def build_images(names: list[str] | None = None) -> None:
+    """Every image (or those whose tag contains one of ``names``), bases first; podman's layer
+    cache makes a second run a few seconds."""
+    engine()
+    top = rootfs()
+    for version in BASE_PYTHONS:
+        base(version, top)
+    for tag, dockerfile in IMAGES:
+        if names and not any(n in tag for n in names):
+            continue
+        started = time.monotonic()
+        podman("build", "--quiet", "--network", "host", *build_mounts(), "-f", dockerfile, "-t", tag, ".")
+        size = podman("image", "inspect", "--format", "{{.Size}}", tag, capture=True).stdout.strip()
+        print(
+            f"dev.py images: {tag} ({int(size) / 1e9:.2f} GB) in {time.monotonic() - started:.0f} s",
+            file=sys.stderr,
+        )
+
+
+def images(args: list[str]) -> None:
+    known = [tag.split("/")[-1].split(":")[0].removeprefix("reslice-") for tag, _ in IMAGES]
+    unknown = [a for a in args if not any(a in tag for tag, _ in IMAGES)]
+    if unknown:
+        print(f"dev.py images: no image named {unknown[0]!r} (images: {', '.join(known)})", file=sys.stderr)
+        sys.exit(2)
+    try:
+        build_images(args)
+    except EngineUnavailable as e:
+        sys.exit(f"dev.py images: no container engine: {e}")
+
+
 def _run(*cmd: str) -> None:
     done = subprocess.run(cmd, cwd=ROOT)
     if done.returncode:
@@ -168,7 +461,14 @@ def _exec(*cmd: str) -> None:
     os.execv(cmd[0], list(cmd))
 
 
-COMMANDS = {"test": test, "demo": demo, "bench": bench, "lock": lock, "maxtext": setup_maxtext}
+COMMANDS = {
+    "test": test,
+    "demo": demo,
+    "bench": bench,
+    "lock": lock,
+    "maxtext": setup_maxtext,
+    "images": images,
+}
 
 if __name__ == "__main__":
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # see PIP

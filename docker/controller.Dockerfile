@@ -29,7 +29,8 @@ COPY pyproject.toml README.md ./
 COPY --from=source /src/launcher launcher
 COPY presets presets
 # setuptools finds `trainer*` packages only if present: without trainer/ the wheel is launcher-only.
-RUN pip install --no-deps . \
+# Its in-tree build leftovers (build/, reslice.egg-info) go in the same layer.
+RUN pip install --no-deps . && rm -rf build reslice.egg-info \
     && groupadd --system --gid 65532 reslice \
     && useradd --system --uid 65532 --gid 65532 --no-create-home --shell /usr/sbin/nologin reslice
 

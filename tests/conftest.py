@@ -31,20 +31,24 @@ MAXTEXT_E2E = ROOT / "tests" / "maxtext_e2e"
 # end-to-end tests' waiting left the cores half idle.
 LONGEST_FIRST = (
     "tests/trainer/test_train.py",  # 308
+    "tests/trainer/test_mixture.py",  # 229 (measured alone with -n 0)
     "tests/trainer/test_start_barrier.py",  # 181
     "tests/controller/test_e2e_elastic.py",  # 170
     "tests/controller/test_e2e_disruptions.py",  # 159
     "tests/controller/test_e2e_takeover.py",  # 132
     "tests/sweep/test_e2e_sweep.py",  # 123
     "tests/trainer/test_sharded.py",  # 100
+    "tests/images/test_maxtext_image.py",  # 61
     "tests/controller/test_e2e_node_faults.py",  # 54
     "tests/trainer/test_lost_peers.py",  # 52
     "tests/trainer/test_step.py",  # 45
     "tests/controller/test_e2e_failures.py",  # 38
     "tests/trainer/test_corrupt_checkpoint.py",  # 35
+    "tests/images/test_trainer_image.py",  # 28
     "tests/maxtext/test_entry_gcs.py",
     "tests/sweep/test_maxtext_sweep.py",
     "tests/embedded/test_cluster_nodes.py",  # 26
+    "tests/images/test_controller_image.py",  # 23
     "tests/embedded/test_cluster_faults.py",  # 20
     "tests/embedded/test_cluster_failure_policy.py",  # 18
     "tests/trainer/test_memory.py",  # 15

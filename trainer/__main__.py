@@ -104,6 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except ConfigError as e:
         print(f"trainer: config error: {e}", file=sys.stderr, flush=True)
+        from trainer import distributed
+
+        if peers.multi_process(os.environ) and distributed.joined():
+            # Mid-run (a token id outside the vocabulary in a record being read): the peers wait in
+            # the step's collectives for this process, so skip JAX's shutdown barrier, as below.
+            _exit_now(2)
         return 2
     except Exception as e:
         from trainer import distributed

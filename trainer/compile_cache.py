@@ -282,7 +282,7 @@ def _describe(args: Any) -> str:
 
 
 # What the host alone reads of the config: the compiled programs are not a function of it.
-HOST_ONLY = ("name", "run_dir", "data", "checkpoint", "metrics")
+HOST_ONLY = ("name", "run_dir", "data", "eval", "checkpoint", "metrics")
 HOST_ONLY_TRAIN = (
     "steps",
     "seed",

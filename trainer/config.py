@@ -3,9 +3,11 @@
 Resolution order (later wins): the named config or YAML file, ``RESLICE_SET`` overrides, ``--set``
 overrides, then the batch plan and run directory from the contract environment (docs/contract.md).
 
-A YAML file is a mapping of sections (``model``, ``moe``, ``optim``, ``data``, ``train``, ``mesh``,
-``checkpoint``) plus optional ``base: <named config>`` and ``run_dir``. An override is
-``section.key=value``; the value is parsed as a YAML scalar and must fit the key's type.
+A YAML file is a mapping of sections (``model``, ``moe``, ``optim``, ``data``, ``eval``, ``train``,
+``mesh``, ``checkpoint``, ``metrics``) plus optional ``base: <named config>`` and ``run_dir``; a
+section it names overrides only the keys it gives. An override is ``section.key=value``; the value is
+parsed as YAML and must fit the key's type: a scalar, or for the lists of sources (``data.sources``,
+``eval.sources``) a YAML or JSON list of mappings.
 
 Every user-facing mistake raises :class:`ConfigError`, which ``__main__`` turns into one line on
 stderr and exit code 2.
@@ -82,14 +84,29 @@ class OptimConfig:
 @dataclass
 class DataConfig:
     source: str = "synthetic"  # synthetic | files
-    path: str = ""  # token file for source=files (local path or gs://)
-    dtype: str = "uint16"  # token file dtype: uint16 | uint32
+    path: str = ""  # token files for source=files: a file, a glob or a directory / gs:// prefix
+    # A mixture of token files: [{name, path, weight}, ...] (path as data.path); when given, it is
+    # the training data (data.source and data.path unused). Weights are relative.
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    # Token file dtype: uint16 | uint32 | auto (uint16 when every id of model.vocab_size fits, as
+    # OLMo-core and `python -m trainer.tokenize` choose).
+    dtype: str = "auto"
+    eos_id: int = -1  # -1: no document boundaries
     seed: int = 1234
     num_records: int = 1 << 20  # synthetic corpus size (records of seq_len + 1 tokens)
     zipf_exponent: float = 1.1  # skew of the synthetic unigram distribution
     copy_prob: float = 0.75  # probability that the next synthetic token follows the successor map
     workers: int = 0  # grain worker processes; 0: a prefetch thread in the trainer process
     prefetch: int = 2  # batches read ahead
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation (trainer/evaluate.py): the same fixed batches of each source every time."""
+
+    sources: list[dict[str, Any]] = field(default_factory=list)  # [{name, path}, ...]; [] = no eval
+    interval: int = 0  # evaluate after every N steps and after the last; 0: after the last only
+    batches: int = 1  # global batches per source (train.global_batch sequences each)
 
 
 @dataclass
@@ -149,6 +166,7 @@ class Config:
     moe: MoEConfig = field(default_factory=MoEConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -158,7 +176,7 @@ class Config:
         return dataclasses.asdict(self)
 
 
-SECTIONS = ("model", "moe", "optim", "data", "train", "mesh", "checkpoint", "metrics")
+SECTIONS = ("model", "moe", "optim", "data", "eval", "train", "mesh", "checkpoint", "metrics")
 
 # Named configs are overrides of the dataclass defaults (which are the `tiny` config).
 NAMED: dict[str, dict[str, dict[str, Any]]] = {
@@ -220,6 +238,10 @@ def _number(value: Any) -> Any:
 
 def _coerce(key: str, value: Any, current: Any) -> Any:
     """Convert a parsed value to the type of the field it replaces, refusing lossy conversions."""
+    if isinstance(current, list):
+        return source_list(key, value)
+    if isinstance(value, (dict, list)):
+        raise ConfigError(f"{key}: value must be a scalar, got {type(value).__name__}")
     if isinstance(current, (int, float)) and not isinstance(current, bool):
         value = _number(value)
         if isinstance(value, float) and not math.isfinite(value):
@@ -238,6 +260,50 @@ def _coerce(key: str, value: Any, current: Any) -> Any:
     elif isinstance(current, str):
         return value if isinstance(value, str) else str(value)
     raise ConfigError(f"{key}: expected {type(current).__name__}, got {value!r}")
+
+
+_SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def source_list(key: str, value: Any) -> list[dict[str, Any]]:
+    """``data.sources`` ([{name, path, weight}]) or ``eval.sources`` ([{name, path}]), checked:
+    names unique and fit for a metrics key (``data/tokens/<name>``), paths non-empty strings,
+    weights positive finite numbers (relative: the mixture divides by their sum)."""
+    weighted = key == "data.sources"
+    allowed = {"name", "path", "weight"} if weighted else {"name", "path"}
+    if not isinstance(value, list):
+        raise ConfigError(f"{key}: expected a list of {{{', '.join(sorted(allowed))}}}, got {value!r}")
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(value):
+        where = f"{key}[{i}]"
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"{where}: expected a mapping with {', '.join(sorted(allowed))}, got {item!r}")
+        unknown = set(item) - allowed
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(allowed))})"
+            )
+        name, path = item.get("name"), item.get("path")
+        if not isinstance(name, str) or not _SOURCE_NAME.match(name):
+            raise ConfigError(f"{where}: name must be 1-64 letters, digits, '_', '.' or '-', got {name!r}")
+        if not isinstance(path, str) or not path.strip():
+            raise ConfigError(f"{where} ({name}): path must be a file, a glob or a directory / gs:// prefix")
+        entry: dict[str, Any] = {"name": name, "path": path.strip()}
+        if weighted:
+            weight = _number(item.get("weight", 1.0))
+            if (
+                isinstance(weight, bool)
+                or not isinstance(weight, (int, float))
+                or not (math.isfinite(weight) and weight > 0)
+            ):
+                raise ConfigError(
+                    f"{where} ({name}): weight must be a positive number, got {item.get('weight')!r}"
+                )
+            entry["weight"] = float(weight)
+        if any(o["name"] == name for o in out):
+            raise ConfigError(f"{key}: source name {name!r} appears twice")
+        out.append(entry)
+    return out
 
 
 def set_value(cfg: Config, key: str, value: Any) -> None:
@@ -266,7 +332,8 @@ def apply_mapping(cfg: Config, data: Mapping[str, Any], origin: str) -> None:
 
 
 def parse_override(text: str) -> tuple[str, Any]:
-    """``section.key=value`` -> (key, value); the value is a YAML scalar (``1e-3``, ``true``, ``abc``)."""
+    """``section.key=value`` -> (key, value); the value is YAML: a scalar (``1e-3``, ``true``, ``abc``)
+    or, for a list key, a list (``[{name: web, path: gs://b/web, weight: 3}]``, JSON too)."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {text!r} is not of the form section.key=value")
@@ -274,8 +341,6 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as e:
         raise ConfigError(f"override {text!r}: cannot parse value: {str(e).splitlines()[0]}") from None
-    if isinstance(value, (dict, list)):
-        raise ConfigError(f"override {text!r}: value must be a scalar")
     return key.strip(), value
 
 
@@ -364,7 +429,12 @@ def validate(cfg: Config) -> None:
         (e.balance_group > 0, "moe.balance_group must be positive"),
         (cfg.data.source in ("synthetic", "files"), "data.source must be synthetic or files"),
         (cfg.data.source != "files" or bool(cfg.data.path), "data.path is required for data.source=files"),
-        (cfg.data.dtype in ("uint16", "uint32"), "data.dtype must be uint16 or uint32"),
+        (cfg.data.dtype in ("uint16", "uint32", "auto"), "data.dtype must be uint16, uint32 or auto"),
+        (not (cfg.data.sources and cfg.data.path), "data.path and data.sources exclude each other (a one-file mixture: data.sources=[{name: ..., path: ..., weight: 1}])"),
+        (not (cfg.data.dtype == "uint16" and m.vocab_size > 1 << 16 and _reads_token_files(cfg)),
+         f"data.dtype=uint16 cannot hold model.vocab_size={m.vocab_size} token ids (> 65,536): use uint32"),
+        (-1 <= cfg.data.eos_id < m.vocab_size, "data.eos_id must be -1 (none) or a token id below model.vocab_size"),
+        (cfg.eval.interval >= 0 and cfg.eval.batches > 0, "eval.interval must be >= 0 and eval.batches positive"),
         (cfg.data.workers >= 0 and cfg.data.prefetch >= 0, "data.workers and data.prefetch must be >= 0"),
         (cfg.train.stall_timeout_s >= 0, "train.stall_timeout_s must be >= 0 (0: automatic)"),
         (cfg.train.debug_start_delay_s >= 0, "train.debug_start_delay_s must be >= 0"),
@@ -388,6 +458,17 @@ def validate(cfg: Config) -> None:
     for ok, message in checks:
         if not ok:
             raise ConfigError(message)
+
+
+def token_dtype(cfg: Config) -> str:
+    """The token files' dtype: data.dtype, or for ``auto`` the smaller that holds every token id."""
+    if cfg.data.dtype != "auto":
+        return cfg.data.dtype
+    return "uint16" if cfg.model.vocab_size <= 1 << 16 else "uint32"
+
+
+def _reads_token_files(cfg: Config) -> bool:
+    return bool(cfg.data.sources or cfg.eval.sources) or cfg.data.source == "files"
 
 
 def decay_steps(cfg: Config) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from trainer import compile_cache, data, distributed, sizes, storage
+from trainer import compile_cache, data, distributed, evaluate, sizes, storage
 from trainer.checkpoint import Checkpointer
 from trainer.config import Config, ConfigError, config_hash, identity
 from trainer.mesh import batch_sharding, device_sharding, dp_ranks, mesh_for, process_block
@@ -122,6 +122,7 @@ class Recorder:
             "moe/max_load_over_balanced": max((x["max_load_over_balanced"] for x in layers), default=0.0),
             "moe/layers": layers, "moe/buffer_rows": self.buffer_rows,
             "data/sample_digest": batch.get("digest"), "data/first_sample": batch.get("first_sample"),
+            **{f"data/tokens/{k}": v for k, v in (batch.get("source_tokens") or {}).items()},
             "devices": self.plan.devices, "micro_batch": self.plan.micro_batch, "dp_ranks": self.plan.dp_ranks,
             "grad_accum": self.plan.grad_accum, "num_processes": self.plan.num_processes,
         }  # fmt: skip
@@ -178,6 +179,7 @@ class Incarnation:
     meta: Callable[[int], dict[str, Any]]  # a checkpoint's meta at a step
     status: dict[str, Any]  # what every status.json write carries
     timeline: Timeline  # this process's start-up, reported with its first step
+    evaluator: Any = None  # trainer.evaluate.Evaluator when eval.sources are given
 
 
 @dataclass(frozen=True)
@@ -310,15 +312,23 @@ def _train(
             startup, last_done, stop = {}, done.done_at, stop or done.stop
             writer.write(done.record)
         pending = Pending(n, dm, batch, data_s)
-        if n % cfg.checkpoint.interval == 0 or n == cfg.train.steps or stop:
+        evaluate = inc.evaluator is not None and inc.evaluator.due(n)
+        if evaluate or n % cfg.checkpoint.interval == 0 or n == cfg.train.steps or stop:
             done = finish_step(inc, pending, last_done, startup)  # the step's own time, before the save
             startup, pending, stop = {}, None, stop or done.stop
-            with preemption.saving():
-                done.record["perf/checkpoint_save_seconds"] = inc.ckpt.save(n, state, inc.meta(n))
-            last_done = time.perf_counter()
-            writer.write(done.record)
-            writer.status(state="running", step=n, **inc.status)
-            writer.flush()
+            if evaluate:  # the state after step n, read before step n + 1 donates it
+                done.record.update(inc.evaluator(state))
+            # A SIGTERM learnt from this very step (an eval step finishes it early): nothing is in
+            # flight, so step n is the one every process saves.
+            if n % cfg.checkpoint.interval == 0 or n == cfg.train.steps or stop:
+                with preemption.saving():
+                    done.record["perf/checkpoint_save_seconds"] = inc.ckpt.save(n, state, inc.meta(n))
+                writer.write(done.record)
+                writer.status(state="running", step=n, **inc.status)
+                writer.flush()
+            else:
+                writer.write(done.record)
+            last_done = time.perf_counter()  # neither the eval nor the save is the next step's time
             if stop:
                 break
     return n
@@ -339,8 +349,12 @@ def run(
         # collective for it) and before anything is written: a run directory this node pool
         # cannot write is a configuration error (exit 2), reported with its fix.
         storage.probe_write(cfg.run_dir)
-    if cfg.data.source == "files":  # a missing or short token file: exit 2 before anything is written
-        data.make_source(cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
+    if cfg.data.sources or cfg.data.source == "files":
+        # A missing, short or foreign token file, or weights the global batch cannot hold: exit 2
+        # before anything is written.
+        data.make_mixture(cfg.data, cfg.model.vocab_size, cfg.model.seq_len, cfg.train.global_batch)
+    if cfg.eval.sources:
+        data.eval_sources(cfg.eval.sources, cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
     ident = distributed.initialize(env)
     timeline.mark("distributed")
     if cfg.train.compile_cache:
@@ -416,6 +430,11 @@ def run(
                 print(f"trainer: preempted before the first step, step {start} stands, exit {EXIT_PREEMPTED}")
                 return EXIT_PREEMPTED
             steps, compile_timers = _compile(program, steps, state, model)
+            evaluator = evaluate.Evaluator.build(cfg, layout, steps.tokens_sharding, steps.global_shape)
+            if evaluator is not None:
+                eval_compile = evaluator.compile(model, state)
+                compile_timers["perf/compile_seconds"] += eval_compile
+                print(f"trainer: eval step compiled in {eval_compile:.1f} s", flush=True)
             timeline.mark("train step")
             if "flax" not in sys.modules:
                 print("trainer: the model was not traced: flax and optax were never imported", flush=True)
@@ -430,7 +449,7 @@ def run(
                 "perf/start_barrier_seconds": waited,
             }
 
-            inc = Incarnation(cfg, preemption, recorder, writer, ckpt, meta, status, timeline)
+            inc = Incarnation(cfg, preemption, recorder, writer, ckpt, meta, status, timeline, evaluator)
             n = _train(inc, steps, state, batches, start, startup)
             with preemption.saving():
                 ckpt.wait()

@@ -15,7 +15,8 @@ segment lands in exactly one of:
 - data_loading: the blocking data loading of the first step of each incarnation; later steps load
   their batch while the device runs the step before (not badput: ml-goodput's DATA_LOADING_ASYNC);
 - recomputed: steps computed again after a resume from an older checkpoint;
-- checkpointing: blocking time of checkpoint saves.
+- checkpointing: blocking time of checkpoint saves;
+- evaluation: held-out evaluation (`perf/eval_seconds`), which no step's time includes.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ SAVE_TIME = "perf/checkpoint_save_seconds"
 DATA_TIME = "perf/data_loading_seconds"
 COMPILE_TIME = "perf/compile_seconds"
 RESTORE_TIME = "perf/restore_seconds"
+EVAL_TIME = "perf/eval_seconds"
 TOKENS = "perf/tokens_per_sec"
 
 # The badput categories: (Badput attribute, JSON key, label). Their sum and `productive` are the wall.
@@ -42,6 +44,7 @@ CATEGORIES = (
     ("data_loading", "data_loading", "data loading"),
     ("recomputed", "recomputed_steps", "recomputed steps"),
     ("checkpointing", "checkpoint_save", "checkpoint saves"),
+    ("evaluation", "evaluation", "evaluation"),
 )
 
 
@@ -55,6 +58,7 @@ class Badput:
     data_loading: float = 0.0
     recomputed: float = 0.0
     checkpointing: float = 0.0
+    evaluation: float = 0.0
     # Of `scheduling`: pods unschedulable or no shape of the ladder fitting (the ledger says which).
     waiting_for_capacity: float = 0.0
     wall: float = 0.0
@@ -69,7 +73,12 @@ class Badput:
         a save nor the wait for capacity."""
         return max(
             0.0,
-            self.wall - self.productive - self.recomputed - self.checkpointing - self.waiting_for_capacity,
+            self.wall
+            - self.productive
+            - self.recomputed
+            - self.checkpointing
+            - self.evaluation
+            - self.waiting_for_capacity,
         )
 
     def add(self, other: Badput) -> None:
@@ -252,8 +261,10 @@ def segment_badput(
             else:
                 b.recomputed += step - data
             b.checkpointing += m.get(SAVE_TIME) or 0.0
+            b.evaluation += m.get(EVAL_TIME) or 0.0
         last = inc[-1][1]
-        cursor = max(cursor, last.get("time", cursor) + (last.get(SAVE_TIME) or 0.0))
+        after = (last.get(SAVE_TIME) or 0.0) + (last.get(EVAL_TIME) or 0.0)  # both follow its "time"
+        cursor = max(cursor, last.get("time", cursor) + after)
     claimed = b.productive + sum(getattr(b, name) for name, _, _ in CATEGORIES if name != "scheduling")
     b.scheduling = max(0.0, b.wall - claimed)
     return b

@@ -16,6 +16,7 @@ COLOURS = {
     "data_loading": "#bcbd22",
     "recomputed": "#d62728",
     "checkpointing": "#9467bd",
+    "evaluation": "#e377c2",
 }
 LABELS = {"productive": "productive training", **{name: label for name, _, label in CATEGORIES}}
 

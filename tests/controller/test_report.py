@@ -131,7 +131,7 @@ def test_goodput_split_as_ml_goodput_measurement_does():
     assert out["goodput"] == pytest.approx(round(5.25 / 30, 4))
     assert out["badput_s"] == {
         "scheduling": 12.5, "startup": 2.5, "compilation": 4.0, "checkpoint_restore": 2.5,
-        "data_loading": 0.75, "recomputed_steps": 2.0, "checkpoint_save": 0.5,
+        "data_loading": 0.75, "recomputed_steps": 2.0, "checkpoint_save": 0.5, "evaluation": 0.0,
     }  # fmt: skip
     assert out["waiting_for_capacity_s"] == 3.0 and out["segments"][0]["badput_s"] == out["badput_s"]
 
@@ -142,6 +142,23 @@ def test_every_second_in_one_category_on_the_shrinking_history():
     # No pod observations: the gap before each segment's first step is start-up (T0..T0+10, T0+30..T0+40).
     assert b.startup == pytest.approx(20)
     assert b.productive + sum(getattr(b, name) for name, _, _ in CATEGORIES) == pytest.approx(b.wall)
+
+
+def test_evaluation_is_its_own_category_not_training_nor_scheduling():
+    """Step 2 of the preempted history evaluates for 0.75 s after its save (`perf/eval_seconds`,
+    which no step time includes): those seconds leave scheduling (the remainder) for evaluation,
+    and productive training is unchanged."""
+    rec, metrics, ledger = preempted_in_place()
+    before = build_report(rec, metrics, ledger, now=T0 + 999).badput
+    metrics[1]["perf/eval_seconds"] = 0.75
+    after = build_report(rec, metrics, ledger, now=T0 + 999).badput
+    assert after.evaluation == pytest.approx(0.75) and before.evaluation == 0
+    assert after.productive == pytest.approx(before.productive)
+    assert after.scheduling == pytest.approx(before.scheduling - 0.75)
+    assert after.productive + sum(getattr(after, name) for name, _, _ in CATEGORIES) == pytest.approx(
+        after.wall
+    )
+    assert build_report(rec, metrics, ledger, now=T0 + 999).as_dict()["badput_s"]["evaluation"] == 0.75
 
 
 def test_badput_table_shows_each_category():

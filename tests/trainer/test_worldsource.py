@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 from kubernetes import client
-from launcher.embedded.resources import RESOURCES
 
 from launcher.embedded.cluster import EmbeddedCluster
+from launcher.embedded.types.resources import RESOURCES
 from tests.support.wait import wait_for
 from tests.trainer.test_supervisor_world import Pod, world_doc
 from trainer import worldsource

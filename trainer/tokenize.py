@@ -1,0 +1,260 @@
+"""``python -m trainer.tokenize``: raw text -> token files the trainer reads (``data.sources``).
+
+    python -m trainer.tokenize --tokenizer tokenizer.json --out /data/web INPUT [INPUT ...]
+
+Inputs are JSON Lines (``.jsonl``, ``.json``: one document per line, its text in ``--field``,
+default ``text``) or plain text (any other suffix: the whole file is one document); ``.gz`` of
+either is read as it streams. The tokenizer is a ``tokenizers`` library JSON file (what
+``Tokenizer.save`` and the Hugging Face hub's ``tokenizer.json`` are). Each document is encoded
+without special tokens and followed by the EOS token (``--eos``, default the first of the usual
+end-of-text tokens the vocabulary has), as OLMo-core's and Dolma's token files are. The output is
+``OUT/part-00000.npy``, ``part-00001.npy``, ...: flat little-endian ``uint16`` (a vocabulary of at
+most 65,536 ids) or ``uint32`` arrays with no header, a new file begun at the first document
+boundary after ``--shard-tokens`` tokens, so no document spans two files.
+
+Streaming: documents are read and encoded in batches (``encode_batch``, the library's threads),
+never the whole input at once, with a progress bar over the input bytes on stderr. The summary (files,
+documents, tokens, dtype, EOS id) is one JSON line on stdout; set ``data.eos_id`` to its ``eos_id``.
+
+Bad input (a missing input, a tokenizer file that does not load, an EOS token the vocabulary lacks,
+an output directory that is a file or not empty, a line that is not JSON or lacks the field): one
+line on stderr, exit 2, and nothing left behind: the files are written into a temporary directory
+beside ``OUT`` and renamed into place at the end.
+
+A user runs it (README, docs/contract.md); it imports no JAX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[SEP]")
+BATCH_DOCS = 512  # documents per encode_batch call
+
+
+class InputError(Exception):
+    """Bad input: one line on stderr, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        print(f"tokenize: usage error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+@dataclass
+class Totals:
+    documents: int = 0
+    tokens: int = 0
+
+
+def _open(path: Path) -> IO[str]:
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def _is_jsonl(path: Path) -> bool:
+    name = path.name[: -len(".gz")] if path.name.endswith(".gz") else path.name
+    return name.endswith((".jsonl", ".json"))
+
+
+def documents(path: Path, field: str) -> Iterator[tuple[str, int]]:
+    """(text, input bytes consumed) for each document of ``path``, in order."""
+    with _open(path) as f:
+        if not _is_jsonl(path):
+            text = f.read()
+            yield text, len(text.encode())
+            return
+        for number, line in enumerate(f, 1):
+            size = len(line.encode())
+            if not line.strip():
+                yield "", size
+                continue
+            try:
+                doc = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise InputError(f"{path}:{number}: not JSON ({e.msg})") from None
+            text = doc.get(field) if isinstance(doc, dict) else None
+            if not isinstance(text, str):
+                raise InputError(f"{path}:{number}: no string field {field!r}")
+            yield text, size
+
+
+class ShardWriter:
+    """``part-NNNNN.npy`` files under ``root``, each begun at a document boundary."""
+
+    def __init__(self, root: Path, dtype: np.dtype, shard_tokens: int):
+        self.root, self.dtype, self.shard_tokens = root, dtype, shard_tokens
+        self.files: list[str] = []
+        self._file: IO[bytes] | None = None
+        self._in_file = 0
+
+    def document(self, ids: np.ndarray) -> None:
+        if self._file is None or self._in_file >= self.shard_tokens:
+            self._next()
+        assert self._file is not None
+        self._file.write(ids.astype(self.dtype, copy=False).tobytes())
+        self._in_file += len(ids)
+
+    def _next(self) -> None:
+        self.close()
+        name = f"part-{len(self.files):05d}.npy"
+        self.files.append(name)
+        self._file = open(self.root / name, "wb")  # noqa: SIM115 (closed by close())
+        self._in_file = 0
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def load_tokenizer(path: str, eos: str | None) -> tuple[Any, int, int]:
+    """(tokenizer, vocabulary size, EOS id) or InputError."""
+    from tokenizers import Tokenizer
+
+    if not Path(path).is_file():
+        raise InputError(f"tokenizer file {path} does not exist")
+    try:
+        tok = Tokenizer.from_file(path)
+    except Exception as e:  # the library raises a bare Exception for a malformed file
+        raise InputError(f"tokenizer file {path} does not load: {' '.join(str(e).split())[:200]}") from None
+    vocab = tok.get_vocab_size(with_added_tokens=True)
+    names = (eos,) if eos else EOS_CANDIDATES
+    for name in names:
+        eos_id = tok.token_to_id(name)
+        if eos_id is not None:
+            return tok, vocab, eos_id
+    if eos:
+        raise InputError(f"the tokenizer has no token {eos!r} (--eos)")
+    raise InputError(
+        f"the tokenizer has none of {', '.join(EOS_CANDIDATES)}: name its end-of-text token with --eos"
+    )
+
+
+def _missing(path: Path) -> list[Path]:
+    """``path`` and its ancestors that do not exist yet, innermost first."""
+    out = []
+    while not path.exists() and path != path.parent:
+        out.append(path)
+        path = path.parent
+    return out
+
+
+def check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file")
+    if out.is_dir() and any(out.iterdir()):
+        raise InputError(f"--out {out} is not empty (nothing is overwritten): choose a new directory")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise InputError(f"--out {out}: {parent} is not a writable directory")
+
+
+def tokenize(
+    inputs: list[Path], tokenizer: Any, eos_id: int, dtype: np.dtype, out: Path, field: str, shard_tokens: int
+) -> tuple[Totals, list[str]]:
+    """Write the token files into ``out`` (which exists and is empty); stream with a progress bar."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    totals, writer = Totals(), ShardWriter(out, dtype, shard_tokens)
+    eos = np.array([eos_id], dtype)
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+               TextColumn("{task.fields[tokens]:,} tokens"))  # fmt: skip
+    total_bytes = sum(p.stat().st_size for p in inputs)
+    with Progress(*columns, transient=False, disable=not sys.stderr.isatty()) as bar:
+        task = bar.add_task("tokenizing", total=total_bytes, tokens=0)
+
+        def flush(batch: list[str], consumed: int) -> None:
+            for enc in tokenizer.encode_batch(batch, add_special_tokens=False):
+                writer.document(np.concatenate([np.asarray(enc.ids, dtype), eos]))
+                totals.tokens += len(enc.ids) + 1
+            totals.documents += len(batch)
+            bar.update(task, advance=consumed, tokens=totals.tokens)
+
+        try:
+            for path in inputs:
+                batch, consumed = [], 0
+                for text, size in documents(path, field):
+                    consumed += size
+                    if text:
+                        batch.append(text)
+                    if len(batch) >= BATCH_DOCS:
+                        flush(batch, consumed)
+                        batch, consumed = [], 0
+                flush(batch, consumed)
+        finally:
+            writer.close()
+    return totals, writer.files
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _Parser(prog="python -m trainer.tokenize", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "inputs", nargs="+", metavar="INPUT", help=".jsonl/.json (one document a line) or text"
+    )
+    parser.add_argument("--tokenizer", required=True, help="a tokenizers-library JSON file")
+    parser.add_argument("--out", required=True, help="output directory (new or empty)")
+    parser.add_argument(
+        "--eos", help=f"end-of-text token (default: the first of {', '.join(EOS_CANDIDATES)})"
+    )
+    parser.add_argument("--field", default="text", help="the JSON field holding a document's text")
+    parser.add_argument("--shard-tokens", type=int, default=1 << 30, help="tokens per output file (about)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    try:
+        if args.shard_tokens < 1:
+            raise InputError("--shard-tokens must be positive")
+        inputs = [Path(p) for p in args.inputs]
+        for p in inputs:
+            if not p.is_file():
+                raise InputError(f"input {p} is not a file")
+        tokenizer, vocab, eos_id = load_tokenizer(args.tokenizer, args.eos)
+        dtype = np.dtype("<u2" if vocab <= 1 << 16 else "<u4")
+        check_out(out)
+        created = _missing(out.parent)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        try:
+            totals, files = tokenize(inputs, tokenizer, eos_id, dtype, work, args.field, args.shard_tokens)
+            if out.is_dir():
+                out.rmdir()  # empty (checked): replaced whole
+            work.rename(out)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            for d in created:  # innermost first: leave the file system as it was
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            raise
+    except InputError as e:
+        print(f"tokenize: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except UnicodeDecodeError as e:
+        print(f"tokenize: error: an input is not UTF-8 text ({e.reason} at byte {e.start})", file=sys.stderr)
+        return 2
+    summary = {
+        "out": str(out), "files": files, "documents": totals.documents, "tokens": totals.tokens,
+        "dtype": "uint16" if dtype.itemsize == 2 else "uint32", "vocab_size": vocab, "eos_id": eos_id,
+    }  # fmt: skip
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
