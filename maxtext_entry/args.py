@@ -3,8 +3,9 @@ entrypoint adds in the container. Pure."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+
+from maxtext_entry import storage
 
 
 class ConfigError(Exception):
@@ -18,7 +19,7 @@ class Command:
 
     @property
     def checkpoint_dir(self) -> str:
-        return os.path.join(self.keys["base_output_directory"], self.keys["run_name"], "checkpoints")
+        return storage.join(self.keys["base_output_directory"], self.keys["run_name"], "checkpoints")
 
     @property
     def steps(self) -> int:
@@ -46,11 +47,6 @@ def parse(argv: list[str]) -> Command:
         )
     if not keys["steps"].isdigit() or int(keys["steps"]) < 1:
         raise ConfigError(f"steps={keys['steps']}: expected a positive integer")
-    if keys["base_output_directory"].startswith("gs://"):
-        # MaxText writes its metrics file with open(); the entrypoint reads its checkpoints with os.
-        raise ConfigError(
-            "a gs:// run directory is not supported by the MaxText profile yet (docs/maxtext.md)"
-        )
     return Command(config, keys)
 
 

@@ -7,18 +7,43 @@ meaning is the same; where it differs, the contract's meaning wins:
   `learning/total_loss` <- MaxText's `learning/loss`.
 - `step` is 0-based in MaxText (a float); the contract's is 1-based (after s global batches).
 - `perf/tokens_per_sec` is over all devices; MaxText reports it per device.
+
+MaxText's MoE overflow probes (0.2.5's base.yml, read by `reslice sweep --trainer maxtext`):
+`moe_log_max_load_ratio` puts `learning/moe_max_load_ratio` (the largest expert shard's load over
+the balanced load, max over MoE layers) and `learning/moe_max_load_ratio_mean` (mean over layers)
+in the metrics file (`loss_fn`/`train_step`, `src/maxtext/trainers/pre_train/train.py`): passed, and
+the first also as the contract's `moe/max_load_over_balanced`. `log_required_ragged_buffer_factor`
+writes no metric: it logs `REQUIRED_RBF step=S max=M per_layer=[...] program=P` per step
+(`_maybe_log_required_rbf`), the smallest factor that would not have dropped tokens in each MoE
+layer; the entrypoint reads it from MaxText's output (`required_rbf`) and adds it to the step's
+record as `moe/required_buffer_factor` (max) and `moe/required_buffer_factor_layers`.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 PASSED = (
     "learning/grad_norm",
     "learning/moe_lb_loss",
+    "learning/moe_max_load_ratio",
+    "learning/moe_max_load_ratio_mean",
     "perf/step_time_seconds",
     "perf/per_device_tflops_per_sec",
 )
+REQUIRED_RBF = re.compile(r"REQUIRED_RBF step=(\d+) max=(\S+) per_layer=\[([^\]]*)\] program=(\w+)")
+
+
+def required_rbf(line: str) -> tuple[int, list[float]] | None:
+    """(MaxText's 0-based step, the per-layer factors) of a `REQUIRED_RBF` log line, else None."""
+    m = REQUIRED_RBF.search(line)
+    if m is None:
+        return None
+    try:
+        return int(m.group(1)), [float(v) for v in m.group(3).split(",") if v.strip()]
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -34,8 +59,9 @@ class Incarnation:
     peak_tflops_per_device: float | None = None
 
 
-def record(line: dict, who: Incarnation, now: float) -> dict:
-    """The contract's record for one MaxText metrics line (`now`: when the entrypoint read it)."""
+def record(line: dict, who: Incarnation, now: float, rbf_layers: list[float] | None = None) -> dict:
+    """The contract's record for one MaxText metrics line (`now`: when the entrypoint read it;
+    `rbf_layers`: the step's REQUIRED_RBF per layer, when MaxText logged one)."""
     out: dict = {
         "step": int(line["step"]) + 1,
         "segment": who.segment,
@@ -50,6 +76,11 @@ def record(line: dict, who: Incarnation, now: float) -> dict:
     if "learning/current_learning_rate" in line:
         out["learning/lr"] = line["learning/current_learning_rate"]
     out.update({k: line[k] for k in PASSED if k in line})
+    if "learning/moe_max_load_ratio" in line:
+        out["moe/max_load_over_balanced"] = line["learning/moe_max_load_ratio"]
+    if rbf_layers:
+        out["moe/required_buffer_factor"] = max(rbf_layers)
+        out["moe/required_buffer_factor_layers"] = rbf_layers
     per_device = line.get("perf/per_device_tokens_per_sec")
     if per_device is not None:
         out["perf/tokens_per_sec"] = per_device * who.devices

@@ -18,13 +18,18 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from maxtext_entry import checkpoints, metrics
+from maxtext_entry import checkpoints, metrics, storage
 from maxtext_entry.args import Command, ConfigError, for_container
 from maxtext_entry.outcome import Outcome, exit_code
 
 TRAIN_MODULE = "maxtext.trainers.pre_train.train"
 TAIL_LINES = 200
 POLL_S = 1.0
+# gs://: the metrics objects are rewritten whole every FLUSH_S, and at the first poll that finds a
+# record of a committed step unwritten (`_Metrics.owes`): a segment killed without notice (its node
+# pool gone) resumes after its last commit, so the records up to it are the ones it must not lose.
+FLUSH_S = 10.0
+MAXTEXT_METRICS = "maxtext/metrics"  # MaxText's own metrics lines, copied from its local metrics_file
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # in a checkout: its root
 MAXTEXT_CPU_PORT = 1234  # MaxText's fixed coordinator port on CPU (`initialize_jax_for_cpu`)
 # Keys that change with the rung, not the run: left out of the config hash.
@@ -128,14 +133,6 @@ def config_hash(cmd: Command) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _write_json(path: str, obj: dict) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)  # readers never see half a file
-
-
 def write_status(ctx: Context, cmd: Command, latest: int | None) -> None:
     step = checkpoints.done_steps(latest)
     status = {
@@ -146,38 +143,78 @@ def write_status(ctx: Context, cmd: Command, latest: int | None) -> None:
         "config_hash": config_hash(cmd),
         "time": time.time(),
     }
-    _write_json(os.path.join(ctx.run_dir, "status.json"), status)
+    storage.write_text(storage.join(ctx.run_dir, "status.json"), json.dumps(status))
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 @dataclass
 class _Metrics:
-    """Follows the child's local metrics file and appends the contract's records (process 0)."""
+    """Follows the child's local metrics file (MaxText writes it with `open()`: it stays local) and,
+    on process 0, adds the contract's records to `<run_dir>/metrics/` and MaxText's own lines, as
+    they are, to `<run_dir>/maxtext/metrics/` (`storage.Sink`: appended locally, rewritten whole on
+    gs:// at each `flush`). The step's REQUIRED_RBF log line (`note_output`) joins its record: MaxText
+    logs it while training the step, and writes the step's metrics line one step later, so a line
+    whose probe value has not been read yet waits for the next pump (`final`: no more will come)."""
 
     source: str
-    target: str | None
     who: metrics.Incarnation
+    records: storage.Sink | None = None
+    raw: storage.Sink | None = None
     offset: int = 0
     lines: int = 0
     pending: str = ""
+    held: list[str] = field(default_factory=list)
+    unflushed: int | None = None  # the earliest step (0-based) pumped since the last flush
+    rbf: dict[int, list[float]] = field(default_factory=dict)  # written by the output reader's thread
+    rbf_last: int = -1  # the latest step with a REQUIRED_RBF line: `rbf` is never iterated across threads
 
-    def pump(self) -> None:
+    def note_output(self, line: str) -> None:
+        if "REQUIRED_RBF" in line and (got := metrics.required_rbf(line)) is not None:
+            # A dropless replay of the step logs it again: the first attempt's counts.
+            self.rbf.setdefault(got[0], got[1])
+            self.rbf_last = max(self.rbf_last, got[0])
+
+    def pump(self, final: bool = False) -> None:
         try:
             with open(self.source) as f:
                 f.seek(self.offset)
                 chunk = f.read()
                 self.offset = f.tell()
         except FileNotFoundError:
-            return
+            chunk = ""
         text = self.pending + chunk
         *complete, self.pending = text.split("\n")
-        records = [
-            metrics.record(json.loads(line), self.who, time.time()) for line in complete if line.strip()
-        ]
+        todo = self.held + [line for line in complete if line.strip()]
+        self.held = []
+        records, raw = [], []
+        for i, line in enumerate(todo):
+            parsed = json.loads(line)
+            step = int(parsed["step"])
+            if self.rbf_last >= 0 and step not in self.rbf and step > self.rbf_last and not final:
+                # Its REQUIRED_RBF line is still in the pipe (had a later step's come, none would).
+                self.held = todo[i:]
+                break
+            records.append(json.dumps(metrics.record(parsed, self.who, time.time(), self.rbf.get(step))))
+            raw.append(line)
         self.lines += len(records)
-        if records and self.target:
-            os.makedirs(os.path.dirname(self.target), exist_ok=True)
-            with open(self.target, "a") as out:
-                out.writelines(json.dumps(r) + "\n" for r in records)
+        if records and self.unflushed is None:
+            self.unflushed = int(json.loads(raw[0])["step"])
+        if self.records is not None and self.raw is not None:
+            self.records.add(records)
+            self.raw.add(raw)
+
+    def owes(self, latest: int | None) -> bool:
+        """A record of a step the latest checkpoint holds is not written yet."""
+        return self.unflushed is not None and latest is not None and self.unflushed <= latest
+
+    def flush(self) -> None:
+        self.unflushed = None
+        for sink in (self.records, self.raw):
+            if sink is not None:
+                sink.flush(_now_ms())
 
 
 @dataclass
@@ -205,10 +242,11 @@ def _die_with_parent() -> None:
         pass
 
 
-def _pass_through(stream, tail: collections.deque) -> None:
+def _pass_through(stream, tail: collections.deque, follow: _Metrics) -> None:
     for line in iter(stream.readline, ""):
         sys.stderr.write(line)
         tail.append(line)
+        follow.note_output(line)
 
 
 def supervise(cmd: Command, ctx: Context) -> int:
@@ -216,13 +254,13 @@ def supervise(cmd: Command, ctx: Context) -> int:
     directory = cmd.checkpoint_dir
     final = cmd.steps - 1  # MaxText's 0-based index of the last step
     workdir = tempfile.mkdtemp(prefix="maxtext-entry-")
-    local_metrics = os.path.join(workdir, "metrics.jsonl")
-    target = None
+    local_metrics = os.path.join(workdir, "metrics.jsonl")  # MaxText's own metrics_file: local
+    follow = _Metrics(local_metrics, ctx.who)
     if ctx.process_index == 0:
-        name = f"{ctx.segment:04d}-{ctx.restart_attempt:03d}-{int(time.time() * 1000)}.jsonl"
-        target = os.path.join(ctx.run_dir, "metrics", name)
+        prefix, started = f"{ctx.segment:04d}-{ctx.restart_attempt:03d}", _now_ms()
+        follow.records = storage.Sink(storage.join(ctx.run_dir, "metrics"), prefix, ".jsonl", started)
+        follow.raw = storage.Sink(storage.join(ctx.run_dir, MAXTEXT_METRICS), prefix, ".jsonl", started)
         write_status(ctx, cmd, checkpoints.latest(directory))
-    follow = _Metrics(local_metrics, target, ctx.who)
     sig = _Signals(directory=directory)
     for s in (signal.SIGTERM, signal.SIGINT):
         signal.signal(s, sig.handle)
@@ -235,9 +273,10 @@ def supervise(cmd: Command, ctx: Context) -> int:
         env=child_env(dict(os.environ), ctx.cpu),
         preexec_fn=_die_with_parent,
     )
-    reader = threading.Thread(target=_pass_through, args=(sig.child.stdout, sig.tail), daemon=True)
+    reader = threading.Thread(target=_pass_through, args=(sig.child.stdout, sig.tail, follow), daemon=True)
     reader.start()
     seen = checkpoints.latest(directory)
+    flushed = time.monotonic()
     while True:
         try:
             returncode = sig.child.wait(timeout=POLL_S)
@@ -246,11 +285,15 @@ def supervise(cmd: Command, ctx: Context) -> int:
             pass
         follow.pump()
         latest = checkpoints.latest(directory)
+        if follow.owes(latest) or time.monotonic() - flushed >= FLUSH_S:
+            follow.flush()  # gs://: the records of committed steps at once, the others every FLUSH_S
+            flushed = time.monotonic()
         if ctx.process_index == 0 and latest != seen:
             write_status(ctx, cmd, latest)
         seen = latest
     reader.join(timeout=10)
-    follow.pump()
+    follow.pump(final=True)
+    follow.flush()
     latest = checkpoints.latest(directory)
     if ctx.process_index == 0:
         write_status(ctx, cmd, latest)

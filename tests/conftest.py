@@ -45,6 +45,8 @@ LONGEST_FIRST = (
     "tests/controller/test_e2e_failures.py",  # 38
     "tests/trainer/test_corrupt_checkpoint.py",  # 35
     "tests/images/test_trainer_image.py",  # 28
+    "tests/maxtext/test_entry_gcs.py",
+    "tests/sweep/test_maxtext_sweep.py",
     "tests/embedded/test_cluster_nodes.py",  # 26
     "tests/images/test_controller_image.py",  # 23
     "tests/embedded/test_cluster_faults.py",  # 20

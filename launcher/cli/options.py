@@ -16,7 +16,6 @@ from launcher.core.spec import RunSpec
 # Piped output (CI logs, tests) gets a wide fixed width instead of rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 160)
 
-DEFAULT_IMAGE = RunSpec.image
 DEFAULT_INIT_TIMEOUT = RunSpec.init_timeout_s
 
 
@@ -40,7 +39,13 @@ TrainerOpt = Annotated[
     str, typer.Option("--trainer", help="Trainer profile: reslice (trainer/) or maxtext (docs/maxtext.md).")
 ]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Trainer override key=value.")]
-ImageOpt = Annotated[str, typer.Option("--image", help="Trainer image.")]
+ImageOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--image",
+        help="Trainer image (default: reslice-trainer:latest; --trainer maxtext: reslice-maxtext:latest).",
+    ),
+]
 NamespaceOpt = Annotated[str, typer.Option("--namespace", help="Namespace of the run.")]
 GracePeriodOpt = Annotated[
     int | None,

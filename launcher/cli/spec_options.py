@@ -58,6 +58,13 @@ def trainer_config(trainer: str, config: str | None) -> str:
     return "base" if trainer == TrainerProfile.MAXTEXT else RunSpec.config
 
 
+def trainer_image(trainer: str, image: str | None) -> str:
+    """The `--image` a profile runs when none is given: its own image (launcher.core.maxtext.IMAGES)."""
+    from launcher.core.maxtext import default_image
+
+    return default_image(trainer, image)
+
+
 def placement_policies(preset: str, values: list[str] | None) -> tuple[tuple[str, str], ...]:
     """`--placement-policy NAME` (the requested preset) or `PRESET=NAME`, as (preset, policy) pairs."""
     out = {}

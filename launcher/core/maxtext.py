@@ -20,6 +20,9 @@ from launcher.core.presets import Shape
 from launcher.core.words import TrainerProfile
 
 PROFILES = tuple(TrainerProfile)
+# Each profile's image when `--image` is not given: what docker/Dockerfile and
+# docker/maxtext.Dockerfile build (docs/gke.md), as `python3.11 dev.py images` tags them.
+IMAGES = {TrainerProfile.RESLICE: "reslice-trainer:latest", TrainerProfile.MAXTEXT: "reslice-maxtext:latest"}
 ENTRYPOINT = ("python", "-m", "maxtext_entry", "--")
 # MaxText writes <base_output_directory>/<run_name>/{checkpoints,tensorboard,...}: under the run
 # directory, apart from what reslice's files are (run.json, events.jsonl, status.json, metrics/).
@@ -71,6 +74,26 @@ def checkpoint_layout(trainer: str) -> tuple[str, int]:
     """Where a profile's checkpoints are in the run directory, and what to add to a checkpoint's
     name to get reslice's 1-based step: what the controller and the report read (launcher.adapters.rundir)."""
     return (CHECKPOINTS, 1) if trainer == TrainerProfile.MAXTEXT else ("checkpoints", 0)
+
+
+def default_image(trainer: str, image: str | None) -> str:
+    """`--image` as given, else the profile's image (an unknown profile is refused later, by
+    `check_trainer`, with its own message)."""
+    return image if image is not None else IMAGES.get(trainer, IMAGES[TrainerProfile.RESLICE])
+
+
+def image_name(image: str) -> str:
+    """`reslice-maxtext` from `REGISTRY/PATH/reslice-maxtext:TAG[@sha256:...]`."""
+    last = image.split("@", 1)[0].rsplit("/", 1)[-1]
+    return last.split(":", 1)[0]
+
+
+def probe_command(trainer: str, run_dir: str) -> list[str]:
+    """What the write probe's pod runs in the profile's image: each image has only its own program
+    (the MaxText image has no `trainer` package)."""
+    if trainer == TrainerProfile.MAXTEXT:
+        return ["python", "-m", "maxtext_entry", "--probe-write", run_dir]
+    return ["python", "-m", "trainer", "--probe-write", run_dir]
 
 
 def check_trainer(trainer: str) -> None:

@@ -106,6 +106,13 @@ class LedgerKind(StrEnum):
     RELAUNCH = "relaunch"  # a sweep relaunched a run
 
 
+class DropUnit(StrEnum):
+    """What a sweep's dropped fraction counts (`sweep.results.FactorResult.drop_unit`)."""
+
+    ROWS = "rows"  # reslice's trainer counts the (token, expert) rows it dropped
+    LAYER_STEPS = "layer-steps"  # MaxText: (step, MoE layer) pairs whose buffer overflowed
+
+
 class TrainerProfile(StrEnum):
     """The trainer a run runs (`RunSpec.trainer`, `--trainer`): reslice's own (trainer/) or MaxText
     (docs/maxtext.md)."""

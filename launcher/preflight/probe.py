@@ -1,6 +1,8 @@
 """The write probe: a short-lived pod that writes the run directory from the target node pools.
 
-The pod runs `python -m trainer --probe-write RUN_DIR` (trainer/storage.py) with the trainer image
+The pod runs `python -m trainer --probe-write RUN_DIR` (trainer/storage.py), or for the MaxText
+profile `python -m maxtext_entry --probe-write RUN_DIR` (maxtext_entry/probe.py: the same write
+through the entrypoint's storage layer, and whether MaxText is there), with the run's image
 and the trainer pods' placement (`render.placement`: nodeSelector, tolerations, host network,
 service account, priority class), so it writes with the identity the trainers will have: on GKE
 the node's service account and scopes. It requests no TPU chips, so it also runs beside a live run,
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from launcher.adapters.kube import Kube, Refused
 from launcher.core.capacity.checks import FAIL, OK, Check
 from launcher.core.labels import CONTAINER
+from launcher.core.maxtext import probe_command
 from launcher.core.presets import Preset
 from launcher.core.render import placement
 from launcher.core.spec import RunSpec
@@ -47,7 +50,7 @@ def probe_pod(spec: RunSpec, preset: Preset, pin: dict[str, str] | None = None) 
                     "name": CONTAINER,
                     "image": spec.image,
                     "imagePullPolicy": spec.image_pull_policy,
-                    "command": ["python", "-m", "trainer", "--probe-write", spec.run_dir],
+                    "command": probe_command(spec.trainer, spec.run_dir),
                     "env": [{"name": k, "value": v} for k, v in spec.env],
                     "resources": {"requests": dict(PROBE_REQUESTS)},
                 }
@@ -90,7 +93,7 @@ def _exit_code(pod: dict) -> int | None:
 def probe_check(o: Outcome, run_dir: str) -> Check:
     """The probe's row: the trainer's own line names the fix when it could not write."""
     last = next((ln.strip() for ln in reversed(o.log.splitlines()) if ln.strip()), "")
-    said = last.removeprefix("trainer: ")
+    said = last.removeprefix("trainer: ").removeprefix("maxtext_entry: ").removeprefix("config error: ")
     if o.phase == "Refused":
         return Check(
             PROBE_ROW, FAIL, f"the API server refused the probe pod: {o.waiting}", "see the rows above"
@@ -98,7 +101,12 @@ def probe_check(o: Outcome, run_dir: str) -> Check:
     if o.phase == PodPhase.SUCCEEDED and o.exit_code == 0:
         return Check(PROBE_ROW, OK, f"pod {o.pod} on {o.node} wrote and deleted an object under {run_dir}")
     if o.phase == PodPhase.FAILED:
-        if "usage error" in said and "--probe-write" in said:
+        if "No module named" in said:
+            return Check(
+                PROBE_ROW, FAIL, f"the image does not hold the run's program ({said})",
+                "give the profile's image (docker/Dockerfile: reslice's trainer; docker/maxtext.Dockerfile: MaxText)",
+            )  # fmt: skip
+        if "--probe-write" in said and ("usage error" in said or "expected key=value" in said):
             return Check(
                 PROBE_ROW, FAIL, f"the image's trainer has no --probe-write ({said})",
                 "rebuild and push the image from this checkout (docker/Dockerfile)",

@@ -51,6 +51,7 @@ def result_of(sweep: SweepSpec, factor: float, state: str, reason: str) -> Facto
         steps=sweep.steps,
         state=state,
         reason=reason,
+        trainer=sweep.trainer,
     )
 
 
@@ -65,7 +66,7 @@ def plot_path(sweep: SweepSpec) -> Path:
 
 def write_outputs(sweep: SweepSpec, results: Sequence[FactorResult]) -> tuple[Recommendation, list[str]]:
     """sweep.json, sweep.csv and sweep.png; returns the recommendation and where they went."""
-    rec = recommend(results, sweep.max_drop)
+    rec = recommend(results, sweep.max_drop, sweep.factor_key)
     rd = RunDir(sweep.sweep_dir)
     doc = {
         "version": FORMAT_VERSION,
@@ -92,4 +93,4 @@ def load_sweep(sweep_dir: str) -> tuple[SweepSpec, list[FactorResult], Recommend
         results = [FactorResult(**r) for r in doc["results"]]
     except (ValueError, KeyError, TypeError) as e:
         raise UserError(f"{sweep_dir}/{SWEEP_JSON} is not a sweep file: {e}") from None
-    return spec, results, recommend(results, spec.max_drop)
+    return spec, results, recommend(results, spec.max_drop, spec.factor_key)

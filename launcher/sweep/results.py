@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from launcher.core.words import RunState
+from launcher.core.words import DropUnit, RunState, TrainerProfile
 from launcher.sweep.spec import FACTOR_KEY, SweepSpec, factor_label, is_dropless, sort_key
 
 # --- aggregation (pure) --------------------------------------------------------------------------
@@ -44,6 +44,11 @@ class FactorResult:
     tokens_per_sec: float | None = None  # median of perf/tokens_per_sec
     loss_final: float | None = None  # learning/loss of the last step
     loss_mean: float | None = None
+    # MaxText (`--trainer maxtext`) counts no rows: it logs, per step and MoE layer, the smallest
+    # factor that would not have dropped (REQUIRED_RBF). There `dropped_rows`/`total_rows` count
+    # (step, layer) pairs whose buffer overflowed / all of them: `drop_unit` says which.
+    drop_unit: str = DropUnit.ROWS
+    required_factor_max: float | None = None  # MaxText: the largest REQUIRED_RBF over measured steps
 
     @property
     def dropless(self) -> bool:
@@ -85,10 +90,12 @@ def aggregate(
     steps: int,
     state: str = RunState.FINISHED,
     reason: str = "",
+    trainer: str = TrainerProfile.RESLICE,
 ) -> FactorResult:
     """The trainer's own metrics (docs/contract.md), summed or averaged over the steps after
     `warmup`. Drops are the trainer's ``moe/dropped_rows`` over ``moe/total_rows`` (and per layer
-    from ``moe/layers``): counted where rows are dropped, never inferred from loads."""
+    from ``moe/layers``): counted where rows are dropped, never inferred from loads. A MaxText
+    sweep (`trainer="maxtext"`) reads MaxText's probes instead (`_maxtext_result`)."""
     kept = kept_records(files)
     measured = [kept[s] for s in sorted(kept) if s > warmup]
     base = FactorResult(factor=factor, run=run, state=state, reason=reason, steps=steps)
@@ -96,6 +103,8 @@ def aggregate(
         return replace(base, reason=reason or f"no metrics after step {warmup}")
     recs = [r for r, _ in measured]
     timed = [r for r, first in measured if not first] or recs  # a 1-step incarnation: keep what exists
+    if trainer == TrainerProfile.MAXTEXT:
+        return _maxtext_result(base, kept, recs, timed, steps)
     dropped = sum(int(r["moe/dropped_rows"]) for r in recs)
     total = sum(int(r["moe/total_rows"]) for r in recs)
     worst, worst_frac = None, None
@@ -130,6 +139,58 @@ def aggregate(
     )
 
 
+def _maxtext_result(
+    base: FactorResult, kept: dict[int, tuple[dict, bool]], recs: list[dict], timed: list[dict], steps: int
+) -> FactorResult:
+    """MaxText's overflow, from its own probes (docs/maxtext.md, The sweep): a (step, MoE layer)
+    overflowed when the layer's REQUIRED_RBF — the largest expert shard's load over the balanced
+    load, which MaxText's buffer holds `factor` times — exceeds the factor (never when dropless).
+    Load over balanced is `learning/moe_max_load_ratio` (max over layers), per step. MaxText logs no
+    row counts, so the dropped fraction is of layer-steps, not of rows. A record without the probe
+    (MaxText did not log it) makes the run unmeasured rather than counted as dropless."""
+    factor = base.factor
+    probed = [r for r in recs if r.get("moe/required_buffer_factor_layers")]
+    if len(probed) < len(recs):
+        return replace(
+            base, reason=base.reason or f"{len(recs) - len(probed)} steps without MaxText's REQUIRED_RBF"
+        )
+    layers = [list(map(float, r["moe/required_buffer_factor_layers"])) for r in recs]
+    n = min(len(ls) for ls in layers)
+    over = [[not is_dropless(factor) and ls[i] > factor for i in range(n)] for ls in layers]
+    per_layer = [sum(o[i] for o in over) / len(over) for i in range(n)]
+    worst = max(range(n), key=lambda i: per_layer[i]) if n else None
+    loads = [
+        float(r["moe/max_load_over_balanced"])
+        for r in recs
+        if r.get("moe/max_load_over_balanced") is not None
+    ]
+    loads = loads or [
+        max(ls) for ls in layers
+    ]  # without moe_log_max_load_ratio: the same ratio, from the probe
+    step_times = [float(r["perf/step_time_seconds"]) for r in timed]
+    tokens = [float(r["perf/tokens_per_sec"]) for r in timed if r.get("perf/tokens_per_sec") is not None]
+    last_step = max(kept)
+    dropped, total = sum(map(sum, over)), n * len(over)
+    return replace(
+        base,
+        measured_steps=len(recs),
+        dropped_rows=dropped,
+        total_rows=total,
+        dropped_fraction=dropped / total if total else None,
+        worst_layer=worst,
+        worst_layer_dropped_fraction=per_layer[worst] if worst is not None else None,
+        max_load_mean=statistics.fmean(loads),
+        max_load_max=max(loads),
+        step_time_median_s=statistics.median(step_times),
+        step_time_mean_s=statistics.fmean(step_times),
+        tokens_per_sec=statistics.median(tokens) if tokens else None,
+        loss_final=float(kept[last_step][0]["learning/loss"]) if last_step >= steps else None,
+        loss_mean=statistics.fmean(float(r["learning/loss"]) for r in recs),
+        drop_unit=DropUnit.LAYER_STEPS,
+        required_factor_max=max(max(ls) for ls in layers),
+    )
+
+
 @dataclass(frozen=True)
 class Recommendation:
     factor: float | None
@@ -145,11 +206,12 @@ def pct(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{100 * x:.{digits}f} %"
 
 
-def recommend(results: Sequence[FactorResult], max_drop: float) -> Recommendation:
+def recommend(results: Sequence[FactorResult], max_drop: float, key: str = FACTOR_KEY) -> Recommendation:
     """The smallest factor whose dropped fraction is at most `max_drop`, with every larger finite
     factor of the sweep also at most `max_drop` (on a non-increasing curve that is simply the
     smallest qualifying factor; on a noisy one it does not pick a factor that a larger one
-    contradicts); dropless when none qualifies. Saving = 1 − its step time / dropless step time."""
+    contradicts); dropless when none qualifies. Saving = 1 − its step time / dropless step time.
+    `key`: the factor's name in the profile's config (`SweepSpec.factor_key`)."""
     done = [r for r in results if r.state == RunState.FINISHED and r.measured]
     finite = sorted((r for r in done if not r.dropless), key=lambda r: r.factor)
     dropless = next((r for r in done if r.dropless), None)
@@ -172,11 +234,12 @@ def recommend(results: Sequence[FactorResult], max_drop: float) -> Recommendatio
         assert dropless is not None
         return Recommendation(
             dropless.factor, max_drop, 0.0, ref, ref, 0.0,
-            f"no finite factor keeps drops ≤ {pct(max_drop, 2)}: use dropless ({FACTOR_KEY} ≤ 0)",
+            f"no finite factor keeps drops ≤ {pct(max_drop, 2)}: use dropless ({key} ≤ 0)",
         )  # fmt: skip
     t = choice.step_time_median_s
     saving = 1 - t / ref if ref and t is not None else None
-    msg = f"recommended {FACTOR_KEY}={choice.label}: {pct(choice.dropped_fraction)} of rows dropped (≤ {pct(max_drop, 2)})"
+    what = "of layer-steps overflowed" if choice.drop_unit == DropUnit.LAYER_STEPS else "of rows dropped"
+    msg = f"recommended {key}={choice.label}: {pct(choice.dropped_fraction)} {what} (≤ {pct(max_drop, 2)})"
     if saving is not None:
         msg += f"; step time {t * 1e3:.1f} ms vs {ref * 1e3:.1f} ms dropless: {pct(saving, 1)} saved"
     else:
@@ -208,13 +271,15 @@ def _num(x: float | None, fmt: str) -> str:
 
 
 def sweep_table(sweep: SweepSpec, results: Sequence[FactorResult], rec: Recommendation) -> Table:
+    maxtext = sweep.trainer == TrainerProfile.MAXTEXT
     table = Table(
-        title=f"ragged-buffer sweep {sweep.name}: {sweep.config} on {sweep.preset} x{sweep.slices}, "
-        f"global batch {sweep.global_batch}, steps {sweep.warmup + 1}–{sweep.steps} measured",
+        title=f"ragged-buffer sweep {sweep.name}: {'MaxText ' if maxtext else ''}{sweep.config} on {sweep.preset} "
+        f"x{sweep.slices}, global batch {sweep.global_batch}, steps {sweep.warmup + 1}–{sweep.steps} measured",
         caption=rec.message,
     )
     cols = [
-        ("factor", "left"), ("buffer rows", "right"), ("dropped", "right"), ("worst layer", "right"),
+        ("factor", "left"), ("required f max" if maxtext else "buffer rows", "right"),
+        ("overflowed layer-steps" if maxtext else "dropped", "right"), ("worst layer", "right"),
         ("load/bal mean", "right"), ("load/bal max", "right"), ("step ms", "right"),
         ("tokens/s", "right"), ("loss final", "right"), ("loss mean", "right"), ("", "left"),
     ]  # fmt: skip
@@ -227,7 +292,7 @@ def sweep_table(sweep: SweepSpec, results: Sequence[FactorResult], rec: Recommen
         )
         table.add_row(
             r.label,
-            _num(r.buffer_rows, "d"),
+            _num(r.required_factor_max, ".4f") if maxtext else _num(r.buffer_rows, "d"),
             pct(r.dropped_fraction),
             pct(r.worst_layer_dropped_fraction),
             _num(r.max_load_mean, ".3f"),
@@ -274,13 +339,15 @@ def plot_sweep(sweep: SweepSpec, results: Sequence[FactorResult], rec: Recommend
         if rec.factor is not None and r.factor == rec.factor:
             for ax in (top, bottom):
                 ax.axvspan(x - 0.3, x + 0.3, color="tab:green", alpha=0.15)
-    top.set_ylabel("dropped rows (%)")
+    top.set_ylabel(
+        "overflowed layer-steps (%)" if sweep.trainer == TrainerProfile.MAXTEXT else "dropped rows (%)"
+    )
     top.set_title(
         f"{sweep.name}: {sweep.config} on {sweep.preset} x{sweep.slices}, steps {sweep.warmup + 1}–{sweep.steps}"
     )
     bottom.set_ylabel("step time (ms)")
     bottom.set_ylim(bottom=0)  # from zero: small step-time differences should look small
-    bottom.set_xlabel("ragged buffer factor (green: recommended)")
+    bottom.set_xlabel(f"{sweep.factor_key} (green: recommended)")
     bottom.set_xticks(xs, [r.label for r in rs])
     for ax in (top, bottom):
         ax.grid(alpha=0.3)

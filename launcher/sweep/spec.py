@@ -16,9 +16,21 @@ from launcher.adapters.preset_files import make_shape
 from launcher.core.errors import UserError
 from launcher.core.record import RunRecord
 from launcher.core.render import DNS1035
-from launcher.core.words import RunState, TrainerState
+from launcher.core.words import RunState, TrainerProfile, TrainerState
 
 FACTOR_KEY = "moe.ragged_buffer_factor"
+# The factor's key in each trainer profile: reslice's trainer (trainer/moe.py) and MaxText's
+# `ragged_buffer_factor` (base.yml: the buffer is balanced size × factor; ≤ 0 is dropless).
+FACTOR_KEYS = {TrainerProfile.RESLICE: FACTOR_KEY, TrainerProfile.MAXTEXT: "ragged_buffer_factor"}
+# What a MaxText run of the sweep gets besides the factor: MaxText's two overflow probes (0.2.5's
+# base.yml; docs/maxtext.md, The sweep), which MaxText accepts only on the ring-of-experts ragged
+# path (`validate_moe_log_max_load_ratio`, `configs/types.py`), so that path is set too.
+MAXTEXT_PROBES = {
+    "moe_log_max_load_ratio": "true",
+    "log_required_ragged_buffer_factor": "true",
+    "use_ring_of_experts": "true",
+    "use_ragged_sort": "true",
+}
 
 
 def is_dropless(factor: float) -> bool:
@@ -43,8 +55,19 @@ DEFAULT_FACTORS = "1.0,1.0625,1.125,1.25,1.5,2.0,-1"
 # learning rate is still warming up (10 steps in the named configs) and step 1 includes compilation.
 DEFAULT_WARMUP = 10
 DEFAULT_MAX_DROP = 0.001  # 0.1 % of routed (token, expert) rows
-# Keys the sweep sets itself: a --set of one of them would silently break the comparison.
-RESERVED = {FACTOR_KEY: "--factors", "train.steps": "--steps", "train.global_batch": "--global-batch"}
+# Keys the sweep sets itself, per profile: a --set of one of them would silently break the comparison.
+RESERVED = {
+    TrainerProfile.RESLICE: {
+        FACTOR_KEY: "--factors",
+        "train.steps": "--steps",
+        "train.global_batch": "--global-batch",
+    },
+    TrainerProfile.MAXTEXT: {
+        FACTOR_KEYS[TrainerProfile.MAXTEXT]: "--factors",
+        "steps": "--steps",
+        **{k: "nothing: the sweep reads MaxText's overflow probes, which need it" for k in MAXTEXT_PROBES},
+    },
+}
 
 # next_action() outcomes.
 DONE = "done"  # finished with results: read them, touch nothing
@@ -117,12 +140,20 @@ class SweepSpec:
     warmup: int = DEFAULT_WARMUP
     max_drop: float = DEFAULT_MAX_DROP
     max_parallel: int = 1
+    trainer: str = TrainerProfile.RESLICE  # the trainer profile (launcher/core/maxtext.py)
+
+    @property
+    def factor_key(self) -> str:
+        return FACTOR_KEYS[self.trainer]
 
     def run_dir(self, factor: float) -> str:
         return f"{self.sweep_dir.rstrip('/')}/{run_name(self.name, factor)}"
 
     def run_overrides(self, factor: float) -> tuple[str, ...]:
         # The sweep's own keys come last, so they win over anything the config file says.
+        if self.trainer == TrainerProfile.MAXTEXT:
+            probes = tuple(f"{k}={v}" for k, v in MAXTEXT_PROBES.items())
+            return (*self.overrides, f"steps={self.steps}", *probes, f"{self.factor_key}={factor!r}")
         return (*self.overrides, f"train.steps={self.steps}", f"{FACTOR_KEY}={factor!r}")
 
     def identity(self) -> dict[str, Any]:
@@ -134,6 +165,7 @@ class SweepSpec:
             "steps": self.steps,
             "global_batch": self.global_batch,
             "overrides": list(self.overrides),
+            "trainer": self.trainer,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -162,6 +194,7 @@ def make_sweep(
     max_drop: float = DEFAULT_MAX_DROP,
     max_parallel: int = 1,
     sweep_dir: str | None = None,
+    trainer: str = TrainerProfile.RESLICE,
 ) -> SweepSpec:
     """Validate the command line into a SweepSpec (no I/O). Raises UserError on bad input."""
     if not DNS1035.match(name):
@@ -177,10 +210,13 @@ def make_sweep(
         raise UserError(f"--max-drop {max_drop}: a fraction in [0, 1) (0.001 = 0.1 %)")
     if max_parallel < 1:
         raise UserError(f"--max-parallel {max_parallel}: must be ≥ 1")
+    reserved = RESERVED[trainer]
     for kv in overrides:
         key = kv.split("=", 1)[0].strip()
-        if key in RESERVED:
-            raise UserError(f"--set {kv!r}: the sweep sets {key} itself (use {RESERVED[key]})")
+        if key in reserved:
+            raise UserError(f"--set {kv!r}: the sweep sets {key} itself (use {reserved[key]})")
+    if trainer == TrainerProfile.MAXTEXT:
+        moe_model(config, overrides)
     shape = make_shape(preset, slices)
     # Two sequences per device: the smallest batch that gives every device more than one sequence.
     gb = global_batch if global_batch is not None else 2 * shape.devices
@@ -197,7 +233,23 @@ def make_sweep(
         warmup=warmup,
         max_drop=max_drop,
         max_parallel=max_parallel,
+        trainer=trainer,
     )
+
+
+def moe_model(config: str, overrides: Sequence[str]) -> None:
+    """A MaxText sweep needs a MoE model: MaxText's base.yml has one expert (`num_experts: 1`), so
+    without a config file or a named model (`model_name`), `--set num_experts=N` (N > 1) must say
+    it. A config file or model name is MaxText's to read (an image path, not opened here)."""
+    keys = dict(kv.split("=", 1) for kv in overrides if "=" in kv)
+    if config != "base" or "model_name" in keys:
+        return
+    experts = keys.get("num_experts", "1").strip()
+    if not (experts.isdigit() and int(experts) > 1):
+        raise UserError(
+            "--trainer maxtext sweeps a MoE model, and MaxText's base.yml has num_experts: 1: give "
+            "--set num_experts=N (N > 1) with its MoE keys, --set model_name=NAME or --config MODEL.yml"
+        )
 
 
 def default_sweep_dir(name: str, sweep_dir: str | None) -> str:

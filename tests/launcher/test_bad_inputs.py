@@ -130,6 +130,20 @@ def _cases() -> list[tuple[list[str], int]]:
         for v in values:
             add([*SWEEP, flag, v])
     add(["sweep-report", "nosuch", "--sweep-dir", "afile"])
+    # sweep --trainer maxtext: the factor key set twice, keys the sweep owns, no MoE model, a key
+    # MaxText does not have (reslice's own factor key among them), and an unknown profile.
+    mt_sweep = [*SWEEP, "--trainer", "maxtext", "--set", "num_experts=4"]
+    for kv in ("ragged_buffer_factor=2", "steps=5", "log_required_ragged_buffer_factor=false",
+               "use_ring_of_experts=false", "moe.ragged_buffer_factor=2", "bogus=1"):  # fmt: skip
+        add([*mt_sweep, "--set", kv])
+    add([*SWEEP, "--trainer", "maxtext"])
+    add([*SWEEP, "--trainer", "maxtext", "--config", "relative.yml"])
+    add([*SWEEP, "--trainer", "megatron"])
+    # --trainer on the other commands: an unknown profile; MaxText keys and config for preflight.
+    for base in (RENDER, LAUNCH, PREFLIGHT):
+        add([*base, "--trainer", "megatron"])
+    add([*PREFLIGHT, "--trainer", "maxtext", "--set", "bogus=1"])
+    add([*PREFLIGHT, "--trainer", "maxtext", "--config", "tiny"])
     # The run commands, by name and by namespace.
     for cmd in (["status", "r"], ["stop", "r"], ["report", "r"], ["runs"], ["watch", "r"]):
         add([*cmd, "--namespace", "Bad_NS"])

@@ -151,6 +151,21 @@ def test_render_prints_the_profile(capsys) -> None:
     assert _env(jobset)["RESLICE_CONFIG"] == "base"  # MaxText's base.yml when --config is not given
 
 
+def test_each_profile_defaults_to_its_own_image(capsys) -> None:
+    """`--trainer maxtext` runs the MaxText image (docker/maxtext.Dockerfile) unless --image says
+    otherwise; reslice's own trainer keeps its image."""
+    images = []
+    for argv in (
+        [*RENDER, "-b", "64", "--set", "steps=30"],
+        [*RENDER, "-b", "64", "--set", "steps=30", "--image", "reg.example/p/mt:7"],
+        ["render", "--preset", PRESET, "--run", "r", "--run-dir", "/runs/r", "-b", "64"],
+    ):
+        code, out, err = run_cli(capsys, *argv, "--json")
+        assert code == 0, err
+        images.append(_container(json.loads(out))["image"])
+    assert images == ["reslice-maxtext:latest", "reg.example/p/mt:7", "reslice-trainer:latest"]
+
+
 @pytest.mark.parametrize(
     ("extra", "words"),
     [

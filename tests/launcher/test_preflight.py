@@ -29,6 +29,7 @@ from launcher.core.spec import RunSpec
 from launcher.embedded.cluster import EmbeddedCluster
 from launcher.embedded.nodes import FakeNodePool, node_object
 from launcher.preflight.probe import LABEL_PROBE, Outcome, probe_check, probe_pod
+from tests.maxtext.fake_package import fake_package
 from tests.support.cli import run_cli
 from tests.support.fake_gcs import fake_gcs
 
@@ -333,6 +334,33 @@ def test_a_local_run_dir_is_only_for_the_embedded_cluster() -> None:
     assert row.status == FAIL and "gs://" in row.fix
 
 
+def test_the_image_must_hold_the_profiles_program() -> None:
+    mt = RunSpec(
+        run="r", run_dir="gs://b/r", global_batch=8, trainer="maxtext", image="reslice-maxtext:latest"
+    )
+    assert checks.check_image(mt, embedded=False).status == OK
+    assert "python -m maxtext_entry" in checks.check_image(mt, embedded=False).found
+    wrong = checks.check_image(
+        replace(mt, image="europe-docker.pkg.dev/p/r/reslice-trainer:v3@sha256:ab"), False
+    )
+    assert wrong.status == FAIL and "is the reslice profile's image" in wrong.found
+    assert wrong.fix.startswith("give the maxtext profile's image (--image REGISTRY/reslice-maxtext:TAG")
+    ours = RunSpec(run="r", run_dir="gs://b/r", global_batch=8, image="reg/x/reslice-maxtext:1")
+    assert checks.check_image(ours, embedded=False).status == FAIL  # reslice's trainer is not in it
+    assert checks.check_image(replace(mt, image="my-own-maxtext:2"), embedded=False).status == OK
+    assert checks.check_image(replace(mt, image="reslice-trainer:latest"), embedded=True).status == OK
+    # The probe runs the profile's own program: the MaxText image has no `trainer` package.
+    pod = probe_pod(mt, load_preset("tpu7x-2x2x1"))
+    assert pod["spec"]["containers"][0]["command"] == [
+        "python",
+        "-m",
+        "maxtext_entry",
+        "--probe-write",
+        "gs://b/r",
+    ]
+    assert pod["spec"]["containers"][0]["image"] == "reslice-maxtext:latest"
+
+
 # --- resource quota ---------------------------------------------------------------------------------
 
 
@@ -578,6 +606,29 @@ def test_the_write_probe_writes_gcs_from_the_pod(capsys, cluster_factory, monkey
         assert probe["fix"].startswith("create it (gcloud storage buckets create gs://no-such-bucket")
         with urllib.request.urlopen(f"{gcs.endpoint}/storage/v1/b") as resp:
             assert [b["name"] for b in json.load(resp)["items"]] == ["reslice"]  # the probe created none
+
+
+def test_the_maxtext_profile_probes_gcs_with_its_entrypoint(
+    capsys, cluster_factory, monkeypatch, tmp_path: Path
+) -> None:
+    """`--trainer maxtext`: the probe pod runs `python -m maxtext_entry --probe-write` (the stand-in
+    MaxText on the pods' path, as the image has MaxText), and the image row names the profile's image."""
+    path = [str(fake_package(tmp_path)), *filter(None, [__import__("os").environ.get("PYTHONPATH")])]
+    monkeypatch.setenv("PYTHONPATH", ":".join(path))  # the kubelet's processes inherit it
+    with fake_gcs(buckets=["reslice"]) as gcs:
+        for k, v in gcs.env.items():
+            monkeypatch.setenv(k, v)
+        cluster = cluster_factory("tpu7x-2x2x1:1")
+        args = ["-p", "tpu7x-2x2x1", "--trainer", "maxtext", "--set", "num_experts=4"]
+        code, rows = preflight(capsys, cluster, *args, "--run-dir", "gs://reslice/runs/mt")
+        assert code == 0, rows
+        assert "wrote and deleted an object under gs://reslice/runs/mt" in rows["write probe"]["found"]
+        assert rows["trainer image"]["found"].startswith("reslice-maxtext:latest: the embedded cluster")
+        assert gcs.list_objects("reslice") == [] and probe_pods(cluster) == []
+        code, rows = preflight(capsys, cluster, *args, "--run-dir", "gs://no-such-bucket/a")
+        probe = rows["write probe"]
+        assert code == 1 and "exit 2: bucket gs://no-such-bucket does not exist" in probe["found"], probe
+        assert probe["fix"].startswith("create it (gcloud storage buckets create gs://no-such-bucket")
 
 
 def test_priority_class_and_quota_through_the_api(capsys, cluster_factory, tmp_path: Path) -> None:

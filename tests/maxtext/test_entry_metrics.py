@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from maxtext_entry.metrics import Incarnation, record
+from maxtext_entry.metrics import Incarnation, record, required_rbf
 
 REAL_LINE = (
     '{"learning/grad_norm": 1.0000009536743164, "learning/indexer_loss": 0.0, "learning/lm_loss": '
@@ -51,3 +51,23 @@ def test_auxiliary_losses_are_not_the_loss_and_mfu_needs_the_peak() -> None:
     assert (r["step"], r["learning/loss"], r["learning/total_loss"]) == (42, 6.106241226196289, 6.5)
     assert r["learning/moe_lb_loss"] == 0.4
     assert r["perf/mfu"] == pytest.approx(0.1)
+
+
+def test_maxtext_overflow_probes_join_the_record() -> None:
+    """MaxText 0.2.5's REQUIRED_RBF log line (a real one, log_required_ragged_buffer_factor=true on
+    a 2-layer mixtral block) and its `learning/moe_max_load_ratio` metrics (moe_log_max_load_ratio)."""
+    line = (
+        "I1204 17:53:18.460587 140254044019584 train.py:795] REQUIRED_RBF step=1 max=1.2422 "
+        "per_layer=[1.2422,1.0938] program=normal"
+    )
+    assert required_rbf(line) == (1, [1.2422, 1.0938])
+    assert required_rbf("I1204 train.py:1454] Training stopped") is None
+    raw = {"learning/lm_loss": 6.13, "learning/loss": 6.13, "learning/moe_max_load_ratio": 1.2421875,
+           "learning/moe_max_load_ratio_mean": 1.16796875, "step": 1.0}  # fmt: skip
+    who = Incarnation(segment=0, restart_attempt=0, devices=4, micro_batch=2, grad_accum=1, num_processes=1)
+    rec = record(raw, who, 5.0, [1.2422, 1.0938])
+    assert rec["step"] == 2 and rec["moe/max_load_over_balanced"] == 1.2421875
+    assert rec["learning/moe_max_load_ratio_mean"] == 1.16796875
+    assert rec["moe/required_buffer_factor"] == 1.2422
+    assert rec["moe/required_buffer_factor_layers"] == [1.2422, 1.0938]
+    assert "moe/required_buffer_factor" not in record(raw, who, 5.0)

@@ -3,7 +3,9 @@
 slices (tpu7x-2x2x2 x2: 4 processes of 8 CPU devices), one slice's node pool removed after step 10:
 the run shrinks to 1 slice at the same global batch, grows back when the pool returns, and finishes,
 with per-step losses within 1e-5 of an uninterrupted MaxText run of the same config, on grain
-ArrayRecord data this test writes.
+ArrayRecord data this test writes. Twice: on a local run directory, and on a gs:// one (the real
+fake-gcs-server binary, every pod's MaxText writing its checkpoints there through Orbax, the
+entrypoint its status and metrics, the controller reading them with the GCS client): `-k gcs`.
 
 Not collected by the default run (tests/conftest.py): `python3 dev.py test tests/maxtext_e2e`.
 """
@@ -26,6 +28,7 @@ from launcher.core.spec import RunSpec
 from launcher.core.words import RunState
 from tests.controller.harness import MULTI_HOST, Harness, kept_steps, wait_for
 from tests.maxtext_e2e.common import MODEL, VENV, VOCAB, single_process_env, site_packages
+from tests.support.fake_gcs import fake_gcs
 
 pytestmark = pytest.mark.e2e
 STEPS, PERIOD, GLOBAL_BATCH, LOSE_AT = 30, 5, 32, 10
@@ -88,12 +91,38 @@ def reference(tmp_path_factory, data) -> dict[int, dict]:
 def test_maxtext_shrinks_and_grows_at_the_same_global_batch_with_the_losses_of_an_uninterrupted_run(
     tmp_path, data, reference
 ):
+    elastic(tmp_path, data, reference, str(tmp_path / "mt"), {})
+
+
+@pytest.mark.timeout(3600)
+def test_maxtext_on_a_gcs_run_directory_shrinks_and_grows_with_the_losses_of_an_uninterrupted_run(
+    tmp_path, data, reference
+):
+    with fake_gcs(buckets=["runs"]) as gcs:
+        saved = {k: os.environ.get(k) for k in gcs.env}
+        gcs.apply()  # this process reads the run directory back (launcher.adapters.rundir: STORAGE_EMULATOR_HOST)
+        try:
+            elastic(tmp_path, data, reference, f"gs://runs/{tmp_path.name}/mt", gcs.env)
+            objects = gcs.list_objects("runs", f"{tmp_path.name}/mt/")
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+    assert not (tmp_path / "mt").exists()  # nothing of the run on local disk
+    assert f"{tmp_path.name}/mt/status.json" in objects
+    assert any(n.startswith(f"{tmp_path.name}/mt/maxtext/metrics/") for n in objects)  # MaxText's own lines
+
+
+def elastic(tmp_path: Path, data: Path, reference: dict[int, dict], run_dir: str, gcs_env: dict) -> None:
+    """Launch, lose a slice after step LOSE_AT, restore it, finish; check segments and losses."""
     assert sorted(reference) == list(range(1, STEPS + 1))
     started = time.monotonic()
-    h = Harness(tmp_path, pools=2, preset=MULTI_HOST)
+    h = Harness(tmp_path, pools=2, preset=MULTI_HOST, gcs_env=gcs_env)  # the pods inherit gcs_env
     try:
         spec = RunSpec(
-            run="mt", run_dir=str(tmp_path / "mt"), global_batch=GLOBAL_BATCH, config="base",
+            run="mt", run_dir=run_dir, global_batch=GLOBAL_BATCH, config="base",
             overrides=run_keys(data), trainer="maxtext", grace_period_s=60, max_restarts=3,
             image_pull_policy="Never",
         )  # fmt: skip
@@ -104,6 +133,14 @@ def test_maxtext_shrinks_and_grows_at_the_same_global_batch_with_the_losses_of_a
         h.start_controller("mt")
         h.wait_step("mt", LOSE_AT, timeout=900)
         lost_after = h.rundir("mt").latest_committed_step()
+        # MaxText writes a step's metrics line one step late, after the next step trained: a slice
+        # lost right after the commit would take the committed step's record with it, on any
+        # storage (docs/maxtext.md). Its record reaches the run directory first.
+        wait_for(
+            lambda: set(range(1, lost_after + 1)) <= {m["step"] for m in h.rundir("mt").metrics()},
+            300,
+            f"the records of steps 1-{lost_after} in the run directory",
+        )
         h.cluster.remove(h.pool(1))  # capacity gone: nodes deleted, the slice's pods killed
         wait_for(lambda: len(h.record("mt").segments) >= 2, 300, "the shrink to a new segment")
         h.cluster.restore(h.pool(1))
@@ -143,7 +180,7 @@ def test_maxtext_shrinks_and_grows_at_the_same_global_batch_with_the_losses_of_a
     # The controller read MaxText's own layout: maxtext/checkpoints/<k> is step k + 1.
     assert committed[-1] == STEPS and status["state"] == "finished" and status["step"] == STEPS
     assert shown.returncode == 0 and f"latest committed checkpoint: step {STEPS} of {STEPS}" in shown.stdout
-    assert (tmp_path / "mt" / "maxtext" / "checkpoints" / str(STEPS - 1) / "commit_success.txt").exists()
+    assert RunDir(run_dir).exists(f"maxtext/checkpoints/{STEPS - 1}/commit_success.txt")
     acts = [e["reason"] for e in ledger if e.get("kind") == "act"]
     assert any("shrinking tpu7x-2x2x2 x2 -> tpu7x-2x2x2 x1" in a for a in acts)
     assert any("growing tpu7x-2x2x2 x1 -> tpu7x-2x2x2 x2" in a for a in acts)

@@ -261,3 +261,52 @@ def test_write_and_load_outputs(tmp_path):
     spec, loaded, rec2 = load_sweep(str(tmp_path))
     assert spec == s and loaded == sorted(rs, key=lambda r: (r.factor <= 0, r.factor)) and rec2 == rec
     assert math.isclose(rec2.saving, 1 - 22 / 30)
+
+
+def mt_rec(step, rbf, *, st=0.02, loss=3.0):
+    """The entrypoint's record of a MaxText step (maxtext_entry/metrics.py): MaxText's probes, no rows."""
+    return {
+        "step": step, "segment": 0, "restart_attempt": 0, "time": 1000.0 + step, "learning/loss": loss,
+        "perf/step_time_seconds": st, "perf/tokens_per_sec": 512 / st, "moe/max_load_over_balanced": max(rbf),
+        "moe/required_buffer_factor": max(rbf), "moe/required_buffer_factor_layers": list(rbf),
+    }  # fmt: skip
+
+
+def test_maxtext_overflow_is_counted_per_layer_step_from_required_rbf() -> None:
+    files = [[mt_rec(1, (9.0, 9.0)), *(mt_rec(s, (1.0 + (s % 4) / 8, 1.3)) for s in range(2, 12))]]
+    r = aggregate(1.2, "mt-f1p2", files, warmup=1, steps=11, trainer="maxtext")
+    # Steps 2..11 measured (step 1 is the warm-up): layer 1 (1.3) overflows at every step, layer 0
+    # (1.0, 1.125, 1.25, 1.375 by step % 4) at the 6 steps with 1.25 or 1.375.
+    assert (r.dropped_rows, r.total_rows, r.drop_unit) == (16, 20, "layer-steps")
+    assert r.dropped_fraction == 16 / 20 and r.worst_layer == 1 and r.worst_layer_dropped_fraction == 1.0
+    assert r.required_factor_max == 1.375 and r.buffer_rows is None and r.measured_steps == 10
+    dropless = aggregate(-1.0, "mt-fdropless", files, warmup=1, steps=11, trainer="maxtext")
+    assert dropless.dropped_rows == 0 and dropless.dropped_fraction == 0.0
+    assert aggregate(1.4, "mt-f1p4", files, warmup=1, steps=11, trainer="maxtext").dropped_fraction == 0.0
+    rec_ = recommend([r, dropless], 0.001, "ragged_buffer_factor")
+    assert rec_.factor == -1.0 and "use dropless (ragged_buffer_factor ≤ 0)" in rec_.message
+    # A step without MaxText's probe is not counted as a step that dropped nothing: unmeasured.
+    gap = [[*files[0][:5], {k: v for k, v in mt_rec(6, (1.0,)).items() if not k.startswith("moe/")}]]
+    missing = aggregate(1.2, "mt-f1p2", gap, warmup=1, steps=11, trainer="maxtext")
+    assert not missing.measured and "without MaxText's REQUIRED_RBF" in missing.reason
+
+
+def test_a_maxtext_sweep_owns_its_keys_and_needs_a_moe_model() -> None:
+    common = dict(name="mt", preset="tpu7x-2x2x1", slices=None, config="base", factors="1,-1", steps=30)
+    s = make_sweep(**common, overrides=("num_experts=4",), trainer="maxtext")
+    assert (
+        s.run_overrides(1.0)[0] == "num_experts=4" and s.run_overrides(1.0)[-1] == "ragged_buffer_factor=1.0"
+    )
+    assert "steps=30" in s.run_overrides(-1.0) and s.factor_key == "ragged_buffer_factor"
+    for kv, words in (
+        ("ragged_buffer_factor=2", "use --factors"),
+        ("use_ragged_sort=false", "which need it"),
+    ):
+        with pytest.raises(UserError, match=words):
+            make_sweep(**common, overrides=("num_experts=4", kv), trainer="maxtext")
+    with pytest.raises(UserError, match="sweeps a MoE model"):
+        make_sweep(**common, overrides=("num_experts=1",), trainer="maxtext")
+    make_sweep(**{**common, "config": "/cfg/moe.yml"}, trainer="maxtext")  # MaxText reads its file
+    assert (
+        make_sweep(**common, overrides=("model_name=mixtral-8x7b",), trainer="maxtext").trainer == "maxtext"
+    )

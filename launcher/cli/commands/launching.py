@@ -13,7 +13,6 @@ import typer
 
 from launcher.adapters.preset_files import make_shape
 from launcher.cli.options import (
-    DEFAULT_IMAGE,
     DEFAULT_INIT_TIMEOUT,
     ConfigOpt,
     CoordinatorPortOpt,
@@ -43,7 +42,7 @@ from launcher.cli.options import (
     console,
     print_json,
 )
-from launcher.cli.spec_options import check_run_options, for_cluster, run_spec, trainer_config
+from launcher.cli.spec_options import check_run_options, for_cluster, run_spec, trainer_config, trainer_image
 from launcher.cli.watch import watch_all, watch_run
 from launcher.core import inputs
 from launcher.core.errors import UserError
@@ -73,7 +72,7 @@ def launch(
     run_dir: Annotated[
         str | None, typer.Option("--run-dir", help="Path or gs:// (default ./runs/RUN).")
     ] = None,
-    image: ImageOpt = DEFAULT_IMAGE,
+    image: ImageOpt = None,
     detach: Annotated[
         bool,
         typer.Option(
@@ -116,6 +115,7 @@ def launch(
     from launcher.cli.connect import connect
     from launcher.controller.launch import create_run, prepare, short_notice_presets
 
+    image = trainer_image(trainer, image)
     # The shape's numbers here; the spec's options in one place, launch.prepare (core/spec.check).
     inputs.shape_options(slices, global_batch, max_micro_batch, max_grad_accum)
     config = trainer_config(trainer, config)
@@ -185,7 +185,7 @@ def preflight(
     ] = None,
     max_micro_batch: MaxMicroOpt = RunSpec.max_micro_batch,
     max_grad_accum: MaxAccumOpt = None,
-    image: ImageOpt = DEFAULT_IMAGE,
+    image: ImageOpt = None,
     namespace: NamespaceOpt = RunSpec.namespace,
     kubeconfig: KubeconfigOpt = None,
     queue: QueueOpt = None,
@@ -210,6 +210,7 @@ def preflight(
         ),
     ] = None,
     overrides: SetOpt = None,
+    trainer: TrainerOpt = RunSpec.trainer,
     as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
 ) -> None:
     """Check that the cluster can run a run before anything is created (exit 1 if it cannot)."""
@@ -222,6 +223,7 @@ def preflight(
 
     if not DNS1035.match(run) or len(run) > 63:  # the probe pod carries it as a label value
         raise UserError(f"--run {run!r} is not a DNS-1035 label of at most 63 characters")
+    image = trainer_image(trainer, image)
     check_run_options(
         overrides=overrides, slices=slices, global_batch=global_batch, max_micro_batch=max_micro_batch,
         max_grad_accum=max_grad_accum, image=image, namespace=namespace, queue=queue,
@@ -232,8 +234,17 @@ def preflight(
     inputs.run_dir("--run-dir", run_dir, here=False)
     shape = make_shape(preset, slices)
     sets = tuple(overrides or ())
-    # As `plan`: without --config or --set, the batch plan alone (no trainer asked, no memory estimate).
-    resolved = resolve_trainer_config(config or "tiny", sets, strict=False) if config or sets else None
+    profile_config = trainer_config(trainer, config)  # an unknown --trainer: exit 2 here
+    if trainer == TrainerProfile.MAXTEXT:
+        # MaxText's keys and config (launcher.core.maxtext); its batch plan is one device per rank.
+        from launcher.core.maxtext import config_args, parse_overrides
+
+        config_args(profile_config)
+        parse_overrides(sets)
+        resolved = None
+    else:
+        # As `plan`: without --config or --set, the batch plan alone (no trainer asked, no memory estimate).
+        resolved = resolve_trainer_config(config or "tiny", sets, strict=False) if config or sets else None
     shapes, skipped = ladder(
         shape, global_batch, max_micro_batch, max_grad_accum, model_parallel(resolved, sets), resolved
     )
@@ -251,6 +262,7 @@ def preflight(
         service_account=service_account,
         cpu_request=cpu_request,
         memory_request=memory_request,
+        trainer=trainer,
     )
     check_requests(spec)
     conn = connect(kubeconfig, namespace)

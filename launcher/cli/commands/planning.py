@@ -13,7 +13,6 @@ import yaml
 
 from launcher.adapters.preset_files import load_catalog
 from launcher.cli.options import (
-    DEFAULT_IMAGE,
     DEFAULT_INIT_TIMEOUT,
     ConfigOpt,
     CoordinatorPortOpt,
@@ -39,7 +38,7 @@ from launcher.cli.options import (
     console,
     print_json,
 )
-from launcher.cli.spec_options import check_run_options, run_spec, trainer_config
+from launcher.cli.spec_options import check_run_options, run_spec, trainer_config, trainer_image
 from launcher.core import inputs
 from launcher.core.errors import UserError
 from launcher.core.plan import Plan, shrink_ladder
@@ -139,7 +138,7 @@ def render(
     run: RunOpt,
     run_dir: Annotated[str, typer.Option("--run-dir", help="Run directory: a path or gs://bucket/prefix.")],
     global_batch: GlobalBatchOpt,
-    image: ImageOpt = DEFAULT_IMAGE,
+    image: ImageOpt = None,
     slices: SlicesOpt = None,
     segment: Annotated[int, typer.Option("--segment", help="Segment index.")] = 0,
     config: ConfigOpt = None,
@@ -166,6 +165,7 @@ def render(
     from launcher.controller.launch import ladder_name_error, trainer_model_parallel
     from launcher.core.record import Knobs
 
+    image = trainer_image(trainer, image)
     check_run_options(
         overrides=overrides, slices=slices, global_batch=global_batch, max_micro_batch=max_micro_batch,
         max_grad_accum=max_grad_accum, image=image, namespace=namespace, grace_period=grace_period,

@@ -10,7 +10,6 @@ from typing import Annotated
 import typer
 
 from launcher.cli.options import (
-    DEFAULT_IMAGE,
     ConfigOpt,
     GracePeriodOpt,
     ImageOpt,
@@ -20,11 +19,13 @@ from launcher.cli.options import (
     PresetOpt,
     SetOpt,
     SlicesOpt,
+    TrainerOpt,
     console,
 )
-from launcher.cli.spec_options import check_run_options, for_cluster, run_spec
+from launcher.cli.spec_options import check_run_options, for_cluster, run_spec, trainer_config, trainer_image
 from launcher.core import inputs
 from launcher.core.spec import RunSpec
+from launcher.core.words import TrainerProfile
 from launcher.sweep.spec import DEFAULT_FACTORS
 
 
@@ -32,7 +33,8 @@ def sweep(
     preset: PresetOpt,
     steps: Annotated[int, typer.Option("--steps", help="Optimizer steps of every run.")],
     slices: SlicesOpt = None,
-    config: ConfigOpt = RunSpec.config,
+    config: ConfigOpt = None,
+    trainer: TrainerOpt = RunSpec.trainer,
     factors: Annotated[
         str, typer.Option("--factors", help="Buffer factors, comma-separated; ≤ 0 (e.g. -1) = dropless.")
     ] = DEFAULT_FACTORS,
@@ -51,19 +53,21 @@ def sweep(
     sweep_dir: Annotated[
         str | None, typer.Option("--sweep-dir", help="Path or gs:// (default ./sweeps/NAME).")
     ] = None,
-    image: ImageOpt = DEFAULT_IMAGE,
+    image: ImageOpt = None,
     namespace: NamespaceOpt = RunSpec.namespace,
     kubeconfig: KubeconfigOpt = None,
     grace_period: GracePeriodOpt = None,
     checks: PreflightOpt = True,
 ) -> None:
-    """Sweep the MoE ragged buffer factor: one run per factor; drops, load and step time side by side."""
+    """Sweep the MoE ragged buffer factor: one run per factor; drops, load and step time side by side.
+    `--trainer maxtext` sweeps MaxText's `ragged_buffer_factor` on a MaxText MoE model (docs/maxtext.md)."""
     from launcher.cli.connect import connect
     from launcher.core.record import Knobs
     from launcher.sweep.driver import plan_sweep, run_sweep
     from launcher.sweep.results import sweep_table
     from launcher.sweep.spec import make_sweep
 
+    image = trainer_image(trainer, image)
     check_run_options(
         overrides=overrides, slices=slices, global_batch=global_batch, max_micro_batch=16, max_grad_accum=None,
         image=image, namespace=namespace, grace_period=grace_period,
@@ -74,20 +78,26 @@ def sweep(
     inputs.fraction("--max-drop", max_drop)
     if sweep_dir is not None:
         inputs.run_dir("--sweep-dir", sweep_dir)
+    config = trainer_config(trainer, config)  # an unknown --trainer: exit 2 here
     spec = make_sweep(
         name=name, preset=preset, slices=slices, config=config, factors=factors, steps=steps,
         global_batch=global_batch, overrides=tuple(overrides or ()), warmup=warmup, max_drop=max_drop,
-        max_parallel=max_parallel, sweep_dir=sweep_dir,
+        max_parallel=max_parallel, sweep_dir=sweep_dir, trainer=trainer,
     )  # fmt: skip
     template = run_spec(
         preset=spec.preset, run=name, run_dir=spec.sweep_dir, global_batch=spec.global_batch, image=image,
-        namespace=namespace,
+        namespace=namespace, trainer=trainer,
     )  # fmt: skip
     knobs = Knobs()
     # The runs differ in their buffer factor only (make_sweep checked them all): one planned here
     # finds what a bad input would break in every run before the cluster is asked anything;
     # run_sweep plans them all before it creates anything.
-    plan_sweep(spec, template, knobs, spec.factors[:1])
+    (first,) = plan_sweep(spec, template, knobs, spec.factors[:1])
+    if trainer == TrainerProfile.MAXTEXT:  # MaxText's keys are checked where they are rendered
+        from launcher.adapters.preset_files import make_shape
+        from launcher.core.render import render_jobset
+
+        render_jobset(first.record.spec, make_shape(spec.preset, spec.slices), 0)
     conn = connect(kubeconfig, namespace, start_embedded=f"{spec.preset}:{spec.slices}")
     template = for_cluster(template, conn.embedded, grace_period)
     if checks:  # launch's free checks, on the one shape every run of the sweep is measured on

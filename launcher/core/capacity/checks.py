@@ -8,7 +8,7 @@ for what is checked: docs/preflight.md.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from launcher.core.capacity.pools import Pool, create_command, names, pools_for
 from launcher.core.capacity.quota import shortfalls
@@ -16,6 +16,7 @@ from launcher.core.plan import Plan
 from launcher.core.presets import Shape
 from launcher.core.render import placement, pod_spec
 from launcher.core.spec import RunSpec, run_preset
+from launcher.core.words import TrainerProfile
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
@@ -178,10 +179,43 @@ def check_run_dir(run_dir: str, embedded: bool) -> Check:
     )  # fmt: skip
 
 
+def check_image(spec: RunSpec, embedded: bool) -> Check:
+    """The image must hold the profile's program: reslice's trainer image has no MaxText, and the
+    MaxText image no `trainer` package (launcher.core.maxtext.IMAGES; docker/). Told by the image's name,
+    the names docker/ builds under; the write probe then runs the profile's program in it."""
+    from launcher.core.maxtext import IMAGES, image_name
+
+    name = "trainer image"
+    if embedded:
+        return Check(
+            name, OK, f"{spec.image}: the embedded cluster runs the {spec.trainer} profile as local processes"
+        )
+    other = {image_name(img): profile for profile, img in IMAGES.items() if profile != spec.trainer}
+    if (wrong := other.get(image_name(spec.image))) is not None:
+        return Check(
+            name, FAIL, f"{spec.image} is the {wrong} profile's image; --trainer {spec.trainer} runs "
+            f"`{' '.join(_program(spec.trainer))}`, which it does not hold",
+            f"give the {spec.trainer} profile's image (--image REGISTRY/{image_name(IMAGES[spec.trainer])}:TAG, "
+            "built from docker/: docs/gke.md), or leave --image out",
+        )  # fmt: skip
+    return Check(
+        name, OK, f"{spec.image} for the {spec.trainer} profile (`{' '.join(_program(spec.trainer))}`)"
+    )
+
+
+def _program(trainer: str) -> list[str]:
+    from launcher.core.maxtext import probe_command
+
+    return probe_command(trainer, "")[:3]
+
+
 def trainer_pod(spec: RunSpec, shape: Shape) -> dict:
     """A trainer pod of `shape` as rendered: its resources are what quotas count and what a node's
-    allocatable must hold (the plan feeds only its environment)."""
-    return {"spec": pod_spec(spec, shape, 0, Plan(shape.devices, 1, 1))}
+    allocatable must hold (the plan feeds only its environment, and the profile only its command:
+    rendered as reslice's, which needs no MaxText keys such as `steps` that preflight is not given)."""
+    return {
+        "spec": pod_spec(replace(spec, trainer=TrainerProfile.RESLICE), shape, 0, Plan(shape.devices, 1, 1))
+    }
 
 
 def host_requests(spec: RunSpec, shape: Shape) -> dict[str, str]:
@@ -283,6 +317,7 @@ def run_checks(facts: ClusterFacts, req: Request) -> list[Check]:
         rows.append(check_rung(shape, *pools_of(facts, spec, shape), first=i == 0))
     rows += [rung_skipped(s, why) for s, why in req.skipped]
     rows.append(check_run_dir(spec.run_dir, facts.embedded is not None))
+    rows.append(check_image(spec, facts.embedded is not None))
     return rows
 
 
@@ -296,6 +331,7 @@ def launch_blockers(facts: ClusterFacts, req: Request) -> list[Check]:
         check_namespace(facts, spec.namespace),
         rung_exists(shape := run_shape(spec, req.shape), *pools_of(facts, spec, shape)),
         check_run_dir(spec.run_dir, facts.embedded is not None),
+        check_image(spec, facts.embedded is not None),
         check_quota(facts.quotas, req),
         *_named_objects(facts, spec),
     ]
