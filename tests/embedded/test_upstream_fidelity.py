@@ -85,9 +85,10 @@ def test_an_on_failure_job_whose_container_fails_twice_then_succeeds(tmp_path: P
     }
     (start1, end1, code1), (start2, end2, code2), (start3, _, code3) = sorted(runs.values())
     assert (code1, code2, code3) == (3, 3, 0)
-    assert start2 - end1 <= 1  # the first restart does not wait
+    # The first restart does not wait (bounds leave room for a loaded machine's process start).
+    assert start2 - end1 < CRASH_BACKOFF_S / 2
     # Then the back-off, counted from the exit (times to the second: at least 10 s apart).
-    assert CRASH_BACKOFF_S <= start3 - end2 <= CRASH_BACKOFF_S + 3
+    assert CRASH_BACKOFF_S <= start3 - end2 < CRASH_BACKOFF_S * 1.5
     assert start1 <= end1 <= start2 <= end2 < start3
     backoff = [
         s.state.waiting
