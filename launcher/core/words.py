@@ -112,3 +112,12 @@ class TrainerProfile(StrEnum):
 
     RESLICE = "reslice"
     MAXTEXT = "maxtext"
+
+
+class ReshapeMode(StrEnum):
+    """How a run changes shape (`RunSpec.restart_mode`, `--restart-mode`; docs/contract.md "World
+    (in-place restarts)"): recreate every pod in a new segment's JobSet, or keep the surviving
+    slices' pods and publish a new world to their supervisors."""
+
+    RECREATE = "recreate"
+    IN_PLACE = "in-place"
