@@ -18,12 +18,13 @@ from dataclasses import asdict, replace
 from launcher.adapters.preset_files import load_catalog
 from launcher.adapters.rundir import RunDir
 from launcher.core.errors import UserError
+from launcher.core.labels import slice_jobset_name
 from launcher.core.plan import Plan, Rung, shrink_ladder
-from launcher.core.presets import Catalog
+from launcher.core.presets import Catalog, Shape
 from launcher.core.record import Knobs, RunRecord
-from launcher.core.render import run_name_error
+from launcher.core.render import name_error, run_name_error
 from launcher.core.spec import RunSpec, check, grace_period, short_notice
-from launcher.core.words import Action, LedgerKind, RunState, TrainerProfile, TrainerState
+from launcher.core.words import Action, LedgerKind, ReshapeMode, RunState, TrainerProfile, TrainerState
 
 
 def check_trainer_config(config: str, overrides: tuple[str, ...]) -> dict | None:
@@ -109,6 +110,15 @@ def prepare(
     for rung in ladder:
         if rung.feasible and (err := run_name_error(spec.run, rung.shape, knobs.max_segments - 1)):
             raise UserError(err)
+    if spec.restart_mode == ReshapeMode.IN_PLACE:
+        # One JobSet per slice; a new slice takes the smallest id not in the world it joins, so the
+        # ids stay below twice the slices (core/world.world_slices).
+        for rung in ladder:
+            top = str(2 * rung.shape.slices - 1)
+            if rung.feasible and (
+                err := name_error(slice_jobset_name(spec.run, top), Shape(rung.shape.preset, 1))
+            ):
+                raise UserError(err)
     short = short_notice_presets(spec, ladder)
     if short and spec.short_notice_interval is None:
         raise UserError(

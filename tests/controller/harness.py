@@ -123,7 +123,7 @@ class Harness:
     def launch(
         self, run: str, slices: int, *, steps: int, interval: int = 5, run_dir: str | None = None,
         knobs: Knobs | None = None, extra: tuple[str, ...] = (), max_restarts: int = 3,
-        global_batch: int = GLOBAL_BATCH,
+        global_batch: int = GLOBAL_BATCH, restart_mode: str = RunSpec.restart_mode,
     ) -> RunRecord:  # fmt: skip
         settings = tuple(s.format(steps=steps, interval=interval) for s in TRAINER_SETTINGS) + extra
         spec = RunSpec(
@@ -136,6 +136,9 @@ class Harness:
             heartbeat_timeout_s=10,
             max_restarts=max_restarts,
             image_pull_policy="Never",
+            restart_mode=restart_mode,
+            # In place, the pods read their world from the embedded API server (docs/contract.md).
+            world_api=self.cluster.api_client().configuration.host if restart_mode == "in-place" else None,
         )
         knobs = knobs or Knobs(unschedulable_grace_s=20, grow_window_s=4, app_backoff_s=1)
         rec, _ = prepare(spec, self.preset, slices, knobs)
