@@ -280,17 +280,23 @@ class Controller:
                 self.kube.delete_pods_now(f"{LABEL_RUN}={d.record.name},{LABEL_SEGMENT}={seg.index}")
 
     def _act_in_place(self, d: policy.Decision) -> None:
-        """An in-place decision's acts, in this order: the leaving slices' JobSets deleted (their
-        pods at once when their hosts are gone), the new slices' created, then the world published."""
+        """An in-place decision's acts, in this order: the world published (the record holds it
+        already), the leaving slices' JobSets deleted (their pods at once when their hosts are
+        gone), the new slices' JobSets created. Publishing first: the survivors start over as soon
+        as possible, and leaving pods are told by the world, not by a signal (docs/contract.md);
+        a controller that stops before the rest leaves it to the next pass (policy: in-place rule 3)."""
         rec = d.record
         run, spec, seg = rec.name, rec.spec, rec.current
+        live = seg is not None and seg.live
+        if d.action == Action.START_SEGMENT:
+            self.kube.ensure_objects(render_world_access(spec))
+        if live and d.action in {Action.START_SEGMENT, Action.NEW_WORLD, Action.CREATE_JOBSET}:
+            self.publish_world(rec)
         for sid in d.slices_delete:
             self.kube.delete_jobset(slice_jobset_name(run, sid))
             if d.force:
                 self.kube.delete_pods_now(f"{LABEL_RUN}={run},{LABEL_SLICE}={sid}")
-        if d.action == Action.START_SEGMENT:
-            self.kube.ensure_objects(render_world_access(spec))
-        if seg is None or not seg.live:
+        if not live:
             return
         preset = self.catalog.preset(seg.preset)
         for sid in d.slices_create:
@@ -298,8 +304,6 @@ class Controller:
             if created is not None and (cache := self.caches.get("jobsets")) is not None:
                 created["metadata"].setdefault("namespace", self.kube.namespace)
                 self._created.add(created, cache, self.monotonic())
-        if d.action in {Action.START_SEGMENT, Action.NEW_WORLD, Action.CREATE_JOBSET}:
-            self.publish_world(rec)
 
     def _world_behind(self, rec: RunRecord) -> bool:
         """Whether an in-place run's world ConfigMap may hold an older epoch than its live segment:
@@ -321,7 +325,9 @@ class Controller:
         if seg is None or not seg.live or not seg.slice_ids:
             return False
         name = world_configmap_name(rec.name)
-        cm = self.kube.world(name)
+        # From the cache when it runs (a stale one is a Conflict, read again next pass).
+        cache = self.caches.get("records") if self.synced() else None
+        cm = cache.get(self.kube.namespace, name) if cache is not None else self.kube.world(name)
         if (epoch := worlds.published_epoch(cm)) is not None and epoch >= seg.index:
             return False
         doc = worlds.document(rec.spec, self.catalog.preset(seg.preset), seg, time.time())

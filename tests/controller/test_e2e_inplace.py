@@ -83,3 +83,50 @@ def test_in_place_shrink_then_grow_keeps_the_surviving_slice_pods(tmp_path, refe
     acts = [e for e in ledger if e.get("kind") == LedgerKind.ACT]
     assert [a["action"] for a in acts].count(Action.NEW_WORLD) >= 2
     assert rec.state == RunState.FINISHED and rec.segments[-1].end_step == STEPS
+
+
+THREE_BATCH = 96  # 3 x 16 devices and 2 x 16 both divide it
+SHORT = 15
+
+
+@pytest.fixture(scope="module")
+def reference_96(tmp_path_factory):
+    return reference_run(tmp_path_factory.mktemp("reference96"), SHORT, global_batch=THREE_BATCH)
+
+
+def test_the_coordinators_slice_lost_three_to_two_in_the_same_pods(tmp_path, reference_96):
+    h = Harness(tmp_path, pools=3, preset=MULTI_HOST)
+    try:
+        knobs = Knobs(unschedulable_grace_s=20, grow=False, app_backoff_s=1)
+        h.launch(
+            "three", slices=3, steps=SHORT, knobs=knobs, global_batch=THREE_BATCH, restart_mode="in-place",
+        )  # fmt: skip
+        h.start_controller("three")
+        h.wait_step("three", 5, timeout=400)
+        before = {sid: uids(h, "three", sid) for sid in ("1", "2")}
+        pods0 = [p for p in h.run_pods("three") if p["metadata"]["labels"].get(LABEL_SLICE) == "0"]
+        h.cluster.remove(h.cluster.node_pool_of[pods0[0]["spec"]["nodeName"]])  # process 0's slice
+        wait_for(lambda: len(h.record("three").segments) >= 2, 60, "the shrink to a new world")
+        rec = h.wait_state("three", {RunState.FINISHED}, timeout=400)
+        after = {sid: uids(h, "three", sid) for sid in ("1", "2")}
+        rundir = h.rundir("three")
+        metrics = rundir.metrics()
+    finally:
+        h.close()
+    for sid in ("1", "2"):
+        assert len(before[sid]) == 2 and after[sid] in (before[sid], set())  # never other pods
+    first, shrunk = rec.segments[:2]
+    assert (first.slice_ids, shrunk.slice_ids) == (("0", "1", "2"), ("1", "2"))
+    assert shrunk.coordinator and shrunk.coordinator != first.coordinator
+    kept = kept_steps(metrics)
+    assert sorted(kept) == list(range(1, SHORT + 1))
+    for step, m in kept.items():
+        ref = reference_96[step]
+        assert m["data/sample_digest"] == ref["data/sample_digest"], f"step {step}: different samples"
+        assert abs(m["learning/loss"] - ref["learning/loss"]) <= 1e-5, (
+            step,
+            m["learning/loss"],
+            ref["learning/loss"],
+        )
+        assert m["devices"] * m["micro_batch"] * m["grad_accum"] == THREE_BATCH
+    assert rec.segments[-1].end_step == SHORT
