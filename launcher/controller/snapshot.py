@@ -185,4 +185,5 @@ def observe_run(
         n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(LABEL_NODEPOOL) for n in snap.nodes
     }
     hosts = shape.preset.hosts if shape else 0
-    return replace(obs, slices=slice_views(rec.name, snap.jobsets, snap.pods, pool_of, hosts))
+    views = slice_views(rec.name, snap.jobsets, snap.pods, pool_of, hosts)
+    return replace(obs, segment=seg.index if seg else None, slices=views)

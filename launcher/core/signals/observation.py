@@ -98,6 +98,16 @@ class Observation:
             "capacity": {k: len(v) for k, v in self.capacity.items() if v},
             "pods_alive": self.run_pods_alive,
             "committed_step": self.committed_step,
+            **(
+                {
+                    "slices": {
+                        s: f"{v.phase} {v.pods_running}/{v.pods_alive}"
+                        for s, v in sorted(self.slices.items())
+                    }
+                }
+                if self.slices
+                else {}
+            ),
         }
 
 
