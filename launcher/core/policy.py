@@ -38,7 +38,9 @@ only the leaving slices' JobSets are deleted and only the new ones' created:
    feasible rung that fits (new slices added when the cluster has room for them).
 6. A slice that JobSet restarted under the world (a preemption, a crashed host) once every slice
    runs again: the same slices, a new world (the survivors' trainers exited 43 and wait for it).
-7. Capacity return, as rule 6 above: new slices join the survivors in a larger world.
+7. Capacity return, as rule 6 above: the new slices' JobSets are created while the world trains
+   on (`Segment.joining`); 7a. once their pods run, the next world takes them in after the
+   survivors (dropped, their JobSets deleted, if their capacity goes meanwhile).
 8. Otherwise wait.
 
 Every decision carries its reason, in words a person on call can act on.
@@ -55,6 +57,7 @@ from launcher.core.plan import Plan, Rung
 from launcher.core.presets import Catalog
 from launcher.core.record import RunRecord, new_segment
 from launcher.core.signals import observation as signals
+from launcher.core.signals.slices import SliceView
 from launcher.core.words import (
     Action,
     Cause,
@@ -512,7 +515,7 @@ def _reshape(
         replace(ended.with_segment(nxt), state=RunState.RUNNING, reason=reason + words),
         force=force,
         slices_delete=leaving,
-        slices_create=joining,
+        slices_create=tuple(s for s in joining if s not in seg.joining),  # theirs exist (rule 7a)
     )
 
 
@@ -573,7 +576,11 @@ def missing_slices(
     seg = _live(rec)
     # Left over from a world whose decision was recorded but not carried out (a controller that
     # stopped in between): JobSets of slices no longer in the world.
-    extra = tuple(sorted(s for s, v in obs.slices.items() if v.jobset and s not in seg.slice_ids))
+    extra = tuple(
+        sorted(
+            s for s, v in obs.slices.items() if v.jobset and s not in seg.slice_ids and s not in seg.joining
+        )
+    )
     if extra:
         return Decision(
             Action.DELETE,
@@ -696,7 +703,7 @@ def world_grows(
     requested = rec.requested(catalog)
     running = all((v := obs.slices.get(s)) is not None and v.running for s in seg.slice_ids)
     progressed = obs.committed_step is not None and obs.committed_step > (seg.start_step or 0)
-    if not (knobs.grow and running and current.devices < requested.devices and progressed):
+    if seg.joining or not (knobs.grow and running and current.devices < requested.devices and progressed):
         return None
     rung = best_fit(ladder, obs, stable_before=obs.now - knobs.grow_window_s)
     if rung is None or rung.shape.devices <= current.devices:
@@ -711,6 +718,78 @@ def world_grows(
             rec,
         )
     reason = f"capacity returned: {rung.shape} has fitted for {knobs.grow_window_s:.0f}s; growing {current} -> {rung.shape} in place"
+    if not same:  # another preset: no pod survives, the next world is all new slices
+        return _reshape(rec, obs, rung, slices, EndKind.GROW, reason)
+    # The world trains on while the new slices' pods are scheduled and started; rule 7a takes them in.
+    joining = tuple(s for s in slices if s not in seg.slice_ids)
+    reason += f": slice(s) {', '.join(joining)} joining (world {seg.index} trains on until their pods run)"
+    return Decision(
+        Action.CREATE_JOBSET,
+        reason,
+        replace(rec.with_segment(replace(seg, joining=joining)), reason=reason),
+        slices_create=joining,
+    )
+
+
+def slices_joining(
+    rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog: Catalog
+) -> Decision | None:
+    """In place 7a. Slices joining after a grow: once every one's pods run, the next world takes
+    them in after the survivors; lost meanwhile (their pool gone, their pods unschedulable with no
+    room or past the grace period), they are dropped and their JobSets deleted."""
+    seg, now, knobs = _live(rec), obs.now, rec.knobs
+    if not seg.joining:
+        return None
+    current = seg.shape(catalog)
+    views = {s: obs.slices.get(s) for s in seg.joining}
+    lost_pools = set(obs.lost_nodepools)
+    room = obs.fits(current.preset.name, current.slices + len(seg.joining))
+
+    def lost(v: SliceView | None) -> bool:
+        if v is None:
+            return False
+        waited = now - (v.unschedulable_since or now)
+        return bool(set(v.pools) & lost_pools) or (
+            v.unschedulable > 0 and (not room or waited >= knobs.unschedulable_grace_s)
+        )
+
+    if any(lost(v) for v in views.values()):
+        reason = (
+            f"slice(s) {', '.join(seg.joining)} cannot join: their capacity is gone; world {seg.index} stays"
+        )
+        return Decision(
+            Action.DELETE,
+            reason,
+            replace(rec.with_segment(replace(seg, joining=())), reason=reason),
+            slices_delete=seg.joining,
+        )
+    absent = tuple(s for s, v in views.items() if v is None or not v.jobset)
+    if absent:
+        if any(v is not None and v.pods_alive for s in absent for v in [views[s]]):
+            return Decision(
+                Action.WAIT, f"joining: the old pods of slice(s) {', '.join(absent)} still going", rec
+            )
+        return Decision(
+            Action.CREATE_JOBSET,
+            f"creating the JobSet(s) of joining slice(s) {', '.join(absent)}",
+            rec,
+            slices_create=absent,
+        )
+    if not all(v is not None and v.running for v in views.values()):
+        return None  # rule 8 waits, saying how they stand
+    target = current.slices + len(seg.joining)
+    rung = next(
+        (
+            r
+            for r in ladder
+            if r.feasible and r.shape.preset.name == current.preset.name and r.shape.slices == target
+        ),
+        None,
+    )
+    if rung is None:
+        return None
+    slices = (*seg.slice_ids, *seg.joining)
+    reason = f"capacity returned: slice(s) {', '.join(seg.joining)} running; growing {current} -> {rung.shape} in place"
     return _reshape(rec, obs, rung, slices, EndKind.GROW, reason)
 
 
@@ -718,8 +797,9 @@ def world_waits(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], ca
     """In place 8. Anything else: wait, saying how the world's slices stand."""
     seg = _live(rec)
     states = ", ".join(
-        f"{s}: {v.phase if v else 'absent'} {v.pods_running if v else 0}/{seg.shape(catalog).preset.hosts}"
-        for s in seg.slice_ids
+        f"{s}{' (joining)' if s in seg.joining else ''}: {v.phase if v else 'absent'}"
+        f" {v.pods_running if v else 0}/{seg.shape(catalog).preset.hosts}"
+        for s in (*seg.slice_ids, *seg.joining)
         for v in [obs.slices.get(s)]
     )
     return Decision(Action.WAIT, f"world {seg.index} on {seg.shape(catalog)} ({states})", rec)
@@ -733,6 +813,7 @@ INPLACE_RULES = (
     world_failed,
     slice_lost,
     slice_restarted,
+    slices_joining,
     world_grows,
     world_waits,
 )

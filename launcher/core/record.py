@@ -25,7 +25,7 @@ from launcher.core.words import Cause, EndKind, RunState
 # Run states.
 
 # 2: the knobs' key is `knobs` (was `policy`); 3: a segment's `pool`; 4: the spec's `restart_mode` and
-# `world_api`, a segment's `slice_ids` and `coordinator` (in-place runs)
+# `world_api`, a segment's `slice_ids`, `coordinator` and `joining` (in-place runs)
 SCHEMA_VERSION = 4
 # What records without a schema_version may hold that this reslice no longer has (section -> names).
 _RETIRED_V0 = {"policy": {"preemption_budget"}}
@@ -80,6 +80,9 @@ class Segment:
     # restarted controller publishes the same world, never another one under the same epoch.
     slice_ids: tuple[str, ...] = ()
     coordinator: str | None = None
+    # Slices whose JobSets a grow created while this world trains on: the next world takes them in
+    # once their pods run (their supervisors wait for a world that has their slice).
+    joining: tuple[str, ...] = ()
 
     def shape(self, catalog: Catalog) -> Shape:
         return Shape(catalog.preset(self.preset), self.slices)
@@ -179,6 +182,7 @@ class RunRecord:
                     **seg,
                     "nodepools": tuple(seg.get("nodepools", ())),
                     "slice_ids": tuple(str(s) for s in seg.get("slice_ids", ())),
+                    "joining": tuple(str(s) for s in seg.get("joining", ())),
                 }
             )
             for seg in (known(s, Segment, "segments") for s in raw.pop("segments", []))

@@ -142,8 +142,22 @@ def test_the_coordinators_slice_lost_moves_process_0_to_the_survivor() -> None:
 def test_a_world_grows_with_a_new_slice_once_it_committed_and_capacity_held() -> None:
     rec = on_world(("0",), nodepools=("np-0",), start_step=5)
     d = decide(rec, observe(rec, {"0": "np-0"}, committed=10))
-    assert d.action == Action.NEW_WORLD and d.slices_create == ("1",) and d.slices_delete == ()
+    # The new slice's JobSet first; world 0 trains on meanwhile.
+    assert d.action == Action.CREATE_JOBSET and d.slices_create == ("1",) and d.slices_delete == ()
+    joining = d.record
+    assert joining.current.index == 0 and joining.current.joining == ("1",) and joining.current.live
+    # Its pods pending: wait (no second JobSet, no new world).
+    pending = observe(joining, {"0": "np-0"}, jobsets=[slice_jobset("0"), slice_jobset("1")])
+    assert decide(joining, pending).action == Action.WAIT
+    # Running: the next world takes it in after the survivor.
+    d = decide(joining, observe(joining, {"0": "np-0", "1": "np-1"}))
+    assert d.action == Action.NEW_WORLD and (d.slices_create, d.slices_delete) == ((), ())
     assert d.record.current.slice_ids == ("0", "1") and d.record.segments[0].end_kind == EndKind.GROW
+    assert d.record.current.joining == ()
+    # Its pool lost before it ran: dropped, its JobSet deleted, world 0 stays.
+    gone = observe(joining, {"0": "np-0", "1": None}, pools=1)
+    d = decide(joining, gone)
+    assert d.action == Action.DELETE and d.slices_delete == ("1",) and d.record.current.joining == ()
     # The old JobSet of id 1 still going: wait for it rather than create over it.
     stale = observe(rec, {"0": "np-0"}, jobsets=[slice_jobset("0"), slice_jobset("1", deleting=True)])
     assert decide(rec, stale).action == Action.WAIT

@@ -67,13 +67,13 @@ def test_a_segment_keeps_its_node_pool_and_a_version_2_record_has_none() -> None
 
 def test_an_in_place_segment_keeps_its_world_and_a_version_3_record_has_none() -> None:
     spec = replace(RECORD.spec, restart_mode="in-place")
-    seg = replace(RECORD.segments[0], slice_ids=("0", "2"), coordinator="127.0.0.1:41234")
+    seg = replace(RECORD.segments[0], slice_ids=("0", "2"), coordinator="127.0.0.1:41234", joining=("1",))
     world = replace(RECORD, spec=spec).with_segment(seg)
     back = RunRecord.from_json(world.to_json())
     assert back == world and back.segments[0].slice_ids == ("0", "2")
     raw = as_dict(RECORD)
     raw["schema_version"] = 3
-    for key in ("slice_ids", "coordinator"):
+    for key in ("slice_ids", "coordinator", "joining"):
         del raw["segments"][0][key]
     for key in ("restart_mode", "world_api"):
         del raw["spec"][key]
