@@ -12,7 +12,8 @@ run and controller:
   next shape runs, and those that exist then and did not before.
 - api_writes: create/update/patch/delete requests the API server served from the fault until the
   next shape runs (the controller's; the embedded cluster's own controllers write to its store, not
-  through HTTP, as kube-controller-manager would), by verb and resource.
+  through HTTP, as kube-controller-manager would), by verb and resource; the Lease renewals in that
+  window (every half lease, whatever happens) are `lease_renewals`, apart.
 - in place, epoch_published_s: the controller's part, from the first watch event of the loss
   reaching it (the ledger's `woken_at`) to the world's publication time (`published`, stamped just
   before its one write); epoch_seen_max_s / epoch_seen_median_s: from publication until each of
@@ -159,12 +160,16 @@ def phase(cluster: ClusterProcess, kube: Kube, tmp: Path, mode: str, args) -> di
             if k.split()[0] in WRITES and not k.split()[1].startswith("embedded")
         }
     )
+    # Lease renewals come every half lease whatever happens: counted apart, not as the reshape's.
+    renewals = sum(v for k, v in counted.items() if k.split()[1] == "leases")
+    counted = Counter({k: v for k, v in counted.items() if k.split()[1] != "leases"})
     out = {
         "pods": shape.hosts,
         "pods_deleted": len(set(before) - set(after)),
         "pods_created": len(set(after) - set(before)),
         "api_writes": sum(counted.values()),
         "api_writes_by_kind": dict(sorted(counted.items())),
+        "lease_renewals": renewals,
         "decision": act["action"],
         "fault_to_record_s": round(act["time"] - t_fault, 4),
     }
