@@ -22,7 +22,7 @@ from launcher.core.labels import slice_jobset_name
 from launcher.core.plan import Plan, Rung, shrink_ladder
 from launcher.core.presets import Catalog, Shape
 from launcher.core.record import Knobs, RunRecord
-from launcher.core.render import name_error, run_name_error
+from launcher.core.render import name_error, render_world_access, run_name_error
 from launcher.core.spec import RunSpec, check, grace_period, short_notice
 from launcher.core.words import Action, LedgerKind, ReshapeMode, RunState, TrainerProfile, TrainerState
 
@@ -149,8 +149,9 @@ def short_notice_presets(spec: RunSpec, ladder: list[Rung]) -> list[str]:
 
 
 def create_run(kube, rec: RunRecord) -> None:
-    """Claim the run directory and write the run record. Refuses to reuse another run's directory
-    or an existing run's name."""
+    """Claim the run directory and write the run record (in place: first the world's
+    ServiceAccount, Role and RoleBinding). Refuses to reuse another run's directory or an existing
+    run's name."""
     rundir = RunDir(rec.spec.run_dir)
     existing = rundir.read_text("run.json")
     if existing is not None:
@@ -179,6 +180,10 @@ def create_run(kube, rec: RunRecord) -> None:
         rundir.write_text("run.json", json.dumps({"run": rec.name, "spec": asdict(rec.spec), "preset": rec.preset,
                                                   "slices": rec.slices}, indent=2))  # fmt: skip
     try:
+        if rec.spec.restart_mode == ReshapeMode.IN_PLACE:
+            # Who may read the run's world: created here with the user's credentials, as the run
+            # is; the controller needs no right to create accounts or Roles.
+            kube.ensure_objects(render_world_access(rec.spec))
         kube.create_record(rec)
     except BaseException:
         if existing is None:  # the claim was this launch's own: leave the directory as it was

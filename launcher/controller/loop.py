@@ -47,7 +47,7 @@ from launcher.core.labels import (
 from launcher.core.plan import shrink_ladder
 from launcher.core.presets import Catalog
 from launcher.core.record import RunRecord
-from launcher.core.render import render_jobset, render_slice_jobset, render_world_access
+from launcher.core.render import render_jobset, render_slice_jobset
 from launcher.core.signals import observation as signals
 from launcher.core.words import Action, LedgerKind, ReshapeMode, RunState
 
@@ -288,8 +288,6 @@ class Controller:
         rec = d.record
         run, spec, seg = rec.name, rec.spec, rec.current
         live = seg is not None and seg.live
-        if d.action == Action.START_SEGMENT:
-            self.kube.ensure_objects(render_world_access(spec))
         if live and d.action in {Action.START_SEGMENT, Action.NEW_WORLD, Action.CREATE_JOBSET}:
             self.publish_world(rec)
         for sid in d.slices_delete:
