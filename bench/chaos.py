@@ -1,6 +1,6 @@
 """Chaos: seeded random fault schedules against a small elastic run, and the run's invariants.
 
-    .venv/bin/python -m bench.chaos [--seeds 20] [--faults 4]    (or: python3 dev.py bench chaos ...)
+    .venv/bin/python -m bench.chaos [--seeds 20] [--faults 4] [--restart-mode in-place]    (or: python3 dev.py bench chaos ...)
 
 Each seed draws, with random.Random(seed), a schedule of faults from: a spot preemption notice, a
 pod killed (exit 137), a drain, an auto-repair, a node pool removed and restored, the controller
@@ -11,7 +11,9 @@ checkpoint at step ~(i + 1) * steps / (n + 1). After the run, per seed:
 
 - finished: the run Finished, its last committed checkpoint and last kept step are the final step;
 - segments: indexed 0..n-1, each submitted after the previous ended, resuming at or after it;
-- one JobSet: never two of the run's JobSets at once, from every ADDED/DELETED the store committed;
+- one JobSet: never two of the run's JobSets at once, from every ADDED/DELETED the store committed
+  (`--restart-mode in-place`, one JobSet per slice: never more of them than the run's slices, and
+  "one world": no step of a world recorded after the first step of the next, from the metrics);
 - checkpoints: every step-named checkpoint directory is committed (half-written ones are gone);
 - losses: each step's loss equals an uninterrupted run's (computed once) within 1e-5, with the same
   `data/sample_digest`.
@@ -40,7 +42,7 @@ from rich.table import Table
 from launcher.core.errors import UserError
 from launcher.core.labels import LABEL_RUN
 from launcher.core.record import Knobs
-from launcher.core.words import RunState
+from launcher.core.words import ReshapeMode, RunState
 from tests.controller.harness import (
     GLOBAL_BATCH,
     MULTI_HOST,
@@ -110,6 +112,35 @@ def overlap_problems(events: list[tuple[str, str]]) -> list[str]:
             live.add(name)
         elif etype == "DELETED":
             live.discard(name)
+    return out
+
+
+def slice_jobset_problems(events: list[tuple[str, str]], slices: int) -> list[str]:
+    """In place, (event type, JobSet name) in commit order: never more of the run's JobSets at once
+    than its slices (one per slice)."""
+    live: set[str] = set()
+    out = []
+    for etype, name in events:
+        if etype == "ADDED":
+            live.add(name)
+            if len(live) > slices:
+                out.append(f"{name} created while {', '.join(sorted(live - {name}))} existed")
+        elif etype == "DELETED":
+            live.discard(name)
+    return out
+
+
+def world_overlap_problems(metrics: list[Mapping[str, Any]]) -> list[str]:
+    """In place, never two worlds training at once: every step a world recorded is before the
+    first step of the next world (segment) that trained."""
+    spans: dict[int, tuple[float, float]] = {}
+    for m in metrics:
+        lo, hi = spans.get(m["segment"], (m["time"], m["time"]))
+        spans[m["segment"]] = (min(lo, m["time"]), max(hi, m["time"]))
+    out = []
+    for a, b in itertools.pairwise(sorted(spans)):
+        if spans[a][1] > spans[b][0]:
+            out.append(f"world {a} recorded a step {spans[a][1] - spans[b][0]:.3f} s after world {b}'s first")
     return out
 
 
@@ -232,7 +263,14 @@ class Chaos:
 
 
 def run_seed(
-    seed: int, n_faults: int, steps: int, interval: int, reference: dict, tmp: Path, shape: str
+    seed: int,
+    n_faults: int,
+    steps: int,
+    interval: int,
+    reference: dict,
+    tmp: Path,
+    shape: str,
+    restart_mode: str = ReshapeMode.RECREATE,
 ) -> dict:
     preset, slices, batch = SHAPES[shape]
     h = Harness(tmp, pools=2, preset=preset)
@@ -251,7 +289,10 @@ def run_seed(
     t0 = time.monotonic()
     try:
         knobs = Knobs(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
-        h.launch(RUN, slices=slices, steps=steps, interval=interval, knobs=knobs, global_batch=batch)
+        h.launch(
+            RUN, slices=slices, steps=steps, interval=interval, knobs=knobs, global_batch=batch,
+            restart_mode=restart_mode,
+        )  # fmt: skip
         chaos.controller()
         error = None
         try:
@@ -284,7 +325,14 @@ def run_seed(
     checks = {
         "finished": ([error] if error else []) + finished_problems(rec.state, committed, sorted(kept), steps),
         "segments": segment_problems(segs),
-        "one JobSet": overlap_problems(events),
+        **(
+            {"one JobSet": overlap_problems(events)}
+            if restart_mode == ReshapeMode.RECREATE
+            else {
+                "a JobSet per slice": slice_jobset_problems(events, slices),
+                "one world": world_overlap_problems(metrics),
+            }
+        ),
         "checkpoints": checkpoint_problems(names, committed),
         "losses": loss_problems(kept, reference),
     }
@@ -328,7 +376,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--interval", type=int, default=5, help="checkpoint interval (steps)")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="elastic")
+    ap.add_argument("--restart-mode", choices=["recreate", "in-place"], default="recreate")
     args = ap.parse_args()
+    if args.restart_mode == ReshapeMode.IN_PLACE and SHAPES[args.shape][1] == 1:
+        ap.error("--restart-mode in-place needs a shape of several slices (--shape elastic)")
     console = Console(width=140)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -345,6 +396,7 @@ def main() -> None:
                 reference,
                 Path(tmp) / f"seed-{seed}",
                 args.shape,
+                args.restart_mode,
             )
             results.append(r)
             console.print(seed_table(r))

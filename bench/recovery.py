@@ -1,6 +1,12 @@
 """Recovery breakdown on the embedded cluster with the real trainer and the real controller.
 
-    .venv/bin/python -m bench.recovery [--cycles 3]
+    .venv/bin/python -m bench.recovery [--cycles 3] [--mode both|recreate|in-place] [--json]
+
+Both restart modes by default, one fresh embedded cluster each, and the ratio of their medians of
+fault -> first step (in-place / recreate); `--json` prints the medians (`recreate_median_s`,
+`inplace_median_s`) and `inplace_over_recreate` as one JSON object on the last line. In place the
+breakdown is fault -> the new world recorded -> first step in it (the survivors' pods stay; their
+supervisors start the next trainer child).
 
 A 2-slice run of the `tiny` MoE config on tpu7x-2x2x2 (GKE multislice needs multi-host slices: 2
 hosts of 8 JAX devices per slice, 4 trainer processes) loses one slice (`remove`), the controller
@@ -27,6 +33,7 @@ for the first time.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import tempfile
@@ -111,12 +118,20 @@ def breakdown(
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--cycles", type=int, default=3)
-    args = ap.parse_args()
-    console = Console(width=170)
-    loop_before = machine.loop_s()
+def inplace_breakdown(
+    ledger: list[dict], metrics: list[dict], fault_t: float, segment: int
+) -> dict[str, float]:
+    """An in-place shrink: fault -> the controller's new world recorded (it then deletes only the
+    lost slice's JobSet and publishes the world; the survivors' pods stay) -> first step in it."""
+    ledger = sorted(ledger, key=lambda e: e["time"])
+    decided = first(ledger, fault_t, lambda e: e.get("action") == "new-world" and e.get("segment") == segment)
+    step = min(m["time"] for m in metrics if m["segment"] == segment)
+    return {"decided": decided - fault_t, "world -> first step": step - decided, "total": step - fault_t}
+
+
+def run_mode(mode: str, cycles: int, console: Console) -> tuple[list[dict], dict[int, list[dict]]]:
+    """`cycles` shrinks (and grows back) of a 2-slice run restarting by `mode`, on a fresh
+    embedded cluster: each shrink's breakdown, and (recreate) the new processes' start-up reports."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         h = Harness(Path(tmp), pools=2, preset=MULTI_HOST)
@@ -124,12 +139,13 @@ def main() -> None:
             knobs = Knobs(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
             # Never finishes on its own: the single-slice segments would race to the end.
             h.launch(
-                "bench", slices=2, steps=1_000_000, interval=5, knobs=knobs, global_batch=MULTI_HOST_BATCH
-            )
+                "bench", slices=2, steps=1_000_000, interval=5, knobs=knobs, global_batch=MULTI_HOST_BATCH,
+                restart_mode=mode,
+            )  # fmt: skip
             h.start_controller("bench", resync_s=5.0)
             wait_for(lambda: h.record("bench").segments, 60, "segment 0")
             rundir = h.rundir("bench")
-            for cycle in range(args.cycles):
+            for cycle in range(cycles):
                 seg = len(h.record("bench").segments) - 1
                 h.wait_step("bench", (h.record("bench").segments[-1].start_step or 0) + 5, timeout=300)
                 fault_t = time.time()
@@ -138,14 +154,23 @@ def main() -> None:
                 rows.append((fault_t, seg + 1))
                 h.cluster.restore(h.pool(1))
                 wait_for(lambda s=seg: len(h.record("bench").segments) >= s + 3, 180, "the grow back")
-                console.log(f"cycle {cycle + 1}/{args.cycles} done")
+                console.log(f"{mode}: cycle {cycle + 1}/{cycles} done")
             stop_run(h.kube, "bench")
             rec, ledger, metrics = h.record("bench"), h.rundir("bench").ledger(), h.rundir("bench").metrics()
-            reports = {s: startup_reports(h.cluster.kubelet.processes.log_dir, "bench", s) for _, s in rows}
+            reports = (
+                {s: startup_reports(h.cluster.kubelet.processes.log_dir, "bench", s) for _, s in rows}
+                if mode == "recreate"
+                else {}
+            )
         finally:
             h.close()
-    results = [breakdown(ledger, metrics, rec, t, s, reports[s]) for t, s in rows]
-    table = Table(title="recovery after losing a slice (seconds)")
+    if mode == "recreate":
+        return [breakdown(ledger, metrics, rec, t, s, reports[s]) for t, s in rows], reports
+    return [inplace_breakdown(ledger, metrics, t, s) for t, s in rows], reports
+
+
+def table_of(title: str, results: list[dict]) -> Table:
+    table = Table(title=title)
     cols = list(results[0])
     table.add_column("shrink")
     for c in cols:
@@ -157,15 +182,41 @@ def main() -> None:
     for i, r in enumerate(results):
         table.add_row(str(i + 1), *(cell(c, r[c]) for c in cols))
     table.add_row("median", *(cell(c, statistics.median(r[c] for r in results)) for c in cols), style="bold")
-    console.print(table)
-    console.print(phase_table(reports))
-    owned = statistics.median(r["controller-owned"] for r in results)
-    total = statistics.median(r["total"] for r in results)
+    return table
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cycles", type=int, default=3)
+    ap.add_argument(
+        "--mode", choices=["both", "recreate", "in-place"], default="both", help="restart modes to measure"
+    )
+    ap.add_argument("--json", action="store_true", help="last line: the medians as one JSON object")
+    args = ap.parse_args()
+    console = Console(width=170)
+    loop_before = machine.loop_s()
+    modes = ["recreate", "in-place"] if args.mode == "both" else [args.mode]
+    medians: dict[str, float] = {}
+    for mode in modes:
+        results, reports = run_mode(mode, args.cycles, console)
+        console.print(table_of(f"{mode}: recovery after losing a slice (seconds)", results))
+        if reports:
+            console.print(phase_table(reports))
+        medians[mode] = statistics.median(r["total"] for r in results)
+        if mode == "recreate":
+            owned = statistics.median(r["controller-owned"] for r in results)
+            console.print(f"recreate: controller-owned median {owned:.2f} s (goal <= 1 s)")
+    words = "; ".join(f"{m}: fault -> first step median {v:.2f} s" for m, v in medians.items())
+    out: dict[str, float] = {f"{m.replace('-', '')}_median_s": v for m, v in medians.items()}
+    if len(medians) == 2:
+        out["inplace_over_recreate"] = medians["in-place"] / medians["recreate"]
+        words += f"; in-place / recreate = {out['inplace_over_recreate']:.2f} (goal <= 0.5)"
     console.print(
-        f"controller-owned median {owned:.2f} s (goal <= 1 s); total median {total:.2f} s (goal <= 3 s);"
-        f" machine: the reference loop took {loop_before:.3f} s before, {machine.loop_s():.3f} s after"
+        f"{words}; machine: the reference loop took {loop_before:.3f} s before, {machine.loop_s():.3f} s after"
         " (bench/machine.py)"
     )
+    if args.json:
+        print(json.dumps(out, sort_keys=True))
 
 
 def phase_table(reports: dict[int, list[dict]]) -> Table:

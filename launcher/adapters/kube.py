@@ -198,6 +198,48 @@ class Kube:
             self.namespace, label_selector=label_selector, grace_period_seconds=0
         )
 
+    # --- in-place runs: the world and who may read it ---------------------------------------
+
+    def ensure_objects(self, objects: list[dict]) -> None:
+        """Create each object (ServiceAccount, Role, RoleBinding); one that exists is left as it is
+        (a create retried after a crash: idempotent)."""
+        rbac = client.RbacAuthorizationV1Api(self.api_client)
+        create = {
+            "ServiceAccount": self.core.create_namespaced_service_account,
+            "Role": rbac.create_namespaced_role,
+            "RoleBinding": rbac.create_namespaced_role_binding,
+        }
+        for obj in objects:
+            try:
+                create[obj["kind"]](self.namespace, obj)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+
+    def world(self, name: str) -> dict | None:
+        """The world ConfigMap `name` as a dict, or None."""
+        try:
+            return self._raw(self.core.read_namespaced_config_map, name, self.namespace)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def publish_world(self, cm: dict, resource_version: str | None) -> None:
+        """Write the whole world ConfigMap in one request: create it, or replace the version read
+        (a Conflict if someone changed it since)."""
+        name = cm["metadata"]["name"]
+        try:
+            if resource_version is None:
+                self.core.create_namespaced_config_map(self.namespace, cm)
+            else:
+                body = {**cm, "metadata": {**cm["metadata"], "resourceVersion": resource_version}}
+                self.core.replace_namespaced_config_map(name, self.namespace, body)
+        except ApiException as e:
+            if e.status == 409:
+                raise Conflict(name) from None
+            raise
+
     # --- JobSets -------------------------------------------------------------------------------
 
     def create_jobset(self, jobset: dict) -> dict | None:

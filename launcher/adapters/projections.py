@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from launcher.core.labels import LABEL_RESTART_ATTEMPT, LABEL_RUN, LABEL_SEGMENT
+from launcher.core.labels import LABEL_RESTART_ATTEMPT, LABEL_RUN, LABEL_SEGMENT, LABEL_SLICE
 from launcher.core.presets import (
     LABEL_ACCELERATOR,
     LABEL_INSTANCE_TYPE,
@@ -26,7 +26,7 @@ from launcher.core.presets import (
 _intern = sys.intern
 
 # signals/pods.run_pods and pod_view: the run, the segment, the JobSet restart attempt.
-POD_LABELS = (LABEL_RUN, LABEL_SEGMENT, LABEL_RESTART_ATTEMPT)
+POD_LABELS = (LABEL_RUN, LABEL_SEGMENT, LABEL_SLICE, LABEL_RESTART_ATTEMPT)
 # pod_view: unschedulable (PodScheduled False) and disrupted (DisruptionTarget True).
 POD_CONDITIONS = ("PodScheduled", "DisruptionTarget")
 # signals/nodes: the pool a node is in, and every label a preset's node selector names.

@@ -38,6 +38,14 @@ ConfigOpt = Annotated[
 TrainerOpt = Annotated[
     str, typer.Option("--trainer", help="Trainer profile: reslice (trainer/) or maxtext (docs/maxtext.md).")
 ]
+RestartModeOpt = Annotated[
+    str,
+    typer.Option(
+        "--restart-mode",
+        help="How a shape change reaches the pods: recreate (a new JobSet) or in-place (one JobSet per "
+        "slice; surviving slices keep their pods and follow a new world; docs/contract.md).",
+    ),
+]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Trainer override key=value.")]
 ImageOpt = Annotated[
     str | None,

@@ -18,12 +18,13 @@ from dataclasses import asdict, replace
 from launcher.adapters.preset_files import load_catalog
 from launcher.adapters.rundir import RunDir
 from launcher.core.errors import ClusterNotReady, UserError
+from launcher.core.labels import slice_jobset_name
 from launcher.core.plan import Plan, Rung, shrink_ladder
-from launcher.core.presets import Catalog
+from launcher.core.presets import Catalog, Shape
 from launcher.core.record import Knobs, RunRecord
-from launcher.core.render import run_name_error, run_name_room
+from launcher.core.render import name_error, render_world_access, run_name_error, run_name_room
 from launcher.core.spec import RunSpec, check, grace_period, short_notice
-from launcher.core.words import Action, LedgerKind, RunState, TrainerProfile, TrainerState
+from launcher.core.words import Action, LedgerKind, ReshapeMode, RunState, TrainerProfile, TrainerState
 
 
 def check_trainer_config(config: str, overrides: tuple[str, ...]) -> dict:
@@ -81,16 +82,26 @@ def trainer_model_parallel(config: str, overrides: tuple[str, ...], strict: bool
     return model_parallel(resolve_trainer_config(config, overrides, strict), overrides)
 
 
-def ladder_name_error(run: str, ladder: list[Rung], max_segments: int) -> str | None:
+def ladder_name_error(
+    run: str, ladder: list[Rung], max_segments: int, mode: ReshapeMode = ReshapeMode.RECREATE
+) -> str | None:
     """Why `run` cannot name a run on `ladder`, or None: the longest JobSet name it may need is its
     last segment's (`max_segments` - 1) on a feasible rung, and the advice is the tightest rung's, so
-    following it is accepted. `launch` and `render` both ask this, so they state one limit."""
-    worst = min(
-        (r.shape for r in ladder if r.feasible),
-        key=lambda shape: run_name_room(shape, max_segments - 1),
-        default=None,
-    )
-    return None if worst is None else run_name_error(run, worst, max_segments - 1)
+    following it is accepted. In place, every slice's JobSet must fit too: a new slice takes the
+    smallest id not in the world it joins, so the ids stay below twice the slices
+    (core/world.world_slices). `launch` and `render` both ask this, so they state one limit."""
+    feasible = [r.shape for r in ladder if r.feasible]
+    if not feasible:
+        return None
+    worst = min(feasible, key=lambda shape: run_name_room(shape, max_segments - 1))
+    if err := run_name_error(run, worst, max_segments - 1):
+        return err
+    if mode == ReshapeMode.IN_PLACE:
+        for shape in feasible:
+            top = str(2 * shape.slices - 1)
+            if err := name_error(slice_jobset_name(run, top), Shape(shape.preset, 1)):
+                return err
+    return None
 
 
 def prepare(
@@ -119,7 +130,7 @@ def prepare(
     first = ladder[0]
     if not isinstance(first.plan, Plan):
         raise UserError(f"{shape}: {first.plan.reason}")
-    if err := ladder_name_error(spec.run, ladder, knobs.max_segments):
+    if err := ladder_name_error(spec.run, ladder, knobs.max_segments, spec.restart_mode):
         raise UserError(err)
     short = short_notice_presets(spec, ladder)
     if short and spec.short_notice_interval is None:
@@ -151,8 +162,9 @@ def short_notice_presets(spec: RunSpec, ladder: list[Rung]) -> list[str]:
 
 
 def create_run(kube, rec: RunRecord) -> None:
-    """Claim the run directory and write the run record. Refuses to reuse another run's directory
-    or an existing run's name."""
+    """Claim the run directory and write the run record (in place: first the world's
+    ServiceAccount, Role and RoleBinding). Refuses to reuse another run's directory or an existing
+    run's name."""
     rundir = RunDir(rec.spec.run_dir)
     existing = rundir.read_text("run.json")
     if existing is not None:
@@ -181,6 +193,10 @@ def create_run(kube, rec: RunRecord) -> None:
         rundir.write_text("run.json", json.dumps({"run": rec.name, "spec": asdict(rec.spec), "preset": rec.preset,
                                                   "slices": rec.slices}, indent=2))  # fmt: skip
     try:
+        if rec.spec.restart_mode == ReshapeMode.IN_PLACE:
+            # Who may read the run's world: created here with the user's credentials, as the run
+            # is; the controller needs no right to create accounts or Roles.
+            kube.ensure_objects(render_world_access(rec.spec))
         kube.create_record(rec)
     except BaseException:
         if existing is None:  # the claim was this launch's own: leave the directory as it was

@@ -35,14 +35,21 @@ from launcher.controller.health import LoopState
 from launcher.controller.lease import Leases
 from launcher.controller.snapshot import SOURCES, WATCHED, Created, EventsJoin, Snapshot, observe_run
 from launcher.core import policy
+from launcher.core import world as worlds
 from launcher.core.errors import UserError
-from launcher.core.labels import LABEL_RUN, LABEL_SEGMENT
+from launcher.core.labels import (
+    LABEL_RUN,
+    LABEL_SEGMENT,
+    LABEL_SLICE,
+    slice_jobset_name,
+    world_configmap_name,
+)
 from launcher.core.plan import shrink_ladder
 from launcher.core.presets import Catalog
 from launcher.core.record import RunRecord
-from launcher.core.render import render_jobset
+from launcher.core.render import render_jobset, render_slice_jobset
 from launcher.core.signals import observation as signals
-from launcher.core.words import Action, LedgerKind, RunState
+from launcher.core.words import Action, LedgerKind, ReshapeMode, RunState
 
 # The least time from one pass to the next while watch events keep coming.
 COALESCE_S = 0.02
@@ -183,6 +190,7 @@ class Controller:
                 trainer_config=json.loads(spec.trainer_config) if spec.trainer_config else None,
             )
             decision = policy.decide(rec, obs, ladder, self.catalog)
+        decision = self._local_coordinator(decision)
         decided_at = time.time()  # the record's PUT follows: what the API server takes is after this
 
         entries = []
@@ -228,6 +236,8 @@ class Controller:
         crash_point(f"after-record:{where}")
         try:
             self._act(decision)
+            if not decision.acts and self._world_behind(decision.record):
+                self.publish_world(decision.record)  # recorded, then the controller stopped
         except UserError as e:  # the cluster refused the JobSet (422): retrying cannot help
             self._fail(run, rundir, f"cannot submit: {e}")
         crash_point(f"after-act:{where}")
@@ -236,7 +246,26 @@ class Controller:
             self.on_pass(result)
         return result
 
+    def _local_coordinator(self, d: policy.Decision) -> policy.Decision:
+        """On the embedded cluster (the run's pods reach the API at `world_api`) a new world's
+        coordinator is `127.0.0.1:<a free port>` (docs/contract.md): picked here, before the record
+        is written, so that the world published is the one recorded."""
+        seg = d.record.current
+        if (
+            d.action not in {Action.START_SEGMENT, Action.NEW_WORLD}
+            or not d.record.spec.world_api
+            or seg is None
+        ):
+            return d
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        return replace(d, record=d.record.with_segment(replace(seg, coordinator=f"127.0.0.1:{port}")))
+
     def _act(self, d: policy.Decision) -> None:
+        if d.record.spec.restart_mode == ReshapeMode.IN_PLACE:
+            self._act_in_place(d)
+            return
         if d.action in {Action.START_SEGMENT, Action.CREATE_JOBSET}:
             seg = d.record.current
             created = self.kube.create_jobset(
@@ -249,6 +278,65 @@ class Controller:
             self.kube.delete_jobset(d.jobset)
             if d.force and (seg := d.record.current) is not None:
                 self.kube.delete_pods_now(f"{LABEL_RUN}={d.record.name},{LABEL_SEGMENT}={seg.index}")
+
+    def _act_in_place(self, d: policy.Decision) -> None:
+        """An in-place decision's acts, in this order: the world published (the record holds it
+        already), the leaving slices' JobSets deleted (their pods at once when their hosts are
+        gone), the new slices' JobSets created. Publishing first: the survivors start over as soon
+        as possible, and leaving pods are told by the world, not by a signal (docs/contract.md);
+        a controller that stops before the rest leaves it to the next pass (policy: in-place rule 3)."""
+        rec = d.record
+        run, spec, seg = rec.name, rec.spec, rec.current
+        live = seg is not None and seg.live
+        if live and d.action in {Action.START_SEGMENT, Action.NEW_WORLD, Action.CREATE_JOBSET}:
+            self.publish_world(rec)
+        for sid in d.slices_delete:
+            self.kube.delete_jobset(slice_jobset_name(run, sid))
+            if d.force:
+                self.kube.delete_pods_now(f"{LABEL_RUN}={run},{LABEL_SLICE}={sid}")
+        if not live:
+            return
+        preset = self.catalog.preset(seg.preset)
+        for sid in d.slices_create:
+            created = self.kube.create_jobset(render_slice_jobset(spec, preset, sid))
+            if created is not None and (cache := self.caches.get("jobsets")) is not None:
+                created["metadata"].setdefault("namespace", self.kube.namespace)
+                self._created.add(created, cache, self.monotonic())
+
+    def _world_behind(self, rec: RunRecord) -> bool:
+        """Whether an in-place run's world ConfigMap may hold an older epoch than its live segment:
+        from the cache when it runs (no request), else say so (publish_world reads it)."""
+        seg = rec.current
+        if rec.spec.restart_mode != ReshapeMode.IN_PLACE or seg is None or not seg.live:
+            return False
+        if not self.synced():
+            return True
+        cm = self.caches["records"].get(self.kube.namespace, world_configmap_name(rec.name))
+        epoch = worlds.published_epoch(cm)
+        return epoch is None or epoch < seg.index
+
+    def publish_world(self, rec: RunRecord) -> bool:
+        """Publish the world of `rec`'s live in-place segment unless the ConfigMap already holds its
+        epoch or a later one: the record holds the epoch before this is called, so a restarted
+        controller publishes the same world, and never one epoch twice. True if it wrote."""
+        seg = rec.current
+        if seg is None or not seg.live or not seg.slice_ids:
+            return False
+        name = world_configmap_name(rec.name)
+        # From the cache when it runs (a stale one is a Conflict, read again next pass).
+        cache = self.caches.get("records") if self.synced() else None
+        cm = cache.get(self.kube.namespace, name) if cache is not None else self.kube.world(name)
+        if (epoch := worlds.published_epoch(cm)) is not None and epoch >= seg.index:
+            return False
+        doc = worlds.document(rec.spec, self.catalog.preset(seg.preset), seg, time.time())
+        try:
+            self.kube.publish_world(
+                worlds.configmap(rec.spec, doc), cm["metadata"]["resourceVersion"] if cm else None
+            )
+        except Conflict:  # written meanwhile: the next pass reads it again
+            self._wake.set()
+            return False
+        return True
 
     def _fail(self, run: str, rundir: RunDir, reason: str) -> None:
         def mark_failed() -> None:
@@ -420,6 +508,7 @@ class Controller:
                 all_done = False
             if result.decision and result.decision.action in {
                 Action.START_SEGMENT,
+                Action.NEW_WORLD,
                 Action.END,
                 Action.DELETE,
                 Action.CREATE_JOBSET,

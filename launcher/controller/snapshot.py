@@ -7,7 +7,7 @@ selectors, each object projected to the fields the signals read: launcher/adapte
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from launcher.adapters import projections
 from launcher.adapters.informer import Cache, Source
@@ -16,7 +16,9 @@ from launcher.core.labels import LABEL_RUN
 from launcher.core.presets import LABEL_ACCELERATOR, LABEL_NODEPOOL, Catalog
 from launcher.core.record import RunRecord
 from launcher.core.signals import observation as signals
+from launcher.core.signals.slices import slice_views
 from launcher.core.spec import run_preset
+from launcher.core.words import ReshapeMode
 
 # What the caches hold, filtered by the server (label and field selectors as kube-apiserver
 # serves them), so that a namespace and a cluster full of other workloads cost a pass nothing:
@@ -155,11 +157,14 @@ def observe_run(
     seg = rec.current
     live = seg if seg is not None and seg.live else None
     shape = seg.shape(catalog) if seg else None
-    return signals.observe(
+    # An in-place run's pods carry their slice, not a segment: the observation of "the segment" is
+    # then of every pod without a segment label, and each slice's own view is added below.
+    in_place = rec.spec.restart_mode == ReshapeMode.IN_PLACE
+    obs = signals.observe(
         now=now,
         run=rec.name,
-        segment=seg.index if seg else None,
-        segment_jobset=seg.jobset if seg else None,
+        segment=None if in_place else seg.index if seg else None,
+        segment_jobset=None if in_place else seg.jobset if seg else None,
         segment_nodepools=seg.nodepools if live else (),
         expected_pods=shape.hosts if shape else 0,
         slice_hosts=shape.preset.hosts if shape else 0,
@@ -174,3 +179,11 @@ def observe_run(
         trainer=progress[1],
         memos=memos,
     )
+    if not in_place:
+        return obs
+    pool_of = {
+        n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(LABEL_NODEPOOL) for n in snap.nodes
+    }
+    hosts = shape.preset.hosts if shape else 0
+    views = slice_views(rec.name, snap.jobsets, snap.pods, pool_of, hosts)
+    return replace(obs, segment=seg.index if seg else None, slices=views)

@@ -9,6 +9,8 @@ REPLICATED_JOB = "slice"
 CONTAINER = "trainer"
 LABEL_RUN = "reslice.dev/run"
 LABEL_SEGMENT = "reslice.dev/segment"
+# In-place runs: the stable id of the slice a JobSet and its pods belong to (docs/contract.md).
+LABEL_SLICE = "reslice.dev/slice"
 LABEL_QUEUE = "kueue.x-k8s.io/queue-name"
 ANNOTATION_EXCLUSIVE = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 LABEL_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
@@ -21,3 +23,22 @@ def jobset_name(run: str, segment: int) -> str:
 
 def segment_labels(run: str, segment: int) -> dict[str, str]:
     return {LABEL_RUN: run, LABEL_SEGMENT: str(segment)}
+
+
+def slice_jobset_name(run: str, slice_id: str) -> str:
+    """The JobSet of one slice of an in-place run: it outlives the segments (worlds) it takes part in."""
+    return f"{run}-s{slice_id}"
+
+
+def slice_labels(run: str, slice_id: str) -> dict[str, str]:
+    return {LABEL_RUN: run, LABEL_SLICE: slice_id}
+
+
+def world_configmap_name(run: str) -> str:
+    """The ConfigMap that holds an in-place run's world (`world.json`), apart from its record."""
+    return f"{run}-world"
+
+
+def world_access_name(run: str) -> str:
+    """The ServiceAccount, Role and RoleBinding that let an in-place run's pods read its world."""
+    return f"reslice-{run}-world"

@@ -24,7 +24,9 @@ from launcher.core.words import Cause, EndKind, RunState
 
 # Run states.
 
-SCHEMA_VERSION = 3  # 2: the knobs' key is `knobs` (was `policy`); 3: a segment's `pool`
+# 2: the knobs' key is `knobs` (was `policy`); 3: a segment's `pool`; 4: the spec's `restart_mode` and
+# `world_api`, a segment's `slice_ids`, `coordinator` and `joining` (in-place runs)
+SCHEMA_VERSION = 4
 # What records without a schema_version may hold that this reslice no longer has (section -> names).
 _RETIRED_V0 = {"policy": {"preemption_budget"}}
 TERMINAL = {RunState.FINISHED, RunState.FAILED, RunState.STOPPED}
@@ -72,6 +74,15 @@ class Segment:
     # The node pool a one-slice segment's JobSet names (render.render_jobset), or None: JobSet's
     # exclusive placement chooses.
     pool: str | None = None
+    # In-place runs (RunSpec.restart_mode): a segment is one world, published as the epoch equal to
+    # its index. `slice_ids` are its slices in process order (each one JobSet, render.render_slice_jobset),
+    # `coordinator` its process 0's host:port: both recorded before the world is published, so a
+    # restarted controller publishes the same world, never another one under the same epoch.
+    slice_ids: tuple[str, ...] = ()
+    coordinator: str | None = None
+    # Slices whose JobSets a grow created while this world trains on: the next world takes them in
+    # once their pods run (their supervisors wait for a world that has their slice).
+    joining: tuple[str, ...] = ()
 
     def shape(self, catalog: Catalog) -> Shape:
         return Shape(catalog.preset(self.preset), self.slices)
@@ -166,7 +177,14 @@ class RunRecord:
         spec["env"] = tuple(tuple(kv) for kv in spec.get("env", ()))
         spec["placement_policies"] = tuple(tuple(kv) for kv in spec.get("placement_policies", ()))
         segments = tuple(
-            Segment(**{**seg, "nodepools": tuple(seg.get("nodepools", ()))})
+            Segment(
+                **{
+                    **seg,
+                    "nodepools": tuple(seg.get("nodepools", ())),
+                    "slice_ids": tuple(str(s) for s in seg.get("slice_ids", ())),
+                    "joining": tuple(str(s) for s in seg.get("joining", ())),
+                }
+            )
             for seg in (known(s, Segment, "segments") for s in raw.pop("segments", []))
         )
         knobs = Knobs(**known(raw.pop(knobs_key, {}), Knobs, knobs_key))

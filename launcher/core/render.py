@@ -35,9 +35,14 @@ from launcher.core.labels import (
     LABEL_JOB_INDEX,
     LABEL_QUEUE,
     LABEL_RESTART_ATTEMPT,
+    LABEL_RUN,
     REPLICATED_JOB,
     jobset_name,
     segment_labels,
+    slice_jobset_name,
+    slice_labels,
+    world_access_name,
+    world_configmap_name,
 )
 from launcher.core.plan import Plan, plan_batch
 from launcher.core.presets import LABEL_NODEPOOL, RESOURCE_TPU, Preset, Shape
@@ -45,11 +50,12 @@ from launcher.core.spec import (
     RunSpec,
     coordinator_port_error,
     grace_period,
+    restart_mode_error,
     run_preset,
     short_notice,
     trainer_overrides,
 )
-from launcher.core.words import TrainerProfile
+from launcher.core.words import ReshapeMode, TrainerProfile
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 POD_SUFFIX = 6  # "-xxxxx" that the Job controller appends to generated pod names
@@ -230,8 +236,11 @@ def container_command(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> 
 
 
 def pod_spec(spec: RunSpec, shape: Shape, segment: int, plan: Plan, pool: str | None = None) -> dict:
-    preset = shape.preset
     command, env = container_command(spec, shape, segment, plan)
+    return _pod(spec, shape.preset, command, env, pool)
+
+
+def _pod(spec: RunSpec, preset: Preset, command: list[str], env: list[dict], pool: str | None) -> dict:
     where = placement(spec, preset)
     if pool:
         where["nodeSelector"] = {**where["nodeSelector"], LABEL_NODEPOOL: pool}
@@ -324,3 +333,134 @@ def render_jobset(spec: RunSpec, shape: Shape, segment: int = 0, pool: str | Non
             ],
         },
     }
+
+
+# --- in-place runs (docs/contract.md "World (in-place restarts)") -----------------------------------
+
+
+def inplace_env(spec: RunSpec, preset: Preset, slice_id: str) -> list[dict]:
+    """The pod environment of an in-place run: what stays the same in every world. What a world
+    decides (process ids, coordinator, batch plan, `MEGASCALE_*`) the supervisor sets in each child
+    from the published world (trainer/world.child_env)."""
+    env = [
+        _env("RESLICE_RUN", spec.run),
+        _env("RESLICE_RUN_DIR", spec.run_dir),
+        _env("RESLICE_CONFIG", spec.config),
+        _env("RESLICE_SET", json.dumps(trainer_overrides(spec, preset))),
+        _env("RESLICE_RESTART_MODE", ReshapeMode.IN_PLACE),
+        _env("RESLICE_SLICE_ID", slice_id),
+        _env("RESLICE_WORLD_CONFIGMAP", world_configmap_name(spec.run)),
+        _env("RESLICE_WORLD_NAMESPACE", spec.namespace),
+        _field_env("RESLICE_RESTART_ATTEMPT", f"metadata.labels['{LABEL_RESTART_ATTEMPT}']"),
+        _env("RESLICE_PEAK_TFLOPS", preset.peak_tflops_per_chip / preset.devices_per_chip),
+    ]
+    if spec.world_api:
+        env.append(_env("RESLICE_WORLD_API", spec.world_api))
+    if spec.heartbeat_timeout_s is not None:
+        env.append(_env("RESLICE_HEARTBEAT_TIMEOUT_S", spec.heartbeat_timeout_s))
+    env.append(_env("RESLICE_INIT_TIMEOUT_S", spec.init_timeout_s))
+    env += [_env(k, v) for k, v in spec.env]
+    return env
+
+
+def world_account(spec: RunSpec) -> str:
+    """The ServiceAccount an in-place run's pods read their world as: the run's own, or the one the
+    person named (`--service-account`), which the run's RoleBinding then binds."""
+    return spec.service_account or world_access_name(spec.run)
+
+
+def render_slice_jobset(spec: RunSpec, preset: Preset, slice_id: str, pool: str | None = None) -> dict:
+    """The JobSet of one slice of an in-place run: replicas 1, its pods labelled with the slice, not
+    a segment, so that a shape change deletes only a lost slice's JobSet and creates only a new
+    one's. Exclusive placement as a segment's JobSet has it: JobSet's pod webhook gives each leader
+    pod an anti-affinity to every pod with a `job-key` other than its own Job's, in any namespace,
+    so two slice JobSets' Jobs never share a node pool (docs/platform.md §2). `pool`: as in
+    `render_jobset`, a node pool the controller names (exclusive placement then dropped). Raises
+    UserError if impossible."""
+    if err := restart_mode_error(ReshapeMode.IN_PLACE, spec.trainer):
+        raise UserError(err)
+    shape = Shape(preset, 1)
+    name = slice_jobset_name(spec.run, slice_id)
+    if err := shape.error or coordinator_port_error(spec.coordinator_port):
+        raise UserError(err)
+    if err := name_error(name, shape):
+        raise UserError(err)
+    pod_failure_policy, jobset_failure_policy = failure_policies(spec)
+    labels = slice_labels(spec.run, slice_id)
+    jobset_labels = dict(labels)
+    if spec.queue:
+        jobset_labels[LABEL_QUEUE] = spec.queue
+    pod = _pod(spec, preset, ["python", "-m", "trainer"], inplace_env(spec, preset, slice_id), pool)
+    pod["serviceAccountName"] = world_account(spec)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "JobSet",
+        "metadata": {
+            "name": name,
+            "namespace": spec.namespace,
+            "labels": jobset_labels,
+            "annotations": {} if pool else {ANNOTATION_EXCLUSIVE: LABEL_NODEPOOL},
+        },
+        "spec": {
+            "ttlSecondsAfterFinished": spec.ttl_after_finished_s,
+            "network": {"enableDNSHostnames": True, "subdomain": name},
+            "failurePolicy": jobset_failure_policy,
+            "successPolicy": {"operator": "All"},
+            "replicatedJobs": [
+                {
+                    "name": REPLICATED_JOB,
+                    "replicas": 1,
+                    "template": {
+                        "metadata": {"labels": dict(labels)},
+                        "spec": {
+                            "parallelism": preset.hosts,
+                            "completions": preset.hosts,
+                            "completionMode": "Indexed",
+                            "backoffLimit": 0,
+                            "podFailurePolicy": pod_failure_policy,
+                            "template": {"metadata": {"labels": dict(labels)}, "spec": pod},
+                        },
+                    },
+                }
+            ],
+        },
+    }
+
+
+def render_world_access(spec: RunSpec) -> list[dict]:
+    """What lets an in-place run's pods read their world and nothing else: a ServiceAccount (unless
+    the run names one), a Role limited to the world ConfigMap by `resourceNames` (which holds for
+    `list` and `watch` because the supervisor sends the `metadata.name` field selector:
+    docs/contract.md), and the RoleBinding between them. All labelled with the run."""
+    name = world_access_name(spec.run)
+    meta = {"name": name, "namespace": spec.namespace, "labels": {LABEL_RUN: spec.run}}
+    out: list[dict] = []
+    if not spec.service_account:
+        out.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)})
+    out.append(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": dict(meta),
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["configmaps"],
+                    "resourceNames": [world_configmap_name(spec.run)],
+                    "verbs": ["get", "list", "watch"],
+                }
+            ],
+        }
+    )
+    out.append(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": dict(meta),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [
+                {"kind": "ServiceAccount", "name": world_account(spec), "namespace": spec.namespace}
+            ],
+        }
+    )
+    return out

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from launcher.core import inputs
 from launcher.core.errors import UserError
 from launcher.core.presets import Preset
-from launcher.core.words import TrainerProfile
+from launcher.core.words import ReshapeMode, TrainerProfile
 
 # Ports TPU hosts already use on the host network: 8431 (runtime metrics), 8080 (multislice
 # coordinator), 8470-8482 (TPU runtime; libtpu's TPU_PROCESS_PORT 8476 on tpu7x; JAX's own Cloud
@@ -64,6 +64,12 @@ class RunSpec:
     short_notice_interval: int | None = None
     # The trainer profile: "reslice" (trainer/) or "maxtext" (launcher.core.maxtext, docs/maxtext.md).
     trainer: str = TrainerProfile.RESLICE.value
+    # How a shape change reaches the pods: "recreate" (a new segment's JobSet) or "in-place" (one
+    # JobSet per slice; the survivors' supervisors follow a new world, docs/contract.md).
+    restart_mode: str = ReshapeMode.RECREATE.value
+    # In-place only: the API server URL the pods read their world from instead of the in-cluster
+    # one (`RESLICE_WORLD_API`): the embedded cluster's, whose kubelets mount no service account.
+    world_api: str | None = None
 
 
 def run_preset(spec: RunSpec, preset: Preset) -> Preset:
@@ -103,6 +109,21 @@ def coordinator_port_error(port: int) -> str | None:
     return None
 
 
+def restart_mode_error(restart_mode: str, trainer: str) -> str | None:
+    """Why a run of `trainer` cannot restart by `restart_mode`, or None. In place, the pods'
+    entrypoint must follow worlds, which only reslice's trainer does (its supervisor,
+    trainer/supervisor.supervise_world): MaxText's entrypoint has none yet."""
+    modes = [m.value for m in ReshapeMode]
+    if restart_mode not in modes:
+        return f"--restart-mode {restart_mode!r}: expected one of {', '.join(modes)}"
+    if restart_mode == ReshapeMode.IN_PLACE and trainer == TrainerProfile.MAXTEXT:
+        return (
+            "--restart-mode in-place needs a trainer whose pods follow worlds (reslice's supervisor);"
+            " the maxtext profile's entrypoint has none: use --restart-mode recreate"
+        )
+    return None
+
+
 def check(spec: RunSpec) -> None:
     """A launch request's spec, checked in one place (controller/launch.prepare, which `reslice
     launch`, the sweep and the demo go through): the options a person gives, each against what the
@@ -121,7 +142,9 @@ def check(spec: RunSpec) -> None:
         cpu_request=spec.cpu_request,
         memory_request=spec.memory_request,
     )
-    if err := coordinator_port_error(spec.coordinator_port):
+    if err := coordinator_port_error(spec.coordinator_port) or restart_mode_error(
+        spec.restart_mode, spec.trainer
+    ):
         raise UserError(err)
     inputs.seconds("--save-seconds", spec.save_seconds, positive=True)
     inputs.integer("--short-notice-interval", spec.short_notice_interval, high=inputs.MAX_STEPS)

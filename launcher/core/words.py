@@ -32,6 +32,7 @@ class EndKind(StrEnum):
     CAPACITY_LOST = "capacity-lost"  # shrinking, or moving to another node pool
     GROW = "grow"  # a larger shape has fitted for the grow window
     LOST = "lost"  # its JobSet disappeared behind the controller's back
+    RESTART = "restart"  # in place: a slice of its world restarted under it; the same slices, a new world
 
 
 class Action(StrEnum):
@@ -45,6 +46,9 @@ class Action(StrEnum):
     FINISH = "finish"
     FAIL = "fail"
     STOP = "stop"  # `reslice stop` (controller/launch.py), never a decision of the policy
+    # In place: record the next world (a segment), delete only the leaving slices' JobSets, create
+    # only the new slices', and publish it to the pods' supervisors.
+    NEW_WORLD = "new-world"
 
 
 class Phase(StrEnum):
@@ -119,3 +123,12 @@ class TrainerProfile(StrEnum):
 
     RESLICE = "reslice"
     MAXTEXT = "maxtext"
+
+
+class ReshapeMode(StrEnum):
+    """How a run changes shape (`RunSpec.restart_mode`, `--restart-mode`; docs/contract.md "World
+    (in-place restarts)"): recreate every pod in a new segment's JobSet, or keep the surviving
+    slices' pods and publish a new world to their supervisors."""
+
+    RECREATE = "recreate"
+    IN_PLACE = "in-place"

@@ -24,6 +24,7 @@ from launcher.controller.loop import Controller
 from launcher.core.labels import LABEL_RUN
 from launcher.core.record import Knobs, RunRecord
 from launcher.core.spec import RunSpec
+from launcher.core.words import ReshapeMode
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from tests.support.wait import wait_for
 
@@ -123,7 +124,7 @@ class Harness:
     def launch(
         self, run: str, slices: int, *, steps: int, interval: int = 5, run_dir: str | None = None,
         knobs: Knobs | None = None, extra: tuple[str, ...] = (), max_restarts: int = 3,
-        global_batch: int = GLOBAL_BATCH,
+        global_batch: int = GLOBAL_BATCH, restart_mode: str = RunSpec.restart_mode,
     ) -> RunRecord:  # fmt: skip
         settings = tuple(s.format(steps=steps, interval=interval) for s in TRAINER_SETTINGS) + extra
         spec = RunSpec(
@@ -136,6 +137,11 @@ class Harness:
             heartbeat_timeout_s=10,
             max_restarts=max_restarts,
             image_pull_policy="Never",
+            restart_mode=restart_mode,
+            # In place, the pods read their world from the embedded API server (docs/contract.md).
+            world_api=self.cluster.api_client().configuration.host
+            if restart_mode == ReshapeMode.IN_PLACE
+            else None,
         )
         knobs = knobs or Knobs(unschedulable_grace_s=20, grow_window_s=4, app_backoff_s=1)
         rec, _ = prepare(spec, self.preset, slices, knobs)

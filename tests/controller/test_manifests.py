@@ -8,6 +8,7 @@ import subprocess
 import threading
 from pathlib import Path
 
+import pytest
 import yaml
 from kubernetes import client
 
@@ -127,10 +128,21 @@ def granted() -> tuple[set, set]:
     return out["Role"], out["ClusterRole"]
 
 
-def test_rbac_is_exactly_what_the_controller_uses(tmp_path):
+# What only an in-place run's controller does: create the run's world ConfigMap.
+IN_PLACE_ONLY = {("create", "", "configmaps")}
+
+
+@pytest.mark.parametrize("restart_mode", ["recreate", "in-place"])
+def test_rbac_is_exactly_what_the_controller_uses(tmp_path, restart_mode):
     with EmbeddedCluster(nodepools=[NodePoolSpec("tpu7x-2x2x2", count=2)], mode="simulate") as cluster:
         kube = Kube(cluster.api_client(), "default")
-        spec = RunSpec(run="rbac", run_dir=str(tmp_path / "rbac"), global_batch=32, grace_period_s=1)
+        spec = RunSpec(
+            run="rbac",
+            run_dir=str(tmp_path / "rbac"),
+            global_batch=32,
+            grace_period_s=1,
+            restart_mode=restart_mode,
+        )
         rec, _ = prepare(spec, "tpu7x-2x2x2", 2, Knobs(unschedulable_grace_s=5))
         create_run(kube, rec)  # the user's identity, not the controller's
         cluster.server.audit.clear()
@@ -159,4 +171,4 @@ def test_rbac_is_exactly_what_the_controller_uses(tmp_path):
     namespaced, cluster_scoped = granted()
     nodes = {u for u in used if u[2] == "nodes"}
     assert nodes == cluster_scoped
-    assert used - nodes == namespaced
+    assert used - nodes == (namespaced if restart_mode == "in-place" else namespaced - IN_PLACE_ONLY)

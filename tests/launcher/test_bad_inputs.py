@@ -86,6 +86,10 @@ def _cases() -> list[tuple[list[str], int]]:
     for seg in ("-1", "10001", "x"):
         add([*RENDER, "--segment", seg])
     add([*RENDER, "--pull-policy", "Sometimes"])
+    # The restart mode: an unknown one, and in place with a trainer whose pods cannot follow worlds.
+    for base in (RENDER, LAUNCH):
+        add([*base, "--restart-mode", "sideways"])
+        add([*base, "--restart-mode", "in-place", "--trainer", "maxtext"])
     for out in ("adir", "afile/x.yaml"):
         add([*RENDER, "-o", out])
     # launch: the policy's numbers and the save options.

@@ -67,3 +67,19 @@ def test_the_schedule_is_the_seeds():
         faults = [f for f, _ in chaos.schedule(seed, 6)]
         assert set(faults) <= set(chaos.FAULTS)
         assert all(faults.count(f) <= 1 for f in chaos.ONCE)
+
+
+def test_in_place_a_jobset_per_slice_never_more_than_the_slices() -> None:
+    ok = [("ADDED", "c-s0"), ("ADDED", "c-s1"), ("DELETED", "c-s1"), ("ADDED", "c-s1")]
+    assert chaos.slice_jobset_problems(ok, 2) == []
+    bad = [("ADDED", "c-s0"), ("ADDED", "c-s1"), ("ADDED", "c-s2")]
+    assert chaos.slice_jobset_problems(bad, 2) == ["c-s2 created while c-s0, c-s1 existed"]
+
+
+def test_in_place_one_world_trains_at_a_time() -> None:
+    def m(segment: int, t: float) -> dict:
+        return {"segment": segment, "time": t}
+
+    assert chaos.world_overlap_problems([m(0, 1.0), m(0, 2.0), m(1, 3.0), m(2, 5.0), m(1, 4.0)]) == []
+    (problem,) = chaos.world_overlap_problems([m(0, 1.0), m(0, 3.5), m(1, 3.0)])
+    assert problem.startswith("world 0 recorded a step 0.500 s after world 1's first")

@@ -32,6 +32,7 @@ from launcher.cli.options import (
     PresetOpt,
     PriorityClassOpt,
     QueueOpt,
+    RestartModeOpt,
     RunOpt,
     SaveSecondsOpt,
     ServiceAccountOpt,
@@ -48,8 +49,8 @@ from launcher.core import inputs
 from launcher.core.errors import UserError
 from launcher.core.record import Knobs
 from launcher.core.render import render_jobset
-from launcher.core.spec import DEFAULT_COORDINATOR_PORT, RunSpec
-from launcher.core.words import RunState, TrainerProfile
+from launcher.core.spec import DEFAULT_COORDINATOR_PORT, RunSpec, restart_mode_error
+from launcher.core.words import ReshapeMode, RunState, TrainerProfile
 
 
 def finish(kube, run: str, state: str) -> None:
@@ -110,6 +111,7 @@ def launch(
     memory_request: MemoryRequestOpt = None,
     save_seconds: SaveSecondsOpt = None,
     short_notice_interval: ShortNoticeOpt = None,
+    restart_mode: RestartModeOpt = RunSpec.restart_mode,
 ) -> None:
     """Launch a run: plan, submit segment 0, and watch it (shrink, grow back) until it ends."""
     from launcher.cli.connect import connect
@@ -125,6 +127,14 @@ def launch(
     inputs.seconds("--app-backoff", app_backoff)
     inputs.run_dir("--run-dir", run_dir or f"runs/{run}")
     shape = make_shape(preset, slices)
+    if (
+        restart_mode == ReshapeMode.IN_PLACE
+        and shape.slices == 1
+        and not restart_mode_error(restart_mode, trainer)
+    ):
+        # Its ladder never has more slices than asked: on one slice nothing survives a shape change.
+        console.print("one slice: no slice survives a shape change to keep its pods; restarting by recreate")
+        restart_mode = ReshapeMode.RECREATE
     local = run_dir is None or not run_dir.startswith("gs://")
     directory = str(Path(run_dir or f"runs/{run}").resolve()) if local else run_dir
     knobs = Knobs(
@@ -141,7 +151,7 @@ def launch(
         max_restarts=max_restarts, init_timeout_s=init_timeout, queue=queue, priority_class=priority_class,
         coordinator_port=coordinator_port, cpu_request=cpu_request, memory_request=memory_request,
         service_account=service_account, save_seconds=save_seconds, short_notice_interval=short_notice_interval,
-        trainer=trainer,
+        trainer=trainer, restart_mode=restart_mode,
     )  # fmt: skip
     rec, ladder = prepare(spec, preset, slices, knobs)  # every check before anything is created
     if trainer == TrainerProfile.MAXTEXT:  # its keys depend on the shape: every rung's JobSet must render
@@ -155,6 +165,9 @@ def launch(
         )
     conn = connect(kubeconfig, namespace, start_embedded=f"{shape.preset.name}:{shape.slices}")
     spec = for_cluster(spec, conn.embedded, grace_period)
+    if conn.embedded and spec.restart_mode == ReshapeMode.IN_PLACE:
+        # Its kubelets mount no service account: the pods read their world at its API server.
+        spec = replace(spec, world_api=conn.kube.api_client.configuration.host)
     if checks:
         from launcher.core.capacity.checks import Request
         from launcher.preflight.gate import refuse_unready

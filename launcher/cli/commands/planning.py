@@ -30,6 +30,7 @@ from launcher.cli.options import (
     PresetOpt,
     PriorityClassOpt,
     QueueOpt,
+    RestartModeOpt,
     RunOpt,
     ServiceAccountOpt,
     SetOpt,
@@ -42,9 +43,9 @@ from launcher.cli.spec_options import check_run_options, run_spec, trainer_confi
 from launcher.core import inputs
 from launcher.core.errors import UserError
 from launcher.core.plan import Plan, shrink_ladder
-from launcher.core.render import render_jobset
-from launcher.core.spec import DEFAULT_COORDINATOR_PORT, RunSpec
-from launcher.core.words import TrainerProfile
+from launcher.core.render import render_jobset, render_slice_jobset, render_world_access
+from launcher.core.spec import DEFAULT_COORDINATOR_PORT, RunSpec, restart_mode_error
+from launcher.core.words import ReshapeMode, TrainerProfile
 from launcher.report.view import ladder_table, presets_table
 
 
@@ -158,10 +159,13 @@ def render(
     placement_policy: PlacementOpt = None,
     cpu_request: CpuRequestOpt = None,
     memory_request: MemoryRequestOpt = None,
+    restart_mode: RestartModeOpt = RunSpec.restart_mode,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write to a file.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="JSON instead of YAML.")] = False,
 ) -> None:
-    """Render the JobSet of one segment as YAML (or JSON)."""
+    """Render the JobSet of one segment as YAML (or JSON). In place: the run's world access
+    (ServiceAccount, Role, RoleBinding) and one JobSet per slice, as documents of one stream (a JSON
+    list)."""
     from launcher.controller.launch import ladder_name_error, trainer_model_parallel
     from launcher.core.record import Knobs
 
@@ -173,6 +177,8 @@ def render(
         service_account=service_account, cpu_request=cpu_request, memory_request=memory_request,
     )  # fmt: skip
     config = trainer_config(trainer, config)
+    if err := restart_mode_error(restart_mode, trainer):
+        raise UserError(err)
     inputs.integer("--segment", segment, low=0, high=10_000)
     inputs.run_dir("--run-dir", run_dir)
     if output is not None:
@@ -190,22 +196,28 @@ def render(
         grace_period_s=grace_period, max_restarts=max_restarts, init_timeout_s=init_timeout, queue=queue,
         priority_class=priority_class, service_account=service_account, image_pull_policy=pull_policy,
         coordinator_port=coordinator_port, cpu_request=cpu_request, memory_request=memory_request,
+        restart_mode=restart_mode,
     )  # fmt: skip
     catalog = load_catalog()
     shape = catalog.shape(preset, slices)
     # The run name's limit as `launch` states it: the last segment any rung of the ladder may take.
     ladder = shrink_ladder(
-        shape,
-        global_batch,
-        max_micro_batch,
-        max_grad_accum,
-        catalog=catalog,
-        model_parallel=spec.model_parallel,
-    )
-    if err := ladder_name_error(run, ladder, Knobs().max_segments):
+        shape, global_batch, max_micro_batch, max_grad_accum, catalog=catalog, model_parallel=spec.model_parallel
+    )  # fmt: skip
+    if err := ladder_name_error(run, ladder, Knobs().max_segments, restart_mode):
         raise UserError(err)
-    jobset = render_jobset(spec, shape, segment)
-    text = json.dumps(jobset, indent=2) + "\n" if as_json else yaml.safe_dump(jobset, sort_keys=False)
+    if restart_mode == ReshapeMode.IN_PLACE:
+        if err := shape.error:
+            raise UserError(err)
+        objects = render_world_access(spec) + [
+            render_slice_jobset(spec, shape.preset, str(i)) for i in range(shape.slices)
+        ]
+        text = (
+            json.dumps(objects, indent=2) + "\n" if as_json else yaml.safe_dump_all(objects, sort_keys=False)
+        )
+    else:
+        jobset = render_jobset(spec, shape, segment)
+        text = json.dumps(jobset, indent=2) + "\n" if as_json else yaml.safe_dump(jobset, sort_keys=False)
     if output is None:
         sys.stdout.write(text)
     else:

@@ -31,6 +31,7 @@ from launcher.core.signals.pods import (
     run_pods,
     stronger,
 )
+from launcher.core.signals.slices import SliceView
 from launcher.core.words import Phase
 
 # What the policy reads of the signals besides the Observation (the words are launcher.core.words').
@@ -73,6 +74,8 @@ class Observation:
     gone_nodepools: tuple[str, ...] = ()
     # Per preset, the free whole slices `capacity` counts, by node pool name, in its order.
     free_pools: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # In-place runs: each slice's JobSet and pods (signals/slices.py), by slice id.
+    slices: dict[str, SliceView] = field(default_factory=dict)
 
     def fits(self, preset: str, slices: int) -> bool:
         return len(self.capacity.get(preset, ())) >= slices
@@ -95,6 +98,16 @@ class Observation:
             "capacity": {k: len(v) for k, v in self.capacity.items() if v},
             "pods_alive": self.run_pods_alive,
             "committed_step": self.committed_step,
+            **(
+                {
+                    "slices": {
+                        s: f"{v.phase} {v.pods_running}/{v.pods_alive}"
+                        for s, v in sorted(self.slices.items())
+                    }
+                }
+                if self.slices
+                else {}
+            ),
         }
 
 

@@ -1,0 +1,109 @@
+"""An in-place run's worlds: which slices take part, in what order, with which coordinator, and the
+document the controller publishes for each (docs/contract.md "World (in-place restarts)"). Pure.
+Called by the policy (a new segment of an in-place run is a new world) and by the controller,
+which records the world in the run record before it writes the world ConfigMap.
+
+A segment of an in-place run is one world, and its index is the world's epoch: segments are
+numbered consecutively and each is recorded (compare-and-swap) before anything acts on it, so
+epochs strictly increase and a restarted controller continues from the recorded one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+
+from launcher.core.labels import LABEL_RUN, REPLICATED_JOB, slice_jobset_name, world_configmap_name
+from launcher.core.presets import Preset
+from launcher.core.record import Segment
+from launcher.core.spec import RESERVED_PORTS, RunSpec
+
+WORLD_KEY = "world.json"  # the ConfigMap's data key (trainer/worldsource.py reads it)
+# How many coordinator ports an in-place run cycles through, one per epoch: a previous epoch's
+# coordination-service client (a child still saving) must never reach the next epoch's service.
+PORTS_PER_RUN = 8
+
+
+def world_slices(old: Sequence[str], surviving: Iterable[str], count: int) -> tuple[str, ...]:
+    """The slices of the next world, in process order: the surviving slices of `old` in their old
+    order (so the old process 0's slice stays first while it takes part: the contract's one
+    ordering, docs/contract.md), then new slice ids, the smallest not in use, up to `count`.
+
+    Ids are reused: a run's ids stay below its requested slice count, so its JobSet names stay as
+    short as the launch checked. An id is only reused after the slice that had it left the world.
+    """
+    keep = set(surviving)
+    kept = [s for s in old if s in keep][:count]
+    fresh = (str(i) for i in range(count * 2 + len(old)) if str(i) not in set(old))
+    new = [next(fresh) for _ in range(count - len(kept))]
+    return (*kept, *new)
+
+
+def epoch_port(base: int, epoch: int) -> int:
+    """The coordinator port of epoch `epoch`: a different one from the previous epoch's, cycling
+    through PORTS_PER_RUN ports from `base` that TPU hosts do not use (render.RESERVED_PORTS)."""
+    usable = []
+    port = base
+    while len(usable) < PORTS_PER_RUN and port <= 65535:
+        if port not in RESERVED_PORTS:
+            usable.append(port)
+        port += 1
+    return usable[epoch % len(usable)]
+
+
+def host0(run: str, slice_id: str) -> str:
+    """The stable DNS name of host 0 of a slice's JobSet (enableDNSHostnames)."""
+    js = slice_jobset_name(run, slice_id)
+    return f"{js}-{REPLICATED_JOB}-0-0.{js}"
+
+
+def coordinator(spec: RunSpec, slices: Sequence[str], epoch: int) -> str:
+    """Process 0 of a world on a real cluster: host 0 of its first slice, on this epoch's port. (On
+    the embedded cluster the controller picks `127.0.0.1:<a free port>` itself, as the contract says.)"""
+    return f"{host0(spec.run, slices[0])}:{epoch_port(spec.coordinator_port, epoch)}"
+
+
+def document(spec: RunSpec, preset: Preset, seg: Segment, published: float) -> dict:
+    """The world of in-place segment `seg` (its epoch is its index) as the supervisors read it."""
+    assert seg.slice_ids and seg.coordinator, "an in-place segment records its slices and coordinator"
+    doc: dict = {
+        "run": spec.run,
+        "epoch": seg.index,
+        "slices": list(seg.slice_ids),
+        "hosts_per_slice": preset.hosts,
+        "coordinator": seg.coordinator,
+        "global_batch": spec.global_batch,
+        "micro_batch": seg.micro_batch,
+        "grad_accum": seg.grad_accum,
+        "segment": seg.index,
+        "published": published,
+    }
+    if len(seg.slice_ids) > 1:
+        host = seg.coordinator.rpartition(":")[0]
+        address = host if spec.world_api else host0(spec.run, seg.slice_ids[0])
+        doc["megascale"] = {"coordinator_address": address, "port": spec.megascale_port}
+    else:
+        doc["megascale"] = {}
+    return doc
+
+
+def configmap(spec: RunSpec, doc: dict) -> dict:
+    """The world ConfigMap holding `doc`, written whole in one update (a reader never sees half)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": world_configmap_name(spec.run),
+            "namespace": spec.namespace,
+            "labels": {LABEL_RUN: spec.run},
+        },
+        "data": {WORLD_KEY: json.dumps(doc, sort_keys=True)},
+    }
+
+
+def published_epoch(cm: dict | None) -> int | None:
+    """The epoch a world ConfigMap holds, or None (absent, or not a world)."""
+    try:
+        return int(json.loads(((cm or {}).get("data") or {})[WORLD_KEY])["epoch"])
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -1,0 +1,132 @@
+"""Reslice in place, end to end: a run of 2 slices loses a node pool and goes on on 1 slice in the
+same pods at the same global batch, then grows back to 2 when the pool returns, the first slice's
+pods still the same; the losses match an uninterrupted run step for step, on the same samples."""
+
+import pytest
+
+from launcher.core.labels import LABEL_SLICE
+from launcher.core.record import Knobs
+from launcher.core.words import Action, LedgerKind, RunState
+from tests.controller.harness import (
+    MULTI_HOST,
+    MULTI_HOST_BATCH,
+    Harness,
+    kept_steps,
+    reference_run,
+    wait_for,
+)
+
+pytestmark = pytest.mark.e2e
+STEPS = 25  # lose a slice after step 5, grow back once the one-slice world committed, finish
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return reference_run(tmp_path_factory.mktemp("reference"), STEPS, global_batch=MULTI_HOST_BATCH)
+
+
+def uids(h: Harness, run: str, slice_id: str) -> set[str]:
+    return {
+        p["metadata"]["uid"]
+        for p in h.run_pods(run)
+        if p["metadata"]["labels"].get(LABEL_SLICE) == slice_id and not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def test_in_place_shrink_then_grow_keeps_the_surviving_slice_pods(tmp_path, reference):
+    h = Harness(tmp_path, pools=2, preset=MULTI_HOST)
+    try:
+        knobs = Knobs(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
+        h.launch(
+            "inplace", slices=2, steps=STEPS, knobs=knobs, global_batch=MULTI_HOST_BATCH,
+            restart_mode="in-place",
+        )  # fmt: skip
+        h.start_controller("inplace")
+        h.wait_step("inplace", 5, timeout=300)
+        first = uids(h, "inplace", "0")
+        assert len(first) == 2
+        # Which pool slice 1 is on: remove that one, so that slice 0 survives.
+        node_pool = h.cluster.node_pool_of
+        pods1 = [p for p in h.run_pods("inplace") if p["metadata"]["labels"].get(LABEL_SLICE) == "1"]
+        lost = node_pool[pods1[0]["spec"]["nodeName"]]
+        h.cluster.remove(lost)  # capacity gone: nodes deleted, running pods fail
+        wait_for(lambda: len(h.record("inplace").segments) >= 2, 60, "the shrink to a new world")
+        wait_for(lambda: (h.rundir("inplace").latest_committed_step() or 0) >= 10, 240, "training on 1 slice")
+        assert uids(h, "inplace", "0") == first  # the same pods
+        h.cluster.restore(lost)
+        wait_for(lambda: len(h.record("inplace").segments) >= 3, 120, "the grow back")
+        rec = h.wait_state("inplace", {RunState.FINISHED}, timeout=300)
+        assert uids(h, "inplace", "0") in (first, set())  # finished pods may be gone (ttl); never others
+        rundir = h.rundir("inplace")
+        metrics, ledger = rundir.metrics(), rundir.ledger()
+    finally:
+        h.close()
+
+    first_seg, shrunk, grown = rec.segments[:3]
+    assert (first_seg.slice_ids, shrunk.slice_ids, grown.slice_ids) == (("0", "1"), ("0",), ("0", "1"))
+    assert first_seg.end_kind == "capacity-lost" and shrunk.end_kind == "grow"
+    for seg in rec.segments:
+        assert seg.devices * seg.micro_batch * seg.grad_accum == MULTI_HOST_BATCH
+    assert (shrunk.devices, shrunk.micro_batch, shrunk.grad_accum) == (16, 2, 1)
+    kept = kept_steps(metrics)
+    assert sorted(kept) == list(range(1, STEPS + 1))
+    assert {m["segment"] for m in kept.values()} >= {0, 1, 2}
+    for step, m in kept.items():
+        ref = reference[step]
+        assert m["data/sample_digest"] == ref["data/sample_digest"], f"step {step}: different samples"
+        assert abs(m["learning/loss"] - ref["learning/loss"]) <= 1e-5, (
+            step,
+            m["learning/loss"],
+            ref["learning/loss"],
+        )
+        assert m["devices"] * m["micro_batch"] * m["grad_accum"] == MULTI_HOST_BATCH
+    acts = [e for e in ledger if e.get("kind") == LedgerKind.ACT]
+    assert [a["action"] for a in acts].count(Action.NEW_WORLD) >= 2
+    assert rec.state == RunState.FINISHED and rec.segments[-1].end_step == STEPS
+
+
+THREE_BATCH = 96  # 3 x 16 devices and 2 x 16 both divide it
+SHORT = 15
+
+
+@pytest.fixture(scope="module")
+def reference_96(tmp_path_factory):
+    return reference_run(tmp_path_factory.mktemp("reference96"), SHORT, global_batch=THREE_BATCH)
+
+
+def test_the_coordinators_slice_lost_three_to_two_in_the_same_pods(tmp_path, reference_96):
+    h = Harness(tmp_path, pools=3, preset=MULTI_HOST)
+    try:
+        knobs = Knobs(unschedulable_grace_s=20, grow=False, app_backoff_s=1)
+        h.launch(
+            "three", slices=3, steps=SHORT, knobs=knobs, global_batch=THREE_BATCH, restart_mode="in-place",
+        )  # fmt: skip
+        h.start_controller("three")
+        h.wait_step("three", 5, timeout=400)
+        before = {sid: uids(h, "three", sid) for sid in ("1", "2")}
+        pods0 = [p for p in h.run_pods("three") if p["metadata"]["labels"].get(LABEL_SLICE) == "0"]
+        h.cluster.remove(h.cluster.node_pool_of[pods0[0]["spec"]["nodeName"]])  # process 0's slice
+        wait_for(lambda: len(h.record("three").segments) >= 2, 60, "the shrink to a new world")
+        rec = h.wait_state("three", {RunState.FINISHED}, timeout=400)
+        after = {sid: uids(h, "three", sid) for sid in ("1", "2")}
+        rundir = h.rundir("three")
+        metrics = rundir.metrics()
+    finally:
+        h.close()
+    for sid in ("1", "2"):
+        assert len(before[sid]) == 2 and after[sid] in (before[sid], set())  # never other pods
+    first, shrunk = rec.segments[:2]
+    assert (first.slice_ids, shrunk.slice_ids) == (("0", "1", "2"), ("1", "2"))
+    assert shrunk.coordinator and shrunk.coordinator != first.coordinator
+    kept = kept_steps(metrics)
+    assert sorted(kept) == list(range(1, SHORT + 1))
+    for step, m in kept.items():
+        ref = reference_96[step]
+        assert m["data/sample_digest"] == ref["data/sample_digest"], f"step {step}: different samples"
+        assert abs(m["learning/loss"] - ref["learning/loss"]) <= 1e-5, (
+            step,
+            m["learning/loss"],
+            ref["learning/loss"],
+        )
+        assert m["devices"] * m["micro_batch"] * m["grad_accum"] == THREE_BATCH
+    assert rec.segments[-1].end_step == SHORT

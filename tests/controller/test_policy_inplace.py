@@ -1,0 +1,195 @@
+"""The policy's in-place rules (launcher/core/policy.py INPLACE_RULES): (record, observation of the
+run's slices) -> one decision, case by case, on the objects the signals read."""
+
+from dataclasses import replace
+
+from launcher.adapters.preset_files import load_catalog
+from launcher.core import policy, world
+from launcher.core.labels import LABEL_SEGMENT, LABEL_SLICE
+from launcher.core.plan import shrink_ladder
+from launcher.core.record import Knobs, RunRecord
+from launcher.core.signals import observation as signals
+from launcher.core.signals.slices import slice_views
+from launcher.core.spec import RunSpec
+from launcher.core.words import Action, EndKind, RunState
+from tests.controller.objects import T0, jobset, pod, pool
+
+CATALOG = load_catalog()
+PRESETS = list(CATALOG.values())
+PRESET = "tpu7x-2x2x2"
+HOSTS = 2
+GB = 64
+SPEC = RunSpec(run="demo", run_dir="/tmp/demo", global_batch=GB, restart_mode="in-place")
+KNOBS = Knobs(unschedulable_grace_s=60, grow_window_s=30, app_failure_budget=2, app_backoff_s=10)
+LADDER = shrink_ladder(CATALOG.shape(PRESET, 2), GB, 16, catalog=CATALOG)
+
+
+def launched() -> RunRecord:
+    return RunRecord(spec=SPEC, preset=PRESET, slices=2, knobs=KNOBS, created_at=T0)
+
+
+def on_world(slices: tuple[str, ...], **seg_changes) -> RunRecord:
+    """A run whose live segment 0 is the world of `slices`, started at T0."""
+    rung = next(r for r in LADDER if r.shape.slices == len(slices) and r.shape.preset.name == PRESET)
+    obs = observe(launched(), {}, pools=len(slices), committed=None)
+    seg = replace(policy.new_world(launched(), obs, rung, slices, "test"), running_at=T0, **seg_changes)
+    return replace(launched().with_segment(seg), state=RunState.RUNNING)
+
+
+def slice_pods(
+    sid: str, pool_name: str | None, *, unschedulable_since: float | None = None, attempt: int = 0
+) -> list[dict]:
+    out = []
+    for h in range(HOSTS):
+        p = pod(
+            f"demo-s{sid}-slice-0-{h}-x",
+            node_name=f"gke-{pool_name}-{h}" if pool_name else None,
+            unschedulable_since=unschedulable_since,
+            attempt=attempt,
+        )
+        labels = p["metadata"]["labels"]
+        del labels[LABEL_SEGMENT]
+        labels[LABEL_SLICE] = sid
+        out.append(p)
+    return out
+
+
+def slice_jobset(sid: str, **kw) -> dict:
+    js = jobset(f"demo-s{sid}", **kw)
+    js["metadata"]["labels"][LABEL_SLICE] = sid
+    return js
+
+
+def observe(
+    rec,
+    placed: dict[str, str | None],
+    *,
+    pools=2,
+    now=T0 + 100,
+    committed=10,
+    jobsets=None,
+    pods=None,
+    since=T0,
+):
+    """`placed`: slice id -> the pool its pods run on (None: unschedulable since T0 + 50)."""
+    nodes = [n for i in range(pools) for n in pool(f"np-{i}", PRESET, since=since)]
+    pods = (
+        pods
+        if pods is not None
+        else [
+            p
+            for sid, where in placed.items()
+            for p in slice_pods(sid, where, unschedulable_since=None if where else T0 + 50)
+        ]
+    )
+    jobsets = jobsets if jobsets is not None else [slice_jobset(sid) for sid in placed]
+    seg = rec.current
+    obs = signals.observe(
+        now=now,
+        run="demo",
+        segment=None,
+        segment_jobset=None,
+        segment_nodepools=seg.nodepools if seg and seg.live else (),
+        expected_pods=seg.shape(CATALOG).hosts if seg else 0,
+        jobsets=jobsets,
+        pods=pods,
+        nodes=nodes,
+        events=[],
+        presets=PRESETS,
+        committed_step=committed,
+        trainer=None,
+    )
+    pool_of = {n["metadata"]["name"]: n["metadata"]["labels"]["cloud.google.com/gke-nodepool"] for n in nodes}
+    return replace(obs, slices=slice_views("demo", jobsets, pods, pool_of, HOSTS))
+
+
+def decide(rec, obs):
+    return policy.decide(rec, obs, LADDER, CATALOG)
+
+
+def test_the_first_world_starts_every_slice_with_its_coordinator_on_slice_0() -> None:
+    d = decide(launched(), observe(launched(), {}))
+    assert d.action == Action.START_SEGMENT and d.slices_create == ("0", "1")
+    seg = d.record.current
+    assert seg.slice_ids == ("0", "1") and seg.index == 0
+    assert seg.coordinator == f"demo-s0-slice-0-0.demo-s0:{world.epoch_port(SPEC.coordinator_port, 0)}"
+
+
+def test_a_lost_pool_shrinks_in_place_keeping_the_survivor() -> None:
+    rec = on_world(("0", "1"), nodepools=("np-0", "np-1"))
+    # np-1 is gone: its nodes deleted, slice 1's pods failed and removed, its JobSet restarting.
+    d = decide(rec, observe(rec, {"0": "np-0", "1": None}, pools=1))
+    assert d.action == Action.NEW_WORLD, d.reason
+    assert (d.slices_delete, d.slices_create, d.force) == (("1",), (), True)
+    ended, nxt = d.record.segments
+    assert ended.end_kind == EndKind.CAPACITY_LOST and not ended.live
+    assert nxt.index == 1 and nxt.slice_ids == ("0",) and nxt.live
+    assert nxt.devices * nxt.micro_batch * nxt.grad_accum == GB
+    assert nxt.coordinator.endswith(f":{world.epoch_port(SPEC.coordinator_port, 1)}")
+
+
+def test_the_coordinators_slice_lost_moves_process_0_to_the_survivor() -> None:
+    rec = on_world(("0", "1"), nodepools=("np-0", "np-1"))
+    nodes_left = observe(rec, {"0": None, "1": "np-1"}, pools=2)
+    # np-0 gone: only np-1 remains.
+    obs = replace(nodes_left, lost_nodepools=("np-0",), gone_nodepools=("np-0",), capacity={PRESET: (T0,)})
+    d = decide(rec, obs)
+    assert d.action == Action.NEW_WORLD and d.slices_delete == ("0",)
+    assert d.record.current.slice_ids == ("1",)
+    assert d.record.current.coordinator.startswith("demo-s1-slice-0-0.demo-s1:")
+
+
+def test_a_world_grows_with_a_new_slice_once_it_committed_and_capacity_held() -> None:
+    rec = on_world(("0",), nodepools=("np-0",), start_step=5)
+    d = decide(rec, observe(rec, {"0": "np-0"}, committed=10))
+    # The new slice's JobSet first; world 0 trains on meanwhile.
+    assert d.action == Action.CREATE_JOBSET and d.slices_create == ("1",) and d.slices_delete == ()
+    joining = d.record
+    assert joining.current.index == 0 and joining.current.joining == ("1",) and joining.current.live
+    # Its pods pending: wait (no second JobSet, no new world).
+    pending = observe(joining, {"0": "np-0"}, jobsets=[slice_jobset("0"), slice_jobset("1")])
+    assert decide(joining, pending).action == Action.WAIT
+    # Running: the next world takes it in after the survivor.
+    d = decide(joining, observe(joining, {"0": "np-0", "1": "np-1"}))
+    assert d.action == Action.NEW_WORLD and (d.slices_create, d.slices_delete) == ((), ())
+    assert d.record.current.slice_ids == ("0", "1") and d.record.segments[0].end_kind == EndKind.GROW
+    assert d.record.current.joining == ()
+    # Its pool lost before it ran: dropped, its JobSet deleted, world 0 stays.
+    gone = observe(joining, {"0": "np-0", "1": None}, pools=1)
+    d = decide(joining, gone)
+    assert d.action == Action.DELETE and d.slices_delete == ("1",) and d.record.current.joining == ()
+    # The old JobSet of id 1 still going: wait for it rather than create over it.
+    stale = observe(rec, {"0": "np-0"}, jobsets=[slice_jobset("0"), slice_jobset("1", deleting=True)])
+    assert decide(rec, stale).action == Action.WAIT
+    # Nothing committed in this world yet: no grow.
+    assert decide(rec, observe(rec, {"0": "np-0"}, committed=5)).action == Action.WAIT
+
+
+def test_a_slice_restarted_under_the_world_gets_a_new_world_of_the_same_slices() -> None:
+    rec = on_world(("0", "1"))
+    restarted = [slice_jobset("0"), slice_jobset("1", restarts=1)]
+    pods = slice_pods("0", "np-0") + slice_pods("1", "np-1", attempt=1)
+    d = decide(rec, observe(rec, {"0": "np-0", "1": "np-1"}, jobsets=restarted, pods=pods))
+    assert d.action == Action.NEW_WORLD and d.record.current.slice_ids == ("0", "1")
+    assert d.record.segments[0].end_kind == EndKind.RESTART and d.record.current.restarts == 1
+    assert (d.slices_delete, d.slices_create) == ((), ())
+    # Still coming back up: wait.
+    back = observe(rec, {"0": "np-0", "1": None}, jobsets=restarted)
+    assert decide(rec, back).action == Action.WAIT
+
+
+def test_a_missing_slice_jobset_is_created_and_a_stray_one_deleted() -> None:
+    rec = on_world(("0", "1"))
+    d = decide(rec, observe(rec, {"0": "np-0"}, jobsets=[slice_jobset("0")]))
+    assert d.action == Action.CREATE_JOBSET and d.slices_create == ("1",)
+    stray = observe(rec, {"0": "np-0", "1": "np-1", "2": "np-1"})
+    d = decide(rec, stray)
+    assert d.action == Action.DELETE and d.slices_delete == ("2",)
+
+
+def test_a_failed_slice_ends_the_world_as_an_application_failure() -> None:
+    rec = on_world(("0", "1"))
+    failed = slice_jobset("1", condition=("Failed", "FailedJobs", "jobs failed"))
+    d = decide(rec, observe(rec, {"0": "np-0", "1": "np-1"}, jobsets=[slice_jobset("0"), failed]))
+    assert d.action == Action.END and set(d.slices_delete) == {"0", "1"}
+    assert d.record.app_failures == 1 and d.record.current.end_kind == EndKind.APP_FAILURE
