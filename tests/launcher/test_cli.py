@@ -261,3 +261,38 @@ def test_python_dash_m_launcher_runs_the_command_line():
     )
     assert proc.returncode == 0, proc.stderr
     assert any(r["name"] == "tpu7x-4x4x4" for r in json.loads(proc.stdout))
+
+
+def test_a_mixture_set_on_olmo_7b_plans_and_renders_as_before(capsys):
+    """`data.sources` is the trainer's business: the plan is the same, and the JobSet differs only in
+    the overrides it hands the trainer; a bad source is refused before anything renders."""
+    sources = "data.sources=[{name: web, path: gs://bkt/web/, weight: 3}, {name: code, path: gs://bkt/code/, weight: 1}]"
+    plan = ["plan", "-p", "tpu7x-4x4x4", "-n", "4", "-b", "512", "--config", "olmo-7b", "--json"]
+    code, before, _ = run_cli(capsys, *plan)
+    code2, after, _ = run_cli(capsys, *plan, "--set", sources)
+    assert (code, code2) == (0, 0) and json.loads(after) == json.loads(before)
+    render = [
+        "render",
+        "-p",
+        "tpu7x-4x4x4",
+        "--run",
+        "o",
+        "--run-dir",
+        "gs://bkt/r",
+        "-b",
+        "512",
+        "--config",
+        "olmo-7b",
+    ]
+
+    def env(out: str) -> dict:
+        pod = yaml.safe_load(out)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        return {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+
+    code, before, _ = run_cli(capsys, *render)
+    code2, after, _ = run_cli(capsys, *render, "--set", sources)
+    assert (code, code2) == (0, 0)
+    changed = {k for k in env(before) if env(before)[k] != env(after)[k]}
+    assert len(changed) == 1 and json.loads(env(after)[changed.pop()]) == [sources]
+    code, out, err = run_cli(capsys, *render, "--set", "data.sources=[{name: web}]")
+    assert code == 2 and out == "" and "data.sources[0] (web)" in err and err.count("\n") == 1
