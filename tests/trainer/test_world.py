@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainer import world, worldsource
-from trainer.world import Me, ReshapeMode, WorldError
+from trainer.world import Me, RestartMode, WorldError
 
 
 def doc(**over: object) -> dict:
@@ -140,8 +140,8 @@ def test_me_and_restart_mode_from_env() -> None:
         world.me_from_env({})
     with pytest.raises(WorldError, match="JOB_COMPLETION_INDEX"):
         world.me_from_env({"RESLICE_SLICE_ID": "a", "JOB_COMPLETION_INDEX": "x"})
-    assert world.restart_mode({}) is ReshapeMode.RECREATE
-    assert world.restart_mode({"RESLICE_RESTART_MODE": "in-place"}) is ReshapeMode.IN_PLACE
+    assert world.restart_mode({}) is RestartMode.RECREATE
+    assert world.restart_mode({"RESLICE_RESTART_MODE": "in-place"}) is RestartMode.IN_PLACE
     with pytest.raises(WorldError, match="'sideways' is not one of recreate, in-place"):
         world.restart_mode({"RESLICE_RESTART_MODE": "sideways"})
 
