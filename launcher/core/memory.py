@@ -2,12 +2,13 @@
 
 Pure arithmetic on the trainer config (as ``python -m trainer --check`` resolves it) and a batch
 plan: cheap enough for every rung, unlike compiling the step (``python -m trainer --memory`` does
-that for one shape, and tests/launcher/test_memory.py checks this estimate against it on small
+that for one shape, and tests/trainer/test_memory.py checks this estimate against it on small
 shapes). Terms, per device (b sequences per data-parallel rank per micro-step, T tokens, tensor
 parallelism t, activation bytes a):
 
-- state: fp32 parameters and both Adam moments, 12 bytes a parameter, sharded over
-  fsdp × tensor (× data with ``mesh.shard_over_data``; experts also over expert);
+- state: fp32 parameters (key/value projections over ``model.kv_heads``) and both Adam moments,
+  12 bytes a parameter, sharded over fsdp × tensor (× data with ``mesh.shard_over_data``; experts
+  also over expert);
 - gradients and their accumulator: 8 bytes a parameter, sharded alike;
 - one layer's weights gathered by FSDP (fp32 and their compute-dtype copy), split over tensor;
 - what the backward pass keeps per layer: the block input only (``remat: full``), the matmul
@@ -45,7 +46,9 @@ def param_counts(model: dict, moe: dict) -> tuple[int, int]:
     )
     dense_layers = model["dense_layers"]
     n_moe = n - dense_layers
-    attn = 4 * d * h * hd + 2 * d
+    kv = _kv_heads(model)
+    # q and o; k and v over the key/value heads (grouped-query attention); two norms, QK-norm's scales.
+    attn = 2 * d * (h + kv) * hd + 2 * d + (h + kv) * hd * bool(model.get("qk_norm"))
     shared = 3 * d * moe["shared_expert_dim"] + d * moe["num_experts"]
     other = 2 * v * d + d + n * attn + dense_layers * 3 * d * f + n_moe * shared
     return other, n_moe * 3 * d * moe["d_expert"] * moe["num_experts"]
@@ -67,9 +70,12 @@ def estimate(cfg: dict[str, Any], plan: PlanLike) -> dict[str, float]:
     b = plan.micro_batch
     moe_layer = m["dense_layers"] < n
     ff = e["top_k"] * e["d_expert"] + e["shared_expert_dim"] if moe_layer else f
-    layer_params = 4 * d * h * hd + 3 * d * (e["d_expert"] * e["num_experts"] // expert if moe_layer else f)
-    heads = h * hd / t
-    inner = b * seq * (6 * d + 4 * heads + 3 * ff / t) * a
+    kv = _kv_heads(m)
+    layer_params = 2 * d * (h + kv) * hd + 3 * d * (
+        e["d_expert"] * e["num_experts"] // expert if moe_layer else f
+    )
+    heads, kv_width = h * hd / t, kv * hd / t
+    inner = b * seq * (6 * d + 2 * heads + 2 * kv_width + 3 * ff / t) * a
     if moe_layer:  # dispatch and return buffers of the routed rows
         inner += 4 * b * seq * e["top_k"] * d * a
     block = m.get("attention_block") or seq
@@ -78,7 +84,7 @@ def estimate(cfg: dict[str, Any], plan: PlanLike) -> dict[str, float]:
     if remat == "full":
         saved = n * b * seq * d * a
     elif remat == "save_dots":
-        saved = n * b * seq * (2 * d + 3 * heads + 2 * ff / t) * a
+        saved = n * b * seq * (2 * d + heads + 2 * kv_width + 2 * ff / t) * a
     else:
         saved = n * (inner + b * (h / t) * seq * seq * (4 + a))
     chunk = m.get("loss_chunk") or seq
@@ -92,6 +98,11 @@ def estimate(cfg: dict[str, Any], plan: PlanLike) -> dict[str, float]:
     }
     terms["total"] = sum(terms.values())
     return terms
+
+
+def _kv_heads(model: dict) -> int:
+    """Key/value heads: ``model.kv_heads``, 0 (or absent, a config from before it) meaning n_heads."""
+    return model.get("kv_heads") or model["n_heads"]
 
 
 def _expert_size(cfg: dict, rest: int) -> int:

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from launcher.core.memory import estimate
+from launcher.core.memory import estimate, param_counts
 from launcher.core.plan import plan_batch
 from launcher.embedded.kubelet import podenv
 from tests.trainer.runs import ROOT
@@ -60,3 +60,23 @@ def test_memory_json_and_the_analytic_estimate_within_25_percent() -> None:
         "tiny", [*MINI, "model.attention_block=0", "model.loss_chunk=0"], {"RESLICE_GLOBAL_BATCH": "16"}
     )
     assert estimate(dataclasses.asdict(whole), plan)["total"] > 1.5 * est["total"]
+
+
+def test_the_estimate_counts_the_parameters_the_trainer_builds_grouped_query_attention_and_qk_norm_included() -> (
+    None
+):
+    # The launcher cannot import the trainer (an import contract): its count is kept beside the
+    # trainer's and held equal here, on configs where each attention feature changes the count.
+    from trainer import sizes
+
+    for overrides in ([], ["model.kv_heads=2"], ["model.kv_heads=1", "model.qk_norm=true"]):
+        cfg = config.resolve("tiny", overrides, {"RESLICE_GLOBAL_BATCH": "16"})
+        as_dict = dataclasses.asdict(cfg)
+        assert sum(param_counts(as_dict["model"], as_dict["moe"])) == sizes.param_counts(cfg)[0], overrides
+    # Fewer key/value heads: a smaller state in the estimate too.
+    plan = plan_batch(16, 8, 16)
+    full, grouped = (
+        estimate(dataclasses.asdict(config.resolve("tiny", o, {"RESLICE_GLOBAL_BATCH": "16"})), plan)
+        for o in ([], ["model.kv_heads=1"])
+    )
+    assert grouped["state"] < full["state"] and grouped["total"] < full["total"]
