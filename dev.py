@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from launcher.core.images import DOCKERFILES
+
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / "bin"
@@ -205,12 +207,9 @@ cgroup_manager = "cgroupfs"
 events_logger = "file"
 """
 APT_PACKAGES = ("podman", "runc", "debootstrap")
-# (tag, Dockerfile): built from the repository root, the Dockerfiles as they are.
-IMAGES = (
-    ("localhost/reslice-trainer:dev", "docker/Dockerfile"),
-    ("localhost/reslice-controller:dev", "docker/controller.Dockerfile"),
-    ("localhost/reslice-maxtext:dev", "docker/maxtext.Dockerfile"),
-)
+# (tag, Dockerfile): built from the repository root, the Dockerfiles as they are, tagged with the
+# names the launcher runs when no --image is given (launcher/core/images.py, standard library only).
+IMAGES = DOCKERFILES
 # The stand-in for the official python:X-slim images (no registry here): a Debian bookworm root
 # file system from debootstrap (this VM's release; the official tags' is trixie, docs/images.md)
 # with the runtime libraries the official image installs for CPython's extension modules, and this
