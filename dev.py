@@ -2,6 +2,7 @@
 """Set up and run reslice from a fresh clone with nothing but Python 3.11 and pip (no make).
 
     python3 dev.py demo [ARGS]    set up .venv from the lock file, then run the elastic demo
+                                  (`--runtime podman`: builds the trainer image first, as `images`)
     python3 dev.py test [ARGS]    set up .venv, lint (ruff, import contracts), then run the whole test suite
     python3 dev.py bench [NAME]   set up .venv, then list the benchmarks (or run bench.NAME)
     python3 dev.py lock           regenerate requirements/*.lock after changing pyproject.toml (uv)
@@ -167,7 +168,21 @@ def _workers(args: list[str]) -> list[str]:
 
 def demo(args: list[str]) -> None:
     setup()
+    if _podman_demo(args):
+        # The trainer image the demo's pods run, and the podman settings of this VM kind for the
+        # embedded kubelet's podman commands (its environment reaches them).
+        try:
+            build_images(["trainer"])
+        except EngineUnavailable as e:
+            sys.exit(f"dev.py demo: --runtime podman: no container engine: {e}")
+        os.environ.update(podman_env())
     _exec(str(BIN / "reslice"), "demo", *args)
+
+
+def _podman_demo(args: list[str]) -> bool:
+    """Whether the demo's arguments ask for the podman runtime (`--runtime podman` or `--runtime=podman`)."""
+    pairs = zip(args, [*args[1:], ""], strict=True)
+    return "--runtime=podman" in args or any(a == "--runtime" and b == "podman" for a, b in pairs)
 
 
 def bench(args: list[str]) -> None:

@@ -108,6 +108,9 @@ def test_cluster_up_status_faults_down(tmp_path, capsys):
         (("up", "--nodepools", "tpu9-1x1:2"), "unknown preset 'tpu9-1x1'"),
         (("up", "--nodepools", "tpu7x-2x2x1:zero"), "bad node pool spec"),
         (("up", "--mode", "vm"), "--mode must be process or simulate"),
+        (("up", "--runtime", "docker"), "--runtime must be process or podman, got 'docker'"),
+        (("up", "--share", "."), "--share is for --runtime podman"),
+        (("up", "--runtime", "podman", "--share", "nosuch"), "--share: no such directory"),
     ],
 )
 def test_cluster_up_user_errors(tmp_path, capsys, args, text):

@@ -126,6 +126,7 @@ class Kubelet(ControllerLoop):
             self._signal(r, signal.SIGKILL)
         for r in runs:
             r.done.wait(5)
+        self.runtime.stop()
 
     # -- reconcile -----------------------------------------------------------------------------
     def reconcile(self, key: Hashable) -> float | None:

@@ -143,6 +143,10 @@ class PodmanRunner(ProcessRunner):
         if shm is not None:
             shutil.rmtree(shm, ignore_errors=True)  # a Memory emptyDir goes with its pod
 
+    def stop(self) -> None:
+        for key in list(self._shm):
+            self.forget(*key)
+
     # -- lifecycle -----------------------------------------------------------------------------
     def launch(self, run: PodRun, cname: str) -> None:
         """Start the container and wait until podman has created it (its ID in the cidfile)."""

@@ -58,6 +58,9 @@ class ProcessRunner:
         """The pod left the API: its logs are no longer served from memory."""
         self._logs.pop((namespace, name), None)
 
+    def stop(self) -> None:
+        """The kubelet stops, its runs ended: nothing of the process runtime's outlives them."""
+
     def log_stream(
         self,
         namespace: str,

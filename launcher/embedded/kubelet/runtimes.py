@@ -46,6 +46,9 @@ class ContainerRuntime(Protocol):
     def forget(self, namespace: str, name: str) -> None:
         """The pod left the API: what the runtime kept for it goes."""
 
+    def stop(self) -> None:
+        """The kubelet stops (its runs ended): what the runtime holds on the host goes."""
+
 
 def make_runtime(
     kind: str, store: Any, log_dir: Path, cwd: Path, shared: Sequence[Path] = ()
