@@ -77,7 +77,9 @@ class PodmanRunner(ProcessRunner):
         command, args = podenv.command_args(container, pod_env)
         name = f"k8s_{cname}_{run.name}_{run.namespace}_{run.uid[:8]}"
         cidfile = self.pod_dir(run) / f"{cname}.cid"
-        argv = ["podman", "run", "--rm", "--name", name, "--cidfile", str(cidfile)]
+        # --replace: a container restarted in place takes the name while its predecessor, ended,
+        # may still be being removed.
+        argv = ["podman", "run", "--rm", "--replace", "--name", name, "--cidfile", str(cidfile)]
         argv += ["--network", "host", "--hostname", hostname, "--pull", "never", "--sig-proxy=false"]
         # The pod's hostname resolves to its address, as the kubelet's /etc/hosts says (Gloo, JAX's
         # CPU collectives, binds to what the hostname resolves to).
