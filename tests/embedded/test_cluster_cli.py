@@ -166,3 +166,19 @@ def test_a_crashed_cluster_comes_back_with_its_pods_lost(tmp_path, capsys):
         assert (lost.status.phase, term.exit_code, term.reason) == ("Failed", 137, "ContainerStatusUnknown")
     finally:
         run(capsys, "down", "--state-dir", d)
+
+
+def test_demo_under_podman_without_podman_is_one_line_and_exit_1(tmp_path, capsys, monkeypatch):
+    """The command is right, the machine cannot run it: exit 1, one line naming the fix, and no
+    work directory, cluster or run made."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    workdir = tmp_path / "demo"
+    code = 0
+    try:
+        main(["demo", "--runtime", "podman", "--workdir", str(workdir)])
+    except SystemExit as e:
+        code = e.code or 0
+    out, err = capsys.readouterr()
+    assert code == 1 and err.count("\n") == 1, (code, err)
+    assert "--runtime podman: podman is not installed" in err and "dev.py images" in err
+    assert out == "" and not workdir.exists()
