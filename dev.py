@@ -2,6 +2,7 @@
 """Set up and run reslice from a fresh clone with nothing but Python 3.11 and pip (no make).
 
     python3 dev.py demo [ARGS]    set up .venv from the lock file, then run the elastic demo
+                                  (`--runtime podman`: builds the trainer image first, as `images`)
     python3 dev.py test [ARGS]    set up .venv, lint (ruff, import contracts), then run the whole test suite
     python3 dev.py bench [NAME]   set up .venv, then list the benchmarks (or run bench.NAME)
     python3 dev.py lock           regenerate requirements/*.lock after changing pyproject.toml (uv)
@@ -26,6 +27,8 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from launcher.core.images import DOCKERFILES
 
 ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
@@ -165,7 +168,21 @@ def _workers(args: list[str]) -> list[str]:
 
 def demo(args: list[str]) -> None:
     setup()
+    if _podman_demo(args):
+        # The trainer image the demo's pods run, and the podman settings of this VM kind for the
+        # embedded kubelet's podman commands (its environment reaches them).
+        try:
+            build_images(["trainer"])
+        except EngineUnavailable as e:
+            sys.exit(f"dev.py demo: --runtime podman: no container engine: {e}")
+        os.environ.update(podman_env())
     _exec(str(BIN / "reslice"), "demo", *args)
+
+
+def _podman_demo(args: list[str]) -> bool:
+    """Whether the demo's arguments ask for the podman runtime (`--runtime podman` or `--runtime=podman`)."""
+    pairs = zip(args, [*args[1:], ""], strict=True)
+    return "--runtime=podman" in args or any(a == "--runtime" and b == "podman" for a, b in pairs)
 
 
 def bench(args: list[str]) -> None:
@@ -205,12 +222,9 @@ cgroup_manager = "cgroupfs"
 events_logger = "file"
 """
 APT_PACKAGES = ("podman", "runc", "debootstrap")
-# (tag, Dockerfile): built from the repository root, the Dockerfiles as they are.
-IMAGES = (
-    ("localhost/reslice-trainer:dev", "docker/Dockerfile"),
-    ("localhost/reslice-controller:dev", "docker/controller.Dockerfile"),
-    ("localhost/reslice-maxtext:dev", "docker/maxtext.Dockerfile"),
-)
+# (tag, Dockerfile): built from the repository root, the Dockerfiles as they are, tagged with the
+# names the launcher runs when no --image is given (launcher/core/images.py, standard library only).
+IMAGES = DOCKERFILES
 # The stand-in for the official python:X-slim images (no registry here): a Debian bookworm root
 # file system from debootstrap (this VM's release; the official tags' is trixie, docs/images.md)
 # with the runtime libraries the official image installs for CPython's extension modules, and this

@@ -38,6 +38,7 @@ LONGEST_FIRST = (
     "tests/controller/test_e2e_takeover.py",  # 132
     "tests/sweep/test_e2e_sweep.py",  # 123
     "tests/trainer/test_sharded.py",  # 100
+    "tests/images/test_podman_runtime.py",  # 75 (measured alone with -n 0)
     "tests/images/test_maxtext_image.py",  # 61
     "tests/controller/test_e2e_node_faults.py",  # 54
     "tests/trainer/test_lost_peers.py",  # 52

@@ -5,6 +5,10 @@ runs as a multislice); a run of the MoE `tiny` config on 2 slices (32 JAX device
 processes); one slice's capacity removed part-way — the controller resumes the run on the other
 slice at the same global batch (micro-batch 2 per device instead of 1); capacity restored — it
 grows back to 2 slices; then the segment table, the goodput and the plots.
+
+`runtime`: the kubelet runs each trainer pod as local processes (the default) or as `podman run` of
+the trainer image `python3.11 dev.py images` built (PodRuntime.PODMAN), the run directory mounted
+at its own path in each container.
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ from launcher.adapters.kube import Kube
 from launcher.adapters.rundir import RunDir
 from launcher.cli.watch import watch_run
 from launcher.controller.launch import create_run, prepare
+from launcher.core.errors import ClusterNotReady
 from launcher.core.record import Knobs
 from launcher.core.spec import RunSpec
-from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
+from launcher.core.words import PodRuntime
+from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec, runtime_unavailable
 from launcher.report.io import summarize
 
 PRESET = "tpu7x-2x2x2"
@@ -70,8 +76,15 @@ def fault_script(cluster: EmbeddedCluster, kube: Kube, run: str, console: Consol
         cluster.restore(pool)
 
 
-def run_demo(workdir: Path, steps: int = DEFAULT_STEPS, console: Console | None = None) -> str:
+def run_demo(
+    workdir: Path,
+    steps: int = DEFAULT_STEPS,
+    console: Console | None = None,
+    runtime: str = PodRuntime.PROCESS,
+) -> str:
     console = console or Console()
+    if why := runtime_unavailable(runtime, RunSpec.image):
+        raise ClusterNotReady(f"--runtime podman: {why}")
     # Trainer processes started by the embedded kubelet share one compilation cache: a shape
     # compiled once is loaded by every later segment.
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path.home() / ".cache" / "reslice" / "jax"))
@@ -94,11 +107,20 @@ def run_demo(workdir: Path, steps: int = DEFAULT_STEPS, console: Console | None 
     rec, ladder = prepare(spec, PRESET, SLICES, knobs)
     (workdir / "pods").mkdir(exist_ok=True)
     nodepools = [NodePoolSpec(PRESET, count=SLICES)]
-    with EmbeddedCluster(nodepools=nodepools, mode="process", workdir=workdir / "pods") as cluster:
+    cluster = EmbeddedCluster(
+        nodepools=nodepools,
+        mode="process",
+        workdir=workdir / "pods",
+        runtime=runtime,
+        shared=(workdir.resolve(),),
+    )
+    with cluster:
         kube = Kube(cluster.api_client(), "default")
         console.rule(f"reslice demo: {run}")
         console.print(
-            f"embedded cluster at {cluster.url} with {SLICES} node pools of {PRESET} "
+            f"embedded cluster at {cluster.url} with {SLICES} node pools of {PRESET} ({runtime} runtime"
+            + (f", image {spec.image}" if runtime == PodRuntime.PODMAN else "")
+            + ") "
             f"(kubeconfig {cluster.kubeconfig}); run directory {spec.run_dir}"
         )
         console.print(

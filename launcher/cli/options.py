@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from launcher.core import images
 from launcher.core.spec import RunSpec
 
 # Piped output (CI logs, tests) gets a wide fixed width instead of rich's 80-column default.
@@ -51,7 +52,7 @@ ImageOpt = Annotated[
     str | None,
     typer.Option(
         "--image",
-        help="Trainer image (default: reslice-trainer:latest; --trainer maxtext: reslice-maxtext:latest).",
+        help=f"Trainer image (default: {images.TRAINER}; --trainer maxtext: {images.MAXTEXT}).",
     ),
 ]
 NamespaceOpt = Annotated[str, typer.Option("--namespace", help="Namespace of the run.")]

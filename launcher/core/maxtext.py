@@ -14,6 +14,7 @@ import math
 from functools import lru_cache
 from pathlib import Path
 
+from launcher.core import images
 from launcher.core.errors import UserError
 from launcher.core.plan import Plan
 from launcher.core.presets import Shape
@@ -21,8 +22,8 @@ from launcher.core.words import TrainerProfile
 
 PROFILES = tuple(TrainerProfile)
 # Each profile's image when `--image` is not given: what docker/Dockerfile and
-# docker/maxtext.Dockerfile build (docs/gke.md), as `python3.11 dev.py images` tags them.
-IMAGES = {TrainerProfile.RESLICE: "reslice-trainer:latest", TrainerProfile.MAXTEXT: "reslice-maxtext:latest"}
+# docker/maxtext.Dockerfile build (docs/gke.md), as `python3.11 dev.py images` tags them (images.py).
+IMAGES = {TrainerProfile.RESLICE: images.TRAINER, TrainerProfile.MAXTEXT: images.MAXTEXT}
 ENTRYPOINT = ("python", "-m", "maxtext_entry", "--")
 # MaxText writes <base_output_directory>/<run_name>/{checkpoints,tensorboard,...}: under the run
 # directory, apart from what reslice's files are (run.json, events.jsonl, status.json, metrics/).

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from launcher.core import inputs
+from launcher.core import images, inputs
 from launcher.core.errors import UserError
 from launcher.core.presets import Preset
 from launcher.core.words import ReshapeMode, TrainerProfile
@@ -26,7 +26,7 @@ class RunSpec:
     run: str
     run_dir: str
     global_batch: int
-    image: str = "reslice-trainer:latest"
+    image: str = images.TRAINER
     config: str = "tiny"
     overrides: tuple[str, ...] = ()
     namespace: str = "default"

@@ -132,3 +132,12 @@ class ReshapeMode(StrEnum):
 
     RECREATE = "recreate"
     IN_PLACE = "in-place"
+
+
+class PodRuntime(StrEnum):
+    """How the embedded cluster's kubelet runs a pod's containers (`reslice demo --runtime`, `reslice
+    cluster up --runtime`): as local processes of the container's command, or as `podman run` of the
+    container's image (docs/embedded.md "Runtimes")."""
+
+    PROCESS = "process"
+    PODMAN = "podman"

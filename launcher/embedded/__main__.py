@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 from launcher.core.errors import UserError
+from launcher.core.words import PodRuntime
 from launcher.embedded.cluster import DEFAULT_NODEPOOLS, EmbeddedCluster
 
 
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", default="process", choices=("process", "simulate"))
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--sim-duration", type=float, default=None)
+    ap.add_argument("--runtime", default=PodRuntime.PROCESS, choices=tuple(PodRuntime))
+    ap.add_argument("--share", action="append", default=[], type=Path, help="podman: mounted at its path")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     stop = threading.Event()
@@ -38,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
             state_dir=args.state_dir,
             port=args.port,
             sim_duration_s=args.sim_duration,
+            runtime=args.runtime,
+            shared=args.share,
         )
         cluster.start()
     except UserError as e:

@@ -120,12 +120,35 @@ def up(
     ] = "process",
     port: Annotated[int, typer.Option("--port", help="API port (0: any free port).")] = 0,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for it to come up.")] = 60.0,
+    runtime: Annotated[
+        str,
+        typer.Option(
+            "--runtime",
+            help="process: run a pod's command as local processes; podman: run its image (dev.py images).",
+        ),
+    ] = "process",
+    share: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--share",
+            help="podman: a host folder every container sees at its own path (run directories); "
+            "default: the current directory.",
+        ),
+    ] = None,
 ) -> None:
     """Start an embedded cluster in the background."""
+    from launcher.core.words import PodRuntime
     from launcher.embedded.nodes import parse_nodepools
 
     if mode not in ("process", "simulate"):
         raise UserError(f"--mode must be process or simulate, got {mode!r}")
+    if runtime not in tuple(PodRuntime):
+        raise UserError(f"--runtime must be {' or '.join(PodRuntime)}, got {runtime!r}")
+    if share and runtime != PodRuntime.PODMAN:
+        raise UserError("--share is for --runtime podman (processes see the whole host)")
+    shared = [p.resolve() for p in share or [Path.cwd()]]
+    if missing := [str(p) for p in shared if not p.is_dir()]:
+        raise UserError(f"--share: no such directory: {missing[0]}")
     parse_nodepools(nodepools)  # a bad spec fails here, not in the background
     from launcher.core import inputs
 
@@ -142,7 +165,9 @@ def up(
     (d / "cluster.json").unlink(missing_ok=True)
     log = open(d / "cluster.log", "ab")  # noqa: SIM115 - handed to the child
     cmd = [sys.executable, "-m", "launcher.embedded", "--nodepools", nodepools, "--state-dir", str(d)]
-    cmd += ["--mode", mode, "--port", str(port)]
+    cmd += ["--mode", mode, "--port", str(port), "--runtime", runtime]
+    if runtime == PodRuntime.PODMAN:
+        cmd += [a for p in shared for a in ("--share", str(p))]
     proc = subprocess.Popen(
         cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
     )
@@ -163,7 +188,7 @@ def up(
         raise UserError(f"the cluster did not come up within {timeout:.0f} s (see {d / 'cluster.log'})")
     pools = info.get("nodepools") or []
     console.print(
-        f"Embedded cluster up at {info['url']} (pid {info['pid']}, {mode} mode): "
+        f"Embedded cluster up at {info['url']} (pid {info['pid']}, {mode} mode, {runtime} runtime): "
         f"{len(pools)} node pool(s), {sum(p['hosts'] for p in pools)} node(s)."
     )
     console.print("Use it with kubectl or the kubernetes client:")
@@ -231,7 +256,7 @@ def status(
             str(tainted),
             str(npods),
             "yes" if p["spot"] else "no",
-            "simulate" if p["simulate"] else "process",
+            "simulate" if p["simulate"] else meta.get("runtime", "process"),
         )
     console.print(t)
 

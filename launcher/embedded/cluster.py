@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.core.errors import UserError
+from launcher.core.words import PodRuntime
 from launcher.embedded import faults, nodes
 from launcher.embedded.admission.defaults import DEFAULT_TOLERATION_S
 from launcher.embedded.controllers.job import JobController
@@ -30,10 +31,11 @@ from launcher.embedded.controllers.nodelife import NODE_MONITOR_GRACE_S, NodeLif
 from launcher.embedded.controllers.runtime import EventRecorder, Hub
 from launcher.embedded.controllers.scheduler import Scheduler
 from launcher.embedded.kubelet.kubelet import Kubelet
+from launcher.embedded.kubelet.podman import podman_unavailable
 from launcher.embedded.nodes import FakeNodePool, NodePoolSpec
 from launcher.embedded.types import objects
 
-__all__ = ["EmbeddedCluster", "NodePoolSpec"]
+__all__ = ["EmbeddedCluster", "NodePoolSpec", "runtime_unavailable"]
 
 # Two slices of the smallest multi-host tpu7x preset: GKE runs multislice only on multi-host slice
 # node pools, so this is the smallest cluster a 2-slice run (and losing one slice of it) fits.
@@ -54,12 +56,21 @@ class EmbeddedCluster:
         workdir: Path | None = None,
         node_monitor_grace_s: float = NODE_MONITOR_GRACE_S,
         default_toleration_s: int = DEFAULT_TOLERATION_S,
+        runtime: str = PodRuntime.PROCESS,
+        shared: tuple[Path, ...] | list[Path] = (),
     ) -> None:
+        """`runtime`: how the kubelet runs the pods of non-simulated node pools (PodRuntime);
+        `shared`: host folders the podman runtime mounts into every container at their own paths
+        (where local run directories are)."""
         if mode not in ("process", "simulate"):
             raise UserError(f"mode must be 'process' or 'simulate', got {mode!r}")
+        if runtime not in tuple(PodRuntime):
+            raise UserError(f"runtime must be {' or '.join(PodRuntime)}, got {runtime!r}")
         nodepools = nodepools or DEFAULT_NODEPOOLS
         specs = nodes.parse_nodepools(nodepools) if isinstance(nodepools, str) else list(nodepools)
         self.mode = mode
+        self.runtime = PodRuntime(runtime)
+        self.shared = tuple(Path(p) for p in shared)
         self.pools: dict[str, FakeNodePool] = {
             p.name: p for p in nodes.expand_pools(specs, mode == "simulate")
         }
@@ -109,6 +120,8 @@ class EmbeddedCluster:
             sim_term_exit_code=self.sim_term_exit_code,
             cwd=self.workdir,
             events=self.hub,
+            runtime=self.runtime,
+            shared=self.shared,
         )
         self.nodelife = NodeLifecycle(self.store, self.hub, self.node_monitor_grace_s)
         self._components = [self.kubelet, self.nodelife, self.scheduler, self.jobs, self.jobsets]
@@ -298,6 +311,7 @@ class EmbeddedCluster:
     def info(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
+            "runtime": str(self.runtime),
             "jobset_version": EMULATED_VERSION,
             "nodepools": [
                 {
@@ -311,6 +325,12 @@ class EmbeddedCluster:
                 for p in self.pools.values()
             ],
         }
+
+
+def runtime_unavailable(runtime: str, image: str) -> str | None:
+    """Why the kubelet cannot run `image` with `runtime` here, in one line; None when it can (the
+    process runtime runs no image)."""
+    return podman_unavailable(image) if runtime == PodRuntime.PODMAN else None
 
 
 def _status(code: int, reason: str, message: str) -> dict[str, Any]:

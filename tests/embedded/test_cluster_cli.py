@@ -108,6 +108,9 @@ def test_cluster_up_status_faults_down(tmp_path, capsys):
         (("up", "--nodepools", "tpu9-1x1:2"), "unknown preset 'tpu9-1x1'"),
         (("up", "--nodepools", "tpu7x-2x2x1:zero"), "bad node pool spec"),
         (("up", "--mode", "vm"), "--mode must be process or simulate"),
+        (("up", "--runtime", "docker"), "--runtime must be process or podman, got 'docker'"),
+        (("up", "--share", "."), "--share is for --runtime podman"),
+        (("up", "--runtime", "podman", "--share", "nosuch"), "--share: no such directory"),
     ],
 )
 def test_cluster_up_user_errors(tmp_path, capsys, args, text):
@@ -163,3 +166,19 @@ def test_a_crashed_cluster_comes_back_with_its_pods_lost(tmp_path, capsys):
         assert (lost.status.phase, term.exit_code, term.reason) == ("Failed", 137, "ContainerStatusUnknown")
     finally:
         run(capsys, "down", "--state-dir", d)
+
+
+def test_demo_under_podman_without_podman_is_one_line_and_exit_1(tmp_path, capsys, monkeypatch):
+    """The command is right, the machine cannot run it: exit 1, one line naming the fix, and no
+    work directory, cluster or run made."""
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    workdir = tmp_path / "demo"
+    code = 0
+    try:
+        main(["demo", "--runtime", "podman", "--workdir", str(workdir)])
+    except SystemExit as e:
+        code = e.code or 0
+    out, err = capsys.readouterr()
+    assert code == 1 and err.count("\n") == 1, (code, err)
+    assert "--runtime podman: podman is not installed" in err and "dev.py images" in err
+    assert out == "" and not workdir.exists()

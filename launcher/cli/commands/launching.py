@@ -50,7 +50,7 @@ from launcher.core.errors import UserError
 from launcher.core.record import Knobs
 from launcher.core.render import render_jobset
 from launcher.core.spec import DEFAULT_COORDINATOR_PORT, RunSpec, restart_mode_error
-from launcher.core.words import ReshapeMode, RunState, TrainerProfile
+from launcher.core.words import PodRuntime, ReshapeMode, RunState, TrainerProfile
 
 
 def finish(kube, run: str, state: str) -> None:
@@ -299,8 +299,18 @@ def demo(
         "runs/demo"
     ),
     steps: Annotated[int, typer.Option("--steps", help="Training steps.")] = 30,
+    runtime: Annotated[
+        str,
+        typer.Option(
+            "--runtime",
+            help="process: the trainer pods as local processes; podman: the trainer image "
+            "(`python3.11 dev.py images`) with podman.",
+        ),
+    ] = PodRuntime.PROCESS,
 ) -> None:
     """The elastic demo on the embedded cluster: 2 slices of tpu7x-2x2x2, lose 1, resume on 1, grow back."""
+    if runtime not in tuple(PodRuntime):
+        raise UserError(f"--runtime must be {' or '.join(PodRuntime)}, got {runtime!r}")
     from launcher.cli.demo import run_demo
 
     inputs.directory("--workdir", workdir)
@@ -308,7 +318,7 @@ def demo(
         raise UserError(
             "--steps must be between 25 and 100000 (capacity goes at step 5; the run must outlive the regrowth)"
         )
-    if run_demo(workdir, steps, console) != RunState.FINISHED:
+    if run_demo(workdir, steps, console, runtime) != RunState.FINISHED:
         raise typer.Exit(1)
 
 

@@ -1,7 +1,8 @@
 """The kubelet of every fake node: runs bound pods and reports their status.
 
-Process mode runs each container's command as a local process in its own process group, output
-captured to a log file; simulate mode runs nothing and moves pods through phases on command
+Process mode runs each container through the cluster's container runtime (`runtimes.py`): its
+command as a local process in its own process group (the process runtime, the default), or its
+image with `podman run` (the podman runtime), output captured to a log file; simulate mode runs nothing and moves pods through phases on command
 (`finish`) or after a fixed time — for controller tests with thousands of pods. The mode is chosen
 per node pool.
 
@@ -15,7 +16,7 @@ a container that could not be found (exit 137, ContainerStatusUnknown) and remov
 that comes back after a reboot does.
 
 Here: the pod lifecycle (start, restart in place, signal, finalize; status writes). Processes and
-logs: `processes.py`; a run's state: `podrun.py`; the statuses: `podstatus.py`. Run by
+logs: `runtimes.py` (`processes.py`, `podman.py`); a run's state: `podrun.py`; the statuses: `podstatus.py`. Run by
 `cluster.EmbeddedCluster`; `faults.py` calls `kill`, `crash`, `disrupt` and `terminate`.
 """
 
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.core import rfc3339
+from launcher.core.words import PodRuntime
 from launcher.embedded.controllers.runtime import ControllerLoop, EventRecorder, log
 from launcher.embedded.kubelet import podenv
 from launcher.embedded.kubelet.podrun import PodRun, crash_backoff_s
@@ -41,7 +43,7 @@ from launcher.embedded.kubelet.podstatus import (
     running_status,
     terminated_status,
 )
-from launcher.embedded.kubelet.processes import ProcessRunner
+from launcher.embedded.kubelet.runtimes import make_runtime
 from launcher.embedded.types import objects
 
 
@@ -59,6 +61,8 @@ class Kubelet(ControllerLoop):
         sim_term_exit_code: int = 143,
         cwd: Path | None = None,
         events: Any = None,
+        runtime: str = PodRuntime.PROCESS,
+        shared: tuple[Path, ...] = (),
     ) -> None:
         super().__init__(store, events)
         from launcher.embedded.store.store import RESOURCES
@@ -68,7 +72,7 @@ class Kubelet(ControllerLoop):
         self.simulated = simulated
         self.sim_duration_s = sim_duration_s
         self.sim_term_exit_code = sim_term_exit_code
-        self.processes = ProcessRunner(store, log_dir, cwd or Path.cwd())
+        self.runtime = make_runtime(runtime, store, log_dir, cwd or Path.cwd(), shared)
         self.recorder = EventRecorder(store, "kubelet")
         self._runs: dict[str, PodRun] = {}  # pod uid → run
         self._runs_lock = threading.Lock()
@@ -108,7 +112,7 @@ class Kubelet(ControllerLoop):
         def run_of(ns: str, pod: str) -> PodRun | None:
             return next((r for r in self.runs() if (r.namespace, r.name) == (ns, pod)), None)
 
-        return self.processes.log_stream(namespace, name, container, follow, run_of)
+        return self.runtime.log_stream(namespace, name, container, follow, run_of)
 
     def stop(self) -> None:
         super().stop()
@@ -122,6 +126,7 @@ class Kubelet(ControllerLoop):
             self._signal(r, signal.SIGKILL)
         for r in runs:
             r.done.wait(5)
+        self.runtime.stop()
 
     # -- reconcile -----------------------------------------------------------------------------
     def reconcile(self, key: Hashable) -> float | None:
@@ -143,7 +148,7 @@ class Kubelet(ControllerLoop):
             if run is not None:
                 run.cause = run.cause or "gone"
                 self._signal(run, signal.SIGKILL)
-            self.processes.forget(ns, name)
+            self.runtime.forget(ns, name)
             return None
         node = (pod.get("spec") or {}).get("nodeName")
         if not node or node in self.partitioned:
@@ -220,9 +225,9 @@ class Kubelet(ControllerLoop):
             return
         try:
             node_obj = self.store.get(self.nodes, None, node)
-            self.processes.spawn(run, pod, node_obj)
+            self.runtime.spawn(run, pod, node_obj)
         except podenv.ContainerConfigError as e:
-            self._config_error(run, pod, str(e))
+            self._config_error(run, pod, str(e), e.reason)
             return
         except Exception as e:
             log.exception("start %s/%s", run.namespace, run.name)
@@ -231,12 +236,12 @@ class Kubelet(ControllerLoop):
             self.recorder.event(pod, "Warning", "Failed", f"Error: {e}", host=node)
             self._finalize(run)
             return
-        ids = {c: f"process://{p.pid}" for c, p in run.procs.items()}
-        self._write(run, lambda p: running_status(p, run.started_at, ids, run.pod_ip))
+        ids = dict(run.ids)
+        self._write(run, lambda p: running_status(p, run.started_at, ids, run.pod_ip, run.images))
         for c in run.procs:
             self.recorder.event(pod, "Normal", "Started", f"Started container {c}", host=node)
         for c in run.procs:
-            self.processes.watch(run, c, self._on_exit)
+            self.runtime.watch(run, c, self._on_exit)
 
     def _restart_in_place(self, run: PodRun, names: list[str]) -> bool:
         """restartPolicy Always (any exit) or OnFailure (a non-zero exit): the kubelet restarts the
@@ -278,16 +283,16 @@ class Kubelet(ControllerLoop):
                 run.backoff.pop(c, None)
         if not run.simulate:
             for c in names:
-                self.processes.launch(run, c)
-                self.processes.watch(run, c, self._on_exit)
-        ids = {c: f"process://{p.pid}" for c, p in run.procs.items()}
+                self.runtime.launch(run, c)
+                self.runtime.watch(run, c, self._on_exit)
+        ids = dict(run.ids)
         self._write(run, lambda p: restarted_status(p, names, ids, rfc3339.stamp()))
 
-    def _config_error(self, run: PodRun, pod: Mapping[str, Any], msg: str) -> None:
+    def _config_error(self, run: PodRun, pod: Mapping[str, Any], msg: str, reason: str) -> None:
         """CreateContainerConfigError: the pod stays Pending; retried on the next event."""
         with self._runs_lock:
             self._runs.pop(run.uid, None)
-        self._write(run, lambda p: config_error_status(p, msg))
+        self._write(run, lambda p: config_error_status(p, msg, reason))
         self.recorder.event(pod, "Warning", "Failed", f"Error: {msg}", host=run.node)
         self.enqueue((run.uid, run.namespace, run.name), after=2.0)
 
@@ -308,7 +313,7 @@ class Kubelet(ControllerLoop):
             if sig == signal.SIGKILL:
                 self.finish_run(run, 137)
             return
-        self.processes.signal(run, sig)
+        self.runtime.signal(run, sig)
 
     def terminate(self, run: PodRun, grace: float, cause: str) -> None:
         """SIGTERM now, SIGKILL after `grace` seconds (idempotent; a shorter grace wins)."""
@@ -394,7 +399,7 @@ class Kubelet(ControllerLoop):
     def _finalize(self, run: PodRun) -> None:
         if run.kill_timer is not None:
             run.kill_timer.cancel()
-        ids = {c: f"process://{p.pid}" for c, p in run.procs.items()}
+        ids = dict(run.ids)
         if run.cause not in ("gone", "crash"):
             self._write(
                 run,

@@ -12,7 +12,6 @@ import ipaddress
 import random
 import re
 import socket
-import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -75,7 +74,12 @@ def resource_value(container: Mapping[str, Any], node: Mapping[str, Any], ref: M
 
 
 class ContainerConfigError(Exception):
-    """CreateContainerConfigError: the pod stays Pending with this message."""
+    """CreateContainerConfigError: the pod stays Pending with this message (`reason`: the waiting
+    reason the kubelet reports, e.g. ErrImageNeverPull for an image not there to run)."""
+
+    def __init__(self, message: str, reason: str = "CreateContainerConfigError") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 def container_env(
@@ -127,12 +131,18 @@ def container_env(
     return env
 
 
+def command_args(container: Mapping[str, Any], env: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """The container's command and args, each with $(VAR) expansion."""
+    return (
+        [expand(str(a), env) for a in container.get("command") or []],
+        [expand(str(a), env) for a in container.get("args") or []],
+    )
+
+
 def argv(container: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
-    """command + args with $(VAR) expansion; python/python3 become this interpreter (no image here)."""
-    args = [expand(str(a), env) for a in [*(container.get("command") or []), *(container.get("args") or [])]]
-    if args and args[0] in ("python", "python3"):
-        args[0] = sys.executable
-    return args
+    """command + args with $(VAR) expansion (no image to take either from)."""
+    command, args = command_args(container, env)
+    return [*command, *args]
 
 
 class _Distinct:

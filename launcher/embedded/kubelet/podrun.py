@@ -1,7 +1,7 @@
 """What the kubelet knows of a pod it runs (`PodRun`: its processes or simulated exit, exit codes,
 logs, termination cause, crash back-off), and the crash back-off delay.
 
-Shared by `kubelet.Kubelet` (the pod lifecycle) and `processes.ProcessRunner` (process mode);
+Shared by `kubelet.Kubelet` (the pod lifecycle) and the container runtimes (`runtimes.py`);
 `faults.py` and `cluster.py` read the runs through `Kubelet.runs()`.
 """
 
@@ -32,7 +32,11 @@ class PodRun:
     simulate: bool
     started_at: str = ""
     pod_ip: str = "127.0.0.1"  # its own loopback address when it is a JobSet's pod (podenv.AddressMap)
+    # container → the process the kubelet waits on: the command itself (process runtime) or the
+    # `podman run` client attached to the container (podman runtime), which exits with its code.
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    ids: dict[str, str] = field(default_factory=dict)  # container → containerID, `<runtime>://<id>`
+    images: dict[str, tuple[str, str]] = field(default_factory=dict)  # container → (image, imageID)
     exit_codes: dict[str, int] = field(default_factory=dict)
     finished_at: dict[str, str] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
@@ -44,5 +48,5 @@ class PodRun:
     lock: threading.Lock = field(default_factory=threading.Lock)
     restart_policy: str = "Never"
     restarts: int = 0
-    plans: dict[str, tuple[list[str], dict[str, str], str]] = field(default_factory=dict)
+    plans: dict[str, tuple[list[str], dict[str, str], str]] = field(default_factory=dict)  # argv, env, cwd
     backoff: dict[str, int] = field(default_factory=dict)  # container → exit code, awaiting restart

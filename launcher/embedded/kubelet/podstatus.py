@@ -16,8 +16,15 @@ LOST_MESSAGE = "The container could not be located when the pod was terminated"
 
 
 def running_status(
-    pod: Mapping[str, Any], started: str, ids: Mapping[str, str], pod_ip: str = "127.0.0.1"
+    pod: Mapping[str, Any],
+    started: str,
+    ids: Mapping[str, str],
+    pod_ip: str = "127.0.0.1",
+    images: Mapping[str, tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
+    """`images`: container → (image, imageID) as the runtime resolved them (the podman runtime);
+    without, the spec's image and no ID (the process runtime runs no image)."""
+    images = images or {}
     st = copy.deepcopy(dict(pod.get("status") or {}))
     conds = st.setdefault("conditions", [])
     for t in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady", "PodScheduled"):
@@ -42,8 +49,8 @@ def running_status(
                     "ready": True,
                     "started": True,
                     "restartCount": 0,
-                    "image": c.get("image", ""),
-                    "imageID": "",
+                    "image": images.get(c["name"], (c.get("image", ""), ""))[0],
+                    "imageID": images.get(c["name"], ("", ""))[1],
                     "containerID": ids.get(c["name"], ""),
                 }
                 for c in (pod.get("spec") or {}).get("containers") or []
@@ -110,8 +117,8 @@ def terminated_status(
                 "ready": False,
                 "started": False,
                 "restartCount": int(prev.get("restartCount") or 0),
-                "image": c.get("image", ""),
-                "imageID": "",
+                "image": prev.get("image") or c.get("image", ""),  # as the runtime resolved it
+                "imageID": prev.get("imageID") or "",
                 "containerID": ids.get(c["name"], ""),
             }
         )
@@ -166,13 +173,16 @@ def restarted_status(
     return st
 
 
-def config_error_status(pod: Mapping[str, Any], msg: str) -> dict[str, Any]:
-    """CreateContainerConfigError: every container waiting with the message; the pod stays Pending."""
+def config_error_status(
+    pod: Mapping[str, Any], msg: str, reason: str = "CreateContainerConfigError"
+) -> dict[str, Any]:
+    """CreateContainerConfigError (or ErrImageNeverPull, ...): every container waiting with the
+    message; the pod stays Pending."""
     st = copy.deepcopy(dict(pod.get("status") or {}))
     st["containerStatuses"] = [
         {
             "name": c["name"],
-            "state": {"waiting": {"reason": "CreateContainerConfigError", "message": msg}},
+            "state": {"waiting": {"reason": reason, "message": msg}},
             "ready": False,
             "started": False,
             "restartCount": 0,

@@ -1,10 +1,14 @@
-"""Process mode's runner: a pod's containers as local processes, each in its own process group,
+"""The process runtime: a pod's containers as local processes, each in its own process group,
 output appended to a log file per container; the environment and argv the kubelet gives them
 (`podenv.py`: env, the JobSet hostname rewrite to local ports, TPU chips), signals to the whole
 process tree, and the log files the API server's pods/log reads.
 
-Called by `kubelet.Kubelet`, which owns the pod lifecycle (when to start, restart, signal, and
-what status to write); this module does no API writes.
+What every runtime shares lives here too (the pod's environment, the log files, waiting on the
+process that stands for a container): the podman runtime (`podman.py`) is this class with its own
+`plan` (a `podman run` of the image instead of the command), `launch` (the container's ID) and
+`signal` (`podman kill`). Called by `kubelet.Kubelet` through `runtimes.ContainerRuntime`, which
+owns the pod lifecycle (when to start, restart, signal, and what status to write); this module
+does no API writes.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -27,6 +32,8 @@ from launcher.embedded.types.resources import RESOURCES
 
 class ProcessRunner:
     """Starts and signals the processes of `PodRun`s and keeps their log files."""
+
+    scheme = "process"  # containerID's `<type>://`
 
     def __init__(self, store: Any, log_dir: Path, cwd: Path) -> None:
         self.store = store
@@ -50,6 +57,9 @@ class ProcessRunner:
     def forget(self, namespace: str, name: str) -> None:
         """The pod left the API: its logs are no longer served from memory."""
         self._logs.pop((namespace, name), None)
+
+    def stop(self) -> None:
+        """The kubelet stops, its runs ended: nothing of the process runtime's outlives them."""
 
     def log_stream(
         self,
@@ -116,25 +126,47 @@ class ProcessRunner:
         chips = objects.pod_tpu_request(pod)
         dpc = devices_per_chip(objects.labels(node).get(objects.ACCELERATOR_LABEL))
         hostname = run.node if spec.get("hostNetwork") else (spec.get("hostname") or run.name)
-        d = self.log_dir / f"{run.namespace}_{run.name}_{run.uid}"
+        d = self.pod_dir(run)
         d.mkdir(parents=True, exist_ok=True)
-        plans = []
+        plans = {}
         for c in spec.get("containers") or []:
             pod_env = podenv.container_env(pod, c, node, self._configmap, run.pod_ip)
-            env = podenv.local_env(pod_env, os.environ, chips, dpc, hostname, rewrite)
-            args = podenv.argv(c, {k: env[k] for k in pod_env})
-            if not args:
-                raise podenv.ContainerConfigError(
-                    f"container {c['name']} has no command (no image to take it from)"
-                )
-            wd = c.get("workingDir")
-            cwd = wd if wd and Path(wd).is_dir() else str(self.cwd)
-            plans.append((c["name"], args, env, cwd))
-        for cname, args, env, cwd in plans:
-            run.plans[cname] = (args, env, cwd)
+            env = podenv.local_env(pod_env, self.base_env(), chips, dpc, hostname, rewrite)
+            plans[c["name"]] = self.plan(run, pod, c, env, {k: env[k] for k in pod_env}, hostname)
+        for cname, plan in plans.items():
+            run.plans[cname] = plan
             run.logs[cname] = d / f"{cname}.log"
             self.launch(run, cname)
         self._logs[(run.namespace, run.name)] = dict(run.logs)
+
+    def pod_dir(self, run: PodRun) -> Path:
+        """The pod's own folder: its containers' logs (and the podman runtime's emptyDir volumes)."""
+        return self.log_dir / f"{run.namespace}_{run.name}_{run.uid}"
+
+    def base_env(self) -> Mapping[str, str]:
+        """What a container's environment starts from: a local process inherits the kubelet's."""
+        return os.environ
+
+    def plan(
+        self,
+        run: PodRun,
+        pod: Mapping[str, Any],
+        container: Mapping[str, Any],
+        env: dict[str, str],
+        pod_env: Mapping[str, str],
+        hostname: str,
+    ) -> tuple[list[str], dict[str, str], str]:
+        """The argv, environment and working directory of one container's process; `pod_env` (the
+        variables the pod spec defines) expands the command's $(VAR)s."""
+        args = podenv.argv(container, pod_env)
+        if not args:
+            raise podenv.ContainerConfigError(
+                f"container {container['name']} has no command (no image to take it from)"
+            )
+        if args[0] in ("python", "python3"):
+            args[0] = sys.executable  # no image here: the kubelet's own interpreter
+        wd = container.get("workingDir")
+        return args, env, wd if wd and Path(wd).is_dir() else str(self.cwd)
 
     def launch(self, run: PodRun, cname: str) -> None:
         """(Re)start one container from its plan."""
@@ -149,6 +181,7 @@ class ProcessRunner:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # own process group: signals reach the whole tree
             )
+        run.ids[cname] = f"{self.scheme}://{run.procs[cname].pid}"
 
     @staticmethod
     def watch(run: PodRun, cname: str, on_exit: Callable[[PodRun, str, int], None]) -> None:
@@ -158,8 +191,7 @@ class ProcessRunner:
             target=lambda: on_exit(run, cname, proc.wait()), daemon=True, name=f"wait-{run.name}"
         ).start()
 
-    @staticmethod
-    def signal(run: PodRun, sig: int) -> None:
+    def signal(self, run: PodRun, sig: int) -> None:
         """Signal the process group of every container still running."""
         for proc in run.procs.values():
             if proc.poll() is None:
