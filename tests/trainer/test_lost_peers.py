@@ -45,14 +45,16 @@ def test_survivor_of_a_dead_peer_exits_peer_lost_at_once_instead_of_waiting_for_
 def test_when_the_coordinator_dies_during_start_up_the_survivor_exits_peer_lost(tmp_path: Path) -> None:
     # Process 0 hosts JAX's coordination service. Whether it dies before or after process 1 joined,
     # process 1's client aborts the process itself (SIGABRT, fate sharing): at once, or when the
-    # initialization timeout runs out. The supervisor turns that abort into 43.
+    # initialization timeout runs out. The supervisor turns that abort into 43. With a warm compile
+    # cache process 1 can already be in its first step's collectives: then the trainer sees the loss
+    # itself and exits 43 without the shutdown barrier. Either way: 43, and well before 900 s.
     run_dir = tmp_path / "run"
     procs = runs.processes(str(run_dir), tmp_path, extra={"RESLICE_INIT_TIMEOUT_S": "5"})
     time.sleep(2.0)  # both are starting: importing JAX, or joining
     rc, elapsed, out = lose(procs[0], procs[1], 60)
     assert rc == EXIT_PEER_LOST, out[-3000:]
     assert "Terminating process because the JAX distributed service detected fatal errors" in out
-    assert "ended this process because a peer is lost: exit 43" in out
+    assert "ended this process because a peer is lost: exit 43" in out or "without the shutdown barrier" in out
     assert elapsed < 20, f"took {elapsed:.1f} s"  # the 5 s initialization timeout at most, not 900 s
     assert runs.last_step(run_dir) == 0
 
