@@ -53,8 +53,12 @@ def test_when_the_coordinator_dies_during_start_up_the_survivor_exits_peer_lost(
     time.sleep(2.0)  # both are starting: importing JAX, or joining
     rc, elapsed, out = lose(procs[0], procs[1], 60)
     assert rc == EXIT_PEER_LOST, out[-3000:]
-    assert "Terminating process because the JAX distributed service detected fatal errors" in out
-    assert "ended this process because a peer is lost: exit 43" in out or "without the shutdown barrier" in out
+    aborted_by_jax = (
+        "Terminating process because the JAX distributed service detected fatal errors" in out
+        and "ended this process because a peer is lost: exit 43" in out
+    )
+    seen_by_the_trainer = "a peer is lost" in out and "without the shutdown barrier" in out
+    assert aborted_by_jax or seen_by_the_trainer, out[-3000:]
     assert elapsed < 20, f"took {elapsed:.1f} s"  # the 5 s initialization timeout at most, not 900 s
     assert runs.last_step(run_dir) == 0
 
