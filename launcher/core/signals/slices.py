@@ -26,6 +26,8 @@ class SliceView:
     unschedulable: int
     unschedulable_since: float | None
     uids: tuple[str, ...] = ()  # of its live pods, sorted (the e2e compares them across worlds)
+    # Its JobSet's status.restartsCountTowardsMax: the restarts its failure policy counted (crashes)
+    restarts_counted: int = 0
 
     @property
     def running(self) -> bool:
@@ -75,5 +77,6 @@ def slice_views(
             unschedulable=len(unsched),
             unschedulable_since=min((v.unschedulable_since for v in unsched), default=None),
             uids=tuple(sorted(live)),
+            restarts_counted=int(((js or {}).get("status") or {}).get("restartsCountTowardsMax") or 0),
         )
     return out
