@@ -160,7 +160,8 @@ class Controller:
         recs = (
             record_of(cm) for cm in self.caches["records"].items() if RECORD_KEY in (cm.get("data") or {})
         )
-        return [rec.name for rec, _ in recs if not rec.terminal]
+        # An ended in-place run stays until its world is deleted (a controller that stopped in between).
+        return [rec.name for rec, _ in recs if not rec.terminal or self._world_left(rec)]
 
     # --- one pass ------------------------------------------------------------------------------
 
@@ -170,6 +171,7 @@ class Controller:
             return PassResult(run, None, None)
         rec, rv = got
         if rec.terminal:
+            self._clean_world(rec)  # recorded as ended, then the controller stopped
             return PassResult(run, policy.Decision(Action.WAIT, f"run is {rec.state}", rec), None)
         # The run directory (gs:// in production) is read before the watches are held off: a slow
         # read there must not stall them. The record is swapped by resourceVersion, so deciding on
@@ -238,6 +240,8 @@ class Controller:
             self._act(decision)
             if not decision.acts and self._world_behind(decision.record):
                 self.publish_world(decision.record)  # recorded, then the controller stopped
+            if decision.record.terminal:
+                self._clean_world(decision.record)
         except UserError as e:  # the cluster refused the JobSet (422): retrying cannot help
             self._fail(run, rundir, f"cannot submit: {e}")
         crash_point(f"after-act:{where}")
@@ -302,6 +306,23 @@ class Controller:
             if created is not None and (cache := self.caches.get("jobsets")) is not None:
                 created["metadata"].setdefault("namespace", self.kube.namespace)
                 self._created.add(created, cache, self.monotonic())
+
+    def _world_left(self, rec: RunRecord) -> bool:
+        """Whether an ended in-place run's world ConfigMap may still exist: from the cache when it
+        runs, else say so (deleting an absent one is a 404, nothing more)."""
+        if rec.spec.restart_mode != ReshapeMode.IN_PLACE:
+            return False
+        if not self.synced():
+            return True
+        return self.caches["records"].get(self.kube.namespace, world_configmap_name(rec.name)) is not None
+
+    def _clean_world(self, rec: RunRecord) -> None:
+        """An ended in-place run: delete its world ConfigMap; its ServiceAccount, Role and
+        RoleBinding are owned by it (`reslice launch`), so the garbage collector deletes them. What a
+        recreate run leaves is its record (the history `reslice status` reads) and, for
+        ttlSecondsAfterFinished, its JobSet: the world is neither."""
+        if self._world_left(rec):
+            self.kube.delete_world(world_configmap_name(rec.name))
 
     def _world_behind(self, rec: RunRecord) -> bool:
         """Whether an in-place run's world ConfigMap may hold an older epoch than its live segment:
