@@ -17,8 +17,8 @@ from dataclasses import asdict, replace
 
 from launcher.adapters.preset_files import load_catalog
 from launcher.adapters.rundir import RunDir
-from launcher.core.errors import ClusterNotReady, UserError
 from launcher.core import world as worlds
+from launcher.core.errors import ClusterNotReady, UserError
 from launcher.core.labels import slice_jobset_name, world_configmap_name
 from launcher.core.plan import Plan, Rung, shrink_ladder
 from launcher.core.presets import Catalog, Shape
