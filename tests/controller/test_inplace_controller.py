@@ -10,10 +10,10 @@ from launcher.adapters.kube import Kube
 from launcher.controller.launch import create_run, prepare, stop_run
 from launcher.controller.loop import Controller
 from launcher.core import world
-from launcher.core.labels import LABEL_RUN
+from launcher.core.labels import LABEL_RUN, world_configmap_name
 from launcher.core.record import Knobs
 from launcher.core.spec import RunSpec
-from launcher.core.words import RunState
+from launcher.core.words import LedgerKind, RunState
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from tests.controller.harness import wait_for
 
@@ -32,8 +32,10 @@ def test_launch_and_first_pass_create_the_slices_and_publish_world_0_once(tmp_pa
         assert empty["data"] == {} and world.published_epoch(empty) is None
         assert role.metadata.owner_references[0].uid == empty["metadata"]["uid"]
 
-        ctl = Controller(kube)
+        ctl = LedgerSpy(kube)
         ctl.pass_once(["pub"])
+        # The world went out before the decision's ledger line (on gs:// an append is 3 requests).
+        assert ctl.world_at_act == [0]
         rec = kube.get_record("pub")[0]
         seg = rec.current
         assert seg.index == 0 and seg.slice_ids == ("0", "1")
@@ -75,6 +77,19 @@ def test_launch_and_first_pass_create_the_slices_and_publish_world_0_once(tmp_pa
         stop_run(kube, "pub2")
         assert kube.world("pub2-world") is None
         wait_for(lambda: not access_left(cluster, "pub2"), 10, "the stopped run's access objects deleted")
+
+
+class LedgerSpy(Controller):
+    """A controller that notes the published epoch when it writes an act line to the ledger."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.world_at_act: list[int | None] = []
+
+    def _log(self, rundir, entries) -> None:
+        if any(e.get("kind") == LedgerKind.ACT for e in entries):
+            self.world_at_act.append(world.published_epoch(self.kube.world(world_configmap_name("pub"))))
+        super()._log(rundir, entries)
 
 
 def access_left(cluster: EmbeddedCluster, run: str) -> list[str]:
