@@ -418,12 +418,14 @@ def _follow(
             pid, returncode = what  # type: ignore[misc]
             if (waiting := state["standby"]) is not None and pid == waiting.pid:
                 state["standby"], standbys = None, False
+                os.close(waiting.send)
                 waiting.pump.join(timeout=2.0)
-                print(
-                    f"trainer: the standby trainer exited {returncode} before its world;"
-                    " the next trainers are forked when their world comes",
-                    flush=True,
-                )
+                if not terminating:  # a SIGTERM to the pod's process group ends a standby too
+                    print(
+                        f"trainer: the standby trainer exited {returncode} before its world;"
+                        " the next trainers are forked when their world comes",
+                        flush=True,
+                    )
                 continue
             if child is None or pid != child.pid:  # a standby that died as it was handed its world
                 continue
