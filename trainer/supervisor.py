@@ -33,9 +33,10 @@ trainer's imports (JAX, Flax, Orbax, Grain: most of a start-up on a loaded host)
 a pipe (``await_world``) until the supervisor hands it the environment of the world it is to train
 in, at the moment the supervisor would otherwise have forked it, so it never sees any other world
 than the newest at that moment; a new world then costs a child only its mesh, restore and compile.
-One standby at a time, forked when the pod starts (before its first world) and again once the
-running child reports its first step (``notify_running``), so that it never competes with a
-child's start-up. It holds no state: it is killed when the supervisor returns (and by
+One standby at a time, forked when the pod starts (before its first world, and before the world
+source's thread: see ``supervise_world``) and again once the running child reports its first step
+(``notify_running``), so that it never competes with a child's start-up, or while this process
+waits for a world with no child. It holds no state: it is killed when the supervisor returns (and by
 ``PR_SET_PDEATHSIG`` should the supervisor die), a SIGTERM kills it (the default disposition:
 it has not trained), and one that exits on its own turns standbys off for the pod's life (the
 next child is forked as before). A world with ``env`` of its own is forked as before (those
@@ -274,6 +275,13 @@ def supervise_world(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    if env.get(STANDBY_SWITCH_ENV, "1") != "0":
+        # Before the world source's thread starts: its first connection imports modules lazily
+        # (the idna codec for a host name), and a fork while another thread holds a module's import
+        # lock leaves that lock held for good in the child, whose imports then wait forever. Later
+        # forks come after the first world was delivered, when that thread imports nothing more.
+        with contextlib.suppress(OSError):  # no process left for it: the first child is forked
+            state["standby"] = _spawn_standby(train, env, events)
     src.start(
         lambda doc: events.put((_Event.WORLD, doc, time.time())),
         lambda msg: events.put((_Event.PROBLEM, msg, time.time())),
@@ -363,7 +371,6 @@ def _follow(
         )
         return None
 
-    standby()  # the pod's first world may be a while: the imports are done by then
     while True:
         try:
             kind, what, at = events.get(timeout=1.0)  # a timeout lets signal handlers run
