@@ -193,6 +193,7 @@ def phase(cluster: ClusterProcess, kube: Kube, tmp: Path, mode: str, args) -> di
     for js in kube.jobsets(run):
         kube.delete_jobset(js["metadata"]["name"])
     kube.delete_record(run)
+    kube.delete_world(world_configmap_name(run))  # and its access objects (owned by it)
     wait_for(lambda: not kube.pods(f"{LABEL_RUN}={run}"), 900, "the run's pods gone", interval=1.0)
     cluster.restore(pool)
     return out
