@@ -359,8 +359,8 @@ def run(
     if cfg.eval.sources:
         data.eval_sources(cfg.eval.sources, cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
     stages.check_source(cfg)  # a stage's source that is missing or of another shape: exit 2 likewise
-    with preemption.joining():  # a SIGTERM here exits 42 at once (trainer.watchdog)
-        ident = distributed.initialize(env)
+    # A SIGTERM while it waits for its peers exits 42 at once (trainer.watchdog).
+    ident = distributed.initialize(env, preemption.joining)
     timeline.mark("distributed")
     segment = _env_number(env, "RESLICE_SEGMENT", int)
     attempt = _env_number(env, "RESLICE_RESTART_ATTEMPT", int)
