@@ -217,3 +217,23 @@ def test_crashes_counted_by_several_slice_jobsets_spend_the_runs_max_restarts() 
     d = decide(strict, crashed(strict, 0, 1))
     assert d.action == Action.END and d.record.app_failures == 1, d.reason
     assert d.record.next_submit_at == T0 + 100 + KNOBS.app_backoff_s and set(d.slices_delete) == {"0", "1"}
+
+
+def test_a_pass_over_unchanged_caches_reads_no_slice_again_and_a_change_is_seen() -> None:
+    # At the seeds' scale every pass re-read each of the run's 3,072 pods: most of an in-place
+    # decision's time. The controller's memo keeps the slices by the caches' tuples, and the pods'
+    # views by resourceVersion.
+    memos = signals.Memos()
+    nodes = tuple(n for i in range(2) for n in pool(f"np-{i}", PRESET, since=T0))
+    pods = [p for sid, where in (("0", "np-0"), ("1", "np-1")) for p in slice_pods(sid, where)]
+    for i, p in enumerate(pods):
+        p["metadata"]["resourceVersion"] = str(i + 1)
+    jobsets, pods = (slice_jobset("0"), slice_jobset("1")), tuple(pods)
+    first = memos.slices(("demo", HOSTS), jobsets, pods, nodes)
+    assert first["0"].pods_running == HOSTS and first["1"].pools == ("np-1",)
+    assert memos.slices(("demo", HOSTS), jobsets, pods, nodes) is first  # nothing walked again
+    failed = dict(
+        pods[-1], status={"phase": "Failed"}, metadata={**pods[-1]["metadata"], "resourceVersion": "99"}
+    )
+    changed = memos.slices(("demo", HOSTS), jobsets, (*pods[:-1], failed), nodes)
+    assert changed["1"].pods_alive == HOSTS - 1 and changed["0"] == first["0"]
