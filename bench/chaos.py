@@ -50,6 +50,7 @@ from tests.controller.harness import (
     PRESET,
     Harness,
     kept_steps,
+    recomputed,
     reference_run,
     wait_for,
 )
@@ -342,6 +343,7 @@ def run_seed(
         "checks": checks,
         "segments": len(rec.segments),
         "restarts": sum(restarts.values()),
+        "recomputed": recomputed(metrics),  # steps trained twice (lost with a fault, then again)
         "seconds": time.monotonic() - t0,
     }
 
@@ -350,7 +352,7 @@ def seed_table(r: dict) -> Table:
     held = all(not p for p in r["checks"].values())
     title = (
         f"seed {r['seed']}: {'held' if held else 'NOT HELD'} in {r['seconds']:.0f} s "
-        f"({r['segments']} segments, {r['restarts']} JobSet restarts)"
+        f"({r['segments']} segments, {r['restarts']} JobSet restarts, {r['recomputed']} steps recomputed)"
     )
     table = Table(title=title, title_justify="left")
     table.add_column("t (s)", justify="right")
@@ -402,7 +404,12 @@ def main() -> None:
             console.print(seed_table(r))
     held = sum(all(not p for p in r["checks"].values()) for r in results)
     per_seed = sum(r["seconds"] for r in results) / max(1, len(results))
-    console.print(f"{held}/{len(results)} held ({per_seed:.0f} s per seed)")
+    faults = sum(len(r["faults"]) for r in results)
+    again = sum(r["recomputed"] for r in results)
+    console.print(
+        f"{held}/{len(results)} held ({per_seed:.0f} s per seed; {faults} faults injected;"
+        f" {again} steps recomputed in all)"
+    )
 
 
 if __name__ == "__main__":

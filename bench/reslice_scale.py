@@ -16,7 +16,8 @@ run and controller:
   window (every half lease, whatever happens) are `lease_renewals`, apart.
 - in place, epoch_published_s: the controller's part, from the first watch event of the loss
   reaching it (the ledger's `woken_at`) to the world's publication time (`published`, stamped just
-  before its one write); epoch_seen_max_s / epoch_seen_median_s: from publication until each of
+  before its one write), split into epoch_decided_s (observing and deciding) and
+  epoch_decided_to_published_s (the record's compare-and-swap, then the world built); epoch_seen_max_s / epoch_seen_median_s: from publication until each of
   --watchers sampled supervisors' world sources (trainer.worldsource, the class a pod's supervisor
   runs, each on its own connection as every pod has its own) delivered it. 2,304 watchers would be
   threads of this one process competing for its interpreter; a sample of them measures the API
@@ -179,6 +180,10 @@ def phase(cluster: ClusterProcess, kube: Kube, tmp: Path, mode: str, args) -> di
         seen = [t - published for t in watchers.seen[1]]
         out |= {
             "epoch_published_s": round(published - act["woken_at"], 4),
+            # Of it: observing and deciding, then from the decision to the world's publication
+            # (the record's compare-and-swap, then the world document built).
+            "epoch_decided_s": round(act["decided_at"] - act["woken_at"], 4),
+            "epoch_decided_to_published_s": round(published - act["decided_at"], 4),
             "epoch_seen_max_s": round(max(seen), 4),
             "epoch_seen_median_s": round(statistics.median(seen), 4),
             "watchers": len(seen),
@@ -188,6 +193,7 @@ def phase(cluster: ClusterProcess, kube: Kube, tmp: Path, mode: str, args) -> di
     for js in kube.jobsets(run):
         kube.delete_jobset(js["metadata"]["name"])
     kube.delete_record(run)
+    kube.delete_world(world_configmap_name(run))  # and its access objects (owned by it)
     wait_for(lambda: not kube.pods(f"{LABEL_RUN}={run}"), 900, "the run's pods gone", interval=1.0)
     cluster.restore(pool)
     return out

@@ -86,7 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.startup import Timeline, no_rocm_plugin_scan
     from trainer.watchdog import Preemption
 
-    preemption = Preemption()  # before the slow imports: SIGTERM at any time means exit 42
+    # A standby (trainer.supervisor) has no world yet: a SIGTERM before it has one just ends it.
+    standby = supervisor.is_standby()
+    preemption = None if standby else Preemption()  # before the slow imports: SIGTERM means exit 42
     # An in-place pod's later trainers start at their fork: the container's start is epochs ago.
     restarted = bool(os.environ.get(supervisor.RESTARTED_ENV))
     timeline = Timeline(supervised=bool(os.environ.get(supervisor.CHILD_ENV)) and not restarted)
@@ -94,6 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         with _imports_without_gc(), no_rocm_plugin_scan(os.environ):
             from trainer import config, distributed, loop
         timeline.mark("imports")
+        if standby:
+            handed = supervisor.await_world()  # blocks until the supervisor has a world for it
+            preemption = Preemption()
+            if handed is not None and os.environ.get(supervisor.RESTARTED_ENV):
+                # Its start-up begins when it was handed its world; the imports were done before.
+                timeline = Timeline.handed(handed)
         cfg = config.resolve(args.config, args.set, os.environ)
         code = loop.run(cfg, os.environ, preemption, timeline)
         if code == loop.EXIT_PREEMPTED and not preemption.stepped and distributed.joined():
@@ -134,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         print("trainer: failed in a multi-process run: exiting without the shutdown barrier", flush=True)
         _exit_now(1)
     finally:
-        preemption.restore()
+        if preemption is not None:
+            preemption.restore()
 
 
 @contextlib.contextmanager

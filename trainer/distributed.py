@@ -19,6 +19,7 @@ communicators (on CPU), whose rendezvous gives up after a fixed 30 s, and a proc
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import socket
 import threading
@@ -149,25 +150,32 @@ def _device_waiter() -> None:
             results.put(e)
 
 
-def initialize(env: Mapping[str, str]) -> Identity:
-    """Join the process group (before anything touches the JAX backend)."""
+def initialize(
+    env: Mapping[str, str], joining: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+) -> Identity:
+    """Join the process group (before anything touches the JAX backend). `joining`: around the
+    wait for the peers, when there are any (trainer.watchdog.Preemption.joining)."""
     ident = identity(env)
     init_timeout, heartbeat = timeouts(env)
     # JAX's preemption service would install its own SIGTERM handler over ours (trainer.watchdog.Preemption):
     # the loop agrees on the stopping step through the step's own outputs instead.
     jax.config.update("jax_enable_preemption_service", False)
     if ident.coordinator is not None and ident.num_processes > 1:
-        if ident.process_id != 0:  # process 0 starts the service itself
-            await_coordinator(ident.coordinator, init_timeout)
-        jax.distributed.initialize(
-            ident.coordinator,
-            ident.num_processes,
-            ident.process_id,
-            initialization_timeout=init_timeout,
-            heartbeat_timeout_seconds=heartbeat,
-        )
+        with joining():
+            if ident.process_id != 0:  # process 0 starts the service itself
+                await_coordinator(ident.coordinator, init_timeout)
+            jax.distributed.initialize(
+                ident.coordinator,
+                ident.num_processes,
+                ident.process_id,
+                initialization_timeout=init_timeout,
+                heartbeat_timeout_seconds=heartbeat,
+            )
     elif _tpu_multihost(env):
-        jax.distributed.initialize(initialization_timeout=init_timeout, heartbeat_timeout_seconds=heartbeat)
+        with joining():
+            jax.distributed.initialize(
+                initialization_timeout=init_timeout, heartbeat_timeout_seconds=heartbeat
+            )
         ident = Identity(jax.process_index(), jax.process_count(), None)
     return ident
 

@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from trainer import compile_cache, data, distributed, evaluate, sizes, stages, storage
+from trainer import compile_cache, data, distributed, evaluate, sizes, stages, storage, supervisor
 from trainer.checkpoint import Checkpointer
 from trainer.config import Config, ConfigError, config_hash, identity, schedule_point
 from trainer.mesh import batch_sharding, device_sharding, dp_ranks, mesh_for, process_block
@@ -241,6 +241,7 @@ def finish_step(inc: Incarnation, pending: Pending, since: float, startup: dict[
     if startup:
         inc.timeline.mark("first step")
         print(inc.timeline.report(jax.process_index()), flush=True)
+        supervisor.notify_running()  # in place: the supervisor may fork the next standby now
         rec.update(startup, **{"perf/startup": inc.timeline.phases()})
     total_steps = inc.cfg.train.steps
     if pending.n % inc.cfg.metrics.log_every == 0 or pending.n == total_steps:
@@ -358,7 +359,8 @@ def run(
     if cfg.eval.sources:
         data.eval_sources(cfg.eval.sources, cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
     stages.check_source(cfg)  # a stage's source that is missing or of another shape: exit 2 likewise
-    ident = distributed.initialize(env)
+    # A SIGTERM while it waits for its peers exits 42 at once (trainer.watchdog).
+    ident = distributed.initialize(env, preemption.joining)
     timeline.mark("distributed")
     segment = _env_number(env, "RESLICE_SEGMENT", int)
     attempt = _env_number(env, "RESLICE_RESTART_ATTEMPT", int)

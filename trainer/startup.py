@@ -47,6 +47,16 @@ class Timeline:
             self.marks.append(("supervisor", own, 0.0))
         self.mark("interpreter")  # Python's own start and the imports of __main__
 
+    @classmethod
+    def handed(cls, at: float) -> Timeline:
+        """The timeline of a standby trainer (trainer.supervisor) handed its world at ``at``: its
+        start-up begins there. Its one phase so far, ``standby``, is the wall from ``at`` until now
+        and the CPU of the imports it did ahead of the world."""
+        timeline = cls.__new__(cls)
+        timeline.origin, timeline.marks = at, []
+        timeline.mark("standby")
+        return timeline
+
     def mark(self, phase: str) -> None:
         """``phase`` ended now."""
         self.marks.append((phase, time.time(), time.process_time()))

@@ -28,6 +28,21 @@ world's environment. It then has threads when it forks (the world source, the pr
 stderr pump): none of them prints, logs or writes through ``sys.stderr``'s buffer (the pump writes
 to file descriptor 2 directly), so no lock the child could need is held at the fork.
 
+In place, the next child is forked ahead of its world, as a *standby*: it goes through the
+trainer's imports (JAX, Flax, Orbax, Grain: most of a start-up on a loaded host) and then blocks on
+a pipe (``await_world``) until the supervisor hands it the environment of the world it is to train
+in, at the moment the supervisor would otherwise have forked it, so it never sees any other world
+than the newest at that moment; a new world then costs a child only its mesh, restore and compile.
+One standby at a time, forked when the pod starts (before its first world, and before the world
+source's thread: see ``supervise_world``) and again once the running child reports its first step
+(``notify_running``), so that it never competes with a child's start-up, or while this process
+waits for a world with no child. It holds no state: it is killed when the supervisor returns (and by
+``PR_SET_PDEATHSIG`` should the supervisor die), a SIGTERM kills it (the default disposition:
+it has not trained), and one that exits on its own turns standbys off for the pod's life (the
+next child is forked as before). A world with ``env`` of its own is forked as before (those
+variables may concern the imports), and ``RESLICE_STANDBY=0`` in the pod turns standbys off.
+Its cost is one more process with the trainer's imports done (RSS: docs/contract.md).
+
 Called by ``trainer.__main__``.
 """
 
@@ -35,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import queue
 import signal
@@ -44,7 +60,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from enum import StrEnum
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from trainer import peers, world
 
@@ -55,8 +71,50 @@ CHILD_ENV = "RESLICE_TRAINER_CHILD"  # set in the child: it trains instead of su
 # Set in an in-place pod's every child but its first: its start-up began at its fork, not at the
 # container's start (trainer.startup.Timeline, which __main__ tells so).
 RESTARTED_ENV = "RESLICE_TRAINER_RESTARTED"
+# In a standby child: the file descriptor its world's environment arrives on (``await_world``).
+STANDBY_ENV = "RESLICE_TRAINER_STANDBY_FD"
+# In an in-place child: the file descriptor it writes one byte to after its first step.
+RUNNING_ENV = "RESLICE_TRAINER_RUNNING_FD"
+# In the pod: "0" turns standbys off.
+STANDBY_SWITCH_ENV = "RESLICE_STANDBY"
 _TAIL = 64 * 1024
 _PR_SET_PDEATHSIG = 1
+
+
+def await_world() -> float | None:
+    """In a standby child (``STANDBY_ENV`` set), after the trainer's imports: block until the
+    supervisor hands over the environment of the world to train in, make it this process's, and
+    return the time the supervisor sent it. None in any other process. Exits 0 without a word if
+    the supervisor is gone (the pipe closed)."""
+    raw = os.environ.get(STANDBY_ENV)
+    if not raw:
+        return None
+    fd, buf = int(raw), b""
+    while not buf.endswith(b"\n"):
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            os._exit(0)
+        buf += chunk
+    os.close(fd)
+    msg = json.loads(buf)
+    os.environ.clear()
+    os.environ.update(msg["env"])
+    os.environ[CHILD_ENV] = "1"
+    return float(msg["at"])
+
+
+def is_standby() -> bool:
+    return bool(os.environ.get(STANDBY_ENV))
+
+
+def notify_running() -> None:
+    """In an in-place child: tell the supervisor its first step ran (it may fork the next standby
+    now without slowing this child's start-up). Once; nothing elsewhere."""
+    raw = os.environ.pop(RUNNING_ENV, None)
+    if raw:
+        with contextlib.suppress(OSError, ValueError):
+            os.write(int(raw), b"1")
+            os.close(int(raw))
 
 
 def _die_with_parent() -> None:
@@ -163,7 +221,8 @@ class _Event(StrEnum):
 
     WORLD = "world"  # a world document (from the source's thread)
     PROBLEM = "problem"  # the source's trouble, for one log line
-    EXITED = "exited"  # the child ended (from its waiter thread)
+    EXITED = "exited"  # the child (or the standby) ended (from its waiter thread)
+    RUNNING = "running"  # the child's first step ran (from its watcher thread)
     SIGNAL = "signal"  # SIGTERM or SIGINT to this process (already forwarded to the child)
 
 
@@ -173,6 +232,13 @@ class _Child:
     def __init__(self, pid: int, of: world.World, pump: threading.Thread, tail: bytearray) -> None:
         self.pid, self.world, self.pump, self.tail = pid, of, pump, tail
         self.ended_at: float | None = None  # when this supervisor sent it SIGTERM for a newer world
+
+
+class _Standby:
+    """A child forked ahead of its world: ``send`` hands it one (``await_world`` reads it)."""
+
+    def __init__(self, pid: int, send: int, running_fd: int, pump: threading.Thread, tail: bytearray) -> None:
+        self.pid, self.send, self.running_fd, self.pump, self.tail = pid, send, running_fd, pump, tail
 
 
 def supervise_world(
@@ -199,7 +265,7 @@ def supervise_world(
         print(f"trainer: {e}", file=sys.stderr, flush=True)
         return world.EXIT_CONFIG
     events: queue.SimpleQueue[tuple[_Event, object, float]] = queue.SimpleQueue()  # put is reentrant
-    state: dict[str, _Child | None] = {"child": None}
+    state: dict[str, Any] = {"child": None, "standby": None}
     terminating: list[int] = []  # the signals this process got (set in the handler, read by the loop)
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -209,6 +275,13 @@ def supervise_world(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    if env.get(STANDBY_SWITCH_ENV, "1") != "0":
+        # Before the world source's thread starts: its first connection imports modules lazily
+        # (the idna codec for a host name), and a fork while another thread holds a module's import
+        # lock leaves that lock held for good in the child, whose imports then wait forever. Later
+        # forks come after the first world was delivered, when that thread imports nothing more.
+        with contextlib.suppress(OSError):  # no process left for it: the first child is forked
+            state["standby"] = _spawn_standby(train, env, events)
     src.start(
         lambda doc: events.put((_Event.WORLD, doc, time.time())),
         lambda msg: events.put((_Event.PROBLEM, msg, time.time())),
@@ -221,6 +294,9 @@ def supervise_world(
         return _follow(train, env, me, events, state, terminating)
     finally:
         src.stop()
+        if (standby := state["standby"]) is not None:  # nothing to save: it never had a world
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(standby.pid, signal.SIGKILL)
 
 
 def _follow(
@@ -228,7 +304,7 @@ def _follow(
     env: Mapping[str, str],
     me: world.Me,
     events: queue.SimpleQueue[tuple[_Event, object, float]],
-    state: dict[str, _Child | None],
+    state: dict[str, Any],
     terminating: list[int],
 ) -> int:
     newest: world.World | None = None
@@ -237,6 +313,21 @@ def _follow(
     member = False  # a child of this pod ran in some world
     ended = "no trainer before"  # how the previous child ended, for the next epoch's log line
     failed: int | None = None  # the exit code once the running child has ended (a bad world)
+    standbys = env.get(STANDBY_SWITCH_ENV, "1") != "0"
+
+    def standby() -> None:
+        """Fork the next child ahead of its world, unless one waits already (or they are off)."""
+        nonlocal standbys
+        if not standbys or state["standby"] is not None or terminating or failed is not None:
+            return
+        try:
+            state["standby"] = _spawn_standby(train, env, events)
+        except OSError as e:  # no memory or no process left for it: fork when the world comes
+            standbys = False
+            print(
+                f"trainer: no standby trainer ({e}); the next trainers are forked when their world comes",
+                flush=True,
+            )
 
     def start() -> int | None:
         """Start a child in `newest` when it is due: None, or the code to exit with."""
@@ -260,7 +351,11 @@ def _follow(
             return world.EXIT_CONFIG
         if member:
             child_env[RESTARTED_ENV] = "1"
-        child = _fork(train, newest, child_env, events)
+        child = None
+        if (ready := state["standby"]) is not None and not newest.env:
+            state["standby"] = None
+            child = _activate(ready, newest, child_env)  # None: it died meanwhile (its exit is ignored)
+        child = child or _fork(train, newest, child_env, events)
         state["child"], started, member = child, newest.epoch, True
         pid = position * newest.hosts_per_slice + me.host
         published = (
@@ -282,6 +377,10 @@ def _follow(
         except queue.Empty:
             continue
         child = state["child"]
+        if kind is _Event.RUNNING:
+            if child is not None and what == child.pid:
+                standby()
+            continue
         if kind is _Event.PROBLEM:
             print(f"trainer: {what}", file=sys.stderr, flush=True)
         elif kind is _Event.SIGNAL:
@@ -324,7 +423,19 @@ def _follow(
                 return code
         elif kind is _Event.EXITED:
             pid, returncode = what  # type: ignore[misc]
-            assert child is not None and pid == child.pid
+            if (waiting := state["standby"]) is not None and pid == waiting.pid:
+                state["standby"], standbys = None, False
+                os.close(waiting.send)
+                waiting.pump.join(timeout=2.0)
+                if not terminating:  # a SIGTERM to the pod's process group ends a standby too
+                    print(
+                        f"trainer: the standby trainer exited {returncode} before its world;"
+                        " the next trainers are forked when their world comes",
+                        flush=True,
+                    )
+                continue
+            if child is None or pid != child.pid:  # a standby that died as it was handed its world
+                continue
             state["child"] = None
             child.pump.join(timeout=2.0)  # see supervise(): a leftover loader worker may hold the pipe
             code = peers.supervised_exit(returncode, bytes(child.tail).decode(errors="replace"))
@@ -342,6 +453,7 @@ def _follow(
                     return code
                 if state["child"] is None:
                     print(f"trainer: {ended}; waiting for a world newer than epoch {started}", flush=True)
+                    standby()
             else:
                 print(f"trainer: {ended}: exit {code}", flush=True)
                 return code
@@ -353,22 +465,80 @@ def _fork(
     env: Mapping[str, str],
     events: queue.SimpleQueue[tuple[_Event, object, float]],
 ) -> _Child:
-    """Fork the child of world `of` with `env`, its stderr pump, and a thread that reports its exit."""
+    """Fork the child of world `of` with `env`, its stderr pump, and threads that report its
+    first step and its exit."""
+    running_r, running_w = os.pipe()
     read_end, write_end = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid()
     pid = os.fork()
     if pid == 0:
-        _child(train, parent, read_end, write_end, env)
+        os.close(running_r)
+        _child(train, parent, read_end, write_end, {**env, RUNNING_ENV: str(running_w)})
     os.close(write_end)
+    os.close(running_w)
+    pump, tail = _watch(pid, read_end, running_r, events)
+    return _Child(pid, of, pump, tail)
+
+
+def _spawn_standby(
+    train: Callable[[], int], env: Mapping[str, str], events: queue.SimpleQueue[tuple[_Event, object, float]]
+) -> _Standby:
+    """Fork a standby child with the pod's environment: it imports, then waits in ``await_world``."""
+    send_r, send_w = os.pipe()
+    running_r, running_w = os.pipe()
+    read_end, write_end = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        os.close(send_w)
+        os.close(running_r)
+        _child(train, parent, read_end, write_end, {**env, STANDBY_ENV: str(send_r)})
+    for fd in (send_r, running_w, write_end):
+        os.close(fd)
+    pump, tail = _watch(pid, read_end, running_r, events)
+    return _Standby(pid, send_w, running_w, pump, tail)
+
+
+def _activate(ready: _Standby, of: world.World, env: Mapping[str, str]) -> _Child | None:
+    """Hand `ready` the environment of world `of`: it trains from here on as that world's child.
+    None if it is gone (the caller forks instead)."""
+    msg = json.dumps({"env": {**env, RUNNING_ENV: str(ready.running_fd)}, "at": time.time()}).encode()
+    view = memoryview(msg + b"\n")
+    try:
+        while view:
+            view = view[os.write(ready.send, view) :]
+    except OSError:  # EPIPE: it exited before it read its world
+        return None
+    finally:
+        os.close(ready.send)
+    return _Child(ready.pid, of, ready.pump, ready.tail)
+
+
+def _watch(
+    pid: int, stderr: int, running: int, events: queue.SimpleQueue[tuple[_Event, object, float]]
+) -> tuple[threading.Thread, bytearray]:
+    """A child's threads: its stderr pump (started; returned with the tail it keeps), one that
+    reports its first step (a byte on `running`), one that reports its exit."""
     tail = bytearray()
-    pump = threading.Thread(target=_pass_through, args=(read_end, tail, True), name="stderr", daemon=True)
+    pump = threading.Thread(target=_pass_through, args=(stderr, tail, True), name="stderr", daemon=True)
     pump.start()
+
+    def first_step() -> None:
+        try:
+            got = os.read(running, 1)
+        finally:
+            os.close(running)
+        if got:
+            events.put((_Event.RUNNING, pid, time.time()))
 
     def reap() -> None:
         returncode = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
         events.put((_Event.EXITED, (pid, returncode), time.time()))
 
+    threading.Thread(target=first_step, name="first-step", daemon=True).start()
     threading.Thread(target=reap, name="reaper", daemon=True).start()
-    return _Child(pid, of, pump, tail)
+    return pump, tail

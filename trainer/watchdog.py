@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 EXIT_STALLED = 143  # what a SIGTERM with the default disposition reports: stopped, nothing saved
+EXIT_PREEMPTED = 42  # mirrors trainer.loop.EXIT_PREEMPTED (docs/contract.md "Exit codes")
 
 
 class Preemption:
@@ -30,6 +31,12 @@ class Preemption:
     (the Python handler only runs once the main thread is back from XLA) and, once steps have been
     finishing, exits ``EXIT_STALLED`` when none has finished for ``stall_s()`` since the signal.
     Never during a checkpoint save (``saving()``), and never before the first step (compiling).
+
+    While the process joins its group (``joining()``: ``jax.distributed.initialize``, which blocks
+    in C++ until every peer has registered or the init timeout, 900 s by default, has passed) a
+    SIGTERM, before or during it, exits ``EXIT_PREEMPTED`` at once from the watchdog: nothing has
+    been trained or written, and peers that will never come (an in-place world superseded before it
+    formed: its other pods already follow the next one) must not hold this pod's next trainer.
     """
 
     def __init__(
@@ -45,6 +52,7 @@ class Preemption:
         self._first_step_s = 0.0
         self._longest_since_s = 0.0  # the longest step after the first
         self._saving = False
+        self._joining = False
         self._closed = False
         self._previous = signal.signal(signal.SIGTERM, self._handle)
         self._read, self._write = os.pipe()
@@ -79,6 +87,15 @@ class Preemption:
             self._saving = False
             self._last_step = self._monotonic()
 
+    @contextlib.contextmanager
+    def joining(self) -> Iterator[None]:
+        """Around joining the process group: a SIGTERM meanwhile exits ``EXIT_PREEMPTED`` at once."""
+        self._joining = True
+        try:
+            yield
+        finally:
+            self._joining = False
+
     def stall_s(self) -> float:
         """max(3 s, 3 x the longest step): the first step only until there is another, as it waits
         for every peer to start (seconds more than a step on a multi-process run)."""
@@ -93,6 +110,15 @@ class Preemption:
                     return
             signalled = self._monotonic()
             while not self._closed:
+                if self._joining:
+                    print(
+                        "trainer: SIGTERM while joining the process group: nothing trained,"
+                        f" exit {EXIT_PREEMPTED}; the latest committed step stands",
+                        flush=True,
+                    )
+                    sys.stderr.flush()
+                    self._exit(EXIT_PREEMPTED)  # os._exit: the main thread waits in C++
+                    return
                 self._sleep(0.1)
                 if self._last_step is None or self._saving or self._closed:
                     continue

@@ -195,6 +195,11 @@ def child_env(world: World, me: Me, base_env: Mapping[str, str]) -> dict[str, st
         RESLICE_GLOBAL_BATCH=str(world.global_batch),
         RESLICE_MICRO_BATCH=str(world.micro_batch),
         RESLICE_GRAD_ACCUM=str(world.grad_accum),
+        # One value for every process of the world: the start barrier's id is the segment's and
+        # this (trainer.distributed.start_barrier_id). The pod's own, its slice JobSet's restart
+        # attempt, differs between slices once one of them was restarted, and a barrier of
+        # several ids never meets. An epoch is one incarnation already: the world never repeats.
+        RESLICE_RESTART_ATTEMPT="0",
         **{EPOCH_ENV: str(world.epoch)},
     )
     if n > 1:  # multislice: the slice id is the compacted position, as the process id is

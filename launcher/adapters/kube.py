@@ -225,6 +225,30 @@ class Kube:
                 return None
             raise
 
+    def create_world(self, cm: dict) -> tuple[dict, bool]:
+        """Create the (empty) world ConfigMap `cm`: (the ConfigMap as the API server has it, with its
+        uid; whether this call created it). One that exists is read instead (a launch retried)."""
+        try:
+            return self._raw(self.core.create_namespaced_config_map, self.namespace, cm), True
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        got = self.world(cm["metadata"]["name"])
+        if got is None:  # deleted between the two calls: a conflict with whoever deleted it
+            raise Conflict(cm["metadata"]["name"])
+        return got, False
+
+    def delete_world(self, name: str) -> bool:
+        """Delete the world ConfigMap `name` (the objects it owns follow: the garbage collector).
+        False if it was gone."""
+        try:
+            self.core.delete_namespaced_config_map(name, self.namespace)
+            return True
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+
     def publish_world(self, cm: dict, resource_version: str | None) -> None:
         """Write the whole world ConfigMap in one request: create it, or replace the version read
         (a Conflict if someone changed it since)."""

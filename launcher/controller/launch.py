@@ -17,8 +17,9 @@ from dataclasses import asdict, replace
 
 from launcher.adapters.preset_files import load_catalog
 from launcher.adapters.rundir import RunDir
+from launcher.core import world as worlds
 from launcher.core.errors import ClusterNotReady, UserError
-from launcher.core.labels import slice_jobset_name
+from launcher.core.labels import slice_jobset_name, world_configmap_name
 from launcher.core.plan import Plan, Rung, shrink_ladder
 from launcher.core.presets import Catalog, Shape
 from launcher.core.record import Knobs, RunRecord
@@ -162,9 +163,9 @@ def short_notice_presets(spec: RunSpec, ladder: list[Rung]) -> list[str]:
 
 
 def create_run(kube, rec: RunRecord) -> None:
-    """Claim the run directory and write the run record (in place: first the world's
-    ServiceAccount, Role and RoleBinding). Refuses to reuse another run's directory or an existing
-    run's name."""
+    """Claim the run directory and write the run record (in place: first the empty world ConfigMap,
+    then the ServiceAccount, Role and RoleBinding it owns). Refuses to reuse another run's directory
+    or an existing run's name."""
     rundir = RunDir(rec.spec.run_dir)
     existing = rundir.read_text("run.json")
     if existing is not None:
@@ -192,13 +193,29 @@ def create_run(kube, rec: RunRecord) -> None:
     if existing is None:
         rundir.write_text("run.json", json.dumps({"run": rec.name, "spec": asdict(rec.spec), "preset": rec.preset,
                                                   "slices": rec.slices}, indent=2))  # fmt: skip
+    world = None
     try:
         if rec.spec.restart_mode == ReshapeMode.IN_PLACE:
             # Who may read the run's world: created here with the user's credentials, as the run
-            # is; the controller needs no right to create accounts or Roles.
-            kube.ensure_objects(render_world_access(rec.spec))
+            # is; the controller needs no right to create accounts or Roles. They are owned by the
+            # world ConfigMap, so the controller's one delete of it at the run's end removes them
+            # too (the garbage collector), and it needs no right to delete them either.
+            cm, made = kube.create_world(worlds.configmap(rec.spec, None))
+            world = world_configmap_name(rec.name) if made else None
+            if not made and worlds.published_epoch(cm) is not None:
+                # An earlier run of this name left its world (its record deleted): the controller
+                # would take its epochs for this run's and publish none below them.
+                raise ClusterNotReady(
+                    f"ConfigMap {world_configmap_name(rec.name)} holds the world of an earlier run named"
+                    f" {rec.name!r}: `kubectl delete configmap {world_configmap_name(rec.name)}`, or"
+                    " choose another --run"
+                )
+            kube.ensure_objects(render_world_access(rec.spec, cm))
         kube.create_record(rec)
     except BaseException:
+        if world is not None:  # this launch's own: its access objects go with it
+            with contextlib.suppress(Exception):
+                kube.delete_world(world)
         if existing is None:  # the claim was this launch's own: leave the directory as it was
             rundir.delete("run.json")
             for d in created:
@@ -263,6 +280,8 @@ def stop_run(kube, run: str, reason: str = "stopped by the user") -> list[str]:
     except Conflict:  # still changing: delete the JobSets all the same, as asked
         rec = kube.get_record(run)[0]
     deleted = [j["metadata"]["name"] for j in kube.jobsets(run) if kube.delete_jobset(j["metadata"]["name"])]
+    if rec.spec.restart_mode == ReshapeMode.IN_PLACE:  # with its access objects (owned by it)
+        kube.delete_world(world_configmap_name(run))
     RunDir(rec.spec.run_dir).log([{"time": time.time(), "kind": LedgerKind.ACT, "action": Action.STOP, "reason": reason,
                                    "state": RunState.STOPPED}])  # fmt: skip
     return deleted

@@ -160,7 +160,8 @@ class Controller:
         recs = (
             record_of(cm) for cm in self.caches["records"].items() if RECORD_KEY in (cm.get("data") or {})
         )
-        return [rec.name for rec, _ in recs if not rec.terminal]
+        # An ended in-place run stays until its world is deleted (a controller that stopped in between).
+        return [rec.name for rec, _ in recs if not rec.terminal or self._world_left(rec)]
 
     # --- one pass ------------------------------------------------------------------------------
 
@@ -170,6 +171,7 @@ class Controller:
             return PassResult(run, None, None)
         rec, rv = got
         if rec.terminal:
+            self._clean_world(rec)  # recorded as ended, then the controller stopped
             return PassResult(run, policy.Decision(Action.WAIT, f"run is {rec.state}", rec), None)
         # The run directory (gs:// in production) is read before the watches are held off: a slow
         # read there must not stall them. The record is swapped by resourceVersion, so deciding on
@@ -212,6 +214,10 @@ class Controller:
                 self._last[run] = (summary, last_reason)
                 self._wake.set()
                 return PassResult(run, decision, obs, conflict=True)
+        # In place, the world goes out as soon as it is recorded, ahead of the ledger's lines: the
+        # survivors' supervisors start over meanwhile. On gs:// a ledger append is three requests
+        # (reload, download, upload of the whole ledger), in the way of every epoch otherwise.
+        published = self._publish_recorded(decision)
         if decision.acts or decision.reason != last_reason:
             entries.append(
                 {
@@ -235,9 +241,11 @@ class Controller:
         where = f"{decision.action}:{decision.record.current.index if decision.record.current else '-'}"
         crash_point(f"after-record:{where}")
         try:
-            self._act(decision)
+            self._act(decision, published)
             if not decision.acts and self._world_behind(decision.record):
                 self.publish_world(decision.record)  # recorded, then the controller stopped
+            if decision.record.terminal:
+                self._clean_world(decision.record)
         except UserError as e:  # the cluster refused the JobSet (422): retrying cannot help
             self._fail(run, rundir, f"cannot submit: {e}")
         crash_point(f"after-act:{where}")
@@ -262,9 +270,23 @@ class Controller:
             port = s.getsockname()[1]
         return replace(d, record=d.record.with_segment(replace(seg, coordinator=f"127.0.0.1:{port}")))
 
-    def _act(self, d: policy.Decision) -> None:
+    def _publish_recorded(self, d: policy.Decision) -> bool:
+        """Publish the world an in-place decision recorded (a new segment, or one whose JobSets are
+        created again); True when this pass has published it (or found it published)."""
+        seg = d.record.current
+        if (
+            d.record.spec.restart_mode != ReshapeMode.IN_PLACE
+            or seg is None
+            or not seg.live
+            or d.action not in {Action.START_SEGMENT, Action.NEW_WORLD, Action.CREATE_JOBSET}
+        ):
+            return False
+        self.publish_world(d.record)
+        return True
+
+    def _act(self, d: policy.Decision, published: bool = False) -> None:
         if d.record.spec.restart_mode == ReshapeMode.IN_PLACE:
-            self._act_in_place(d)
+            self._act_in_place(d, published)
             return
         if d.action in {Action.START_SEGMENT, Action.CREATE_JOBSET}:
             seg = d.record.current
@@ -279,16 +301,21 @@ class Controller:
             if d.force and (seg := d.record.current) is not None:
                 self.kube.delete_pods_now(f"{LABEL_RUN}={d.record.name},{LABEL_SEGMENT}={seg.index}")
 
-    def _act_in_place(self, d: policy.Decision) -> None:
+    def _act_in_place(self, d: policy.Decision, published: bool = False) -> None:
         """An in-place decision's acts, in this order: the world published (the record holds it
-        already), the leaving slices' JobSets deleted (their pods at once when their hosts are
-        gone), the new slices' JobSets created. Publishing first: the survivors start over as soon
-        as possible, and leaving pods are told by the world, not by a signal (docs/contract.md);
-        a controller that stops before the rest leaves it to the next pass (policy: in-place rule 3)."""
+        already; `published`: `reconcile` did, before the ledger's lines), the leaving slices'
+        JobSets deleted (their pods at once when their hosts are gone), the new slices' JobSets
+        created. Publishing first: the survivors start over as soon as possible, and leaving pods
+        are told by the world, not by a signal (docs/contract.md); a controller that stops before
+        the rest leaves it to the next pass (policy: in-place rule 3)."""
         rec = d.record
         run, spec, seg = rec.name, rec.spec, rec.current
         live = seg is not None and seg.live
-        if live and d.action in {Action.START_SEGMENT, Action.NEW_WORLD, Action.CREATE_JOBSET}:
+        if (
+            not published
+            and live
+            and d.action in {Action.START_SEGMENT, Action.NEW_WORLD, Action.CREATE_JOBSET}
+        ):
             self.publish_world(rec)
         for sid in d.slices_delete:
             self.kube.delete_jobset(slice_jobset_name(run, sid))
@@ -302,6 +329,23 @@ class Controller:
             if created is not None and (cache := self.caches.get("jobsets")) is not None:
                 created["metadata"].setdefault("namespace", self.kube.namespace)
                 self._created.add(created, cache, self.monotonic())
+
+    def _world_left(self, rec: RunRecord) -> bool:
+        """Whether an ended in-place run's world ConfigMap may still exist: from the cache when it
+        runs, else say so (deleting an absent one is a 404, nothing more)."""
+        if rec.spec.restart_mode != ReshapeMode.IN_PLACE:
+            return False
+        if not self.synced():
+            return True
+        return self.caches["records"].get(self.kube.namespace, world_configmap_name(rec.name)) is not None
+
+    def _clean_world(self, rec: RunRecord) -> None:
+        """An ended in-place run: delete its world ConfigMap; its ServiceAccount, Role and
+        RoleBinding are owned by it (`reslice launch`), so the garbage collector deletes them. What a
+        recreate run leaves is its record (the history `reslice status` reads) and, for
+        ttlSecondsAfterFinished, its JobSet: the world is neither."""
+        if self._world_left(rec):
+            self.kube.delete_world(world_configmap_name(rec.name))
 
     def _world_behind(self, rec: RunRecord) -> bool:
         """Whether an in-place run's world ConfigMap may hold an older epoch than its live segment:

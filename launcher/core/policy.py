@@ -32,7 +32,8 @@ only the leaving slices' JobSets are deleted and only the new ones' created:
    the run is deleted and its pods waited for, then the first world starts on the best-fitting rung.
 3. Missing slices: a slice of the world whose JobSet does not exist is created again (a controller
    that stopped between recording and creating; one deleted behind its back restarts as in 6).
-4. A slice JobSet that gave up (failed) ends the world as an application failure (budget, backoff).
+4. A slice JobSet that gave up (failed), or more crashes counted by the slice JobSets together than
+   the run's `max_restarts`, ends the world as an application failure (budget, backoff).
 5. A lost slice — its node pool gone or unhealthy, or its pods unschedulable with no room (or past
    the grace period) — leaves: the survivors, in their order, form the next world on the largest
    feasible rung that fits (new slices added when the cluster has room for them).
@@ -605,16 +606,31 @@ def missing_slices(
 def world_failed(
     rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog: Catalog
 ) -> Decision | None:
-    """In place 4. A slice JobSet that gave up: the world ends as an application failure (the run's
-    budget and backoff, as rule 4), its slices are deleted and the next world starts afresh."""
+    """In place 4. Application failures: a slice JobSet that gave up, or crashes that the slice
+    JobSets' failure policies counted (`restartsCountTowardsMax`), summed over the run's slices,
+    beyond the run's `max_restarts`. A recreate run's one JobSet gives up on its (max_restarts + 1)th
+    counted crash wherever in the segment it happened; each slice JobSet has a `maxRestarts` of its
+    own, so without the sum a crash loop that moves between slices, or one that each new world
+    starts again, would go on N times longer. The world ends as rule 4 ends a segment: the run's
+    budget pays the counted restarts and the failure (app_failures + counted + 1, as rule 4 adds
+    them), then backoff and a fresh start (every slice JobSet deleted: their counters start over,
+    as a recreate segment's new JobSet's do), or the run fails."""
     seg, now, knobs = _live(rec), obs.now, rec.knobs
     failed = [s for s in seg.slice_ids if (v := obs.slices.get(s)) is not None and v.phase == Phase.FAILED]
-    if not failed:
+    counted = sum(v.restarts_counted for v in obs.slices.values() if v.jobset)
+    if not failed and counted <= rec.spec.max_restarts:
         return None
-    count = rec.app_failures + 1
+    # A JobSet that gave up adds its last failure; the sum's last counted restart is the crash that
+    # went over the limit.
+    count = rec.app_failures + counted + (1 if failed else 0)
+    what = (
+        f"slice(s) {', '.join(failed)} failed"
+        if failed
+        else f"{counted} crashes restarted slice JobSets, over max_restarts {rec.spec.max_restarts}"
+    )
     everything = tuple(sorted(s for s, v in obs.slices.items() if v.jobset))
     if count > knobs.app_failure_budget:
-        reason = f"crash loop: {count} application failures exceed the budget of {knobs.app_failure_budget} (slice(s) {', '.join(failed)} failed)"
+        reason = f"crash loop: {count} application failures exceed the budget of {knobs.app_failure_budget} ({what})"
         ended = _end(rec, obs, EndKind.APP_FAILURE, reason, RunState.FAILED)
         return Decision(
             Action.FAIL,
@@ -623,7 +639,7 @@ def world_failed(
             slices_delete=everything,
         )
     backoff = knobs.app_backoff_s * 2 ** (count - 1)
-    reason = f"application failure {count}/{knobs.app_failure_budget} (slice(s) {', '.join(failed)} failed); retrying in {backoff:.0f}s"
+    reason = f"application failure {count}/{knobs.app_failure_budget} ({what}); retrying in {backoff:.0f}s"
     ended = _end(rec, obs, EndKind.APP_FAILURE, reason, RunState.RESHAPING)
     return Decision(
         Action.END,

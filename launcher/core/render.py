@@ -427,13 +427,25 @@ def render_slice_jobset(spec: RunSpec, preset: Preset, slice_id: str, pool: str 
     }
 
 
-def render_world_access(spec: RunSpec) -> list[dict]:
+def render_world_access(spec: RunSpec, owner: dict | None = None) -> list[dict]:
     """What lets an in-place run's pods read their world and nothing else: a ServiceAccount (unless
     the run names one), a Role limited to the world ConfigMap by `resourceNames` (which holds for
     `list` and `watch` because the supervisor sends the `metadata.name` field selector:
-    docs/contract.md), and the RoleBinding between them. All labelled with the run."""
+    docs/contract.md), and the RoleBinding between them. All labelled with the run, and owned by
+    `owner` (the world ConfigMap as created, with its uid) when given: the garbage collector
+    deletes them once the controller deletes the world at the run's end (docs/contract.md)."""
     name = world_access_name(spec.run)
-    meta = {"name": name, "namespace": spec.namespace, "labels": {LABEL_RUN: spec.run}}
+    meta: dict = {"name": name, "namespace": spec.namespace, "labels": {LABEL_RUN: spec.run}}
+    if owner is not None:
+        # No blockOwnerDeletion: setting it needs the right to update the owner's finalizers.
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "name": owner["metadata"]["name"],
+                "uid": owner["metadata"]["uid"],
+            }
+        ]
     out: list[dict] = []
     if not spec.service_account:
         out.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": dict(meta)})

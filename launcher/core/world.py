@@ -87,8 +87,10 @@ def document(spec: RunSpec, preset: Preset, seg: Segment, published: float) -> d
     return doc
 
 
-def configmap(spec: RunSpec, doc: dict) -> dict:
-    """The world ConfigMap holding `doc`, written whole in one update (a reader never sees half)."""
+def configmap(spec: RunSpec, doc: dict | None) -> dict:
+    """The world ConfigMap holding `doc`, written whole in one update (a reader never sees half).
+    Without a document: the empty one `reslice launch` creates, which owns the run's world access
+    (render.render_world_access) and which the controller deletes when the run ends."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -97,7 +99,7 @@ def configmap(spec: RunSpec, doc: dict) -> dict:
             "namespace": spec.namespace,
             "labels": {LABEL_RUN: spec.run},
         },
-        "data": {WORLD_KEY: json.dumps(doc, sort_keys=True)},
+        "data": {WORLD_KEY: json.dumps(doc, sort_keys=True)} if doc is not None else {},
     }
 
 

@@ -6,11 +6,13 @@ import json
 import shutil
 import subprocess
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 from kubernetes import client
+from kubernetes.utils.retry import retry_on_conflict
 
 from launcher.adapters.kube import Kube
 from launcher.cli.watch import watch_all
@@ -18,6 +20,7 @@ from launcher.controller.launch import create_run, prepare
 from launcher.core.labels import LABEL_RUN
 from launcher.core.record import Knobs
 from launcher.core.spec import RunSpec
+from launcher.core.words import RunState
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from tests.controller.harness import wait_for
 from tests.support.kubectl import find_kubectl, kubectl
@@ -128,8 +131,8 @@ def granted() -> tuple[set, set]:
     return out["Role"], out["ClusterRole"]
 
 
-# What only an in-place run's controller does: create the run's world ConfigMap.
-IN_PLACE_ONLY = {("create", "", "configmaps")}
+# What only an in-place run's controller does: delete the run's world ConfigMap when the run ends.
+IN_PLACE_ONLY = {("delete", "", "configmaps")}
 
 
 @pytest.mark.parametrize("restart_mode", ["recreate", "in-place"])
@@ -164,6 +167,15 @@ def test_rbac_is_exactly_what_the_controller_uses(tmp_path, restart_mode):
                 60,
                 "the shrink",
             )
+            if restart_mode == "in-place":
+                # The run ends (as `reslice stop` would record it, without its deletes): the
+                # controller deletes the run's world.
+                def end() -> None:
+                    got, rv = kube.get_record("rbac")
+                    kube.update_record(replace(got, state=RunState.FAILED, reason="test"), rv)
+
+                retry_on_conflict(end)
+                wait_for(lambda: kube.world("rbac-world") is None, 30, "the world deleted")
         finally:
             stop.set()
             t.join(timeout=30)

@@ -193,3 +193,47 @@ def test_a_failed_slice_ends_the_world_as_an_application_failure() -> None:
     d = decide(rec, observe(rec, {"0": "np-0", "1": "np-1"}, jobsets=[slice_jobset("0"), failed]))
     assert d.action == Action.END and set(d.slices_delete) == {"0", "1"}
     assert d.record.app_failures == 1 and d.record.current.end_kind == EndKind.APP_FAILURE
+
+
+def test_crashes_counted_by_several_slice_jobsets_spend_the_runs_max_restarts() -> None:
+    rec = on_world(("0", "1"))
+
+    def crashed(rec: RunRecord, a: int, b: int):
+        """Slice 0's JobSet restarted `a` times for crashes, slice 1's `b` times; both running again."""
+        jobsets = [slice_jobset("0", restarts=a, counted=a), slice_jobset("1", restarts=b, counted=b)]
+        pods = slice_pods("0", "np-0", attempt=a) + slice_pods("1", "np-1", attempt=b)
+        return observe(rec, {"0": "np-0", "1": "np-1"}, jobsets=jobsets, pods=pods)
+
+    # Each below its own maxRestarts (10) and together at it: a new world of the same slices.
+    assert decide(rec, crashed(rec, 5, 5)).action == Action.NEW_WORLD
+    # Together over it, though each is below: the crash loop ends the run, as a recreate run's one
+    # JobSet would have failed at its 11th counted crash (and rule 4 counted it 10 + 1).
+    d = decide(rec, crashed(rec, 6, 5))
+    assert d.action == Action.FAIL and d.record.state == RunState.FAILED, d.reason
+    assert d.record.app_failures == 11 and "crash loop" in d.reason
+    assert set(d.slices_delete) == {"0", "1"}
+    # max_restarts 0: the first counted crash ends the world, with the run's budget's backoff.
+    strict = replace(rec, spec=replace(SPEC, max_restarts=0))
+    d = decide(strict, crashed(strict, 0, 1))
+    assert d.action == Action.END and d.record.app_failures == 1, d.reason
+    assert d.record.next_submit_at == T0 + 100 + KNOBS.app_backoff_s and set(d.slices_delete) == {"0", "1"}
+
+
+def test_a_pass_over_unchanged_caches_reads_no_slice_again_and_a_change_is_seen() -> None:
+    # At the seeds' scale every pass re-read each of the run's 3,072 pods: most of an in-place
+    # decision's time. The controller's memo keeps the slices by the caches' tuples, and the pods'
+    # views by resourceVersion.
+    memos = signals.Memos()
+    nodes = tuple(n for i in range(2) for n in pool(f"np-{i}", PRESET, since=T0))
+    pods = [p for sid, where in (("0", "np-0"), ("1", "np-1")) for p in slice_pods(sid, where)]
+    for i, p in enumerate(pods):
+        p["metadata"]["resourceVersion"] = str(i + 1)
+    jobsets, pods = (slice_jobset("0"), slice_jobset("1")), tuple(pods)
+    first = memos.slices(("demo", HOSTS), jobsets, pods, nodes)
+    assert first["0"].pods_running == HOSTS and first["1"].pools == ("np-1",)
+    assert memos.slices(("demo", HOSTS), jobsets, pods, nodes) is first  # nothing walked again
+    failed = dict(
+        pods[-1], status={"phase": "Failed"}, metadata={**pods[-1]["metadata"], "resourceVersion": "99"}
+    )
+    changed = memos.slices(("demo", HOSTS), jobsets, (*pods[:-1], failed), nodes)
+    assert changed["1"].pods_alive == HOSTS - 1 and changed["0"] == first["0"]

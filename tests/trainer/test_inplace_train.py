@@ -86,7 +86,7 @@ def test_a_lost_slice_continues_in_the_same_pod_from_its_checkpoint(reference: d
     assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"
 
 
-def pod(run_dir: Path, world_file: Path, slice_id: str, log: Path) -> runs.Trainer:
+def pod(run_dir: Path, world_file: Path, slice_id: str, log: Path, **more: str) -> runs.Trainer:
     return runs.Trainer(
         runs.env_for(
             str(run_dir),
@@ -97,6 +97,7 @@ def pod(run_dir: Path, world_file: Path, slice_id: str, log: Path) -> runs.Train
                 "RESLICE_WORLD_FILE": str(world_file),
                 "RESLICE_SLICE_ID": slice_id,
                 "JOB_COMPLETION_INDEX": "0",
+                **more,
             },
         ),
         log,
@@ -146,3 +147,33 @@ def test_the_coordinators_slice_lost_then_a_new_slice_grows_the_world_back(
     ]
     assert shapes == [{(8, 2, 2)}, {(4, 4, 1)}, {(8, 2, 2)}]
     runs.assert_matches_reference(runs.parse_metrics(dict(files)), reference, exact=False)
+
+
+def test_the_coordinators_slice_leaving_alive_commits_before_the_survivors_world_restores(
+    reference: dict, tmp_path: Path
+) -> None:
+    """s0 hosts process 0 and leaves alive (a planned shrink: the world drops it, its pod is not
+    killed), and its saves are slow. The survivor's trainer exits only after process 0 committed
+    the SIGTERM's step (Orbax's async_commit_complete barrier, inside the save the trainer waits
+    for before exit 42), so the survivor's next world, whose process 0 is a new coordinator on
+    another pod, restores that step: nothing recomputed, and the leaving process 0 writes no
+    checkpoint after the new world started."""
+    run_dir, world_file = tmp_path / "run", tmp_path / "world.json"
+    slow = {"RESLICE_SET": json.dumps(["checkpoint.debug_save_delay_s=3"])}
+    s0 = pod(run_dir, world_file, "s0", tmp_path / "s0.log", **slow)
+    s1 = pod(run_dir, world_file, "s1", tmp_path / "s1.log")
+    try:
+        publish(world_file, world(0, ["s0", "s1"], micro_batch=2))
+        runs.wait_for(lambda: runs.last_step(run_dir) >= 12, 240, "step 12 in the 2-process world", s1)
+        publish(world_file, world(1, ["s1"], micro_batch=4))
+        assert s0.wait() == 0, s0.output()[-4000:]
+        assert s1.wait() == 0, s1.output()[-4000:]
+    finally:
+        for p in (s0, s1):
+            p.signal(9)
+    assert "world epoch 1 leaves slice s0 out" in s0.output()
+    assert "trainer: world epoch 1: process 0 of 1" in s1.output()
+    first, second = (runs.parse_metrics({n: t}) for n, t in sorted(runs.metrics_files(run_dir).items()))
+    assert min(second) == max(first) + 1  # the leaving process 0's commit was there to restore
+    assert max(second) == 40
+    runs.assert_matches_reference({**first, **second}, reference, exact=False)

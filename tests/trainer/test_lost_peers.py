@@ -122,3 +122,22 @@ def test_a_peer_lost_while_the_other_waits_in_a_save_barrier_is_a_disruption(tmp
     )
     assert runs.committed(run_dir) == []
     assert runs.last_step(run_dir) == 9  # step 10's record is written after its save
+
+
+def test_sigterm_while_joining_a_group_whose_peer_never_comes_exits_42_at_once(tmp_path: Path) -> None:
+    # An in-place world superseded before it formed: its other pods already follow the next world,
+    # so process 0 would wait in jax.distributed.initialize (C++, no Python handler runs) until the
+    # init timeout, holding its pod's next trainer. The watchdog exits 42 as soon as it joins.
+    run_dir = tmp_path / "run"
+    procs = runs.processes(str(run_dir), tmp_path, extra={"RESLICE_INIT_TIMEOUT_S": "300"})
+    procs[1].signal(signal.SIGKILL)  # the peer that never comes
+    procs[1].wait(30)
+    time.sleep(1.0)
+    procs[0].signal(signal.SIGTERM)  # while it imports JAX, or joins
+    t0 = time.monotonic()
+    rc = procs[0].wait(120)
+    out = procs[0].output()
+    assert rc == 42, out[-3000:]
+    assert "while joining the process group" in out
+    assert time.monotonic() - t0 < 100, "the init timeout (300 s) was waited out"
+    assert runs.committed(run_dir) == []

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.fakeclock import FakeClock
-from trainer.watchdog import EXIT_STALLED, Preemption
+from trainer.watchdog import EXIT_PREEMPTED, EXIT_STALLED, Preemption
 
 
 class Watched:
@@ -109,3 +109,21 @@ def test_restore_puts_the_previous_handler_back() -> None:
     w.p.restore()
     w.p.watchdog.join(timeout=10)  # closing the pipe ends a watchdog that never heard a signal
     assert signal.getsignal(signal.SIGTERM) == before and not w.p.watchdog.is_alive()
+
+
+def test_a_sigterm_while_joining_the_group_exits_42_at_once(watched, capfd) -> None:
+    # jax.distributed.initialize blocks in C++ for peers that will never come (an in-place world
+    # superseded before it formed): the watchdog must not wait for a first step.
+    with watched.p.joining():
+        os.kill(os.getpid(), signal.SIGTERM)  # the watchdog exits without sleeping first
+        assert watched.exited.wait(10) and watched.exits == [EXIT_PREEMPTED]
+    assert "while joining the process group" in capfd.readouterr().out
+
+
+def test_a_sigterm_before_joining_exits_42_once_joining_begins(watched) -> None:
+    watched.sigterm()  # during the imports: the watchdog waits, the main thread goes on
+    watched.step(5.0)
+    assert watched.exits == []
+    with watched.p.joining():
+        watched.step(0.1)
+        assert watched.exited.wait(10) and watched.exits == [EXIT_PREEMPTED]

@@ -255,3 +255,57 @@ def test_a_malformed_world_while_training_lets_the_trainer_save_then_exits_2(pod
     assert [r["how"] for r in p.records() if r["event"] == "end"] == ["sigterm"]  # it saved first
     assert "trainer: world: 'coordinator' must be 'host:port', not 'no-port'" in p.output()
     assert "exit 2 for the world that could not be read" in p.output()
+
+
+def gone(pid: int) -> bool:
+    """Whether process `pid` has ended (reaped, or a zombie its new parent has not reaped yet)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_standby_forked_ahead_trains_only_in_the_newest_world_and_dies_with_the_pod(pod) -> None:
+    p = pod()
+    standbys = lambda: [r for r in p.records() if r["event"] == "standby"]  # noqa: E731
+    first = wait_for(lambda: standbys() or None, 20, "a standby forked before any world")[0]
+    p.publish(world_doc(0, ["b"]))
+    (start0,) = p.wait_starts(1)
+    assert start0["pid"] == first["pid"] and start0["env"]["RESLICE_WORLD_EPOCH"] == "0"
+    # The child reported its first step: the next standby is forked, and waits.
+    second = wait_for(lambda: standbys()[1:] or None, 20, "the next standby")[0]
+    p.alive_for(0.3)
+    assert len(p.starts()) == 1
+    # Two worlds in a row: the standby is handed the newest only, after the child exited.
+    p.publish(world_doc(1, ["a", "b"]))
+    p.publish(world_doc(2, ["b", "a"]))
+    start2 = p.wait_starts(2)[1]
+    assert start2["pid"] == second["pid"] and start2["env"]["RESLICE_WORLD_EPOCH"] == "2"
+    assert start2["env"]["RESLICE_TRAINER_RESTARTED"] == "1"
+    end0 = next(r for r in p.records() if r["event"] == "end")
+    assert end0["pid"] == start0["pid"] and start2["t"] > end0["t"]
+    third = wait_for(lambda: standbys()[2:] or None, 20, "a third standby")[0]
+    p.publish(world_doc(3, ["a"]))  # this slice leaves: the pod exits 0, its standby is killed
+    assert p.wait() == 0, p.output()
+    wait_for(lambda: gone(third["pid"]), 10, "the last standby gone with its supervisor")
+    assert [r["env"]["RESLICE_WORLD_EPOCH"] for r in p.starts()] == ["0", "2"]
+
+
+def test_a_standby_that_dies_turns_standbys_off_and_the_next_child_is_forked(pod) -> None:
+    p = pod()
+    standby = wait_for(lambda: [r for r in p.records() if r["event"] == "standby"] or None, 20, "standby")[0]
+    os.kill(standby["pid"], signal.SIGKILL)
+    wait_for(lambda: "the standby trainer exited -9 before its world" in p.output(), 10, "its line")
+    p.publish(world_doc(0, ["b"]))
+    (start,) = p.wait_starts(1)
+    assert start["pid"] != standby["pid"]
+    p.alive_for(0.5)
+    assert sum(r["event"] == "standby" for r in p.records()) == 1  # none forked again
+
+
+def test_no_standby_when_the_pod_turns_them_off(pod) -> None:
+    p = pod(extra={"RESLICE_STANDBY": "0"})
+    p.publish(world_doc(0, ["b"]))
+    p.wait_starts(1)
+    p.alive_for(0.5)
+    assert not any(r["event"] == "standby" for r in p.records())

@@ -89,6 +89,16 @@ def test_child_env_world_env_segment_and_the_computed_keys_win() -> None:
     assert env["RESLICE_SEGMENT"] == "7" and env["RESLICE_WORLD_EPOCH"] == "3"
 
 
+def test_child_env_gives_every_process_of_a_world_one_restart_attempt() -> None:
+    # Slice s0's JobSet was restarted (its pods' restart-attempt label is 1), s1's was not: the
+    # world's processes must still agree on the start barrier's id (segment, attempt).
+    w = world.parse(text())
+    restarted = world.child_env(w, Me("s0", 0), {**POD, "RESLICE_RESTART_ATTEMPT": "1"})
+    survivor = world.child_env(w, Me("s1", 1), {**POD, "RESLICE_RESTART_ATTEMPT": "0"})
+    assert restarted["RESLICE_RESTART_ATTEMPT"] == survivor["RESLICE_RESTART_ATTEMPT"] == "0"
+    assert restarted["RESLICE_SEGMENT"] == survivor["RESLICE_SEGMENT"]
+
+
 def test_child_env_refuses_a_pod_outside_the_world() -> None:
     w = world.parse(text(slices=["s0", "s1"]))
     with pytest.raises(WorldError, match="not in world epoch 3"):

@@ -2,7 +2,8 @@
 around a fake trainer, for tests/trainer/test_supervisor_world.py.
 
 The supervisor is the real one: it reads the pod's environment, follows the world source, forks.
-Only ``train()`` is fake: each child appends one JSON line to ``$FAKE_RECORD`` when it starts
+Only ``train()`` is fake: a standby child appends a line when it is forked and waits for its world
+as the trainer does after its imports; each child appends one JSON line to ``$FAKE_RECORD`` when it starts
 (its pid and the contract variables it got) and one when it ends (how), and otherwise does what
 its world's ``env`` tells it: ``FAKE_EXIT`` = exit with that code after ``FAKE_AFTER_S`` seconds;
 ``FAKE_ON_TERM`` = the code it exits with on SIGTERM (42 by default, as the trainer after its save).
@@ -42,7 +43,11 @@ def _record(**fields: object) -> None:
 
 
 def train() -> int:
+    if supervisor.is_standby():  # as trainer.__main__ after its imports
+        _record(event="standby")
+        supervisor.await_world()
     _record(event="start", env={k: os.environ[k] for k in KEYS if k in os.environ})
+    supervisor.notify_running()  # as the trainer after its first step
     on_term = int(os.environ.get("FAKE_ON_TERM", "42"))
 
     def term(_signum: int, _frame: object) -> None:

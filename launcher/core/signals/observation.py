@@ -31,7 +31,7 @@ from launcher.core.signals.pods import (
     run_pods,
     stronger,
 )
-from launcher.core.signals.slices import SliceView
+from launcher.core.signals.slices import SliceView, run_slices
 from launcher.core.words import Phase
 
 # What the policy reads of the signals besides the Observation (the words are launcher.core.words').
@@ -127,6 +127,8 @@ class Memos:
         # over the run's pods.
         self.run_jobsets = SameInputs(jobsets_of_run)
         self.observe = SameInputs(partial(_observe, memos=self))
+        # An in-place run's slices (launcher/core/signals/slices.py), by the same inputs.
+        self.slices = SameInputs(partial(run_slices, view=self.pod_views))
 
 
 def jobsets_of_run(run: str, jobsets: Sequence[dict]) -> tuple[dict, ...]:

@@ -6,11 +6,12 @@ rules (launcher/core/policy.py).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from launcher.core.labels import LABEL_RUN, LABEL_SLICE
-from launcher.core.signals.pods import jobset_phase, pod_view
+from launcher.core.presets import LABEL_NODEPOOL
+from launcher.core.signals.pods import PodView, jobset_phase, pod_view
 from launcher.core.words import Phase, PodPhase
 
 
@@ -26,6 +27,8 @@ class SliceView:
     unschedulable: int
     unschedulable_since: float | None
     uids: tuple[str, ...] = ()  # of its live pods, sorted (the e2e compares them across worlds)
+    # Its JobSet's status.restartsCountTowardsMax: the restarts its failure policy counted (crashes)
+    restarts_counted: int = 0
 
     @property
     def running(self) -> bool:
@@ -38,9 +41,11 @@ def slice_views(
     pods: Sequence[dict],
     pool_of: Mapping[str, str | None],
     hosts: int,
+    view: Callable[[dict], PodView] = pod_view,
 ) -> dict[str, SliceView]:
     """Per slice id: what its JobSet (`<run>-s<id>`, labelled with the slice) and its pods say.
-    `pool_of`: node name -> node pool; `hosts`: pods per slice."""
+    `pool_of`: node name -> node pool; `hosts`: pods per slice; `view`: a pod's view (the
+    controller's memo of them by resourceVersion: `signals.observation.Memos`)."""
 
     def of_run(obj: dict) -> str | None:
         labels = obj["metadata"].get("labels") or {}
@@ -56,7 +61,7 @@ def slice_views(
     out = {}
     for sid, (sets, slice_pods) in by_slice.items():
         js = sets[0] if sets else None
-        views = [pod_view(p) for p in slice_pods]
+        views = [view(p) for p in slice_pods]
         uids = {
             p["metadata"].get("uid") or p["metadata"]["name"]: v
             for p, v in zip(slice_pods, views, strict=True)
@@ -75,5 +80,21 @@ def slice_views(
             unschedulable=len(unsched),
             unschedulable_since=min((v.unschedulable_since for v in unsched), default=None),
             uids=tuple(sorted(live)),
+            restarts_counted=int(((js or {}).get("status") or {}).get("restartsCountTowardsMax") or 0),
         )
     return out
+
+
+def run_slices(
+    run: str,
+    hosts: int,
+    jobsets: Sequence[dict],
+    pods: Sequence[dict],
+    nodes: Sequence[dict],
+    view: Callable[[dict], PodView] = pod_view,
+) -> dict[str, SliceView]:
+    """`slice_views` with the node pools read from `nodes`: what the controller's memo keeps by its
+    inputs (`Memos.slices`), so that a pass over unchanged caches walks none of the run's pods and
+    nodes again, and one after a change re-reads only the pods that changed."""
+    pool_of = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(LABEL_NODEPOOL) for n in nodes}
+    return slice_views(run, jobsets, pods, pool_of, hosts, view)
