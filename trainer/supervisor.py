@@ -46,7 +46,7 @@ from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import TYPE_CHECKING, NoReturn
 
-from trainer import peers, world
+from trainer import memdir, peers, world
 
 if TYPE_CHECKING:
     from trainer import worldsource
@@ -209,6 +209,10 @@ def supervise_world(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    # RAM for the children's snapshots, which outlives each of them (trainer/snapshot.py).
+    memory = memdir.make(env, me.slice_id, me.host)
+    if memory is not None:
+        env = {**env, memdir.MEMORY_DIR_ENV: str(memory)}
     src.start(
         lambda doc: events.put((_Event.WORLD, doc, time.time())),
         lambda msg: events.put((_Event.PROBLEM, msg, time.time())),
@@ -221,6 +225,7 @@ def supervise_world(
         return _follow(train, env, me, events, state, terminating)
     finally:
         src.stop()
+        memdir.remove(memory)
 
 
 def _follow(

@@ -1,0 +1,368 @@
+"""State from memory: in-memory snapshots of the train state, and a restore from them onto a new world.
+
+An in-place run's pod outlives its trainer children (``trainer.supervisor``). Every
+``checkpoint.memory_interval`` steps each process copies the shards of the state that it holds to a
+file in the pod's memory directory (``RESLICE_MEMORY_DIR``, a directory the supervisor makes under
+``/dev/shm``, which the renderer mounts as an ``emptyDir`` with ``medium: Memory``). The next child
+in the same pod reads it back before it would read the run directory.
+
+The copy overlaps training: the state after step n is copied on the devices (``jax.device_put``
+with ``may_alias=False``, dispatched before step n + 1 donates the state), and a thread moves the
+copy to the host and writes it, while the devices run the next steps. At most one snapshot is in
+flight: the next one waits for it. Each file is written under a temporary name and renamed (RAM
+needs no fsync): a file named ``<step>.snap`` is complete, which is this process's "done step s"
+marker. Each process keeps its ``KEEP`` newest snapshots.
+
+Why three: a process finishes step n only after every peer dispatched step n, and a process that
+dispatched step n finished writing its snapshot n - 2k (k, the interval; it waited for that one
+before it started n - k). So the newest complete snapshots of any two live processes are at most 2k
+apart, and a window of three holds the oldest of them everywhere: the processes agree on the
+newest step that all of them hold, as Orbax's commit needs every process's part.
+
+The restore (``restore``): each process lists the snapshots whose meta matches this run (config
+hash, global batch, run directory) and, for the new world's shardings, whether it holds every
+shard its devices need (compared by the shard's index into the global array, so any device order
+that gives a process the same blocks it held before will do; with data parallelism across slices
+and ``trainer.mesh``'s slice-major device order, a surviving slice's processes hold exactly their
+blocks). The processes agree through the coordination service's key-value store on the newest step
+every one of them can serve; none: the run directory, as before (``docs/contract.md``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import struct
+import threading
+import time
+from collections.abc import Callable, Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from trainer.memdir import MEMORY_DIR_ENV
+
+KEEP = 3
+_MAGIC = b"RESLICE-SNAPSHOT-1\n"
+_ALIGN = 64
+_NAME = re.compile(r"^(\d+)\.snap$")
+
+
+class Source(StrEnum):
+    """Where a trainer incarnation's state came from (``restore/from`` in its first metrics record)."""
+
+    MEMORY = "memory"  # this process's own snapshots, agreed across the world
+    PEERS = "peers"  # a surviving replica, over the data axis
+    STORAGE = "storage"  # the run directory's committed checkpoints
+
+
+def _key(index: tuple[slice, ...], shape: tuple[int, ...]) -> str:
+    """A shard's place in its global array, as text: ``"0:4,0:64"``."""
+    return ",".join(f"{a}:{b}" for (a, b, _) in (s.indices(d) for s, d in zip(index, shape, strict=True)))
+
+
+def _leaves(tree: Any) -> list[tuple[str, Any]]:
+    return [(jax.tree_util.keystr(p), leaf) for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def write(
+    directory: Path, step: int, host: list[tuple[str, tuple, str, list[tuple[str, np.ndarray]]]], meta: dict
+) -> Path:
+    """Write one snapshot (``host``: per leaf its path, global shape, dtype and distinct shards by
+    key) as ``<step>.snap``: under a temporary name, then renamed. Returns the file."""
+    leaves, offset = [], 0
+    for path, shape, dtype, shards in host:
+        entry = {"path": path, "shape": list(shape), "dtype": dtype, "shards": {}}
+        for key, data in shards:
+            entry["shards"][key] = [offset, int(data.nbytes), list(data.shape)]
+            offset = _aligned(offset + int(data.nbytes))
+        leaves.append(entry)
+    header = json.dumps({"step": step, "meta": meta, "leaves": leaves}).encode()
+    start = _aligned(len(_MAGIC) + 8 + len(header))
+    tmp = directory / f".{step}.snap.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(_MAGIC + struct.pack("<Q", len(header)) + header)
+        for entry, (_, _, _, shards) in zip(leaves, host, strict=True):
+            for key, data in shards:
+                f.seek(start + entry["shards"][key][0])
+                f.write(memoryview(np.ascontiguousarray(data)).cast("B"))
+    final = directory / f"{step}.snap"
+    os.replace(tmp, final)
+    return final
+
+
+def read_header(path: Path) -> dict:
+    """A snapshot's header: step, meta and where each shard lies (``data_start`` added)."""
+    with open(path, "rb") as f:
+        head = f.read(len(_MAGIC) + 8)
+        if head[: len(_MAGIC)] != _MAGIC:
+            raise ValueError(f"{path} is not a snapshot")
+        (n,) = struct.unpack("<Q", head[len(_MAGIC) :])
+        header = json.loads(f.read(n))
+    header["data_start"] = _aligned(len(_MAGIC) + 8 + n)
+    header["file"] = str(path)
+    return header
+
+
+def complete_steps(directory: Path) -> list[int]:
+    """The steps of this directory's complete snapshots, newest first."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    return sorted((int(m.group(1)) for n in names if (m := _NAME.match(n))), reverse=True)
+
+
+def prune(directory: Path, keep: int = KEEP, above: int | None = None) -> None:
+    """Keep the `keep` newest snapshots (and none above step `above`, another lineage's or a step
+    the world did not agree on), and no temporary file of a writer that is gone."""
+    steps = complete_steps(directory)
+    doomed = [s for s in steps if above is not None and s > above]
+    doomed += [s for s in steps if s not in doomed][keep:]
+    for s in doomed:
+        with contextlib.suppress(FileNotFoundError):
+            (directory / f"{s}.snap").unlink()
+    for name in os.listdir(directory):
+        if name.startswith(".") and ".snap.tmp-" in name:
+            pid = name.rsplit("-", 1)[-1]
+            if pid != str(os.getpid()):
+                with contextlib.suppress(FileNotFoundError):
+                    (directory / name).unlink()
+
+
+class Snapshotter:
+    """Takes the snapshots of one trainer incarnation: a device copy now, the host copy and the
+    file on a thread. A failed write (the memory medium full) is reported once and turns snapshots
+    off: the run directory's checkpoints still stand."""
+
+    def __init__(self, directory: Path, interval: int, extra: Mapping[str, Any] | None = None) -> None:
+        self.directory, self.interval, self.extra = directory, interval, dict(extra or {})
+        self._thread: threading.Thread | None = None
+        self._failed: list[BaseException] = []
+        self.written: list[int] = []  # steps written by this incarnation, in order
+        self.write_seconds = 0.0  # the thread's time (host copy + file), summed
+        directory.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def on(self) -> bool:
+        return self.interval > 0 and not self._failed
+
+    def due(self, step: int) -> bool:
+        return self.on and step % self.interval == 0
+
+    def take(self, step: int, state: Any, meta: dict) -> float:
+        """Start the snapshot of `state` (the state after `step`, before the next step donates it).
+        Returns the seconds the caller was blocked (the previous snapshot's end, the dispatch)."""
+        t0 = time.perf_counter()
+        self.wait()
+        if not self.on:
+            return time.perf_counter() - t0
+        leaves = _leaves(state)
+        copies = jax.device_put([x for _, x in leaves], [x.sharding for _, x in leaves], may_alias=False)
+        paths = [p for p, _ in leaves]
+        self._thread = threading.Thread(
+            target=self._write,
+            args=(step, paths, copies, {**meta, **self.extra}),
+            name="memory-snapshot",
+            daemon=True,
+        )
+        self._thread.start()
+        return time.perf_counter() - t0
+
+    def _write(self, step: int, paths: list[str], copies: list[jax.Array], meta: dict) -> None:
+        t0 = time.perf_counter()
+        try:
+            host = []
+            for path, arr in zip(paths, copies, strict=True):
+                shards: dict[str, np.ndarray] = {}
+                for shard in arr.addressable_shards:
+                    key = _key(shard.index, arr.shape)
+                    if key not in shards:
+                        shards[key] = np.asarray(shard.data)
+                host.append((path, tuple(arr.shape), arr.dtype.name, list(shards.items())))
+            del copies
+            write(self.directory, step, host, meta)
+            prune(self.directory)
+            self.written.append(step)
+        except BaseException as e:
+            self._failed.append(e)
+            print(
+                f"trainer: memory snapshot of step {step} failed ({type(e).__name__}: {e}): snapshots off",
+                flush=True,
+            )
+        finally:
+            self.write_seconds += time.perf_counter() - t0
+
+    def wait(self) -> None:
+        """Until the snapshot in flight is written."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+# --- restore ----------------------------------------------------------------------------------------
+
+
+def candidates(directory: Path, accept: Callable[[dict], bool]) -> dict[int, dict]:
+    """This process's complete snapshots whose meta `accept`s, by step (their headers)."""
+    out = {}
+    for step in complete_steps(directory):
+        try:
+            header = read_header(directory / f"{step}.snap")
+        except (OSError, ValueError):
+            continue  # removed meanwhile, or not ours
+        if header.get("step") == step and accept(header.get("meta") or {}):
+            out[step] = header
+    return out
+
+
+def covers(header: dict, abstract: Any) -> bool:
+    """Whether the snapshot holds every shard this process's devices need of `abstract` (a pytree
+    of ShapeDtypeStructs with their shardings on the new mesh)."""
+    saved = {e["path"]: e for e in header["leaves"]}
+    for path, leaf in _leaves(abstract):
+        entry = saved.get(path)
+        if (
+            entry is None
+            or tuple(entry["shape"]) != tuple(leaf.shape)
+            or entry["dtype"] != np.dtype(leaf.dtype).name
+        ):
+            return False
+        for index in leaf.sharding.addressable_devices_indices_map(leaf.shape).values():
+            if _key(index, leaf.shape) not in entry["shards"]:
+                return False
+    return len(saved) == len(_leaves(abstract))
+
+
+def load(header: dict, abstract: Any) -> Any:
+    """The state of `abstract`'s structure and shardings, from this process's snapshot (``covers``)."""
+    saved = {e["path"]: e for e in header["leaves"]}
+    start = header["data_start"]
+    flat, treedef = jax.tree_util.tree_flatten(abstract)
+    out = []
+    with open(header["file"], "rb") as f:
+        fd = f.fileno()
+        for (path, leaf), _ in zip(_leaves(abstract), flat, strict=True):
+            entry, dtype = saved[path], np.dtype(leaf.dtype)
+            arrays = []
+            read: dict[str, np.ndarray] = {}
+            for device, index in leaf.sharding.addressable_devices_indices_map(leaf.shape).items():
+                key = _key(index, leaf.shape)
+                if key not in read:
+                    offset, nbytes, shape = entry["shards"][key]
+                    buf = np.empty(shape, dtype)
+                    view = memoryview(buf).cast("B") if nbytes else memoryview(b"")
+                    got = os.preadv(fd, [view], start + offset) if nbytes else 0
+                    if got != nbytes:
+                        raise OSError(f"{header['file']}: short read of {path} ({got} of {nbytes} bytes)")
+                    read[key] = buf
+                arrays.append(jax.device_put(read[key], device))
+            out.append(jax.make_array_from_single_device_arrays(leaf.shape, leaf.sharding, arrays))
+    return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def agree(tag: str, steps: list[int], timeout_s: float) -> list[int]:
+    """The steps every process of the group listed (each process passes its own): through the
+    coordination service's key-value store, so before any collective. Alone: `steps`."""
+    if jax.process_count() == 1:
+        return sorted(steps, reverse=True)
+    from orbax.checkpoint import multihost
+
+    client = multihost.get_jax_distributed_client()
+    client.key_value_set(f"reslice/memory/{tag}/{jax.process_index()}", json.dumps(sorted(steps)))
+    common = set(steps)
+    for p in range(jax.process_count()):
+        theirs = client.blocking_key_value_get(f"reslice/memory/{tag}/{p}", int(timeout_s * 1000))
+        common &= set(json.loads(theirs))
+    return sorted(common, reverse=True)
+
+
+def matches(meta: Mapping[str, Any], expected: Mapping[str, Any]) -> bool:
+    """A snapshot's meta is this run's: the same run directory, config hash, global batch and
+    schedule point (what a storage checkpoint is checked for: docs/contract.md)."""
+    return all(meta.get(k) == v for k, v in expected.items())
+
+
+# --- the loop's view -------------------------------------------------------------------------------
+
+AUTO_ACCELERATOR = 10  # checkpoint.memory_interval 0 on an accelerator (docs/design.md, "State from memory")
+
+
+def directory(env: Mapping[str, str]) -> Path | None:
+    """The pod's memory directory (set by the in-place supervisor), or None: no snapshots."""
+    raw = env.get(MEMORY_DIR_ENV, "")
+    return Path(raw) if raw else None
+
+
+def interval(configured: int) -> int:
+    """``checkpoint.memory_interval`` resolved: 0 is every step on simulated CPU devices,
+    ``AUTO_ACCELERATOR`` elsewhere; < 0 is none (0 returned)."""
+    if configured < 0:
+        return 0
+    if configured:
+        return configured
+    return 1 if jax.default_backend() == "cpu" else AUTO_ACCELERATOR
+
+
+def with_slice_replicas(cfg: Any, slices: int) -> Any:
+    """With snapshots on, an automatic ``mesh.data`` is the number of slices: every slice then holds
+    a whole replica of the state, sharded alike inside each slice, so that the survivors of a lost
+    slice hold exactly what a world of fewer slices needs (``mesh.shard_over_data`` or an explicit
+    ``mesh.data`` is left as configured: a shrink then restores from storage)."""
+    import dataclasses
+
+    if slices > 1 and cfg.mesh.data == 0 and not cfg.mesh.shard_over_data:
+        return dataclasses.replace(cfg, mesh=dataclasses.replace(cfg.mesh, data=slices))
+    return cfg
+
+
+class Memory:
+    """One trainer incarnation's snapshots: the restore's agreement, and the Snapshotter after it.
+    Off (every method a no-op) without a memory directory or with a zero interval: all processes of
+    a world are alike in that (the same environment and config)."""
+
+    def __init__(self, root: Path | None, every: int, expected: Mapping[str, Any], tag: str) -> None:
+        self.root = root if every > 0 else None
+        self.every, self.expected, self.tag = every, dict(expected), tag
+        self.headers: dict[int, dict] = {}
+
+    def describe(self) -> str:
+        return f"memory ({self.root})"
+
+    def common_steps(self, timeout_s: float) -> list[int]:
+        """Steps of this run that every process holds a snapshot of, newest first (a collective of
+        the coordination service: every process calls it)."""
+        if self.root is None:
+            return []
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.headers = candidates(self.root, lambda meta: matches(meta, self.expected))
+        return agree(f"{self.tag}/held", list(self.headers), timeout_s)
+
+    def agreed_step(self, common: list[int], abstract: Any, timeout_s: float) -> int | None:
+        """The newest of `common` whose every process holds every shard it needs of `abstract`, or
+        None. Every process calls it when `common` is not empty (it is the same everywhere)."""
+        if not common:
+            return None
+        servable = [s for s in common if covers(self.headers[s], abstract)]
+        agreed = agree(f"{self.tag}/covered", servable, timeout_s)
+        return agreed[0] if agreed else None
+
+    def load(self, step: int, abstract: Any) -> Any:
+        return load(self.headers[step], abstract)
+
+    def snapshotter(self, start: int) -> Snapshotter | None:
+        """The incarnation's Snapshotter, after the restore of step `start`: snapshots above it
+        (not agreed, or of the lineage that step replaced) go first."""
+        if self.root is None:
+            return None
+        prune(self.root, above=start)
+        return Snapshotter(self.root, self.every, {"run_dir": self.expected["run_dir"]})
