@@ -292,6 +292,13 @@ def _compile(program: dict[str, Any], steps: Steps, state: Any, model: Model) ->
     return replace(steps, train_step=train_step), timers
 
 
+def _recorded(inc: Incarnation, n: int) -> None:
+    """Step n's record is written: its snapshot may now count as done (``Snapshotter.recorded``),
+    so that a restore from memory never skips a step the metrics lack."""
+    if inc.snapshots is not None:
+        inc.snapshots.recorded(n)
+
+
 def _train(
     inc: Incarnation, steps: Steps, state: Any, batches: Any, start: int, startup: dict[str, Any]
 ) -> int:
@@ -313,13 +320,14 @@ def _train(
         stop_in = steps.flags[preemption.requested]
         data_s = time.perf_counter() - t0
         state, dm = steps.train_step(state, tokens, stop_in)
-        snap_s = 0.0
-        if inc.snapshots is not None and inc.snapshots.due(n):  # before the next step donates `state`
-            snap_s = inc.snapshots.take(n, state, inc.meta(n))
         if pending is not None:
             done = finish_step(inc, pending, last_done, startup)
             startup, last_done, stop = {}, done.done_at, stop or done.stop
             writer.write(done.record)
+            _recorded(inc, pending.n)
+        snap_s = 0.0
+        if inc.snapshots is not None and inc.snapshots.due(n):  # before the next step donates `state`
+            snap_s = inc.snapshots.take(n, state, inc.meta(n))
         pending = Pending(n, dm, batch, data_s, snap_s)
         evaluate = inc.evaluator is not None and inc.evaluator.due(n)
         if evaluate or n % cfg.checkpoint.interval == 0 or n == cfg.train.steps or stop:
@@ -332,13 +340,14 @@ def _train(
             if n % cfg.checkpoint.interval == 0 or n == cfg.train.steps or stop:
                 with preemption.saving():
                     done.record["perf/checkpoint_save_seconds"] = inc.ckpt.save(n, state, inc.meta(n))
-                if stop and inc.snapshots is not None and not inc.snapshots.due(n):
-                    inc.snapshots.take(n, state, inc.meta(n))  # the step every process stops at
                 writer.write(done.record)
                 writer.status(state="running", step=n, **inc.status)
                 writer.flush()
+                if stop and inc.snapshots is not None and not inc.snapshots.due(n):
+                    inc.snapshots.take(n, state, inc.meta(n), recorded=True)  # the step all stop at
             else:
                 writer.write(done.record)
+            _recorded(inc, n)
             last_done = time.perf_counter()  # neither the eval nor the save is the next step's time
             if stop:
                 break
@@ -398,7 +407,7 @@ def run(
     c = cfg.checkpoint
     read_before = storage_bytes_read()
     ckpt = Checkpointer(cfg.run_dir, c.keep, c.async_save, c.debug_save_delay_s)
-    writer = None
+    writer, snapshots = None, None
     # What a snapshot in memory must be to stand for a checkpoint of this run (`meta`, and the run).
     expected = {"run_dir": cfg.run_dir, "config_hash": chash, "global_batch": gb, "schedule": sched or None}
     memory = snapshot.Memory(
@@ -420,13 +429,13 @@ def run(
             abstract = compile_cache.abstract_state(program, mesh, model.abstract)
             timeline.mark("abstract state")
             t_restore = time.perf_counter()
-            source: snapshot.Source | None = None
+            source: snapshot.StateSource | None = None
             from_memory = memory.agreed_step(ours, abstract, distributed.timeouts(env)[0])
             if from_memory is not None and from_memory >= (ckpt.latest_step() or 0):
                 start, restored, source = (
                     from_memory,
                     memory.load(from_memory, abstract),
-                    snapshot.Source.MEMORY,
+                    snapshot.StateSource.MEMORY,
                 )
             else:
                 if ours:  # not checked above
@@ -438,7 +447,7 @@ def run(
                     lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb, sched),
                     None if model.was_traced else lambda: compile_cache.abstract_state(program, mesh, model.abstract, True),
                 )  # fmt: skip
-                source = snapshot.Source.STORAGE if start else None
+                source = snapshot.StateSource.STORAGE if start else None
             restore_s = time.perf_counter() - t_restore
             writer = RunWriter(
                 cfg.run_dir, segment, attempt, cfg.metrics.flush_seconds, ident.process_id == 0
@@ -462,7 +471,7 @@ def run(
                 t_restore = time.perf_counter()
                 state = jax.block_until_ready(restored)
                 restore_s += time.perf_counter() - t_restore  # Orbax may hand back arrays still arriving
-                where = memory.describe() if source is snapshot.Source.MEMORY else str(ckpt.directory)
+                where = memory.describe() if source is snapshot.StateSource.MEMORY else str(ckpt.directory)
                 print(f"trainer: resumed step {start} from {where} on {plan}", flush=True)
                 timeline.mark("restore")
             else:
@@ -525,6 +534,8 @@ def run(
             print(f"trainer: preempted: step {n} committed, exit {EXIT_PREEMPTED}", flush=True)
             return EXIT_PREEMPTED
     finally:
+        if snapshots is not None:  # a failed step (a lost peer): a snapshot in flight of a recorded step
+            snapshots.abandon(timeout_s=30.0)
         preemption.restore()
         ckpt.close()
         if writer is not None:

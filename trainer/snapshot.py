@@ -53,7 +53,7 @@ _ALIGN = 64
 _NAME = re.compile(r"^(\d+)\.snap$")
 
 
-class Source(StrEnum):
+class StateSource(StrEnum):
     """Where a trainer incarnation's state came from (``restore/from`` in its first metrics record)."""
 
     MEMORY = "memory"  # this process's own snapshots, agreed across the world
@@ -75,10 +75,15 @@ def _aligned(n: int) -> int:
 
 
 def write(
-    directory: Path, step: int, host: list[tuple[str, tuple, str, list[tuple[str, np.ndarray]]]], meta: dict
-) -> Path:
+    directory: Path,
+    step: int,
+    host: list[tuple[str, tuple, str, list[tuple[str, np.ndarray]]]],
+    meta: dict,
+    ready: Callable[[], bool] = lambda: True,
+) -> Path | None:
     """Write one snapshot (``host``: per leaf its path, global shape, dtype and distinct shards by
-    key) as ``<step>.snap``: under a temporary name, then renamed. Returns the file."""
+    key) as ``<step>.snap``: under a temporary name, renamed once ``ready()`` (False: removed
+    instead, None returned). Returns the file."""
     leaves, offset = [], 0
     for path, shape, dtype, shards in host:
         entry = {"path": path, "shape": list(shape), "dtype": dtype, "shards": {}}
@@ -95,6 +100,9 @@ def write(
             for key, data in shards:
                 f.seek(start + entry["shards"][key][0])
                 f.write(memoryview(np.ascontiguousarray(data)).cast("B"))
+    if not ready():
+        tmp.unlink()
+        return None
     final = directory / f"{step}.snap"
     os.replace(tmp, final)
     return final
@@ -148,6 +156,11 @@ class Snapshotter:
         self.directory, self.interval, self.extra = directory, interval, dict(extra or {})
         self._thread: threading.Thread | None = None
         self._failed: list[BaseException] = []
+        # Steps whose metrics record is written, and whether the trainer is leaving: a snapshot is
+        # renamed into place (done) only once its step is recorded.
+        self._recorded = threading.Condition()
+        self._recorded_up_to = -1
+        self._abandoned = False
         self.written: list[int] = []  # steps written by this incarnation, in order
         self.write_seconds = 0.0  # the thread's time (host copy + file), summed
         directory.mkdir(parents=True, exist_ok=True)
@@ -159,7 +172,18 @@ class Snapshotter:
     def due(self, step: int) -> bool:
         return self.on and step % self.interval == 0
 
-    def take(self, step: int, state: Any, meta: dict) -> float:
+    def recorded(self, step: int) -> None:
+        """Step `step`'s metrics record is written."""
+        with self._recorded:
+            self._recorded_up_to = max(self._recorded_up_to, step)
+            self._recorded.notify_all()
+
+    def _await_record(self, step: int) -> bool:
+        with self._recorded:
+            self._recorded.wait_for(lambda: self._recorded_up_to >= step or self._abandoned)
+            return self._recorded_up_to >= step
+
+    def take(self, step: int, state: Any, meta: dict, recorded: bool = False) -> float:
         """Start the snapshot of `state` (the state after `step`, before the next step donates it).
         Returns the seconds the caller was blocked (the previous snapshot's end, the dispatch)."""
         t0 = time.perf_counter()
@@ -169,6 +193,8 @@ class Snapshotter:
         leaves = _leaves(state)
         copies = jax.device_put([x for _, x in leaves], [x.sharding for _, x in leaves], may_alias=False)
         paths = [p for p, _ in leaves]
+        if recorded:
+            self.recorded(step)
         self._thread = threading.Thread(
             target=self._write,
             args=(step, paths, copies, {**meta, **self.extra}),
@@ -190,7 +216,8 @@ class Snapshotter:
                         shards[key] = np.asarray(shard.data)
                 host.append((path, tuple(arr.shape), arr.dtype.name, list(shards.items())))
             del copies
-            write(self.directory, step, host, meta)
+            if write(self.directory, step, host, meta, lambda: self._await_record(step)) is None:
+                return  # the trainer left before the step was recorded: not done
             prune(self.directory)
             self.written.append(step)
         except BaseException as e:
@@ -206,6 +233,16 @@ class Snapshotter:
         """Until the snapshot in flight is written."""
         if self._thread is not None:
             self._thread.join()
+            self._thread = None
+
+    def abandon(self, timeout_s: float) -> None:
+        """A trainer on its way out (a failed step): a snapshot of a recorded step is still
+        finished (within `timeout_s`), one of a step never recorded is dropped."""
+        with self._recorded:
+            self._abandoned = True
+            self._recorded.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
             self._thread = None
 
 
