@@ -21,7 +21,7 @@ from tests.controller.harness import (
 )
 
 pytestmark = pytest.mark.e2e
-STEPS = 25  # lose a slice after step 5, grow back once the one-slice world trained a few, finish
+STEPS = 30  # lose a slice after step 6, grow back once the one-slice world trains, finish
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,9 @@ def test_in_place_shrink_then_grow_keeps_the_surviving_slice_pods(tmp_path, refe
         lost = node_pool[pods1[0]["spec"]["nodeName"]]
         h.cluster.remove(lost)  # capacity gone: nodes deleted, running pods fail
         wait_for(lambda: len(h.record("inplace").segments) >= 2, 60, "the shrink to a new world")
-        wait_for(lambda: trained(h, "inplace", segment=1) >= 14, 240, "training on 1 slice")
+        # The pool returns as soon as the one-slice world trains: a restore from memory leaves it
+        # little to do before the run ends, and the grow must come first.
+        wait_for(lambda: trained(h, "inplace", segment=1) > 0, 240, "training on 1 slice")
         assert uids(h, "inplace", "0") == first  # the same pods
         h.cluster.restore(lost)
         wait_for(lambda: len(h.record("inplace").segments) >= 3, 120, "the grow back")
