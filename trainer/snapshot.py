@@ -8,16 +8,19 @@ in the same pod reads it back before it would read the run directory.
 
 The copy overlaps training: the state after step n is copied on the devices (``jax.device_put``
 with ``may_alias=False``, dispatched before step n + 1 donates the state), and a thread moves the
-copy to the host and writes it, while the devices run the next steps. At most one snapshot is in
-flight: the next one waits for it. Each file is written under a temporary name and renamed (RAM
-needs no fsync): a file named ``<step>.snap`` is complete, which is this process's "done step s"
-marker. Each process keeps its ``KEEP`` newest snapshots.
+copy to the host and writes it, while the devices run the next steps. At most ``IN_FLIGHT``
+snapshots are on their way: the next one waits for the oldest (the host copy of the state after
+step n can only start once step n is done, which is when the loop reaches step n + 1: with one in
+flight the loop would wait for every copy). Each file is written under a temporary name and
+renamed once its step's metrics record is written (RAM needs no fsync; a restore never skips a
+step the metrics lack): a file named ``<step>.snap`` is complete, which is this process's "done
+step s" marker. Each process keeps its ``KEEP`` newest snapshots.
 
-Why three: a process finishes step n only after every peer dispatched step n, and a process that
-dispatched step n finished writing its snapshot n - 2k (k, the interval; it waited for that one
-before it started n - k). So the newest complete snapshots of any two live processes are at most 2k
-apart, and a window of three holds the oldest of them everywhere: the processes agree on the
-newest step that all of them hold, as Orbax's commit needs every process's part.
+Why four: a process finishes step n only after every peer dispatched step n, and a process that
+dispatched step n had finished its snapshot n - 3k (k, the interval; it waited for that one before
+it started n - k, with two in flight). So the newest complete snapshots of any two live processes
+are at most 3k apart, and a window of four holds the oldest of them everywhere: the processes
+agree on the newest step that all of them hold, as Orbax's commit needs every process's part.
 
 The restore (``restore``): each process lists the snapshots whose meta matches this run (config
 hash, global batch, run directory) and, for the new world's shardings, whether it holds every
@@ -47,7 +50,8 @@ import numpy as np
 
 from trainer.memdir import MEMORY_DIR_ENV
 
-KEEP = 3
+IN_FLIGHT = 2
+KEEP = IN_FLIGHT + 2
 _MAGIC = b"RESLICE-SNAPSHOT-1\n"
 _ALIGN = 64
 _NAME = re.compile(r"^(\d+)\.snap$")
@@ -154,7 +158,7 @@ class Snapshotter:
 
     def __init__(self, directory: Path, interval: int, extra: Mapping[str, Any] | None = None) -> None:
         self.directory, self.interval, self.extra = directory, interval, dict(extra or {})
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []  # the snapshots on their way, oldest first
         self._failed: list[BaseException] = []
         # Steps whose metrics record is written, and whether the trainer is leaving: a snapshot is
         # renamed into place (done) only once its step is recorded.
@@ -187,7 +191,8 @@ class Snapshotter:
         """Start the snapshot of `state` (the state after `step`, before the next step donates it).
         Returns the seconds the caller was blocked (the previous snapshot's end, the dispatch)."""
         t0 = time.perf_counter()
-        self.wait()
+        while len(self._threads) >= IN_FLIGHT:
+            self._threads.pop(0).join()
         if not self.on:
             return time.perf_counter() - t0
         leaves = _leaves(state)
@@ -195,13 +200,14 @@ class Snapshotter:
         paths = [p for p, _ in leaves]
         if recorded:
             self.recorded(step)
-        self._thread = threading.Thread(
+        thread = threading.Thread(
             target=self._write,
             args=(step, paths, copies, {**meta, **self.extra}),
             name="memory-snapshot",
             daemon=True,
         )
-        self._thread.start()
+        thread.start()
+        self._threads.append(thread)
         return time.perf_counter() - t0
 
     def _write(self, step: int, paths: list[str], copies: list[jax.Array], meta: dict) -> None:
@@ -231,9 +237,8 @@ class Snapshotter:
 
     def wait(self) -> None:
         """Until the snapshot in flight is written."""
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        while self._threads:
+            self._threads.pop(0).join()
 
     def abandon(self, timeout_s: float) -> None:
         """A trainer on its way out (a failed step): a snapshot of a recorded step is still
@@ -241,9 +246,9 @@ class Snapshotter:
         with self._recorded:
             self._abandoned = True
             self._recorded.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
+        deadline = time.monotonic() + timeout_s
+        while self._threads:
+            self._threads.pop(0).join(max(0.0, deadline - time.monotonic()))
 
 
 # --- restore ----------------------------------------------------------------------------------------
