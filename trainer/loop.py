@@ -411,13 +411,17 @@ def run(
     # What a snapshot in memory must be to stand for a checkpoint of this run (`meta`, and the run).
     expected = {"run_dir": cfg.run_dir, "config_hash": chash, "global_batch": gb, "schedule": sched or None}
     memory = snapshot.Memory(
-        memory_dir, memory_every, expected, f"{segment}-{attempt}-{env.get('RESLICE_WORLD_EPOCH', '')}"
+        memory_dir,
+        memory_every,
+        expected,
+        f"{segment}-{attempt}-{env.get('RESLICE_WORLD_EPOCH', '')}",
+        _env_number(env, "RESLICE_HOSTS_PER_SLICE", int) or 1,
     )
     try:
-        # The snapshots that every process holds in memory for this run. A step all of them have
+        # The snapshots of this run that some slice's processes all hold in memory. Such a step
         # (its shards for the new mesh checked below) was written by this very run: no storage
         # checkpoint is read to check its identity then.
-        ours = memory.common_steps(distributed.timeouts(env)[0])
+        ours = memory.held(distributed.timeouts(env)[0])
         # A checkpoint of another run is refused before anything is written into its run
         # directory, the compile cache's entries included: the cache is enabled only after.
         if not ours:
@@ -430,13 +434,10 @@ def run(
             timeline.mark("abstract state")
             t_restore = time.perf_counter()
             source: snapshot.StateSource | None = None
-            from_memory = memory.agreed_step(ours, abstract, distributed.timeouts(env)[0])
-            if from_memory is not None and from_memory >= (ckpt.latest_step() or 0):
-                start, restored, source = (
-                    from_memory,
-                    memory.load(from_memory, abstract),
-                    snapshot.StateSource.MEMORY,
-                )
+            chosen = memory.agreed(ours, abstract, mesh, distributed.timeouts(env)[0])
+            if chosen is not None and chosen[0] >= (ckpt.latest_step() or 0):
+                start, restored = chosen[0], memory.load(chosen, abstract, mesh)
+                source = memory.source
             else:
                 if ours:  # not checked above
                     ckpt.check_newest(lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb, sched))
@@ -471,7 +472,7 @@ def run(
                 t_restore = time.perf_counter()
                 state = jax.block_until_ready(restored)
                 restore_s += time.perf_counter() - t_restore  # Orbax may hand back arrays still arriving
-                where = memory.describe() if source is snapshot.StateSource.MEMORY else str(ckpt.directory)
+                where = str(ckpt.directory) if source is snapshot.StateSource.STORAGE else memory.describe()
                 print(f"trainer: resumed step {start} from {where} on {plan}", flush=True)
                 timeline.mark("restore")
             else:

@@ -285,47 +285,125 @@ def covers(header: dict, abstract: Any) -> bool:
     return len(saved) == len(_leaves(abstract))
 
 
+class _Shards:
+    """Reads the shards of one snapshot file by leaf path and key, each once."""
+
+    def __init__(self, header: dict) -> None:
+        self.header = header
+        self.saved = {e["path"]: e for e in header["leaves"]}
+        self.file = open(header["file"], "rb")  # noqa: SIM115 (closed by close())
+        self.read: dict[tuple[str, str], np.ndarray] = {}
+
+    def get(self, path: str, key: str, dtype: np.dtype) -> np.ndarray:
+        if (path, key) not in self.read:
+            offset, nbytes, shape = self.saved[path]["shards"][key]
+            buf = np.empty(shape, dtype)
+            got = (
+                os.preadv(self.file.fileno(), [memoryview(buf).cast("B")], self.header["data_start"] + offset)
+                if nbytes
+                else 0
+            )
+            if got != nbytes:
+                raise OSError(f"{self.header['file']}: short read of {path} ({got} of {nbytes} bytes)")
+            self.read[(path, key)] = buf
+        return self.read[(path, key)]
+
+    def close(self) -> None:
+        self.file.close()
+
+
 def load(header: dict, abstract: Any) -> Any:
     """The state of `abstract`'s structure and shardings, from this process's snapshot (``covers``)."""
-    saved = {e["path"]: e for e in header["leaves"]}
-    start = header["data_start"]
-    flat, treedef = jax.tree_util.tree_flatten(abstract)
-    out = []
-    with open(header["file"], "rb") as f:
-        fd = f.fileno()
-        for (path, leaf), _ in zip(_leaves(abstract), flat, strict=True):
-            entry, dtype = saved[path], np.dtype(leaf.dtype)
-            arrays = []
-            read: dict[str, np.ndarray] = {}
-            for device, index in leaf.sharding.addressable_devices_indices_map(leaf.shape).items():
-                key = _key(index, leaf.shape)
-                if key not in read:
-                    offset, nbytes, shape = entry["shards"][key]
-                    buf = np.empty(shape, dtype)
-                    view = memoryview(buf).cast("B") if nbytes else memoryview(b"")
-                    got = os.preadv(fd, [view], start + offset) if nbytes else 0
-                    if got != nbytes:
-                        raise OSError(f"{header['file']}: short read of {path} ({got} of {nbytes} bytes)")
-                    read[key] = buf
-                arrays.append(jax.device_put(read[key], device))
+    shards = _Shards(header)
+    try:
+        treedef = jax.tree_util.tree_structure(abstract)
+        out = []
+        for path, leaf in _leaves(abstract):
+            arrays = [
+                jax.device_put(shards.get(path, _key(index, leaf.shape), np.dtype(leaf.dtype)), device)
+                for device, index in leaf.sharding.addressable_devices_indices_map(leaf.shape).items()
+            ]
             out.append(jax.make_array_from_single_device_arrays(leaf.shape, leaf.sharding, arrays))
+    finally:
+        shards.close()
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def agree(tag: str, steps: list[int], timeout_s: float) -> list[int]:
-    """The steps every process of the group listed (each process passes its own): through the
-    coordination service's key-value store, so before any collective. Alone: `steps`."""
+def broadcastable(abstract: Any, mesh: Any, slices: int) -> bool:
+    """Whether every slice holds a whole replica of `abstract` on `mesh`: the ``data`` axis is the
+    slices and no leaf is sharded over it."""
+    if mesh.shape.get("data") != slices:
+        return False
+    for _, leaf in _leaves(abstract):
+        for part in leaf.sharding.spec:
+            if part == "data" or (isinstance(part, tuple) and "data" in part):
+                return False
+    return True
+
+
+def broadcast(header: dict | None, abstract: Any, mesh: Any, source: int) -> Any:
+    """The state of `abstract`, from the replica of slice `source` (the data axis's index `source`):
+    every process puts what it holds (its snapshot's shards, or zeros: `header` None) at its devices'
+    data index of an array with a leading data axis, and one program picks index `source` into the
+    target shardings (XLA: a broadcast over the data axis). Every process calls it."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    slices = mesh.shape["data"]
+    shards = _Shards(header) if header is not None else None
+    try:
+        flat, treedef = jax.tree_util.tree_flatten(abstract)
+        stacked = []
+        for path, leaf in _leaves(abstract):
+            dtype = np.dtype(leaf.dtype)
+            spec = NamedSharding(mesh, P("data", *leaf.sharding.spec))
+            shape = (slices, *leaf.shape)
+            arrays = []
+            for device, index in spec.addressable_devices_indices_map(shape).items():
+                inner = index[1:]
+                if shards is not None:
+                    data = shards.get(path, _key(inner, leaf.shape), dtype)
+                else:
+                    data = np.zeros(
+                        [len(range(*s.indices(d))) for s, d in zip(inner, leaf.shape, strict=True)], dtype
+                    )
+                arrays.append(jax.device_put(data[None], device))
+            stacked.append(jax.make_array_from_single_device_arrays(shape, spec, arrays))
+    finally:
+        if shards is not None:
+            shards.close()
+    pick = jax.jit(lambda xs: [x[source] for x in xs], out_shardings=[leaf.sharding for leaf in flat])
+    return jax.tree_util.tree_unflatten(treedef, pick(stacked))
+
+
+def gather(tag: str, steps: list[int], timeout_s: float) -> list[list[int]]:
+    """Every process's `steps`, by process id: through the coordination service's key-value store,
+    so before any collective (every process calls it). Alone: ``[steps]``."""
     if jax.process_count() == 1:
-        return sorted(steps, reverse=True)
+        return [sorted(steps)]
     from orbax.checkpoint import multihost
 
     client = multihost.get_jax_distributed_client()
     client.key_value_set(f"reslice/memory/{tag}/{jax.process_index()}", json.dumps(sorted(steps)))
-    common = set(steps)
-    for p in range(jax.process_count()):
-        theirs = client.blocking_key_value_get(f"reslice/memory/{tag}/{p}", int(timeout_s * 1000))
-        common &= set(json.loads(theirs))
-    return sorted(common, reverse=True)
+    return [
+        json.loads(client.blocking_key_value_get(f"reslice/memory/{tag}/{p}", int(timeout_s * 1000)))
+        for p in range(jax.process_count())
+    ]
+
+
+def whole(per_process: list[list[int]], hosts_per_slice: int) -> dict[int, tuple[int, ...]]:
+    """Step -> the slices (positions: process id // hosts per slice) whose every process listed it."""
+    slices = len(per_process) // hosts_per_slice
+    out: dict[int, tuple[int, ...]] = {}
+    for step in sorted({s for steps in per_process for s in steps}):
+        full = tuple(
+            i
+            for i in range(slices)
+            if all(step in per_process[p] for p in range(i * hosts_per_slice, (i + 1) * hosts_per_slice))
+        )
+        if full:
+            out[step] = full
+    return out
 
 
 def matches(meta: Mapping[str, Any], expected: Mapping[str, Any]) -> bool:
@@ -372,34 +450,53 @@ class Memory:
     Off (every method a no-op) without a memory directory or with a zero interval: all processes of
     a world are alike in that (the same environment and config)."""
 
-    def __init__(self, root: Path | None, every: int, expected: Mapping[str, Any], tag: str) -> None:
+    def __init__(
+        self, root: Path | None, every: int, expected: Mapping[str, Any], tag: str, hosts_per_slice: int = 1
+    ) -> None:
         self.root = root if every > 0 else None
-        self.every, self.expected, self.tag = every, dict(expected), tag
+        self.every, self.expected, self.tag, self.hosts = every, dict(expected), tag, max(1, hosts_per_slice)
         self.headers: dict[int, dict] = {}
+        self.source: StateSource | None = None  # MEMORY or PEERS once `load` chose
 
     def describe(self) -> str:
-        return f"memory ({self.root})"
+        return f"{self.source or StateSource.MEMORY} ({self.root})"
 
-    def common_steps(self, timeout_s: float) -> list[int]:
-        """Steps of this run that every process holds a snapshot of, newest first (a collective of
-        the coordination service: every process calls it)."""
+    def held(self, timeout_s: float) -> list[int]:
+        """Steps of this run that some slice's processes all hold a snapshot of, newest first (the
+        same on every process, which all call it)."""
         if self.root is None:
             return []
         self.root.mkdir(parents=True, exist_ok=True)
         self.headers = candidates(self.root, lambda meta: matches(meta, self.expected))
-        return agree(f"{self.tag}/held", list(self.headers), timeout_s)
+        per_process = gather(f"{self.tag}/held", list(self.headers), timeout_s)
+        return sorted(whole(per_process, self.hosts), reverse=True)
 
-    def agreed_step(self, common: list[int], abstract: Any, timeout_s: float) -> int | None:
-        """The newest of `common` whose every process holds every shard it needs of `abstract`, or
-        None. Every process calls it when `common` is not empty (it is the same everywhere)."""
-        if not common:
+    def agreed(
+        self, held: list[int], abstract: Any, mesh: Any, timeout_s: float
+    ) -> tuple[int, tuple[int, ...]] | None:
+        """(step, the slices that hold it whole for `abstract`): the newest step that every slice
+        holds, or (with a whole replica per slice) that some slice holds; None: neither. Every
+        process calls it when `held` is not empty (it is the same everywhere)."""
+        if not held:
             return None
-        servable = [s for s in common if covers(self.headers[s], abstract)]
-        agreed = agree(f"{self.tag}/covered", servable, timeout_s)
-        return agreed[0] if agreed else None
+        servable = [s for s in held if s in self.headers and covers(self.headers[s], abstract)]
+        by_step = whole(gather(f"{self.tag}/covered", servable, timeout_s), self.hosts)
+        slices = jax.process_count() // self.hosts
+        for step in sorted(by_step, reverse=True):
+            if len(by_step[step]) == slices or broadcastable(abstract, mesh, slices):
+                return step, by_step[step]
+        return None
 
-    def load(self, step: int, abstract: Any) -> Any:
-        return load(self.headers[step], abstract)
+    def load(self, chosen: tuple[int, tuple[int, ...]], abstract: Any, mesh: Any) -> Any:
+        """The state of `chosen` (``agreed``): each process's own shards when every slice holds
+        them, else a broadcast over the data axis from the first slice that does."""
+        step, slices = chosen
+        if len(slices) == jax.process_count() // self.hosts:
+            self.source = StateSource.MEMORY
+            return load(self.headers[step], abstract)
+        self.source = StateSource.PEERS
+        mine = jax.process_index() // self.hosts in slices
+        return broadcast(self.headers[step] if mine else None, abstract, mesh, slices[0])
 
     def snapshotter(self, start: int) -> Snapshotter | None:
         """The incarnation's Snapshotter, after the restore of step `start`: snapshots above it

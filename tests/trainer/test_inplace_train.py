@@ -109,7 +109,8 @@ def test_the_coordinators_slice_lost_then_a_new_slice_grows_the_world_back(
     """s0 hosts process 0 and dies (SIGKILL, a host error): s1's trainer exits 43 and its pod
     waits; the next world is s1 alone (now process 0), from s1's snapshot in memory; a new pod of
     slice s2, started before any world has it, waits until the world after that takes it in as
-    process 1; s1's trainer is restarted in place each time."""
+    process 1, with s1's state from its memory (a broadcast over the data axis, no storage); s1's
+    trainer is restarted in place each time."""
     run_dir, world_file = tmp_path / "run", tmp_path / "world.json"
     s0, s1 = (pod(run_dir, world_file, s, tmp_path / f"{s}.log") for s in ("s0", "s1"))
     s2: runs.Trainer | None = None
@@ -144,8 +145,8 @@ def test_the_coordinators_slice_lost_then_a_new_slice_grows_the_world_back(
     restored = second[min(second)]
     assert restored["restore/from"] == "memory" and restored["restore/storage_bytes"] == 0
     assert min(second) == restored["restore/step"] + 1 >= max(first)
-    # The grown world: s2's new pod holds no snapshot, so both restore the SIGTERM's checkpoint.
-    assert third[min(third)]["restore/from"] == "storage"
+    # The grown world: s2's new pod holds no snapshot; s1's replica reaches it over the data axis.
+    assert third[min(third)]["restore/from"] == "peers" and third[min(third)]["restore/storage_bytes"] == 0
     assert min(third) == max(second) + 1 and max(third) == 40  # the SIGTERM's checkpoint
     shapes = [
         {(r["devices"], r["micro_batch"], r["num_processes"]) for r in f.values()}

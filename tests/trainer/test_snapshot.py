@@ -126,3 +126,31 @@ def test_a_snapshot_is_done_only_once_its_step_is_recorded(cpu8, tmp_path: Path)
     snaps.take(6, state_on(mesh, "fsdp"), {"step": 6})
     snaps.abandon(timeout_s=10)  # the trainer fails before step 6 is recorded
     assert snaps.written == [5] and os.listdir(tmp_path) == ["5.snap"]
+
+
+def test_the_slices_that_hold_a_step_whole() -> None:
+    """Process ids are slice-major: with 2 hosts per slice, processes 0-1 are slice 0, 2-3 slice 1."""
+    per_process = [[4, 5, 6], [5, 6], [6, 7], [7]]
+    assert snapshot.whole(per_process, 2) == {5: (0,), 6: (0,), 7: (1,)}
+    assert snapshot.whole([[1], [1], [], []], 2) == {1: (0,)}
+    assert snapshot.whole([[], []], 1) == {}
+
+
+def test_a_broadcast_gives_the_state_on_the_target_shardings(cpu8, tmp_path: Path) -> None:
+    """The peers' path: each device's part stacked along a data axis, one program picks a slice's."""
+    mesh = Mesh(np.array(cpu8).reshape(2, 4), ("data", "fsdp"))
+    state = state_on(mesh, "fsdp")
+    snaps = snapshot.Snapshotter(tmp_path, 1)
+    snaps.take(7, state, {"step": 7}, recorded=True)
+    snaps.wait()
+    target = abstract_of(state)
+    assert snapshot.broadcastable(target, mesh, 2)
+    assert not snapshot.broadcastable(abstract_of(state_on(mesh, ("data", "fsdp"))), mesh, 2)
+    got = snapshot.broadcast(snapshot.read_header(tmp_path / "7.snap"), target, mesh, 1)
+    for g, want, where in zip(
+        jax.tree.leaves(got), jax.tree.leaves(state), jax.tree.leaves(target), strict=True
+    ):
+        assert g.sharding == where.sharding
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(want))
+    zeros = snapshot.broadcast(None, target, mesh, 0)  # a process that holds nothing sends zeros
+    assert not np.asarray(zeros["params"]["w"]).any()
