@@ -5,8 +5,9 @@ It lies under ``RESLICE_MEMORY_ROOT`` (default ``/dev/shm``, which the renderer 
 ``emptyDir`` with ``medium: Memory``: RAM that outlives the trainer child, counted in the pod's
 memory). Its name holds the run, the slice, the host and the supervisor's pid: on one machine
 (the embedded cluster's pods share its ``/dev/shm``) no two pods share one, and a later pod of the
-same slice and host never reads an earlier pod's snapshots; such a leftover (a supervisor that was
-killed) is removed when the next one starts.
+same slice and host never reads an earlier pod's snapshots. A leftover of a supervisor that was
+killed (its pid gone: on one machine, any run's) is removed when the next one starts; in a pod the
+memory ``emptyDir`` goes with the pod anyway.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def make(env: Mapping[str, str], slice_id: str, host: int) -> Path | None:
     prefix = f"reslice-{run}-{re.sub(r'[^A-Za-z0-9_.-]', '_', slice_id)}-{host}-"
     try:
         for old in root.iterdir():
-            tail = old.name[len(prefix) :]
-            if old.name.startswith(prefix) and tail.isdigit() and not _alive(int(tail)):
+            tail = old.name.rpartition("-")[2]
+            if old.name.startswith("reslice-") and tail.isdigit() and not _alive(int(tail)):
                 shutil.rmtree(old, ignore_errors=True)
         path = root / f"{prefix}{os.getpid()}"
         path.mkdir(exist_ok=True)

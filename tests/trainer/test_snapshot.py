@@ -101,7 +101,7 @@ def test_each_pod_gets_its_own_memory_directory_and_a_dead_ones_is_removed(tmp_p
     env = {memdir.MEMORY_ROOT_ENV: str(tmp_path), "RESLICE_RUN": "llm"}
     dead = tmp_path / "reslice-llm-s1-0-999999999"  # a supervisor that was killed: no such pid
     dead.mkdir()
-    other = tmp_path / "reslice-llm-s2-0-999999999"  # another pod's
+    other = tmp_path / f"reslice-llm-s2-0-{os.getppid()}"  # another pod's, its supervisor alive
     other.mkdir()
     mine = memdir.make(env, "s1", 0)
     assert mine == tmp_path / f"reslice-llm-s1-0-{os.getpid()}" and mine.is_dir()
