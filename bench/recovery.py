@@ -115,6 +115,17 @@ def breakdown(
         "compile": first_rec.get("perf/compile_seconds") or 0.0,
         "cache hits": first_rec.get("perf/compile_cache_hits") or 0,
         "barrier": first_rec.get("perf/start_barrier_seconds") or 0.0,
+        **_restored(first_rec),
+    }
+
+
+def _restored(first_rec: dict) -> dict:
+    """Where the new segment's state came from, how long its restore took and what it read of the
+    run directory's checkpoints (the trainer's first record)."""
+    return {
+        "restore": first_rec.get("perf/restore_seconds") or 0.0,
+        "storage MB": (first_rec.get("restore/storage_bytes") or 0) / 1e6,
+        "from": first_rec.get("restore/from") or "-",
     }
 
 
@@ -125,8 +136,14 @@ def inplace_breakdown(
     lost slice's JobSet and publishes the world; the survivors' pods stay) -> first step in it."""
     ledger = sorted(ledger, key=lambda e: e["time"])
     decided = first(ledger, fault_t, lambda e: e.get("action") == "new-world" and e.get("segment") == segment)
-    step = min(m["time"] for m in metrics if m["segment"] == segment)
-    return {"decided": decided - fault_t, "world -> first step": step - decided, "total": step - fault_t}
+    first_rec = min((m for m in metrics if m["segment"] == segment), key=lambda m: m["time"])
+    step = first_rec["time"]
+    return {
+        "decided": decided - fault_t,
+        "world -> first step": step - decided,
+        "total": step - fault_t,
+        **_restored(first_rec),
+    }
 
 
 def run_mode(mode: str, cycles: int, console: Console) -> tuple[list[dict], dict[int, list[dict]]]:
@@ -176,12 +193,18 @@ def table_of(title: str, results: list[dict]) -> Table:
     for c in cols:
         table.add_column(c, justify="right")
 
-    def cell(c: str, v: float) -> str:
+    def cell(c: str, v: float | str) -> str:
+        if isinstance(v, str):
+            return v
         return f"{v:.0f}" if c.endswith("%") else f"{v:.2f}"
+
+    def median(c: str) -> str:
+        values = [r[c] for r in results]
+        return "" if isinstance(values[0], str) else cell(c, statistics.median(values))
 
     for i, r in enumerate(results):
         table.add_row(str(i + 1), *(cell(c, r[c]) for c in cols))
-    table.add_row("median", *(cell(c, statistics.median(r[c] for r in results)) for c in cols), style="bold")
+    table.add_row("median", *(median(c) for c in cols), style="bold")
     return table
 
 
@@ -197,8 +220,11 @@ def main() -> None:
     loop_before = machine.loop_s()
     modes = ["recreate", "in-place"] if args.mode == "both" else [args.mode]
     medians: dict[str, float] = {}
+    restores: dict[str, list[float]] = {}  # restore seconds by where the state came from
     for mode in modes:
         results, reports = run_mode(mode, args.cycles, console)
+        for r in results:
+            restores.setdefault(r["from"], []).append(r["restore"])
         console.print(table_of(f"{mode}: recovery after losing a slice (seconds)", results))
         if reports:
             console.print(phase_table(reports))
@@ -211,6 +237,19 @@ def main() -> None:
     if len(medians) == 2:
         out["inplace_over_recreate"] = medians["in-place"] / medians["recreate"]
         words += f"; in-place / recreate = {out['inplace_over_recreate']:.2f} (goal <= 0.5)"
+    for source, seconds in sorted(restores.items()):
+        out[f"restore_{source}_median_s"] = statistics.median(seconds)
+    console.print(
+        "restore (the new segment's state on its devices): "
+        + ", ".join(
+            f"from {k} median {statistics.median(v):.3f} s ({len(v)})" for k, v in sorted(restores.items())
+        )
+        + (
+            f"; memory / storage = {out['restore_memory_median_s'] / out['restore_storage_median_s']:.3f}"
+            if "restore_memory_median_s" in out and out.get("restore_storage_median_s")
+            else ""
+        )
+    )
     console.print(
         f"{words}; machine: the reference loop took {loop_before:.3f} s before, {machine.loop_s():.3f} s after"
         " (bench/machine.py)"

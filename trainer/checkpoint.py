@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import inspect
+import json
 import logging
 import sys
 import time
@@ -25,6 +26,7 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+import tensorstore as ts
 from absl import flags
 from etils import epath
 
@@ -33,6 +35,18 @@ from trainer.config import ConfigError, schedule_change
 COMMIT_FILE = "commit_success.txt"
 UNUSABLE_DIR = "checkpoints-unusable"  # beside checkpoints/: steps that did not restore, kept
 UNUSABLE_REASON = "UNUSABLE.txt"
+_meta_bytes_read = [0]  # the JSON of the steps' meta items this process read (Orbax reads it in Python)
+
+
+def storage_bytes_read() -> int:
+    """Bytes this process has read from checkpoints so far: tensorstore's own counters of every
+    kvstore driver (``/tensorstore/kvstore/<driver>/bytes_read``: file, gcs, ...), through which
+    Orbax reads the arrays, plus the meta items' JSON. A restore from memory adds nothing."""
+    total = _meta_bytes_read[0]
+    for metric in ts.experimental_collect_matching_metrics("/tensorstore/kvstore/"):
+        if metric["name"].endswith("/bytes_read"):
+            total += sum(int(v.get("value", 0)) for v in metric["values"])
+    return total
 
 
 def _first_difference(saved: Any, current: Any, prefix: str = "") -> str | None:
@@ -102,7 +116,9 @@ class Checkpointer:
 
     def read_meta(self, step: int) -> dict[str, Any]:
         restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        return dict(restored["meta"])
+        meta = dict(restored["meta"])
+        _meta_bytes_read[0] += len(json.dumps(meta))
+        return meta
 
     def check_newest(self, check: Callable[[int, dict[str, Any]], None]) -> None:
         """`check` on the newest committed step when its meta reads as a checkpoint's: the identity

@@ -169,6 +169,9 @@ class CheckpointConfig:
     # Test hook: sleep this long before every save, as a process that reaches the save later than
     # its peers, which wait for it in Orbax's first save barrier (0: never). Set it on one process.
     debug_save_delay_s: float = 0.0
+    # In-memory snapshots of an in-place run (trainer/snapshot.py), every N steps: 0, automatic
+    # (every step on simulated CPU devices, every 10 on an accelerator); < 0: none.
+    memory_interval: int = 0
 
 
 @dataclass

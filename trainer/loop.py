@@ -21,8 +21,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from trainer import compile_cache, data, distributed, evaluate, sizes, stages, storage, supervisor
-from trainer.checkpoint import Checkpointer
+from trainer import compile_cache, data, distributed, evaluate, sizes, snapshot, stages, storage, supervisor
+from trainer.checkpoint import Checkpointer, storage_bytes_read
 from trainer.config import Config, ConfigError, config_hash, identity, schedule_point
 from trainer.mesh import batch_sharding, device_sharding, dp_ranks, mesh_for, process_block
 from trainer.metrics import RunWriter
@@ -160,6 +160,7 @@ class Pending:
     device_metrics: Any
     batch: dict
     data_s: float
+    snapshot_s: float = 0.0  # blocking time of the memory snapshot taken after this step
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,7 @@ class Incarnation:
     status: dict[str, Any]  # what every status.json write carries
     timeline: Timeline  # this process's start-up, reported with its first step
     evaluator: Any = None  # trainer.evaluate.Evaluator when eval.sources are given
+    snapshots: snapshot.Snapshotter | None = None  # in-memory snapshots (in-place runs)
 
 
 @dataclass(frozen=True)
@@ -237,6 +239,8 @@ def finish_step(inc: Incarnation, pending: Pending, since: float, startup: dict[
     m = unpack(jax.device_get(pending.device_metrics))
     now = time.perf_counter()
     rec = inc.recorder(pending.n, m, pending.batch, pending.data_s, now - since)
+    if inc.snapshots is not None:
+        rec["perf/memory_snapshot_seconds"] = pending.snapshot_s
     inc.preemption.step_done(rec["perf/step_time_seconds"])
     if startup:
         inc.timeline.mark("first step")
@@ -289,6 +293,13 @@ def _compile(program: dict[str, Any], steps: Steps, state: Any, model: Model) ->
     return replace(steps, train_step=train_step), timers
 
 
+def _recorded(inc: Incarnation, n: int) -> None:
+    """Step n's record is written: its snapshot may now count as done (``Snapshotter.recorded``),
+    so that a restore from memory never skips a step the metrics lack."""
+    if inc.snapshots is not None:
+        inc.snapshots.recorded(n)
+
+
 def _train(
     inc: Incarnation, steps: Steps, state: Any, batches: Any, start: int, startup: dict[str, Any]
 ) -> int:
@@ -314,7 +325,11 @@ def _train(
             done = finish_step(inc, pending, last_done, startup)
             startup, last_done, stop = {}, done.done_at, stop or done.stop
             writer.write(done.record)
-        pending = Pending(n, dm, batch, data_s)
+            _recorded(inc, pending.n)
+        snap_s = 0.0
+        if inc.snapshots is not None and inc.snapshots.due(n):  # before the next step donates `state`
+            snap_s = inc.snapshots.take(n, state, inc.meta(n))
+        pending = Pending(n, dm, batch, data_s, snap_s)
         evaluate = inc.evaluator is not None and inc.evaluator.due(n)
         if evaluate or n % cfg.checkpoint.interval == 0 or n == cfg.train.steps or stop:
             done = finish_step(inc, pending, last_done, startup)  # the step's own time, before the save
@@ -329,8 +344,11 @@ def _train(
                 writer.write(done.record)
                 writer.status(state="running", step=n, **inc.status)
                 writer.flush()
+                if stop and inc.snapshots is not None and not inc.snapshots.due(n):
+                    inc.snapshots.take(n, state, inc.meta(n), recorded=True)  # the step all stop at
             else:
                 writer.write(done.record)
+            _recorded(inc, n)
             last_done = time.perf_counter()  # neither the eval nor the save is the next step's time
             if stop:
                 break
@@ -364,6 +382,9 @@ def run(
     timeline.mark("distributed")
     segment = _env_number(env, "RESLICE_SEGMENT", int)
     attempt = _env_number(env, "RESLICE_RESTART_ATTEMPT", int)
+    memory_dir, memory_every = snapshot.directory(env), snapshot.interval(cfg.checkpoint.memory_interval)
+    if memory_dir is not None and memory_every > 0:
+        cfg = snapshot.with_slice_replicas(cfg, _env_number(env, "RESLICE_NUM_SLICES", int))
     mesh = mesh_for(cfg)
     plan = batch_plan(
         cfg, mesh.size, ident.num_processes, mesh.shape["expert"], dp_ranks(mesh), mesh.shape["fsdp"]
@@ -386,31 +407,62 @@ def run(
         }  # fmt: skip
 
     c = cfg.checkpoint
+    read_before = storage_bytes_read()
     ckpt = Checkpointer(cfg.run_dir, c.keep, c.async_save, c.debug_save_delay_s)
-    writer = None
+    writer, snapshots = None, None
+    # What a snapshot in memory must be to stand for a checkpoint of this run (`meta`, and the run).
+    expected = {"run_dir": cfg.run_dir, "config_hash": chash, "global_batch": gb, "schedule": sched or None}
+    memory = snapshot.Memory(
+        memory_dir,
+        memory_every,
+        expected,
+        f"{segment}-{attempt}-{env.get('RESLICE_WORLD_EPOCH', '')}",
+        _env_number(env, "RESLICE_HOSTS_PER_SLICE", int) or 1,
+    )
     try:
+        # The snapshots of this run that some slice's processes all hold in memory. Such a step
+        # (its shards for the new mesh checked below) was written by this very run: no storage
+        # checkpoint is read to check its identity then.
+        ours = memory.held(distributed.timeouts(env)[0])
         # A checkpoint of another run is refused before anything is written into its run
         # directory, the compile cache's entries included: the cache is enabled only after.
-        ckpt.check_newest(lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb, sched))
+        if not ours:
+            ckpt.check_newest(lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb, sched))
         if cfg.train.compile_cache:
             compile_cache.enable(cfg.run_dir)
         with jax.set_mesh(mesh):
             model, program = Model(cfg, mesh), compile_cache.program(cfg)
             abstract = compile_cache.abstract_state(program, mesh, model.abstract)
             timeline.mark("abstract state")
-            # A foreign checkpoint is refused before anything is written into its run directory.
             t_restore = time.perf_counter()
-            start, restored = ckpt.usable_start(
-                total_steps,
-                abstract,
-                lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb, sched),
-                None if model.was_traced else lambda: compile_cache.abstract_state(program, mesh, model.abstract, True),
-            )  # fmt: skip
+            source: snapshot.StateSource | None = None
+            chosen = memory.agreed(ours, abstract, mesh, distributed.timeouts(env)[0])
+            if chosen is not None and chosen[0] >= (ckpt.latest_step() or 0):
+                start, restored = chosen[0], memory.load(chosen, abstract, mesh)
+                source = memory.source
+            else:
+                if ours:  # not checked above
+                    ckpt.check_newest(lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb, sched))
+                # A foreign checkpoint is refused before anything is written into its run directory.
+                start, restored = ckpt.usable_start(
+                    total_steps,
+                    abstract,
+                    lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb, sched),
+                    None if model.was_traced else lambda: compile_cache.abstract_state(program, mesh, model.abstract, True),
+                )  # fmt: skip
+                source = snapshot.StateSource.STORAGE if start else None
             restore_s = time.perf_counter() - t_restore
             writer = RunWriter(
                 cfg.run_dir, segment, attempt, cfg.metrics.flush_seconds, ident.process_id == 0
             )
             status = {"total_steps": total_steps, "segment": segment, "config_hash": chash}
+            # Where this incarnation's state came from; bytes: what it read of the run directory's
+            # checkpoints from opening them to its state on the devices (the storage's counters).
+            restore_record = {
+                "restore/from": source.value if source else None,
+                "restore/step": start,
+                "restore/storage_bytes": 0,
+            }
             if ckpt.set_aside:  # the controller puts them in the run's ledger
                 status["unusable_checkpoints"] = ckpt.set_aside
             if start >= total_steps:
@@ -422,7 +474,8 @@ def run(
                 t_restore = time.perf_counter()
                 state = jax.block_until_ready(restored)
                 restore_s += time.perf_counter() - t_restore  # Orbax may hand back arrays still arriving
-                print(f"trainer: resumed step {start} from {ckpt.directory} on {plan}", flush=True)
+                where = str(ckpt.directory) if source is snapshot.StateSource.STORAGE else memory.describe()
+                print(f"trainer: resumed step {start} from {where} on {plan}", flush=True)
                 timeline.mark("restore")
             else:
                 # Nothing restored: the look for a checkpoint (opening Orbax's manager) is start-up.
@@ -434,6 +487,13 @@ def run(
                 if cfg.train.init_from:  # a stage's first segment: its source's state, at step 0
                     state = stages.initial_state(cfg, state, abstract)
                 timeline.mark("init")
+            restore_record["restore/storage_bytes"] = storage_bytes_read() - read_before
+            status["restored"] = {
+                "segment": segment,
+                "restart_attempt": attempt,
+                "from": restore_record["restore/from"],
+                "step": start,
+            }
             writer.status(state="running", step=start, **status)
             steps = _build_steps(cfg, mesh, plan.grad_accum)
 
@@ -458,12 +518,18 @@ def run(
                 "perf/restore_seconds": restore_s,
                 **compile_timers,
                 "perf/start_barrier_seconds": waited,
+                **restore_record,
             }
 
-            inc = Incarnation(cfg, preemption, recorder, writer, ckpt, meta, status, timeline, evaluator)
+            snapshots = memory.snapshotter(start)
+            inc = Incarnation(
+                cfg, preemption, recorder, writer, ckpt, meta, status, timeline, evaluator, snapshots
+            )
             n = _train(inc, steps, state, batches, start, startup)
             with preemption.saving():
                 ckpt.wait()
+                if snapshots is not None:
+                    snapshots.wait()
             if n >= total_steps:
                 writer.status(state="finished", step=n, **status)
                 print(f"trainer: finished {n} steps", flush=True)
@@ -471,6 +537,8 @@ def run(
             print(f"trainer: preempted: step {n} committed, exit {EXIT_PREEMPTED}", flush=True)
             return EXIT_PREEMPTED
     finally:
+        if snapshots is not None:  # a failed step (a lost peer): a snapshot in flight of a recorded step
+            snapshots.abandon(timeout_s=30.0)
         preemption.restore()
         ckpt.close()
         if writer is not None:

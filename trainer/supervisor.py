@@ -62,7 +62,7 @@ from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from trainer import peers, world
+from trainer import memdir, peers, world
 
 if TYPE_CHECKING:
     from trainer import worldsource
@@ -275,6 +275,10 @@ def supervise_world(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    # RAM for the children's snapshots, which outlives each of them (trainer/snapshot.py).
+    memory = memdir.make(env, me.slice_id, me.host)
+    if memory is not None:
+        env = {**env, memdir.MEMORY_DIR_ENV: str(memory)}
     if env.get(STANDBY_SWITCH_ENV, "1") != "0":
         # Before the world source's thread starts: its first connection imports modules lazily
         # (the idna codec for a host name), and a fork while another thread holds a module's import
@@ -297,6 +301,7 @@ def supervise_world(
         if (standby := state["standby"]) is not None:  # nothing to save: it never had a world
             with contextlib.suppress(ProcessLookupError):
                 os.kill(standby.pid, signal.SIGKILL)
+        memdir.remove(memory)
 
 
 def _follow(

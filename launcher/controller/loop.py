@@ -90,6 +90,7 @@ class Controller:
     # Per run: what the ledger last recorded, so that only changes get a line.
     _last: dict[str, tuple[dict, str]] = field(default_factory=dict)
     _unusable_seen: set[str] = field(default_factory=set)
+    _restores_seen: set[tuple] = field(default_factory=set)
     _wake: threading.Event = field(default_factory=threading.Event)
     # Set while the watches may apply events to the caches; cleared while a pass decides
     # (`_deciding`).
@@ -201,6 +202,7 @@ class Controller:
         if summary != last_summary:
             entries.append({"kind": LedgerKind.OBSERVE, **summary})
         entries += self._new_unusable(obs.trainer)
+        entries += self._new_restore(run, obs.trainer)
         if decision.record != rec:
             try:
                 self._written[run] = (rv, decision.record, self.kube.update_record(decision.record, rv))
@@ -410,6 +412,24 @@ class Controller:
                     }
                 )
         return out
+
+    def _new_restore(self, run: str, trainer: dict | None) -> list[dict]:
+        """One ledger line per trainer incarnation that restored a step (status.json's `restored`):
+        where its state came from, e.g. "restored step 41 from memory"."""
+        r = (trainer or {}).get("restored")
+        if not isinstance(r, dict) or not r.get("from") or not isinstance(r.get("step"), int):
+            return []
+        key = (run, r.get("segment"), r.get("restart_attempt"))
+        if key in self._restores_seen:
+            return []
+        self._restores_seen.add(key)
+        return [
+            {
+                "kind": LedgerKind.RESTORE,
+                **{k: r.get(k) for k in ("segment", "restart_attempt", "from", "step")},
+                "message": f"restored step {r['step']} from {r['from']}",
+            }
+        ]
 
     def _log(self, rundir: RunDir, entries: list[dict]) -> None:
         if entries:

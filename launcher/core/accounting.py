@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from launcher.core.record import RunRecord
-from launcher.core.words import EndKind, LedgerKind, RunState
+from launcher.core.words import EndKind, LedgerKind, RestoredFrom, RunState
 
 LOSS = "learning/loss"
 STEP_TIME = "perf/step_time_seconds"
@@ -111,6 +111,9 @@ class SegmentReport:
     end_kind: EndKind | None
     end_reason: str | None
     badput: Badput = field(default_factory=Badput)
+    # Where the segment's first trainer incarnation got its state (its first record's
+    # `restore/from`); None: the run's first segment, or a trainer that does not say.
+    restored_from: RestoredFrom | None = None
 
 
 @dataclass
@@ -143,6 +146,7 @@ class RunReport:
                     "steps": [s.first_step, s.last_step],
                     "steps_computed": s.steps_computed,
                     "recomputed_steps": s.recomputed_steps,
+                    "restored_from": s.restored_from,
                     "end_kind": s.end_kind,
                     "end_reason": s.end_reason,
                     **s.badput.as_dict(),
@@ -270,6 +274,17 @@ def segment_badput(
     return b
 
 
+def restored_from(rows: list[dict]) -> RestoredFrom | None:
+    """The `restore/from` of the earliest record that has one (each incarnation's first record)."""
+    for m in rows:
+        if "restore/from" in m:
+            try:
+                return RestoredFrom(m["restore/from"]) if m["restore/from"] else None
+            except ValueError:
+                return None
+    return None
+
+
 def build_report(rec: RunRecord, metrics: list[dict], ledger: list[dict], now: float) -> RunReport:
     end = rec.finished_at or now
     kept, ordered = kept_computations(metrics)
@@ -299,6 +314,7 @@ def build_report(rec: RunRecord, metrics: list[dict], ledger: list[dict], now: f
                 end_kind=seg.end_kind,
                 end_reason=seg.end_reason,
                 badput=b,
+                restored_from=restored_from([m for _, m in rows]),
             )
         )
         total.add(b)

@@ -108,6 +108,15 @@ class LedgerKind(StrEnum):
     UNUSABLE_CHECKPOINT = "unusable-checkpoint"
     LAUNCH = "launch"
     RELAUNCH = "relaunch"  # a sweep relaunched a run
+    RESTORE = "restore"  # where a trainer incarnation's state came from (its status.json)
+
+
+class RestoredFrom(StrEnum):
+    """Where a segment's state came from (the trainer's `restore/from`; docs/contract.md)."""
+
+    MEMORY = "memory"  # the surviving processes' own snapshots in RAM
+    PEERS = "peers"  # a surviving replica, over the data axis
+    STORAGE = "storage"  # the run directory's committed checkpoints
 
 
 class DropUnit(StrEnum):

@@ -9,7 +9,7 @@ from launcher.core.accounting import CATEGORIES, build_report, waiting_intervals
 from launcher.core.plan import Plan
 from launcher.core.record import RunRecord, new_segment
 from launcher.core.spec import RunSpec
-from launcher.core.words import RunState
+from launcher.core.words import RestoredFrom, RunState
 from launcher.report.plots import plot_loss, plot_timeline
 
 T0 = 1000.0
@@ -222,3 +222,18 @@ def test_restarts_by_cause():
     rec = replace(rec, segments=(seg, rec.segments[1]), app_failures=3)
     restarts = build_report(rec, metrics, ledger, now=T0 + 999).restarts
     assert (restarts["preemption"], restarts["peer_lost"], restarts["application_failure"]) == (1, 2, 3)
+
+
+def test_each_segment_says_where_its_state_came_from():
+    """`restored_from` is the segment's first incarnation's `restore/from` (the trainer's first
+    record): null for a fresh start, and a segment whose trainer does not say stays null."""
+    rec, metrics, ledger = history()
+    first = next(m for m in metrics if m["segment"] == 0)
+    later = sorted((m for m in metrics if m["segment"] == 1), key=lambda m: m["time"])
+    first.update({"restore/from": None, "restore/step": 0})
+    later[0].update({"restore/from": "memory", "restore/step": 2})
+    segments = build_report(rec, metrics, ledger, T0 + 60).as_dict()["segments"]
+    assert [s["restored_from"] for s in segments] == [None, RestoredFrom.MEMORY]
+    assert [s["recomputed_steps"] for s in segments] == [2, 0]
+    later[0]["restore/from"] = "tape"  # not a source this launcher knows
+    assert build_report(rec, metrics, ledger, T0 + 60).segments[1].restored_from is None

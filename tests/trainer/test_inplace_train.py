@@ -108,9 +108,10 @@ def test_the_coordinators_slice_lost_then_a_new_slice_grows_the_world_back(
     reference: dict, tmp_path: Path
 ) -> None:
     """s0 hosts process 0 and dies (SIGKILL, a host error): s1's trainer exits 43 and its pod
-    waits; the next world is s1 alone (now process 0); a new pod of slice s2, started before any
-    world has it, waits until the world after that takes it in as process 1; s1's trainer is
-    restarted in place each time."""
+    waits; the next world is s1 alone (now process 0), from s1's snapshot in memory; a new pod of
+    slice s2, started before any world has it, waits until the world after that takes it in as
+    process 1, with s1's state from its memory (a broadcast over the data axis, no storage); s1's
+    trainer is restarted in place each time."""
     run_dir, world_file = tmp_path / "run", tmp_path / "world.json"
     s0, s1 = (pod(run_dir, world_file, s, tmp_path / f"{s}.log") for s in ("s0", "s1"))
     s2: runs.Trainer | None = None
@@ -139,7 +140,14 @@ def test_the_coordinators_slice_lost_then_a_new_slice_grows_the_world_back(
     files = sorted(runs.metrics_files(run_dir).items())
     assert len(files) == 3, [n for n, _ in files]  # one per world's process 0: s0, then s1 twice
     first, second, third = (runs.parse_metrics({n: t}) for n, t in files)
-    assert min(second) == 11  # step 10 committed; 11 and 12 were lost with s0 and computed again
+    # s1's own snapshot in memory (it holds a whole replica: one slice of the data axis) of the
+    # newest step both processes had written: at most one step is computed again, where the storage
+    # checkpoint (step 10) would have cost every step since.
+    restored = second[min(second)]
+    assert restored["restore/from"] == "memory" and restored["restore/storage_bytes"] == 0
+    assert min(second) == restored["restore/step"] + 1 >= max(first)
+    # The grown world: s2's new pod holds no snapshot; s1's replica reaches it over the data axis.
+    assert third[min(third)]["restore/from"] == "peers" and third[min(third)]["restore/storage_bytes"] == 0
     assert min(third) == max(second) + 1 and max(third) == 40  # the SIGTERM's checkpoint
     shapes = [
         {(r["devices"], r["micro_batch"], r["num_processes"]) for r in f.values()}

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field, replace
 
 from launcher.core.capacity.pools import Pool, create_command, names, pools_for
-from launcher.core.capacity.quota import shortfalls
+from launcher.core.capacity.quota import HOST_RESOURCES, shortfalls
 from launcher.core.plan import Plan
 from launcher.core.presets import Shape
 from launcher.core.render import placement, pod_spec
@@ -221,7 +221,7 @@ def trainer_pod(spec: RunSpec, shape: Shape) -> dict:
 def host_requests(spec: RunSpec, shape: Shape) -> dict[str, str]:
     """The cpu and memory one trainer pod of `shape` requests (google.com/tpu is the pool's shape)."""
     requests = trainer_pod(spec, shape)["spec"]["containers"][0]["resources"]["requests"]
-    return {k: v for k, v in requests.items() if k in ("cpu", "memory")}
+    return {k: v for k, v in requests.items() if k in HOST_RESOURCES}
 
 
 def check_quota(quotas: tuple[dict, ...], req: Request) -> Check:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from launcher.core.podfit import pod_requests, quantity
 
 # ResourceQuota keys a pod must state a value for, or quota admission refuses it.
+# Kubernetes' compute resources of a pod (not reslice's words: "memory" is also a RestoredFrom).
+HOST_RESOURCES = ("cpu", "memory")
 COMPUTE_KEYS = {"cpu", "memory", "requests.cpu", "requests.memory", "limits.cpu", "limits.memory"}
 
 
@@ -20,7 +22,7 @@ def pod_usage(pod: dict) -> dict[str, float]:
     usage = {"pods": 1.0, "count/pods": 1.0}
     for r, v in pod_requests(pod).items():
         usage[f"requests.{r}"] = v
-        if r in ("cpu", "memory"):
+        if r in HOST_RESOURCES:
             usage[r] = v
     for c in pod["spec"]["containers"]:
         for r, v in ((c.get("resources") or {}).get("limits") or {}).items():

@@ -1,0 +1,156 @@
+"""In-memory snapshots (trainer/snapshot.py) with real JAX arrays on 8 simulated CPU devices: what a
+snapshot holds, when it covers a new mesh, what it restores, and what the directory keeps."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from trainer import memdir, snapshot
+
+
+def state_on(mesh: Mesh, rows: tuple) -> dict:
+    """A small train-state-like tree: a sharded matrix, a replicated vector and a scalar step."""
+    w = np.arange(16 * 6, dtype=np.float32).reshape(16, 6) / 7
+    return {
+        "params": {"w": jax.device_put(w, NamedSharding(mesh, P(rows, None)))},
+        "opt": {"v": jax.device_put(np.linspace(0, 1, 6, dtype=np.float32), NamedSharding(mesh, P()))},
+        "step": jax.device_put(np.int32(12), NamedSharding(mesh, P())),
+    }
+
+
+def abstract_of(tree: dict) -> dict:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def test_a_slices_snapshot_restores_bitwise_onto_the_mesh_of_that_slice_alone(cpu8, tmp_path: Path) -> None:
+    two_slices = Mesh(np.array(cpu8).reshape(2, 4), ("data", "fsdp"))  # data parallel across 2 "slices"
+    state = state_on(two_slices, "fsdp")
+    snaps = snapshot.Snapshotter(tmp_path, 1, {"run_dir": "r"})
+    snaps.take(12, state, {"step": 12, "config_hash": "h"}, recorded=True)
+    snaps.wait()
+    assert snaps.written == [12] and snapshot.complete_steps(tmp_path) == [12]
+    header = snapshot.read_header(tmp_path / "12.snap")
+    assert header["meta"] == {"step": 12, "config_hash": "h", "run_dir": "r"}
+    # One copy of each distinct shard: 4 row blocks of w, one of v and of the step (not 8 each).
+    assert {e["path"]: len(e["shards"]) for e in header["leaves"]} == {
+        "['opt']['v']": 1,
+        "['params']['w']": 4,
+        "['step']": 1,
+    }
+
+    one_slice = Mesh(np.array(cpu8[:4]).reshape(1, 4), ("data", "fsdp"))  # the survivor's devices
+    target = abstract_of(state_on(one_slice, "fsdp"))
+    assert snapshot.covers(header, target)
+    restored = snapshot.load(header, target)
+    for got, want, where in zip(
+        jax.tree.leaves(restored), jax.tree.leaves(state), jax.tree.leaves(target), strict=True
+    ):
+        assert got.sharding == where.sharding
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_a_snapshot_of_other_blocks_does_not_cover_the_new_mesh(cpu8, tmp_path: Path) -> None:
+    """Rows in 8 blocks (FSDP over every device) hold no block of 4 rows that a 4-device mesh needs:
+    no restore from it (the world falls back to storage), rather than a state pieced together."""
+    everywhere = Mesh(np.array(cpu8).reshape(1, 8), ("data", "fsdp"))
+    snaps = snapshot.Snapshotter(tmp_path, 1)
+    snaps.take(3, state_on(everywhere, "fsdp"), {"step": 3}, recorded=True)
+    snaps.wait()
+    header = snapshot.read_header(tmp_path / "3.snap")
+    assert snapshot.covers(header, abstract_of(state_on(everywhere, "fsdp")))
+    half = Mesh(np.array(cpu8[:4]).reshape(1, 4), ("data", "fsdp"))
+    assert not snapshot.covers(header, abstract_of(state_on(half, "fsdp")))
+    other_tree = abstract_of({**state_on(everywhere, "fsdp"), "extra": state_on(everywhere, "fsdp")["step"]})
+    assert not snapshot.covers(header, other_tree)
+
+
+def test_the_directory_keeps_the_newest_four_and_no_other_lineage(cpu8, tmp_path: Path) -> None:
+    mesh = Mesh(np.array(cpu8).reshape(2, 4), ("data", "fsdp"))
+    state = state_on(mesh, "fsdp")
+    snaps = snapshot.Snapshotter(tmp_path, 2)
+    assert [s for s in range(1, 11) if snaps.due(s)] == [2, 4, 6, 8, 10]
+    for step in (2, 4, 6, 8, 10):
+        snaps.take(step, state, {"step": step}, recorded=True)
+    snaps.wait()
+    assert snapshot.complete_steps(tmp_path) == [10, 8, 6, 4]
+    (tmp_path / ".10.snap.tmp-999999999").write_bytes(b"half")  # a writer killed mid-write
+    snapshot.prune(tmp_path, above=6)  # a restore of step 6: step 8 is another lineage's now
+    assert sorted(os.listdir(tmp_path)) == ["4.snap", "6.snap"]
+    accepted = snapshot.candidates(tmp_path, lambda meta: meta["step"] == 6)
+    assert list(accepted) == [6]
+
+
+def test_a_failed_write_turns_snapshots_off_and_says_so(cpu8, tmp_path: Path, capsys) -> None:
+    mesh = Mesh(np.array(cpu8).reshape(2, 4), ("data", "fsdp"))
+    snaps = snapshot.Snapshotter(tmp_path / "gone", 1)
+    (tmp_path / "gone").rmdir()  # the medium went away under it
+    snaps.take(1, state_on(mesh, "fsdp"), {"step": 1}, recorded=True)
+    snaps.wait()
+    assert not snaps.on and not snaps.due(2) and snaps.written == []
+    assert "memory snapshot of step 1 failed" in capsys.readouterr().out
+
+
+def test_each_pod_gets_its_own_memory_directory_and_a_dead_ones_is_removed(tmp_path: Path) -> None:
+    env = {memdir.MEMORY_ROOT_ENV: str(tmp_path), "RESLICE_RUN": "llm"}
+    dead = tmp_path / "reslice-llm-s1-0-999999999"  # a supervisor that was killed: no such pid
+    dead.mkdir()
+    other = tmp_path / f"reslice-llm-s2-0-{os.getppid()}"  # another pod's, its supervisor alive
+    other.mkdir()
+    mine = memdir.make(env, "s1", 0)
+    assert mine == tmp_path / f"reslice-llm-s1-0-{os.getpid()}" and mine.is_dir()
+    assert not dead.exists() and other.exists()
+    memdir.remove(mine)
+    assert not mine.exists()
+    assert memdir.make({memdir.MEMORY_ROOT_ENV: str(tmp_path / "missing" / "x")}, "s1", 0) is None
+
+
+@pytest.mark.parametrize(("configured", "resolved"), [(0, 1), (5, 5), (-1, 0)])
+def test_the_interval_resolves_to_every_step_on_cpu(cpu8, configured: int, resolved: int) -> None:
+    assert snapshot.interval(configured) == resolved
+
+
+def test_a_snapshot_is_done_only_once_its_step_is_recorded(cpu8, tmp_path: Path) -> None:
+    """The state after a step whose metrics record was never written (its trainer failed first) is
+    no snapshot: a restore from it would leave that step out of the run's metrics."""
+    mesh = Mesh(np.array(cpu8).reshape(2, 4), ("data", "fsdp"))
+    snaps = snapshot.Snapshotter(tmp_path, 1)
+    snaps.take(5, state_on(mesh, "fsdp"), {"step": 5})
+    snaps.recorded(5)
+    snaps.take(6, state_on(mesh, "fsdp"), {"step": 6})
+    snaps.abandon(timeout_s=10)  # the trainer fails before step 6 is recorded
+    assert snaps.written == [5] and os.listdir(tmp_path) == ["5.snap"]
+
+
+def test_the_slices_that_hold_a_step_whole() -> None:
+    """Process ids are slice-major: with 2 hosts per slice, processes 0-1 are slice 0, 2-3 slice 1."""
+    per_process = [[4, 5, 6], [5, 6], [6, 7], [7]]
+    assert snapshot.whole(per_process, 2) == {5: (0,), 6: (0,), 7: (1,)}
+    assert snapshot.whole([[1], [1], [], []], 2) == {1: (0,)}
+    assert snapshot.whole([[], []], 1) == {}
+
+
+def test_a_broadcast_gives_the_state_on_the_target_shardings(cpu8, tmp_path: Path) -> None:
+    """The peers' path: each device's part stacked along a data axis, one program picks a slice's."""
+    mesh = Mesh(np.array(cpu8).reshape(2, 4), ("data", "fsdp"))
+    state = state_on(mesh, "fsdp")
+    snaps = snapshot.Snapshotter(tmp_path, 1)
+    snaps.take(7, state, {"step": 7}, recorded=True)
+    snaps.wait()
+    target = abstract_of(state)
+    assert snapshot.broadcastable(target, mesh, 2)
+    assert not snapshot.broadcastable(abstract_of(state_on(mesh, ("data", "fsdp"))), mesh, 2)
+    got = snapshot.broadcast(snapshot.read_header(tmp_path / "7.snap"), target, mesh, 1)
+    for g, want, where in zip(
+        jax.tree.leaves(got), jax.tree.leaves(state), jax.tree.leaves(target), strict=True
+    ):
+        assert g.sharding == where.sharding
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(want))
+    zeros = snapshot.broadcast(None, target, mesh, 0)  # a process that holds nothing sends zeros
+    assert not np.asarray(zeros["params"]["w"]).any()
