@@ -3,8 +3,9 @@
     .venv/bin/python -m bench.chaos [--seeds 20] [--faults 4] [--restart-mode in-place]    (or: python3 dev.py bench chaos ...)
 
 Each seed draws, with random.Random(seed), a schedule of faults from: a spot preemption notice, a
-pod killed (exit 137), a drain, an auto-repair, a node pool removed and restored, the controller
-killed (SIGKILL) and restarted, a second controller. They hit a 2-slice run of the `tiny` config on
+pod killed (exit 137), a host crashed without notice and down a few seconds (its node NotReady
+meanwhile), a drain, an auto-repair, a node pool removed and restored, the controller killed
+(SIGKILL) and restarted, a second controller. They hit a 2-slice run of the `tiny` config on
 tpu7x-2x2x2 over 2 node pools (`--shape single`: one single-host slice; the embedded cluster, the
 real trainer, `reslice watch` processes), spread over the run: fault i of n waits for the
 checkpoint at step ~(i + 1) * steps / (n + 1). After the run, per seed:
@@ -57,7 +58,13 @@ from tests.controller.harness import (
 
 RUN = "chaos"
 TOLERANCE = 1e-5
-FAULTS = ("preempt", "kill-pod", "drain", "repair", "remove", "kill-controller", "second-controller")
+FAULTS = (
+    "preempt", "kill-pod", "crash-host", "drain", "repair", "remove", "kill-controller", "second-controller",
+)  # fmt: skip
+# A crashed host stays down this long (s, drawn per fault) and its node turns NotReady after
+# NODE_GRACE_S: the node monitor's grace period, 40 s upstream, shortened as the run is.
+HOST_DOWN_S = (4.0, 12.0)
+NODE_GRACE_S = 2.0
 ONCE = {"kill-pod", "second-controller"}  # two pod kills could rightly spend the failure budget
 # (preset, slices, global batch) on 2 node pools. `elastic` shrinks and grows (4 trainer processes);
 # `single` (one host, one slice: 1 process) only moves between pools, for a slow machine.
@@ -235,6 +242,14 @@ class Chaos:
             except UserError as e:  # it ended between the look and the kill
                 return f"skipped: {e}"
             return pod["metadata"]["name"]
+        if fault == "crash-host":
+            try:
+                h.cluster.crash_host(
+                    "default", pod["metadata"]["name"], down_s=self.rng.uniform(*HOST_DOWN_S)
+                )
+            except UserError as e:
+                return f"skipped: {e}"
+            return f"{pod['metadata']['name']} ({node})"
         if fault == "drain":
             h.cluster.drain(node, wait=False)
             self._later(lambda: h.cluster.uncordon(node))
@@ -274,7 +289,7 @@ def run_seed(
     restart_mode: str = ReshapeMode.RECREATE,
 ) -> dict:
     preset, slices, batch = SHAPES[shape]
-    h = Harness(tmp, pools=2, preset=preset)
+    h = Harness(tmp, pools=2, preset=preset, node_monitor_grace_s=NODE_GRACE_S)
     events: list[tuple[str, str]] = []
     restarts: dict[str, int] = {}  # JobSet → the most status.restarts it reached
 
@@ -352,7 +367,8 @@ def seed_table(r: dict) -> Table:
     held = all(not p for p in r["checks"].values())
     title = (
         f"seed {r['seed']}: {'held' if held else 'NOT HELD'} in {r['seconds']:.0f} s "
-        f"({r['segments']} segments, {r['restarts']} JobSet restarts, {r['recomputed']} steps recomputed)"
+        f"({r['segments']} segments, {r['restarts']} JobSet restarts, {r['recomputed']} steps recomputed"
+        f" over {len(r['faults'])} faults)"
     )
     table = Table(title=title, title_justify="left")
     table.add_column("t (s)", justify="right")
@@ -408,7 +424,7 @@ def main() -> None:
     again = sum(r["recomputed"] for r in results)
     console.print(
         f"{held}/{len(results)} held ({per_seed:.0f} s per seed; {faults} faults injected;"
-        f" {again} steps recomputed in all)"
+        f" {again} steps recomputed in all, {again / max(1, faults):.2f} per fault)"
     )
 
 

@@ -367,12 +367,26 @@ def kill_pod(
 def crash_host(
     pod: Annotated[str, typer.Argument(help="Pod name.")],
     namespace: Annotated[str, typer.Option("--namespace", "-n")] = "default",
+    down: Annotated[
+        float,
+        typer.Option(
+            "--down",
+            help="Seconds the host stays down before its reboot: no heartbeats meanwhile, so its node"
+            " turns NotReady after the node monitor grace period. 0: an instant reboot.",
+        ),
+    ] = 0.0,
     directory: StateDir = None,
 ) -> None:
     """The pod's host crashes: its processes die, nothing reports it (no DisruptionTarget)."""
-    out = _call(_running(state_dir(directory)), "crash-host", {"namespace": namespace, "pod": pod})
+    from launcher.core import inputs
+
+    inputs.seconds("--down", down)
+    out = _call(
+        _running(state_dir(directory)), "crash-host", {"namespace": namespace, "pod": pod, "down_s": down}
+    )
+    back = f"; its node is down for {down:g} s (NotReady after the grace period)" if down > 0 else ""
     console.print(
-        f"Crashed the host of {out['pod']} ({out['node']}): its processes are gone, the pod stays Running."
+        f"Crashed the host of {out['pod']} ({out['node']}): its processes are gone, the pod stays Running{back}."
     )
 
 

@@ -221,8 +221,8 @@ class EmbeddedCluster:
     def kill_pod(self, namespace: str, name: str) -> dict[str, Any]:
         return faults.kill_pod(self, namespace, name)
 
-    def crash_host(self, namespace: str, name: str) -> dict[str, Any]:
-        return faults.crash_host(self, namespace, name)
+    def crash_host(self, namespace: str, name: str, down_s: float = 0.0) -> dict[str, Any]:
+        return faults.crash_host(self, namespace, name, down_s)
 
     def drain(self, node: str, timeout_s: float = 60.0, wait: bool = True) -> dict[str, Any]:
         return faults.drain(self, node, timeout_s, wait)
@@ -293,7 +293,9 @@ class EmbeddedCluster:
             elif action == "kill-pod":
                 out = self.kill_pod(args.get("namespace") or "default", args["pod"])
             elif action == "crash-host":
-                out = self.crash_host(args.get("namespace") or "default", args["pod"])
+                out = self.crash_host(
+                    args.get("namespace") or "default", args["pod"], float(args.get("down_s", 0.0))
+                )
             elif action == "drain":
                 out = self.drain(
                     args["node"], float(args.get("timeout_s", 60.0)), bool(args.get("wait", True))

@@ -15,8 +15,10 @@
   GKE the node's kubelet died with it: the node turns NotReady after ~40 s and its pods are only
   evicted ~5 min 40 s after the last heartbeat, long after the surviving trainers failed. Once
   deleted (by its Job or JobSet), the pod is reported as a container that could not be found
-  (exit 137, ContainerStatusUnknown) and removed, as after the host's reboot; the node stays
-  Ready throughout (the reboot is instant here).
+  (exit 137, ContainerStatusUnknown) and removed, as after the host's reboot. By default the
+  reboot is instant and the node stays Ready; with `down_s` the host stays down that long: no
+  heartbeats (as `partition`), so the node turns NotReady after the node monitor grace period,
+  which is how a controller that watches nodes learns of it, and it is back (`heal`) after.
 
 Node faults (one node): `drain` (kubectl drain: cordon, evict through the eviction API),
 `uncordon`, `repair` (GKE auto-repair: the node deleted and recreated, PodGC fails its pods),
@@ -29,6 +31,7 @@ Called by `EmbeddedCluster`'s fault methods (launcher/embedded/cluster.py), whic
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any, Protocol
@@ -224,15 +227,29 @@ def kill_pod(cluster: FaultTarget, namespace: str, name: str) -> dict[str, Any]:
     return {"pod": f"{namespace}/{name}", "exitCode": 137}
 
 
-def crash_host(cluster: FaultTarget, namespace: str, name: str) -> dict[str, Any]:
-    """The host of a running pod crashes: its processes die, the pod is left Running (module doc)."""
+def crash_host(cluster: FaultTarget, namespace: str, name: str, down_s: float = 0.0) -> dict[str, Any]:
+    """The host of a running pod crashes: its processes die, the pod is left Running (module doc).
+    With `down_s` > 0 the host stays down that long before its reboot: its kubelet died with it, so
+    the node's heartbeats stop (NotReady after the node monitor grace period, as `partition`) and
+    resume when it is back (`heal`)."""
     pod = _pod(cluster, namespace, name)
     uid = objects.meta(pod)["uid"]
+    node = (pod.get("spec") or {}).get("nodeName")
     run = next((r for r in cluster.kubelet.runs() if r.uid == uid), None)
     if run is None or not cluster.kubelet.crash(uid):
         raise UserError(f"pod {namespace}/{name} is not running")
     run.done.wait(10)
-    return {"pod": f"{namespace}/{name}", "node": (pod.get("spec") or {}).get("nodeName")}
+    if down_s > 0 and node:
+        partition(cluster, node)
+
+        def reboot() -> None:
+            with contextlib.suppress(Exception):  # the cluster may have been closed meanwhile
+                heal(cluster, node)
+
+        timer = threading.Timer(down_s, reboot)
+        timer.daemon = True
+        timer.start()
+    return {"pod": f"{namespace}/{name}", "node": node, "down_s": down_s}
 
 
 # ---- node faults (one node, as GKE's upgrades, auto-repair and network faults hit them) --------

@@ -108,6 +108,52 @@ def test_in_place_shrink_then_grow_keeps_the_surviving_slice_pods(tmp_path, refe
     assert rec.state == RunState.FINISHED and rec.segments[-1].end_step == STEPS
 
 
+def test_a_crashed_host_in_place_costs_at_most_one_step(tmp_path, reference):
+    # A host dies without notice (no SIGTERM, no DisruptionTarget, its pod still Running) and stays
+    # down: the other slice's trainers exit 43 at once; its node turns NotReady after the node
+    # monitor grace period (1 s here, 40 s upstream), the only sign the controller gets; the world
+    # shrinks to the surviving slice, which restores the newest step in its memory, while the
+    # storage checkpoint is 20 steps apart (docs/design.md, "State from memory").
+    h = Harness(tmp_path, pools=2, preset=MULTI_HOST, node_monitor_grace_s=1)
+    try:
+        knobs = Knobs(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
+        h.launch(
+            "crash", slices=2, steps=STEPS, knobs=knobs, global_batch=MULTI_HOST_BATCH,
+            restart_mode="in-place", interval=20,
+        )  # fmt: skip
+        h.start_controller("crash")
+        wait_for(lambda: trained(h, "crash") >= 6, 300, "step 6")
+        first = uids(h, "crash", "0")
+        victim = next(p for p in h.run_pods("crash") if p["metadata"]["labels"].get(LABEL_SLICE) == "1")
+        before = trained(h, "crash")
+        h.cluster.crash_host("default", victim["metadata"]["name"], down_s=600)
+        wait_for(lambda: len(h.record("crash").segments) >= 2, 60, "the shrink to a new world")
+        wait_for(lambda: trained(h, "crash", segment=1) > 0, 240, "training on 1 slice")
+        assert uids(h, "crash", "0") == first  # the same pods
+        h.cluster.heal(victim["spec"]["nodeName"])  # the host is back
+        rec = h.wait_state("crash", {RunState.FINISHED}, timeout=300)
+        rundir = h.rundir("crash")
+        metrics, ledger = rundir.metrics(), rundir.ledger()
+    finally:
+        h.close()
+    first_seg, shrunk = rec.segments[:2]
+    assert first_seg.end_kind == "capacity-lost" and shrunk.slice_ids == ("0",)
+    status = build_report(rec, metrics, ledger, rec.finished_at or 0.0).as_dict()
+    assert status["segments"][1]["restored_from"] == RestoredFrom.MEMORY
+    assert status["segments"][0]["recomputed_steps"] <= 1
+    head = min((m for m in metrics if m.get("segment") == 1 and "restore/from" in m), key=lambda m: m["time"])
+    assert head["restore/storage_bytes"] == 0 and head["restore/step"] >= before - 1
+    said = [e["message"] for e in ledger if e.get("kind") == LedgerKind.RESTORE]
+    assert f"restored step {head['restore/step']} from memory" in said, said
+    kept = kept_steps(metrics)
+    assert sorted(kept) == list(range(1, STEPS + 1))
+    for step, m in kept.items():
+        ref = reference[step]
+        assert m["data/sample_digest"] == ref["data/sample_digest"], f"step {step}: different samples"
+        assert abs(m["learning/loss"] - ref["learning/loss"]) <= 1e-5, (step, m["learning/loss"])
+    assert rec.segments[-1].end_step == STEPS
+
+
 THREE_BATCH = 96  # 3 x 16 devices and 2 x 16 both divide it
 SHORT = 15
 

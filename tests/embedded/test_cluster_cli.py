@@ -88,6 +88,7 @@ def test_cluster_up_status_faults_down(tmp_path, capsys):
             (("preempt", "nope"), "unknown node pool 'nope'"),
             (("kill-pod", "no-such-pod"), "pod default/no-such-pod not found"),
             (("crash-host", "no-such-pod"), "pod default/no-such-pod not found"),
+            (("crash-host", "no-such-pod", "--down", "-1"), "--down -1: expected a finite number of seconds"),
             (("drain", "no-such-node"), "node no-such-node not found"),
             (("repair", "no-such-node"), "unknown node 'no-such-node'"),
             (("partition", "no-such-node"), "unknown node 'no-such-node'"),

@@ -195,7 +195,7 @@ def test_crash_host_reports_nothing_and_the_survivors_exit_43_restarts_uncounted
         victim, survivor = _slice_pods(kube, 0)[0], _slice_pods(kube, 1)[0]
         pid = _pid(victim)
         out = kube.cluster.crash_host("default", victim.metadata.name)
-        assert out == {"pod": f"default/{victim.metadata.name}", "node": victim.spec.node_name}
+        assert out == {"pod": f"default/{victim.metadata.name}", "node": victim.spec.node_name, "down_s": 0.0}
         assert not _alive(pid)
         kube.cluster.settle()
         # Nothing reports a dead host's pod: still Running, no DisruptionTarget, no exit code.
@@ -221,6 +221,31 @@ def test_crash_host_reports_nothing_and_the_survivors_exit_43_restarts_uncounted
         assert (term.terminated.exit_code, term.terminated.reason) == (137, "ContainerStatusUnknown")
         _wait_both_slices_restarted(kube)
         rec.close()
+
+
+def test_a_host_down_for_a_while_turns_its_node_not_ready_then_ready_again():
+    # The host's kubelet died with it: no heartbeats until the reboot, so the node monitor marks the
+    # node NotReady (unreachable taints) after its grace period, the only sign a controller gets of
+    # it; the pod itself is still reported Running. Back after `down_s`: Ready, taints gone.
+    with running("tpu7x-2x2x2:2", node_monitor_grace_s=0.3) as kube:
+        kube.create_jobset(rendered("down", TRAINER, max_restarts=0))
+        victim = _slice_pods(kube, 0)[0]
+        node = victim.spec.node_name
+        out = kube.cluster.crash_host("default", victim.metadata.name, down_s=3.0)
+        assert out["down_s"] == 3.0 and out["node"] == node
+
+        def ready() -> str:
+            return next(c.status for c in kube.core.read_node(node).status.conditions if c.type == "Ready")
+
+        wait_for(lambda: ready() == "Unknown", timeout=2.5, what="node NotReady within the down time")
+        taints = {t.key for t in kube.core.read_node(node).spec.taints or []}
+        assert "node.kubernetes.io/unreachable" in taints
+        cur = kube.core.read_namespaced_pod(victim.metadata.name, "default")
+        assert cur.status.phase == "Running"  # nothing reports the pod meanwhile
+        wait_for(lambda: ready() == "True", timeout=10, what="node Ready after the reboot")
+        assert "node.kubernetes.io/unreachable" not in {
+            t.key for t in kube.core.read_node(node).spec.taints or []
+        }
 
 
 def test_kill_pod_is_exit_137_and_counts_as_an_app_failure():
