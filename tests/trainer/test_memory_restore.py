@@ -3,7 +3,8 @@ slice, 4 devices each) train in a 2-process world with in-memory snapshots; the 
 the first slice only. Its new trainer restores the step its SIGTERM stopped at from the pod's
 memory — 0 bytes read from the run directory's checkpoints (tensorstore's own counters) — and
 trains on with losses bitwise equal to a resume of that same step from storage on the same shape,
-and within 1e-5 of the uninterrupted run."""
+and within 1e-5 of the uninterrupted run. When every slice is lost with its memory, the next world
+reads the run directory's newest committed checkpoint, as before."""
 
 from __future__ import annotations
 
@@ -82,3 +83,38 @@ def test_a_shrink_restores_from_memory_bitwise_as_from_storage(reference: dict, 
     assert {s: r["learning/loss"] for s, r in resumed.items()} == {
         s: r["learning/loss"] for s, r in second.items()
     }
+
+
+def test_every_slice_lost_restores_from_storage(reference: dict, tmp_path: Path) -> None:
+    # Both pods die with their hosts (SIGKILL, their memory gone with them); the next world's pods
+    # start on other hosts with empty memory: no complete replica survives anywhere, so the new
+    # world reads the newest committed checkpoint of the run directory, as a recreate run does.
+    run_dir, world_file = tmp_path / "run", tmp_path / "world.json"
+    roots = [tempfile.mkdtemp(prefix="reslice-test-", dir="/dev/shm") for _ in range(2)]
+    first = {s: pod(run_dir, world_file, s, tmp_path / f"{s}-a.log", roots[0]) for s in ("s0", "s1")}
+    second: dict[str, runs.Trainer] = {}
+    try:
+        publish(world_file, world(0, ["s0", "s1"], micro_batch=2))
+        runs.wait_for(lambda: 10 in runs.committed(run_dir), 180, "checkpoint 10 committed", first["s0"])
+        runs.wait_for(lambda: runs.last_step(run_dir) >= 12, 60, "step 12: newer ones in memory", first["s0"])
+        for p in first.values():
+            p.signal(9)
+            p.wait(30)
+        committed = max(runs.committed(run_dir))
+        shutil.rmtree(roots[0], ignore_errors=True)  # the hosts are gone, and their memory
+        publish(world_file, world(1, ["s0", "s1"], micro_batch=2))
+        second = {s: pod(run_dir, world_file, s, tmp_path / f"{s}-b.log", roots[1]) for s in ("s0", "s1")}
+        for s, p in second.items():
+            assert p.wait() == 0, f"{s}: " + p.output()[-4000:]
+    finally:
+        for p in [*first.values(), *second.values()]:
+            p.signal(9)
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
+    records = runs.parse_metrics(runs.metrics_files(run_dir))
+    heads = [r for r in records.values() if "restore/from" in r and r["restore/from"] is not None]
+    assert heads, "the second world recorded no restore"
+    head = heads[0]
+    assert (head["restore/from"], head["restore/step"]) == ("storage", committed)
+    assert head["restore/storage_bytes"] > 0
+    runs.assert_matches_reference(records, reference, exact=False)
