@@ -77,6 +77,13 @@ STANDBY_ENV = "RESLICE_TRAINER_STANDBY_FD"
 RUNNING_ENV = "RESLICE_TRAINER_RUNNING_FD"
 # In the pod: "0" turns standbys off.
 STANDBY_SWITCH_ENV = "RESLICE_STANDBY"
+# In the pod: how long to wait for a newer world after a child lost a peer (exit 43) before the pod
+# itself exits 43. The controller acts on what it can see (a pool gone, a node NotReady, a pod
+# failed); a peer that died where nothing reports it (a host rebooted within the node monitor's
+# grace period) gives it nothing, and a world whose pods all wait would wait for good. The pod's 43
+# is that report: JobSet restarts the slice, uncounted, and the controller starts a new world.
+PEER_LOST_WAIT_ENV = "RESLICE_PEER_LOST_WAIT_S"
+PEER_LOST_WAIT_S = 120.0
 _TAIL = 64 * 1024
 _PR_SET_PDEATHSIG = 1
 
@@ -255,7 +262,8 @@ def supervise_world(
     after one that had it, ends the child and returns 0. The child's 0 returns 0; its 43, or its
     42/143 after this supervisor's own SIGTERM, waits for the next epoch; any other code is
     returned. A SIGTERM to this process is forwarded and the child's code returned (42 when no
-    child runs). One child at a time, and never one for an epoch at or below the last started."""
+    child runs). One child at a time, and never one for an epoch at or below the last started.
+    After a 43, no newer world within ``RESLICE_PEER_LOST_WAIT_S`` returns 43."""
     from trainer import worldsource  # http.client imports ssl: not for the recreate mode's start-up
 
     try:
@@ -319,6 +327,18 @@ def _follow(
     ended = "no trainer before"  # how the previous child ended, for the next epoch's log line
     failed: int | None = None  # the exit code once the running child has ended (a bad world)
     standbys = env.get(STANDBY_SWITCH_ENV, "1") != "0"
+    lost_since: float | None = None  # monotonic time the last child exited 43, until the next starts
+    try:
+        patience = float(env.get(PEER_LOST_WAIT_ENV) or PEER_LOST_WAIT_S)
+    except ValueError:
+        patience = -1.0
+    if not patience > 0:
+        print(
+            f"trainer: {PEER_LOST_WAIT_ENV}={env.get(PEER_LOST_WAIT_ENV)!r}: expected seconds > 0",
+            file=sys.stderr,
+            flush=True,
+        )
+        return world.EXIT_CONFIG
 
     def standby() -> None:
         """Fork the next child ahead of its world, unless one waits already (or they are off)."""
@@ -336,7 +356,7 @@ def _follow(
 
     def start() -> int | None:
         """Start a child in `newest` when it is due: None, or the code to exit with."""
-        nonlocal started, member
+        nonlocal started, member, lost_since
         if newest is None or newest.epoch <= started or terminating or failed is not None:
             return None
         position = newest.position(me)
@@ -361,7 +381,7 @@ def _follow(
             state["standby"] = None
             child = _activate(ready, newest, child_env)  # None: it died meanwhile (its exit is ignored)
         child = child or _fork(train, newest, child_env, events)
-        state["child"], started, member = child, newest.epoch, True
+        state["child"], started, member, lost_since = child, newest.epoch, True, None
         pid = position * newest.hosts_per_slice + me.host
         published = (
             f"seen {seen_at - newest.published:.3f} s after publication, "
@@ -377,6 +397,13 @@ def _follow(
         return None
 
     while True:
+        if lost_since is not None and state["child"] is None and time.monotonic() - lost_since >= patience:
+            print(
+                f"trainer: no world newer than epoch {started} {patience:.0f} s after a peer was lost:"
+                f" exit {peers.EXIT_PEER_LOST} (the slice restarts)",
+                flush=True,
+            )
+            return peers.EXIT_PEER_LOST
         try:
             kind, what, at = events.get(timeout=1.0)  # a timeout lets signal handlers run
         except queue.Empty:
@@ -451,13 +478,16 @@ def _follow(
             if failed is not None:
                 print(f"trainer: {ended}; exit {failed} for the world that could not be read", flush=True)
                 return failed
-            if code == peers.EXIT_PEER_LOST or (
+            peer_lost = code == peers.EXIT_PEER_LOST
+            if peer_lost or (
                 child.ended_at is not None and code in (world.EXIT_PREEMPTED, 128 + signal.SIGTERM)
             ):
                 if (code := start()) is not None:
                     return code
                 if state["child"] is None:
                     print(f"trainer: {ended}; waiting for a world newer than epoch {started}", flush=True)
+                    if peer_lost:
+                        lost_since = time.monotonic()
                     standby()
             else:
                 print(f"trainer: {ended}: exit {code}", flush=True)

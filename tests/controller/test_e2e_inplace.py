@@ -154,6 +154,39 @@ def test_a_crashed_host_in_place_costs_at_most_one_step(tmp_path, reference):
     assert rec.segments[-1].end_step == STEPS
 
 
+def test_a_host_rebooted_unseen_the_survivors_end_their_wait_and_the_run_finishes(
+    tmp_path, reference, monkeypatch
+):
+    # The host is back at once (`--down 0`): its node never turns NotReady and its pod is reported
+    # by nobody, so the controller sees nothing. The other pods' trainers exited 43; after
+    # RESLICE_PEER_LOST_WAIT_S without a newer world their supervisors exit 43 (the embedded
+    # kubelet passes this environment to the pods), JobSet restarts the slices without counting,
+    # and a world of the same slices trains to the end.
+    monkeypatch.setenv("RESLICE_PEER_LOST_WAIT_S", "3")
+    h = Harness(tmp_path, pools=2, preset=MULTI_HOST)
+    try:
+        knobs = Knobs(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
+        h.launch(
+            "reboot", slices=2, steps=STEPS, knobs=knobs, global_batch=MULTI_HOST_BATCH,
+            restart_mode="in-place", interval=5, max_restarts=0,
+        )  # fmt: skip
+        h.start_controller("reboot")
+        wait_for(lambda: trained(h, "reboot") >= 6, 300, "step 6")
+        victim = next(p for p in h.run_pods("reboot") if p["metadata"]["labels"].get(LABEL_SLICE) == "1")
+        h.cluster.crash_host("default", victim["metadata"]["name"])
+        rec = h.wait_state("reboot", {RunState.FINISHED, RunState.FAILED}, timeout=300)
+        metrics = h.rundir("reboot").metrics()
+    finally:
+        h.close()
+    assert rec.state == RunState.FINISHED, rec.segments
+    assert len(rec.segments) >= 2 and rec.segments[1].slice_ids == ("0", "1")  # the same slices
+    assert rec.segments[0].end_kind == "restart"  # not an application failure: nothing counted
+    kept = kept_steps(metrics)
+    assert sorted(kept) == list(range(1, STEPS + 1))
+    for step, m in kept.items():
+        assert abs(m["learning/loss"] - reference[step]["learning/loss"]) <= 1e-5, step
+
+
 THREE_BATCH = 96  # 3 x 16 devices and 2 x 16 both divide it
 SHORT = 15
 

@@ -186,6 +186,28 @@ def test_child_exit_codes(pod, child: dict, then: object) -> None:
     assert "waiting for a world newer than epoch 0" in p.output() or "FAKE_EXIT" not in child
 
 
+def test_no_newer_world_after_a_lost_peer_the_pod_exits_43(pod) -> None:
+    # A peer died where nothing reports it: no newer world comes. The pod's own 43 is the report
+    # (JobSet restarts the slice without counting it); a world in time keeps the pod, as above.
+    p = pod(extra={"RESLICE_PEER_LOST_WAIT_S": "1.5"})
+    p.publish(world_doc(0, ["b"], env={"FAKE_EXIT": "43", "FAKE_AFTER_S": "0.2"}))
+    p.wait_starts(1)
+    t0 = time.monotonic()
+    assert p.wait(10) == 43, p.output()
+    assert time.monotonic() - t0 >= 1.5
+    assert "no world newer than epoch 0 2 s after a peer was lost: exit 43" in p.output()
+    assert len(p.starts()) == 1
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "soon"])
+def test_a_bad_peer_lost_wait_is_one_line_and_exit_2(pod, value: str) -> None:
+    p = pod(extra={"RESLICE_PEER_LOST_WAIT_S": value})
+    p.publish(world_doc(0, ["b"]))
+    assert p.wait() == 2, p.output()
+    assert f"RESLICE_PEER_LOST_WAIT_S={value!r}: expected seconds > 0" in p.output()
+    assert p.starts() == [] and "Traceback" not in p.output()
+
+
 def test_sigterm_to_the_pod_is_forwarded_and_its_code_returned(pod) -> None:
     p = pod()
     p.publish(world_doc(0, ["b"], env={"FAKE_ON_TERM": "42"}))
