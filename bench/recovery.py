@@ -175,7 +175,7 @@ def run_mode(mode: str, cycles: int, console: Console) -> tuple[list[dict], dict
             stop_run(h.kube, "bench")
             rec, ledger, metrics = h.record("bench"), h.rundir("bench").ledger(), h.rundir("bench").metrics()
             reports = (
-                {s: startup_reports(h.cluster.kubelet.processes.log_dir, "bench", s) for _, s in rows}
+                {s: startup_reports(h.cluster.kubelet.runtime.log_dir, "bench", s) for _, s in rows}
                 if mode == "recreate"
                 else {}
             )
