@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import tempfile
 import time
@@ -129,17 +130,59 @@ def _restored(first_rec: dict) -> dict:
     }
 
 
+# The supervisor's line when it starts a world's child (trainer/supervisor.py, docs/contract.md).
+_WORLD_LINE = re.compile(
+    r"^trainer: world epoch (?P<epoch>\d+): process .*?; seen (?P<seen>[\d.]+) s after publication, "
+    r"(?:the trainer of epoch \d+ exited -?\d+ (?P<ended>[\d.]+) s after (?P<signal>SIG[A-Z]+))?"
+)
+
+
+def inplace_logs(log_dir: Path, run: str) -> tuple[list[dict], list[dict]]:
+    """From every pod of an in-place run: its trainer children's start-up reports (a child handed
+    its world by a standby times its start-up from that moment), and its supervisor's world lines
+    (epoch, seen after publication, the previous child's end after the supervisor's signal)."""
+    reports, worlds = [], []
+    for log in sorted(log_dir.glob(f"*_{run}-s*/*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if report := parse_report(line):
+                reports.append(report)
+            elif m := _WORLD_LINE.match(line):
+                worlds.append(
+                    {
+                        "epoch": int(m["epoch"]),
+                        "seen": float(m["seen"]),
+                        "ended": float(m["ended"]) if m["ended"] else None,
+                        "signal": m["signal"],
+                    }
+                )
+    return reports, worlds
+
+
 def inplace_breakdown(
-    ledger: list[dict], metrics: list[dict], fault_t: float, segment: int
-) -> dict[str, float]:
-    """An in-place shrink: fault -> the controller's new world recorded (it then deletes only the
-    lost slice's JobSet and publishes the world; the survivors' pods stay) -> first step in it."""
+    ledger: list[dict],
+    metrics: list[dict],
+    fault_t: float,
+    segment: int,
+    reports: list[dict],
+    worlds: list[dict],
+) -> dict[str, float | str]:
+    """An in-place shrink: fault -> the controller's new world recorded (it then publishes it and
+    deletes only the lost slice's JobSet; the survivors' pods stay) -> every survivor's supervisor
+    saw it -> the old trainers ended (after SIGKILL when the world says a slice's hosts are gone,
+    else SIGTERM and the save) -> the new trainers' start-up (from a standby) -> first step."""
     ledger = sorted(ledger, key=lambda e: e["time"])
     decided = first(ledger, fault_t, lambda e: e.get("action") == "new-world" and e.get("segment") == segment)
     first_rec = min((m for m in metrics if m["segment"] == segment), key=lambda m: m["time"])
     step = first_rec["time"]
+    mine = [w for w in worlds if w["epoch"] == segment]
+    ended = [w["ended"] for w in mine if w["ended"] is not None]
+    started = [r for r in reports if decided <= r["spawned"] <= step]
     return {
         "decided": decided - fault_t,
+        "seen": max((w["seen"] for w in mine), default=0.0),
+        "old trainer ended": max(ended, default=0.0),
+        "signal": "/".join(sorted({w["signal"] for w in mine if w["signal"]})) or "-",
+        "start-up": max((r["phases"]["total"]["wall"] for r in started), default=0.0),
         "world -> first step": step - decided,
         "total": step - fault_t,
         **_restored(first_rec),
@@ -171,19 +214,27 @@ def run_mode(mode: str, cycles: int, console: Console) -> tuple[list[dict], dict
                 rows.append((fault_t, seg + 1))
                 h.cluster.restore(h.pool(1))
                 wait_for(lambda s=seg: len(h.record("bench").segments) >= s + 3, 180, "the grow back")
+                # The grown world trains before the next fault: one in its start-up would measure
+                # the loss of a world that never formed.
+                grown = len(h.record("bench").segments) - 1
+                wait_for(lambda s=grown: stepped(rundir, s), 180, "first step after the grow")
                 console.log(f"{mode}: cycle {cycle + 1}/{cycles} done")
             stop_run(h.kube, "bench")
             rec, ledger, metrics = h.record("bench"), h.rundir("bench").ledger(), h.rundir("bench").metrics()
-            reports = (
-                {s: startup_reports(h.cluster.kubelet.runtime.log_dir, "bench", s) for _, s in rows}
-                if mode == "recreate"
-                else {}
-            )
+            log_dir = h.cluster.kubelet.runtime.log_dir
+            if mode == "recreate":
+                reports = {s: startup_reports(log_dir, "bench", s) for _, s in rows}
+            else:
+                every, worlds = inplace_logs(log_dir, "bench")
         finally:
             h.close()
     if mode == "recreate":
         return [breakdown(ledger, metrics, rec, t, s, reports[s]) for t, s in rows], reports
-    return [inplace_breakdown(ledger, metrics, t, s) for t, s in rows], reports
+    results = [inplace_breakdown(ledger, metrics, t, s, every, worlds) for t, s in rows]
+    # The start-up reports of the shrinks' new trainers, by shrink, for the phase table.
+    steps = {s: min(m["time"] for m in metrics if m["segment"] == s) for _, s in rows}
+    reports = {s: [r for r in every if t <= r["spawned"] <= steps[s]] for (t, s) in rows}
+    return results, reports
 
 
 def table_of(title: str, results: list[dict]) -> Table:
@@ -227,7 +278,7 @@ def main() -> None:
             restores.setdefault(r["from"], []).append(r["restore"])
         console.print(table_of(f"{mode}: recovery after losing a slice (seconds)", results))
         if reports:
-            console.print(phase_table(reports))
+            console.print(phase_table(reports, mode))
         medians[mode] = statistics.median(r["total"] for r in results)
         if mode == "recreate":
             owned = statistics.median(r["controller-owned"] for r in results)
@@ -258,11 +309,15 @@ def main() -> None:
         print(json.dumps(out, sort_keys=True))
 
 
-def phase_table(reports: dict[int, list[dict]]) -> Table:
+def phase_table(reports: dict[int, list[dict]], mode: str) -> Table:
     """Per start-up phase, the median over every process of every shrink: wall and CPU seconds
-    (on this machine the new segment's processes start together and share its cores)."""
+    (on this machine the new segment's processes start together and share its cores). In place,
+    a trainer handed its world by a standby starts its clock there (phase `standby`: the CPU of
+    the imports it did ahead)."""
     every = [r["phases"] for rs in reports.values() for r in rs]
-    table = Table(title=f"trainer start-up per process after a shrink, median of {len(every)} (seconds)")
+    table = Table(
+        title=f"{mode}: trainer start-up per process after a shrink, median of {len(every)} (seconds)"
+    )
     table.add_column("phase")
     table.add_column("wall", justify="right")
     table.add_column("cpu", justify="right")

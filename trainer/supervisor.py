@@ -238,7 +238,9 @@ class _Child:
 
     def __init__(self, pid: int, of: world.World, pump: threading.Thread, tail: bytearray) -> None:
         self.pid, self.world, self.pump, self.tail = pid, of, pump, tail
-        self.ended_at: float | None = None  # when this supervisor sent it SIGTERM for a newer world
+        self.ended_at: float | None = None  # when this supervisor signalled it for a newer world
+        # The slices of its world that a newer world says are lost (then it got SIGKILL, not SIGTERM).
+        self.killed: tuple[str, ...] = ()
 
 
 class _Standby:
@@ -258,10 +260,11 @@ def supervise_world(
     ``world.child_env``; return the exit code this process should have.
 
     A newer epoch ends the child (SIGTERM: it saves the step in flight and exits 42, or 43/143
-    when a peer is gone) and starts the next in the new world; a world that leaves this pod out,
-    after one that had it, ends the child and returns 0. The child's 0 returns 0; its 43, or its
-    42/143 after this supervisor's own SIGTERM, waits for the next epoch; any other code is
-    returned. A SIGTERM to this process is forwarded and the child's code returned (42 when no
+    when a peer is gone; SIGKILL when the new world's ``lost`` names a slice of the child's world)
+    and starts the next in the new world; a world that leaves this pod out, after one that had it,
+    ends the child and returns 0. The child's 0 returns 0; its 43, its 42/143 after this
+    supervisor's own SIGTERM, or its end after this supervisor's SIGKILL, waits for the next
+    epoch; any other code is returned. A SIGTERM to this process is forwarded and the child's code returned (42 when no
     child runs). One child at a time, and never one for an epoch at or below the last started.
     After a 43, no newer world within ``RESLICE_PEER_LOST_WAIT_S`` returns 43."""
     from trainer import worldsource  # http.client imports ssl: not for the recreate mode's start-up
@@ -353,6 +356,23 @@ def _follow(
                 f"trainer: no standby trainer ({e}); the next trainers are forked when their world comes",
                 flush=True,
             )
+
+    def end(child: _Child, w: world.World) -> None:
+        """End the running child for the newer world `w`: SIGTERM (it saves the step in flight),
+        or SIGKILL when `w` says a slice of the child's world is lost: its hosts are gone, so the
+        step in flight can never finish and there is nothing newer than the last snapshot to save
+        (the SIGTERM would only wait for the trainer's stall watchdog). Also after a SIGTERM."""
+        if terminating:
+            return
+        doomed = tuple(s for s in child.world.slices if s in w.lost)
+        if doomed and not child.killed:
+            child.killed, child.ended_at = doomed, time.time()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)
+        elif child.ended_at is None:
+            child.ended_at = time.time()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGTERM)
 
     def start() -> int | None:
         """Start a child in `newest` when it is due: None, or the code to exit with."""
@@ -447,10 +467,7 @@ def _follow(
                 continue
             newest, seen_at = w, at
             if child is not None:
-                if child.ended_at is None and not terminating:
-                    child.ended_at = time.time()
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(child.pid, signal.SIGTERM)
+                end(child, w)
             elif (code := start()) is not None:
                 return code
         elif kind is _Event.EXITED:
@@ -469,10 +486,15 @@ def _follow(
             if child is None or pid != child.pid:  # a standby that died as it was handed its world
                 continue
             state["child"] = None
-            child.pump.join(timeout=2.0)  # see supervise(): a leftover loader worker may hold the pipe
+            # See supervise(): a leftover loader worker may hold the pipe. A killed child's tail
+            # says nothing more (no fate-sharing abort), and its workers may outlive it.
+            child.pump.join(timeout=0.1 if child.killed else 2.0)
             code = peers.supervised_exit(returncode, bytes(child.tail).decode(errors="replace"))
-            took = f" {time.time() - child.ended_at:.3f} s after SIGTERM" if child.ended_at else ""
+            signalled = "SIGKILL" if child.killed else "SIGTERM"
+            took = f" {time.time() - child.ended_at:.3f} s after {signalled}" if child.ended_at else ""
             ended = f"the trainer of epoch {child.world.epoch} exited {code}{took}"
+            if child.killed:
+                ended += f" (slice(s) {', '.join(child.killed)} of its world lost)"
             if terminating or code == 0:
                 return code
             if failed is not None:
@@ -480,7 +502,8 @@ def _follow(
                 return failed
             peer_lost = code == peers.EXIT_PEER_LOST
             if peer_lost or (
-                child.ended_at is not None and code in (world.EXIT_PREEMPTED, 128 + signal.SIGTERM)
+                child.ended_at is not None
+                and (child.killed or code in (world.EXIT_PREEMPTED, 128 + signal.SIGTERM))
             ):
                 if (code := start()) is not None:
                     return code

@@ -67,6 +67,10 @@ class World:
     segment: int | None = None  # RESLICE_SEGMENT of the child; the epoch when absent
     published: float | None = None  # the controller's unix time of publication, for the log
     env: Mapping[str, str] = field(default_factory=dict)  # more variables for the child
+    # Slices of the previous world whose hosts are gone: a trainer whose world has one of them can
+    # never finish a step (its collectives wait for their processes), so it is killed, not asked
+    # to save (docs/contract.md "What the supervisor does").
+    lost: tuple[str, ...] = ()
 
     def position(self, me: Me) -> int | None:
         """Where this pod's slice is in the world, or None when it takes no part."""
@@ -108,6 +112,19 @@ def _strings(doc: Mapping[str, Any], key: str) -> dict[str, str]:
     return out
 
 
+def _slice_ids(doc: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    """A list of distinct slice ids (strings; integers are read as their decimal string)."""
+    raw = doc.get(key, [])
+    if not isinstance(raw, list):
+        raise WorldError(f"world: {key!r} must be a list of slice ids, not {raw!r}")
+    if any(isinstance(s, bool) or not isinstance(s, (str, int)) or s == "" for s in raw):
+        raise WorldError(f"world: every slice id must be a non-empty string or an integer: {raw!r}")
+    ids = tuple(str(s) for s in raw)
+    if len(set(ids)) != len(ids):
+        raise WorldError(f"world: {key!r} lists a slice twice: {raw!r}")
+    return ids
+
+
 def parse(text: str | bytes) -> World:
     """The world of a published document; WorldError names the first thing wrong with it."""
     try:
@@ -119,14 +136,9 @@ def parse(text: str | bytes) -> World:
     run = doc.get("run")
     if not isinstance(run, str) or not run:
         raise WorldError(f"world: 'run' must be a non-empty string, not {run!r}")
-    raw_slices = doc.get("slices")
-    if not isinstance(raw_slices, list) or not raw_slices:
-        raise WorldError(f"world: 'slices' must be a non-empty list of slice ids, not {raw_slices!r}")
-    if any(isinstance(s, bool) or not isinstance(s, (str, int)) or s == "" for s in raw_slices):
-        raise WorldError(f"world: every slice id must be a non-empty string or an integer: {raw_slices!r}")
-    slices = tuple(str(s) for s in raw_slices)
-    if len(set(slices)) != len(slices):
-        raise WorldError(f"world: 'slices' lists a slice twice: {raw_slices!r}")
+    slices = _slice_ids(doc, "slices")
+    if not slices:
+        raise WorldError(f"world: 'slices' must be a non-empty list of slice ids, not {doc['slices']!r}")
     coordinator = doc.get("coordinator")
     host, _, port = str(coordinator or "").rpartition(":")
     if not isinstance(coordinator, str) or not host or not port.isdigit():
@@ -150,6 +162,7 @@ def parse(text: str | bytes) -> World:
         segment=segment,
         published=float(published) if published is not None else None,
         env=_strings(doc, "env"),
+        lost=_slice_ids(doc, "lost"),
     )
     if len(slices) > 1 and "coordinator_address" not in world.megascale:
         raise WorldError("world: a world of several slices needs megascale.coordinator_address")

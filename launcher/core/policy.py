@@ -499,11 +499,13 @@ def _reshape(
     reason: str,
     *,
     force: bool = False,
+    gone: tuple[str, ...] = (),
 ) -> Decision:
-    """End the current world and record the next one in the same write: NEW_WORLD."""
+    """End the current world and record the next one in the same write: NEW_WORLD. `gone`: slices
+    of the current world whose hosts are gone (the next world's `lost`)."""
     seg = _live(rec)
     ended = _end(rec, obs, kind, reason, RunState.RUNNING)
-    nxt = new_world(ended, obs, rung, slices, f"after segment {seg.index} ({kind})")
+    nxt = replace(new_world(ended, obs, rung, slices, f"after segment {seg.index} ({kind})"), lost=gone)
     leaving = tuple(s for s in seg.slice_ids if s not in slices)
     joining = tuple(s for s in slices if s not in seg.slice_ids)
     words = (
@@ -658,18 +660,32 @@ def slice_lost(
     cluster has no room for the world (at once) or past the grace period."""
     seg, now, knobs = _live(rec), obs.now, rec.knobs
     current = seg.shape(catalog)
-    lost_pools = set(obs.lost_nodepools)
+    lost_pools, gone_pools = set(obs.lost_nodepools), set(obs.gone_nodepools)
     no_room = not obs.fits(current.preset.name, current.slices)
-    lost, waiting = [], []
-    for sid in seg.slice_ids:
-        v = obs.slices.get(sid)
-        if v is None:
-            continue
-        if set(v.pools) & lost_pools:
+    lost, waiting, gone = [], [], []
+    views = {sid: obs.slices.get(sid) for sid in seg.slice_ids}
+    # A gone pool the world ran on that no slice's live pods are on now: its nodes (and their pool
+    # label) went first, its pods with them or soon after. One TPU slice is one node pool, so as
+    # many such pools as slices on no pool at all are exactly those slices; anything else waits for
+    # a clearer sign (their replacement pods unschedulable, below).
+    vanished = (gone_pools & set(seg.nodepools)) - {p for v in views.values() if v for p in v.pools}
+    homeless = {sid for sid, v in views.items() if v is None or not v.pools}
+    vanished_with = homeless if vanished and len(vanished) == len(homeless) else set()
+    for sid, v in views.items():
+        if sid in vanished_with or (v is not None and set(v.pools) & gone_pools):
             lost.append(sid)
-        elif v.unschedulable:
+            gone.append(sid)
+        elif v is None:
+            continue
+        elif set(v.pools) & lost_pools:  # unhealthy, not deleted: its processes may still run
+            lost.append(sid)
+        elif v.unschedulable:  # a pod of the world replaced by one without a node: its process is gone
             waited = now - (v.unschedulable_since or now)
-            (lost if no_room or waited >= knobs.unschedulable_grace_s else waiting).append(sid)
+            if no_room or waited >= knobs.unschedulable_grace_s:
+                lost.append(sid)
+                gone.append(sid)
+            else:
+                waiting.append(sid)
     if not lost:
         if waiting:
             return Decision(
@@ -688,7 +704,9 @@ def slice_lost(
     same = rung.shape.preset.name == current.preset.name
     slices = worlds.world_slices(seg.slice_ids, survivors if same else (), rung.shape.slices)
     reason = f"capacity lost: {cause}; shrinking {current} -> {rung.shape} in place"
-    return _reshape(rec, obs, rung, slices, EndKind.CAPACITY_LOST, reason, force=bool(obs.gone_nodepools))
+    return _reshape(
+        rec, obs, rung, slices, EndKind.CAPACITY_LOST, reason, force=bool(gone_pools), gone=tuple(gone)
+    )
 
 
 def slice_restarted(

@@ -25,8 +25,9 @@ from launcher.core.words import Cause, EndKind, RunState
 # Run states.
 
 # 2: the knobs' key is `knobs` (was `policy`); 3: a segment's `pool`; 4: the spec's `restart_mode` and
-# `world_api`, a segment's `slice_ids`, `coordinator` and `joining` (in-place runs)
-SCHEMA_VERSION = 4
+# `world_api`, a segment's `slice_ids`, `coordinator` and `joining` (in-place runs); 5: a segment's
+# `lost` (in-place runs)
+SCHEMA_VERSION = 5
 # What records without a schema_version may hold that this reslice no longer has (section -> names).
 _RETIRED_V0 = {"policy": {"preemption_budget"}}
 TERMINAL = {RunState.FINISHED, RunState.FAILED, RunState.STOPPED}
@@ -83,6 +84,10 @@ class Segment:
     # Slices whose JobSets a grow created while this world trains on: the next world takes them in
     # once their pods run (their supervisors wait for a world that has their slice).
     joining: tuple[str, ...] = ()
+    # Slices of the previous world whose hosts were gone when this world was decided (their node
+    # pools deleted): its world says so, and the survivors' supervisors kill their trainers
+    # instead of asking them to save a step that can never finish (docs/contract.md "World").
+    lost: tuple[str, ...] = ()
 
     def shape(self, catalog: Catalog) -> Shape:
         return Shape(catalog.preset(self.preset), self.slices)
@@ -183,6 +188,7 @@ class RunRecord:
                     "nodepools": tuple(seg.get("nodepools", ())),
                     "slice_ids": tuple(str(s) for s in seg.get("slice_ids", ())),
                     "joining": tuple(str(s) for s in seg.get("joining", ())),
+                    "lost": tuple(str(s) for s in seg.get("lost", ())),
                 }
             )
             for seg in (known(s, Segment, "segments") for s in raw.pop("segments", []))

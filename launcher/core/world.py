@@ -78,6 +78,8 @@ def document(spec: RunSpec, preset: Preset, seg: Segment, published: float) -> d
         "segment": seg.index,
         "published": published,
     }
+    if seg.lost:
+        doc["lost"] = list(seg.lost)
     if len(seg.slice_ids) > 1:
         host = seg.coordinator.rpartition(":")[0]
         address = host if spec.world_api else host0(spec.run, seg.slice_ids[0])

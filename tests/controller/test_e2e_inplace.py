@@ -71,8 +71,19 @@ def test_in_place_shrink_then_grow_keeps_the_surviving_slice_pods(tmp_path, refe
         assert uids(h, "inplace", "0") in (first, set())  # finished pods may be gone (ttl); never others
         rundir = h.rundir("inplace")
         metrics, ledger = rundir.metrics(), rundir.ledger()
+        survivors = [
+            log.read_text(errors="replace")
+            for log in h.cluster.kubelet.runtime.log_dir.glob("*_inplace-s0-*/*.log")
+        ]
     finally:
         h.close()
+    # Slice 1's hosts were gone: the next world said so, and each survivor's trainer, whose step
+    # waited for them, was killed rather than asked to save (the stall watchdog's seconds).
+    assert rec.segments[1].lost == ("1",) and rec.segments[2].lost == ()
+    assert len(survivors) == 2
+    for log in survivors:
+        tail = log[-3000:]
+        assert "the trainer of epoch 0 exited 137" in log and "(slice(s) 1 of its world lost)" in log, tail
     status = build_report(rec, metrics, ledger, rec.finished_at or 0.0).as_dict()  # `reslice status --json`
     froms = [s["restored_from"] for s in status["segments"][:3]]
     assert froms == [None, RestoredFrom.MEMORY, RestoredFrom.PEERS], froms

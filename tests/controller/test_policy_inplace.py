@@ -3,6 +3,8 @@ run's slices) -> one decision, case by case, on the objects the signals read."""
 
 from dataclasses import replace
 
+import pytest
+
 from launcher.adapters.preset_files import load_catalog
 from launcher.core import policy, world
 from launcher.core.labels import LABEL_SEGMENT, LABEL_SLICE
@@ -126,6 +128,52 @@ def test_a_lost_pool_shrinks_in_place_keeping_the_survivor() -> None:
     assert nxt.index == 1 and nxt.slice_ids == ("0",) and nxt.live
     assert nxt.devices * nxt.micro_batch * nxt.grad_accum == GB
     assert nxt.coordinator.endswith(f":{world.epoch_port(SPEC.coordinator_port, 1)}")
+    # Slice 1's processes are gone: the next world says so, and the survivors' trainers are killed.
+    assert nxt.lost == ("1",)
+
+
+@pytest.mark.parametrize(
+    "slice_1_pods",
+    [
+        pytest.param(lambda: slice_pods("1", "np-1"), id="left-on-deleted-nodes"),
+        pytest.param(lambda: [], id="deleted-not-yet-replaced"),
+    ],
+)
+def test_a_deleted_pool_loses_its_slice_at_once(slice_1_pods) -> None:
+    # np-1's nodes (and so their pool label) are gone: slice 1's pods are still bound to them, or
+    # already deleted and not yet replaced. Its pool is the world's one that no slice is on now.
+    rec = on_world(("0", "1"), nodepools=("np-0", "np-1"))
+    obs = observe(rec, {}, pools=1, pods=slice_pods("0", "np-0") + slice_1_pods(),
+                  jobsets=[slice_jobset("0"), slice_jobset("1")])  # fmt: skip
+    assert obs.slices["1"].pools == () and obs.slices["1"].unschedulable == 0
+    d = decide(rec, obs)
+    assert d.action == Action.NEW_WORLD and d.force, d.reason
+    assert d.record.current.slice_ids == ("0",) and d.record.current.lost == ("1",)
+
+
+def test_a_deleted_pool_with_two_slices_on_no_pool_waits_for_a_clearer_sign() -> None:
+    # Slice 0 restarting (its new pods not scheduled yet, inside the grace) when np-1 goes: which
+    # slice was on np-1 cannot be told yet.
+    rec = on_world(("0", "1"), nodepools=("np-0", "np-1"))
+    obs = observe(rec, {}, pools=2, pods=[p for p in slice_pods("0", None, unschedulable_since=T0 + 90)],
+                  jobsets=[slice_jobset("0"), slice_jobset("1")])  # fmt: skip
+    obs = replace(obs, lost_nodepools=("np-1",), gone_nodepools=("np-1",))
+    d = decide(rec, obs)
+    assert d.action != Action.NEW_WORLD, d.reason
+
+
+def test_an_unhealthy_pool_shrinks_without_saying_its_slice_is_gone() -> None:
+    # np-1's nodes NotReady but not deleted: slice 1's processes may still run, and the survivors'
+    # trainers get SIGTERM (they save the step in flight if it can finish).
+    rec = on_world(("0", "1"), nodepools=("np-0", "np-1"))
+    obs = replace(
+        observe(rec, {"0": "np-0", "1": "np-1"}), lost_nodepools=("np-1",), capacity={PRESET: (T0,)}
+    )
+    d = decide(rec, obs)
+    assert d.action == Action.NEW_WORLD and not d.force, d.reason
+    assert d.record.current.slice_ids == ("0",) and d.record.current.lost == ()
+    doc = world.document(SPEC, CATALOG.preset(PRESET), d.record.current, T0)
+    assert "lost" not in doc
 
 
 def test_the_coordinators_slice_lost_moves_process_0_to_the_survivor() -> None:
@@ -137,6 +185,8 @@ def test_the_coordinators_slice_lost_moves_process_0_to_the_survivor() -> None:
     assert d.action == Action.NEW_WORLD and d.slices_delete == ("0",)
     assert d.record.current.slice_ids == ("1",)
     assert d.record.current.coordinator.startswith("demo-s1-slice-0-0.demo-s1:")
+    doc = world.document(SPEC, CATALOG.preset(PRESET), d.record.current, T0)
+    assert doc["lost"] == ["0"] and doc["slices"] == ["1"]
 
 
 def test_a_world_grows_with_a_new_slice_once_it_committed_and_capacity_held() -> None:

@@ -36,7 +36,7 @@ def as_dict(rec: RunRecord) -> dict:
 
 def test_a_record_round_trips_with_its_schema_version() -> None:
     raw = as_dict(RECORD)
-    assert raw["schema_version"] == SCHEMA_VERSION == 4
+    assert raw["schema_version"] == SCHEMA_VERSION == 5
     assert "knobs" in raw and "policy" not in raw  # the rules are launcher/core/policy.py; these are knobs
     assert RunRecord.from_json(RECORD.to_json()) == RECORD  # tuples come back as tuples, not lists
 
@@ -67,18 +67,21 @@ def test_a_segment_keeps_its_node_pool_and_a_version_2_record_has_none() -> None
 
 def test_an_in_place_segment_keeps_its_world_and_a_version_3_record_has_none() -> None:
     spec = replace(RECORD.spec, restart_mode="in-place")
-    seg = replace(RECORD.segments[0], slice_ids=("0", "2"), coordinator="127.0.0.1:41234", joining=("1",))
+    seg = replace(
+        RECORD.segments[0], slice_ids=("0", "2"), coordinator="127.0.0.1:41234", joining=("1",), lost=("3",)
+    )
     world = replace(RECORD, spec=spec).with_segment(seg)
     back = RunRecord.from_json(world.to_json())
     assert back == world and back.segments[0].slice_ids == ("0", "2")
     raw = as_dict(RECORD)
     raw["schema_version"] = 3
-    for key in ("slice_ids", "coordinator", "joining"):
+    for key in ("slice_ids", "coordinator", "joining", "lost"):
         del raw["segments"][0][key]
     for key in ("restart_mode", "world_api"):
         del raw["spec"][key]
     old = RunRecord.from_json(json.dumps(raw))
     assert old.spec.restart_mode == "recreate" and old.segments[0].slice_ids == ()
+    assert back.segments[0].lost == ("3",) and old.segments[0].lost == ()
 
 
 def test_a_version_1_record_loads_its_knobs_from_policy() -> None:
@@ -112,5 +115,5 @@ def test_an_unknown_field_is_refused_in_one_line(section, field) -> None:
 
 def test_a_newer_schema_is_refused() -> None:
     raw = {**as_dict(RECORD), "schema_version": SCHEMA_VERSION + 1}
-    with pytest.raises(UserError, match=r"schema_version 5 is not one this reslice reads.*upgrade reslice"):
+    with pytest.raises(UserError, match=r"schema_version 6 is not one this reslice reads.*upgrade reslice"):
         RunRecord.from_json(json.dumps(raw))

@@ -186,6 +186,29 @@ def test_child_exit_codes(pod, child: dict, then: object) -> None:
     assert "waiting for a world newer than epoch 0" in p.output() or "FAKE_EXIT" not in child
 
 
+def test_a_world_that_lost_a_slice_of_the_childs_world_kills_the_child(pod) -> None:
+    # The child's step waits for slice a's processes, whose hosts are gone: a SIGTERM would wait
+    # for its stall watchdog; the world's `lost` says so, and the supervisor kills it instead.
+    p = pod()
+    p.publish(world_doc(0, ["a", "b"], env={"FAKE_ON_TERM": "hang"}))
+    p.wait_starts(1)
+    p.publish(world_doc(1, ["b"]))  # no slice said lost: SIGTERM, and the child goes on
+    wait_for(lambda: any(r["event"] == "sigterm" for r in p.records()), 10, "the SIGTERM")
+    p.alive_for(1.0)
+    assert len(p.starts()) == 1
+    t0 = time.time()
+    p.publish(world_doc(2, ["b"], lost=["a"]))  # escalated: killed, the next child starts at once
+    second = p.wait_starts(2)[1]
+    assert second["env"]["RESLICE_WORLD_EPOCH"] == "2" and second["t"] - t0 < 2.0
+    assert not [r for r in p.records() if r["event"] == "end"]  # it never ran its own exit
+    assert "the trainer of epoch 0 exited 137" in p.output()
+    assert "after SIGKILL (slice(s) a of its world lost)" in p.output()
+    # A lost slice that was not in the child's world: SIGTERM as before (it saves and exits 42).
+    p.publish(world_doc(3, ["b", "c"], lost=["a"]))
+    p.wait_starts(3)
+    assert [r["how"] for r in p.records() if r["event"] == "end"] == ["sigterm"]
+
+
 def test_no_newer_world_after_a_lost_peer_the_pod_exits_43(pod) -> None:
     # A peer died where nothing reports it: no newer world comes. The pod's own 43 is the report
     # (JobSet restarts the slice without counting it); a world in time keeps the pod, as above.

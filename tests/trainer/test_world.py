@@ -109,6 +109,11 @@ def test_child_env_refuses_a_pod_outside_the_world() -> None:
         world.child_env(w, Me("s1", 0), {**POD, "RESLICE_RUN": "other"})
 
 
+def test_lost_slices_are_read_as_ids_and_default_to_none() -> None:
+    assert world.parse(text()).lost == ()
+    assert world.parse(text(lost=[3, "s1"])).lost == ("3", "s1")
+
+
 def test_integer_slice_ids_match_the_slice_index_env() -> None:
     w = world.parse(text(slices=[0, 1], megascale={"coordinator_address": "h"}))
     me = world.me_from_env({"RESLICE_SLICE_INDEX": "1", "JOB_COMPLETION_INDEX": "0"})
@@ -137,6 +142,9 @@ def test_integer_slice_ids_match_the_slice_index_env() -> None:
         (text(megascale={"coordinator_address": {"x": 1}}), "megascale.coordinator_address must be"),
         (text(env={"1BAD": "x"}), "env.1BAD"),
         (text(published="now"), "'published'"),
+        (text(lost="s1"), "'lost' must be a list of slice ids"),
+        (text(lost=["s1", "s1"]), "'lost' lists a slice twice"),
+        (text(lost=[True]), "slice id"),
     ],
 )
 def test_parse_names_what_is_wrong(document: str, message: str) -> None:

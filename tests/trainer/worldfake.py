@@ -6,7 +6,8 @@ Only ``train()`` is fake: a standby child appends a line when it is forked and w
 as the trainer does after its imports; each child appends one JSON line to ``$FAKE_RECORD`` when it starts
 (its pid and the contract variables it got) and one when it ends (how), and otherwise does what
 its world's ``env`` tells it: ``FAKE_EXIT`` = exit with that code after ``FAKE_AFTER_S`` seconds;
-``FAKE_ON_TERM`` = the code it exits with on SIGTERM (42 by default, as the trainer after its save).
+``FAKE_ON_TERM`` = the code it exits with on SIGTERM (42 by default, as the trainer after its save;
+``hang``: it goes on, as a trainer whose step in flight waits for a peer that is gone).
 """
 
 from __future__ import annotations
@@ -48,11 +49,14 @@ def train() -> int:
         supervisor.await_world()
     _record(event="start", env={k: os.environ[k] for k in KEYS if k in os.environ})
     supervisor.notify_running()  # as the trainer after its first step
-    on_term = int(os.environ.get("FAKE_ON_TERM", "42"))
+    on_term = os.environ.get("FAKE_ON_TERM", "42")
 
     def term(_signum: int, _frame: object) -> None:
-        _record(event="end", how="sigterm", code=on_term)
-        os._exit(on_term)
+        if on_term == "hang":  # a step in flight that waits for a peer that is gone
+            _record(event="sigterm", how="hangs")
+            return
+        _record(event="end", how="sigterm", code=int(on_term))
+        os._exit(int(on_term))
 
     signal.signal(signal.SIGTERM, term)
     if "FAKE_EXIT" in os.environ:
