@@ -6,7 +6,11 @@ Both restart modes by default, one fresh embedded cluster each, and the ratio of
 fault -> first step (in-place / recreate); `--json` prints the medians (`recreate_median_s`,
 `inplace_median_s`) and `inplace_over_recreate` as one JSON object on the last line. In place the
 breakdown is fault -> the new world recorded -> first step in it (the survivors' pods stay; their
-supervisors start the next trainer child).
+supervisors start the next trainer child), with, from the pods' logs, how late the slowest
+survivor saw the world, how long its old trainer took to end after the supervisor's signal
+(SIGKILL when the world names the lost slice, else SIGTERM), and the new trainers' start-up from
+the moment a standby was handed the world; the phase table follows, as for recreate. Each cycle
+waits for the grown world's first step before the next fault.
 
 A 2-slice run of the `tiny` MoE config on tpu7x-2x2x2 (GKE multislice needs multi-host slices: 2
 hosts of 8 JAX devices per slice, 4 trainer processes) loses one slice (`remove`), the controller
@@ -137,24 +141,29 @@ _WORLD_LINE = re.compile(
 )
 
 
+def world_line(line: str) -> dict | None:
+    """{"epoch", "seen" (s after publication), "ended" (the previous child's end, s after the
+    supervisor's signal, or None), "signal"} from a supervisor's world line, or None."""
+    if not (m := _WORLD_LINE.match(line)):
+        return None
+    return {
+        "epoch": int(m["epoch"]),
+        "seen": float(m["seen"]),
+        "ended": float(m["ended"]) if m["ended"] else None,
+        "signal": m["signal"],
+    }
+
+
 def inplace_logs(log_dir: Path, run: str) -> tuple[list[dict], list[dict]]:
     """From every pod of an in-place run: its trainer children's start-up reports (a child handed
-    its world by a standby times its start-up from that moment), and its supervisor's world lines
-    (epoch, seen after publication, the previous child's end after the supervisor's signal)."""
+    its world by a standby times its start-up from that moment), and its supervisor's world lines."""
     reports, worlds = [], []
     for log in sorted(log_dir.glob(f"*_{run}-s*/*.log")):
         for line in log.read_text(errors="replace").splitlines():
             if report := parse_report(line):
                 reports.append(report)
-            elif m := _WORLD_LINE.match(line):
-                worlds.append(
-                    {
-                        "epoch": int(m["epoch"]),
-                        "seen": float(m["seen"]),
-                        "ended": float(m["ended"]) if m["ended"] else None,
-                        "signal": m["signal"],
-                    }
-                )
+            elif world := world_line(line):
+                worlds.append(world)
     return reports, worlds
 
 
