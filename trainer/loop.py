@@ -25,7 +25,7 @@ from trainer import compile_cache, data, distributed, evaluate, sizes, snapshot,
 from trainer.checkpoint import Checkpointer, storage_bytes_read
 from trainer.config import Config, ConfigError, config_hash, identity, schedule_point
 from trainer.mesh import batch_sharding, device_sharding, dp_ranks, mesh_for, process_block
-from trainer.metrics import RunWriter
+from trainer.metrics import RunWriter, has_step
 from trainer.startup import Timeline
 from trainer.watchdog import Preemption
 
@@ -293,11 +293,28 @@ def _compile(program: dict[str, Any], steps: Steps, state: Any, model: Model) ->
     return replace(steps, train_step=train_step), timers
 
 
-def _recorded(inc: Incarnation, n: int) -> None:
+def _recorded(inc: Incarnation, n: int, record: dict[str, Any]) -> None:
     """Step n's record is written: its snapshot may now count as done (``Snapshotter.recorded``),
-    so that a restore from memory never skips a step the metrics lack."""
+    with the record beside it, so that a restore from memory never skips a step the metrics lack
+    (``_rewrite_lost_record``)."""
     if inc.snapshots is not None:
-        inc.snapshots.recorded(n)
+        inc.snapshots.recorded(n, record)
+
+
+def _rewrite_lost_record(writer: RunWriter, run_dir: str, memory_dir: Any, step: int) -> None:
+    """Process 0, after a restore of `step` from memory: the record of that step, from beside its
+    snapshot, when the run's metrics lack it. The previous world's process 0 writes every record,
+    and its own step can wait on a dead peer of its slice after the other slices finished it (and
+    snapshotted it): the state is whole there, the record was never written."""
+    if not writer.enabled or (record := snapshot.step_record(memory_dir, step)) is None:
+        return
+    if has_step(run_dir, step):
+        return
+    writer.write(record)
+    print(
+        f"trainer: step {step}'s metrics record, lost with the previous world, written from memory",
+        flush=True,
+    )
 
 
 def _train(
@@ -325,7 +342,7 @@ def _train(
             done = finish_step(inc, pending, last_done, startup)
             startup, last_done, stop = {}, done.done_at, stop or done.stop
             writer.write(done.record)
-            _recorded(inc, pending.n)
+            _recorded(inc, pending.n, done.record)
         snap_s = 0.0
         if inc.snapshots is not None and inc.snapshots.due(n):  # before the next step donates `state`
             snap_s = inc.snapshots.take(n, state, inc.meta(n))
@@ -348,7 +365,7 @@ def _train(
                     inc.snapshots.take(n, state, inc.meta(n), recorded=True)  # the step all stop at
             else:
                 writer.write(done.record)
-            _recorded(inc, n)
+            _recorded(inc, n, done.record)
             last_done = time.perf_counter()  # neither the eval nor the save is the next step's time
             if stop:
                 break
@@ -495,6 +512,8 @@ def run(
                 "step": start,
             }
             writer.status(state="running", step=start, **status)
+            if source in (snapshot.StateSource.MEMORY, snapshot.StateSource.PEERS):
+                _rewrite_lost_record(writer, cfg.run_dir, memory.root, start)
             steps = _build_steps(cfg, mesh, plan.grad_accum)
 
             if preemption.requested:  # during start-up: nothing trained since the latest checkpoint

@@ -22,6 +22,25 @@ def _is_remote(path: str) -> bool:
     return "://" in path
 
 
+def has_step(run_dir: str, step: int) -> bool:
+    """Whether some metrics record of the run directory is of `step`: its files newest first (one
+    per trainer incarnation, named by segment, restart attempt and start time), every line read
+    until one is. For a restore, not a loop: a long run's history on gs:// is many objects."""
+    directory = epath.Path(run_dir) / "metrics"
+    try:
+        names = sorted((p.name for p in directory.iterdir() if p.name.endswith(".jsonl")), reverse=True)
+    except FileNotFoundError:
+        return False
+    for name in names:
+        for line in (directory / name).read_text().splitlines():
+            try:
+                if json.loads(line).get("step") == step:
+                    return True
+            except (ValueError, AttributeError):
+                continue  # a line cut short by a writer that was killed
+    return False
+
+
 class RunWriter:
     def __init__(self, run_dir: str, segment: int, restart_attempt: int, flush_seconds: float, enabled: bool):
         self.enabled = enabled

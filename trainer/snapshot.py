@@ -55,6 +55,7 @@ KEEP = IN_FLIGHT + 2
 _MAGIC = b"RESLICE-SNAPSHOT-1\n"
 _ALIGN = 64
 _NAME = re.compile(r"^(\d+)\.snap$")
+_RECORD = re.compile(r"^(\d+)\.record\.json$")
 
 
 class StateSource(StrEnum):
@@ -143,7 +144,15 @@ def prune(directory: Path, keep: int = KEEP, above: int | None = None) -> None:
     for s in doomed:
         with contextlib.suppress(FileNotFoundError):
             (directory / f"{s}.snap").unlink()
+    kept = set(steps) - set(doomed)
+    newest = max(kept, default=-1)
     for name in os.listdir(directory):
+        # A step's record goes with its snapshot (one above the newest may be on its way in).
+        if (m := _RECORD.match(name)) and (
+            int(m.group(1)) in doomed or (int(m.group(1)) not in kept and int(m.group(1)) <= newest)
+        ):
+            with contextlib.suppress(FileNotFoundError):
+                (directory / name).unlink()
         if name.startswith(".") and ".snap.tmp-" in name:
             pid = name.rsplit("-", 1)[-1]
             if pid != str(os.getpid()):
@@ -165,6 +174,12 @@ class Snapshotter:
         self._recorded = threading.Condition()
         self._recorded_up_to = -1
         self._abandoned = False
+        # The metrics record of each step being snapshotted, kept beside its snapshot: process 0
+        # alone writes the run's metrics, and a world can lose it after the other processes
+        # finished the step (its own step waiting on a peer of its slice that died), so the next
+        # world writes the record of the step it restores when the metrics lack it (``step_record``).
+        self._records: dict[int, dict] = {}
+        self._taking: set[int] = set()
         self.written: list[int] = []  # steps written by this incarnation, in order
         self.write_seconds = 0.0  # the thread's time (host copy + file), summed
         directory.mkdir(parents=True, exist_ok=True)
@@ -176,11 +191,24 @@ class Snapshotter:
     def due(self, step: int) -> bool:
         return self.on and step % self.interval == 0
 
-    def recorded(self, step: int) -> None:
-        """Step `step`'s metrics record is written."""
+    def recorded(self, step: int, record: Mapping[str, Any] | None = None) -> None:
+        """Step `step`'s metrics record is written (`record`: it, kept with the step's snapshot)."""
         with self._recorded:
+            if record is not None and step in self._taking:
+                self._records[step] = dict(record)
             self._recorded_up_to = max(self._recorded_up_to, step)
             self._recorded.notify_all()
+
+    def _keep_record(self, step: int) -> bool:
+        """Beside snapshot `step`, before it is renamed into place: its metrics record."""
+        with self._recorded:
+            record = self._records.pop(step, None)
+            self._taking.discard(step)
+        if record is not None:
+            tmp = self.directory / f".{step}.record.tmp-{os.getpid()}"
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, self.directory / f"{step}.record.json")
+        return True
 
     def _await_record(self, step: int) -> bool:
         with self._recorded:
@@ -198,6 +226,8 @@ class Snapshotter:
         leaves = _leaves(state)
         copies = jax.device_put([x for _, x in leaves], [x.sharding for _, x in leaves], may_alias=False)
         paths = [p for p, _ in leaves]
+        with self._recorded:
+            self._taking.add(step)
         if recorded:
             self.recorded(step)
         thread = threading.Thread(
@@ -222,7 +252,8 @@ class Snapshotter:
                         shards[key] = np.asarray(shard.data)
                 host.append((path, tuple(arr.shape), arr.dtype.name, list(shards.items())))
             del copies
-            if write(self.directory, step, host, meta, lambda: self._await_record(step)) is None:
+            ready = lambda: self._await_record(step) and self._keep_record(step)  # noqa: E731
+            if write(self.directory, step, host, meta, ready) is None:
                 return  # the trainer left before the step was recorded: not done
             prune(self.directory)
             self.written.append(step)
@@ -249,6 +280,16 @@ class Snapshotter:
         deadline = time.monotonic() + timeout_s
         while self._threads:
             self._threads.pop(0).join(max(0.0, deadline - time.monotonic()))
+
+
+def step_record(directory: Path | None, step: int) -> dict | None:
+    """The metrics record kept beside snapshot `step` (``Snapshotter``), or None."""
+    if directory is None:
+        return None
+    try:
+        return json.loads((directory / f"{step}.record.json").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 # --- restore ----------------------------------------------------------------------------------------

@@ -128,6 +128,23 @@ def test_a_snapshot_is_done_only_once_its_step_is_recorded(cpu8, tmp_path: Path)
     assert snaps.written == [5] and os.listdir(tmp_path) == ["5.snap"]
 
 
+def test_a_snapshot_keeps_its_steps_record_and_the_prune_takes_it_with_it(cpu8, tmp_path: Path) -> None:
+    """Process 0 alone writes the metrics: a record kept beside each snapshot lets the next world
+    write one that was lost (trainer.loop._rewrite_lost_record)."""
+    mesh = Mesh(np.array(cpu8).reshape(2, 4), ("data", "fsdp"))
+    snaps = snapshot.Snapshotter(tmp_path, 1)
+    for step in (5, 6):
+        snaps.take(step, state_on(mesh, "fsdp"), {"step": step})
+        snaps.recorded(step, {"step": step, "learning/loss": 1.0 / step})
+    snaps.take(7, state_on(mesh, "fsdp"), {"step": 7})
+    snaps.abandon(timeout_s=10)  # step 7 never recorded: neither its snapshot nor a record
+    assert sorted(os.listdir(tmp_path)) == ["5.record.json", "5.snap", "6.record.json", "6.snap"]
+    assert snapshot.step_record(tmp_path, 6) == {"step": 6, "learning/loss": 1.0 / 6}
+    assert snapshot.step_record(tmp_path, 7) is None and snapshot.step_record(None, 6) is None
+    snapshot.prune(tmp_path, above=5)  # a restore of step 5: step 6 is another lineage's now
+    assert sorted(os.listdir(tmp_path)) == ["5.record.json", "5.snap"]
+
+
 def test_the_slices_that_hold_a_step_whole() -> None:
     """Process ids are slice-major: with 2 hosts per slice, processes 0-1 are slice 0, 2-3 slice 1."""
     per_process = [[4, 5, 6], [5, 6], [6, 7], [7]]
