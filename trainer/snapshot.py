@@ -13,8 +13,10 @@ snapshots are on their way: the next one waits for the oldest (the host copy of 
 step n can only start once step n is done, which is when the loop reaches step n + 1: with one in
 flight the loop would wait for every copy). Each file is written under a temporary name and
 renamed once its step's metrics record is written (RAM needs no fsync; a restore never skips a
-step the metrics lack): a file named ``<step>.snap`` is complete, which is this process's "done
-step s" marker. Each process keeps its ``KEEP`` newest snapshots.
+step the metrics lack; the record is kept beside it as ``<step>.record.json``, for the world that
+restores that step when the previous world's process 0 never wrote it): a file named
+``<step>.snap`` is complete, which is this process's "done step s" marker. Each process keeps its
+``KEEP`` newest snapshots.
 
 Why four: a process finishes step n only after every peer dispatched step n, and a process that
 dispatched step n had finished its snapshot n - 3k (k, the interval; it waited for that one before
