@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -301,7 +302,7 @@ def _recorded(inc: Incarnation, n: int, record: dict[str, Any]) -> None:
         inc.snapshots.recorded(n, record)
 
 
-def _rewrite_lost_record(writer: RunWriter, run_dir: str, memory_dir: Any, step: int) -> None:
+def _rewrite_lost_record(writer: RunWriter, run_dir: str, memory_dir: Path | None, step: int) -> None:
     """Process 0, after a restore of `step` from memory: the record of that step, from beside its
     snapshot, when the run's metrics lack it. The previous world's process 0 writes every record,
     and its own step can wait on a dead peer of its slice after the other slices finished it (and

@@ -254,7 +254,10 @@ class Snapshotter:
                         shards[key] = np.asarray(shard.data)
                 host.append((path, tuple(arr.shape), arr.dtype.name, list(shards.items())))
             del copies
-            ready = lambda: self._await_record(step) and self._keep_record(step)  # noqa: E731
+
+            def ready() -> bool:
+                return self._await_record(step) and self._keep_record(step)
+
             if write(self.directory, step, host, meta, ready) is None:
                 return  # the trainer left before the step was recorded: not done
             prune(self.directory)

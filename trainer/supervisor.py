@@ -264,9 +264,10 @@ def supervise_world(
     and starts the next in the new world; a world that leaves this pod out, after one that had it,
     ends the child and returns 0. The child's 0 returns 0; its 43, its 42/143 after this
     supervisor's own SIGTERM, or its end after this supervisor's SIGKILL, waits for the next
-    epoch; any other code is returned. A SIGTERM to this process is forwarded and the child's code returned (42 when no
-    child runs). One child at a time, and never one for an epoch at or below the last started.
-    After a 43, no newer world within ``RESLICE_PEER_LOST_WAIT_S`` returns 43."""
+    epoch; any other code is returned. A SIGTERM to this process is forwarded and the child's
+    code returned (42 when no child runs). One child at a time, and never one for an epoch at or
+    below the last started. After a 43, no newer world within ``RESLICE_PEER_LOST_WAIT_S``
+    returns 43."""
     from trainer import worldsource  # http.client imports ssl: not for the recreate mode's start-up
 
     try:

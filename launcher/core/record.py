@@ -85,7 +85,7 @@ class Segment:
     # once their pods run (their supervisors wait for a world that has their slice).
     joining: tuple[str, ...] = ()
     # Slices of the previous world whose hosts were gone when this world was decided (their node
-    # pools deleted): its world says so, and the survivors' supervisors kill their trainers
+    # pools deleted, or their pods replaced by pods without a node): its world says so, and the survivors' supervisors kill their trainers
     # instead of asking them to save a step that can never finish (docs/contract.md "World").
     lost: tuple[str, ...] = ()
 
