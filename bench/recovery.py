@@ -172,7 +172,7 @@ def inplace_breakdown(
     metrics: list[dict],
     fault_t: float,
     segment: int,
-    reports: list[dict],
+    started: list[dict],
     worlds: list[dict],
 ) -> dict[str, float | str]:
     """An in-place shrink: fault -> the controller's new world recorded (it then publishes it and
@@ -185,7 +185,6 @@ def inplace_breakdown(
     step = first_rec["time"]
     mine = [w for w in worlds if w["epoch"] == segment]
     ended = [w["ended"] for w in mine if w["ended"] is not None]
-    started = [r for r in reports if decided <= r["spawned"] <= step]
     return {
         "decided": decided - fault_t,
         "seen": max((w["seen"] for w in mine), default=0.0),
@@ -239,11 +238,10 @@ def run_mode(mode: str, cycles: int, console: Console) -> tuple[list[dict], dict
             h.close()
     if mode == "recreate":
         return [breakdown(ledger, metrics, rec, t, s, reports[s]) for t, s in rows], reports
-    results = [inplace_breakdown(ledger, metrics, t, s, every, worlds) for t, s in rows]
-    # The start-up reports of the shrinks' new trainers, by shrink, for the phase table.
+    # The start-up reports of each shrink's new trainers: started from the fault to its first step.
     steps = {s: min(m["time"] for m in metrics if m["segment"] == s) for _, s in rows}
     reports = {s: [r for r in every if t <= r["spawned"] <= steps[s]] for (t, s) in rows}
-    return results, reports
+    return [inplace_breakdown(ledger, metrics, t, s, reports[s], worlds) for t, s in rows], reports
 
 
 def table_of(title: str, results: list[dict]) -> Table:

@@ -181,7 +181,6 @@ class Snapshotter:
         # finished the step (its own step waiting on a peer of its slice that died), so the next
         # world writes the record of the step it restores when the metrics lack it (``step_record``).
         self._records: dict[int, dict] = {}
-        self._taking: set[int] = set()
         self.written: list[int] = []  # steps written by this incarnation, in order
         self.write_seconds = 0.0  # the thread's time (host copy + file), summed
         directory.mkdir(parents=True, exist_ok=True)
@@ -196,7 +195,7 @@ class Snapshotter:
     def recorded(self, step: int, record: Mapping[str, Any] | None = None) -> None:
         """Step `step`'s metrics record is written (`record`: it, kept with the step's snapshot)."""
         with self._recorded:
-            if record is not None and step in self._taking:
+            if record is not None and self.due(step):
                 self._records[step] = dict(record)
             self._recorded_up_to = max(self._recorded_up_to, step)
             self._recorded.notify_all()
@@ -205,7 +204,6 @@ class Snapshotter:
         """Beside snapshot `step`, before it is renamed into place: its metrics record."""
         with self._recorded:
             record = self._records.pop(step, None)
-            self._taking.discard(step)
         if record is not None:
             tmp = self.directory / f".{step}.record.tmp-{os.getpid()}"
             tmp.write_text(json.dumps(record))
@@ -228,8 +226,6 @@ class Snapshotter:
         leaves = _leaves(state)
         copies = jax.device_put([x for _, x in leaves], [x.sharding for _, x in leaves], may_alias=False)
         paths = [p for p, _ in leaves]
-        with self._recorded:
-            self._taking.add(step)
         if recorded:
             self.recorded(step)
         thread = threading.Thread(
