@@ -9,8 +9,9 @@ breakdown is fault -> the new world recorded -> first step in it (the survivors'
 supervisors start the next trainer child), with, from the pods' logs, how late the slowest
 survivor saw the world, how long its old trainer took to end after the supervisor's signal
 (SIGKILL when the world names the lost slice, else SIGTERM), and the new trainers' start-up from
-the moment a standby was handed the world; the phase table follows, as for recreate. Each cycle
-waits for the grown world's first step before the next fault.
+the moment a standby was handed the world; the phase table follows, as for recreate. Each fault
+comes five steps into a segment (its next checkpoint), as one finds a run in its steady state: a
+fault one step after a grow would find the pods' next standbys still importing.
 
 A 2-slice run of the `tiny` MoE config on tpu7x-2x2x2 (GKE multislice needs multi-host slices: 2
 hosts of 8 JAX devices per slice, 4 trainer processes) loses one slice (`remove`), the controller
@@ -49,7 +50,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import machine
-from launcher.adapters.rundir import RunDir
+from launcher.adapters.rundir import RunDir, read_jsonl
 from launcher.controller.launch import stop_run
 from launcher.core.record import Knobs
 from tests.controller.harness import MULTI_HOST, MULTI_HOST_BATCH, Harness, wait_for
@@ -69,11 +70,23 @@ def startup_reports(log_dir: Path, run: str, segment: int) -> list[dict]:
     return out
 
 
-def stepped(rundir: RunDir, segment: int) -> bool:
-    """Whether a metrics line of `segment` is on disk. The poll reads that segment's files only:
-    it shares the 2 cores with the trainers it measures (the record's own time is what counts)."""
+def first_step(rundir: RunDir, segment: int) -> int | None:
+    """The first step `segment` recorded, or None before it has one. The poll reads that segment's
+    files only: it shares the 2 cores with the trainers it measures (the record's own time is what
+    counts)."""
     prefix = f"{segment:04d}-"
-    return any(rundir.read_text(f"metrics/{n}") for n in rundir.list_dir("metrics") if n.startswith(prefix))
+    steps = [
+        rec["step"]
+        for n in rundir.list_dir("metrics")
+        if n.startswith(prefix)
+        for rec in read_jsonl(rundir.read_text(f"metrics/{n}"))
+    ]
+    return min(steps, default=None)
+
+
+def stepped(rundir: RunDir, segment: int) -> bool:
+    """Whether `segment` has recorded a step."""
+    return first_step(rundir, segment) is not None
 
 
 def breakdown(
@@ -215,7 +228,10 @@ def run_mode(mode: str, cycles: int, console: Console) -> tuple[list[dict], dict
             rundir = h.rundir("bench")
             for cycle in range(cycles):
                 seg = len(h.record("bench").segments) - 1
-                h.wait_step("bench", (h.record("bench").segments[-1].start_step or 0) + 5, timeout=300)
+                # Five steps into the segment (the next checkpoint at or after them): a run in its
+                # steady state, as a fault finds it. The record's start_step may not be written yet.
+                wait_for(lambda s=seg: stepped(rundir, s), 180, f"segment {seg}'s first step")
+                h.wait_step("bench", first_step(rundir, seg) - 1 + 5, timeout=300)
                 fault_t = time.time()
                 h.cluster.remove(h.pool(1))
                 wait_for(lambda s=seg + 1: stepped(rundir, s), 180, "first step after the shrink")

@@ -6,8 +6,9 @@ file in the pod's memory directory (``RESLICE_MEMORY_DIR``, a directory the supe
 ``/dev/shm``, which the renderer mounts as an ``emptyDir`` with ``medium: Memory``). The next child
 in the same pod reads it back before it would read the run directory.
 
-The copy overlaps training: the state after step n is copied on the devices (``jax.device_put``
-with ``may_alias=False``, dispatched before step n + 1 donates the state), and a thread moves the
+The copy overlaps training: the state after step n is copied on the devices (each distinct local
+shard by ``jax.device_put`` with ``may_alias=False``, dispatched before step n + 1 donates the
+state; ``_local_copies`` says why not the global arrays), and a thread moves the
 copy to the host and writes it, while the devices run the next steps. At most ``IN_FLIGHT``
 snapshots are on their way: the next one waits for the oldest (the host copy of the state after
 step n can only start once step n is done, which is when the loop reaches step n + 1: with one in
@@ -75,6 +76,18 @@ def _key(index: tuple[slice, ...], shape: tuple[int, ...]) -> str:
 
 def _leaves(tree: Any) -> list[tuple[str, Any]]:
     return [(jax.tree_util.keystr(p), leaf) for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def _local_copies(x: jax.Array) -> list[tuple[str, jax.Array]]:
+    """Copies of this process's distinct shards of `x` (one per place in the global array: a shard
+    replicated on several local devices is copied once), each on its own device. A single-device
+    copy is dispatched behind the step in flight; a global device_put in a multi-process run is a
+    jitted copy per leaf (jax._src.dispatch), which waited for that step: the next step was then
+    dispatched only after it, one step's pipelining lost, and the first snapshot compiled them."""
+    shards: dict[str, Any] = {}
+    for shard in x.addressable_shards:
+        shards.setdefault(_key(shard.index, x.shape), shard.data)
+    return [(k, jax.device_put(d, d.sharding, may_alias=False)) for k, d in shards.items()]
 
 
 def _aligned(n: int) -> int:
@@ -223,14 +236,12 @@ class Snapshotter:
             self._threads.pop(0).join()
         if not self.on:
             return time.perf_counter() - t0
-        leaves = _leaves(state)
-        copies = jax.device_put([x for _, x in leaves], [x.sharding for _, x in leaves], may_alias=False)
-        paths = [p for p, _ in leaves]
+        copies = [(path, tuple(x.shape), x.dtype.name, _local_copies(x)) for path, x in _leaves(state)]
         if recorded:
             self.recorded(step)
         thread = threading.Thread(
             target=self._write,
-            args=(step, paths, copies, {**meta, **self.extra}),
+            args=(step, copies, {**meta, **self.extra}),
             name="memory-snapshot",
             daemon=True,
         )
@@ -238,17 +249,15 @@ class Snapshotter:
         self._threads.append(thread)
         return time.perf_counter() - t0
 
-    def _write(self, step: int, paths: list[str], copies: list[jax.Array], meta: dict) -> None:
+    def _write(
+        self, step: int, copies: list[tuple[str, tuple, str, list[tuple[str, jax.Array]]]], meta: dict
+    ) -> None:
         t0 = time.perf_counter()
         try:
-            host = []
-            for path, arr in zip(paths, copies, strict=True):
-                shards: dict[str, np.ndarray] = {}
-                for shard in arr.addressable_shards:
-                    key = _key(shard.index, arr.shape)
-                    if key not in shards:
-                        shards[key] = np.asarray(shard.data)
-                host.append((path, tuple(arr.shape), arr.dtype.name, list(shards.items())))
+            host = [
+                (path, shape, dtype, [(k, np.asarray(c)) for k, c in shards])
+                for path, shape, dtype, shards in copies
+            ]
             del copies
 
             def ready() -> bool:
