@@ -95,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with _imports_without_gc(), no_rocm_plugin_scan(os.environ):
             from trainer import config, distributed, loop
+
+            if standby:  # which process it will be is not known yet: it may be the one writing metrics
+                from trainer import metrics
+
+                metrics.preload_tensorboard()
         timeline.mark("imports")
         if standby:
             handed = supervisor.await_world()  # blocks until the supervisor has a world for it

@@ -41,6 +41,14 @@ def has_step(run_dir: str, step: int) -> bool:
     return False
 
 
+def preload_tensorboard() -> None:
+    """Import the event writer now. A standby trainer (trainer.supervisor) does it ahead of its world:
+    process 0 otherwise pays the import with its first record, inside the first step, where every
+    other process waits for its next step's dispatch."""
+    from tensorboardX import FileWriter  # noqa: F401
+    from tensorboardX.proto.summary_pb2 import Summary  # noqa: F401
+
+
 class RunWriter:
     def __init__(self, run_dir: str, segment: int, restart_attempt: int, flush_seconds: float, enabled: bool):
         self.enabled = enabled
