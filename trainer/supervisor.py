@@ -19,7 +19,9 @@ process has started no thread and imported nothing heavy when it forks.
 The child's stdout is inherited; its stderr passes through here, and its last 64 KiB are kept: a
 child killed by SIGABRT right after JAX's "Terminating process because the JAX distributed service
 detected fatal errors" exits ``EXIT_PEER_LOST``; every other exit is passed on. The child gets
-SIGKILL if this process dies first (``PR_SET_PDEATHSIG``).
+SIGKILL if this process dies first (``PR_SET_PDEATHSIG``). What a child that died without its own
+exit path leaves behind (its Grain workers) is adopted here (``PR_SET_CHILD_SUBREAPER``) and ended
+when the child's end is seen (``_end_strays``): in place the pod outlives many children.
 
 With ``RESLICE_RESTART_MODE=in-place`` (``supervise_world``, docs/contract.md "World (in-place
 restarts)") the pod outlives its trainers: this process follows the published worlds
@@ -58,7 +60,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -86,6 +88,9 @@ PEER_LOST_WAIT_ENV = "RESLICE_PEER_LOST_WAIT_S"
 PEER_LOST_WAIT_S = 120.0
 _TAIL = 64 * 1024
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+# How long a process an ended child left behind has after SIGTERM before SIGKILL (``_end_strays``).
+STRAY_GRACE_S = 10.0
 
 
 def await_world() -> float | None:
@@ -127,6 +132,69 @@ def notify_running() -> None:
 def _die_with_parent() -> None:
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _adopt_orphans() -> None:
+    """Make this process the reaper of its descendants' orphans (``PR_SET_CHILD_SUBREAPER``; as a
+    container's PID 1 it is already): a trainer child that dies without its own exit path (SIGKILL,
+    JAX's fate-sharing abort) leaves its data loader's workers behind, which then become this
+    process's children, for ``_end_strays``."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _children() -> list[int]:
+    """This process's children, from each process's ``/proc/N/stat`` (its parent after the command
+    name, which may hold spaces and parentheses). ``/proc/self/task/*/children`` would be shorter,
+    but needs a kernel option (CONFIG_PROC_CHILDREN) not every kernel has."""
+    me, out = os.getpid(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:  # it exited meanwhile
+            continue
+        if int(stat[stat.rindex(b")") + 2 :].split()[1]) == me:
+            out.append(int(name))
+    return out
+
+
+_ending: set[int] = set()  # strays signalled and not reaped yet
+
+
+def _end_strays(keep: Collection[int]) -> list[int]:
+    """SIGTERM every child of this process but `keep` (the running trainer, the standby) and reap
+    it in a thread of its own, SIGKILL after STRAY_GRACE_S: what an ended trainer left behind. A
+    killed trainer's Grain workers otherwise live on (each with its own JAX import), one set more
+    with every world that killed a trainer, for the pod's life. SIGTERM rather than SIGKILL:
+    multiprocessing's resource tracker ignores it on purpose, outlives the workers, unlinks the
+    shared memory and semaphores they leave in /dev/shm, then exits. The returned pids were
+    signalled."""
+    strays = [pid for pid in _children() if pid not in keep and pid not in _ending]
+    for pid in strays:
+        _ending.add(pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        threading.Thread(target=_reap_stray, args=(pid,), name="stray", daemon=True).start()
+    return strays
+
+
+def _reap_stray(pid: int) -> None:
+    # A child of this process stays a zombie until reaped here: its pid cannot be reused meanwhile.
+    deadline = time.monotonic() + STRAY_GRACE_S
+    try:
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                break
+            time.sleep(0.05)
+    except ChildProcessError:
+        pass
+    finally:
+        _ending.discard(pid)
 
 
 def _pass_through(read_end: int, tail: bytearray, raw: bool = False) -> None:
@@ -195,6 +263,7 @@ def supervise(train: Callable[[], int]) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, forward)
+    _adopt_orphans()
     read_end, write_end = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -210,8 +279,9 @@ def supervise(train: Callable[[], int]) -> int:
     pump = threading.Thread(target=_pass_through, args=(read_end, tail), name="stderr", daemon=True)
     pump.start()
     returncode = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    # A data-loader worker the child left behind may hold the pipe open: what the child wrote is
-    # in it already, so a short wait reads it all.
+    # A data-loader worker the child left behind holds the pipe open until it ends: what the child
+    # wrote is in it already, so a short wait reads it all.
+    _end_strays(keep=())
     pump.join(timeout=2.0)
     code = peers.supervised_exit(returncode, bytes(tail).decode(errors="replace"))
     if code == peers.EXIT_PEER_LOST and returncode < 0:
@@ -287,6 +357,7 @@ def supervise_world(
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    _adopt_orphans()
     # RAM for the children's snapshots, which outlives each of them (trainer/snapshot.py).
     memory = memdir.make(env, me.slice_id, me.host)
     if memory is not None:
@@ -487,8 +558,9 @@ def _follow(
             if child is None or pid != child.pid:  # a standby that died as it was handed its world
                 continue
             state["child"] = None
-            # See supervise(): a leftover loader worker may hold the pipe. A killed child's tail
-            # says nothing more (no fate-sharing abort), and its workers may outlive it.
+            # See supervise(): a leftover loader worker holds the pipe until it ends. A killed
+            # child's tail says nothing more (no fate-sharing abort).
+            _end_strays(keep=[s.pid] if (s := state["standby"]) is not None else [])
             child.pump.join(timeout=0.1 if child.killed else 2.0)
             code = peers.supervised_exit(returncode, bytes(child.tail).decode(errors="replace"))
             signalled = "SIGKILL" if child.killed else "SIGTERM"

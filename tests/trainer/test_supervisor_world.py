@@ -214,6 +214,32 @@ def test_a_world_that_lost_a_slice_of_the_childs_world_kills_the_child(pod) -> N
     assert all(w["ended"] is not None and w["ended"] < 2.0 for w in lines[1:])
 
 
+def reaped(pid: int) -> bool:
+    """Ended and reaped: a zombie keeps its /proc entry."""
+    return not Path(f"/proc/{pid}").exists()
+
+
+def test_what_a_killed_child_left_is_ended_its_shared_memory_unlinked_and_reaped(pod) -> None:
+    # A trainer killed for a lost slice runs no exit path of its own: its loader's workers would
+    # live on in the pod (one more set with every such world), with the shared memory they hold.
+    p = pod()
+    p.publish(world_doc(0, ["a", "b"], env={"FAKE_WORKERS": "1"}))
+    p.wait_starts(1)
+    (w,) = wait_for(lambda: [r for r in p.records() if r["event"] == "workers"] or None, 30, "the workers")
+    shm = Path("/dev/shm", w["shm"])
+    assert not reaped(w["worker"]) and not reaped(w["tracker"]) and shm.exists()
+    p.publish(world_doc(1, ["b"], lost=["a"]))
+    second = p.wait_starts(2)[1]
+    assert "the trainer of epoch 0 exited 137" in p.output()
+    # Ended (SIGTERM: the tracker outlives the worker and unlinks the block) and reaped here.
+    wait_for(lambda: reaped(w["worker"]) and reaped(w["tracker"]), 10, "the worker and the tracker reaped")
+    assert not shm.exists()
+    # The standby that waited meanwhile was spared: it trains in epoch 1.
+    assert second["pid"] in {r["pid"] for r in p.records() if r["event"] == "standby"}
+    p.alive_for(0.3)
+    assert not reaped(second["pid"])
+
+
 def test_no_newer_world_after_a_lost_peer_the_pod_exits_43(pod) -> None:
     # A peer died where nothing reports it: no newer world comes. The pod's own 43 is the report
     # (JobSet restarts the slice without counting it); a world in time keeps the pod, as above.

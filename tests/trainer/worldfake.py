@@ -8,6 +8,8 @@ as the trainer does after its imports; each child appends one JSON line to ``$FA
 its world's ``env`` tells it: ``FAKE_EXIT`` = exit with that code after ``FAKE_AFTER_S`` seconds;
 ``FAKE_ON_TERM`` = the code it exits with on SIGTERM (42 by default, as the trainer after its save;
 ``hang``: it goes on, as a trainer whose step in flight waits for a peer that is gone).
+``FAKE_WORKERS=1``: it starts what a Grain loader with workers starts (a spawned worker process
+and a shared memory block, so multiprocessing's resource tracker too) and records them.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ def train() -> int:
         _record(event="standby")
         supervisor.await_world()
     _record(event="start", env={k: os.environ[k] for k in KEYS if k in os.environ})
+    if os.environ.get("FAKE_WORKERS"):
+        _start_workers()
     supervisor.notify_running()  # as the trainer after its first step
     on_term = os.environ.get("FAKE_ON_TERM", "42")
 
@@ -66,6 +70,17 @@ def train() -> int:
         return code
     while True:
         time.sleep(0.02)
+
+
+def _start_workers() -> None:
+    import multiprocessing
+    from multiprocessing import resource_tracker, shared_memory
+
+    block = shared_memory.SharedMemory(create=True, size=4096)  # registered with the tracker
+    worker = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(600,), daemon=True)
+    worker.start()
+    tracker = resource_tracker._resource_tracker._pid  # no public accessor
+    _record(event="workers", worker=worker.pid, tracker=tracker, shm=block.name)
 
 
 if __name__ == "__main__":
