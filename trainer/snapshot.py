@@ -78,16 +78,22 @@ def _leaves(tree: Any) -> list[tuple[str, Any]]:
     return [(jax.tree_util.keystr(p), leaf) for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
-def _local_copies(x: jax.Array) -> list[tuple[str, jax.Array]]:
-    """Copies of this process's distinct shards of `x` (one per place in the global array: a shard
-    replicated on several local devices is copied once), each on its own device. A single-device
+def _local_copies(leaves: list[tuple[str, jax.Array]]) -> list[list[tuple[str, jax.Array]]]:
+    """Per leaf, copies of this process's distinct shards (one per place in the global array: a
+    shard replicated on several local devices is copied once), each on its own device, all in one
+    batched ``device_put`` (a call per shard took 2.7 times as long to dispatch). A single-device
     copy is dispatched behind the step in flight; a global device_put in a multi-process run is a
     jitted copy per leaf (jax._src.dispatch), which waited for that step: the next step was then
     dispatched only after it, one step's pipelining lost, and the first snapshot compiled them."""
-    shards: dict[str, Any] = {}
-    for shard in x.addressable_shards:
-        shards.setdefault(_key(shard.index, x.shape), shard.data)
-    return [(k, jax.device_put(d, d.sharding, may_alias=False)) for k, d in shards.items()]
+    picked = []
+    for _, x in leaves:
+        shards: dict[str, Any] = {}
+        for shard in x.addressable_shards:
+            shards.setdefault(_key(shard.index, x.shape), shard.data)
+        picked.append(shards)
+    flat = [d for shards in picked for d in shards.values()]
+    copied = iter(jax.device_put(flat, [d.sharding for d in flat], may_alias=False))
+    return [[(k, next(copied)) for k in shards] for shards in picked]
 
 
 def _aligned(n: int) -> int:
@@ -236,7 +242,11 @@ class Snapshotter:
             self._threads.pop(0).join()
         if not self.on:
             return time.perf_counter() - t0
-        copies = [(path, tuple(x.shape), x.dtype.name, _local_copies(x)) for path, x in _leaves(state)]
+        leaves = _leaves(state)
+        copies = [
+            (path, tuple(x.shape), x.dtype.name, shards)
+            for (path, x), shards in zip(leaves, _local_copies(leaves), strict=True)
+        ]
         if recorded:
             self.recorded(step)
         thread = threading.Thread(
