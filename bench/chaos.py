@@ -20,7 +20,9 @@ checkpoint at step ~(i + 1) * steps / (n + 1). After the run, per seed:
   `data/sample_digest`.
 
 A rich table per seed and a summary line ("20/20 held"). The checks are pure functions
-(tests/launcher/test_bench_chaos.py).
+(tests/launcher/test_bench_chaos.py). ``--keep DIR``: a seed that did not hold leaves its run
+directory, its controllers' logs and its pods' logs in ``DIR/seed-N`` (otherwise they go with the
+seed's embedded cluster).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import argparse
 import contextlib
 import itertools
 import random
+import shutil
 import tempfile
 import threading
 import time
@@ -287,6 +290,7 @@ def run_seed(
     tmp: Path,
     shape: str,
     restart_mode: str = ReshapeMode.RECREATE,
+    keep: Path | None = None,
 ) -> dict:
     preset, slices, batch = SHAPES[shape]
     h = Harness(tmp, pools=2, preset=preset, node_monitor_grace_s=NODE_GRACE_S)
@@ -335,6 +339,8 @@ def run_seed(
         for p in chaos.controllers:
             if p.poll() is None:
                 p.kill()
+        if keep is not None:  # the pods' logs go with the cluster: beside the run directory first
+            shutil.copytree(h.cluster.kubelet.runtime.log_dir, tmp / "pod-logs", dirs_exist_ok=True)
         h.close()
     kept = kept_steps(metrics)
     segs = [Seg(s.index, s.submitted_at, s.ended_at, s.start_step, s.end_step) for s in rec.segments]
@@ -352,6 +358,8 @@ def run_seed(
         "checkpoints": checkpoint_problems(names, committed),
         "losses": loss_problems(kept, reference),
     }
+    if keep is not None and any(checks.values()):
+        shutil.copytree(tmp, keep / f"seed-{seed}", dirs_exist_ok=True)
     return {
         "seed": seed,
         "faults": chaos.done,
@@ -395,6 +403,9 @@ def main() -> None:
     ap.add_argument("--interval", type=int, default=5, help="checkpoint interval (steps)")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="elastic")
     ap.add_argument("--restart-mode", choices=["recreate", "in-place"], default="recreate")
+    ap.add_argument(
+        "--keep", type=Path, metavar="DIR", help="what a seed that did not hold leaves, in DIR/seed-N"
+    )
     args = ap.parse_args()
     if args.restart_mode == ReshapeMode.IN_PLACE and SHAPES[args.shape][1] == 1:
         ap.error("--restart-mode in-place needs a shape of several slices (--shape elastic)")
@@ -415,6 +426,7 @@ def main() -> None:
                 Path(tmp) / f"seed-{seed}",
                 args.shape,
                 args.restart_mode,
+                args.keep,
             )
             results.append(r)
             console.print(seed_table(r))

@@ -332,12 +332,13 @@ def supervise_world(
     A newer epoch ends the child (SIGTERM: it saves the step in flight and exits 42, or 43/143
     when a peer is gone; SIGKILL when the new world's ``lost`` names a slice of the child's world)
     and starts the next in the new world; a world that leaves this pod out, after one that had it,
-    ends the child and returns 0. The child's 0 returns 0; its 43, its 42/143 after this
-    supervisor's own SIGTERM, or its end after this supervisor's SIGKILL, waits for the next
-    epoch; any other code is returned. A SIGTERM to this process is forwarded and the child's
-    code returned (42 when no child runs). One child at a time, and never one for an epoch at or
-    below the last started. After a 43, no newer world within ``RESLICE_PEER_LOST_WAIT_S``
-    returns 43."""
+    ends the child and returns 0. The child's 0 returns 0; its 43, its 42 (after this
+    supervisor's own SIGTERM, or with no signal here at all: a peer's preemption stopped the
+    world), its 143 after this supervisor's SIGTERM, or its end after this supervisor's SIGKILL,
+    waits for the next epoch; any other code is returned. A SIGTERM to this process is forwarded
+    and the child's code returned (42 when no child runs). One child at a time, and never one for
+    an epoch at or below the last started. After a 43, or a 42 nobody here asked for, no newer
+    world within ``RESLICE_PEER_LOST_WAIT_S`` returns 43."""
     from trainer import worldsource  # http.client imports ssl: not for the recreate mode's start-up
 
     try:
@@ -491,7 +492,8 @@ def _follow(
     while True:
         if lost_since is not None and state["child"] is None and time.monotonic() - lost_since >= patience:
             print(
-                f"trainer: no world newer than epoch {started} {patience:.0f} s after a peer was lost:"
+                f"trainer: no world newer than epoch {started} {patience:.0f} s after a peer was lost"
+                " or preempted:"
                 f" exit {peers.EXIT_PEER_LOST} (the slice restarts)",
                 flush=True,
             )
@@ -574,15 +576,27 @@ def _follow(
                 print(f"trainer: {ended}; exit {failed} for the world that could not be read", flush=True)
                 return failed
             peer_lost = code == peers.EXIT_PEER_LOST
-            if peer_lost or (
-                child.ended_at is not None
-                and (child.killed or code in (world.EXIT_PREEMPTED, 128 + signal.SIGTERM))
+            # A 42 that neither this process nor a signal to it asked for: a peer's SIGTERM (its
+            # slice preempted) stopped the world at a step boundary, the SIGTERM flags being
+            # combined every step, and every process saved. This pod was not preempted: it waits
+            # for the world without that slice (or with it back), as after a lost peer, instead of
+            # exiting 42 and having its slice's JobSet recreate its pods.
+            peer_stopped = code == world.EXIT_PREEMPTED and child.ended_at is None
+            if (
+                peer_lost
+                or peer_stopped
+                or (
+                    child.ended_at is not None
+                    and (child.killed or code in (world.EXIT_PREEMPTED, 128 + signal.SIGTERM))
+                )
             ):
                 if (code := start()) is not None:
                     return code
                 if state["child"] is None:
+                    if peer_stopped:
+                        ended += " (a peer's preemption stopped its world; this pod was not signalled)"
                     print(f"trainer: {ended}; waiting for a world newer than epoch {started}", flush=True)
-                    if peer_lost:
+                    if peer_lost or peer_stopped:
                         lost_since = time.monotonic()
                     standby()
             else:

@@ -38,8 +38,9 @@ only the leaving slices' JobSets are deleted and only the new ones' created:
    the grace period) — leaves: the survivors, in their order, form the next world on the largest
    feasible rung that fits (new slices added when the cluster has room for them).
 6. A slice that JobSet restarted under the world (a preemption) once every slice runs again: the
-   same slices, a new world (the survivors' trainers exited 43 and wait for it). A crashed host's
-   pod stays Running: its node turning NotReady makes its slice lost (5).
+   same slices, a new world (the survivors' trainers exited 43, or 42 when the preempted slice's
+   SIGTERM stopped the world, and wait for it). A crashed host's pod stays Running: its node
+   turning NotReady makes its slice lost (5).
 7. Capacity return, as rule 6 above: the new slices' JobSets are created while the world trains
    on (`Segment.joining`); 7a. once their pods run, the next world takes them in after the
    survivors (dropped, their JobSets deleted, if their capacity goes meanwhile).
@@ -713,8 +714,9 @@ def slice_restarted(
     rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog: Catalog
 ) -> Decision | None:
     """In place 6. JobSet restarted a slice of the world (a preemption, a pod killed): once every
-    slice runs again, the same slices form a new world (the survivors' trainers exited 43 and wait
-    for one; the restarted pods' supervisors end the child they started in the old one)."""
+    slice runs again, the same slices form a new world (the survivors' trainers exited 43, or 42
+    when a preempted slice's SIGTERM stopped the world, and wait for one; the restarted pods'
+    supervisors end the child they started in the old one)."""
     seg = _live(rec)
     views = [obs.slices.get(s) for s in seg.slice_ids]
     if not all(v is not None and v.running for v in views):

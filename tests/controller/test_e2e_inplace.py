@@ -165,6 +165,62 @@ def test_a_crashed_host_in_place_costs_at_most_one_step(tmp_path, reference):
     assert rec.segments[-1].end_step == STEPS
 
 
+def test_a_preempted_slice_leaves_the_other_slices_pods_in_place_and_comes_back(tmp_path, reference):
+    # A spot preemption of slice 1 while the controller is down (say its own node was preempted):
+    # DisruptionTarget and SIGTERM for slice 1's pods, its node pool gone after the grace period.
+    # Every process's SIGTERM flag is combined each step, so the whole world saves the step and
+    # exits 42 together. Slice 0's supervisors, which nobody signalled, keep their pods (a 42
+    # passed on would have had slice 0's JobSet recreate them) until the next controller's world
+    # on slice 0, then the one with slice 1 back.
+    h = Harness(tmp_path, pools=2, preset=MULTI_HOST)
+    try:
+        knobs = Knobs(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
+        h.launch(
+            "spot", slices=2, steps=STEPS, knobs=knobs, global_batch=MULTI_HOST_BATCH,
+            restart_mode="in-place", interval=20,
+        )  # fmt: skip
+        controller = h.controller_process("spot", tmp_path / "controller-1.log")
+        wait_for(lambda: trained(h, "spot") >= 6, 300, "step 6")
+        controller.kill()
+        controller.wait(10)
+        first = uids(h, "spot", "0")
+        pods1 = [p for p in h.run_pods("spot") if p["metadata"]["labels"].get(LABEL_SLICE) == "1"]
+        pool = h.cluster.node_pool_of[pods1[0]["spec"]["nodeName"]]
+        h.cluster.preempt(pool, grace_s=15, wait=True)  # returns once slice 1's pods have exited
+        logs = lambda: [  # noqa: E731
+            log.read_text(errors="replace")
+            for log in h.cluster.kubelet.runtime.log_dir.glob("*_spot-s0-*/*.log")
+        ]
+        waiting = "(a peer's preemption stopped its world; this pod was not signalled); waiting for a world"
+        wait_for(lambda: len(logs()) == 2 and all(waiting in log for log in logs()), 60, "slice 0 waiting")
+        assert uids(h, "spot", "0") == first
+        controller = h.controller_process("spot", tmp_path / "controller-2.log")
+        wait_for(lambda: len(h.record("spot").segments) >= 2, 60, "the shrink to a new world")
+        wait_for(lambda: trained(h, "spot", segment=1) > 0, 240, "training on 1 slice")
+        assert uids(h, "spot", "0") == first  # the same pods
+        h.cluster.restore(pool)
+        wait_for(lambda: len(h.record("spot").segments) >= 3, 120, "the grow back")
+        rec = h.wait_state("spot", {RunState.FINISHED}, timeout=300)
+        assert uids(h, "spot", "0") in (first, set())  # finished pods may be gone; never others
+        metrics, ledger = h.rundir("spot").metrics(), h.rundir("spot").ledger()
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+        h.close()
+    first_seg, shrunk, grown = rec.segments[:3]
+    assert (first_seg.slice_ids, shrunk.slice_ids, grown.slice_ids) == (("0", "1"), ("0",), ("0", "1"))
+    status = build_report(rec, metrics, ledger, rec.finished_at or 0.0).as_dict()
+    assert status["segments"][0]["recomputed_steps"] == 0  # the whole world saved the step
+    kept = kept_steps(metrics)
+    assert sorted(kept) == list(range(1, STEPS + 1))
+    for step, m in kept.items():
+        ref = reference[step]
+        assert m["data/sample_digest"] == ref["data/sample_digest"], f"step {step}: different samples"
+        assert abs(m["learning/loss"] - ref["learning/loss"]) <= 1e-5, (step, m["learning/loss"])
+        assert m["devices"] * m["micro_batch"] * m["grad_accum"] == MULTI_HOST_BATCH
+    assert rec.segments[-1].end_step == STEPS
+
+
 def test_a_host_rebooted_unseen_the_survivors_end_their_wait_and_the_run_finishes(
     tmp_path, reference, monkeypatch
 ):
