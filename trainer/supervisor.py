@@ -164,21 +164,20 @@ def _children() -> list[int]:
 _ending: set[int] = set()  # strays signalled and not reaped yet
 
 
-def _end_strays(keep: Collection[int]) -> list[int]:
+def _end_strays(keep: Collection[int]) -> None:
     """SIGTERM every child of this process but `keep` (the running trainer, the standby) and reap
     it in a thread of its own, SIGKILL after STRAY_GRACE_S: what an ended trainer left behind. A
     killed trainer's Grain workers otherwise live on (each with its own JAX import), one set more
     with every world that killed a trainer, for the pod's life. SIGTERM rather than SIGKILL:
     multiprocessing's resource tracker ignores it on purpose, outlives the workers, unlinks the
-    shared memory and semaphores they leave in /dev/shm, then exits. The returned pids were
-    signalled."""
-    strays = [pid for pid in _children() if pid not in keep and pid not in _ending]
-    for pid in strays:
+    shared memory and semaphores they leave in /dev/shm, then exits."""
+    for pid in _children():
+        if pid in keep or pid in _ending:
+            continue
         _ending.add(pid)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
         threading.Thread(target=_reap_stray, args=(pid,), name="stray", daemon=True).start()
-    return strays
 
 
 def _reap_stray(pid: int) -> None:
