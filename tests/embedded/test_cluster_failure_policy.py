@@ -61,17 +61,23 @@ def test_exit_2_fails_the_jobset_at_once():
         assert (
             failed["message"] == "applying FailJobSet failure policy action (first failed job: cfg-0-slice-1)"
         )
-        (ev,) = kube.events("FailJobSetFailurePolicyAction", "JobSet")
+        # Upstream emits a reconcile's events once its status update succeeded (jobset_controller.go,
+        # updateJobSetStatus): the event may come after the terminal state is seen.
+        (ev,) = wait_for(lambda: kube.events("FailJobSetFailurePolicyAction", "JobSet"), 10, "the event")
         assert (ev.type, ev.message) == ("Warning", failed["message"])
         job = kube.batch.read_namespaced_job("cfg-0-slice-1", "default")
         jc = next(c for c in job.status.conditions if c.type == "Failed")
         assert jc.reason == "PodFailurePolicy"
         assert jc.message.startswith("Container trainer for pod default/cfg-0-slice-1-0-")
         assert jc.message.endswith("failed with exit code 2 matching FailJob rule at index 2")
+
         # The failed Job stops its other host, and the finished JobSet deletes its still-active Job:
-        # those pods are stopped and go away.
-        others = [p for p in kube.pods() if not p.metadata.name.startswith("cfg-0-slice-1-0-")]
-        assert all(p.metadata.deletion_timestamp or p.status.phase != "Running" for p in others)
+        # those pods are stopped and go away (a reconcile or two after the terminal state).
+        def stopped() -> bool:
+            others = [p for p in kube.pods() if not p.metadata.name.startswith("cfg-0-slice-1-0-")]
+            return all(p.metadata.deletion_timestamp or p.status.phase != "Running" for p in others)
+
+        wait_for(stopped, 10, "the other pods stopped or deleted")
 
 
 def test_other_exits_restart_and_count_until_max_restarts():
