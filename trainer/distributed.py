@@ -9,7 +9,8 @@ The heartbeat timeout decides how fast the survivors of a dead process give up (
 restarts the whole set): ``RESLICE_HEARTBEAT_TIMEOUT_S``, default JAX's 100 s. The initialization
 timeout is how long the first process waits for the last one to join: ``RESLICE_INIT_TIMEOUT_S``,
 default 900 s (JAX's 300 s is short for hundreds of hosts whose pods start minutes apart; see
-docs/contract.md).
+docs/contract.md). An in-place pod's later trainers (``RESLICE_TRAINER_RESTARTED``) join within
+``RESLICE_REJOIN_TIMEOUT_S`` (default 120 s) instead (``join_timeout``).
 
 Before the first step every process waits at a barrier of JAX's coordination service
 (``wait_for_peers``), with the initialization timeout: the first step's collectives set up Gloo's
@@ -70,6 +71,14 @@ def _tpu_multihost(env: Mapping[str, str]) -> bool:
 
 
 INIT_TIMEOUT_S = 900
+# An in-place pod's later trainer joins a world whose pods all ran when the controller published it
+# (a shrink, a grow once the new slices' pods run, a restart once every slice runs again): its
+# peers are a standby's hand-off away, not a pod start. A world that has not formed by then holds
+# a pod that cannot take part (a host that rebooted under a pod the API still reads Running:
+# docs/design.md, "A crashed host"), and JAX's initialization timeout ends the wait as a lost
+# peer's: exit 43, after which the supervisor's own wait ends (trainer.supervisor).
+REJOIN_TIMEOUT_S = 120
+_RESTARTED_ENV = "RESLICE_TRAINER_RESTARTED"  # trainer.supervisor.RESTARTED_ENV
 
 
 def joined() -> bool:
@@ -85,6 +94,18 @@ def timeouts(env: Mapping[str, str]) -> tuple[int, int]:
     if init_timeout < 1 or heartbeat < 1:
         raise ConfigError("RESLICE_INIT_TIMEOUT_S and RESLICE_HEARTBEAT_TIMEOUT_S must be >= 1 second")
     return init_timeout, heartbeat
+
+
+def join_timeout(env: Mapping[str, str]) -> int:
+    """How long ``initialize`` waits for the process group to form: the initialization timeout, or
+    for an in-place pod's later trainer the shorter of it and ``RESLICE_REJOIN_TIMEOUT_S``."""
+    init_timeout = timeouts(env)[0]
+    if not env.get(_RESTARTED_ENV):
+        return init_timeout
+    rejoin = _int(env, "RESLICE_REJOIN_TIMEOUT_S", REJOIN_TIMEOUT_S)
+    if rejoin < 1:
+        raise ConfigError("RESLICE_REJOIN_TIMEOUT_S must be >= 1 second")
+    return min(init_timeout, rejoin)
 
 
 def await_coordinator(address: str, timeout_s: float, poll_s: float = 0.02) -> float:
@@ -156,14 +177,17 @@ def initialize(
     """Join the process group (before anything touches the JAX backend). `joining`: around the
     wait for the peers, when there are any (trainer.watchdog.Preemption.joining)."""
     ident = identity(env)
-    init_timeout, heartbeat = timeouts(env)
+    init_timeout, heartbeat = join_timeout(env), timeouts(env)[1]
     # JAX's preemption service would install its own SIGTERM handler over ours (trainer.watchdog.Preemption):
     # the loop agrees on the stopping step through the step's own outputs instead.
     jax.config.update("jax_enable_preemption_service", False)
     if ident.coordinator is not None and ident.num_processes > 1:
         with joining():
+            waited = 0.0
             if ident.process_id != 0:  # process 0 starts the service itself
-                await_coordinator(ident.coordinator, init_timeout)
+                waited = await_coordinator(ident.coordinator, init_timeout)
+            if env.get(_RESTARTED_ENV):  # a rejoin's timeout bounds the whole wait
+                init_timeout = max(1, round(init_timeout - waited))
             jax.distributed.initialize(
                 ident.coordinator,
                 ident.num_processes,

@@ -9,6 +9,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.trainer import runs
 from trainer.peers import EXIT_PEER_LOST
 
@@ -140,3 +142,30 @@ def test_sigterm_while_joining_a_group_whose_peer_never_comes_exits_42_at_once(t
     assert "while joining the process group" in out
     assert time.monotonic() - t0 < 100, "the init timeout (300 s) was waited out"
     assert runs.committed(run_dir) == []
+
+
+@pytest.mark.parametrize("process", [0, 1])
+def test_a_later_in_place_trainer_whose_world_never_forms_exits_peer_lost_at_the_rejoin_timeout(
+    tmp_path: Path, process: int
+) -> None:
+    # A world that holds a pod whose host rebooted under it (the API still reads it Running): the
+    # other processes would wait the initialization timeout (900 s here) in
+    # jax.distributed.initialize. An in-place pod's later trainer joins a world of running pods,
+    # so it gives up at the rejoin timeout, as a lost peer: exit 43, and its supervisor's wait.
+    # Process 0 waits for a peer that never registers, process 1 for a coordinator never there.
+    run_dir = tmp_path / "run"
+    later = {
+        "RESLICE_INIT_TIMEOUT_S": "900",
+        "RESLICE_TRAINER_RESTARTED": "1",
+        "RESLICE_REJOIN_TIMEOUT_S": "3",
+    }
+    procs = runs.processes(str(run_dir), tmp_path, extra=later)
+    dead = procs[1 - process]
+    dead.signal(signal.SIGKILL)
+    dead.wait(30)
+    t0 = time.monotonic()
+    rc = procs[process].wait(120)
+    out = procs[process].output()
+    assert rc == EXIT_PEER_LOST, out[-3000:]
+    assert time.monotonic() - t0 < 60, "the initialization timeout was waited out"
+    assert runs.last_step(run_dir) == 0
