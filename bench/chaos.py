@@ -1,6 +1,7 @@
 """Chaos: seeded random fault schedules against a small elastic run, and the run's invariants.
 
-    .venv/bin/python -m bench.chaos [--seeds 20] [--faults 4] [--restart-mode in-place]    (or: python3 dev.py bench chaos ...)
+    .venv/bin/python -m bench.chaos [--seeds 20] [--faults 4] [--restart-mode in-place] [--keep DIR]
+    (or: python3 dev.py bench chaos ...)
 
 Each seed draws, with random.Random(seed), a schedule of faults from: a spot preemption notice, a
 pod killed (exit 137), a host crashed without notice and down a few seconds (its node NotReady
