@@ -33,6 +33,7 @@ import jax
 from orbax.checkpoint import multihost
 
 from trainer.config import ConfigError
+from trainer.supervisor import RESTARTED_ENV
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,6 @@ INIT_TIMEOUT_S = 900
 # docs/design.md, "A crashed host"), and JAX's initialization timeout ends the wait as a lost
 # peer's: exit 43, after which the supervisor's own wait ends (trainer.supervisor).
 REJOIN_TIMEOUT_S = 120
-_RESTARTED_ENV = "RESLICE_TRAINER_RESTARTED"  # trainer.supervisor.RESTARTED_ENV
 
 
 def joined() -> bool:
@@ -100,7 +100,7 @@ def join_timeout(env: Mapping[str, str]) -> int:
     """How long ``initialize`` waits for the process group to form: the initialization timeout, or
     for an in-place pod's later trainer the shorter of it and ``RESLICE_REJOIN_TIMEOUT_S``."""
     init_timeout = timeouts(env)[0]
-    if not env.get(_RESTARTED_ENV):
+    if not env.get(RESTARTED_ENV):
         return init_timeout
     rejoin = _int(env, "RESLICE_REJOIN_TIMEOUT_S", REJOIN_TIMEOUT_S)
     if rejoin < 1:
@@ -186,7 +186,7 @@ def initialize(
             waited = 0.0
             if ident.process_id != 0:  # process 0 starts the service itself
                 waited = await_coordinator(ident.coordinator, init_timeout)
-            if env.get(_RESTARTED_ENV):  # a rejoin's timeout bounds the whole wait
+            if env.get(RESTARTED_ENV):  # a rejoin's timeout bounds the whole wait
                 init_timeout = max(1, round(init_timeout - waited))
             jax.distributed.initialize(
                 ident.coordinator,

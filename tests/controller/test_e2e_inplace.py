@@ -43,14 +43,31 @@ def trained(h: Harness, run: str, segment: int | None = None) -> int:
     return max(steps, default=0)
 
 
+def launch_two_slices(h: Harness, run: str, interval: int = 20, **kw) -> None:
+    """A 2-slice in-place run of STEPS steps at MULTI_HOST_BATCH, a storage checkpoint every `interval`."""
+    knobs = Knobs(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
+    h.launch(
+        run, slices=2, steps=STEPS, knobs=knobs, global_batch=MULTI_HOST_BATCH, restart_mode="in-place",
+        interval=interval, **kw,
+    )  # fmt: skip
+
+
+def assert_same_samples_and_losses(kept: dict[int, dict], reference: dict) -> None:
+    """Each kept step trained on the uninterrupted run's samples, its loss within 1e-5 of it."""
+    for step, m in kept.items():
+        ref = reference[step]
+        assert m["data/sample_digest"] == ref["data/sample_digest"], f"step {step}: different samples"
+        assert abs(m["learning/loss"] - ref["learning/loss"]) <= 1e-5, (
+            step,
+            m["learning/loss"],
+            ref["learning/loss"],
+        )
+
+
 def test_in_place_shrink_then_grow_keeps_the_surviving_slice_pods(tmp_path, reference):
     h = Harness(tmp_path, pools=2, preset=MULTI_HOST)
     try:
-        knobs = Knobs(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
-        h.launch(
-            "inplace", slices=2, steps=STEPS, knobs=knobs, global_batch=MULTI_HOST_BATCH,
-            restart_mode="in-place", interval=20,
-        )  # fmt: skip
+        launch_two_slices(h, "inplace")
         h.start_controller("inplace")
         wait_for(lambda: trained(h, "inplace") >= 6, 300, "step 6")
         first = uids(h, "inplace", "0")
@@ -105,15 +122,8 @@ def test_in_place_shrink_then_grow_keeps_the_surviving_slice_pods(tmp_path, refe
     kept = kept_steps(metrics)
     assert sorted(kept) == list(range(1, STEPS + 1))
     assert {m["segment"] for m in kept.values()} >= {0, 1, 2}
-    for step, m in kept.items():
-        ref = reference[step]
-        assert m["data/sample_digest"] == ref["data/sample_digest"], f"step {step}: different samples"
-        assert abs(m["learning/loss"] - ref["learning/loss"]) <= 1e-5, (
-            step,
-            m["learning/loss"],
-            ref["learning/loss"],
-        )
-        assert m["devices"] * m["micro_batch"] * m["grad_accum"] == MULTI_HOST_BATCH
+    assert_same_samples_and_losses(kept, reference)
+    assert all(m["devices"] * m["micro_batch"] * m["grad_accum"] == MULTI_HOST_BATCH for m in kept.values())
     acts = [e for e in ledger if e.get("kind") == LedgerKind.ACT]
     assert [a["action"] for a in acts].count(Action.NEW_WORLD) >= 2
     assert rec.state == RunState.FINISHED and rec.segments[-1].end_step == STEPS
@@ -127,11 +137,7 @@ def test_a_crashed_host_in_place_costs_at_most_one_step(tmp_path, reference):
     # storage checkpoint is 20 steps apart (docs/design.md, "State from memory").
     h = Harness(tmp_path, pools=2, preset=MULTI_HOST, node_monitor_grace_s=1)
     try:
-        knobs = Knobs(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
-        h.launch(
-            "crash", slices=2, steps=STEPS, knobs=knobs, global_batch=MULTI_HOST_BATCH,
-            restart_mode="in-place", interval=20,
-        )  # fmt: skip
+        launch_two_slices(h, "crash")
         h.start_controller("crash")
         wait_for(lambda: trained(h, "crash") >= 6, 300, "step 6")
         first = uids(h, "crash", "0")
@@ -158,10 +164,7 @@ def test_a_crashed_host_in_place_costs_at_most_one_step(tmp_path, reference):
     assert f"restored step {head['restore/step']} from memory" in said, said
     kept = kept_steps(metrics)
     assert sorted(kept) == list(range(1, STEPS + 1))
-    for step, m in kept.items():
-        ref = reference[step]
-        assert m["data/sample_digest"] == ref["data/sample_digest"], f"step {step}: different samples"
-        assert abs(m["learning/loss"] - ref["learning/loss"]) <= 1e-5, (step, m["learning/loss"])
+    assert_same_samples_and_losses(kept, reference)
     assert rec.segments[-1].end_step == STEPS
 
 
@@ -174,11 +177,7 @@ def test_a_preempted_slice_leaves_the_other_slices_pods_in_place_and_comes_back(
     # on slice 0, then the one with slice 1 back.
     h = Harness(tmp_path, pools=2, preset=MULTI_HOST)
     try:
-        knobs = Knobs(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
-        h.launch(
-            "spot", slices=2, steps=STEPS, knobs=knobs, global_batch=MULTI_HOST_BATCH,
-            restart_mode="in-place", interval=20,
-        )  # fmt: skip
+        launch_two_slices(h, "spot")
         controller = h.controller_process("spot", tmp_path / "controller-1.log")
         wait_for(lambda: trained(h, "spot") >= 6, 300, "step 6")
         controller.kill()
@@ -213,11 +212,8 @@ def test_a_preempted_slice_leaves_the_other_slices_pods_in_place_and_comes_back(
     assert status["segments"][0]["recomputed_steps"] == 0  # the whole world saved the step
     kept = kept_steps(metrics)
     assert sorted(kept) == list(range(1, STEPS + 1))
-    for step, m in kept.items():
-        ref = reference[step]
-        assert m["data/sample_digest"] == ref["data/sample_digest"], f"step {step}: different samples"
-        assert abs(m["learning/loss"] - ref["learning/loss"]) <= 1e-5, (step, m["learning/loss"])
-        assert m["devices"] * m["micro_batch"] * m["grad_accum"] == MULTI_HOST_BATCH
+    assert_same_samples_and_losses(kept, reference)
+    assert all(m["devices"] * m["micro_batch"] * m["grad_accum"] == MULTI_HOST_BATCH for m in kept.values())
     assert rec.segments[-1].end_step == STEPS
 
 
@@ -232,11 +228,7 @@ def test_a_host_rebooted_unseen_the_survivors_end_their_wait_and_the_run_finishe
     monkeypatch.setenv("RESLICE_PEER_LOST_WAIT_S", "3")
     h = Harness(tmp_path, pools=2, preset=MULTI_HOST)
     try:
-        knobs = Knobs(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
-        h.launch(
-            "reboot", slices=2, steps=STEPS, knobs=knobs, global_batch=MULTI_HOST_BATCH,
-            restart_mode="in-place", interval=5, max_restarts=0,
-        )  # fmt: skip
+        launch_two_slices(h, "reboot", interval=5, max_restarts=0)
         h.start_controller("reboot")
         wait_for(lambda: trained(h, "reboot") >= 6, 300, "step 6")
         victim = next(p for p in h.run_pods("reboot") if p["metadata"]["labels"].get(LABEL_SLICE) == "1")
@@ -289,13 +281,6 @@ def test_the_coordinators_slice_lost_three_to_two_in_the_same_pods(tmp_path, ref
     assert shrunk.coordinator and shrunk.coordinator != first.coordinator
     kept = kept_steps(metrics)
     assert sorted(kept) == list(range(1, SHORT + 1))
-    for step, m in kept.items():
-        ref = reference_96[step]
-        assert m["data/sample_digest"] == ref["data/sample_digest"], f"step {step}: different samples"
-        assert abs(m["learning/loss"] - ref["learning/loss"]) <= 1e-5, (
-            step,
-            m["learning/loss"],
-            ref["learning/loss"],
-        )
-        assert m["devices"] * m["micro_batch"] * m["grad_accum"] == THREE_BATCH
+    assert_same_samples_and_losses(kept, reference_96)
+    assert all(m["devices"] * m["micro_batch"] * m["grad_accum"] == THREE_BATCH for m in kept.values())
     assert rec.segments[-1].end_step == SHORT
