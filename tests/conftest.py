@@ -30,30 +30,32 @@ MAXTEXT_E2E = ROOT / "tests" / "maxtext_e2e"
 # them. xdist's default order (most tests first) left these few-test files for the end, where the
 # end-to-end tests' waiting left the cores half idle.
 LONGEST_FIRST = (
-    "tests/trainer/test_train.py",  # 308
-    "tests/trainer/test_mixture.py",  # 229 (measured alone with -n 0)
-    "tests/trainer/test_start_barrier.py",  # 181
-    "tests/controller/test_e2e_elastic.py",  # 170
-    "tests/controller/test_e2e_disruptions.py",  # 159
-    "tests/controller/test_e2e_takeover.py",  # 132
-    "tests/sweep/test_e2e_sweep.py",  # 123
-    "tests/trainer/test_sharded.py",  # 100
-    "tests/images/test_podman_runtime.py",  # 75 (measured alone with -n 0)
-    "tests/images/test_maxtext_image.py",  # 61
-    "tests/controller/test_e2e_node_faults.py",  # 54
-    "tests/trainer/test_lost_peers.py",  # 52
-    "tests/trainer/test_step.py",  # 45
-    "tests/controller/test_e2e_failures.py",  # 38
-    "tests/trainer/test_corrupt_checkpoint.py",  # 35
-    "tests/images/test_trainer_image.py",  # 28
-    "tests/maxtext/test_entry_gcs.py",
-    "tests/sweep/test_maxtext_sweep.py",
-    "tests/embedded/test_cluster_nodes.py",  # 26
-    "tests/images/test_controller_image.py",  # 23
-    "tests/embedded/test_cluster_faults.py",  # 20
-    "tests/embedded/test_cluster_failure_policy.py",  # 18
-    "tests/trainer/test_memory.py",  # 15
-    "tests/maxtext/test_e2e_outcomes.py",  # 15
+    "tests/controller/test_e2e_inplace.py",  # 338
+    "tests/trainer/test_train.py",  # 136
+    "tests/trainer/test_start_barrier.py",  # 132
+    "tests/trainer/test_inplace_train.py",  # 122
+    "tests/trainer/test_memory_restore.py",  # 108
+    "tests/controller/test_e2e_disruptions.py",  # 107
+    "tests/trainer/test_recipe.py",  # 101
+    "tests/sweep/test_e2e_sweep.py",  # 97
+    "tests/trainer/test_lost_peers.py",  # 84
+    "tests/controller/test_e2e_elastic.py",  # 75
+    "tests/images/test_podman_runtime.py",  # 68
+    "tests/trainer/test_mixture.py",  # 61
+    "tests/trainer/test_sharded.py",  # 60
+    "tests/images/test_maxtext_image.py",  # 54
+    "tests/trainer/test_stages.py",  # 50
+    "tests/controller/test_e2e_takeover.py",  # 44
+    "tests/launcher/test_bad_inputs.py",  # 37
+    "tests/trainer/test_moe.py",  # 33
+    "tests/maxtext/test_e2e_outcomes.py",  # 31
+    "tests/embedded/test_cluster_nodes.py",  # 30
+    "tests/embedded/test_cluster_faults.py",  # 25
+    "tests/controller/test_incluster.py",  # 23
+    "tests/images/test_trainer_image.py",  # 22
+    "tests/trainer/test_step.py",  # 21
+    "tests/embedded/test_upstream_fidelity.py",  # 20
+    "tests/embedded/test_cluster_failure_policy.py",  # 19
 )
 
 
