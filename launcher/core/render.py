@@ -292,8 +292,14 @@ def render_jobset(spec: RunSpec, shape: Shape, segment: int = 0, pool: str | Non
     if err := run_name_error(spec.run, shape, segment):
         raise UserError(err)
     plan = plan_for(spec, shape)
+    pod = pod_spec(spec, shape, segment, plan, pool)
+    return _jobset(spec, name, segment_labels(spec.run, segment), shape, pod, pool)
+
+
+def _jobset(spec: RunSpec, name: str, labels: dict, shape: Shape, pod: dict, pool: str | None) -> dict:
+    """A JobSet of `shape.slices` Jobs (one per slice, a pod per host), each pod `pod`; exclusive
+    node-pool placement unless `pool` names one. A segment's JobSet and an in-place slice's alike."""
     pod_failure_policy, jobset_failure_policy = failure_policies(spec)
-    labels = segment_labels(spec.run, segment)
     jobset_labels = dict(labels)
     if spec.queue:
         jobset_labels[LABEL_QUEUE] = spec.queue
@@ -323,10 +329,7 @@ def render_jobset(spec: RunSpec, shape: Shape, segment: int = 0, pool: str | Non
                             "completionMode": "Indexed",
                             "backoffLimit": 0,
                             "podFailurePolicy": pod_failure_policy,
-                            "template": {
-                                "metadata": {"labels": dict(labels)},
-                                "spec": pod_spec(spec, shape, segment, plan, pool),
-                            },
+                            "template": {"metadata": {"labels": dict(labels)}, "spec": pod},
                         },
                     },
                 }
@@ -385,46 +388,9 @@ def render_slice_jobset(spec: RunSpec, preset: Preset, slice_id: str, pool: str 
         raise UserError(err)
     if err := name_error(name, shape):
         raise UserError(err)
-    pod_failure_policy, jobset_failure_policy = failure_policies(spec)
-    labels = slice_labels(spec.run, slice_id)
-    jobset_labels = dict(labels)
-    if spec.queue:
-        jobset_labels[LABEL_QUEUE] = spec.queue
     pod = _pod(spec, preset, ["python", "-m", "trainer"], inplace_env(spec, preset, slice_id), pool)
     pod["serviceAccountName"] = world_account(spec)
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "JobSet",
-        "metadata": {
-            "name": name,
-            "namespace": spec.namespace,
-            "labels": jobset_labels,
-            "annotations": {} if pool else {ANNOTATION_EXCLUSIVE: LABEL_NODEPOOL},
-        },
-        "spec": {
-            "ttlSecondsAfterFinished": spec.ttl_after_finished_s,
-            "network": {"enableDNSHostnames": True, "subdomain": name},
-            "failurePolicy": jobset_failure_policy,
-            "successPolicy": {"operator": "All"},
-            "replicatedJobs": [
-                {
-                    "name": REPLICATED_JOB,
-                    "replicas": 1,
-                    "template": {
-                        "metadata": {"labels": dict(labels)},
-                        "spec": {
-                            "parallelism": preset.hosts,
-                            "completions": preset.hosts,
-                            "completionMode": "Indexed",
-                            "backoffLimit": 0,
-                            "podFailurePolicy": pod_failure_policy,
-                            "template": {"metadata": {"labels": dict(labels)}, "spec": pod},
-                        },
-                    },
-                }
-            ],
-        },
-    }
+    return _jobset(spec, name, slice_labels(spec.run, slice_id), shape, pod, pool)
 
 
 def render_world_access(spec: RunSpec, owner: dict | None = None) -> list[dict]:
