@@ -222,6 +222,37 @@ def finished(
     )
 
 
+def _held_back(rec: RunRecord, obs: signals.Observation, pods_alive: bool) -> Decision | None:
+    """What holds the next segment back, in either restart mode: the run's old pods still alive,
+    the back-off after an application failure, or the limit of segments (the run then fails)."""
+    if pods_alive:
+        return Decision(Action.WAIT, f"waiting for {obs.run_pods_alive} pod(s) of the run to terminate", rec)
+    if obs.now < rec.next_submit_at:
+        return Decision(
+            Action.WAIT, f"backing off after an application failure until {rec.next_submit_at:.0f}", rec
+        )
+    if len(rec.segments) >= rec.knobs.max_segments:
+        reason = f"reached the limit of {rec.knobs.max_segments} segments"
+        return Decision(
+            Action.FAIL, reason, replace(rec, state=RunState.FAILED, reason=reason, finished_at=obs.now)
+        )
+    return None
+
+
+def _next_rung(rec: RunRecord, obs: signals.Observation, ladder: list[Rung]) -> tuple[Rung, str] | Decision:
+    """The next segment's rung and why, or a WAIT while no rung fits. The first segment asks for
+    the requested shape even if it does not fit yet: node pools may be autoscaled from zero, and
+    rule 5 shrinks it if capacity never comes."""
+    seg = rec.current
+    if seg is None:
+        return ladder[0], "launch"
+    rung = best_fit(ladder, obs)
+    if rung is None:
+        reason = "waiting for capacity: no feasible shape of the ladder fits the cluster"
+        return Decision(Action.WAIT, reason, replace(rec, state=RunState.WAITING, reason=reason))
+    return rung, f"after segment {seg.index} ({seg.end_kind})"
+
+
 def next_segment(
     rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog: Catalog
 ) -> Decision | None:
@@ -230,7 +261,7 @@ def next_segment(
     seg = rec.current
     if seg is not None and seg.live:
         return None
-    now, knobs = obs.now, rec.knobs
+    now = obs.now
     if seg is not None and seg.jobset in obs.live_jobsets:
         return Decision(
             Action.DELETE,
@@ -238,28 +269,12 @@ def next_segment(
             rec,
             seg.jobset,
         )
-    if obs.run_pods_alive:
-        return Decision(Action.WAIT, f"waiting for {obs.run_pods_alive} pod(s) of the run to terminate", rec)
-    if now < rec.next_submit_at:
-        return Decision(
-            Action.WAIT, f"backing off after an application failure until {rec.next_submit_at:.0f}", rec
-        )
-    if len(rec.segments) >= knobs.max_segments:
-        reason = f"reached the limit of {knobs.max_segments} segments"
-        return Decision(
-            Action.FAIL, reason, replace(rec, state=RunState.FAILED, reason=reason, finished_at=now)
-        )
-    if seg is None:
-        # The first segment asks for the requested shape even if it does not fit yet: node
-        # pools may be autoscaled from zero. Rule 5 shrinks it if capacity never comes.
-        rung = ladder[0]
-        why = "launch"
-    else:
-        rung = best_fit(ladder, obs)
-        if rung is None:
-            reason = "waiting for capacity: no feasible shape of the ladder fits the cluster"
-            return Decision(Action.WAIT, reason, replace(rec, state=RunState.WAITING, reason=reason))
-        why = f"after segment {seg.index} ({seg.end_kind})"
+    if held := _held_back(rec, obs, bool(obs.run_pods_alive)):
+        return held
+    chosen = _next_rung(rec, obs, ladder)
+    if isinstance(chosen, Decision):
+        return chosen
+    rung, why = chosen
     plan = rung.plan
     assert isinstance(plan, Plan)
     # The first segment leaves placement to JobSet: its pools may still be scaling up from zero.
@@ -532,7 +547,6 @@ def next_world(
     seg = rec.current
     if seg is not None and seg.live:
         return None
-    now, knobs = obs.now, rec.knobs
     left = tuple(sorted(s for s, v in obs.slices.items() if v.jobset))
     if left:
         return Decision(
@@ -541,25 +555,13 @@ def next_world(
             rec,
             slices_delete=left,
         )
-    if any(v.pods_alive for v in obs.slices.values()) or obs.run_pods_alive:
-        return Decision(Action.WAIT, f"waiting for {obs.run_pods_alive} pod(s) of the run to terminate", rec)
-    if now < rec.next_submit_at:
-        return Decision(
-            Action.WAIT, f"backing off after an application failure until {rec.next_submit_at:.0f}", rec
-        )
-    if len(rec.segments) >= knobs.max_segments:
-        reason = f"reached the limit of {knobs.max_segments} segments"
-        return Decision(
-            Action.FAIL, reason, replace(rec, state=RunState.FAILED, reason=reason, finished_at=now)
-        )
-    if seg is None:
-        rung, why = ladder[0], "launch"
-    else:
-        rung = best_fit(ladder, obs)
-        if rung is None:
-            reason = "waiting for capacity: no feasible shape of the ladder fits the cluster"
-            return Decision(Action.WAIT, reason, replace(rec, state=RunState.WAITING, reason=reason))
-        why = f"after segment {seg.index} ({seg.end_kind})"
+    alive = any(v.pods_alive for v in obs.slices.values()) or bool(obs.run_pods_alive)
+    if held := _held_back(rec, obs, alive):
+        return held
+    chosen = _next_rung(rec, obs, ladder)
+    if isinstance(chosen, Decision):
+        return chosen
+    rung, why = chosen
     slices = worlds.world_slices((), (), rung.shape.slices)
     new = new_world(rec, obs, rung, slices, why)
     reason = (
