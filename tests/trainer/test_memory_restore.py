@@ -13,25 +13,20 @@ import tempfile
 from pathlib import Path
 
 from tests.trainer import runs
+from tests.trainer.test_inplace_train import pod as inplace_pod
 from tests.trainer.test_inplace_train import publish, world
 
 
 def pod(run_dir: Path, world_file: Path, slice_id: str, log: Path, memory_root: str) -> runs.Trainer:
-    return runs.Trainer(
-        runs.env_for(
-            str(run_dir),
-            4,
-            extra={
-                "RESLICE_RUN": "inplace",
-                "RESLICE_RESTART_MODE": "in-place",
-                "RESLICE_WORLD_FILE": str(world_file),
-                "RESLICE_SLICE_ID": slice_id,
-                "JOB_COMPLETION_INDEX": "0",
-                "RESLICE_MEMORY_ROOT": memory_root,
-                "RESLICE_SET": '["checkpoint.keep=10"]',  # the SIGTERM's step stays for the comparison
-            },
-        ),
+    """An in-place pod (test_inplace_train's) that snapshots to `memory_root`, keeping every
+    checkpoint: the SIGTERM's step stays for the comparison."""
+    return inplace_pod(
+        run_dir,
+        world_file,
+        slice_id,
         log,
+        RESLICE_MEMORY_ROOT=memory_root,
+        RESLICE_SET='["checkpoint.keep=10"]',
     )
 
 
