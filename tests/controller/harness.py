@@ -208,6 +208,18 @@ def kept_steps(metrics: list[dict]) -> dict[int, dict]:
     return out
 
 
+def assert_same_samples_and_losses(kept: dict[int, dict], reference: dict) -> None:
+    """Each kept step trained on the uninterrupted run's samples, its loss within 1e-5 of it."""
+    for step, m in kept.items():
+        ref = reference[step]
+        assert m["data/sample_digest"] == ref["data/sample_digest"], f"step {step}: different samples"
+        assert abs(m["learning/loss"] - ref["learning/loss"]) <= 1e-5, (
+            step,
+            m["learning/loss"],
+            ref["learning/loss"],
+        )
+
+
 def recomputed(metrics: list[dict]) -> int:
     return len(metrics) - len({m["step"] for m in metrics})
 

@@ -15,6 +15,7 @@ from tests.controller.harness import (
     MULTI_HOST,
     MULTI_HOST_BATCH,
     Harness,
+    assert_same_samples_and_losses,
     kept_steps,
     reference_run,
     wait_for,
@@ -50,18 +51,6 @@ def launch_two_slices(h: Harness, run: str, interval: int = 20, **kw) -> None:
         run, slices=2, steps=STEPS, knobs=knobs, global_batch=MULTI_HOST_BATCH, restart_mode="in-place",
         interval=interval, **kw,
     )  # fmt: skip
-
-
-def assert_same_samples_and_losses(kept: dict[int, dict], reference: dict) -> None:
-    """Each kept step trained on the uninterrupted run's samples, its loss within 1e-5 of it."""
-    for step, m in kept.items():
-        ref = reference[step]
-        assert m["data/sample_digest"] == ref["data/sample_digest"], f"step {step}: different samples"
-        assert abs(m["learning/loss"] - ref["learning/loss"]) <= 1e-5, (
-            step,
-            m["learning/loss"],
-            ref["learning/loss"],
-        )
 
 
 def test_in_place_shrink_then_grow_keeps_the_surviving_slice_pods(tmp_path, reference):
