@@ -3,7 +3,7 @@ and MFU of ``olmo-7b`` at reduced depth. Prints figures (and, with ``--json``, o
 
     python -m bench.accelerator [--layers 4] [--batch 4] [--quick] [--json]
 
-1. Transports. ``trainer.moe.dispatch_combine`` with ``transport=ragged`` (``jax.lax.ragged_all_to_all``)
+1. Transports. ``trainer.model.moe.dispatch_combine`` with ``transport=ragged`` (``jax.lax.ragged_all_to_all``)
    and ``transport=dense`` (fixed chunks through ``all_to_all``, the path the CPU tests cover) on the
    same inputs, dropless and with drops (buffer factor 1.0 under skewed routing): the outputs and
    the gradients of a fixed cotangent with respect to the tokens, the gates and the three expert
@@ -14,7 +14,7 @@ and MFU of ``olmo-7b`` at reduced depth. Prints figures (and, with ``--json``, o
 2. Step time. The real train step (``trainer.step.make_train_step``) of ``olmo-7b`` with
    ``model.n_layers`` reduced to fit one device, bf16 compute, fp32 parameters and Adam moments, on
    the first accelerator device: seconds per step over timed steps after the compile, tokens per
-   second, and MFU = ``trainer.sizes.flops_per_token`` × tokens / s / the device's peak dense bf16
+   second, and MFU = ``trainer.model.sizes.flops_per_token`` × tokens / s / the device's peak dense bf16
    FLOP/s (a table below; the vendor's figure, not a measurement).
 
 ``--quick`` shrinks part 2 to a toy model so that the script can be tried on CPU before a lease.
@@ -70,7 +70,7 @@ def compare_transports(devices: list, ep: int, factor: float) -> dict:
     from jax.sharding import AxisType, Mesh
     from jax.sharding import PartitionSpec as P
 
-    from trainer import moe
+    from trainer.model import moe
 
     n = len(devices)
     mesh = Mesh(
@@ -152,8 +152,8 @@ def step_time(layers: int, batch: int, steps: int, quick: bool, overrides: list[
     import numpy as np
 
     from trainer import config
-    from trainer.mesh import batch_sharding, device_sharding, mesh_for
-    from trainer.sizes import flops_per_token, param_counts
+    from trainer.model.mesh import batch_sharding, device_sharding, mesh_for
+    from trainer.model.sizes import flops_per_token, param_counts
     from trainer.step import abstract_state, init_state, make_train_step
 
     sets = [f"model.n_layers={layers}", f"model.dense_layers={layers}", f"train.global_batch={batch}",

@@ -32,7 +32,7 @@ on the new shape (total) <= 3 s.
 to the first step; "trainer cpu %" is the share of the machine's core-seconds from the fault to the
 first step that the new trainer processes used (from their start-up lines): near 100 % the total
 measures the machine, not waiting. A second table shows, per start-up phase, the median over every
-new process of wall and CPU seconds (the line each trainer process prints, trainer/startup.py).
+new process of wall and CPU seconds (the line each trainer process prints, trainer/telemetry/startup.py).
 
 The new trainer processes use most of the machine's cores from the fault to the first step, so
 the total follows the machine's speed: the reference loop's time is printed beside it. Figures:
@@ -59,7 +59,7 @@ from launcher.adapters.rundir import RunDir, read_jsonl
 from launcher.controller.launch import stop_run
 from launcher.core.record import Knobs
 from tests.controller.harness import MULTI_HOST, MULTI_HOST_BATCH, Harness, wait_for
-from trainer.startup import parse_report
+from trainer.telemetry.startup import parse_report
 
 
 def first(entries, after: float, pred):
@@ -67,7 +67,7 @@ def first(entries, after: float, pred):
 
 
 def startup_reports(log_dir: Path, run: str, segment: int) -> list[dict]:
-    """The start-up line of every trainer process of a segment (trainer.startup), from its pod's log."""
+    """The start-up line of every trainer process of a segment (trainer.telemetry.startup), from its pod's log."""
     out = []
     for log in sorted(log_dir.glob(f"*_{run}-{segment}-*/*.log")):
         reports = [r for line in log.read_text(errors="replace").splitlines() if (r := parse_report(line))]
@@ -152,7 +152,7 @@ def _restored(first_rec: dict) -> dict:
     }
 
 
-# The supervisor's line when it starts a world's child (trainer/supervisor.py, docs/contract.md).
+# The supervisor's line when it starts a world's child (trainer/elastic/supervisor.py, docs/contract.md).
 _WORLD_LINE = re.compile(
     r"^trainer: world epoch (?P<epoch>\d+): process .*?; seen (?P<seen>[\d.]+) s after publication, "
     r"(?:the trainer of epoch \d+ exited -?\d+ (?P<ended>[\d.]+) s after (?P<signal>SIG[A-Z]+))?"

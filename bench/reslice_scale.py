@@ -18,7 +18,7 @@ run and controller:
   reaching it (the ledger's `woken_at`) to the world's publication time (`published`, stamped just
   before its one write), split into epoch_decided_s (observing and deciding) and
   epoch_decided_to_published_s (the record's compare-and-swap, then the world built); epoch_seen_max_s / epoch_seen_median_s: from publication until each of
-  --watchers sampled supervisors' world sources (trainer.worldsource, the class a pod's supervisor
+  --watchers sampled supervisors' world sources (trainer.elastic.world_source, the class a pod's supervisor
   runs, each on its own connection as every pod has its own) delivered it. 2,304 watchers would be
   threads of this one process competing for its interpreter; a sample of them measures the API
   server's fan-out of one ConfigMap change, which is what grows with the pods.
@@ -50,7 +50,7 @@ from launcher.core.labels import LABEL_RUN, world_configmap_name
 from launcher.core.record import Knobs
 from launcher.core.spec import RunSpec
 from tests.support.wait import wait_for
-from trainer import worldsource
+from trainer.elastic import world_source
 
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 
@@ -66,7 +66,7 @@ class Watchers:
             "RESLICE_WORLD_NAMESPACE": namespace,
             "RESLICE_WORLD_API": url,
         }
-        self.sources = [worldsource.from_env(env) for _ in range(n)]
+        self.sources = [world_source.from_env(env) for _ in range(n)]
         for src in self.sources:
             src.start(self._document, lambda problem: None)
 

@@ -8,7 +8,7 @@ step (``checkpoint.memory_interval=1``, a memory directory under /dev/shm), and 
 wall time from the metrics between step 1 (compile) and the last step, as bench.trainer_overhead
 does; a round's ratio is with / without, the median of the rounds is reported (goal <= 1.01).
 Then the state of the last step is restored onto the same mesh from the last round's run
-directory (Orbax, as a new segment does) and from its snapshot (trainer/snapshot.py), each until
+directory (Orbax, as a new segment does) and from its snapshot (trainer/state/snapshot.py), each until
 its arrays are on the devices, alternately, and the medians are printed with their ratio.
 
 Defaults: ``tiny`` with a global batch of 256 on 8 simulated CPU devices (bench.trainer_overhead's),
@@ -50,9 +50,10 @@ def restores(cfg_name: str, overrides: list[str], run_dir: str, memory_dir: str,
     """Seconds to restore the newest step onto this process's mesh: from storage, from memory."""
     import jax
 
-    from trainer import config, snapshot
-    from trainer.checkpoint import Checkpointer
-    from trainer.mesh import mesh_for
+    from trainer import config
+    from trainer.model.mesh import mesh_for
+    from trainer.state import snapshot
+    from trainer.state.checkpoint import Checkpointer
     from trainer.step import abstract_state, plain
 
     cfg = config.resolve(cfg_name, [*overrides, f"run_dir={run_dir}"], {})

@@ -42,8 +42,8 @@ class Bare:
         import jax
         import numpy as np
 
-        from trainer import data
-        from trainer.mesh import batch_sharding, device_sharding, mesh_for
+        from trainer.data import pipeline as data
+        from trainer.model.mesh import batch_sharding, device_sharding, mesh_for
         from trainer.step import abstract_state, init_state, make_train_step
 
         self.mesh = mesh_for(cfg)

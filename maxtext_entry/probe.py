@@ -6,7 +6,7 @@ preflight --trainer maxtext` starts on the target node pools runs, in the MaxTex
 gs:// as the node's service account, within the node pool's scopes (README, "What the node pools
 need to write gs://"), and a run directory nobody can write should stop the run at once, with the
 fix, rather than at MaxText's first checkpoint. The wording of each case follows reslice's trainer
-(`trainer/storage.py`), which this package may not import."""
+(`trainer/state/storage.py`), which this package may not import."""
 
 from __future__ import annotations
 

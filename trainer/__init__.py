@@ -1,16 +1,18 @@
 """reslice trainer: ``python -m trainer``. See docs/contract.md and the module docstrings.
 
-Module map: ``config`` (named configs, overrides, contract env) -> ``distributed`` (process group,
-start barrier) -> ``mesh`` (data × fsdp × expert × tensor, logical-axis rules) -> ``model`` / ``moe`` (flax nnx decoder, expert-parallel
-MoE) -> ``data`` (Grain, step-indexed order) -> ``step`` (jitted train step) -> ``checkpoint`` (Orbax) ->
-``metrics`` (run directory) -> ``loop`` (the training loop) <- ``__main__`` (entry, exit codes).
-``evaluate`` is the held-out evaluation the loop runs when ``eval.sources`` are given (it traces the
-model, so flax is imported then); ``tokenize`` is a command of its own (``python -m
-trainer.tokenize``: raw text to token files; no JAX).
-``watchdog`` holds the SIGTERM handler and its stall watchdog, which ``__main__`` installs first;
-``startup`` times the process's start-up phases; ``compile_cache`` keeps the train step's executable
-and the state's abstract values; ``sizes`` holds a config's parameter and FLOP counts without flax
-(only ``model``, ``moe``, ``step`` and ``evaluate`` import flax and optax: a resume with a warm cache skips them).
-A multi-process run's ``__main__`` first starts ``supervisor`` (the parent that turns JAX's
-fate-sharing abort into exit 43); ``peers`` tells a lost peer from a bug (no JAX in either).
+The folders are layers (pyproject.toml, the import contract "the layers of trainer/"); each imports
+only what lies below it:
+
+    __main__ | tokenize     the entry point (exit codes) and the tokenizer command
+    loop                    the training loop: restore or init, steps, metrics, checkpoints, SIGTERM
+    evaluate | hbm          held-out evaluation; the step's HBM per device, before launching
+    step                    the jitted train step (flax, optax)
+    model/                  the decoder, attention, MoE, the mesh and batch plan, sizes
+    elastic/                worlds, the supervisor, the process group, lost peers, the watchdog
+    data/ | state/ | telemetry/   what is read; what survives a process; what is reported
+    config                  named configs, overrides, the contract's environment
+
+Only ``model``, ``step`` and ``evaluate`` import flax and optax: a resume with a warm compile cache
+skips them. A multi-process run's ``__main__`` first starts the supervisor (the parent that turns
+JAX's fate-sharing abort into exit 43) before anything heavy is imported.
 """

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Iterator
 
 # The supervisor of a multi-process trainer needs no more than these: it starts its child sooner.
-from trainer import peers, supervisor, world
+from trainer.elastic import peers, supervisor, world
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.memory:
         try:
-            from trainer import config, memory
+            from trainer import config
+            from trainer import hbm as memory
 
             cfg = config.resolve(args.config, args.set, os.environ)
             print(json.dumps(memory.aot_memory(cfg)), flush=True)
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return 0
     if args.probe_write:  # what the `reslice preflight` pod runs on the target node pools
-        from trainer import storage
+        from trainer.state import storage
 
         try:
             print(f"trainer: wrote and deleted {storage.probe_write(args.probe_write)}", flush=True)
@@ -83,10 +84,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(json.dumps({"config_hash": config.config_hash(cfg), "config": cfg.to_dict()}))
         return 0
-    from trainer.startup import Timeline, no_rocm_plugin_scan
-    from trainer.watchdog import Preemption
+    from trainer.elastic.watchdog import Preemption
+    from trainer.telemetry.startup import Timeline, no_rocm_plugin_scan
 
-    # A standby (trainer.supervisor) has no world yet: a SIGTERM before it has one just ends it.
+    # A standby (trainer.elastic.supervisor) has no world yet: a SIGTERM before it has one just ends it.
     standby = supervisor.is_standby()
     preemption = None if standby else Preemption()  # before the slow imports: SIGTERM means exit 42
     # An in-place pod's later trainers start at their fork: the container's start is epochs ago.
@@ -94,10 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     timeline = Timeline(supervised=bool(os.environ.get(supervisor.CHILD_ENV)) and not restarted)
     try:
         with _imports_without_gc(), no_rocm_plugin_scan(os.environ):
-            from trainer import config, distributed, loop
+            from trainer import config, loop
+            from trainer.elastic import distributed
 
             if standby:  # which process it will be is not known yet: it may be the one writing metrics
-                from trainer import metrics
+                from trainer.telemetry import metrics
 
                 metrics.preload_tensorboard()
         timeline.mark("imports")
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except ConfigError as e:
         print(f"trainer: config error: {e}", file=sys.stderr, flush=True)
-        from trainer import distributed
+        from trainer.elastic import distributed
 
         if peers.multi_process(os.environ) and distributed.joined():
             # Mid-run (a token id outside the vocabulary in a record being read): the peers wait in
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             _exit_now(2)
         return 2
     except Exception as e:
-        from trainer import distributed
+        from trainer.elastic import distributed
 
         lost = peers.multi_process(os.environ) and peers.peer_lost(peers.error_text(e))
         if not (lost or distributed.joined()):

@@ -152,7 +152,7 @@ class TrainConfig:
 
 @dataclass
 class MeshConfig:
-    """Mesh axis sizes (trainer.mesh); 0: automatic. data × fsdp × expert × tensor = devices."""
+    """Mesh axis sizes (trainer.model.mesh); 0: automatic. data × fsdp × expert × tensor = devices."""
 
     data: int = 0  # across slices; 0: 1
     fsdp: int = 0  # 0: the devices left by the other axes
@@ -169,7 +169,7 @@ class CheckpointConfig:
     # Test hook: sleep this long before every save, as a process that reaches the save later than
     # its peers, which wait for it in Orbax's first save barrier (0: never). Set it on one process.
     debug_save_delay_s: float = 0.0
-    # In-memory snapshots of an in-place run (trainer/snapshot.py), every N steps: 0, automatic
+    # In-memory snapshots of an in-place run (trainer/state/snapshot.py), every N steps: 0, automatic
     # (every step on simulated CPU devices, every 10 on an accelerator); < 0: none.
     memory_interval: int = 0
 

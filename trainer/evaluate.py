@@ -2,7 +2,7 @@
 
 Called by trainer/loop.py after every ``eval.interval`` steps and after the last. Each source's
 batches are the same every time and on every shape: batch b is positions ``[b·GB, (b+1)·GB)`` of
-the source's own fixed order (trainer.data.eval_order, seeded by the source's name), split over
+the source's own fixed order (trainer.data.pipeline.eval_order, seeded by the source's name), split over
 micro-batches and processes as a training step is, so the eval loss at a checkpoint is a function
 of the parameters alone (up to the reduction order of the devices' sums). The loss is the model's
 own token sum (``Transformer.loss``'s ``loss_sum`` and ``loss_tokens``: with ``data.eos_id`` the
@@ -24,8 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trainer import data
 from trainer.config import Config
+from trainer.data import pipeline
 
 EVAL_TIME = "perf/eval_seconds"
 
@@ -35,7 +35,7 @@ def make_eval_step(cfg: Config, graphdef: Any, mesh: Any, abstract: Any) -> Any:
     micro-batches (replicated)."""
     from flax import nnx
 
-    from trainer.mesh import batch_sharding, replicated
+    from trainer.model.mesh import batch_sharding, replicated
     from trainer.step import from_plain, plain, shardings_of
 
     def step(state: dict, tokens: jax.Array) -> jax.Array:
@@ -61,21 +61,21 @@ class Evaluator:
     """The eval sources of one incarnation and its compiled eval step."""
 
     cfg: Config
-    parts: list[data.Part]
+    parts: list[pipeline.Part]
     orders: list[Any]
-    layout: data.Layout
+    layout: pipeline.Layout
     tokens_sharding: Any
     global_shape: tuple[int, int, int]
     step: Any = None  # compiled by `compile`
 
     @classmethod
     def build(
-        cls, cfg: Config, layout: data.Layout, tokens_sharding: Any, global_shape: tuple
+        cls, cfg: Config, layout: pipeline.Layout, tokens_sharding: Any, global_shape: tuple
     ) -> Evaluator | None:
         if not cfg.eval.sources:
             return None
-        parts = data.eval_sources(cfg.eval.sources, cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
-        orders = [data.eval_order(p.name, len(p.source)) for p in parts]
+        parts = pipeline.eval_sources(cfg.eval.sources, cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
+        orders = [pipeline.eval_order(p.name, len(p.source)) for p in parts]
         return cls(cfg, parts, orders, layout, tokens_sharding, global_shape)
 
     def due(self, n: int) -> bool:
@@ -98,7 +98,7 @@ class Evaluator:
         for part, order in zip(self.parts, self.orders, strict=True):
             sums = []
             for b in range(self.cfg.eval.batches):
-                local = data.eval_batch(part.source, order, b, self.layout)
+                local = pipeline.eval_batch(part.source, order, b, self.layout)
                 tokens = jax.make_array_from_process_local_data(
                     self.tokens_sharding, local, self.global_shape
                 )

@@ -22,54 +22,30 @@ from typing import Any
 import jax
 import numpy as np
 
-from trainer import compile_cache, data, distributed, evaluate, sizes, snapshot, stages, storage, supervisor
-from trainer.checkpoint import Checkpointer, storage_bytes_read
+from trainer import evaluate
 from trainer.config import Config, ConfigError, config_hash, identity, schedule_point
-from trainer.mesh import batch_sharding, device_sharding, dp_ranks, mesh_for, process_block
-from trainer.metrics import RunWriter, has_step
-from trainer.startup import Timeline
-from trainer.watchdog import Preemption
+from trainer.data import pipeline as data
+from trainer.elastic import distributed, supervisor
+from trainer.elastic.watchdog import Preemption
+from trainer.model import sizes
+from trainer.model.mesh import (
+    BatchPlan,
+    batch_plan,
+    batch_sharding,
+    device_sharding,
+    dp_ranks,
+    mesh_for,
+    process_block,
+)
+from trainer.state import compile_cache, snapshot, stages, storage
+from trainer.state.checkpoint import Checkpointer, storage_bytes_read
+from trainer.telemetry.metrics import RunWriter, has_step
+from trainer.telemetry.startup import Timeline
 
 # trainer.step (flax, optax) is imported only where the model is traced: a fresh start, or a
 # resume whose abstract state or train step the compile cache does not hold.
 
 EXIT_FINISHED, EXIT_CONFIG, EXIT_PREEMPTED = 0, 2, 42
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """How one optimizer step's global batch splits over this segment's devices and processes."""
-
-    devices: int
-    micro_batch: int  # sequences per data-parallel rank per micro-step
-    grad_accum: int
-    num_processes: int
-    expert_parallel: int
-    dp_ranks: int  # data-parallel ranks = devices / tensor
-    fsdp: int = 1
-    tensor: int = 1
-
-
-def batch_plan(
-    cfg: Config, devices: int, num_processes: int, expert_parallel: int, ranks: int = 0, fsdp: int = 1
-) -> BatchPlan:
-    """Check dp ranks × micro-batch × grad-accum = global batch against the mesh JAX gives.
-
-    A data-parallel rank is the ``tensor`` devices that share one slice of the batch."""
-    t = cfg.train
-    ranks = ranks or devices
-    b = t.micro_batch or t.global_batch // (ranks * t.grad_accum)
-    if b < 1 or ranks * b * t.grad_accum != t.global_batch:
-        raise ConfigError(
-            f"data-parallel ranks × micro-batch × grad-accum = {ranks} × {b} × {t.grad_accum}"
-            f" = {ranks * b * t.grad_accum} ≠ global batch {t.global_batch}"
-            f" ({devices} devices, tensor parallel {devices // ranks})"
-        )
-    if (ranks * b) % cfg.moe.balance_group:
-        raise ConfigError(
-            f"moe.balance_group={cfg.moe.balance_group} must divide the micro-batch {ranks * b}"
-        )
-    return BatchPlan(devices, b, t.grad_accum, num_processes, expert_parallel, ranks, fsdp, devices // ranks)
 
 
 def _env_number(env: Mapping[str, str], key: str, kind: type = float) -> Any:
@@ -135,7 +111,7 @@ def _meet_peers(
     cfg: Config, env: Mapping[str, str], processes: int, segment: int, attempt: int, preemption: Preemption
 ) -> float | None:
     """After the compile and the restore, before the first step's collectives: every process of the
-    group waits for the last one (trainer.distributed.wait_for_peers). The seconds waited, or None
+    group waits for the last one (trainer.elastic.distributed.wait_for_peers). The seconds waited, or None
     on a SIGTERM (nothing trained yet: the caller exits 42)."""
     if delay := cfg.train.debug_start_delay_s:
         print(f"trainer: train.debug_start_delay_s={delay:g}: sleeping before the start barrier", flush=True)
@@ -395,7 +371,7 @@ def run(
     if cfg.eval.sources:
         data.eval_sources(cfg.eval.sources, cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
     stages.check_source(cfg)  # a stage's source that is missing or of another shape: exit 2 likewise
-    # A SIGTERM while it waits for its peers exits 42 at once (trainer.watchdog).
+    # A SIGTERM while it waits for its peers exits 42 at once (trainer.elastic.watchdog).
     ident = distributed.initialize(env, preemption.joining)
     timeline.mark("distributed")
     segment = _env_number(env, "RESLICE_SEGMENT", int)

@@ -4,7 +4,7 @@ The state is ``nnx.state((model, optimizer))``: parameters, Adam moments and the
 carrying their partitioning, so the same abstract state restores a checkpoint onto any mesh. Outside
 this module it travels as ``plain(state)``: nested dicts keyed by each leaf's path, which is what a
 checkpoint holds. The compiled step takes and returns that form, so a resumed trainer that loads
-its executable (trainer/compile_cache.py) runs it without importing flax or optax.
+its executable (trainer/state/compile_cache.py) runs it without importing flax or optax.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from jax.sharding import PartitionSpec as P
 from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 
 from trainer.config import Config, decay_steps, wsd_decay_start
-from trainer.mesh import batch_sharding, device_sharding, logical_rules, replicated
-from trainer.model import Transformer
+from trainer.model.mesh import batch_sharding, device_sharding, logical_rules, replicated
+from trainer.model.transformer import Transformer
 
 
 def schedule(cfg: Config) -> optax.Schedule:

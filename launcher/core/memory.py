@@ -106,7 +106,7 @@ def _kv_heads(model: dict) -> int:
 
 
 def _expert_size(cfg: dict, rest: int) -> int:
-    """The trainer's expert-parallel size (trainer/mesh.py mesh_shape), from what it knows here."""
+    """The trainer's expert-parallel size (trainer/model/mesh.py mesh_shape), from what it knows here."""
     m, e, mesh = cfg["model"], cfg["moe"], cfg.get("mesh", {})
     if m["dense_layers"] >= m["n_layers"]:
         return 1

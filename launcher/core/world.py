@@ -18,7 +18,7 @@ from launcher.core.presets import Preset
 from launcher.core.record import Segment
 from launcher.core.spec import RESERVED_PORTS, RunSpec
 
-WORLD_KEY = "world.json"  # the ConfigMap's data key (trainer/worldsource.py reads it)
+WORLD_KEY = "world.json"  # the ConfigMap's data key (trainer/elastic/world_source.py reads it)
 # How many coordinator ports an in-place run cycles through, one per epoch: a previous epoch's
 # coordination-service client (a child still saving) must never reach the next epoch's service.
 PORTS_PER_RUN = 8

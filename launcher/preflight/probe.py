@@ -1,6 +1,6 @@
 """The write probe: a short-lived pod that writes the run directory from the target node pools.
 
-The pod runs `python -m trainer --probe-write RUN_DIR` (trainer/storage.py), or for the MaxText
+The pod runs `python -m trainer --probe-write RUN_DIR` (trainer/state/storage.py), or for the MaxText
 profile `python -m maxtext_entry --probe-write RUN_DIR` (maxtext_entry/probe.py: the same write
 through the entrypoint's storage layer, and whether MaxText is there), with the run's image
 and the trainer pods' placement (`render.placement`: nodeSelector, tolerations, host network,

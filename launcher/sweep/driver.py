@@ -1,7 +1,7 @@
 """The ragged-buffer sweep: one ordinary reslice run per MoE receive-buffer factor, side by side.
 
 The buffer factor f sizes each expert shard's all-to-all receive buffer at
-``int(local_tokens · top_k · f)`` rows (docs/platform.md §6, ``trainer/moe.py``); f ≤ 0 is dropless. A sweep
+``int(local_tokens · top_k · f)`` rows (docs/platform.md §6, ``trainer/model/moe.py``); f ≤ 0 is dropless. A sweep
 launches one run per factor — same config, overrides, seed, data, shape and global batch; only
 ``moe.ragged_buffer_factor`` differs — and reads back what the trainer measured: its ``moe/*``
 metrics (rows dropped and routed, largest load over balanced, buffer rows), step time, tokens/s and

@@ -19,7 +19,7 @@ from launcher.core.render import DNS1035
 from launcher.core.words import RunState, TrainerProfile, TrainerState
 
 FACTOR_KEY = "moe.ragged_buffer_factor"
-# The factor's key in each trainer profile: reslice's trainer (trainer/moe.py) and MaxText's
+# The factor's key in each trainer profile: reslice's trainer (trainer/model/moe.py) and MaxText's
 # `ragged_buffer_factor` (base.yml: the buffer is balanced size × factor; ≤ 0 is dropless).
 FACTOR_KEYS = {TrainerProfile.RESLICE: FACTOR_KEY, TrainerProfile.MAXTEXT: "ragged_buffer_factor"}
 # What a MaxText run of the sweep gets besides the factor: MaxText's two overflow probes (0.2.5's

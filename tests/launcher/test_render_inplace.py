@@ -1,5 +1,5 @@
 """An in-place run's objects (one JobSet per slice, the world's access) and its worlds
-(launcher/core/world.py), read back by the trainer's own parser (trainer/world.py)."""
+(launcher/core/world.py), read back by the trainer's own parser (trainer/elastic/world.py)."""
 
 import itertools
 from dataclasses import replace
@@ -14,7 +14,7 @@ from launcher.core.record import Segment
 from launcher.core.render import render_jobset, render_slice_jobset, render_world_access
 from launcher.core.spec import RESERVED_PORTS, RunSpec, check
 from tests.support.schemas import jobset_errors, validate_job_template
-from trainer import world as trainer_world
+from trainer.elastic import world as trainer_world
 
 CATALOG = load_catalog()
 PRESET = CATALOG.preset("tpu7x-2x2x2")

@@ -15,7 +15,7 @@ import os, threading, time
 os.environ.update(JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="2")
 import jax, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
-from trainer import distributed
+from trainer.elastic import distributed
 
 release = threading.Event()
 

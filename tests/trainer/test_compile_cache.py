@@ -1,4 +1,4 @@
-"""The run's compile cache (trainer.compile_cache): the train step stored under a key known before
+"""The run's compile cache (trainer.state.compile_cache): the train step stored under a key known before
 tracing, and the per-process entries of lowered programs on simulated CPU devices, where JAX's own
 cache serves process 0 only."""
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from etils import epath
 
-from trainer import compile_cache
+from trainer.state import compile_cache
 
 
 def test_on_cpu_the_entries_of_lowered_programs_are_kept_here() -> None:
@@ -115,8 +115,8 @@ def test_the_abstract_state_is_kept_and_rebuilt_on_the_current_mesh(
     cpu8: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from trainer import config, step
-    from trainer.compile_cache import program
-    from trainer.mesh import mesh_for
+    from trainer.model.mesh import mesh_for
+    from trainer.state.compile_cache import program
 
     monkeypatch.setattr(compile_cache, "_dir", str(tmp_path))
     cfg = config.resolve("tiny", ["mesh.fsdp=2"], {})
@@ -149,7 +149,7 @@ def test_the_abstract_state_is_kept_and_rebuilt_on_the_current_mesh(
 
 def test_the_program_key_leaves_out_what_only_the_host_reads() -> None:
     from trainer import config
-    from trainer.compile_cache import program
+    from trainer.state.compile_cache import program
 
     base = config.resolve("tiny", ["train.steps=40"], {})
     same = [

@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from trainer import config, loop, model, sizes
+from trainer import config
 from trainer.__main__ import main
 from trainer.config import ConfigError
+from trainer.model import mesh, sizes, transformer
 
 
 def abstract_param_count(name: str) -> int:
-    abstract = model.abstract_model(config.load(name))
+    abstract = transformer.abstract_model(config.load(name))
     return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
 
 
@@ -94,15 +95,15 @@ def test_main_reports_config_errors_in_one_line_with_exit_2(
 
 def test_batch_plan_is_checked_against_the_devices(cpu8: list, capsys, monkeypatch, tmp_path: Path) -> None:
     cfg = config.resolve("tiny", [], {"RESLICE_GLOBAL_BATCH": "32", "RESLICE_GRAD_ACCUM": "2"})
-    assert loop.batch_plan(cfg, 8, 1, 8) == loop.BatchPlan(8, 2, 2, 1, 8, 8)  # micro-batch derived
+    assert mesh.batch_plan(cfg, 8, 1, 8) == mesh.BatchPlan(8, 2, 2, 1, 8, 8)  # micro-batch derived
     # Tensor parallel 4: 2 data-parallel ranks share the batch, 8 sequences each per micro-step.
-    assert loop.batch_plan(cfg, 8, 1, 1, ranks=2, fsdp=2) == loop.BatchPlan(8, 8, 2, 1, 1, 2, 2, 4)
+    assert mesh.batch_plan(cfg, 8, 1, 1, ranks=2, fsdp=2) == mesh.BatchPlan(8, 8, 2, 1, 1, 2, 2, 4)
     with pytest.raises(ConfigError, match=r"8 × 2 × 1 = 16 ≠ global batch 32"):
-        loop.batch_plan(
+        mesh.batch_plan(
             config.resolve("tiny", [], {"RESLICE_GLOBAL_BATCH": "32", "RESLICE_MICRO_BATCH": "2"}), 8, 1, 8
         )
     with pytest.raises(ConfigError, match="≠ global batch 12"):
-        loop.batch_plan(config.resolve("tiny", [], {"RESLICE_GLOBAL_BATCH": "12"}), 8, 1, 8)
+        mesh.batch_plan(config.resolve("tiny", [], {"RESLICE_GLOBAL_BATCH": "12"}), 8, 1, 8)
     # Through the real entry point, against the 8 devices JAX sees here; nothing is written.
     monkeypatch.setenv("RESLICE_GLOBAL_BATCH", "12")
     monkeypatch.setenv("RESLICE_RUN_DIR", str(tmp_path / "run"))
@@ -129,7 +130,13 @@ def test_config_hash_covers_the_run_identity_not_the_layout() -> None:
         {},
     )  # the test hook is set on one process of a run only: it must not make it another run
     assert config.config_hash(same) == base
-    for change in ("optim.lr=0.001", "model.d_model=32", "data.seed=5", "moe.top_k=1", "train.steps=41"):
+    for change in (
+        "optim.lr=0.001",
+        "model.d_model=32",
+        "data.seed=5",
+        "moe.top_k=1",
+        "train.steps=41",
+    ):
         assert config.config_hash(config.resolve("tiny", [change], {})) != base, change
     assert config.config_hash(config.resolve("tiny", ["train.steps=41", "optim.decay_steps=60"], {})) == (
         config.config_hash(config.resolve("tiny", ["train.steps=99", "optim.decay_steps=60"], {}))

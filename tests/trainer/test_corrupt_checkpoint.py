@@ -27,10 +27,10 @@ import tensorstore as ts
 from launcher.controller.loop import Controller
 from tests.support.fake_gcs import FakeGCS
 from tests.trainer import runs
-from trainer import checkpoint, compile_cache
 from trainer.__main__ import main
-from trainer.checkpoint import UNUSABLE_DIR, UNUSABLE_REASON
 from trainer.config import ConfigError
+from trainer.state import checkpoint, compile_cache
+from trainer.state.checkpoint import UNUSABLE_DIR, UNUSABLE_REASON
 
 # decay_steps fixed: the resumed run may train further (train.steps=10) and stay the same run.
 SETS = ["checkpoint.interval=2", "checkpoint.keep=10", "optim.decay_steps=10", "metrics.log_every=1000"]

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tests.support.fake_gcs import FakeGCS
-from trainer import data
 from trainer.config import ConfigError, DataConfig
+from trainer.data import pipeline as data
 
 GB, SEQ, VOCAB = 16, 32, 256
 STEPS = (0, 3, 17, 250)
@@ -125,7 +125,7 @@ def test_gcs_token_file_reads_the_same_records(tmp_path: Path, gcs: FakeGCS) -> 
     tokens = write_tokens(tmp_path / "tokens.bin", 2000, "uint16")
     gcs.write_object("reslice", "data/tokens.bin", (tmp_path / "tokens.bin").read_bytes())
     script = (
-        "import json, sys; from trainer import data;"
+        "import json, sys; from trainer.data import pipeline as data;"
         "s = data.TokenFileSource('gs://reslice/data/tokens.bin', 'uint16', 32);"
         "print(json.dumps([len(s)] + s.records([0, 17, len(s) - 1]).tolist() + [s[5].tolist()]))"
     )

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from tests.trainer import runs
-from trainer.startup import parse_report
+from trainer.telemetry.startup import parse_report
 
 
 def world(epoch: int, slices: list[str], micro_batch: int) -> dict:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer import runs
-from trainer.peers import EXIT_PEER_LOST
+from trainer.elastic.peers import EXIT_PEER_LOST
 
 
 def lose(victim: runs.Trainer, survivor: runs.Trainer, timeout: float = 90) -> tuple[int, float, str]:
@@ -103,7 +103,7 @@ def test_sigterm_while_a_peer_hangs_exits_143_instead_of_waiting_for_the_heartbe
 
 
 def test_a_peer_lost_while_the_other_waits_in_a_save_barrier_is_a_disruption(tmp_path: Path) -> None:
-    # Orbax's save barriers meet at the coordination service (trainer/checkpoint.py), not in a
+    # Orbax's save barriers meet at the coordination service (trainer/state/checkpoint.py), not in a
     # collective that Gloo would fail at once. Process 1 reaches the save of step 10 late (a test
     # hook) and dies there while process 0 waits for it in Orbax's first barrier: process 0 exits 43
     # (a disruption, not its own failure) once the service gives up on process 1 (the 10 s

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainer import loop, metrics
+from trainer import loop
+from trainer.telemetry import metrics
 
 
 def lines(run_dir: Path) -> list[dict]:

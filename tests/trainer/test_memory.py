@@ -67,7 +67,7 @@ def test_the_estimate_counts_the_parameters_the_trainer_builds_grouped_query_att
 ):
     # The launcher cannot import the trainer (an import contract): its count is kept beside the
     # trainer's and held equal here, on configs where each attention feature changes the count.
-    from trainer import sizes
+    from trainer.model import sizes
 
     for overrides in ([], ["model.kv_heads=2"], ["model.kv_heads=1", "model.qk_norm=true"]):
         cfg = config.resolve("tiny", overrides, {"RESLICE_GLOBAL_BATCH": "16"})

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from tests.trainer import runs
-from trainer import metrics
+from trainer.telemetry import metrics
 
 
 def records(n: int) -> list[dict]:

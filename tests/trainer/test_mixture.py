@@ -21,10 +21,11 @@ import pytest
 
 from tests.support.fake_gcs import FakeGCS
 from tests.trainer import runs
-from trainer import config, data, evaluate, loop
-from trainer.checkpoint import Checkpointer
+from trainer import config, evaluate, loop
 from trainer.config import ConfigError, DataConfig
-from trainer.mesh import batch_sharding, mesh_for
+from trainer.data import pipeline as data
+from trainer.model.mesh import batch_sharding, mesh_for
+from trainer.state.checkpoint import Checkpointer
 
 GB, SEQ, VOCAB = 16, 32, 256  # the tiny config's
 
@@ -240,7 +241,7 @@ def test_gcs_prefix_and_glob_list_the_token_files(tmp_path: Path, gcs: FakeGCS) 
     for name, arr in blobs.items():
         gcs.write_object("reslice", name, arr.tobytes())
     script = (
-        "import json; from trainer import data;"
+        "import json; from trainer.data import pipeline as data;"
         "p = data.TokenFiles('gs://reslice/mix/web/', 'uint16', 32, 256);"
         "g = data.TokenFiles('gs://reslice/mix/web/part-*.npy', 'uint16', 32, 256);"
         "print(json.dumps([[f.path for f in p.files], len(p), p.records([0, 47, 50]).tolist(), len(g)]))"

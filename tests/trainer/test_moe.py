@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import AxisType, Mesh
 from jax.sharding import PartitionSpec as P
 
-from trainer import moe, sizes
+from trainer.model import moe, sizes
 
 E, K, D_MODEL, D_FF = 8, 2, 8, 16
 DATA, EP = 2, 4  # 8 devices: two expert-parallel groups of four

@@ -1,4 +1,4 @@
-"""Telling a lost peer from a bug (trainer.peers), on the texts jax 0.10.2 on CPU produced when one
+"""Telling a lost peer from a bug (trainer.elastic.peers), on the texts jax 0.10.2 on CPU produced when one
 of two trainer processes was SIGKILLed mid-step or during start-up."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from trainer import peers
+from trainer.elastic import peers
 
 # What the survivor raised, as `Type: message` (peers.error_text).
 GLOO_RESET = (

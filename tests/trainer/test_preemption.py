@@ -1,4 +1,4 @@
-"""The SIGTERM watchdog (trainer.watchdog.Preemption) on a fake clock, in this process with a real
+"""The SIGTERM watchdog (trainer.elastic.watchdog.Preemption) on a fake clock, in this process with a real
 SIGTERM and wakeup fd: a step that never finishes after a SIGTERM ends the process with 143 after
 the stall timeout; a healthy loop, a save in progress, or a SIGTERM before the first step do not."""
 
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.fakeclock import FakeClock
-from trainer.watchdog import EXIT_PREEMPTED, EXIT_STALLED, Preemption
+from trainer.elastic.watchdog import EXIT_PREEMPTED, EXIT_STALLED, Preemption
 
 
 class Watched:

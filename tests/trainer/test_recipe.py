@@ -12,9 +12,12 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from trainer import config, data, model, sizes
+from trainer import config
+from trainer.data import pipeline as data
 from trainer.loop import unpack
-from trainer.mesh import BATCH_AXES, batch_sharding, logical_rules, make_mesh
+from trainer.model import sizes
+from trainer.model import transformer as model
+from trainer.model.mesh import BATCH_AXES, batch_sharding, logical_rules, make_mesh
 from trainer.step import abstract_state, from_plain, init_state, make_train_step, optimizer, schedule
 
 EOS = 7
@@ -233,7 +236,7 @@ def test_new_keys_are_refused_in_one_line_when_wrong() -> None:
 
 
 def test_the_compile_cache_key_covers_the_new_keys_but_not_a_stages_source() -> None:
-    from trainer.compile_cache import program
+    from trainer.state.compile_cache import program
 
     base = program(config.load("tiny"))
     for key in ("model.kv_heads=2", "model.qk_norm=true", "model.reordered_norm=true",

@@ -13,10 +13,10 @@ import pytest
 
 from tests.trainer import runs
 from trainer import config
-from trainer.checkpoint import Checkpointer
 from trainer.config import ConfigError, MeshConfig
-from trainer.mesh import mesh_for, mesh_shape, process_block
-from trainer.model import blocked_attention, chunked_cross_entropy
+from trainer.model.mesh import mesh_for, mesh_shape, process_block
+from trainer.model.transformer import blocked_attention, chunked_cross_entropy
+from trainer.state.checkpoint import Checkpointer
 from trainer.step import abstract_state
 
 # The reference run's schedule (40 steps) while a segment stops early: same config hash.

@@ -1,4 +1,4 @@
-"""In-memory snapshots (trainer/snapshot.py) with real JAX arrays on 8 simulated CPU devices: what a
+"""In-memory snapshots (trainer/state/snapshot.py) with real JAX arrays on 8 simulated CPU devices: what a
 snapshot holds, when it covers a new mesh, what it restores, and what the directory keeps."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from trainer import memdir, snapshot
+from trainer.state import memdir, snapshot
 
 
 def state_on(mesh: Mesh, rows: tuple) -> dict:

@@ -17,9 +17,10 @@ import pytest
 
 from tests.support.fake_gcs import FakeGCS
 from tests.trainer import runs
-from trainer import config, stages
-from trainer.checkpoint import Checkpointer
-from trainer.mesh import make_mesh
+from trainer import config
+from trainer.model.mesh import make_mesh
+from trainer.state import stages
+from trainer.state.checkpoint import Checkpointer
 from trainer.step import abstract_state, init_state, plain, schedule
 
 # Stage 2: a WSD schedule of its own (peak 1e-3, warm-up 5 that trains its first step, decay over

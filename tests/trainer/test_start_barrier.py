@@ -1,4 +1,4 @@
-"""The start barrier (trainer.distributed.wait_for_peers): the processes of a run meet on JAX's
+"""The start barrier (trainer.elastic.distributed.wait_for_peers): the processes of a run meet on JAX's
 coordination service after compiling and before their first step, so a process that gets there
 more than Gloo's fixed 30 s rendezvous later than another (a slower compile, a starved host) no
 longer fails the first step's collectives. ``train.debug_start_delay_s`` (a test hook, set on one
@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from tests.trainer import runs
-from trainer import distributed
-from trainer.peers import EXIT_PEER_LOST
+from trainer.elastic import distributed
+from trainer.elastic.peers import EXIT_PEER_LOST
 
 GLOO_RENDEZVOUS_S = 30
 DELAY_S = 40
@@ -104,7 +104,7 @@ _ORBAX_BARRIER = """
 import sys
 from absl import flags
 from orbax.checkpoint._src.multihost import multihost
-from trainer.checkpoint import Checkpointer
+from trainer.state.checkpoint import Checkpointer
 try:
     multihost.EXPERIMENTAL_ORBAX_USE_DISTRIBUTED_BARRIER.value
 except flags.UnparsedFlagAccessError:  # Orbax then falls back to its all-gather barrier

@@ -1,4 +1,4 @@
-"""Start-up timing (trainer.startup) and the wait for the coordinator (trainer.distributed)."""
+"""Start-up timing (trainer.telemetry.startup) and the wait for the coordinator (trainer.elastic.distributed)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import threading
 import time
 
 from tests.trainer.runs import ROOT
-from trainer.distributed import await_coordinator
-from trainer.startup import no_rocm_plugin_scan
+from trainer.elastic.distributed import await_coordinator
+from trainer.telemetry.startup import no_rocm_plugin_scan
 
 TICK = 0.011  # /proc counts process starts in clock ticks of 10 ms
 
@@ -21,7 +21,7 @@ def test_a_process_start_is_its_spawn_time_to_the_tick() -> None:
     # /proc/stat's btime is whole seconds: a start computed from it is off by up to 1 s.
     before = time.time()
     out = subprocess.run(
-        [sys.executable, "-c", "import os; from trainer.startup import process_start; print(process_start(os.getpid()))"],
+        [sys.executable, "-c", "import os; from trainer.telemetry.startup import process_start; print(process_start(os.getpid()))"],
         cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     after = time.time()
@@ -57,7 +57,7 @@ def test_a_coordinator_that_never_comes_is_left_to_jax_after_the_timeout() -> No
 _COUNT_METADATA_READS = """
 import os, sys
 from importlib import metadata
-from trainer.startup import no_rocm_plugin_scan
+from trainer.telemetry.startup import no_rocm_plugin_scan
 reads = []
 read_text = metadata.PathDistribution.read_text
 metadata.PathDistribution.read_text = lambda self, name: reads.append(name) or read_text(self, name)

@@ -10,9 +10,10 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from trainer import config, data
+from trainer import config
+from trainer.data import pipeline
 from trainer.loop import unpack
-from trainer.mesh import BATCH_AXES, batch_sharding, make_mesh
+from trainer.model.mesh import BATCH_AXES, batch_sharding, make_mesh
 from trainer.step import abstract_state, init_state, make_train_step, plain
 
 
@@ -20,7 +21,11 @@ def test_accumulating_two_micro_batches_equals_one_batch(cpu8: list) -> None:
     cfg = config.resolve("tiny", ["model.dense_layers=1", "moe.shared_expert_dim=32"], {})
     mesh = make_mesh(cfg.moe.num_experts)
     batch = next(
-        iter(data.make_dataset(cfg.data, cfg.model.vocab_size, cfg.model.seq_len, data.Layout(16, 1), 0, 1))
+        iter(
+            pipeline.make_dataset(
+                cfg.data, cfg.model.vocab_size, cfg.model.seq_len, pipeline.Layout(16, 1), 0, 1
+            )
+        )
     )
     out = {}
     with jax.set_mesh(mesh):

@@ -1,4 +1,4 @@
-"""The write probe (trainer/storage.py): locally, on the real fake-gcs-server, and at trainer start-up."""
+"""The write probe (trainer/state/storage.py): locally, on the real fake-gcs-server, and at trainer start-up."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from google.auth.exceptions import DefaultCredentialsError
 
 from tests.support.fake_gcs import FakeGCS
 from tests.trainer import runs
-from trainer import storage
 from trainer.__main__ import main
+from trainer.state import storage
 
 
 def buckets(gcs: FakeGCS) -> list[str]:

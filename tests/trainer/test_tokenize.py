@@ -15,7 +15,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from tests.trainer import runs
-from trainer import data
+from trainer.data import pipeline as data
 
 WORDS = [
     "the",

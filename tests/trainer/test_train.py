@@ -65,7 +65,7 @@ def test_tiny_trains_on_8_devices(reference: dict) -> None:
         (s, records[s]["learning/loss"]) for s in range(1, 41)
     ]
     assert len(list((run_dir / "metrics").glob("*.jsonl"))) == 1
-    # Where the start-up went (trainer.startup), on the first record only.
+    # Where the start-up went (trainer.telemetry.startup), on the first record only.
     startup = records[1]["perf/startup"]
     assert list(startup) == [
         "interpreter", "imports", "distributed", "abstract state", "init", "train step", "barrier",

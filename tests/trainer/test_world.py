@@ -1,4 +1,4 @@
-"""trainer.world: the world document, this pod's identity and the child's environment (pure)."""
+"""trainer.elastic.world: the world document, this pod's identity and the child's environment (pure)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer import world, worldsource
-from trainer.world import Me, RestartMode, WorldError
+from trainer.elastic import world, world_source
+from trainer.elastic.world import Me, RestartMode, WorldError
 
 
 def doc(**over: object) -> dict:
@@ -167,17 +167,17 @@ def test_me_and_restart_mode_from_env() -> None:
 def test_source_from_env(tmp_path: Path) -> None:
     sa = tmp_path / "sa"
     sa.mkdir()
-    assert isinstance(worldsource.from_env({"RESLICE_WORLD_FILE": "/w.json"}, sa), worldsource.FileSource)
+    assert isinstance(world_source.from_env({"RESLICE_WORLD_FILE": "/w.json"}, sa), world_source.FileSource)
     with pytest.raises(WorldError, match="RESLICE_WORLD_CONFIGMAP"):
-        worldsource.from_env({}, sa)
+        world_source.from_env({}, sa)
     with pytest.raises(WorldError, match="RESLICE_WORLD_NAMESPACE"):
-        worldsource.from_env({"RESLICE_WORLD_CONFIGMAP": "w"}, sa)
+        world_source.from_env({"RESLICE_WORLD_CONFIGMAP": "w"}, sa)
     (sa / "namespace").write_text("team\n")
     (sa / "token").write_text("secret-token\n")
     with pytest.raises(WorldError, match="KUBERNETES_SERVICE_HOST"):
-        worldsource.from_env({"RESLICE_WORLD_CONFIGMAP": "w"}, sa)
+        world_source.from_env({"RESLICE_WORLD_CONFIGMAP": "w"}, sa)
     # In a pod: the in-cluster endpoint, over TLS, with the service account's token.
-    src = worldsource.from_env(
+    src = world_source.from_env(
         {
             "RESLICE_WORLD_CONFIGMAP": "w",
             "KUBERNETES_SERVICE_HOST": "10.0.0.1",
@@ -185,11 +185,11 @@ def test_source_from_env(tmp_path: Path) -> None:
         },
         sa,
     )
-    assert isinstance(src, worldsource.ConfigMapSource)
+    assert isinstance(src, world_source.ConfigMapSource)
     assert src.describe() == "ConfigMap team/w at https://10.0.0.1:443"
     assert src.endpoint.headers()["Authorization"] == "Bearer secret-token"
     # An explicit plain-HTTP endpoint (the embedded cluster): never the token.
-    src = worldsource.from_env(
+    src = world_source.from_env(
         {
             "RESLICE_WORLD_CONFIGMAP": "w",
             "RESLICE_WORLD_API": "http://127.0.0.1:1234",
@@ -200,7 +200,7 @@ def test_source_from_env(tmp_path: Path) -> None:
     assert src.describe() == "ConfigMap ns/w at http://127.0.0.1:1234"
     assert "Authorization" not in src.endpoint.headers()
     with pytest.raises(WorldError, match="RESLICE_WORLD_API"):
-        worldsource.from_env(
+        world_source.from_env(
             {"RESLICE_WORLD_CONFIGMAP": "w", "RESLICE_WORLD_API": "ftp://x", "RESLICE_WORLD_NAMESPACE": "n"},
             sa,
         )

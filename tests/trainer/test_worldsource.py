@@ -1,4 +1,4 @@
-"""trainer.worldsource's ConfigMap watch against the embedded cluster's API server: how soon a
+"""trainer.elastic.world_source's ConfigMap watch against the embedded cluster's API server: how soon a
 published world reaches a pod's supervisor, what it asks of the API (the Role's verbs), a 410 after
 the server lost its history, and the supervisor following a ConfigMap end to end."""
 
@@ -22,7 +22,7 @@ from launcher.embedded.cluster import EmbeddedCluster
 from launcher.embedded.types.resources import RESOURCES
 from tests.support.wait import wait_for
 from tests.trainer.test_supervisor_world import Pod, world_doc
-from trainer import worldsource
+from trainer.elastic import world_source
 
 NAME, NS = "llm-world", "default"
 UPDATES = 30
@@ -36,7 +36,7 @@ def cluster(tmp_path: Path) -> Iterator[EmbeddedCluster]:
 
 
 def configmap(name: str, epoch: int) -> dict:
-    return {"metadata": {"name": name}, "data": {worldsource.WORLD_KEY: json.dumps(world_doc(epoch, ["b"]))}}
+    return {"metadata": {"name": name}, "data": {world_source.WORLD_KEY: json.dumps(world_doc(epoch, ["b"]))}}
 
 
 class Seen:
@@ -65,11 +65,11 @@ class Seen:
         return found
 
 
-def start_source(cluster: EmbeddedCluster) -> tuple[worldsource.ConfigMapSource, Seen]:
-    src = worldsource.from_env(
+def start_source(cluster: EmbeddedCluster) -> tuple[world_source.ConfigMapSource, Seen]:
+    src = world_source.from_env(
         {"RESLICE_WORLD_CONFIGMAP": NAME, "RESLICE_WORLD_NAMESPACE": NS, "RESLICE_WORLD_API": cluster.url}
     )
-    assert isinstance(src, worldsource.ConfigMapSource)
+    assert isinstance(src, world_source.ConfigMapSource)
     seen = Seen()
     src.start(seen.document, seen.problem)
     return src, seen
@@ -166,11 +166,11 @@ def test_the_supervisor_follows_a_configmap(cluster: EmbeddedCluster, tmp_path: 
     try:
         assert pod.wait_starts(1)[0]["env"]["RESLICE_WORLD_EPOCH"] == "0"
         doc = world_doc(1, ["a", "b"])
-        core.patch_namespaced_config_map(NAME, NS, {"data": {worldsource.WORLD_KEY: json.dumps(doc)}})
+        core.patch_namespaced_config_map(NAME, NS, {"data": {world_source.WORLD_KEY: json.dumps(doc)}})
         second = pod.wait_starts(2)[1]
         assert second["env"]["RESLICE_WORLD_EPOCH"] == "1" and second["env"]["RESLICE_SLICE_INDEX"] == "1"
         core.patch_namespaced_config_map(
-            NAME, NS, {"data": {worldsource.WORLD_KEY: json.dumps(world_doc(2, ["a"]))}}
+            NAME, NS, {"data": {world_source.WORLD_KEY: json.dumps(world_doc(2, ["a"]))}}
         )
         assert pod.wait() == 0, pod.output()
         assert "follows the worlds of ConfigMap default/llm-world at http://127.0.0.1:" in pod.output()
@@ -293,7 +293,7 @@ def test_in_cluster_tls_and_a_rotated_token(cluster: EmbeddedCluster, tmp_path: 
     front.token = "new-token"  # rotated before the pod's supervisor connects
     core = client.CoreV1Api(cluster.api_client())
     core.create_namespaced_config_map(NS, configmap(NAME, 0))
-    src = worldsource.from_env(
+    src = world_source.from_env(
         {
             "RESLICE_WORLD_CONFIGMAP": NAME,
             "KUBERNETES_SERVICE_HOST": "127.0.0.1",

@@ -1,4 +1,4 @@
-"""``python -m tests.trainer.worldfake``: the in-place supervisor (``trainer.supervisor.supervise_world``)
+"""``python -m tests.trainer.worldfake``: the in-place supervisor (``trainer.elastic.supervisor.supervise_world``)
 around a fake trainer, for tests/trainer/test_supervisor_world.py.
 
 The supervisor is the real one: it reads the pod's environment, follows the world source, forks.
@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 
-from trainer import supervisor
+from trainer.elastic import supervisor
 
 KEYS = (
     "RESLICE_WORLD_EPOCH",

@@ -42,7 +42,7 @@ def has_step(run_dir: str, step: int) -> bool:
 
 
 def preload_tensorboard() -> None:
-    """Import the event writer now. A standby trainer (trainer.supervisor) does it ahead of its world:
+    """Import the event writer now. A standby trainer (trainer.elastic.supervisor) does it ahead of its world:
     process 0 otherwise pays the import with its first record, inside the first step, where every
     other process waits for its next step's dispatch."""
     from tensorboardX import FileWriter  # noqa: F401

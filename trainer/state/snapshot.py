@@ -1,6 +1,6 @@
 """State from memory: in-memory snapshots of the train state, and a restore from them onto a new world.
 
-An in-place run's pod outlives its trainer children (``trainer.supervisor``). Every
+An in-place run's pod outlives its trainer children (``trainer.elastic.supervisor``). Every
 ``checkpoint.memory_interval`` steps each process copies the shards of the state that it holds to a
 file in the pod's memory directory (``RESLICE_MEMORY_DIR``, a directory the supervisor makes under
 ``/dev/shm``, which the renderer mounts as an ``emptyDir`` with ``medium: Memory``). The next child
@@ -29,7 +29,7 @@ The restore (``restore``): each process lists the snapshots whose meta matches t
 hash, global batch, run directory) and, for the new world's shardings, whether it holds every
 shard its devices need (compared by the shard's index into the global array, so any device order
 that gives a process the same blocks it held before will do; with data parallelism across slices
-and ``trainer.mesh``'s slice-major device order, a surviving slice's processes hold exactly their
+and ``trainer.model.mesh``'s slice-major device order, a surviving slice's processes hold exactly their
 blocks). The processes agree through the coordination service's key-value store on the newest step
 every one of them can serve; none: the run directory, as before (``docs/contract.md``).
 """
@@ -51,7 +51,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from trainer.memdir import MEMORY_DIR_ENV
+from trainer.state.memdir import MEMORY_DIR_ENV
 
 IN_FLIGHT = 2
 KEEP = IN_FLIGHT + 2

@@ -1,7 +1,7 @@
 """Decoder-only language model (flax nnx): embeddings, RMSNorm, causal attention with RoPE, MoE.
 
 Parameters are float32 and carry *logical* axis names (``embed``, ``heads``, ``mlp``, ``experts``,
-``vocab`` ...), which ``trainer.mesh.logical_rules`` maps to mesh axes when the state is built.
+``vocab`` ...), which ``trainer.model.mesh.logical_rules`` maps to mesh axes when the state is built.
 Activations run in ``model.dtype``; their batch dimension is pinned to the data-parallel axes at
 every block boundary (left to propagation, XLA may replicate the batch after the embedding gather).
 """
@@ -16,8 +16,8 @@ from jax.sharding import AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
 
 from trainer.config import Config, ModelConfig
-from trainer.mesh import AXES, BATCH_AXES, logical_rules
-from trainer.moe import MLP, MoE
+from trainer.model.mesh import AXES, BATCH_AXES, logical_rules
+from trainer.model.moe import MLP, MoE
 
 
 def pin_batch(x: jax.Array) -> jax.Array:

@@ -25,7 +25,7 @@ when the child's end is seen (``_end_strays``): in place the pod outlives many c
 
 With ``RESLICE_RESTART_MODE=in-place`` (``supervise_world``, docs/contract.md "World (in-place
 restarts)") the pod outlives its trainers: this process follows the published worlds
-(``trainer.world``, delivered by ``trainer.worldsource``) and forks one child per epoch, with that
+(``trainer.elastic.world``, delivered by ``trainer.elastic.world_source``) and forks one child per epoch, with that
 world's environment. It then has threads when it forks (the world source, the previous child's
 stderr pump): none of them prints, logs or writes through ``sys.stderr``'s buffer (the pump writes
 to file descriptor 2 directly), so no lock the child could need is held at the fork.
@@ -64,14 +64,15 @@ from collections.abc import Callable, Collection, Mapping
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from trainer import memdir, peers, world
+from trainer.elastic import peers, world
+from trainer.state import memdir
 
 if TYPE_CHECKING:
-    from trainer import worldsource
+    from trainer.elastic import world_source
 
 CHILD_ENV = "RESLICE_TRAINER_CHILD"  # set in the child: it trains instead of supervising
 # Set in an in-place pod's every child but its first: its start-up began at its fork, not at the
-# container's start (trainer.startup.Timeline, which __main__ tells so).
+# container's start (trainer.telemetry.startup.Timeline, which __main__ tells so).
 RESTARTED_ENV = "RESLICE_TRAINER_RESTARTED"
 # In a standby child: the file descriptor its world's environment arrives on (``await_world``).
 STANDBY_ENV = "RESLICE_TRAINER_STANDBY_FD"
@@ -322,7 +323,7 @@ class _Standby:
 def supervise_world(
     train: Callable[[], int],
     env: Mapping[str, str],
-    source: worldsource.Source | None = None,
+    source: world_source.Source | None = None,
 ) -> int:
     """``RESLICE_RESTART_MODE=in-place`` (docs/contract.md "World (in-place restarts)"): follow the
     published worlds and run ``train()`` in a forked child in each that includes this pod, with
@@ -338,11 +339,11 @@ def supervise_world(
     and the child's code returned (42 when no child runs). One child at a time, and never one for
     an epoch at or below the last started. After a 43, or a 42 nobody here asked for, no newer
     world within ``RESLICE_PEER_LOST_WAIT_S`` returns 43."""
-    from trainer import worldsource  # http.client imports ssl: not for the recreate mode's start-up
+    from trainer.elastic import world_source  # http.client imports ssl: not for the recreate mode's start-up
 
     try:
         me = world.me_from_env(env)
-        src = source or worldsource.from_env(env)
+        src = source or world_source.from_env(env)
     except world.WorldError as e:
         print(f"trainer: {e}", file=sys.stderr, flush=True)
         return world.EXIT_CONFIG
@@ -358,7 +359,7 @@ def supervise_world(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     _adopt_orphans()
-    # RAM for the children's snapshots, which outlives each of them (trainer/snapshot.py).
+    # RAM for the children's snapshots, which outlives each of them (trainer/state/snapshot.py).
     memory = memdir.make(env, me.slice_id, me.host)
     if memory is not None:
         env = {**env, memdir.MEMORY_DIR_ENV: str(memory)}

@@ -4,7 +4,7 @@ the first step, phase by phase. ``__main__`` creates the ``Timeline`` before its
 ``perf/startup`` and every process prints its own (bench.recovery reads both). No heavy imports.
 
 The spawn time is the start of the process the container runtime (the embedded kubelet) started,
-from ``/proc``: this one, or for a multi-process run its parent, ``trainer.supervisor`` (whose own
+from ``/proc``: this one, or for a multi-process run its parent, ``trainer.elastic.supervisor`` (whose own
 start-up until it starts this process is the ``supervisor`` phase, CPU not counted). Where
 ``/proc`` cannot say, the timeline starts when it is created.
 """
@@ -49,7 +49,7 @@ class Timeline:
 
     @classmethod
     def handed(cls, at: float) -> Timeline:
-        """The timeline of a standby trainer (trainer.supervisor) handed its world at ``at``: its
+        """The timeline of a standby trainer (trainer.elastic.supervisor) handed its world at ``at``: its
         start-up begins there. Its one phase so far, ``standby``, is the wall from ``at`` until now
         and the CPU of the imports it did ahead of the world."""
         timeline = cls.__new__(cls)

@@ -1,4 +1,4 @@
-"""The pod's memory directory for in-memory snapshots (trainer/snapshot.py). Pure, no JAX: the
+"""The pod's memory directory for in-memory snapshots (trainer/state/snapshot.py). Pure, no JAX: the
 in-place supervisor makes it before its first child and removes it when it exits.
 
 It lies under ``RESLICE_MEMORY_ROOT`` (default ``/dev/shm``, which the renderer mounts as an

@@ -10,7 +10,7 @@ processes of the segment fail in one of two ways (observed with jax 0.10.2 on CP
   (LOG(FATAL), SIGABRT) with ``Terminating process because the JAX distributed service detected
   fatal errors`` — at once when process 0 (which hosts the service) is gone, after the heartbeat
   timeout otherwise, and when the cluster does not form within the initialization timeout. No
-  Python runs before that abort; ``trainer.supervisor`` sees it from the parent process
+  Python runs before that abort; ``trainer.elastic.supervisor`` sees it from the parent process
   (``fate_shared``).
 
 Either way the process exits ``EXIT_PEER_LOST``: the renderer's failure policy restarts the JobSet
@@ -85,7 +85,7 @@ def _int(env: Mapping[str, str], key: str) -> int:
     try:
         return int(env.get(key) or 1)
     except ValueError:
-        return 1  # trainer.distributed reports the bad value as a config error
+        return 1  # trainer.elastic.distributed reports the bad value as a config error
 
 
 def multi_process(env: Mapping[str, str]) -> bool:

@@ -21,8 +21,8 @@ from typing import Any
 import orbax.checkpoint as ocp
 from etils import epath
 
-from trainer.checkpoint import COMMIT_FILE
 from trainer.config import Config, ConfigError
+from trainer.state.checkpoint import COMMIT_FILE
 
 # The model settings that decide the state's shapes: a source must agree on them. Everything else
 # (sequence length, RoPE, dtype, document attention, losses, optimizer, data) is the stage's own.

@@ -404,7 +404,7 @@ class Layout:
 
     ``num_processes``/``process_index``: the contiguous blocks the batch splits into and this
     process's block; processes of one tensor-parallel group read the same block
-    (``trainer.mesh.process_block``)."""
+    (``trainer.model.mesh.process_block``)."""
 
     global_batch: int
     grad_accum: int

@@ -21,8 +21,7 @@ from trainer.config import Config
 
 def aot_memory(cfg: Config) -> dict[str, Any]:
     """Compile the train step for this environment's devices and report its memory per device."""
-    from trainer.loop import batch_plan
-    from trainer.mesh import batch_sharding, device_sharding, dp_ranks, mesh_for
+    from trainer.model.mesh import batch_plan, batch_sharding, device_sharding, dp_ranks, mesh_for
     from trainer.step import abstract_state, make_train_step, plain
 
     mesh = mesh_for(cfg)

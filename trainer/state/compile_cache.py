@@ -124,7 +124,7 @@ def entry_path(lowered: jax.stages.Lowered, device_ids: Sequence[int]) -> epath.
 
 
 # How long a process waits for process 0 to resolve a program before compiling it itself: as long
-# as the first process waits for the last to join (trainer.distributed.INIT_TIMEOUT_S). A process 0
+# as the first process waits for the last to join (trainer.elastic.distributed.INIT_TIMEOUT_S). A process 0
 # that dies meanwhile ends this one sooner (the coordination service's heartbeat).
 SHARED_WAIT_S = 900.0
 

@@ -1,13 +1,13 @@
 """The world of an in-place run: which slices train, in what order, and with what batch plan. Pure.
 
 The controller publishes each world (an *epoch*) as a small JSON document (docs/contract.md, "World
-(in-place restarts)"); every pod's ``trainer.supervisor`` follows it (``trainer.worldsource``
+(in-place restarts)"); every pod's ``trainer.elastic.supervisor`` follows it (``trainer.elastic.world_source``
 delivers the documents) and starts its trainer child with ``child_env(world, me, base_env)``. The
 pod itself never changes: it knows its stable slice id and its host index within the slice, and its
 process id is compacted over the world's slices in their published order:
 ``process_id = position(my slice) × hosts_per_slice + host index``.
 
-Called by ``trainer.supervisor`` (``parse``, ``me_from_env``, ``child_env``, ``restart_mode``) and
+Called by ``trainer.elastic.supervisor`` (``parse``, ``me_from_env``, ``child_env``, ``restart_mode``) and
 the tests. No JAX, nothing heavy: it runs in the supervisor before its first fork.
 """
 
@@ -209,7 +209,7 @@ def child_env(world: World, me: Me, base_env: Mapping[str, str]) -> dict[str, st
         RESLICE_MICRO_BATCH=str(world.micro_batch),
         RESLICE_GRAD_ACCUM=str(world.grad_accum),
         # One value for every process of the world: the start barrier's id is the segment's and
-        # this (trainer.distributed.start_barrier_id). The pod's own, its slice JobSet's restart
+        # this (trainer.elastic.distributed.start_barrier_id). The pod's own, its slice JobSet's restart
         # attempt, differs between slices once one of them was restarted, and a barrier of
         # several ids never meets. An epoch is one incarnation already: the world never repeats.
         RESLICE_RESTART_ATTEMPT="0",

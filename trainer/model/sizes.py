@@ -1,6 +1,6 @@
 """What a config's numbers come to, from the config alone: parameters, training FLOPs per token, a
 MoE layer's receive buffer. Flax-free: a resumed trainer that loads its train step without
-tracing never imports the model's libraries (trainer/compile_cache.py)."""
+tracing never imports the model's libraries (trainer/state/compile_cache.py)."""
 
 from __future__ import annotations
 

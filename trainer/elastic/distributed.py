@@ -33,7 +33,7 @@ import jax
 from orbax.checkpoint import multihost
 
 from trainer.config import ConfigError
-from trainer.supervisor import RESTARTED_ENV
+from trainer.elastic.supervisor import RESTARTED_ENV
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ INIT_TIMEOUT_S = 900
 # peers are a standby's hand-off away, not a pod start. A world that has not formed by then holds
 # a pod that cannot take part (a host that rebooted under a pod the API still reads Running:
 # docs/design.md, "A crashed host"), and JAX's initialization timeout ends the wait as a lost
-# peer's: exit 43, after which the supervisor's own wait ends (trainer.supervisor).
+# peer's: exit 43, after which the supervisor's own wait ends (trainer.elastic.supervisor).
 REJOIN_TIMEOUT_S = 120
 
 
@@ -175,10 +175,10 @@ def initialize(
     env: Mapping[str, str], joining: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 ) -> Identity:
     """Join the process group (before anything touches the JAX backend). `joining`: around the
-    wait for the peers, when there are any (trainer.watchdog.Preemption.joining)."""
+    wait for the peers, when there are any (trainer.elastic.watchdog.Preemption.joining)."""
     ident = identity(env)
     init_timeout, heartbeat = join_timeout(env), timeouts(env)[1]
-    # JAX's preemption service would install its own SIGTERM handler over ours (trainer.watchdog.Preemption):
+    # JAX's preemption service would install its own SIGTERM handler over ours (trainer.elastic.watchdog.Preemption):
     # the loop agrees on the stopping step through the step's own outputs instead.
     jax.config.update("jax_enable_preemption_service", False)
     if ident.coordinator is not None and ident.num_processes > 1:
@@ -223,7 +223,7 @@ def wait_for_peers(
     a daemon thread while this thread watches ``interrupted``; an interrupted caller must exit
     without JAX's shutdown barrier, which would wait for the peers. A peer that dies meanwhile
     fails the barrier (its heartbeat timeout) and JAX's fate sharing aborts this process: a lost
-    peer either way (trainer.peers, trainer.supervisor)."""
+    peer either way (trainer.elastic.peers, trainer.elastic.supervisor)."""
     if not joined():
         return 0.0
     sync = multihost.get_barrier_sync_fn()

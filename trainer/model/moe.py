@@ -31,8 +31,8 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from trainer.config import MoEConfig
-from trainer.mesh import BATCH_AXES
-from trainer.sizes import buffer_rows
+from trainer.model.mesh import BATCH_AXES
+from trainer.model.sizes import buffer_rows
 
 EXPERT_AXIS = "expert"
 

@@ -4,7 +4,7 @@
   ``mesh.shard_over_data``.
 - ``fsdp``: inside a slice; splits the batch *and* the parameters, gradients and Adam moments
   (ZeRO-3: XLA all-gathers a weight where it is used and reduce-scatters its gradient).
-- ``expert``: splits the batch and the experts of an MoE layer (the dispatch in ``trainer.moe``).
+- ``expert``: splits the batch and the experts of an MoE layer (the dispatch in ``trainer.model.moe``).
 - ``tensor``: innermost (the most traffic, the nearest neighbours); splits attention heads, the MLP
   hidden width and the vocabulary; the devices of one ``tensor`` group share one slice of the batch.
 
@@ -156,3 +156,39 @@ def process_block(mesh: Mesh, process_index: int) -> tuple[int, int]:
     if not per or mine != list(range(mine[0], mine[0] + per)) or mine[0] % per or len(ranks) % per:
         raise ConfigError(f"process {process_index} does not hold a contiguous block of data-parallel ranks")
     return len(ranks) // per, mine[0] // per
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """How one optimizer step's global batch splits over this segment's devices and processes."""
+
+    devices: int
+    micro_batch: int  # sequences per data-parallel rank per micro-step
+    grad_accum: int
+    num_processes: int
+    expert_parallel: int
+    dp_ranks: int  # data-parallel ranks = devices / tensor
+    fsdp: int = 1
+    tensor: int = 1
+
+
+def batch_plan(
+    cfg: Config, devices: int, num_processes: int, expert_parallel: int, ranks: int = 0, fsdp: int = 1
+) -> BatchPlan:
+    """Check dp ranks × micro-batch × grad-accum = global batch against the mesh JAX gives.
+
+    A data-parallel rank is the ``tensor`` devices that share one slice of the batch."""
+    t = cfg.train
+    ranks = ranks or devices
+    b = t.micro_batch or t.global_batch // (ranks * t.grad_accum)
+    if b < 1 or ranks * b * t.grad_accum != t.global_batch:
+        raise ConfigError(
+            f"data-parallel ranks × micro-batch × grad-accum = {ranks} × {b} × {t.grad_accum}"
+            f" = {ranks * b * t.grad_accum} ≠ global batch {t.global_batch}"
+            f" ({devices} devices, tensor parallel {devices // ranks})"
+        )
+    if (ranks * b) % cfg.moe.balance_group:
+        raise ConfigError(
+            f"moe.balance_group={cfg.moe.balance_group} must divide the micro-batch {ranks * b}"
+        )
+    return BatchPlan(devices, b, t.grad_accum, num_processes, expert_parallel, ranks, fsdp, devices // ranks)
