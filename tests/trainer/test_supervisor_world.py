@@ -253,12 +253,13 @@ def test_no_newer_world_after_a_lost_peer_the_pod_exits_43(pod) -> None:
     assert len(p.starts()) == 1
 
 
+@pytest.mark.parametrize("key", ["RESLICE_PEER_LOST_WAIT_S", "RESLICE_CHIP_WAIT_S"])
 @pytest.mark.parametrize("value", ["0", "-5", "soon"])
-def test_a_bad_peer_lost_wait_is_one_line_and_exit_2(pod, value: str) -> None:
-    p = pod(extra={"RESLICE_PEER_LOST_WAIT_S": value})
+def test_a_bad_peer_lost_wait_is_one_line_and_exit_2(pod, key: str, value: str) -> None:
+    p = pod(extra={key: value})
     p.publish(world_doc(0, ["b"]))
     assert p.wait() == 2, p.output()
-    assert f"RESLICE_PEER_LOST_WAIT_S={value!r}: expected seconds > 0" in p.output()
+    assert f"{key}={value!r}: expected seconds > 0" in p.output()
     assert p.starts() == [] and "Traceback" not in p.output()
 
 
