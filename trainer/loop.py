@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from trainer import evaluate
+from trainer import evaluate, restore
 from trainer.config import Config, ConfigError, config_hash, identity, schedule_point
 from trainer.data import pipeline as data
 from trainer.elastic import distributed, supervisor
@@ -403,6 +403,11 @@ def run(
     c = cfg.checkpoint
     read_before = storage_bytes_read()
     ckpt = Checkpointer(cfg.run_dir, c.keep, c.async_save, c.debug_save_delay_s)
+
+    def compatible(step: int, saved: dict[str, Any]) -> None:
+        """Nothing for a checkpoint of this run; ConfigError for another's (never resumed)."""
+        ckpt.check_compatible(step, saved, chash, ident_dict, gb, sched)
+
     writer, snapshots = None, None
     # What a snapshot in memory must be to stand for a checkpoint of this run (`meta`, and the run).
     expected = {"run_dir": cfg.run_dir, "config_hash": chash, "global_batch": gb, "schedule": sched or None}
@@ -421,31 +426,19 @@ def run(
         # A checkpoint of another run is refused before anything is written into its run
         # directory, the compile cache's entries included: the cache is enabled only after.
         if not ours:
-            ckpt.check_newest(lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb, sched))
+            ckpt.check_newest(compatible)
         if cfg.train.compile_cache:
             compile_cache.enable(cfg.run_dir)
         with jax.set_mesh(mesh):
             model, program = Model(cfg, mesh), compile_cache.program(cfg)
             abstract = compile_cache.abstract_state(program, mesh, model.abstract)
             timeline.mark("abstract state")
-            t_restore = time.perf_counter()
-            source: snapshot.StateSource | None = None
-            chosen = memory.agreed(ours, abstract, mesh, distributed.timeouts(env)[0])
-            if chosen is not None and chosen[0] >= (ckpt.latest_step() or 0):
-                start, restored = chosen[0], memory.load(chosen, abstract, mesh)
-                source = memory.source
-            else:
-                if ours:  # not checked above
-                    ckpt.check_newest(lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb, sched))
-                # A foreign checkpoint is refused before anything is written into its run directory.
-                start, restored = ckpt.usable_start(
-                    total_steps,
-                    abstract,
-                    lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb, sched),
-                    None if model.was_traced else lambda: compile_cache.abstract_state(program, mesh, model.abstract, True),
-                )  # fmt: skip
-                source = snapshot.StateSource.STORAGE if start else None
-            restore_s = time.perf_counter() - t_restore
+            restored = restore.onto_mesh(
+                memory, ours, ckpt, abstract, mesh, total_steps, compatible,
+                None if model.was_traced else lambda: compile_cache.abstract_state(program, mesh, model.abstract, True),
+                distributed.timeouts(env)[0],
+            )  # fmt: skip
+            start, source, restore_s = restored.step, restored.source, restored.seconds
             writer = RunWriter(
                 cfg.run_dir, segment, attempt, cfg.metrics.flush_seconds, ident.process_id == 0
             )
@@ -465,9 +458,8 @@ def run(
             # Opened before the state so that a bad data path fails fast; it starts reading ahead.
             batches = iter(data.make_dataset(cfg.data, cfg.model.vocab_size, seq, layout, start, total_steps))
             if start:
-                t_restore = time.perf_counter()
-                state = jax.block_until_ready(restored)
-                restore_s += time.perf_counter() - t_restore  # Orbax may hand back arrays still arriving
+                state, arriving = restored.ready()
+                restore_s += arriving
                 where = str(ckpt.directory) if source is snapshot.StateSource.STORAGE else memory.describe()
                 print(f"trainer: resumed step {start} from {where} on {plan}", flush=True)
                 timeline.mark("restore")
