@@ -364,12 +364,16 @@ def run(
         # collective for it) and before anything is written: a run directory this node pool
         # cannot write is a configuration error (exit 2), reported with its fix.
         storage.probe_write(cfg.run_dir)
+    parts: list[data.Part] = []
     if cfg.data.sources or cfg.data.source == "files":
-        # A missing, short or foreign token file, or weights the global batch cannot hold: exit 2
-        # before anything is written.
-        data.make_mixture(cfg.data, cfg.model.vocab_size, cfg.model.seq_len, cfg.train.global_batch)
+        # A missing, short or foreign token file, token files whose metadata disagrees with the
+        # config, or weights the global batch cannot hold: exit 2 before anything is written.
+        parts += data.make_mixture(
+            cfg.data, cfg.model.vocab_size, cfg.model.seq_len, cfg.train.global_batch
+        ).parts
     if cfg.eval.sources:
-        data.eval_sources(cfg.eval.sources, cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
+        parts += data.eval_sources(cfg.eval.sources, cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
+    data.one_tokenizer(parts)  # the evaluation's and the training's of one tokenizer
     stages.check_source(cfg)  # a stage's source that is missing or of another shape: exit 2 likewise
     # A SIGTERM while it waits for its peers exits 42 at once (trainer.elastic.watchdog).
     ident = distributed.initialize(env, preemption.joining)
