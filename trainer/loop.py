@@ -11,6 +11,7 @@ finishes the step already in flight (n + 1), saves it, waits for the commit and 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import time
@@ -40,6 +41,7 @@ from trainer.model.mesh import (
 from trainer.state import compile_cache, snapshot, stages, storage
 from trainer.state.checkpoint import Checkpointer, storage_bytes_read
 from trainer.telemetry.metrics import RunWriter, has_step
+from trainer.telemetry.profile import StepProfiler
 from trainer.telemetry.startup import Timeline
 
 # trainer.step (flax, optax) is imported only where the model is traced: a fresh start, or a
@@ -161,6 +163,7 @@ class Incarnation:
     timeline: Timeline  # this process's start-up, reported with its first step
     evaluator: Any = None  # trainer.evaluate.Evaluator when eval.sources are given
     snapshots: snapshot.Snapshotter | None = None  # in-memory snapshots (in-place runs)
+    profiler: StepProfiler | None = None  # train.profile_steps' traces
 
 
 @dataclass(frozen=True)
@@ -299,13 +302,19 @@ def _train(
 ) -> int:
     """Steps ``start + 1`` to ``train.steps``, or to the step after everyone learnt of a SIGTERM;
     each step is dispatched before the one in flight is finished. The last step saved."""
-    cfg, preemption, writer = inc.cfg, inc.preemption, inc.writer
+    cfg, preemption, writer, profiler = inc.cfg, inc.preemption, inc.writer, inc.profiler
     pending: Pending | None = None
     last_done, stop, n = time.perf_counter(), False, start
     for s in range(start, cfg.train.steps):
         n = s + 1
         if n == cfg.train.crash_at_step:
             raise RuntimeError(f"train.crash_at_step={n}: failing on purpose")
+        trace = profiler is not None and profiler.starts(n)
+        if trace and pending is not None:  # the step in flight is not the trace's: finished first
+            done = finish_step(inc, pending, last_done, startup)
+            startup, last_done, stop, pending = {}, done.done_at, stop or done.stop, None
+            writer.write(done.record)
+            _recorded(inc, n - 1, done.record)
         t0 = time.perf_counter()
         batch = next(batches)
         assert batch["step"] == s, (batch["step"], s)
@@ -314,7 +323,10 @@ def _train(
         )
         stop_in = steps.flags[preemption.requested]
         data_s = time.perf_counter() - t0
-        state, dm = steps.train_step(state, tokens, stop_in)
+        if trace:
+            profiler.start(n)  # type: ignore[union-attr]
+        with profiler.step(n) if profiler is not None else contextlib.nullcontext():
+            state, dm = steps.train_step(state, tokens, stop_in)
         if pending is not None:
             done = finish_step(inc, pending, last_done, startup)
             startup, last_done, stop = {}, done.done_at, stop or done.stop
@@ -325,9 +337,12 @@ def _train(
             snap_s = inc.snapshots.take(n, state, inc.meta(n))
         pending = Pending(n, dm, batch, data_s, snap_s)
         evaluate = inc.evaluator is not None and inc.evaluator.due(n)
-        if evaluate or n % cfg.checkpoint.interval == 0 or n == cfg.train.steps or stop:
+        traced = profiler is not None and profiler.ends(n)
+        if evaluate or traced or n % cfg.checkpoint.interval == 0 or n == cfg.train.steps or stop:
             done = finish_step(inc, pending, last_done, startup)  # the step's own time, before the save
             startup, pending, stop = {}, None, stop or done.stop
+            if traced and (where := profiler.stop()) is not None:  # type: ignore[union-attr]
+                print(f"trainer: profile of steps up to {n} written to {where}", flush=True)
             if evaluate:  # the state after step n, read before step n + 1 donates it
                 done.record.update(inc.evaluator(state))
             # A SIGTERM learnt from this very step (an eval step finishes it early): nothing is in
@@ -412,7 +427,7 @@ def run(
         """Nothing for a checkpoint of this run; ConfigError for another's (never resumed)."""
         ckpt.check_compatible(step, saved, chash, ident_dict, gb, sched)
 
-    writer, snapshots = None, None
+    writer, snapshots, profiler = None, None, None
     # What a snapshot in memory must be to stand for a checkpoint of this run (`meta`, and the run).
     expected = {"run_dir": cfg.run_dir, "config_hash": chash, "global_batch": gb, "schedule": sched or None}
     memory = snapshot.Memory(
@@ -514,8 +529,23 @@ def run(
             }
 
             snapshots = memory.snapshotter(start)
+            profiler = (
+                StepProfiler(cfg.train.profile_steps, cfg.run_dir, ident.process_id)
+                if cfg.train.profile_steps
+                else None
+            )
             inc = Incarnation(
-                cfg, preemption, recorder, writer, ckpt, meta, status, timeline, evaluator, snapshots
+                cfg,
+                preemption,
+                recorder,
+                writer,
+                ckpt,
+                meta,
+                status,
+                timeline,
+                evaluator,
+                snapshots,
+                profiler,
             )
             n = _train(inc, steps, state, batches, start, startup)
             with preemption.saving():
@@ -529,6 +559,9 @@ def run(
             print(f"trainer: preempted: step {n} committed, exit {EXIT_PREEMPTED}", flush=True)
             return EXIT_PREEMPTED
     finally:
+        if profiler is not None:  # a trace cut short (a SIGTERM, a failed step): what it has is kept
+            with contextlib.suppress(Exception):
+                profiler.stop()
         if snapshots is not None:  # a failed step (a lost peer): a snapshot in flight of a recorded step
             snapshots.abandon(timeout_s=30.0)
         preemption.restore()
