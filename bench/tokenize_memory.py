@@ -1,12 +1,13 @@
 """``python -m trainer.tokenize``'s peak memory on one large plain-text file (one document).
 
-    python -m bench.tokenize_memory [--mb 40] [--vocab 4096] [--workdir DIR] [--keep]
+    python -m bench.tokenize_memory [--mb 40] [--vocab 4096] [--script PATH] [--workdir DIR] [--keep]
 
 Writes a plain-text file of about ``--mb`` MB (seeded words of 1-12 letters in lines of 1-30 words,
 paragraphs between blank lines), trains a byte-level BPE tokenizer of ``--vocab`` ids on its first
 MB (no downloads), then runs ``python -m trainer.tokenize`` on the file in a child process and
 prints the child's peak resident set (``ru_maxrss`` from ``wait4``), its wall time, and the
-tokens written, as one JSON line. The figures (before and after a change) go in
+tokens written, as one JSON line. ``--script``: run that file instead of the module, e.g. the
+version before a change (``git show main:trainer/tokenize.py > /tmp/old_tokenize.py``). The figures (before and after a change) go in
 docs/measurements.md; run it with ``PYTHONDONTWRITEBYTECODE`` unset, as a user's run would.
 """
 
@@ -70,6 +71,7 @@ def main() -> int:
     )
     parser.add_argument("--mb", type=float, default=40.0, help="size of the text file, MB")
     parser.add_argument("--vocab", type=int, default=4096, help="the tokenizer's vocabulary")
+    parser.add_argument("--script", help="a tokenize.py to run instead of python -m trainer.tokenize")
     parser.add_argument("--workdir", help="where to write (default: a temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the files written")
     args = parser.parse_args()
@@ -83,7 +85,8 @@ def main() -> int:
         shutil.rmtree(out, ignore_errors=True)
         t0 = time.perf_counter()
         proc = subprocess.Popen(
-            [sys.executable, "-m", "trainer.tokenize", "--tokenizer", str(tok), "--out", str(out), str(text)],
+            [sys.executable, *([args.script] if args.script else ["-m", "trainer.tokenize"]),
+             "--tokenizer", str(tok), "--out", str(out), str(text)],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
         # wait4: this child's own peak RSS (getrusage(RUSAGE_CHILDREN) would be the largest of all).

@@ -58,7 +58,7 @@ from trainer.data import token_meta
 
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[SEP]")
 BATCH_DOCS = 512  # documents per encode_batch call
-PIECE_CHARS = 1 << 20  # a plain-text file's pieces, about (characters)
+PIECE_CHARS = 1 << 18  # a plain-text file's pieces, about (characters)
 PIECES_PER_BATCH = 8  # pieces per encode_batch call: the library's threads encode them side by side
 
 
