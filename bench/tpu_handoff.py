@@ -1,10 +1,11 @@
 """What only a TPU host shows in the in-place path: a standby's environment, and the chip handed on.
 
-    python -m bench.tpu_handoff [--handoffs 5] [--steps 3] [--devices 1] [--workdir DIR] [--timeout 900] [--json]
+    python -m bench.tpu_handoff [--handoffs 5] [--steps 3] [--devices 1] [--set KEY=VALUE ...] [--workdir DIR] [--timeout 900] [--json]
 
 Runs the real in-place supervisor (``trainer.elastic.supervisor.supervise_world``) around the real
 trainer (``tiny``), one pod of a one-slice, one-host world published in a file
-(``RESLICE_WORLD_FILE``): a single-process world, so no socket is opened (a TPU host of this kind
+(``RESLICE_WORLD_FILE``; ``--set``: the trainer's overrides, e.g. ``model.dense_layers=2`` for a
+dense model): a single-process world, so no socket is opened (a TPU host of this kind
 may allow none, even on loopback). Two pods, one after the other:
 
 1. **Forked**: standbys off (``RESLICE_STANDBY=0``); the trainer is forked into world 0, trains
@@ -111,7 +112,9 @@ def _pod(record: Path, argv: list[str]) -> int:
 class Pod:
     """One pod's supervisor process (this module with ``--pod``) following `world_file`."""
 
-    def __init__(self, work: Path, name: str, steps: int, standby: bool, chip_wait: float) -> None:
+    def __init__(
+        self, work: Path, name: str, steps: int, standby: bool, chip_wait: float, sets: list[str]
+    ) -> None:
         self.dir = work / name
         self.dir.mkdir(parents=True)
         self.world_file, self.record, self.log = (
@@ -128,7 +131,8 @@ class Pod:
             RESLICE_MEMORY_ROOT=str(self.dir),
         )  # fmt: skip
         argv = ["--config", "tiny", "--set", f"run_dir={self.run_dir}", "--set", f"train.steps={steps}",
-                "--set", "metrics.log_every=1", "--set", "checkpoint.interval=1000"]  # fmt: skip
+                "--set", "metrics.log_every=1", "--set", "checkpoint.interval=1000",
+                *(a for kv in sets for a in ("--set", kv))]  # fmt: skip
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "bench.tpu_handoff", "--pod", str(self.record), "--", *argv],
@@ -234,6 +238,13 @@ def main() -> int:
         "--steps", type=int, default=3, help="steps each trainer trains before the next world"
     )
     parser.add_argument("--devices", type=int, default=1, help="the host's JAX devices (a v5e chip: 1)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a trainer override (tiny's), repeatable",
+    )
     parser.add_argument("--workdir", help="where the pods write (default: a temporary directory, removed)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole benchmark")
     parser.add_argument("--json", action="store_true", help="one JSON object on the last line")
@@ -243,15 +254,15 @@ def main() -> int:
     pods: list[Pod] = []
     try:
         # 1. A trainer forked into its world.
-        forked = Pod(work, "forked", args.steps, standby=False, chip_wait=60)
+        forked = Pod(work, "forked", args.steps, standby=False, chip_wait=60, sets=args.set)
         pods.append(forked)
         forked.publish(0, args.devices)
         if (code := forked.wait(deadline)) != 0:
             raise RuntimeError(f"the forked pod exited {code}:\n{forked.output()[-4000:]}")
         (forked_env,) = forked.envs()
         # 2. Hand-offs between standby-started trainers.
-        total = (args.handoffs + 1) * args.steps + 1000
-        pod = Pod(work, "handoffs", total, standby=True, chip_wait=60)
+        total = 100_000  # never reached: each trainer is ended by the next world
+        pod = Pod(work, "handoffs", total, standby=True, chip_wait=60, sets=args.set)
         pods.append(pod)
         published: dict[int, float] = {}
         for epoch in range(args.handoffs + 1):
