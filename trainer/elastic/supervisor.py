@@ -402,10 +402,6 @@ def supervise_world(
     except world.WorldError as e:
         print(f"trainer: {e}", file=sys.stderr, flush=True)
         return world.EXIT_CONFIG
-    # RAM for the children's snapshots, which outlives each of them (trainer/state/snapshot.py).
-    memory = memdir.make(env, me.slice_id, me.host)
-    if memory is not None:
-        env = {**env, memdir.MEMORY_DIR_ENV: str(memory)}
     follower = _Follower(train, env, me)
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -416,6 +412,10 @@ def supervise_world(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     _adopt_orphans()
+    # RAM for the children's snapshots, which outlives each of them (trainer/state/snapshot.py).
+    memory = memdir.make(env, me.slice_id, me.host)
+    if memory is not None:
+        env = follower.env = {**env, memdir.MEMORY_DIR_ENV: str(memory)}
     if follower.standbys:
         # Before the world source's thread starts: its first connection imports modules lazily
         # (the idna codec for a host name), and a fork while another thread holds a module's import
