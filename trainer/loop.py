@@ -389,6 +389,7 @@ def run(
     if cfg.eval.sources:
         parts += data.eval_sources(cfg.eval.sources, cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
     data.one_tokenizer(parts)  # the evaluation's and the training's of one tokenizer
+    data.warn_unlabelled(parts)
     stages.check_source(cfg)  # a stage's source that is missing or of another shape: exit 2 likewise
     # A SIGTERM while it waits for its peers exits 42 at once (trainer.elastic.watchdog).
     ident = distributed.initialize(env, preemption.joining)

@@ -219,7 +219,8 @@ def test_token_files_without_metadata_are_read_as_configured_with_one_warning(
     for _ in range(2):
         files = data.TokenFiles(str(tmp_path / "old.npy"), "uint16", SEQ, 50000)
         np.testing.assert_array_equal(files[1], tokens[SEQ : 2 * SEQ + 1])
-    assert files.tokenizer is None
+        data.warn_unlabelled([data.Part("old", files, 1.0)])
+    assert files.tokenizer is None and files.unlabelled
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"without {token_meta.FILENAME}" in err and "read as uint16" in err
 

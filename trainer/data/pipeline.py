@@ -283,7 +283,7 @@ class TokenFiles:
     The metadata beside its files (``trainer.data.token_meta``, one per folder) must agree with how
     they are read (`dtype`, `vocab_size`, `eos_id`: -1 for none), and all name one tokenizer
     (``tokenizer``: its sha256), else DataError. Files without any are read as `dtype` says, with
-    one warning per source."""
+    a warning (``warn_unlabelled``)."""
 
     def __init__(self, path: str, dtype: str, seq_len: int, vocab_size: int = 0, eos_id: int = -1):
         self.path = path
@@ -301,14 +301,6 @@ class TokenFiles:
                 f"{path}: its token files were written by {len(shas)} different tokenizers ({token_meta.FILENAME})"
             )
         self.tokenizer: str | None = shas.pop() if shas else None
-        if None in metas.values() and path not in _warned:
-            _warned.add(path)
-            print(
-                f"trainer: warning: {path}: token files without {token_meta.FILENAME} (another writer's, or"
-                f" older): read as {dtype} (data.dtype), unchecked against a tokenizer",
-                file=sys.stderr,
-                flush=True,
-            )
         for name, size in found:
             try:
                 self.files.append(TokenFileSource(name, dtype, seq_len, vocab_size, size))
@@ -319,6 +311,8 @@ class TokenFiles:
             raise DataError(f"{path}: no token file holds one record of {seq_len + 1} tokens")
         self.offsets = np.cumsum([0] + [len(f) for f in self.files])
         self.n = int(self.offsets[-1])
+        self.dtype = dtype
+        self.unlabelled = None in metas.values()  # some of its files have no metadata
 
     def __len__(self) -> int:
         return self.n
@@ -584,6 +578,21 @@ def eval_sources(sources: list[dict[str, Any]], cfg: DataConfig, vocab_size: int
     ]
     one_tokenizer(parts)
     return parts
+
+
+def warn_unlabelled(parts: list[Part]) -> None:
+    """One line on stderr for each source of `parts` with token files without metadata, once per
+    process: read as the config says, unchecked against a tokenizer. The loop calls it once every
+    source opened, so that a bad source's error is the only line."""
+    for p in parts:
+        if getattr(p.source, "unlabelled", False) and p.source.path not in _warned:
+            _warned.add(p.source.path)
+            print(
+                f"trainer: warning: {p.source.path}: token files without {token_meta.FILENAME} (another"
+                f" writer's, or older): read as {p.source.dtype} (data.dtype), unchecked against a tokenizer",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def one_tokenizer(parts: list[Part]) -> None:
