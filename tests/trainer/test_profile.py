@@ -65,3 +65,8 @@ def test_bad_profile_steps_are_config_errors(value: str, message: str) -> None:
 def test_windows_are_the_runs_of_consecutive_steps() -> None:
     assert profile.windows([9, 5, 6, 7, 12]) == [(5, 7), (9, 9), (12, 12)]
     assert profile.windows([]) == []
+    # An incarnation that resumed inside a window traces the window's rest.
+    p = profile.StepProfiler([5, 6, 7], "/unused", 0)
+    assert [n for n in range(1, 10) if p.starts(n)] == [5, 6, 7]
+    p.active = (6, 7)  # as start(6) sets it, without a trace
+    assert not p.starts(7) and p.ends(7) and not p.ends(6)

@@ -6,7 +6,8 @@ from 1) is one trace, of every process, under
 ``<host>.xplane.pb`` (TensorBoard's and XProf's profile plugin read it) and ``<host>.trace.json.gz``
 and ``perfetto_trace.json.gz`` (Perfetto's UI opens them). Each step's dispatch is annotated
 (``jax.profiler.StepTraceAnnotation("train", step_num=n)``), so the profile plugin splits the trace
-by step. A gs:// run directory gets the files copied in after the trace ends (the profiler writes
+by step. An incarnation that resumed inside a run of steps traces the rest of it
+(``steps-<its first>-<last>``). A gs:// run directory gets the files copied in after the trace ends (the profiler writes
 local files).
 
 The loop (``trainer.loop._train``) runs the traced steps without its usual one-step lead: it
@@ -50,15 +51,17 @@ class StepProfiler:
         self._local: Path | None = None
 
     def starts(self, n: int) -> bool:
-        """Whether step `n` is the first of a trace."""
-        return any(first == n for first, _ in self.windows)
+        """Whether step `n` begins a trace: the first of a window, or one inside it that an
+        incarnation resumed at (the window's rest is traced then)."""
+        return self.active is None and any(first <= n <= last for first, last in self.windows)
 
     def ends(self, n: int) -> bool:
         """Whether step `n` is the last of the trace that runs."""
         return self.active is not None and self.active[1] == n
 
     def start(self, n: int) -> None:
-        first, last = next(w for w in self.windows if w[0] == n)
+        last = next(last for first, last in self.windows if first <= n <= last)
+        first = n
         self.active = (first, last)
         target = self.root / f"steps-{first}-{last}"
         if self.remote:
