@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.fake_gcs import FakeGCS
 from tests.trainer import runs
 from trainer import config
 from trainer.config import ConfigError
@@ -70,3 +73,23 @@ def test_windows_are_the_runs_of_consecutive_steps() -> None:
     assert [n for n in range(1, 10) if p.starts(n)] == [5, 6, 7]
     p.active = (6, 7)  # as start(6) sets it, without a trace
     assert not p.starts(7) and p.ends(7) and not p.ends(6)
+
+
+def test_a_gs_run_directory_gets_the_trace_copied_in(gcs: FakeGCS) -> None:
+    script = """
+import jax, jax.numpy as jnp
+from trainer.telemetry.profile import StepProfiler
+p, f = StepProfiler([1], "gs://reslice/prof", 0), jax.jit(lambda x: x * 2)
+p.start(1)
+with p.step(1):
+    f(jnp.ones(4)).block_until_ready()
+print(p.stop())
+"""
+    env = {**gcs.env, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(runs.ROOT), "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "gs://reslice/prof/profile/process-0/steps-1-1"
+    names = gcs.list_objects("reslice", "prof/profile/process-0/steps-1-1/plugins/profile/")
+    assert any(n.endswith(".xplane.pb") for n in names) and any(
+        n.endswith(".trace.json.gz") for n in names
+    ), names
