@@ -246,3 +246,27 @@ def test_the_trainer_refuses_a_source_whose_metadata_disagrees_exit_2_nothing_wr
         and "set data.dtype=uint32" in lines[0]
     )
     assert not run_dir.exists() or not any(run_dir.iterdir())
+
+
+def test_gcs_token_files_metadata_is_read_and_checked(tmp_path: Path, gcs: FakeGCS) -> None:
+    labelled(tmp_path / "web", "uint32")
+    for name in ("part-00000.npy", token_meta.FILENAME):
+        gcs.write_object("reslice", f"web/{name}", (tmp_path / "web" / name).read_bytes())
+    script = """
+import json
+from trainer.data import pipeline as data
+from trainer.config import ConfigError
+ok = data.TokenFiles("gs://reslice/web/*", "uint32", 32, 50000)
+try:
+    data.TokenFiles("gs://reslice/web", "uint16", 32, 50000)
+    refused = ""
+except ConfigError as e:
+    refused = str(e)
+print(json.dumps([[f.path for f in ok.files], ok.tokenizer, refused]))
+"""
+    env = {**gcs.env, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    files, tokenizer, refused = json.loads(out.stdout.strip().splitlines()[-1])
+    assert files == ["gs://reslice/web/part-00000.npy"] and tokenizer == "a" * 64
+    assert "token files gs://reslice/web (reslice-tokens.json): its token ids are uint32" in refused

@@ -202,12 +202,9 @@ def test_a_plain_text_file_is_streamed_in_pieces_with_the_ids_of_the_whole(
     monkeypatch.setattr(tokenize_module, "PIECE_CHARS", 500)
     monkeypatch.setattr(Tokenizer, "encode_batch", counting)
     out = tmp_path / "tokens"
-    assert (
-        tokenize_module.main(
-            ["--tokenizer", str(tokenizer_file), "--out", str(out), str(tmp_path / "book.txt")]
-        )
-        == 0
-    )
+    argv = ["--tokenizer", str(tokenizer_file), "--tokenizer-name", "tiny-bpe", "--out", str(out)]
+    assert tokenize_module.main([*argv, str(tmp_path / "book.txt")]) == 0
+    assert json.loads((out / token_meta.FILENAME).read_text())["tokenizer"]["name"] == "tiny-bpe"
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["documents"] == 1
     # In pieces: none over 4 pieces' length, none the whole text.
