@@ -124,8 +124,10 @@ class Pod:
         )
         self.run_dir = self.dir / "run"
         env = {k: v for k, v in _host_env(dict(os.environ)).items() if not k.startswith("RESLICE_")}
+        # Added to, not replaced: a TPU host's JAX may be importable through PYTHONPATH alone.
+        path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
         env.update(
-            PYTHONPATH=str(ROOT), RESLICE_RUN=RUN, RESLICE_RESTART_MODE="in-place", RESLICE_SLICE_ID="a",
+            PYTHONPATH=path, RESLICE_RUN=RUN, RESLICE_RESTART_MODE="in-place", RESLICE_SLICE_ID="a",
             JOB_COMPLETION_INDEX="0", RESLICE_WORLD_FILE=str(self.world_file),
             RESLICE_STANDBY="1" if standby else "0", RESLICE_CHIP_WAIT_S=str(chip_wait),
             RESLICE_MEMORY_ROOT=str(self.dir),
