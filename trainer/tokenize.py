@@ -23,8 +23,8 @@ file, one document however large, is read in pieces of about PIECE_CHARS charact
 a line break stands between two characters that are not white space (else before a single space
 between two such characters), encoded on its own, and its ids written in order: the byte-level
 BPE pre-tokenizers (GPT-2's, GPT-NeoX's, cl100k's and dolma2's patterns) never join text across such
-a cut, so the ids are those of the whole text, in bounded memory (docs/measurements.md: a 40 MB
-file took 5 GB encoded whole). A tokenizer that treats the start of a string specially (a
+a cut, so the ids are those of the whole text, in bounded memory (encoded whole, the library's
+memory grows with the text: docs/measurements.md). A tokenizer that treats the start of a string specially (a
 SentencePiece ``Metaspace`` prefix) may differ at the cuts. The summary (files, documents, tokens,
 dtype, EOS id) is one JSON line on stdout; set ``data.eos_id`` to its ``eos_id``.
 
