@@ -24,9 +24,9 @@ a line break stands between two characters that are not white space (else before
 between two such characters), encoded on its own, and its ids written in order: the byte-level
 BPE pre-tokenizers (GPT-2's, GPT-NeoX's, cl100k's and dolma2's patterns) never join text across such
 a cut, so the ids are those of the whole text, in bounded memory (encoded whole, the library's
-memory grows with the text: docs/measurements.md). A tokenizer that treats the start of a string specially (a
-SentencePiece ``Metaspace`` prefix) may differ at the cuts. The summary (files, documents, tokens,
-dtype, EOS id) is one JSON line on stdout; set ``data.eos_id`` to its ``eos_id``.
+memory grows with the text: docs/measurements.md). A tokenizer that treats the start of a string
+specially (a SentencePiece ``Metaspace`` prefix) may differ at the cuts. The summary (files,
+documents, tokens, dtype, EOS id) is one JSON line on stdout; set ``data.eos_id`` to its ``eos_id``.
 
 Bad input (a missing input, a tokenizer file that does not load, an EOS token the vocabulary lacks,
 an output directory that is a file or not empty, a line that is not JSON or lacks the field, inputs
