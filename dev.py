@@ -181,7 +181,7 @@ def demo(args: list[str]) -> None:
 
 def _podman_demo(args: list[str]) -> bool:
     """Whether the demo's arguments ask for the podman runtime (`--runtime podman` or `--runtime=podman`)."""
-    pairs = zip(args, [*args[1:], ""], strict=True)
+    pairs = zip(args, args[1:])
     return "--runtime=podman" in args or any(a == "--runtime" and b == "podman" for a, b in pairs)
 
 

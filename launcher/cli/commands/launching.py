@@ -307,10 +307,20 @@ def demo(
             "(`python3.11 dev.py images`) with podman.",
         ),
     ] = PodRuntime.PROCESS,
+    restart_mode: Annotated[
+        str,
+        typer.Option(
+            "--restart-mode",
+            help="in-place: the surviving slice keeps its pods, the state from memory and peers; "
+            "recreate: a new JobSet per shape, the state from storage.",
+        ),
+    ] = ReshapeMode.IN_PLACE,
 ) -> None:
     """The elastic demo on the embedded cluster: 2 slices of tpu7x-2x2x2, lose 1, resume on 1, grow back."""
     if runtime not in tuple(PodRuntime):
         raise UserError(f"--runtime must be {' or '.join(PodRuntime)}, got {runtime!r}")
+    if restart_mode not in tuple(ReshapeMode):
+        raise UserError(f"--restart-mode must be {' or '.join(ReshapeMode)}, got {restart_mode!r}")
     from launcher.cli.demo import run_demo
 
     inputs.directory("--workdir", workdir)
@@ -318,7 +328,7 @@ def demo(
         raise UserError(
             "--steps must be between 25 and 100000 (capacity goes at step 5; the run must outlive the regrowth)"
         )
-    if run_demo(workdir, steps, console, runtime) != RunState.FINISHED:
+    if run_demo(workdir, steps, console, runtime, restart_mode) != RunState.FINISHED:
         raise typer.Exit(1)
 
 
