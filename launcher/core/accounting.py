@@ -285,16 +285,32 @@ def restored_from(rows: list[dict]) -> RestoredFrom | None:
     return None
 
 
+def handoff(submitted: float, rows: list[tuple[int, dict]]) -> float:
+    """Where a segment ends and the next begins: the next one's submission, or, in place, where the
+    old world's last step (and its save) ended, if later: the surviving trainers train on until the
+    new world's take over, and those steps are the old segment's."""
+    if not rows:
+        return submitted
+    last = rows[-1][1]
+    done = last.get("time", submitted) + (last.get(SAVE_TIME) or 0.0) + (last.get(EVAL_TIME) or 0.0)
+    return max(submitted, done)
+
+
 def build_report(rec: RunRecord, metrics: list[dict], ledger: list[dict], now: float) -> RunReport:
     end = rec.finished_at or now
     kept, ordered = kept_computations(metrics)
     waits = waiting_intervals(ledger, end)
     segments = []
     total = Badput()
+    rows_of = {
+        seg.index: [(j, m) for j, m in enumerate(ordered) if m.get("segment") == seg.index]
+        for seg in rec.segments
+    }
+    start = rec.created_at
     for i, seg in enumerate(rec.segments):
-        start = rec.created_at if i == 0 else seg.submitted_at
-        stop = rec.segments[i + 1].submitted_at if i + 1 < len(rec.segments) else end
-        rows = [(j, m) for j, m in enumerate(ordered) if m.get("segment") == seg.index]
+        rows = rows_of[seg.index]
+        stop = end if i + 1 == len(rec.segments) else handoff(rec.segments[i + 1].submitted_at, rows)
+        start = rec.created_at if i == 0 else min(start, stop)
         b = segment_badput(rows, kept, ledger, seg.index, start, stop)
         b.waiting_for_capacity = min(_overlap(waits, start, stop), b.scheduling)
         steps = [m["step"] for _, m in rows]
@@ -318,6 +334,7 @@ def build_report(rec: RunRecord, metrics: list[dict], ledger: list[dict], now: f
             )
         )
         total.add(b)
+        start = stop
     total.wall = max(0.0, end - rec.created_at)
     restarts = {
         "preemption": rec.preemptions(),
