@@ -36,7 +36,7 @@ new process of wall and CPU seconds (the line each trainer process prints, train
 
 The new trainer processes use most of the machine's cores from the fault to the first step, so
 the total follows the machine's speed: the reference loop's time is printed beside it. Figures:
-README.md and docs/measurements.md. The first shrink of a run loads or compiles the one-slice train step
+docs/measurements.md. The first shrink of a run loads or compiles the one-slice train step
 for the first time.
 """
 

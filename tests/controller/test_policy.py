@@ -1,5 +1,5 @@
 """Table-driven: (record, observation) -> decision, one case per rule of the controller's policy
-(README "What the controller does", docs/design.md "Policy"). The shape of jobset's
+(docs/design.md "What the controller does" and "Policy"). The shape of jobset's
 pkg/controllers/failure_policy_test.go: a list of cases, each a name, the run record, the
 observation, and the decision expected; one test runs them all."""
 
