@@ -20,10 +20,14 @@ from launcher.core.words import Action, EndKind, RunState, TrainerState
 
 @dataclass(frozen=True)
 class Decision:
+    """One pass's decision: the action, its reason, the record to write, and every object to act on,
+    so that the controller acts on it alone (Controller._act), whatever the run's restart mode: a
+    recreate decision names its segment's one JobSet (`jobset`), an in-place one its slices'."""
+
     action: Action
     reason: str
     record: RunRecord  # the record to write (compare-and-swap) before acting
-    jobset: str | None = None  # JobSet to create or delete
+    jobset: str | None = None  # recreate: the segment's JobSet to create or delete
     # Delete the segment's pods with a zero grace period: its hosts are gone, so its survivors'
     # collectives can never finish a step and the SIGTERM save has nothing to write.
     force: bool = False
