@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from launcher.core.record import RunRecord
-from launcher.core.words import EndKind, LedgerKind, RestoredFrom, RunState
+from launcher.core.words import EndKind, LedgerKind, RunState, StateSource
 
 LOSS = "learning/loss"
 STEP_TIME = "perf/step_time_seconds"
@@ -113,7 +113,7 @@ class SegmentReport:
     badput: Badput = field(default_factory=Badput)
     # Where the segment's first trainer incarnation got its state (its first record's
     # `restore/from`); None: the run's first segment, or a trainer that does not say.
-    restored_from: RestoredFrom | None = None
+    restored_from: StateSource | None = None
 
 
 @dataclass
@@ -274,12 +274,12 @@ def segment_badput(
     return b
 
 
-def restored_from(rows: list[dict]) -> RestoredFrom | None:
+def restored_from(rows: list[dict]) -> StateSource | None:
     """The `restore/from` of the earliest record that has one (each incarnation's first record)."""
     for m in rows:
         if "restore/from" in m:
             try:
-                return RestoredFrom(m["restore/from"]) if m["restore/from"] else None
+                return StateSource(m["restore/from"]) if m["restore/from"] else None
             except ValueError:
                 return None
     return None

@@ -166,7 +166,7 @@ def ladder_table(shape: Shape, global_batch: int, rungs: Iterable[Rung]) -> Tabl
         s = r.shape
         cells = [s.preset.name, str(s.slices), str(s.chips), str(s.hosts), str(s.devices)]
         if isinstance(r.plan, Plan):
-            mem = f"~{r.memory['total'] / 2**30:.1f} GiB/device" if r.memory else ""
+            mem = f"~{r.hbm['total'] / 2**30:.1f} GiB/device" if r.hbm else ""
             table.add_row(*cells, str(r.plan.dp_ranks), str(r.plan.micro_batch), str(r.plan.grad_accum), mem)
         else:
             table.add_row(*cells, "-", "-", "-", f"[dim]{r.plan.reason}[/dim]")

@@ -9,7 +9,7 @@ from launcher.core.accounting import CATEGORIES, build_report, waiting_intervals
 from launcher.core.plan import Plan
 from launcher.core.record import RunRecord, new_segment
 from launcher.core.spec import RunSpec
-from launcher.core.words import RestoredFrom, RunState
+from launcher.core.words import RunState, StateSource
 from launcher.report.plots import plot_loss, plot_timeline
 
 T0 = 1000.0
@@ -233,7 +233,7 @@ def test_each_segment_says_where_its_state_came_from():
     first.update({"restore/from": None, "restore/step": 0})
     later[0].update({"restore/from": "memory", "restore/step": 2})
     segments = build_report(rec, metrics, ledger, T0 + 60).as_dict()["segments"]
-    assert [s["restored_from"] for s in segments] == [None, RestoredFrom.MEMORY]
+    assert [s["restored_from"] for s in segments] == [None, StateSource.MEMORY]
     assert [s["recomputed_steps"] for s in segments] == [2, 0]
     later[0]["restore/from"] = "tape"  # not a source this launcher knows
     assert build_report(rec, metrics, ledger, T0 + 60).segments[1].restored_from is None

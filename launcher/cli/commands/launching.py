@@ -47,10 +47,11 @@ from launcher.cli.spec_options import check_run_options, for_cluster, run_spec, 
 from launcher.cli.watch import watch_all, watch_run
 from launcher.core import inputs
 from launcher.core.errors import UserError
+from launcher.core.policy import rules_for
 from launcher.core.record import Knobs
 from launcher.core.render import render_jobset
 from launcher.core.spec import DEFAULT_COORDINATOR_PORT, RunSpec, restart_mode_error
-from launcher.core.words import PodRuntime, ReshapeMode, RunState, TrainerProfile
+from launcher.core.words import PodRuntime, RestartMode, RunState, TrainerProfile
 
 
 def finish(kube, run: str, state: str) -> None:
@@ -128,13 +129,13 @@ def launch(
     inputs.run_dir("--run-dir", run_dir or f"runs/{run}")
     shape = make_shape(preset, slices)
     if (
-        restart_mode == ReshapeMode.IN_PLACE
+        restart_mode == RestartMode.IN_PLACE
         and shape.slices == 1
         and not restart_mode_error(restart_mode, trainer)
     ):
         # Its ladder never has more slices than asked: on one slice nothing survives a shape change.
         console.print("one slice: no slice survives a shape change to keep its pods; restarting by recreate")
-        restart_mode = ReshapeMode.RECREATE
+        restart_mode = RestartMode.RECREATE
     local = run_dir is None or not run_dir.startswith("gs://")
     directory = str(Path(run_dir or f"runs/{run}").resolve()) if local else run_dir
     knobs = Knobs(
@@ -165,7 +166,7 @@ def launch(
         )
     conn = connect(kubeconfig, namespace, start_embedded=f"{shape.preset.name}:{shape.slices}")
     spec = for_cluster(spec, conn.embedded, grace_period)
-    if conn.embedded and spec.restart_mode == ReshapeMode.IN_PLACE:
+    if conn.embedded and rules_for(spec).WORLD:
         # Its kubelets mount no service account: the pods read their world at its API server.
         spec = replace(spec, world_api=conn.kube.api_client.configuration.host)
     if checks:
