@@ -35,7 +35,7 @@ from launcher.core.errors import ClusterNotReady
 from launcher.core.labels import LABEL_RUN, LABEL_SLICE
 from launcher.core.record import Knobs
 from launcher.core.spec import RunSpec
-from launcher.core.words import PodRuntime, ReshapeMode
+from launcher.core.words import PodRuntime, RestartMode
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec, runtime_unavailable
 from launcher.report.io import summarize
 
@@ -67,7 +67,7 @@ def fault_script(cluster: EmbeddedCluster, kube: Kube, run: str, console: Consol
     see, however fast this machine is."""
     rec = kube.get_record(run)[0]
     rundir = RunDir(rec.spec.run_dir)
-    in_place = rec.spec.restart_mode == ReshapeMode.IN_PLACE
+    in_place = rec.spec.restart_mode == RestartMode.IN_PLACE
 
     def reached() -> bool:
         if in_place:
@@ -134,7 +134,7 @@ def run_demo(
     steps: int = DEFAULT_STEPS,
     console: Console | None = None,
     runtime: str = PodRuntime.PROCESS,
-    restart_mode: str = ReshapeMode.IN_PLACE,
+    restart_mode: str = RestartMode.IN_PLACE,
 ) -> str:
     console = console or Console()
     if why := runtime_unavailable(runtime, RunSpec.image):
@@ -146,7 +146,7 @@ def run_demo(
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
     workdir.mkdir(parents=True, exist_ok=True)
     run = f"demo-{time.strftime('%H%M%S')}"
-    in_place = restart_mode == ReshapeMode.IN_PLACE
+    in_place = restart_mode == RestartMode.IN_PLACE
     interval = IN_PLACE_INTERVAL if in_place else INTERVAL
     spec = RunSpec(
         run=run,

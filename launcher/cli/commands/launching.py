@@ -315,13 +315,13 @@ def demo(
             help="in-place: the surviving slice keeps its pods, the state from memory and peers; "
             "recreate: a new JobSet per shape, the state from storage.",
         ),
-    ] = ReshapeMode.IN_PLACE,
+    ] = RestartMode.IN_PLACE,
 ) -> None:
     """The elastic demo on the embedded cluster: 2 slices of tpu7x-2x2x2, lose 1, resume on 1, grow back."""
     if runtime not in tuple(PodRuntime):
         raise UserError(f"--runtime must be {' or '.join(PodRuntime)}, got {runtime!r}")
-    if restart_mode not in tuple(ReshapeMode):
-        raise UserError(f"--restart-mode must be {' or '.join(ReshapeMode)}, got {restart_mode!r}")
+    if restart_mode not in tuple(RestartMode):
+        raise UserError(f"--restart-mode must be {' or '.join(RestartMode)}, got {restart_mode!r}")
     from launcher.cli.demo import run_demo
 
     inputs.directory("--workdir", workdir)

@@ -2,7 +2,7 @@
 shape change ends it and starts the next, every pod recreated. Called through the package's `decide`
 (launcher/core/policy/__init__.py), which runs RULES in this order, one function each; the first that
 returns a Decision is the pass's (as jobset's executeFailurePolicy walks its rules,
-kubernetes-sigs/jobset pkg/controllers/failure_policy.go). README "What the controller does" numbers
+kubernetes-sigs/jobset pkg/controllers/failure_policy.go). docs/design.md "What the controller does" numbers
 them the same way.
 
 1. Finished (shared.finished): when the trainer reports the final step, the run is finished,
