@@ -19,6 +19,7 @@ builds the images (`dev.py images`, cached) when it runs tests/images (the whole
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import shutil
 import subprocess
@@ -181,8 +182,7 @@ def demo(args: list[str]) -> None:
 
 def _podman_demo(args: list[str]) -> bool:
     """Whether the demo's arguments ask for the podman runtime (`--runtime podman` or `--runtime=podman`)."""
-    pairs = zip(args, [*args[1:], ""], strict=True)
-    return "--runtime=podman" in args or any(a == "--runtime" and b == "podman" for a, b in pairs)
+    return "--runtime=podman" in args or ("--runtime", "podman") in itertools.pairwise(args)
 
 
 def bench(args: list[str]) -> None:

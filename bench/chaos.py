@@ -47,7 +47,7 @@ from rich.table import Table
 from launcher.core.errors import UserError
 from launcher.core.labels import LABEL_RUN
 from launcher.core.record import Knobs
-from launcher.core.words import ReshapeMode, RunState
+from launcher.core.words import PodPhase, RestartMode, RunState
 from tests.controller.harness import (
     GLOBAL_BATCH,
     MULTI_HOST,
@@ -215,7 +215,7 @@ class Chaos:
             pods = [
                 p
                 for p in self.h.run_pods(RUN)
-                if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+                if p["status"].get("phase") == PodPhase.RUNNING and not p["metadata"].get("deletionTimestamp")
             ]
             return self.rng.choice(sorted(pods, key=lambda p: p["metadata"]["name"])) if pods else None
 
@@ -290,7 +290,7 @@ def run_seed(
     reference: dict,
     tmp: Path,
     shape: str,
-    restart_mode: str = ReshapeMode.RECREATE,
+    restart_mode: str = RestartMode.RECREATE,
     keep: Path | None = None,
 ) -> dict:
     preset, slices, batch = SHAPES[shape]
@@ -350,7 +350,7 @@ def run_seed(
         "segments": segment_problems(segs),
         **(
             {"one JobSet": overlap_problems(events)}
-            if restart_mode == ReshapeMode.RECREATE
+            if restart_mode == RestartMode.RECREATE
             else {
                 "a JobSet per slice": slice_jobset_problems(events, slices),
                 "one world": world_overlap_problems(metrics),
@@ -408,7 +408,7 @@ def main() -> None:
         "--keep", type=Path, metavar="DIR", help="what a seed that did not hold leaves, in DIR/seed-N"
     )
     args = ap.parse_args()
-    if args.restart_mode == ReshapeMode.IN_PLACE and SHAPES[args.shape][1] == 1:
+    if args.restart_mode == RestartMode.IN_PLACE and SHAPES[args.shape][1] == 1:
         ap.error("--restart-mode in-place needs a shape of several slices (--shape elastic)")
     console = Console(width=140)
     results = []

@@ -56,6 +56,7 @@ from launcher.controller.loop import Controller
 from launcher.core.labels import LABEL_RUN
 from launcher.core.record import Knobs
 from launcher.core.spec import RunSpec
+from launcher.core.words import Action, LedgerKind, PodPhase
 from tests.support.wait import wait_for
 
 
@@ -116,7 +117,7 @@ def timed_passes(probe: Controller, run: str) -> dict[str, float]:
 
 
 def running(kube: Kube, run: str) -> int:
-    return sum(p["status"].get("phase") == "Running" for p in kube.pods(f"{LABEL_RUN}={run}"))
+    return sum(p["status"].get("phase") == PodPhase.RUNNING for p in kube.pods(f"{LABEL_RUN}={run}"))
 
 
 def phase(cluster, kube: Kube, tmp: Path, run: str, args) -> dict:
@@ -138,7 +139,7 @@ def phase(cluster, kube: Kube, tmp: Path, run: str, args) -> dict:
     try:
         ledger = lambda: RunDir(spec.run_dir).ledger()  # noqa: E731
         # Its caches are synced once its first pass has written an observation.
-        wait_for(lambda: any(e.get("kind") == "observe" and e["controller"] != first.identity for e in ledger()),
+        wait_for(lambda: any(e.get("kind") == LedgerKind.OBSERVE and e["controller"] != first.identity for e in ledger()),
              300, "the controller's first pass")  # fmt: skip
 
         probe, halt = Controller(kube, own_process=True), threading.Event()
@@ -173,7 +174,7 @@ def phase(cluster, kube: Kube, tmp: Path, run: str, args) -> dict:
         cluster.remove(pool)
 
         def ends() -> list[dict]:
-            return [e for e in ledger() if e.get("action") == "end-segment" and e["time"] >= t_fault]
+            return [e for e in ledger() if e.get("action") == Action.END and e["time"] >= t_fault]
 
         wait_for(ends, 120, "the shrink decision", interval=0.05)
         end = ends()[0]

@@ -29,6 +29,7 @@ from kubernetes import client, watch
 from launcher.adapters.preset_files import make_shape
 from launcher.core.render import render_jobset
 from launcher.core.spec import RunSpec
+from launcher.core.words import PodPhase
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 
 
@@ -113,7 +114,7 @@ def _run(cluster: EmbeddedCluster, args: argparse.Namespace, t_nodes: float, rss
             created.add(uid)
             if obj["spec"].get("nodeName"):
                 bound.add(uid)
-            if (obj.get("status") or {}).get("phase") == "Running":
+            if (obj.get("status") or {}).get("phase") == PodPhase.RUNNING:
                 running.add(uid)
         elif r.plural == "jobsets":
             rjs = (obj.get("status") or {}).get("replicatedJobsStatus") or [{}]

@@ -36,7 +36,7 @@ new process of wall and CPU seconds (the line each trainer process prints, train
 
 The new trainer processes use most of the machine's cores from the fault to the first step, so
 the total follows the machine's speed: the reference loop's time is printed beside it. Figures:
-README.md and docs/measurements.md. The first shrink of a run loads or compiles the one-slice train step
+docs/measurements.md. The first shrink of a run loads or compiles the one-slice train step
 for the first time.
 """
 
@@ -58,6 +58,7 @@ from bench import machine
 from launcher.adapters.rundir import RunDir, read_jsonl
 from launcher.controller.launch import stop_run
 from launcher.core.record import Knobs
+from launcher.core.words import Action, LedgerKind, Phase, RestartMode
 from tests.controller.harness import MULTI_HOST, MULTI_HOST_BATCH, Harness, wait_for
 from trainer.telemetry.startup import parse_report
 
@@ -107,12 +108,15 @@ def breakdown(
     observed = first(
         ledger,
         fault_t,
-        lambda e: e.get("kind") == "observe" and (e.get("lost_nodepools") or e.get("phase") != "running"),
+        lambda e: (
+            e.get("kind") == LedgerKind.OBSERVE
+            and (e.get("lost_nodepools") or e.get("phase") != Phase.RUNNING)
+        ),
     )
-    decided = first(ledger, fault_t, lambda e: e.get("action") == "end-segment")
-    gone = first(ledger, decided, lambda e: e.get("kind") == "observe" and e.get("pods_alive") == 0)
+    decided = first(ledger, fault_t, lambda e: e.get("action") == Action.END)
+    gone = first(ledger, decided, lambda e: e.get("kind") == LedgerKind.OBSERVE and e.get("pods_alive") == 0)
     submitted = first(
-        ledger, decided, lambda e: e.get("action") == "start-segment" and e.get("segment") == segment
+        ledger, decided, lambda e: e.get("action") == Action.START_SEGMENT and e.get("segment") == segment
     )
     first_rec = min((m for m in metrics if m["segment"] == segment), key=lambda m: m["time"])
     step = first_rec["time"]
@@ -198,7 +202,9 @@ def inplace_breakdown(
     saw it -> the old trainers ended (after SIGKILL when the world says a slice's hosts are gone,
     else SIGTERM and the save) -> the new trainers' start-up (from a standby) -> first step."""
     ledger = sorted(ledger, key=lambda e: e["time"])
-    decided = first(ledger, fault_t, lambda e: e.get("action") == "new-world" and e.get("segment") == segment)
+    decided = first(
+        ledger, fault_t, lambda e: e.get("action") == Action.NEW_WORLD and e.get("segment") == segment
+    )
     first_rec = min((m for m in metrics if m["segment"] == segment), key=lambda m: m["time"])
     step = first_rec["time"]
     mine = [w for w in worlds if w["epoch"] == segment]
@@ -256,13 +262,13 @@ def run_mode(mode: str, cycles: int, console: Console) -> tuple[list[dict], dict
             stop_run(h.kube, "bench")
             rec, ledger, metrics = h.record("bench"), h.rundir("bench").ledger(), h.rundir("bench").metrics()
             log_dir = h.cluster.kubelet.runtime.log_dir
-            if mode == "recreate":
+            if mode == RestartMode.RECREATE:
                 reports = {s: startup_reports(log_dir, "bench", s) for _, s in rows}
             else:
                 every, worlds = inplace_logs(log_dir, "bench")
         finally:
             h.close()
-    if mode == "recreate":
+    if mode == RestartMode.RECREATE:
         return [breakdown(ledger, metrics, rec, t, s, reports[s]) for t, s in rows], reports
     # The start-up reports of each shrink's new trainers: started from the fault to its first step.
     steps = {s: min(m["time"] for m in metrics if m["segment"] == s) for _, s in rows}
@@ -314,10 +320,10 @@ def main() -> None:
         if reports:
             console.print(phase_table(reports, mode))
         medians[mode] = statistics.median(r["total"] for r in results)
-        if mode == "in-place":
+        if mode == RestartMode.IN_PLACE:
             handoff = statistics.median(r["to hand-off"] for r in results)
             startup = statistics.median(r["start-up"] for r in results)
-        if mode == "recreate":
+        if mode == RestartMode.RECREATE:
             owned = statistics.median(r["controller-owned"] for r in results)
             console.print(f"recreate: controller-owned median {owned:.2f} s (goal <= 1 s)")
     words = "; ".join(f"{m}: fault -> first step median {v:.2f} s" for m, v in medians.items())

@@ -49,6 +49,7 @@ from launcher.controller.loop import Controller
 from launcher.core.labels import LABEL_RUN, world_configmap_name
 from launcher.core.record import Knobs
 from launcher.core.spec import RunSpec
+from launcher.core.words import LedgerKind, PodPhase, RestartMode
 from tests.support.wait import wait_for
 from trainer.elastic import world_source
 
@@ -91,7 +92,7 @@ def run_pods(kube: Kube, run: str) -> dict[str, dict]:
 
 def running(pods: dict[str, dict]) -> int:
     return sum(
-        p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        p["status"].get("phase") == PodPhase.RUNNING and not p["metadata"].get("deletionTimestamp")
         for p in pods.values()
     )
 
@@ -101,7 +102,7 @@ def phase(cluster: ClusterProcess, kube: Kube, tmp: Path, mode: str, args) -> di
     shape = make_shape(args.preset, args.slices)
     spec = RunSpec(
         run=run, run_dir=str(tmp / run), global_batch=shape.devices * 12, grace_period_s=1, restart_mode=mode,
-        world_api=cluster.url if mode == "in-place" else None,
+        world_api=cluster.url if mode == RestartMode.IN_PLACE else None,
     )  # fmt: skip
     rec, _ = prepare(spec, args.preset, args.slices, Knobs(unschedulable_grace_s=5, grow=False))
     create_run(kube, rec)
@@ -113,7 +114,7 @@ def phase(cluster: ClusterProcess, kube: Kube, tmp: Path, mode: str, args) -> di
     cluster.freeze()
     watchers = (
         Watchers(cluster.url, kube.namespace, world_configmap_name(run), args.watchers)
-        if mode == "in-place"
+        if mode == RestartMode.IN_PLACE
         else None
     )
     if watchers:
@@ -124,7 +125,7 @@ def phase(cluster: ClusterProcess, kube: Kube, tmp: Path, mode: str, args) -> di
     ctl = subprocess.Popen([sys.executable, "-m", "launcher", "watch", run], env=env, stdout=log, stderr=log)
     try:
         ledger = lambda: RunDir(spec.run_dir).ledger()  # noqa: E731
-        wait_for(lambda: any(e.get("kind") == "observe" and e["controller"] != first.identity for e in ledger()),
+        wait_for(lambda: any(e.get("kind") == LedgerKind.OBSERVE and e["controller"] != first.identity for e in ledger()),
                  300, "the controller's first pass")  # fmt: skip
         time.sleep(2.0)
         before = run_pods(kube, run)
@@ -153,7 +154,7 @@ def phase(cluster: ClusterProcess, kube: Kube, tmp: Path, mode: str, args) -> di
         ctl.wait(timeout=30)
         if watchers:
             watchers.stop()
-    act = next(e for e in ledger() if e.get("kind") == "act" and e["time"] >= t_fault)
+    act = next(e for e in ledger() if e.get("kind") == LedgerKind.ACT and e["time"] >= t_fault)
     counted = Counter(
         {
             k: v

@@ -3,7 +3,7 @@ deletes one object under the run directory through the entrypoint's own storage 
 gcsfs for gs://), and says which interpreter would run MaxText. It is what the pod that `reslice
 preflight --trainer maxtext` starts on the target node pools runs, in the MaxText image (which has no
 `trainer` package), and what process 0 does before MaxText starts: host-network pods on GKE write
-gs:// as the node's service account, within the node pool's scopes (README, "What the node pools
+gs:// as the node's service account, within the node pool's scopes (docs/gke.md, "What the node pools
 need to write gs://"), and a run directory nobody can write should stop the run at once, with the
 fix, rather than at MaxText's first checkpoint. The wording of each case follows reslice's trainer
 (`trainer/state/storage.py`), which this package may not import."""

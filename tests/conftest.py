@@ -6,6 +6,7 @@ loaded from disk by every later process instead of recompiled: that is most of w
 end-to-end tests inside the CI budget on two cores.
 """
 
+import json
 import os
 from pathlib import Path
 
@@ -24,39 +25,19 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 MAXTEXT_E2E = ROOT / "tests" / "maxtext_e2e"
 
-# The files that take longest, longest first (by worker-seconds in a run of `dev.py test`'s three
-# workers; --durations prints them). The workers take whole files in this order
-# (`--no-loadscope-reorder`): the long files start first and the many short ones fill in beside
-# them. xdist's default order (most tests first) left these few-test files for the end, where the
-# end-to-end tests' waiting left the cores half idle.
-LONGEST_FIRST = (
-    "tests/controller/test_e2e_inplace.py",  # 338
-    "tests/trainer/test_train.py",  # 136
-    "tests/trainer/test_start_barrier.py",  # 132
-    "tests/trainer/test_inplace_train.py",  # 122
-    "tests/trainer/test_memory_restore.py",  # 108
-    "tests/controller/test_e2e_disruptions.py",  # 107
-    "tests/trainer/test_recipe.py",  # 101
-    "tests/sweep/test_e2e_sweep.py",  # 97
-    "tests/trainer/test_lost_peers.py",  # 84
-    "tests/controller/test_e2e_elastic.py",  # 75
-    "tests/images/test_podman_runtime.py",  # 68
-    "tests/trainer/test_mixture.py",  # 61
-    "tests/trainer/test_sharded.py",  # 60
-    "tests/images/test_maxtext_image.py",  # 54
-    "tests/trainer/test_stages.py",  # 50
-    "tests/controller/test_e2e_takeover.py",  # 44
-    "tests/launcher/test_bad_inputs.py",  # 37
-    "tests/trainer/test_moe.py",  # 33
-    "tests/maxtext/test_e2e_outcomes.py",  # 31
-    "tests/embedded/test_cluster_nodes.py",  # 30
-    "tests/embedded/test_cluster_faults.py",  # 25
-    "tests/controller/test_incluster.py",  # 23
-    "tests/images/test_trainer_image.py",  # 22
-    "tests/trainer/test_step.py",  # 21
-    "tests/embedded/test_upstream_fidelity.py",  # 20
-    "tests/embedded/test_cluster_failure_policy.py",  # 19
-)
+# Worker-seconds per test file in the last whole-suite run that passed, written by that run
+# (pytest_sessionfinish below). The workers take whole files longest first (`--no-loadscope-reorder`):
+# the long files start first and the many short ones fill in beside them; xdist's default order (most
+# tests first) left the few-test end-to-end files for the end, where their waiting left the cores
+# half idle. A new file has no figure yet and runs after the known ones until the next whole run.
+DURATIONS = ROOT / "tests" / "durations.json"
+
+
+def _durations() -> dict[str, float]:
+    try:
+        return {k: float(v) for k, v in json.loads(DURATIONS.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -74,6 +55,27 @@ def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
 
 
 def pytest_collection_modifyitems(config, items: list) -> None:
-    """LONGEST_FIRST's files first, in its order; every other file after them as collected."""
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+    """The files longest first by the last whole run's figures; files without one after them, as
+    collected (the sort is stable)."""
+    seconds = _durations()
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))
+
+
+_spent: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report) -> None:
+    """Every phase of every test, summed by file (under xdist the controller sees every worker's)."""
+    name = report.nodeid.split("::")[0]
+    _spent[name] = _spent.get(name, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """A whole-suite run that passed rewrites DURATIONS (whole seconds, so that it changes only when
+    a file's time does): the order stays current by itself."""
+    config = session.config
+    whole = [Path(a).resolve() for a in config.args] == [ROOT / "tests"]
+    if hasattr(config, "workerinput") or not whole or exitstatus != 0 or not _spent:
+        return
+    ranked = sorted(_spent.items(), key=lambda kv: -kv[1])
+    DURATIONS.write_text(json.dumps({name: round(secs) for name, secs in ranked}, indent=0) + "\n")

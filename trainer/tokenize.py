@@ -33,7 +33,7 @@ an output directory that is a file or not empty, a line that is not JSON or lack
 with no text at all): one line on stderr, exit 2, and nothing left behind: the files are written
 into a temporary directory beside ``OUT`` and renamed into place at the end.
 
-A user runs it (README, docs/contract.md); it imports no JAX.
+A user runs it (docs/recipe.md, docs/contract.md); it imports no JAX.
 """
 
 from __future__ import annotations

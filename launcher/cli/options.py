@@ -79,7 +79,7 @@ ServiceAccountOpt = Annotated[
     typer.Option(
         "--service-account",
         help="Kubernetes ServiceAccount of the trainer pods. Not a Google identity: host-network pods "
-        "write gs:// as the node's service account (README).",
+        "write gs:// as the node's service account (docs/gke.md).",
     ),
 ]
 CoordinatorPortOpt = Annotated[

@@ -21,11 +21,12 @@ from launcher.core import world as worlds
 from launcher.core.errors import ClusterNotReady, UserError
 from launcher.core.labels import slice_jobset_name, world_configmap_name
 from launcher.core.plan import Plan, Rung, shrink_ladder
+from launcher.core.policy import rules_for
 from launcher.core.presets import Catalog, Shape
 from launcher.core.record import Knobs, RunRecord
 from launcher.core.render import name_error, render_world_access, run_name_error, run_name_room
 from launcher.core.spec import RunSpec, check, grace_period, short_notice
-from launcher.core.words import Action, LedgerKind, ReshapeMode, RunState, TrainerProfile, TrainerState
+from launcher.core.words import Action, LedgerKind, RunState, TrainerProfile, TrainerState
 
 
 def check_trainer_config(config: str, overrides: tuple[str, ...]) -> dict:
@@ -83,21 +84,20 @@ def trainer_model_parallel(config: str, overrides: tuple[str, ...], strict: bool
     return model_parallel(resolve_trainer_config(config, overrides, strict), overrides)
 
 
-def ladder_name_error(
-    run: str, ladder: list[Rung], max_segments: int, mode: ReshapeMode = ReshapeMode.RECREATE
-) -> str | None:
-    """Why `run` cannot name a run on `ladder`, or None: the longest JobSet name it may need is its
-    last segment's (`max_segments` - 1) on a feasible rung, and the advice is the tightest rung's, so
-    following it is accepted. In place, every slice's JobSet must fit too: a new slice takes the
-    smallest id not in the world it joins, so the ids stay below twice the slices
-    (core/world.world_slices). `launch` and `render` both ask this, so they state one limit."""
+def ladder_name_error(spec: RunSpec, ladder: list[Rung], max_segments: int) -> str | None:
+    """Why `spec.run` cannot name a run on `ladder`, or None: the longest JobSet name it may need is
+    its last segment's (`max_segments` - 1) on a feasible rung, and the advice is the tightest rung's,
+    so following it is accepted. A run with a world (in place) needs every slice's JobSet name to fit
+    too: a new slice takes the smallest id not in the world it joins, so the ids stay below twice the
+    slices (core/world.world_slices). `launch` and `render` both ask this, so they state one limit."""
+    run = spec.run
     feasible = [r.shape for r in ladder if r.feasible]
     if not feasible:
         return None
     worst = min(feasible, key=lambda shape: run_name_room(shape, max_segments - 1))
     if err := run_name_error(run, worst, max_segments - 1):
         return err
-    if mode == ReshapeMode.IN_PLACE:
+    if rules_for(spec).WORLD:
         for shape in feasible:
             top = str(2 * shape.slices - 1)
             if err := name_error(slice_jobset_name(run, top), Shape(shape.preset, 1)):
@@ -131,7 +131,7 @@ def prepare(
     first = ladder[0]
     if not isinstance(first.plan, Plan):
         raise UserError(f"{shape}: {first.plan.reason}")
-    if err := ladder_name_error(spec.run, ladder, knobs.max_segments, spec.restart_mode):
+    if err := ladder_name_error(spec, ladder, knobs.max_segments):
         raise UserError(err)
     short = short_notice_presets(spec, ladder)
     if short and spec.short_notice_interval is None:
@@ -195,7 +195,7 @@ def create_run(kube, rec: RunRecord) -> None:
                                                   "slices": rec.slices}, indent=2))  # fmt: skip
     world = None
     try:
-        if rec.spec.restart_mode == ReshapeMode.IN_PLACE:
+        if rules_for(rec.spec).WORLD:
             # Who may read the run's world: created here with the user's credentials, as the run
             # is; the controller needs no right to create accounts or Roles. They are owned by the
             # world ConfigMap, so the controller's one delete of it at the run's end removes them
@@ -280,7 +280,7 @@ def stop_run(kube, run: str, reason: str = "stopped by the user") -> list[str]:
     except Conflict:  # still changing: delete the JobSets all the same, as asked
         rec = kube.get_record(run)[0]
     deleted = [j["metadata"]["name"] for j in kube.jobsets(run) if kube.delete_jobset(j["metadata"]["name"])]
-    if rec.spec.restart_mode == ReshapeMode.IN_PLACE:  # with its access objects (owned by it)
+    if rules_for(rec.spec).WORLD:  # with its access objects (owned by it)
         kube.delete_world(world_configmap_name(run))
     RunDir(rec.spec.run_dir).log([{"time": time.time(), "kind": LedgerKind.ACT, "action": Action.STOP, "reason": reason,
                                    "state": RunState.STOPPED}])  # fmt: skip

@@ -49,7 +49,7 @@ from launcher.core.presets import Catalog
 from launcher.core.record import RunRecord
 from launcher.core.render import render_jobset, render_slice_jobset
 from launcher.core.signals import observation as signals
-from launcher.core.words import Action, LedgerKind, ReshapeMode, RunState
+from launcher.core.words import Action, LedgerKind, RunState
 
 # The least time from one pass to the next while watch events keep coming.
 COALESCE_S = 0.02
@@ -277,7 +277,7 @@ class Controller:
         created again); True when this pass has published it (or found it published)."""
         seg = d.record.current
         if (
-            d.record.spec.restart_mode != ReshapeMode.IN_PLACE
+            not policy.rules_for(d.record.spec).WORLD
             or seg is None
             or not seg.live
             or d.action not in {Action.START_SEGMENT, Action.NEW_WORLD, Action.CREATE_JOBSET}
@@ -287,55 +287,47 @@ class Controller:
         return True
 
     def _act(self, d: policy.Decision, published: bool = False) -> None:
-        if d.record.spec.restart_mode == ReshapeMode.IN_PLACE:
-            self._act_in_place(d, published)
-            return
-        if d.action in {Action.START_SEGMENT, Action.CREATE_JOBSET}:
-            seg = d.record.current
-            created = self.kube.create_jobset(
-                render_jobset(d.record.spec, seg.shape(self.catalog), seg.index, seg.pool)
-            )
-            if created is not None and (cache := self.caches.get("jobsets")) is not None:
-                created["metadata"].setdefault("namespace", self.kube.namespace)
-                self._created.add(created, cache, self.monotonic())
-        elif d.action in {Action.END, Action.DELETE} and d.jobset:
-            self.kube.delete_jobset(d.jobset)
-            if d.force and (seg := d.record.current) is not None:
-                self.kube.delete_pods_now(f"{LABEL_RUN}={d.record.name},{LABEL_SEGMENT}={seg.index}")
-
-    def _act_in_place(self, d: policy.Decision, published: bool = False) -> None:
-        """An in-place decision's acts, in this order: the world published (the record holds it
-        already; `published`: `reconcile` did, before the ledger's lines), the leaving slices'
-        JobSets deleted (their pods at once when their hosts are gone), the new slices' JobSets
-        created. Publishing first: the survivors start over as soon as possible, and leaving pods
-        are told by the world, not by a signal (docs/contract.md); a controller that stops before
-        the rest leaves it to the next pass (policy: in-place rule 3)."""
+        """A decision's acts, in this order, whatever the run's restart mode: what the decision says
+        is all there is to it (a recreate decision names its segment's one JobSet, `jobset`; an
+        in-place one its slices'). The world published (in place: the record holds it already;
+        `published`: `reconcile` did, before the ledger's lines), the JobSets to delete (their pods
+        at once when their hosts are gone), the JobSets to create. Publishing first: the survivors
+        start over as soon as possible, and leaving pods are told by the world, not by a signal
+        (docs/contract.md); a controller that stops before the rest leaves it to the next pass
+        (policy/in_place.py rule 3)."""
         rec = d.record
         run, spec, seg = rec.name, rec.spec, rec.current
         live = seg is not None and seg.live
-        if (
-            not published
-            and live
-            and d.action in {Action.START_SEGMENT, Action.NEW_WORLD, Action.CREATE_JOBSET}
-        ):
+        starts = d.action in {Action.START_SEGMENT, Action.NEW_WORLD, Action.CREATE_JOBSET}
+        if not published and live and starts and policy.rules_for(spec).WORLD:
             self.publish_world(rec)
+        if d.jobset and d.action in {Action.END, Action.DELETE}:
+            self.kube.delete_jobset(d.jobset)
+            if d.force and seg is not None:
+                self.kube.delete_pods_now(f"{LABEL_RUN}={run},{LABEL_SEGMENT}={seg.index}")
         for sid in d.slices_delete:
             self.kube.delete_jobset(slice_jobset_name(run, sid))
             if d.force:
                 self.kube.delete_pods_now(f"{LABEL_RUN}={run},{LABEL_SLICE}={sid}")
         if not live:
             return
+        if d.jobset and d.action in {Action.START_SEGMENT, Action.CREATE_JOBSET}:
+            self._created_jobset(render_jobset(spec, seg.shape(self.catalog), seg.index, seg.pool))
         preset = self.catalog.preset(seg.preset)
         for sid in d.slices_create:
-            created = self.kube.create_jobset(render_slice_jobset(spec, preset, sid))
-            if created is not None and (cache := self.caches.get("jobsets")) is not None:
-                created["metadata"].setdefault("namespace", self.kube.namespace)
-                self._created.add(created, cache, self.monotonic())
+            self._created_jobset(render_slice_jobset(spec, preset, sid))
+
+    def _created_jobset(self, jobset: dict) -> None:
+        """Create `jobset`, and hold it in the JobSets the next pass sees until the watch shows it."""
+        created = self.kube.create_jobset(jobset)
+        if created is not None and (cache := self.caches.get("jobsets")) is not None:
+            created["metadata"].setdefault("namespace", self.kube.namespace)
+            self._created.add(created, cache, self.monotonic())
 
     def _world_left(self, rec: RunRecord) -> bool:
         """Whether an ended in-place run's world ConfigMap may still exist: from the cache when it
         runs, else say so (deleting an absent one is a 404, nothing more)."""
-        if rec.spec.restart_mode != ReshapeMode.IN_PLACE:
+        if not policy.rules_for(rec.spec).WORLD:
             return False
         if not self.synced():
             return True
@@ -353,7 +345,7 @@ class Controller:
         """Whether an in-place run's world ConfigMap may hold an older epoch than its live segment:
         from the cache when it runs (no request), else say so (publish_world reads it)."""
         seg = rec.current
-        if rec.spec.restart_mode != ReshapeMode.IN_PLACE or seg is None or not seg.live:
+        if not policy.rules_for(rec.spec).WORLD or seg is None or not seg.live:
             return False
         if not self.synced():
             return True

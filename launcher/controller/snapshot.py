@@ -13,11 +13,11 @@ from launcher.adapters import projections
 from launcher.adapters.informer import Cache, Source
 from launcher.adapters.kube import Kube
 from launcher.core.labels import LABEL_RUN
+from launcher.core.policy import rules_for
 from launcher.core.presets import LABEL_ACCELERATOR, LABEL_NODEPOOL, Catalog
 from launcher.core.record import RunRecord
 from launcher.core.signals import observation as signals
 from launcher.core.spec import run_preset
-from launcher.core.words import ReshapeMode
 
 # What the caches hold, filtered by the server (label and field selectors as kube-apiserver
 # serves them), so that a namespace and a cluster full of other workloads cost a pass nothing:
@@ -156,9 +156,9 @@ def observe_run(
     seg = rec.current
     live = seg if seg is not None and seg.live else None
     shape = seg.shape(catalog) if seg else None
-    # An in-place run's pods carry their slice, not a segment: the observation of "the segment" is
-    # then of every pod without a segment label, and each slice's own view is added below.
-    in_place = rec.spec.restart_mode == ReshapeMode.IN_PLACE
+    # A run with a world (in place): its pods carry their slice, not a segment, so the observation of
+    # "the segment" is of every pod without a segment label, and each slice's own view is added below.
+    in_place = rules_for(rec.spec).WORLD
     obs = signals.observe(
         now=now,
         run=rec.name,

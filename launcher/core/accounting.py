@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from launcher.core.record import RunRecord
-from launcher.core.words import EndKind, LedgerKind, RestoredFrom, RunState
+from launcher.core.words import EndKind, LedgerKind, RunState, StateSource
 
 LOSS = "learning/loss"
 STEP_TIME = "perf/step_time_seconds"
@@ -113,7 +113,7 @@ class SegmentReport:
     badput: Badput = field(default_factory=Badput)
     # Where the segment's first trainer incarnation got its state (its first record's
     # `restore/from`); None: the run's first segment, or a trainer that does not say.
-    restored_from: RestoredFrom | None = None
+    restored_from: StateSource | None = None
 
 
 @dataclass
@@ -274,15 +274,26 @@ def segment_badput(
     return b
 
 
-def restored_from(rows: list[dict]) -> RestoredFrom | None:
+def restored_from(rows: list[dict]) -> StateSource | None:
     """The `restore/from` of the earliest record that has one (each incarnation's first record)."""
     for m in rows:
         if "restore/from" in m:
             try:
-                return RestoredFrom(m["restore/from"]) if m["restore/from"] else None
+                return StateSource(m["restore/from"]) if m["restore/from"] else None
             except ValueError:
                 return None
     return None
+
+
+def handoff(submitted: float, rows: list[tuple[int, dict]]) -> float:
+    """Where a segment ends and the next begins: the next one's submission, or, in place, where the
+    old world's last step (and its save) ended, if later: the surviving trainers train on until the
+    new world's take over, and those steps are the old segment's."""
+    if not rows:
+        return submitted
+    last = rows[-1][1]
+    done = last.get("time", submitted) + (last.get(SAVE_TIME) or 0.0) + (last.get(EVAL_TIME) or 0.0)
+    return max(submitted, done)
 
 
 def build_report(rec: RunRecord, metrics: list[dict], ledger: list[dict], now: float) -> RunReport:
@@ -291,10 +302,15 @@ def build_report(rec: RunRecord, metrics: list[dict], ledger: list[dict], now: f
     waits = waiting_intervals(ledger, end)
     segments = []
     total = Badput()
+    rows_of = {
+        seg.index: [(j, m) for j, m in enumerate(ordered) if m.get("segment") == seg.index]
+        for seg in rec.segments
+    }
+    start = rec.created_at
     for i, seg in enumerate(rec.segments):
-        start = rec.created_at if i == 0 else seg.submitted_at
-        stop = rec.segments[i + 1].submitted_at if i + 1 < len(rec.segments) else end
-        rows = [(j, m) for j, m in enumerate(ordered) if m.get("segment") == seg.index]
+        rows = rows_of[seg.index]
+        stop = end if i + 1 == len(rec.segments) else handoff(rec.segments[i + 1].submitted_at, rows)
+        start = rec.created_at if i == 0 else min(start, stop)
         b = segment_badput(rows, kept, ledger, seg.index, start, stop)
         b.waiting_for_capacity = min(_overlap(waits, start, stop), b.scheduling)
         steps = [m["step"] for _, m in rows]
@@ -318,6 +334,7 @@ def build_report(rec: RunRecord, metrics: list[dict], ledger: list[dict], now: f
             )
         )
         total.add(b)
+        start = stop
     total.wall = max(0.0, end - rec.created_at)
     restarts = {
         "preemption": rec.preemptions(),

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from launcher.core.memory import GIB, estimate
+from launcher.core.hbm import GIB, estimate
 from launcher.core.presets import Preset, Shape
 
 
@@ -74,7 +74,9 @@ class Rung:
 
     shape: Shape
     plan: Plan | Infeasible
-    memory: dict[str, float] | None = None  # launcher.core.memory.estimate, when the config is known
+    hbm: dict[str, float] | None = (
+        None  # bytes per device by term (launcher.core.hbm.estimate), given the config
+    )
 
     @property
     def feasible(self) -> bool:
@@ -112,7 +114,7 @@ def shrink_ladder(
     trainer_config: dict | None = None,
 ) -> list[Rung]:
     """Every rung with its plan (the fallbacks looked up in `catalog`); given the trainer config,
-    with its memory estimate per device, and infeasible where that does not fit the preset's HBM
+    with its HBM estimate per device, and infeasible where that does not fit the preset's HBM
     (the run never shrinks onto it). The first rung is the requested shape."""
     return [
         _rung(shape, global_batch, max_micro_batch, max_grad_accum, model_parallel, trainer_config)
@@ -133,15 +135,15 @@ def _rung(
     plan = plan_batch(global_batch, shape.devices, max_micro_batch, max_grad_accum, model_parallel)
     if trainer_config is None or not isinstance(plan, Plan):
         return Rung(shape, plan)
-    memory = estimate(trainer_config, plan)
-    hbm = shape.preset.hbm_bytes_per_device
-    if hbm is not None and memory["total"] > hbm:
+    needs = estimate(trainer_config, plan)
+    has = shape.preset.hbm_bytes_per_device
+    if has is not None and needs["total"] > has:
         return Rung(
             shape,
             Infeasible(
-                f"needs ~{memory['total'] / GIB:.1f} GiB per device (estimate),"
-                f" more than its {hbm / GIB:.0f} GiB of HBM"
+                f"needs ~{needs['total'] / GIB:.1f} GiB per device (estimate),"
+                f" more than its {has / GIB:.0f} GiB of HBM"
             ),
-            memory,
+            needs,
         )
-    return Rung(shape, plan, memory)
+    return Rung(shape, plan, needs)

@@ -7,7 +7,7 @@ truth. Every change to it goes through a compare-and-swap on the ConfigMap's res
 The JSON carries `schema_version`. A field this reslice does not know is refused (UserError), not
 dropped: a record written by a newer reslice, rewritten by an older one, would lose it silently.
 Older records still load: one from before the version (none) has its retired fields dropped; versions
-0 and 1 keep the knobs under `policy`, the name version 2 gave back to launcher/core/policy.py's rules.
+0 and 1 keep the knobs under `policy`, the name version 2 gave back to launcher/core/policy/'s rules.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ TERMINAL = {RunState.FINISHED, RunState.FAILED, RunState.STOPPED}
 @dataclass(frozen=True)
 class Knobs:
     """The run's knobs: grace periods, windows and budgets (seconds / counts) that the rules of
-    launcher/core/policy.py read."""
+    launcher/core/policy/ read."""
 
     unschedulable_grace_s: float = 120.0  # pods Pending this long = capacity is not coming
     grow_window_s: float = 300.0  # a larger shape must fit this long before growing back

@@ -55,7 +55,7 @@ from launcher.core.spec import (
     short_notice,
     trainer_overrides,
 )
-from launcher.core.words import ReshapeMode, TrainerProfile
+from launcher.core.words import RestartMode, TrainerProfile
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 POD_SUFFIX = 6  # "-xxxxx" that the Job controller appends to generated pod names
@@ -350,7 +350,7 @@ def inplace_env(spec: RunSpec, preset: Preset, slice_id: str) -> list[dict]:
         _env("RESLICE_RUN_DIR", spec.run_dir),
         _env("RESLICE_CONFIG", spec.config),
         _env("RESLICE_SET", json.dumps(trainer_overrides(spec, preset))),
-        _env("RESLICE_RESTART_MODE", ReshapeMode.IN_PLACE),
+        _env("RESLICE_RESTART_MODE", RestartMode.IN_PLACE),
         _env("RESLICE_SLICE_ID", slice_id),
         _env("RESLICE_WORLD_CONFIGMAP", world_configmap_name(spec.run)),
         _env("RESLICE_WORLD_NAMESPACE", spec.namespace),
@@ -380,7 +380,7 @@ def render_slice_jobset(spec: RunSpec, preset: Preset, slice_id: str, pool: str 
     so two slice JobSets' Jobs never share a node pool (docs/platform.md §2). `pool`: as in
     `render_jobset`, a node pool the controller names (exclusive placement then dropped). Raises
     UserError if impossible."""
-    if err := restart_mode_error(ReshapeMode.IN_PLACE, spec.trainer):
+    if err := restart_mode_error(RestartMode.IN_PLACE, spec.trainer):
         raise UserError(err)
     shape = Shape(preset, 1)
     name = slice_jobset_name(spec.run, slice_id)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from launcher.core import images, inputs
 from launcher.core.errors import UserError
 from launcher.core.presets import Preset
-from launcher.core.words import ReshapeMode, TrainerProfile
+from launcher.core.words import RestartMode, TrainerProfile
 
 # Ports TPU hosts already use on the host network: 8431 (runtime metrics), 8080 (multislice
 # coordinator), 8470-8482 (TPU runtime; libtpu's TPU_PROCESS_PORT 8476 on tpu7x; JAX's own Cloud
@@ -35,8 +35,8 @@ class RunSpec:
     # Devices per data-parallel rank (the trainer config's mesh.tensor): the batch plan's divisor is
     # devices / model_parallel (docs/contract.md). Learned from the config by `launch`.
     model_parallel: int = 1
-    # JSON of the trainer config's model, moe and mesh sections (launcher.core.memory), "" when unknown:
-    # the controller then never shrinks onto a rung whose memory estimate exceeds its HBM.
+    # JSON of the trainer config's model, moe and mesh sections (launcher.core.hbm), "" when unknown:
+    # the controller then never shrinks onto a rung whose HBM estimate exceeds its preset's HBM.
     trainer_config: str = ""
     # Seconds from SIGTERM to SIGKILL. None: the termination notice the shape's capacity gives
     # (Preset.notice_s: 15 s on spot), since a longer grace period is not honoured there anyway.
@@ -66,7 +66,7 @@ class RunSpec:
     trainer: str = TrainerProfile.RESLICE.value
     # How a shape change reaches the pods: "recreate" (a new segment's JobSet) or "in-place" (one
     # JobSet per slice; the survivors' supervisors follow a new world, docs/contract.md).
-    restart_mode: str = ReshapeMode.RECREATE.value
+    restart_mode: str = RestartMode.RECREATE.value
     # In-place only: the API server URL the pods read their world from instead of the in-cluster
     # one (`RESLICE_WORLD_API`): the embedded cluster's, whose kubelets mount no service account.
     world_api: str | None = None
@@ -113,10 +113,10 @@ def restart_mode_error(restart_mode: str, trainer: str) -> str | None:
     """Why a run of `trainer` cannot restart by `restart_mode`, or None. In place, the pods'
     entrypoint must follow worlds, which only reslice's trainer does (its supervisor,
     trainer/supervisor.supervise_world): MaxText's entrypoint has none yet."""
-    modes = [m.value for m in ReshapeMode]
+    modes = [m.value for m in RestartMode]
     if restart_mode not in modes:
         return f"--restart-mode {restart_mode!r}: expected one of {', '.join(modes)}"
-    if restart_mode == ReshapeMode.IN_PLACE and trainer == TrainerProfile.MAXTEXT:
+    if restart_mode == RestartMode.IN_PLACE and trainer == TrainerProfile.MAXTEXT:
         return (
             "--restart-mode in-place needs a trainer whose pods follow worlds (reslice's supervisor);"
             " the maxtext profile's entrypoint has none: use --restart-mode recreate"

@@ -111,8 +111,10 @@ class LedgerKind(StrEnum):
     RESTORE = "restore"  # where a trainer incarnation's state came from (its status.json)
 
 
-class RestoredFrom(StrEnum):
-    """Where a segment's state came from (the trainer's `restore/from`; docs/contract.md)."""
+class StateSource(StrEnum):
+    """Where a segment's state came from (the trainer's `restore/from`; docs/contract.md). The
+    trainer's own enum of these values has the same name (trainer/state/snapshot.py): the launcher and
+    the trainer import nothing of each other, so each holds its copy."""
 
     MEMORY = "memory"  # the surviving processes' own snapshots in RAM
     PEERS = "peers"  # a surviving replica, over the data axis
@@ -134,10 +136,12 @@ class TrainerProfile(StrEnum):
     MAXTEXT = "maxtext"
 
 
-class ReshapeMode(StrEnum):
+class RestartMode(StrEnum):
     """How a run changes shape (`RunSpec.restart_mode`, `--restart-mode`; docs/contract.md "World
     (in-place restarts)"): recreate every pod in a new segment's JobSet, or keep the surviving
-    slices' pods and publish a new world to their supervisors."""
+    slices' pods and publish a new world to their supervisors. The trainer's enum of these values has
+    the same name (trainer/elastic/world.py, read from `RESLICE_RESTART_MODE`). Which rules a run's
+    mode brings is decided once, by launcher/core/policy's `rules_for`."""
 
     RECREATE = "recreate"
     IN_PLACE = "in-place"

@@ -36,6 +36,8 @@ def segments_table(rec: RunRecord, report: RunReport | None = None) -> Table:
         "start",
         "end",
         "goodput",
+        "state from",
+        "steps lost",
         "ended because",
     ):
         table.add_column(col, overflow="fold")
@@ -44,6 +46,8 @@ def segments_table(rec: RunRecord, report: RunReport | None = None) -> Table:
         rs = by_index.get(seg.index)
         steps = f"{rs.first_step}–{rs.last_step}" if rs and rs.first_step is not None else "-"
         good = f"{rs.badput.goodput:.0%}" if rs else "-"
+        source = (rs.restored_from or ("fresh" if seg.index == 0 else "-")) if rs else "-"
+        redone = str(rs.recomputed_steps) if rs else "-"
         why = seg.end_reason or ("live" if seg.live else "")
         table.add_row(
             str(seg.index),
@@ -54,6 +58,8 @@ def segments_table(rec: RunRecord, report: RunReport | None = None) -> Table:
             _clock(seg.submitted_at),
             _clock(seg.ended_at),
             good,
+            source,
+            redone,
             why,
         )
     return table
@@ -160,7 +166,7 @@ def ladder_table(shape: Shape, global_batch: int, rungs: Iterable[Rung]) -> Tabl
         s = r.shape
         cells = [s.preset.name, str(s.slices), str(s.chips), str(s.hosts), str(s.devices)]
         if isinstance(r.plan, Plan):
-            mem = f"~{r.memory['total'] / 2**30:.1f} GiB/device" if r.memory else ""
+            mem = f"~{r.hbm['total'] / 2**30:.1f} GiB/device" if r.hbm else ""
             table.add_row(*cells, str(r.plan.dp_ranks), str(r.plan.micro_batch), str(r.plan.grad_accum), mem)
         else:
             table.add_row(*cells, "-", "-", "-", f"[dim]{r.plan.reason}[/dim]")

@@ -24,7 +24,7 @@ from launcher.controller.loop import Controller
 from launcher.core.labels import LABEL_RUN
 from launcher.core.record import Knobs, RunRecord
 from launcher.core.spec import RunSpec
-from launcher.core.words import ReshapeMode
+from launcher.core.words import RestartMode
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from tests.support.wait import wait_for
 
@@ -140,7 +140,7 @@ class Harness:
             restart_mode=restart_mode,
             # In place, the pods read their world from the embedded API server (docs/contract.md).
             world_api=self.cluster.api_client().configuration.host
-            if restart_mode == ReshapeMode.IN_PLACE
+            if restart_mode == RestartMode.IN_PLACE
             else None,
         )
         knobs = knobs or Knobs(unschedulable_grace_s=20, grow_window_s=4, app_backoff_s=1)

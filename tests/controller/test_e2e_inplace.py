@@ -10,7 +10,7 @@ import pytest
 from launcher.core.accounting import build_report
 from launcher.core.labels import LABEL_SLICE
 from launcher.core.record import Knobs
-from launcher.core.words import Action, LedgerKind, RestoredFrom, RunState
+from launcher.core.words import Action, LedgerKind, RunState, StateSource
 from tests.controller.harness import (
     MULTI_HOST,
     MULTI_HOST_BATCH,
@@ -92,7 +92,7 @@ def test_in_place_shrink_then_grow_keeps_the_surviving_slice_pods(tmp_path, refe
         assert "the trainer of epoch 0 exited 137" in log and "(slice(s) 1 of its world lost)" in log, tail
     status = build_report(rec, metrics, ledger, rec.finished_at or 0.0).as_dict()  # `reslice status --json`
     froms = [s["restored_from"] for s in status["segments"][:3]]
-    assert froms == [None, RestoredFrom.MEMORY, RestoredFrom.PEERS], froms
+    assert froms == [None, StateSource.MEMORY, StateSource.PEERS], froms
     assert status["segments"][0]["recomputed_steps"] <= 1  # the steps after the newest snapshot
     heads: dict[int, dict] = {}  # each segment's first incarnation's first record
     for m in sorted(metrics, key=lambda m: m["time"]):
@@ -145,7 +145,7 @@ def test_a_crashed_host_in_place_costs_at_most_one_step(tmp_path, reference):
     first_seg, shrunk = rec.segments[:2]
     assert first_seg.end_kind == "capacity-lost" and shrunk.slice_ids == ("0",)
     status = build_report(rec, metrics, ledger, rec.finished_at or 0.0).as_dict()
-    assert status["segments"][1]["restored_from"] == RestoredFrom.MEMORY
+    assert status["segments"][1]["restored_from"] == StateSource.MEMORY
     assert status["segments"][0]["recomputed_steps"] <= 1
     head = min((m for m in metrics if m.get("segment") == 1 and "restore/from" in m), key=lambda m: m["time"])
     assert head["restore/storage_bytes"] == 0 and head["restore/step"] >= before - 1

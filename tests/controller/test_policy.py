@@ -1,5 +1,5 @@
 """Table-driven: (record, observation) -> decision, one case per rule of the controller's policy
-(README "What the controller does", docs/design.md "Policy"). The shape of jobset's
+(docs/design.md "What the controller does" and "Policy"). The shape of jobset's
 pkg/controllers/failure_policy_test.go: a list of cases, each a name, the run record, the
 observation, and the decision expected; one test runs them all."""
 
@@ -529,10 +529,10 @@ def test_a_one_slice_segment_names_a_free_pool_its_predecessor_held_first() -> N
     obs = observe(record_on(None), pools=4)
     assert obs.free_pools[PRESET] == ("np-0", "np-1", "np-2", "np-3")
     one, two = (next(r for r in LADDER if r.shape.slices == n) for n in (1, 2))
-    assert policy.pool_for(one, obs, ("np-9", "np-2")) == "np-2"
-    assert policy.pool_for(one, obs, ()) == "np-0"
-    assert policy.pool_for(two, obs, ("np-2",)) is None  # several slices: JobSet's exclusive placement
-    assert policy.pool_for(one, replace(obs, free_pools={}), ("np-2",)) is None
+    assert policy.shared.pool_for(one, obs, ("np-9", "np-2")) == "np-2"
+    assert policy.shared.pool_for(one, obs, ()) == "np-0"
+    assert policy.shared.pool_for(two, obs, ("np-2",)) is None  # several slices: JobSet's exclusive placement
+    assert policy.shared.pool_for(one, replace(obs, free_pools={}), ("np-2",)) is None
 
 
 def test_a_grow_finished_first_says_so_in_the_end_reason() -> None:

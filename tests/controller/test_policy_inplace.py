@@ -1,4 +1,4 @@
-"""The policy's in-place rules (launcher/core/policy.py INPLACE_RULES): (record, observation of the
+"""The policy's in-place rules (launcher/core/policy/in_place.py RULES): (record, observation of the
 run's slices) -> one decision, case by case, on the objects the signals read."""
 
 from dataclasses import replace
@@ -34,7 +34,9 @@ def on_world(slices: tuple[str, ...], **seg_changes) -> RunRecord:
     """A run whose live segment 0 is the world of `slices`, started at T0."""
     rung = next(r for r in LADDER if r.shape.slices == len(slices) and r.shape.preset.name == PRESET)
     obs = observe(launched(), {}, pools=len(slices), committed=None)
-    seg = replace(policy.new_world(launched(), obs, rung, slices, "test"), running_at=T0, **seg_changes)
+    seg = replace(
+        policy.in_place.new_world(launched(), obs, rung, slices, "test"), running_at=T0, **seg_changes
+    )
     return replace(launched().with_segment(seg), state=RunState.RUNNING)
 
 

@@ -37,7 +37,7 @@ def as_dict(rec: RunRecord) -> dict:
 def test_a_record_round_trips_with_its_schema_version() -> None:
     raw = as_dict(RECORD)
     assert raw["schema_version"] == SCHEMA_VERSION == 5
-    assert "knobs" in raw and "policy" not in raw  # the rules are launcher/core/policy.py; these are knobs
+    assert "knobs" in raw and "policy" not in raw  # the rules are launcher/core/policy/; these are knobs
     assert RunRecord.from_json(RECORD.to_json()) == RECORD  # tuples come back as tuples, not lists
 
 

@@ -9,7 +9,7 @@ from launcher.core.accounting import CATEGORIES, build_report, waiting_intervals
 from launcher.core.plan import Plan
 from launcher.core.record import RunRecord, new_segment
 from launcher.core.spec import RunSpec
-from launcher.core.words import RestoredFrom, RunState
+from launcher.core.words import RunState, StateSource
 from launcher.report.plots import plot_loss, plot_timeline
 
 T0 = 1000.0
@@ -233,7 +233,33 @@ def test_each_segment_says_where_its_state_came_from():
     first.update({"restore/from": None, "restore/step": 0})
     later[0].update({"restore/from": "memory", "restore/step": 2})
     segments = build_report(rec, metrics, ledger, T0 + 60).as_dict()["segments"]
-    assert [s["restored_from"] for s in segments] == [None, RestoredFrom.MEMORY]
+    assert [s["restored_from"] for s in segments] == [None, StateSource.MEMORY]
     assert [s["recomputed_steps"] for s in segments] == [2, 0]
     later[0]["restore/from"] = "tape"  # not a source this launcher knows
     assert build_report(rec, metrics, ledger, T0 + 60).segments[1].restored_from is None
+
+
+def test_in_place_steps_after_the_next_world_is_published_stay_with_their_segment():
+    # In place the old world trains on until the new world's trainers take over: segment 0's steps
+    # 5-6 end after segment 1 was submitted (T0+15). They are segment 0's seconds: no segment may
+    # claim more than its wall time, and the segments still partition the run's wall time.
+    rec = RunRecord(spec=RunSpec(run="r", run_dir="/tmp/r", global_batch=32), preset="tpu7x-2x2x2", slices=1,
+                    created_at=T0)  # fmt: skip
+    s0 = new_segment(rec, make_shape("tpu7x-2x2x2", 1), Plan(16, 2, 1), T0, "launch", None)
+    rec = rec.with_segment(replace(s0, ended_at=T0 + 15, end_kind="grow", end_reason="grow"))
+    s1 = new_segment(rec, make_shape("tpu7x-2x2x2", 2), Plan(32, 1, 1), T0 + 15, "grow", 6)
+    rec = replace(rec.with_segment(replace(s1, ended_at=T0 + 30, end_kind="finished")), state=RunState.FINISHED,
+                  finished_at=T0 + 30)  # fmt: skip
+    metrics = [
+        {"step": s, "segment": 0, "time": T0 + 10 + s, "perf/step_time_seconds": 1.0} for s in range(1, 7)
+    ]
+    metrics += [
+        {"step": s, "segment": 1, "time": T0 + 20 + s - 7, "perf/step_time_seconds": 1.0}
+        for s in range(7, 11)
+    ]
+    report = build_report(rec, metrics, [], now=T0 + 99)
+    first, second = report.segments
+    assert first.end == second.start == T0 + 16  # segment 0's last step ended at T0+16
+    assert first.badput.productive == pytest.approx(6.0) and first.badput.goodput <= 1.0
+    assert second.badput.goodput <= 1.0
+    assert first.badput.wall + second.badput.wall == pytest.approx(report.badput.wall)

@@ -164,6 +164,7 @@ def _cases() -> list[tuple[list[str], int]]:
     add(["demo", "--steps", "1000000000"])
     add(["demo", "--workdir", "afile"])
     add(["demo", "--runtime", "docker"])
+    add(["demo", "--restart-mode", "sideways"])
     # The environment: kubeconfigs that are missing, malformed or point at nothing.
     for cmd in (["runs"], ["status", "r"], [a for a in LAUNCH if a != "--detach"], ["stop", "r"]):
         add([*cmd, "--kubeconfig", "missing.yaml"])

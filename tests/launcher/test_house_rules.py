@@ -1,6 +1,8 @@
 """The house rules the import contracts cannot state (docs/design.md "Layers"): over every module of
-launcher/ and trainer/, no class name defined in two modules, no one-letter module alias, and no
-preset loading in the core. Source text only: nothing is imported."""
+launcher/ and trainer/, no class name defined in two modules (but for the words both sides of the
+launcher/trainer boundary speak, one copy each, spelled alike), no one-letter module alias, no preset
+loading in the core, and over bench/ too, no domain word compared as a string literal. Source text
+only: nothing is imported."""
 
 from __future__ import annotations
 
@@ -12,6 +14,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = sorted(p for package in ("launcher", "trainer") for p in (ROOT / package).rglob("*.py"))
+# The measurements: held to the rule on domain words too (they compare what the launcher records).
+BENCH = sorted((ROOT / "bench").rglob("*.py"))
+# One concept, one name on both sides of the launcher/trainer boundary: these StrEnums are defined
+# once in each (they import nothing of each other), with the same members.
+BOUNDARY = {
+    "RestartMode": ("launcher/core/words.py", "trainer/elastic/world.py"),
+    "StateSource": ("launcher/core/words.py", "trainer/state/snapshot.py"),
+}
 # The core of docs/design.md "Layers" (the folder launcher/core/): handed a presets.Catalog, never
 # reading presets/ itself.
 CORE = sorted((ROOT / "launcher" / "core").rglob("*.py"))
@@ -19,17 +29,40 @@ CORE = sorted((ROOT / "launcher" / "core").rglob("*.py"))
 
 @cache
 def parsed() -> dict[str, ast.Module]:
-    return {str(p.relative_to(ROOT)): ast.parse(p.read_text()) for p in MODULES}
+    return {str(p.relative_to(ROOT)): ast.parse(p.read_text()) for p in MODULES + BENCH}
+
+
+def _classes() -> dict[str, dict[str, ast.ClassDef]]:
+    """Every class of launcher/ and trainer/, by name, then by the module that defines it."""
+    where: dict[str, dict[str, ast.ClassDef]] = defaultdict(dict)
+    for path, tree in parsed().items():
+        if path.startswith(("launcher/", "trainer/")):
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef):
+                    where[node.name][path] = node
+    return where
 
 
 def test_no_class_name_is_defined_in_two_modules() -> None:
-    where = defaultdict(set)
-    for path, tree in parsed().items():
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef):
-                where[node.name].add(path)
+    where = _classes()
     assert len(where) > 100  # the walk sees the classes
-    assert {name: sorted(paths) for name, paths in where.items() if len(paths) > 1} == {}
+    twice = {name: sorted(paths) for name, paths in where.items() if len(paths) > 1}
+    assert twice == {name: sorted(paths) for name, paths in BOUNDARY.items()}
+
+
+def test_the_words_of_the_boundary_are_spelled_alike_on_both_sides() -> None:
+    """The launcher's and the trainer's copy of each boundary word: the same members, the same values."""
+
+    def members(node: ast.ClassDef) -> dict[str, object]:
+        return {
+            stmt.targets[0].id: stmt.value.value
+            for stmt in node.body
+            if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant)
+        }
+
+    for name, (launcher_side, trainer_side) in BOUNDARY.items():
+        defs = _classes()[name]
+        assert members(defs[launcher_side]) == members(defs[trainer_side]) != {}, name
 
 
 def _is_project_module(module: str, name: str) -> bool:
@@ -65,29 +98,38 @@ def test_the_core_loads_no_presets() -> None:
     assert hits == []
 
 
+def _held(path: str) -> bool:
+    """Whether the rule on domain words holds in `path`: launcher/, trainer/ and bench/, but
+    launcher/embedded, which speaks Kubernetes' words."""
+    return path.startswith(("launcher/", "trainer/", "bench/")) and not path.startswith("launcher/embedded/")
+
+
 def _domain_words() -> dict[str, str]:
-    """Every value of a StrEnum defined in launcher/ (launcher.core.words and the rest), by value:
-    the enum member that spells it. launcher/embedded is left out: it speaks Kubernetes' words."""
+    """Every value of a StrEnum defined in launcher/ or trainer/ (launcher.core.words and the rest),
+    by value: the enum member that spells it."""
     words = {}
     for path, tree in parsed().items():
-        if not path.startswith("launcher/") or path.startswith("launcher/embedded/"):
+        if not _held(path) or path.startswith("bench/"):
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef) and any(ast.unparse(b) == "StrEnum" for b in node.bases):
                 for stmt in node.body:
                     if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant):
-                        words[stmt.value.value] = f"{node.name}.{stmt.targets[0].id}"
+                        # The launcher's spelling first (its paths sort first): the enums it records.
+                        words.setdefault(stmt.value.value, f"{node.name}.{stmt.targets[0].id}")
     return words
 
 
 def test_no_domain_word_is_compared_as_a_literal() -> None:
     """A run state, action, phase, cause, end kind or ledger kind is compared through its StrEnum,
-    never as a string literal (`==`, `!=`, `in`, `not in`, `match`), outside the enums' definitions."""
+    never as a string literal (`==`, `!=`, `in`, `not in`, `match`), outside the enums' definitions:
+    in the launcher, the trainer and bench/."""
     words = _domain_words()
-    assert {"Running", "running", "end-segment", "capacity-lost", "peer-lost"} <= words.keys()
+    assert {"Running", "running", "end-segment", "capacity-lost", "peer-lost", "in-place"} <= words.keys()
+    assert any(p.startswith("bench/") for p in parsed()) and any(p.startswith("trainer/") for p in parsed())
     found = []
     for path, tree in parsed().items():
-        if not path.startswith("launcher/") or path.startswith("launcher/embedded/"):
+        if not _held(path):
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Compare):

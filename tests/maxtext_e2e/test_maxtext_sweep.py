@@ -3,7 +3,7 @@ one run per `ragged_buffer_factor` of a tiny MaxText MoE (mixtral block, 8 exper
 parallelism over the slice's 8 CPU devices), MaxText's overflow probes read back from its own
 output and metrics (REQUIRED_RBF, `learning/moe_max_load_ratio`), the table, CSV, plot and
 recommendation written. What only a TPU shows (step time that follows the buffer's size, MaxText's
-Pallas kernels): README, Ragged-buffer sweep. Not collected by the default run (tests/conftest.py).
+Pallas kernels): docs/sweep.md. Not collected by the default run (tests/conftest.py).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from launcher.core.memory import estimate, param_counts
+from launcher.core.hbm import estimate, param_counts
 from launcher.core.plan import plan_batch
 from launcher.embedded.kubelet import podenv
 from tests.trainer.runs import ROOT

@@ -47,10 +47,11 @@ from launcher.cli.spec_options import check_run_options, for_cluster, run_spec, 
 from launcher.cli.watch import watch_all, watch_run
 from launcher.core import inputs
 from launcher.core.errors import UserError
+from launcher.core.policy import rules_for
 from launcher.core.record import Knobs
 from launcher.core.render import render_jobset
 from launcher.core.spec import DEFAULT_COORDINATOR_PORT, RunSpec, restart_mode_error
-from launcher.core.words import PodRuntime, ReshapeMode, RunState, TrainerProfile
+from launcher.core.words import PodRuntime, RestartMode, RunState, TrainerProfile
 
 
 def finish(kube, run: str, state: str) -> None:
@@ -128,13 +129,13 @@ def launch(
     inputs.run_dir("--run-dir", run_dir or f"runs/{run}")
     shape = make_shape(preset, slices)
     if (
-        restart_mode == ReshapeMode.IN_PLACE
+        restart_mode == RestartMode.IN_PLACE
         and shape.slices == 1
         and not restart_mode_error(restart_mode, trainer)
     ):
         # Its ladder never has more slices than asked: on one slice nothing survives a shape change.
         console.print("one slice: no slice survives a shape change to keep its pods; restarting by recreate")
-        restart_mode = ReshapeMode.RECREATE
+        restart_mode = RestartMode.RECREATE
     local = run_dir is None or not run_dir.startswith("gs://")
     directory = str(Path(run_dir or f"runs/{run}").resolve()) if local else run_dir
     knobs = Knobs(
@@ -165,7 +166,7 @@ def launch(
         )
     conn = connect(kubeconfig, namespace, start_embedded=f"{shape.preset.name}:{shape.slices}")
     spec = for_cluster(spec, conn.embedded, grace_period)
-    if conn.embedded and spec.restart_mode == ReshapeMode.IN_PLACE:
+    if conn.embedded and rules_for(spec).WORLD:
         # Its kubelets mount no service account: the pods read their world at its API server.
         spec = replace(spec, world_api=conn.kube.api_client.configuration.host)
     if checks:
@@ -307,10 +308,20 @@ def demo(
             "(`python3.11 dev.py images`) with podman.",
         ),
     ] = PodRuntime.PROCESS,
+    restart_mode: Annotated[
+        str,
+        typer.Option(
+            "--restart-mode",
+            help="in-place: the surviving slice keeps its pods, the state from memory and peers; "
+            "recreate: a new JobSet per shape, the state from storage.",
+        ),
+    ] = RestartMode.IN_PLACE,
 ) -> None:
     """The elastic demo on the embedded cluster: 2 slices of tpu7x-2x2x2, lose 1, resume on 1, grow back."""
     if runtime not in tuple(PodRuntime):
         raise UserError(f"--runtime must be {' or '.join(PodRuntime)}, got {runtime!r}")
+    if restart_mode not in tuple(RestartMode):
+        raise UserError(f"--restart-mode must be {' or '.join(RestartMode)}, got {restart_mode!r}")
     from launcher.cli.demo import run_demo
 
     inputs.directory("--workdir", workdir)
@@ -318,7 +329,7 @@ def demo(
         raise UserError(
             "--steps must be between 25 and 100000 (capacity goes at step 5; the run must outlive the regrowth)"
         )
-    if run_demo(workdir, steps, console, runtime) != RunState.FINISHED:
+    if run_demo(workdir, steps, console, runtime, restart_mode) != RunState.FINISHED:
         raise typer.Exit(1)
 
 

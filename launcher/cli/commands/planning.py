@@ -45,7 +45,7 @@ from launcher.core.errors import UserError
 from launcher.core.plan import Plan, shrink_ladder
 from launcher.core.render import render_jobset, render_slice_jobset, render_world_access
 from launcher.core.spec import DEFAULT_COORDINATOR_PORT, RunSpec, restart_mode_error
-from launcher.core.words import ReshapeMode, TrainerProfile
+from launcher.core.words import TrainerProfile
 from launcher.report.view import ladder_table, presets_table
 
 
@@ -130,8 +130,8 @@ def _rung_json(r) -> dict:
             "dp_ranks": r.plan.dp_ranks,
             "model_parallel": r.plan.model_parallel,
         }
-        return {**row, "feasible": True, **plan, "plan": plan, "memory": r.memory}
-    return {**row, "feasible": False, "infeasible": r.plan.reason, "plan": None, "memory": r.memory}
+        return {**row, "feasible": True, **plan, "plan": plan, "memory": r.hbm}
+    return {**row, "feasible": False, "infeasible": r.plan.reason, "plan": None, "memory": r.hbm}
 
 
 def render(
@@ -167,6 +167,7 @@ def render(
     (ServiceAccount, Role, RoleBinding) and one JobSet per slice, as documents of one stream (a JSON
     list)."""
     from launcher.controller.launch import ladder_name_error, trainer_model_parallel
+    from launcher.core.policy import rules_for
     from launcher.core.record import Knobs
 
     image = trainer_image(trainer, image)
@@ -204,9 +205,9 @@ def render(
     ladder = shrink_ladder(
         shape, global_batch, max_micro_batch, max_grad_accum, catalog=catalog, model_parallel=spec.model_parallel
     )  # fmt: skip
-    if err := ladder_name_error(run, ladder, Knobs().max_segments, restart_mode):
+    if err := ladder_name_error(spec, ladder, Knobs().max_segments):
         raise UserError(err)
-    if restart_mode == ReshapeMode.IN_PLACE:
+    if rules_for(spec).WORLD:
         if err := shape.error:
             raise UserError(err)
         objects = render_world_access(spec) + [

@@ -12,7 +12,7 @@ from __future__ import annotations
 from launcher.core.podfit import pod_requests, quantity
 
 # ResourceQuota keys a pod must state a value for, or quota admission refuses it.
-# Kubernetes' compute resources of a pod (not reslice's words: "memory" is also a RestoredFrom).
+# Kubernetes' compute resources of a pod (not reslice's words: "memory" is also a StateSource).
 HOST_RESOURCES = ("cpu", "memory")
 COMPUTE_KEYS = {"cpu", "memory", "requests.cpu", "requests.memory", "limits.cpu", "limits.memory"}
 

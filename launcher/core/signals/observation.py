@@ -1,5 +1,5 @@
 """Kubernetes objects -> one Observation of a run. Pure: no client, no clock, no disk. Called by the
-controller's pass (launcher/controller/loop.py); the policy (launcher/core/policy.py) reads the observation and
+controller's pass (launcher/controller/loop.py); the policy (launcher/core/policy/) reads the observation and
 the words it uses (the JobSet phases and the restart causes, re-exported here).
 
 The inputs are the objects as the API serves them (plain dicts, camelCase): the run's JobSets and

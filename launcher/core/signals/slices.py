@@ -1,7 +1,7 @@
 """An in-place run's slices -> what each one's JobSet and pods say (docs/contract.md "World
 (in-place restarts)"): one `SliceView` per slice id the run has a JobSet or pods of. Pure. Called by
 the controller's pass (launcher/controller/snapshot.observe_run), read by the policy's in-place
-rules (launcher/core/policy.py).
+rules (launcher/core/policy/in_place.py).
 """
 
 from __future__ import annotations

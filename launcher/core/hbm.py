@@ -1,4 +1,6 @@
-"""An analytic estimate of the train step's memory per device, for every rung of the ladder.
+"""An analytic estimate of the train step's HBM (accelerator memory) per device, for every rung of the
+ladder. (The trainer's compiled figure is trainer/hbm.py's; "memory" elsewhere means the RAM snapshots
+an in-place restart restores from.)
 
 Pure arithmetic on the trainer config (as ``python -m trainer --check`` resolves it) and a batch
 plan: cheap enough for every rung, unlike compiling the step (``python -m trainer --memory`` does

@@ -1,0 +1,159 @@
+"""What both restart modes' rules use: the Decision a rule returns, rule 1 (the trainer finished),
+what holds the next segment back, choosing its rung, and ending the live segment in the record.
+
+Imported by launcher/core/policy/recreate.py and in_place.py (the two rule books) and by the package's
+`decide`; the controller (launcher/controller/loop.py) reads `Decision`. Pure, as the whole policy is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from launcher.core import record
+from launcher.core.plan import Plan, Rung
+from launcher.core.presets import Catalog
+from launcher.core.record import RunRecord
+from launcher.core.signals import observation as signals
+from launcher.core.words import Action, EndKind, RunState, TrainerState
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One pass's decision: the action, its reason, the record to write, and every object to act on,
+    so that the controller acts on it alone (Controller._act), whatever the run's restart mode: a
+    recreate decision names its segment's one JobSet (`jobset`), an in-place one its slices'."""
+
+    action: Action
+    reason: str
+    record: RunRecord  # the record to write (compare-and-swap) before acting
+    jobset: str | None = None  # recreate: the segment's JobSet to create or delete
+    # Delete the segment's pods with a zero grace period: its hosts are gone, so its survivors'
+    # collectives can never finish a step and the SIGTERM save has nothing to write.
+    force: bool = False
+    # In place: the slices whose JobSets to delete, and those whose JobSets to create.
+    slices_delete: tuple[str, ...] = ()
+    slices_create: tuple[str, ...] = ()
+
+    @property
+    def acts(self) -> bool:
+        return self.action != Action.WAIT
+
+
+# A rule: (record, observation, ladder, catalog) -> its decision, or None to let the next rule decide.
+Rule = Callable[[RunRecord, signals.Observation, list[Rung], Catalog], Decision | None]
+
+
+def best_fit(
+    ladder: list[Rung], obs: signals.Observation, *, stable_before: float | None = None
+) -> Rung | None:
+    """The largest feasible rung that fits the schedulable capacity (and has fitted since
+    `stable_before`, when given). Ladders are sorted largest first."""
+    for rung in ladder:
+        if not rung.feasible:
+            continue
+        since = obs.fits_since(rung.shape.preset.name, rung.shape.slices)
+        if since is None:
+            continue
+        if stable_before is not None and since > stable_before:
+            continue
+        return rung
+    return None
+
+
+def pool_for(rung: Rung, obs: signals.Observation, previous: tuple[str, ...]) -> str | None:
+    """The node pool a segment on `rung` names, or None: one slice only (several need JobSet's
+    exclusive placement to spread them), on a free whole slice of its preset, one of the `previous`
+    segment's pools first (a slice the run just held: its nodes have the image). Naming it spares
+    the segment's follower pods a wait for their leader (render.render_jobset)."""
+    if rung.shape.slices != 1:
+        return None
+    free = obs.free_pools.get(rung.shape.preset.name, ())
+    return next((p for p in free if p in previous), free[0] if free else None)
+
+
+def shape_words(rung: Rung) -> str:
+    """A rung in a decision's reason: its shape, devices and batch plan."""
+    plan = rung.plan
+    assert isinstance(plan, Plan)
+    return f"{rung.shape} ({rung.shape.devices} devices, micro-batch {plan.micro_batch} × {plan.grad_accum} accum)"
+
+
+def end_segment(
+    rec: RunRecord, obs: signals.Observation, kind: EndKind, reason: str, state: RunState
+) -> RunRecord:
+    """The record with its live segment ended now, at the committed step, for `kind` and `reason`."""
+    seg = rec.current
+    assert seg is not None
+    ended = replace(seg, ended_at=obs.now, end_kind=kind, end_reason=reason, end_step=obs.committed_step)
+    return replace(rec.with_segment(ended), state=state, reason=reason)
+
+
+def trainer_finished(rec: RunRecord, obs: signals.Observation) -> bool:
+    """Whether the trainer reports the run's final step, committed."""
+    status = obs.trainer or {}
+    total = rec.total_steps or status.get("total_steps")
+    return status.get("state") == TrainerState.FINISHED and total is not None and obs.committed_step == total
+
+
+def finished(
+    rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog: Catalog
+) -> Decision | None:
+    """Rule 1 of both modes. The trainer reports the final step: done, whatever else is going on."""
+    if not trainer_finished(rec, obs):
+        return None
+    seg = rec.current
+    reason = f"trainer finished step {obs.committed_step}"
+    if seg and seg.live:
+        done = end_segment(rec, obs, EndKind.FINISHED, reason, RunState.FINISHED)
+    elif seg and seg.end_step != obs.committed_step:
+        # Ended (say for a grow) but its trainer reached the final step before it stopped: the
+        # segment ended by finishing, and the restart it was ended for never happened.
+        was = f"{reason}, before the {seg.end_kind} it was ended for: {seg.end_reason}"
+        done = rec.with_segment(
+            replace(seg, end_kind=EndKind.FINISHED, end_reason=was, end_step=obs.committed_step)
+        )
+    else:
+        done = rec
+    return Decision(
+        Action.FINISH, reason, replace(done, state=RunState.FINISHED, reason=reason, finished_at=obs.now)
+    )
+
+
+def held_back(rec: RunRecord, obs: signals.Observation, pods_alive: bool) -> Decision | None:
+    """What holds the next segment back, in either restart mode: the run's old pods still alive,
+    the back-off after an application failure, or the limit of segments (the run then fails)."""
+    if pods_alive:
+        return Decision(Action.WAIT, f"waiting for {obs.run_pods_alive} pod(s) of the run to terminate", rec)
+    if obs.now < rec.next_submit_at:
+        return Decision(
+            Action.WAIT, f"backing off after an application failure until {rec.next_submit_at:.0f}", rec
+        )
+    if len(rec.segments) >= rec.knobs.max_segments:
+        reason = f"reached the limit of {rec.knobs.max_segments} segments"
+        return Decision(
+            Action.FAIL, reason, replace(rec, state=RunState.FAILED, reason=reason, finished_at=obs.now)
+        )
+    return None
+
+
+def next_rung(rec: RunRecord, obs: signals.Observation, ladder: list[Rung]) -> tuple[Rung, str] | Decision:
+    """The next segment's rung and why, or a WAIT while no rung fits. The first segment asks for
+    the requested shape even if it does not fit yet: node pools may be autoscaled from zero, and
+    capacity loss (rule 5 in either mode) shrinks it if capacity never comes."""
+    seg = rec.current
+    if seg is None:
+        return ladder[0], "launch"
+    rung = best_fit(ladder, obs)
+    if rung is None:
+        reason = "waiting for capacity: no feasible shape of the ladder fits the cluster"
+        return Decision(Action.WAIT, reason, replace(rec, state=RunState.WAITING, reason=reason))
+    return rung, f"after segment {seg.index} ({seg.end_kind})"
+
+
+def live_segment(rec: RunRecord) -> record.Segment:
+    """The live segment, which every rule after a mode's rule 2 may count on (rule 2 decides whenever
+    there is none)."""
+    seg = rec.current
+    assert seg is not None and seg.live
+    return seg
