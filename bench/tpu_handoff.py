@@ -303,8 +303,9 @@ def main() -> int:
             print(f"  {key}: {', '.join(env_check[key])}")
     for key, (a, b) in env_check["tpu"].items():
         print(f"  {key}: forked {a!r}, standby {b!r}")
+    waited = f" ({', '.join(waits)} s)" if waits else ""
     print(f"hand-offs: {ok_handoffs} of {args.handoffs} trained; lock errors {lock_errors}, chip waits {len(waits)}"
-          f" ({', '.join(waits)} s), retries {retries}; the pod exited {pod_code}")  # fmt: skip
+          f"{waited}, retries {retries}; the pod exited {pod_code}")  # fmt: skip
     for r in rows:
         print(
             f"  world {r['epoch']}: {'standby' if r['standby'] else 'forked'}, {r['steps']} steps,"
