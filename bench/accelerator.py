@@ -313,6 +313,8 @@ def step_time(name: str, sets: list[str], steps: int) -> dict:
     total, active = param_counts(cfg)
     memory = device.memory_stats() or {}
     return {
+        "memory_stats": memory,
+        "memory_analysis": {k: int(getattr(ma, k)) for k in dir(ma) if k.endswith("_in_bytes")},
         "config": name,
         "sets": sets,
         "attention": str(resolve(cfg.model.attention)),
@@ -484,13 +486,8 @@ def attention_agreement(quick: bool) -> list[dict]:
         win = jnp.int32(w) if w else None
         results = {}
         paths = [(Attention.SPLASH, {"windows": (w,)}), (Attention.BLOCKED, {"block": 64 if quick else 512})]
-        # The kernel's other block sizes, timed only: what model.splash_block would buy.
-        paths += [
-            (f"splash block {x}", {"windows": (w,), "kernel_block": x})
-            for x in ((128,) if quick else (256, 1024))
-        ]
-        for key, kw in paths:
-            kind = Attention.BLOCKED if key == Attention.BLOCKED else Attention.SPLASH
+        for kind, kw in paths:
+            t0 = time.perf_counter()
 
             def fwd_bwd(q, k, v, kind=kind, kw=kw, segments=segments, win=win):
                 out, vjp = jax.vjp(
@@ -500,23 +497,23 @@ def attention_agreement(quick: bool) -> list[dict]:
 
             fn = jax.jit(fwd_bwd)
             res = jax.block_until_ready(fn(q, k, v))
+            first = time.perf_counter() - t0
             times = []
             for _ in range(3):
                 start = time.perf_counter()
                 jax.block_until_ready(fn(q, k, v))
                 times.append(time.perf_counter() - start)
-            results[key] = (res, sorted(times)[1])
+            results[kind] = (res, sorted(times)[1])
+            print(f"    {label}, {kind}: compile and first call {first:.1f} s, "
+                  f"forward+backward {sorted(times)[1]:.4f} s", flush=True)  # fmt: skip
         (s_out, s_grads), s_time = results[Attention.SPLASH]
         (b_out, b_grads), b_time = results[Attention.BLOCKED]
         diffs = {}
         for name, x, y in zip(("out", "dq", "dk", "dv"), (s_out, *s_grads), (b_out, *b_grads), strict=True):
             x32, y32 = np.asarray(x, np.float32), np.asarray(y, np.float32)
             diffs[name] = {"max_abs": float(np.abs(x32 - y32).max()), "max_ref": float(np.abs(y32).max())}
-        others = {
-            k: round(r[1], 4) for k, r in results.items() if k not in (Attention.SPLASH, Attention.BLOCKED)
-        }
         rows.append({"case": label, "shape": [b, t, h, hd], "diffs": diffs, "splash_fwd_bwd_s": round(s_time, 4),
-                     "blocked_fwd_bwd_s": round(b_time, 4), "splash_blocks_fwd_bwd_s": others})  # fmt: skip
+                     "blocked_fwd_bwd_s": round(b_time, 4)})  # fmt: skip
     return rows
 
 
@@ -609,18 +606,6 @@ def main(argv: list[str] | None = None) -> int:
                 result["step_over_reference"] = round(st["step_s"] / ref["step_s"], 3)
                 print(f"  step {ref['step_s']} s (median of {len(ref['step_s_all'])}: {ref['step_s_all']}); "
                       f"loss {ref['loss_last']}; trainer / reference = {result['step_over_reference']}", flush=True)  # fmt: skip
-    if "attention" not in skip:
-        print(
-            "\n4. splash kernel vs blocked attention (bf16; max |diff| against the blocked path's max |value|):",
-            flush=True,
-        )
-        att = guarded("attention", lambda: attention_agreement(args.quick))
-        if att:
-            result["attention"] = att
-            for r in att:
-                d = "; ".join(f"{k} {v['max_abs']:.3g} of {v['max_ref']:.3g}" for k, v in r["diffs"].items())
-                print(f"  {r['shape']} {r['case']}: {d}; forward+backward splash {r['splash_fwd_bwd_s']} s, "
-                      f"blocked {r['blocked_fwd_bwd_s']} s; {r['splash_blocks_fwd_bwd_s']}", flush=True)  # fmt: skip
     if "moe" not in skip:
         # At most 2 sequences: the routed rows' buffers (top-8 of 64 experts) are not in the allowance.
         moe_sets, moe_why = pick("olmoe-1b", limit, 0, 0, args.quick, max_layers=2, batches=(1, 2))
@@ -636,6 +621,18 @@ def main(argv: list[str] | None = None) -> int:
                 result["moe"][kind] = mo
                 print(f"  expert matmul {kind}: step {mo['step_s']} s; {mo['tokens_per_s']:.0f} tokens/s; "
                       f"MFU {mo['mfu']} ({_count(mo['active_params'])} active of {_count(mo['params'])})", flush=True)  # fmt: skip
+    if "attention" not in skip:
+        print(
+            "\n4. splash kernel vs blocked attention (bf16; max |diff| against the blocked path's max |value|):",
+            flush=True,
+        )
+        att = guarded("attention", lambda: attention_agreement(args.quick))
+        if att:
+            result["attention"] = att
+            for r in att:
+                d = "; ".join(f"{k} {v['max_abs']:.3g} of {v['max_ref']:.3g}" for k, v in r["diffs"].items())
+                print(f"  {r['shape']} {r['case']}: {d}; forward+backward splash {r['splash_fwd_bwd_s']} s, "
+                      f"blocked {r['blocked_fwd_bwd_s']} s", flush=True)  # fmt: skip
     if args.json:
         print(json.dumps(result, default=str))
     return 0 if all(r.get("ok") or "error" in r for r in rows) else 1
