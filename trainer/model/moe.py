@@ -119,13 +119,19 @@ def _experts_dense(buf, local_expert, valid, w_gate, w_up, w_down, e_loc):
     rematerialised, so that the backward pass keeps no per-expert activations."""
     key = jnp.where(valid, local_expert, e_loc)
 
+    def expert(e: jax.Array, wg: jax.Array, wu: jax.Array, wd: jax.Array) -> jax.Array:
+        h = jax.nn.silu(buf @ wg) * (buf @ wu)
+        return jnp.where((key == e)[:, None], h @ wd, 0)
+
     @jax.checkpoint
     def one(acc: jax.Array, xs: tuple) -> tuple[jax.Array, None]:
-        e, wg, wu, wd = xs
-        h = jax.nn.silu(buf @ wg) * (buf @ wu)
-        return acc + jnp.where((key == e)[:, None], h @ wd, 0), None
+        return acc + expert(*xs), None
 
-    out, _ = jax.lax.scan(one, jnp.zeros_like(buf), (jnp.arange(e_loc), w_gate, w_up, w_down))
+    # The carry starts as expert 0's output, not zeros: inside shard_map a constant's type does not
+    # vary over the mesh axes the received rows vary over, and scan wants one carry type.
+    first = expert(jnp.int32(0), w_gate[0], w_up[0], w_down[0])
+    rest = (jnp.arange(1, e_loc), w_gate[1:], w_up[1:], w_down[1:])
+    out, _ = jax.lax.scan(one, first, rest)
     return out
 
 
