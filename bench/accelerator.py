@@ -255,7 +255,7 @@ def _planner_estimate(cfg) -> float:
 
     from launcher.core.memory import estimate
 
-    plan = SimpleNamespace(devices=1, micro_batch=cfg.train.global_batch, model_parallel=1)
+    plan = SimpleNamespace(devices=1, micro_batch=cfg.train.global_batch, model_parallel=1, grad_accum=1)
     return estimate(cfg.to_dict(), plan)["total"]
 
 
@@ -286,7 +286,9 @@ def step_time(name: str, sets: list[str], steps: int) -> dict:
         stop = jax.device_put(np.zeros(mesh.size, np.int32), device_sharding(mesh))
         compiled = step.lower(plain(abstract), tokens, stop).compile()
         ma = compiled.memory_analysis()
-        xla_bytes = (
+        # XLA's own peak where the backend reports it (a TPU's does), else what `trainer --memory`
+        # adds up (arguments + outputs - aliased + temporaries, which double-counts on a TPU).
+        xla_bytes = getattr(ma, "peak_memory_in_bytes", 0) or (
             ma.argument_size_in_bytes
             + ma.output_size_in_bytes
             - ma.alias_size_in_bytes
@@ -312,6 +314,10 @@ def step_time(name: str, sets: list[str], steps: int) -> dict:
     achieved = fpt * batch * seq / step_s
     total, active = param_counts(cfg)
     memory = device.memory_stats() or {}
+    # A TPU's runtime reserves an executable's temporaries apart from the buffers it allocates: the
+    # step's peak is the peak in use (the state, the batch) plus the peak reserved (the temporaries).
+    peak_bytes = memory.get("peak_bytes_in_use", 0) + memory.get("peak_bytes_reserved", 0)
+    planner = _planner_estimate(cfg)
     return {
         "memory_stats": memory,
         "memory_analysis": {k: int(getattr(ma, k)) for k in dir(ma) if k.endswith("_in_bytes")},
@@ -332,9 +338,13 @@ def step_time(name: str, sets: list[str], steps: int) -> dict:
         "model_tflops_per_s": round(achieved / 1e12, 1),
         "peak_bf16_tflops": peak / 1e12 if peak else None,
         "mfu": round(achieved / peak, 4) if peak else None,
-        "peak_hbm_gib": round(memory.get("peak_bytes_in_use", 0) / GIB, 2),
-        "xla_compiled_gib": round(xla_bytes / GIB, 2),
-        "planner_estimate_gib": round(_planner_estimate(cfg) / GIB, 2),
+        "peak_hbm_gib": round(peak_bytes / GIB, 2),
+        "peak_in_use_gib": round(memory.get("peak_bytes_in_use", 0) / GIB, 2),
+        "peak_reserved_gib": round(memory.get("peak_bytes_reserved", 0) / GIB, 2),
+        "xla_peak_gib": round(xla_bytes / GIB, 2),
+        "planner_estimate_gib": round(planner / GIB, 2),
+        "planner_over_peak": round(planner / peak_bytes, 3) if peak_bytes else None,
+        "planner_over_xla": round(planner / xla_bytes, 3) if xla_bytes else None,
         "loss_last": round(loss, 4),
         "_cfg": cfg,
     }
@@ -595,8 +605,10 @@ def main(argv: list[str] | None = None) -> int:
               f"  compile {st['compile_s']} s; step {st['step_s']} s (median of {len(st['step_s_all'])}: "
               f"{st['step_s_all']}); {st['tokens_per_s']:.0f} tokens/s; {st['model_tflops_per_s']} TFLOP/s; "
               f"MFU {st['mfu']} of {st['peak_bf16_tflops']} TFLOP/s; loss {st['loss_last']}\n"
-              f"  HBM: peak in use {st['peak_hbm_gib']} GiB; planner's estimate {st['planner_estimate_gib']} GiB "
-              f"(launcher.core.memory); XLA's compiled step {st['xla_compiled_gib']} GiB", flush=True)  # fmt: skip
+              f"  HBM: peak {st['peak_hbm_gib']} GiB (in use {st['peak_in_use_gib']} + reserved for the step's "
+              f"temporaries {st['peak_reserved_gib']}); planner's estimate {st['planner_estimate_gib']} GiB "
+              f"(launcher.core.memory: {st['planner_over_peak']} of the peak); XLA's peak for the step "
+              f"{st['xla_peak_gib']} GiB", flush=True)  # fmt: skip
         if "reference" not in skip:
             print("\n3. plain-JAX reference step, same shape and attention:", flush=True)
             ref = guarded("reference", lambda: reference_step(cfg, args.steps))
@@ -620,7 +632,9 @@ def main(argv: list[str] | None = None) -> int:
                 mo.pop("_cfg")
                 result["moe"][kind] = mo
                 print(f"  expert matmul {kind}: step {mo['step_s']} s; {mo['tokens_per_s']:.0f} tokens/s; "
-                      f"MFU {mo['mfu']} ({_count(mo['active_params'])} active of {_count(mo['params'])})", flush=True)  # fmt: skip
+                      f"MFU {mo['mfu']} ({_count(mo['active_params'])} active of {_count(mo['params'])}); "
+                      f"XLA's peak {mo['xla_peak_gib']} GiB, planner's estimate {mo['planner_estimate_gib']} GiB "
+                      f"(the process's peak is part 2's)", flush=True)  # fmt: skip
     if "attention" not in skip:
         print(
             "\n4. splash kernel vs blocked attention (bf16; max |diff| against the blocked path's max |value|):",
