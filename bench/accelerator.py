@@ -480,7 +480,7 @@ def attention_agreement(quick: bool) -> list[dict]:
     import jax.numpy as jnp
     import numpy as np
 
-    from trainer.config import Attention
+    from trainer.config import AttentionKind
     from trainer.model.attention import attend
     from trainer.model.transformer import segment_ids
 
@@ -495,7 +495,10 @@ def attention_agreement(quick: bool) -> list[dict]:
     for label, segments, w in (("causal", None, 0), (f"window {window}, 8 documents", seg, window)):
         win = jnp.int32(w) if w else None
         results = {}
-        paths = [(Attention.SPLASH, {"windows": (w,)}), (Attention.BLOCKED, {"block": 64 if quick else 512})]
+        paths = [
+            (AttentionKind.SPLASH, {"windows": (w,)}),
+            (AttentionKind.BLOCKED, {"block": 64 if quick else 512}),
+        ]
         for kind, kw in paths:
             t0 = time.perf_counter()
 
@@ -516,8 +519,8 @@ def attention_agreement(quick: bool) -> list[dict]:
             results[kind] = (res, sorted(times)[1])
             print(f"    {label}, {kind}: compile and first call {first:.1f} s, "
                   f"forward+backward {sorted(times)[1]:.4f} s", flush=True)  # fmt: skip
-        (s_out, s_grads), s_time = results[Attention.SPLASH]
-        (b_out, b_grads), b_time = results[Attention.BLOCKED]
+        (s_out, s_grads), s_time = results[AttentionKind.SPLASH]
+        (b_out, b_grads), b_time = results[AttentionKind.BLOCKED]
         diffs = {}
         for name, x, y in zip(("out", "dq", "dk", "dv"), (s_out, *s_grads), (b_out, *b_grads), strict=True):
             x32, y32 = np.asarray(x, np.float32), np.asarray(y, np.float32)

@@ -34,7 +34,7 @@ class ConfigError(Exception):
     """A configuration or launch-contract error: reported in one line, exit code 2, never retried."""
 
 
-class Attention(StrEnum):
+class AttentionKind(StrEnum):
     """``model.attention``: how attention is computed (not what it computes: every kind gives the same
     numbers within rounding, tests/trainer/test_attention.py)."""
 
@@ -81,7 +81,7 @@ class ModelConfig:
     # (OLMo 3: window 4096, N = 4); 0 with a window: every layer local.
     sliding_window: int = 0
     global_every: int = 0
-    # How attention is computed (Attention); not part of the run's identity, like attention_block.
+    # How attention is computed (AttentionKind); not part of the run's identity, like attention_block.
     attention: str = "auto"
     # The splash kernel's query/key block (every block size of its forward and backward passes):
     # 0 chooses for the shape (trainer/model/attention.py splash_block).
@@ -488,7 +488,7 @@ def validate(cfg: Config) -> None:
          "model.attention_block must divide model.seq_len (0: whole)"),
         (m.loss_chunk >= 0 and (not m.loss_chunk or m.seq_len % m.loss_chunk == 0),
          "model.loss_chunk must divide model.seq_len (0: whole)"),
-        (m.attention in tuple(Attention), f"model.attention must be one of {', '.join(Attention)}, got {m.attention!r}"),
+        (m.attention in tuple(AttentionKind), f"model.attention must be one of {', '.join(AttentionKind)}, got {m.attention!r}"),
         (m.splash_block >= 0 and (not m.splash_block or (m.seq_len % m.splash_block == 0 and m.splash_block % 128 == 0)),
          "model.splash_block must be a multiple of 128 that divides model.seq_len (0: chosen for the shape)"),
         (m.sliding_window >= 0 and m.global_every >= 0, "model.sliding_window and model.global_every must be >= 0 (0: none)"),

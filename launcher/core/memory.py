@@ -35,7 +35,7 @@ from typing import Any, Protocol
 GIB = 2**30
 
 
-class AttentionKind(StrEnum):
+class TrainerAttention(StrEnum):
     """The trainer's ``model.attention`` values (trainer/config.py Attention; the launcher cannot
     import the trainer). ``auto`` is the splash kernel on a TPU, which is what the launcher plans."""
 
@@ -45,7 +45,7 @@ class AttentionKind(StrEnum):
     DENSE = "dense"
 
 
-KERNEL_ATTENTION = (AttentionKind.AUTO, AttentionKind.SPLASH)
+KERNEL_ATTENTION = (TrainerAttention.AUTO, TrainerAttention.SPLASH)
 
 
 class PlanLike(Protocol):
@@ -101,10 +101,10 @@ def estimate(cfg: dict[str, Any], plan: PlanLike) -> dict[str, float]:
     inner = b * seq * (6 * d + 2 * heads + 2 * kv_width + 3 * ff / t) * a
     if moe_layer:  # dispatch and return buffers of the routed rows
         inner += 4 * b * seq * e["top_k"] * d * a
-    if m.get("attention", AttentionKind.AUTO) in KERNEL_ATTENTION:
+    if m.get("attention", TrainerAttention.AUTO) in KERNEL_ATTENTION:
         scores = b * (h / t) * seq * 4 * 2  # the kernel's log-sum-exp and its gradient's
     else:
-        block = m.get("attention_block") or seq if m.get("attention") != AttentionKind.DENSE else seq
+        block = m.get("attention_block") or seq if m.get("attention") != TrainerAttention.DENSE else seq
         scores = b * (h / t) * min(block, seq) * seq * 4 * 3
     remat = m.get("remat", "none")
     if remat == "full":

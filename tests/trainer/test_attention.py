@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from trainer import config
-from trainer.config import Attention, ConfigError
+from trainer.config import AttentionKind, ConfigError
 from trainer.model.attention import attend, resolve, splash_block
 from trainer.model.mesh import logical_rules, mesh_for
 from trainer.model.transformer import Transformer
@@ -64,9 +64,9 @@ def test_every_path_equals_the_reference_forward_and_gradients(case: str) -> Non
     want = value_and_grads(lambda q, k, v: reference(q, k, v, seg, window), q, k, v, cot)
     win = jnp.int32(window) if window else None
     paths = {
-        "splash": dict(kind=Attention.SPLASH, kernel_block=128, windows=(window,)),
-        "blocked": dict(kind=Attention.BLOCKED, block=64),
-        "dense": dict(kind=Attention.DENSE),
+        "splash": dict(kind=AttentionKind.SPLASH, kernel_block=128, windows=(window,)),
+        "blocked": dict(kind=AttentionKind.BLOCKED, block=64),
+        "dense": dict(kind=AttentionKind.DENSE),
     }
     for name, kw in paths.items():
         got = value_and_grads(
@@ -87,9 +87,9 @@ def test_the_window_changes_the_output_and_the_kernel_switches_per_layer_window(
     for w in (0, 32):
         want = reference(q, k, v, window=w)
         splash = attend(
-            q, k, v, kind=Attention.SPLASH, kernel_block=128, window=jnp.int32(w), windows=(0, 32)
+            q, k, v, kind=AttentionKind.SPLASH, kernel_block=128, window=jnp.int32(w), windows=(0, 32)
         )
-        blocked = attend(q, k, v, kind=Attention.BLOCKED, block=64, window=jnp.int32(w))
+        blocked = attend(q, k, v, kind=AttentionKind.BLOCKED, block=64, window=jnp.int32(w))
         assert float(jnp.abs(splash - want).max()) < TOL, w
         assert float(jnp.abs(blocked - want).max()) < TOL, w
 
@@ -132,7 +132,9 @@ def test_config_keys() -> None:
     assert config.layer_windows(config.resolve("olmo-7b", [], {}).model) == [4096, 4096, 4096, 0] * 8
     cfg = config.resolve("tiny", ["model.sliding_window=8"], {})
     assert config.layer_windows(cfg.model) == [8, 8]
-    assert resolve("auto") == (Attention.SPLASH if jax.default_backend() == "tpu" else Attention.BLOCKED)
+    assert resolve("auto") == (
+        AttentionKind.SPLASH if jax.default_backend() == "tpu" else AttentionKind.BLOCKED
+    )
     assert splash_block(8192) == 512 and splash_block(384) == 128 and splash_block(8192, 256) == 256
     with pytest.raises(ConfigError, match=r"model\.attention must be one of auto, splash, blocked, dense"):
         config.resolve("tiny", ["model.attention=flash"], {})

@@ -1,6 +1,6 @@
 """Causal self-attention on [B, T, H, hd]: the Pallas TPU splash kernel, query blocks, or all at once.
 
-``model.attention`` (config.Attention) picks how; every kind computes the same function (within
+``model.attention`` (config.AttentionKind) picks how; every kind computes the same function (within
 rounding: tests/trainer/test_attention.py runs the kernel in Pallas interpret mode on CPU against
 the blocked path, forward and gradients):
 
@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec as P
 
-from trainer.config import Attention, ConfigError
+from trainer.config import AttentionKind, ConfigError
 from trainer.model.mesh import BATCH_AXES
 
 TENSOR_AXIS = "tensor"
@@ -42,12 +42,12 @@ TENSOR_AXIS = "tensor"
 SPLASH_BLOCKS = (512, 256, 128)
 
 
-def resolve(kind: str) -> Attention:
+def resolve(kind: str) -> AttentionKind:
     """``auto`` -> ``splash`` on a TPU backend, ``blocked`` elsewhere; other kinds as they are."""
-    kind = Attention(kind)
-    if kind != Attention.AUTO:
+    kind = AttentionKind(kind)
+    if kind != AttentionKind.AUTO:
         return kind
-    return Attention.SPLASH if jax.default_backend() == "tpu" else Attention.BLOCKED
+    return AttentionKind.SPLASH if jax.default_backend() == "tpu" else AttentionKind.BLOCKED
 
 
 def splash_block(seq_len: int, requested: int = 0) -> int:
@@ -202,7 +202,7 @@ def attend(
     k: jax.Array,
     v: jax.Array,
     *,
-    kind: Attention,
+    kind: AttentionKind,
     block: int = 0,
     kernel_block: int = 0,
     segments: jax.Array | None = None,
@@ -213,7 +213,7 @@ def attend(
 
     ``block``: model.attention_block (blocked); ``kernel_block``: the splash kernel's block
     (``splash_block``); ``window``: this layer's window (traced, 0: global; None: no window)."""
-    if kind == Attention.SPLASH:
+    if kind == AttentionKind.SPLASH:
         return splash_attention(
             q, k, v, block=kernel_block or splash_block(q.shape[1]), segments=segments,
             window=window, windows=windows,
@@ -221,4 +221,4 @@ def attend(
     groups = q.shape[2] // k.shape[2]
     if groups > 1:  # grouped-query attention: query head i reads key/value head i // groups
         k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
-    return blocked_attention(q, k, v, 0 if kind == Attention.DENSE else block, segments, window)
+    return blocked_attention(q, k, v, 0 if kind == AttentionKind.DENSE else block, segments, window)
