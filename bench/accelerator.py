@@ -323,7 +323,7 @@ def step_time(name: str, sets: list[str], steps: int) -> dict:
         "memory_analysis": {k: int(getattr(ma, k)) for k in dir(ma) if k.endswith("_in_bytes")},
         "config": name,
         "sets": sets,
-        "attention": str(resolve(cfg.model.attention)),
+        "attention": str(resolve(cfg.model.attention, seq, cfg.model.head_dim)),
         "device_kind": device.device_kind,
         "layers": cfg.model.n_layers,
         "vocab_size": cfg.model.vocab_size,
@@ -376,7 +376,7 @@ def reference_step(cfg, steps: int) -> dict:
         m.n_layers,
     )
     batch, seq, dt = cfg.train.global_batch, m.seq_len, jnp.dtype(m.dtype)
-    kind, windows = resolve(m.attention), layer_windows(m)
+    kind, windows = resolve(m.attention, m.seq_len, m.head_dim), layer_windows(m)
     distinct = tuple(sorted(set(windows)))
     eos = cfg.data.eos_id
 

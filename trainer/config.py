@@ -489,6 +489,8 @@ def validate(cfg: Config) -> None:
         (m.loss_chunk >= 0 and (not m.loss_chunk or m.seq_len % m.loss_chunk == 0),
          "model.loss_chunk must divide model.seq_len (0: whole)"),
         (m.attention in tuple(AttentionKind), f"model.attention must be one of {', '.join(AttentionKind)}, got {m.attention!r}"),
+        (m.attention != AttentionKind.SPLASH or m.seq_len % 128 == 0,
+         "model.attention=splash needs model.seq_len to be a multiple of 128 (the kernel's tiles): use blocked"),
         (m.splash_block >= 0 and (not m.splash_block or (m.seq_len % m.splash_block == 0 and m.splash_block % 128 == 0)),
          "model.splash_block must be a multiple of 128 that divides model.seq_len (0: chosen for the shape)"),
         (m.sliding_window >= 0 and m.global_every >= 0, "model.sliding_window and model.global_every must be >= 0 (0: none)"),

@@ -135,12 +135,15 @@ def test_config_keys() -> None:
     assert config.layer_windows(config.resolve("olmo-7b", [], {}).model) == [4096, 4096, 4096, 0] * 8
     cfg = config.resolve("tiny", ["model.sliding_window=8"], {})
     assert config.layer_windows(cfg.model) == [8, 8]
-    assert resolve("auto") == (
+    assert resolve("auto", 32, 16) == AttentionKind.BLOCKED  # a toy shape: blocked on any backend
+    assert resolve("auto", 8192, 128) == (
         AttentionKind.SPLASH if jax.default_backend() == "tpu" else AttentionKind.BLOCKED
     )
     assert splash_block(8192) == 512 and splash_block(384) == 128 and splash_block(8192, 256) == 256
     with pytest.raises(ConfigError, match=r"model\.attention must be one of auto, splash, blocked, dense"):
         config.resolve("tiny", ["model.attention=flash"], {})
+    with pytest.raises(ConfigError, match=r"model\.attention=splash needs model\.seq_len"):
+        config.resolve("tiny", ["model.attention=splash"], {})  # seq_len 32: no 128-token tile
     with pytest.raises(ConfigError, match="global_every needs"):
         config.resolve("tiny", ["model.global_every=4"], {})
     with pytest.raises(ConfigError, match="expert_matmul"):

@@ -40,14 +40,18 @@ TENSOR_AXIS = "tensor"
 # The kernel's block: the largest of these that divides the sequence. 512 is MaxText's default
 # for its splash blocks on TPU; 128 is the lane width, below which the kernel's tiles do not go.
 SPLASH_BLOCKS = (512, 256, 128)
+LANES = 128
 
 
-def resolve(kind: str) -> AttentionKind:
-    """``auto`` -> ``splash`` on a TPU backend, ``blocked`` elsewhere; other kinds as they are."""
+def resolve(kind: str, seq_len: int, head_dim: int) -> AttentionKind:
+    """``auto`` -> ``splash`` on a TPU backend for shapes the kernel tiles (the sequence and the
+    head a multiple of the 128 lanes: every pretraining config), ``blocked`` elsewhere (CPU, GPU,
+    the toy configs); other kinds as they are."""
     kind = AttentionKind(kind)
     if kind != AttentionKind.AUTO:
         return kind
-    return AttentionKind.SPLASH if jax.default_backend() == "tpu" else AttentionKind.BLOCKED
+    tiles = seq_len % LANES == 0 and head_dim % LANES == 0
+    return AttentionKind.SPLASH if jax.default_backend() == "tpu" and tiles else AttentionKind.BLOCKED
 
 
 def splash_block(seq_len: int, requested: int = 0) -> int:

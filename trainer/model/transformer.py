@@ -72,7 +72,7 @@ class Attention(nnx.Module):
         self.k_norm = RMSNorm(kv * hd) if cfg.qk_norm else None
         self.theta, self.block = cfg.rope_theta, cfg.attention_block
         # Static: the kind resolved for this backend, the kernel's block, every window of the model.
-        self.kind, self.kernel_block = resolve(cfg.attention), cfg.splash_block
+        self.kind, self.kernel_block = resolve(cfg.attention, cfg.seq_len, hd), cfg.splash_block
         self.windows = tuple(sorted(set(layer_windows(cfg))))
 
     def __call__(
