@@ -38,7 +38,7 @@ class AttentionKind(StrEnum):
     """``model.attention``: how attention is computed (not what it computes: every kind gives the same
     numbers within rounding, tests/trainer/test_attention.py)."""
 
-    AUTO = "auto"  # SPLASH on a TPU backend, BLOCKED elsewhere
+    AUTO = "auto"  # SPLASH on a TPU backend (sequence and head multiples of 128), BLOCKED elsewhere
     SPLASH = "splash"  # the Pallas TPU splash kernel (interpret mode off a TPU: tests only)
     BLOCKED = "blocked"  # query blocks of model.attention_block (0: DENSE)
     DENSE = "dense"  # the whole T × T scores at once (jax.nn.dot_product_attention)

@@ -12,8 +12,8 @@ the blocked path, forward and gradients):
   goes in as is (the kernel maps query head i to key/value head i // groups).
 - ``blocked``: ``model.attention_block`` queries at a time in plain JAX (XLA on any backend);
   ``dense``: the whole T × T scores (``jax.nn.dot_product_attention``).
-- ``auto``: ``splash`` on a TPU backend, ``blocked`` elsewhere: on CPU the program is the one the
-  trainer compiled before the kernel existed.
+- ``auto``: ``splash`` on a TPU backend for shapes the kernel tiles, ``blocked`` elsewhere: on CPU
+  the program is the one the trainer compiled before the kernel existed.
 
 Masks: causal; with segment ids (``model.document_attention``) a query sees only keys of its own
 segment; with a window W (``model.sliding_window``) only the last W positions, itself included
