@@ -94,6 +94,25 @@ def test_the_window_changes_the_output_and_the_kernel_switches_per_layer_window(
         assert float(jnp.abs(blocked - want).max()) < TOL, w
 
 
+def test_the_kernel_per_device_splits_heads_and_repeats_too_few_key_value_heads(cpu8: list) -> None:
+    """Under a mesh (fsdp 4 × tensor 2) the kernel runs per device on its batch rows and heads; one
+    key/value head cannot be split over 2 tensor shards, so it is repeated first: same numbers."""
+    cfg = config.resolve("tiny", ["mesh.fsdp=4", "mesh.tensor=2"], {})
+    q, k, v, segments, cot = inputs(1, seed=2)
+    q, k, v, segments, cot = (jnp.concatenate([a, a]) for a in (q, k, v, segments, cot))  # 4 rows
+    want = value_and_grads(lambda q, k, v: reference(q, k, v, segments, 48), q, k, v, cot)
+    with jax.set_mesh(mesh_for(cfg, cpu8)):
+        fn = jax.jit(
+            lambda q, k, v: attend(
+                q, k, v, kind=AttentionKind.SPLASH, kernel_block=128, segments=segments,
+                window=jnp.int32(48), windows=(0, 48),
+            )
+        )  # fmt: skip
+        got = value_and_grads(fn, q, k, v, cot)
+    for label, a, b in zip(("out", "dq", "dk", "dv"), [got[0], *got[1]], [want[0], *want[1]], strict=True):
+        assert float(jnp.abs(a - b).max()) < TOL, label
+
+
 def _model_loss(cfg: config.Config, mesh) -> tuple[float, dict]:
     tokens = jax.random.randint(jax.random.key(1), (4, cfg.model.seq_len + 1), 0, cfg.model.vocab_size)
     tokens = tokens.at[:, 17::29].set(cfg.data.eos_id)  # documents of 29 tokens, shorter than the window
