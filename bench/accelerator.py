@@ -15,7 +15,7 @@
    ``model.attention=auto`` (the splash kernel on a TPU): seconds per step, tokens per second, MFU =
    ``trainer.model.sizes.flops_per_token`` × tokens / s / the device's peak dense bf16 FLOP/s (a table
    below, the vendors' figures), the peak HBM in use beside the planner's estimate
-   (``launcher.core.memory.estimate``, what ``plan``/``preflight`` use) and XLA's compiled figure for the
+   (``launcher.core.hbm.estimate``, what ``plan``/``preflight`` use) and XLA's compiled figure for the
    same step (what ``python -m trainer --memory`` reports).
 3. Reference. In the same process a plain-JAX step of the same shape (a functional transformer, the
    same attention call, optax's AdamW): ``step_over_reference`` is what the trainer adds.
@@ -253,7 +253,7 @@ def _planner_estimate(cfg) -> float:
     """What ``launcher plan``/``preflight`` estimate per device for this config on one device."""
     from types import SimpleNamespace
 
-    from launcher.core.memory import estimate
+    from launcher.core.hbm import estimate
 
     plan = SimpleNamespace(devices=1, micro_batch=cfg.train.global_batch, model_parallel=1, grad_accum=1)
     return estimate(cfg.to_dict(), plan)["total"]
@@ -610,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
               f"MFU {st['mfu']} of {st['peak_bf16_tflops']} TFLOP/s; loss {st['loss_last']}\n"
               f"  HBM: peak {st['peak_hbm_gib']} GiB (in use {st['peak_in_use_gib']} + reserved for the step's "
               f"temporaries {st['peak_reserved_gib']}); planner's estimate {st['planner_estimate_gib']} GiB "
-              f"(launcher.core.memory: {st['planner_over_peak']} of the peak); XLA's peak for the step "
+              f"(launcher.core.hbm: {st['planner_over_peak']} of the peak); XLA's peak for the step "
               f"{st['xla_peak_gib']} GiB", flush=True)  # fmt: skip
         if "reference" not in skip:
             print("\n3. plain-JAX reference step, same shape and attention:", flush=True)
