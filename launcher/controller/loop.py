@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import os
 import socket
 import threading
@@ -44,7 +43,7 @@ from launcher.core.labels import (
     slice_jobset_name,
     world_configmap_name,
 )
-from launcher.core.plan import shrink_ladder
+from launcher.core.plan import run_ladder
 from launcher.core.presets import Catalog
 from launcher.core.record import RunRecord
 from launcher.core.render import render_jobset, render_slice_jobset
@@ -182,16 +181,7 @@ class Controller:
         with self._deciding():
             snap = snap or self.snapshot()
             obs = observe_run(rec, snap, progress, self.clock(), self.catalog, self.memos)
-            spec = rec.spec
-            ladder = shrink_ladder(
-                rec.requested(self.catalog),
-                spec.global_batch,
-                spec.max_micro_batch,
-                spec.max_grad_accum,
-                catalog=self.catalog,
-                model_parallel=spec.model_parallel,
-                trainer_config=json.loads(spec.trainer_config) if spec.trainer_config else None,
-            )
+            ladder = run_ladder(rec.spec, rec.requested(self.catalog), self.catalog)
             decision = policy.decide(rec, obs, ladder, self.catalog)
         decision = self._local_coordinator(decision)
         decided_at = time.time()  # the record's PUT follows: what the API server takes is after this
@@ -234,6 +224,7 @@ class Controller:
                         else {}
                     ),
                     **({"zero_grace": True} if decision.force else {}),
+                    **({"wait": decision.wait} if decision.wait else {}),
                 }
             )
         # The ledger gets the decision before the action: a controller that dies in between

@@ -51,6 +51,20 @@ class Action(StrEnum):
     NEW_WORLD = "new-world"
 
 
+class WaitReason(StrEnum):
+    """Why a run waits for capacity instead of starting or reshaping a segment (`Decision.wait`, the
+    ledger's `wait` key, `RunRecord.waiting`): the on-call person's first question."""
+
+    # No feasible rung of the ladder fits what the cluster has (nodes, or in a Kueue queue the
+    # slices admitted).
+    NO_ROOM = "no-room"
+    # Some rung fits the cluster, but none of those holds the run: their batch plan or the trainer
+    # config's HBM estimate does not fit (launcher/core/plan.py), so the run never goes there.
+    ONLY_INFEASIBLE = "only-infeasible-shapes-fit"
+    # Kueue has not admitted (unsuspended) the slice JobSets a world needs yet (docs/gke.md "Kueue").
+    ADMISSION = "kueue-admission"
+
+
 class Phase(StrEnum):
     """The phase of a segment's JobSet, as the signals read it."""
 

@@ -268,7 +268,7 @@ CASES = [
         "unschedulable and nothing smaller fits waits",
         lambda: record_on(1),
         lambda rec: observe(rec, pods=pending([0], since=T0), pools=0, now=T0 + 1000),
-        Want(Action.WAIT, reason=("no smaller feasible shape",)),
+        Want(Action.WAIT, reason=("waiting for capacity (no-room)", "no feasible shape of the ladder fits")),
     ),
     Case(
         "the next segment waits for the old pods to terminate",

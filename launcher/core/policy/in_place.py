@@ -43,6 +43,7 @@ from launcher.core.policy.shared import (
     held_back,
     live_segment,
     next_rung,
+    no_fit,
     shape_words,
 )
 from launcher.core.presets import Catalog
@@ -301,7 +302,8 @@ def slice_lost(
         f" (node pools lost: {', '.join(sorted(lost_pools))})" if lost_pools else " (pods unschedulable)"
     )
     if rung is None:
-        return Decision(Action.WAIT, f"{cause}; no smaller feasible shape fits either", rec)
+        wait, words = no_fit(ladder, obs, current.devices)
+        return Decision(Action.WAIT, f"{cause}; waiting for capacity ({wait}): {words}", rec, wait=wait)
     same = rung.shape.preset.name == current.preset.name
     slices = worlds.world_slices(seg.slice_ids, survivors if same else (), rung.shape.slices)
     reason = f"capacity lost: {cause}; shrinking {current} -> {rung.shape} in place"

@@ -42,6 +42,7 @@ from launcher.core.policy.shared import (
     held_back,
     live_segment,
     next_rung,
+    no_fit,
     pool_for,
     shape_words,
 )
@@ -251,7 +252,8 @@ def capacity_lost(
         causes.append(f"node pool {seg.pool} is no longer free")
     cause = "; ".join(causes)
     if rung is None:
-        return Decision(Action.WAIT, f"{cause}; no smaller feasible shape fits either", rec)
+        wait, words = no_fit(ladder, obs, most + 1)
+        return Decision(Action.WAIT, f"{cause}; waiting for capacity ({wait}): {words}", rec, wait=wait)
     how = "on another node pool" if rung.shape.devices == current.devices else "shrinking"
     reason = f"capacity lost: {cause}; {how} {current} -> {shape_words(rung)}"
     ended = end_segment(rec, obs, EndKind.CAPACITY_LOST, reason, RunState.RESHAPING)
