@@ -235,8 +235,9 @@ class Controller:
         crash_point(f"after-record:{where}")
         try:
             self._act(decision, published)
-            if not decision.acts and self._world_behind(decision.record):
-                self.publish_world(decision.record)  # recorded, then the controller stopped
+            if not decision.acts and decision.publish and self._world_behind(decision.record):
+                # Recorded, then the controller stopped; or held back until Kueue admitted its slices.
+                self.publish_world(decision.record)
             if decision.record.terminal:
                 self._clean_world(decision.record)
         except UserError as e:  # the cluster refused the JobSet (422): retrying cannot help
@@ -272,6 +273,7 @@ class Controller:
             or seg is None
             or not seg.live
             or d.action not in {Action.START_SEGMENT, Action.NEW_WORLD, Action.CREATE_JOBSET}
+            or not d.publish  # a slice of it not admitted by Kueue yet: a later pass publishes it
         ):
             return False
         self.publish_world(d.record)
@@ -290,7 +292,7 @@ class Controller:
         run, spec, seg = rec.name, rec.spec, rec.current
         live = seg is not None and seg.live
         starts = d.action in {Action.START_SEGMENT, Action.NEW_WORLD, Action.CREATE_JOBSET}
-        if not published and live and starts and policy.rules_for(spec).WORLD:
+        if not published and live and starts and d.publish and policy.rules_for(spec).WORLD:
             self.publish_world(rec)
         if d.jobset and d.action in {Action.END, Action.DELETE}:
             self.kube.delete_jobset(d.jobset)

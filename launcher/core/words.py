@@ -33,6 +33,9 @@ class EndKind(StrEnum):
     GROW = "grow"  # a larger shape has fitted for the grow window
     LOST = "lost"  # its JobSet disappeared behind the controller's back
     RESTART = "restart"  # in place: a slice of its world restarted under it; the same slices, a new world
+    # Kueue suspended its JobSet (or one of its world's slice JobSets): evicted or preempted, or not
+    # admitted within the grace period (docs/gke.md "Kueue"). The next segment is smaller.
+    EVICTED = "evicted"
 
 
 class Action(StrEnum):

@@ -18,6 +18,7 @@ than compare the mode, so a third mode is one more module and one more line in B
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 from launcher.core.plan import Rung
@@ -46,6 +47,10 @@ class Rules(Protocol):
         """The facts the observation adds to the record before the rules run."""
         ...
 
+    def publishable(self, rec: RunRecord, obs: signals.Observation) -> bool:
+        """Whether the live segment's world may be published (never, without a world)."""
+        ...
+
 
 BY_MODE: dict[RestartMode, Rules] = {
     RestartMode.RECREATE: recreate,
@@ -68,5 +73,5 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
     rec = rules.bookkeep(rec, obs)
     for rule in rules.RULES:
         if (decision := rule(rec, obs, ladder, catalog)) is not None:
-            return decision
+            return replace(decision, publish=rules.publishable(decision.record, obs))
     raise AssertionError("the last rule always decides")

@@ -36,6 +36,9 @@ class Decision:
     slices_create: tuple[str, ...] = ()
     # Why the run waits for capacity, when it does (the ledger's `wait` key).
     wait: WaitReason | None = None
+    # In place: whether the live world of `record` may be published (every slice it names admitted
+    # by Kueue); set by the package's `decide` from the mode's `publishable`.
+    publish: bool = False
 
     @property
     def acts(self) -> bool:
@@ -163,6 +166,17 @@ def next_rung(rec: RunRecord, obs: signals.Observation, ladder: list[Rung]) -> t
     seg = rec.current
     if seg is None:
         return ladder[0], "launch"
+    if seg.end_kind == EndKind.EVICTED:
+        # Kueue took the last segment's capacity back: the next is smaller. In a queue, Kueue's
+        # admission says whether it fits, not the nodes seen now (a ProvisioningRequest creates them
+        # after admission), so the largest smaller feasible rung is asked for.
+        smaller = [r for r in ladder if r.shape.devices < seg.devices]
+        if rec.spec.queue:
+            rung = next((r for r in smaller if r.feasible), None)
+        else:
+            rung = best_fit(smaller, obs)
+        if rung is not None:
+            return rung, f"after segment {seg.index} ({seg.end_kind})"
     rung = best_fit(ladder, obs)
     if rung is None:
         wait, words = no_fit(ladder, obs)
