@@ -40,15 +40,19 @@ def reference(tmp_path_factory):
     return reference_run(tmp_path_factory.mktemp("reference"), STEPS, global_batch=MULTI_HOST_BATCH)
 
 
-def launch_queued(h: Harness) -> None:
-    """As Harness.launch, with a Kueue LocalQueue: the slice JobSets are rendered suspended."""
-    settings = tuple(s.format(steps=STEPS, interval=20) for s in TRAINER_SETTINGS)
+def launch_queued(h: Harness, mode: RestartMode = RestartMode.IN_PLACE, grow_window_s: float = 1) -> None:
+    """As Harness.launch, with a Kueue LocalQueue: the JobSets are rendered suspended."""
+    settings = tuple(
+        s.format(steps=STEPS, interval=5 if mode == RestartMode.RECREATE else 20) for s in TRAINER_SETTINGS
+    )
     spec = RunSpec(
         run=RUN, run_dir=str(h.tmp / RUN), global_batch=MULTI_HOST_BATCH, config="tiny", overrides=settings,
         grace_period_s=20, heartbeat_timeout_s=10, max_restarts=3, image_pull_policy="Never",
-        restart_mode=RestartMode.IN_PLACE, world_api=h.cluster.api_client().configuration.host, queue="team-a",
+        restart_mode=mode, queue="team-a",
+        world_api=h.cluster.api_client().configuration.host if mode == RestartMode.IN_PLACE else None,
     )  # fmt: skip
-    rec, _ = prepare(spec, MULTI_HOST, 2, Knobs(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1))
+    knobs = Knobs(unschedulable_grace_s=20, grow_window_s=grow_window_s, app_backoff_s=1)
+    rec, _ = prepare(spec, MULTI_HOST, 2, knobs)
     create_run(h.kube, rec)
 
 
@@ -124,3 +128,32 @@ def test_kueue_admits_evicts_and_readmits_a_slice_in_place(tmp_path, reference):
     assert {m["segment"] for m in kept.values()} >= {1, 2, 3, 4}
     assert_same_samples_and_losses(kept, reference)
     assert rec.segments[-1].end_step == STEPS
+
+
+def test_kueue_evicts_a_recreate_segment_which_shrinks_and_grows_back(tmp_path, reference):
+    """Recreate: the segment's one JobSet is the Workload. Evicted at step >= 10, the segment ends
+    and the next is smaller, at the same global batch; once it has trained and the larger shape
+    has fitted for the grow window, the run grows back to 2 slices (Kueue admits each segment)."""
+    h = Harness(tmp_path, pools=2, preset=MULTI_HOST)
+    kueue = Kueue(h.cluster.api_client())
+    loop = threading.Thread(target=kueue.run, args=(h.stop,), daemon=True)
+    loop.start()
+    h.threads.append(loop)
+    try:
+        launch_queued(h, RestartMode.RECREATE, grow_window_s=4)
+        h.start_controller(RUN)
+        wait_for(lambda: trained(h, segment=0) >= 10, 300, "step 10")
+        kueue.evict(f"{RUN}-0")
+        rec = h.wait_state(RUN, {RunState.FINISHED}, timeout=400)
+        metrics = h.rundir(RUN).metrics()
+    finally:
+        h.close()
+    assert kueue.admitted[:3] == [f"{RUN}-0", f"{RUN}-1", f"{RUN}-2"], kueue.admitted
+    shapes = [(s.slices, s.end_kind) for s in rec.segments[:3]]
+    assert shapes == [(2, EndKind.EVICTED), (1, EndKind.GROW), (2, EndKind.FINISHED)], shapes
+    for seg in rec.segments:
+        assert seg.devices * seg.micro_batch * seg.grad_accum == MULTI_HOST_BATCH
+    kept = kept_steps(metrics)
+    assert sorted(kept) == list(range(1, STEPS + 1))
+    assert {m["segment"] for m in kept.values()} >= {0, 1, 2}
+    assert_same_samples_and_losses(kept, reference)

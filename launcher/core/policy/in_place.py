@@ -13,14 +13,19 @@ Decision is the pass's.
 4. A slice JobSet that gave up (failed), or more crashes counted by the slice JobSets together than
    the run's `max_restarts`, ends the world as an application failure (budget, backoff).
 5. A lost slice — its node pool gone or unhealthy, or its pods unschedulable with no room (or past
-   the grace period) — leaves: the survivors, in their order, form the next world on the largest
-   feasible rung that fits (new slices added when the cluster has room for them).
+   the grace period), or its JobSet suspended by Kueue (evicted once the world ran, or not
+   admitted within the grace period) — leaves: the survivors, in their order, form the next world
+   on the largest feasible rung that fits (new slices added when the cluster has room for them; in
+   a Kueue queue never: admission is the capacity signal). A suspended slice's JobSet stays in
+   the queue as a joining slice (7a takes it in once admitted). No world is published while a
+   slice it names is not admitted (`publishable`; docs/gke.md "Kueue").
 6. A slice that JobSet restarted under the world (a preemption) once every slice runs again: the
    same slices, a new world (the survivors' trainers exited 43, or 42 when the preempted slice's
    SIGTERM stopped the world, and wait for it). A crashed host's pod stays Running: its node
    turning NotReady makes its slice lost (5).
-7. Capacity return, as recreate's rule 6: the new slices' JobSets are created while the world
-   trains on (`Segment.joining`); 7a. once their pods run, the next world takes them in after the
+7. Capacity return, as recreate's rule 6 (in a Kueue queue at once, without the nodes fitting:
+   Kueue admits the new slices when there is room): the new slices' JobSets are created while
+   the world trains on (`Segment.joining`); 7a. once their pods run, the next world takes them in after the
    survivors (dropped, their JobSets deleted, if their capacity goes meanwhile).
 8. Otherwise wait.
 
@@ -324,7 +329,8 @@ def slice_lost(
         rung = admitted_fit(ladder, current.preset.name, len(survivors))
     else:
         rung = best_fit([r for r in ladder if r.shape.devices < current.devices], obs)
-    held = f"suspended by Kueue: {', '.join(queued)}" if queued else ""
+    how = "evicted by Kueue" if seg.running_at is not None else "not admitted by Kueue in time"
+    held = f"{how}: {', '.join(queued)}" if queued else ""
     pools = f"node pools lost: {', '.join(sorted(lost_pools))}" if lost_pools else ""
     why = "; ".join(w for w in (held, pools) if w) or "pods unschedulable"
     cause = f"slice(s) {', '.join(lost)} lost ({why})"
@@ -340,7 +346,8 @@ def slice_lost(
     same = rung.shape.preset.name == current.preset.name
     slices = worlds.world_slices(seg.slice_ids, survivors if same else (), rung.shape.slices)
     kind = EndKind.EVICTED if set(lost) <= set(evicted) else EndKind.CAPACITY_LOST
-    reason = f"capacity lost: {cause}; shrinking {current} -> {rung.shape} in place"
+    what = "Kueue" if kind == EndKind.EVICTED else "capacity lost"
+    reason = f"{what}: {cause}; shrinking {current} -> {rung.shape} in place"
     return _reshape(
         rec,
         obs,
