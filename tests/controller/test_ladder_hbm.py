@@ -10,6 +10,7 @@ from launcher.adapters.kube import Kube
 from launcher.adapters.rundir import RunDir
 from launcher.controller.launch import create_run, prepare
 from launcher.controller.loop import Controller
+from launcher.core.accounting import build_report
 from launcher.core.plan import HBM_SECTIONS
 from launcher.core.record import Knobs
 from launcher.core.spec import RunSpec
@@ -59,3 +60,6 @@ def test_the_controller_never_shrinks_olmo_7b_onto_a_rung_that_cannot_hold_it(tm
         ]
         assert "tpu7x-2x2x1 x1" in waits[-1]["reason"] and "HBM" in waits[-1]["reason"]
         assert sorted(j["metadata"]["name"] for j in kube.jobsets("seven")) == ["seven-0"]
+        # `reslice status` says why the run waits (its --json: the report's `waiting`).
+        report = build_report(got, [], RunDir(spec.run_dir).ledger(), got.created_at + 60)
+        assert report.as_dict()["waiting"]["wait"] == WaitReason.ONLY_INFEASIBLE
