@@ -8,9 +8,11 @@ Upstream (kubernetes-sigs/kueue, docs/gke.md "Kueue" cites the same):
   ApplyDefaultForSuspend; reslice renders it so, launcher/core/render.py);
 - admission unsuspends it (jobframework/reconciler.go startJob -> pkg/controller/jobs/jobset/
   jobset_controller.go RunWithPodSetsInfo: `spec.suspend = false`, the admitted podsets' node
-  selectors merged into the templates, which this loop leaves out);
+  selectors merged into the templates: here what `placement` names); JobSet copies them into its
+  Jobs' templates as it resumes them (jobset pkg/controllers/jobset_controller.go resumeJob;
+  controllers/jobsetactions.resumed_template);
 - eviction or preemption suspends it (reconciler.go stopJob with StopReasonWorkloadEvicted ->
-  JobSet.Suspend: `spec.suspend = true`); the JobSet controller then suspends its Jobs and the Job
+  JobSet.Suspend: `spec.suspend = true`, and RestorePodSetsInfo takes the merged selector out); the JobSet controller then suspends its Jobs and the Job
   controller deletes their pods (the embedded ones do as upstream's: controllers/jobsetactions.py,
   controllers/job.py). The Workload is requeued and admitted again when it fits;
 - under a ProvisioningRequest admission check (pkg/controller/admissionchecks/provisioning/
@@ -34,21 +36,37 @@ GROUP, VERSION = API_VERSION.split("/")
 
 @dataclass
 class Kueue:
-    """Admits every suspended JobSet of a queue in `namespace` except the `held` ones (by name)."""
+    """Admits every suspended JobSet of a queue in `namespace` except the `held` ones (by name).
+    `placement`: JobSet name -> the node selector its admission merges into every replicated Job's
+    pod template (an admitted flavor's labels, or the domain TAS assigned), restored on eviction."""
 
     api: client.ApiClient
     namespace: str = "default"
     held: set[str] = field(default_factory=set)
+    placement: dict[str, dict[str, str]] = field(default_factory=dict)
     admitted: list[str] = field(default_factory=list)  # names, in the order admitted (again)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _merged: dict[str, dict[str, str]] = field(default_factory=dict)  # what an admission merged in
 
     def _objects(self) -> client.CustomObjectsApi:
         return client.CustomObjectsApi(self.api)
 
     def _suspend(self, name: str, suspend: bool) -> None:
-        self._objects().patch_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, "jobsets", name, {"spec": {"suspend": suspend}}
-        )
+        """One Update, as Kueue's: `RunWithPodSetsInfo` unsuspends and merges the admitted podsets'
+        node selector into the templates; `stopJob` suspends and `RestorePodSetsInfo` takes it out."""
+        js = self._objects().get_namespaced_custom_object(GROUP, VERSION, self.namespace, "jobsets", name)
+        with self._lock:
+            selector = self.placement.get(name, {}) if not suspend else {}
+            undo = self._merged.pop(name, {}) if suspend else {}
+            if selector:
+                self._merged[name] = selector
+        for rjob in js["spec"].get("replicatedJobs") or []:
+            pod = rjob["template"]["spec"]["template"].setdefault("spec", {})
+            nodes = {k: v for k, v in (pod.get("nodeSelector") or {}).items() if k not in undo}
+            if nodes or selector:
+                pod["nodeSelector"] = {**nodes, **selector}
+        js["spec"]["suspend"] = suspend
+        self._objects().replace_namespaced_custom_object(GROUP, VERSION, self.namespace, "jobsets", name, js)
 
     def hold(self, name: str) -> None:
         """Admit the JobSet no more (no quota for it, or its admission check pending)."""
