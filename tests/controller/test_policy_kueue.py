@@ -111,6 +111,14 @@ CASES = [
         Want(Action.NEW_WORLD, publish=True, world=("0",), joining=("1",), end_kind=EndKind.EVICTED),
     ),
     Case(
+        "every slice of the world evicted: no world to form on none, the run waits for Kueue (the"
+        " world stays published: admitted again, the slices' new pods start in it)",
+        lambda: queued(on_world(("0", "1"), nodepools=("np-0", "np-1"))),
+        T0 + 100,
+        slices({}, suspended=("0", "1")),
+        Want(Action.WAIT, publish=False, wait=WaitReason.ADMISSION),
+    ),
+    Case(
         "the same without a queue (a JobSet suspended by hand): it leaves the world all the same",
         lambda: on_world(("0", "1"), nodepools=("np-0", "np-1")),
         T0 + 100,
