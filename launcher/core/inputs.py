@@ -89,12 +89,11 @@ def tas(topology: str | None, preferred: bool, queue: str | None) -> None:
         raise UserError(
             "--tas-topology needs --queue: topology-aware scheduling is Kueue's, for the JobSets of a queue"
         )
-    prefix, _, name = topology.rpartition("/")
-    if not (
-        0 < len(name) <= 63
-        and LABEL_VALUE.match(name)
-        and ((not prefix and "/" not in topology) or (len(prefix) <= 253 and DNS1123_SUBDOMAIN.match(prefix)))
-    ):
+    # A label key: an optional DNS-1123 subdomain prefix and "/", then a name as a label value's.
+    prefix, slash, name = topology.rpartition("/")
+    good_name = 0 < len(name) <= 63 and LABEL_VALUE.match(name)
+    good_prefix = not slash or (0 < len(prefix) <= 253 and DNS1123_SUBDOMAIN.match(prefix))
+    if not (good_name and good_prefix):
         raise UserError(
             f"--tas-topology {topology!r}: expected a node label key such as cloud.google.com/gke-nodepool"
             " (a level of the cluster's Kueue Topology)"
