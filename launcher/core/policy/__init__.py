@@ -12,6 +12,9 @@ maps it to its rule book, one module each.
 - shared.py: what both use: the Decision, rule 1 (the trainer finished), what holds a new segment
   back, choosing its rung, ending the live segment in the record.
 
+`decide` also says whether the decided record's world may be published (`Decision.publish`, the
+mode's `publishable`: in place, once Kueue admitted every slice it names; docs/gke.md "Kueue").
+
 Callers ask the rule book (`rules_for(spec).WORLD`: does the run have a world to publish?) rather
 than compare the mode, so a third mode is one more module and one more line in BY_MODE.
 """
