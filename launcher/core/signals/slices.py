@@ -29,10 +29,19 @@ class SliceView:
     uids: tuple[str, ...] = ()  # of its live pods, sorted (the e2e compares them across worlds)
     # Its JobSet's status.restartsCountTowardsMax: the restarts its failure policy counted (crashes)
     restarts_counted: int = 0
+    # Its JobSet's spec.suspend: Kueue holds it (not admitted yet, or evicted: Kueue's stopJob sets
+    # it and JobSet's controller suspends the Jobs, whose pods the Job controller deletes;
+    # docs/gke.md "Kueue").
+    suspended: bool = False
 
     @property
     def running(self) -> bool:
         return self.phase == Phase.RUNNING
+
+    @property
+    def admitted(self) -> bool:
+        """Its JobSet exists and is not suspended: Kueue admitted it (or no queue holds it)."""
+        return self.jobset and not self.suspended
 
 
 def slice_views(
@@ -81,6 +90,7 @@ def slice_views(
             unschedulable_since=min((v.unschedulable_since for v in unsched), default=None),
             uids=tuple(sorted(live)),
             restarts_counted=int(((js or {}).get("status") or {}).get("restartsCountTowardsMax") or 0),
+            suspended=bool(((js or {}).get("spec") or {}).get("suspend")),
         )
     return out
 
