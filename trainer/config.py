@@ -44,6 +44,22 @@ class AttentionKind(StrEnum):
     DENSE = "dense"  # the whole T × T scores at once (jax.nn.dot_product_attention)
 
 
+class Transport(StrEnum):
+    """``moe.transport``: how an MoE layer's rows cross the expert axis."""
+
+    AUTO = "auto"  # RAGGED on a TPU or GPU backend, DENSE elsewhere (XLA:CPU compiles no ragged op)
+    RAGGED = "ragged"  # jax.lax.ragged_all_to_all
+    DENSE = "dense"  # a dense all-to-all of fixed-size chunks, the same dispatch plan
+
+
+class TokenDtype(StrEnum):
+    """``data.dtype``: the token files' integer type."""
+
+    AUTO = "auto"  # the smaller that holds every id of model.vocab_size
+    UINT16 = "uint16"
+    UINT32 = "uint32"
+
+
 class ExpertMatmul(StrEnum):
     """``moe.expert_matmul``: how a shard's experts run over the rows it received."""
 
@@ -524,13 +540,13 @@ def validate(cfg: Config) -> None:
         (e.expert_matmul in tuple(ExpertMatmul), f"moe.expert_matmul must be one of {', '.join(ExpertMatmul)}, got {e.expert_matmul!r}"),
         (e.num_experts > 0 and 0 < e.top_k <= e.num_experts, "moe.top_k must be in [1, moe.num_experts]"),
         (e.d_expert > 0 and e.shared_expert_dim >= 0, "moe.d_expert must be positive"),
-        (e.transport in ("auto", "ragged", "dense"), "moe.transport must be auto, ragged or dense"),
+        (e.transport in tuple(Transport), "moe.transport must be auto, ragged or dense"),
         (e.balance_group > 0, "moe.balance_group must be positive"),
         (cfg.data.source in ("synthetic", "files"), "data.source must be synthetic or files"),
         (cfg.data.source != "files" or bool(cfg.data.path), "data.path is required for data.source=files"),
-        (cfg.data.dtype in ("uint16", "uint32", "auto"), "data.dtype must be uint16, uint32 or auto"),
+        (cfg.data.dtype in tuple(TokenDtype), "data.dtype must be uint16, uint32 or auto"),
         (not (cfg.data.sources and cfg.data.path), "data.path and data.sources exclude each other (a one-file mixture: data.sources=[{name: ..., path: ..., weight: 1}])"),
-        (not (cfg.data.dtype == "uint16" and m.vocab_size > 1 << 16 and _reads_token_files(cfg)),
+        (not (cfg.data.dtype == TokenDtype.UINT16 and m.vocab_size > 1 << 16 and _reads_token_files(cfg)),
          f"data.dtype=uint16 cannot hold model.vocab_size={m.vocab_size} token ids (> 65,536): use uint32"),
         (-1 <= cfg.data.eos_id < m.vocab_size, "data.eos_id must be -1 (none) or a token id below model.vocab_size"),
         (cfg.eval.interval >= 0 and cfg.eval.batches > 0, "eval.interval must be >= 0 and eval.batches positive"),
@@ -563,9 +579,9 @@ def validate(cfg: Config) -> None:
 
 def token_dtype(cfg: Config) -> str:
     """The token files' dtype: data.dtype, or for ``auto`` the smaller that holds every token id."""
-    if cfg.data.dtype != "auto":
+    if cfg.data.dtype != TokenDtype.AUTO:
         return cfg.data.dtype
-    return "uint16" if cfg.model.vocab_size <= 1 << 16 else "uint32"
+    return TokenDtype.UINT16 if cfg.model.vocab_size <= 1 << 16 else TokenDtype.UINT32
 
 
 def layer_windows(m: ModelConfig) -> list[int]:
@@ -668,8 +684,8 @@ def identity(cfg: Config) -> dict[str, Any]:
     data = dataclasses.asdict(cfg.data)
     for k in ("workers", "prefetch"):
         data.pop(k)
-    if data["dtype"] == "auto":  # what it resolves to; "uint16" was the default before "auto"
-        data["dtype"] = "uint16" if cfg.model.vocab_size <= 1 << 16 else "uint32"
+    if data["dtype"] == TokenDtype.AUTO:  # what it resolves to; "uint16" was the default before "auto"
+        data["dtype"] = str(TokenDtype.UINT16 if cfg.model.vocab_size <= 1 << 16 else TokenDtype.UINT32)
     optim = dataclasses.asdict(cfg.optim)
     if cfg.optim.schedule == "wsd":  # where the decay starts: schedule_point, checked on resume
         optim.pop("decay_steps")

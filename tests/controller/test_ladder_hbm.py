@@ -1,7 +1,7 @@
 """One ladder (issue 43, item 4): the run record keeps what the HBM estimate needs of the trainer
 config, and the controller's passes decide on the ladder `plan` shows, so a rung whose estimate does
-not fit is never chosen: olmo-7b at global batch 128 fits 2 slices of tpu7x-2x2x2 and one, not one
-host of tpu7x-2x2x1 (its fallback). The embedded cluster in simulate mode (no trainer runs): only
+not fit is never chosen: olmo-7b at global batch 64 fits 2 slices of v6e-4x4, one, and 2 of v6e-2x4 (its
+fallback), not one v6e-2x4 (32 GiB of HBM a chip). The embedded cluster in simulate mode (no trainer runs): only
 the controller's loop and the cluster's scheduler are under test."""
 
 import json
@@ -18,17 +18,18 @@ from launcher.core.words import LedgerKind, RunState, WaitReason
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from tests.support.wait import wait_for
 
-SPEC = dict(global_batch=128, config="olmo-7b")
+SPEC = dict(global_batch=64, config="olmo-7b")
+REQUESTED, FALLBACK = "v6e-4x4", "v6e-2x4"
 
 
 def test_the_record_keeps_the_hbm_sections_and_launch_plans_as_plan_does(tmp_path) -> None:
     spec = RunSpec(run="seven", run_dir=str(tmp_path / "seven"), **SPEC)
-    rec, ladder = prepare(spec, "tpu7x-2x2x2", 2, Knobs())
+    rec, ladder = prepare(spec, REQUESTED, 2, Knobs())
     kept = json.loads(rec.spec.trainer_config)
     assert sorted(kept) == sorted(HBM_SECTIONS) and kept["model"]["d_model"] == 4096
     by_shape = {str(r.shape): r for r in ladder}
-    assert by_shape["tpu7x-2x2x2 x1"].feasible
-    smallest = by_shape["tpu7x-2x2x1 x1"]
+    assert by_shape[f"{REQUESTED} x1"].feasible and by_shape[f"{FALLBACK} x2"].feasible
+    smallest = by_shape[f"{FALLBACK} x1"]
     assert not smallest.feasible and "HBM" in smallest.plan.reason
 
 
@@ -36,10 +37,10 @@ def test_the_controller_never_shrinks_olmo_7b_onto_a_rung_that_cannot_hold_it(tm
     # Only the smallest rung's capacity exists: the requested segment's pods cannot be scheduled,
     # so the capacity rule looks down the ladder at once (no room for the shape) and finds only a
     # rung the HBM estimate rules out.
-    with EmbeddedCluster(nodepools=[NodePoolSpec("tpu7x-2x2x1", count=2)], mode="simulate") as cluster:
+    with EmbeddedCluster(nodepools=[NodePoolSpec(FALLBACK, count=1)], mode="simulate") as cluster:
         kube = Kube(cluster.api_client(), "default")
         spec = RunSpec(run="seven", run_dir=str(tmp_path / "seven"), **SPEC)
-        rec, _ = prepare(spec, "tpu7x-2x2x2", 2, Knobs(unschedulable_grace_s=1))
+        rec, _ = prepare(spec, REQUESTED, 2, Knobs(unschedulable_grace_s=1))
         create_run(kube, rec)
         ctl = Controller(kube)
 
@@ -47,18 +48,18 @@ def test_the_controller_never_shrinks_olmo_7b_onto_a_rung_that_cannot_hold_it(tm
             ctl.pass_once(["seven"])
             got = kube.get_record("seven")[0]
             # Never a segment on the rung that does not fit, whatever the pass decided.
-            assert all(s.preset == "tpu7x-2x2x2" for s in got.segments), got.segments
+            assert all(s.preset == REQUESTED for s in got.segments), got.segments
             return any(e.get("wait") == WaitReason.ONLY_INFEASIBLE for e in RunDir(spec.run_dir).ledger())
 
         wait_for(waits_for_capacity, 60, "the controller to wait, saying why")
         for _ in range(3):  # and it keeps waiting
             ctl.pass_once(["seven"])
         got = kube.get_record("seven")[0]
-        assert [s.preset for s in got.segments] == ["tpu7x-2x2x2"] and got.state == RunState.RUNNING
+        assert [s.preset for s in got.segments] == [REQUESTED] and got.state == RunState.RUNNING
         waits = [
             e for e in RunDir(spec.run_dir).ledger() if e.get("kind") == LedgerKind.WAIT and e.get("wait")
         ]
-        assert "tpu7x-2x2x1 x1" in waits[-1]["reason"] and "HBM" in waits[-1]["reason"]
+        assert f"{FALLBACK} x1" in waits[-1]["reason"] and "HBM" in waits[-1]["reason"]
         assert sorted(j["metadata"]["name"] for j in kube.jobsets("seven")) == ["seven-0"]
         # `reslice status` says why the run waits (its --json: the report's `waiting`).
         report = build_report(got, [], RunDir(spec.run_dir).ledger(), got.created_at + 60)

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from trainer.config import ExpertMatmul, MoEConfig
+from trainer.config import ExpertMatmul, MoEConfig, Transport
 from trainer.model.mesh import BATCH_AXES
 from trainer.model.sizes import buffer_rows
 
@@ -38,9 +38,9 @@ EXPERT_AXIS = "expert"
 
 
 def resolve_transport(transport: str) -> str:
-    if transport != "auto":
+    if transport != Transport.AUTO:
         return transport
-    return "ragged" if jax.default_backend() in ("tpu", "gpu", "cuda", "rocm") else "dense"
+    return Transport.RAGGED if jax.default_backend() in ("tpu", "gpu", "cuda", "rocm") else Transport.DENSE
 
 
 class DispatchPlan(NamedTuple):
@@ -93,7 +93,7 @@ def _transport(rows, out_rows, send_off, send_sizes, out_off, recv_off, recv_siz
 
     ``recv_off``/``recv_sizes`` describe what arrives here (offset in this device's output, size).
     """
-    if kind == "ragged":
+    if kind == Transport.RAGGED:
         out = jnp.zeros((out_rows, rows.shape[-1]), rows.dtype)
         return jax.lax.ragged_all_to_all(rows, out, send_off, send_sizes, out_off, recv_sizes, axis_name=axis)
     chunks = _dense_send(rows, send_off, send_sizes, cap, axis)
