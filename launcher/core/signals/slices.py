@@ -29,6 +29,7 @@ class SliceView:
     uids: tuple[str, ...] = ()  # of its live pods, sorted (the e2e compares them across worlds)
     # Its JobSet's status.restartsCountTowardsMax: the restarts its failure policy counted (crashes)
     restarts_counted: int = 0
+    jobset_uid: str | None = None  # its JobSet's: a host disruption booked against it (RunRecord)
 
     @property
     def running(self) -> bool:
@@ -81,6 +82,7 @@ def slice_views(
             unschedulable_since=min((v.unschedulable_since for v in unsched), default=None),
             uids=tuple(sorted(live)),
             restarts_counted=int(((js or {}).get("status") or {}).get("restartsCountTowardsMax") or 0),
+            jobset_uid=(js or {}).get("metadata", {}).get("uid"),
         )
     return out
 
