@@ -26,7 +26,7 @@ from launcher.core.words import Cause, EndKind, RunState
 
 # 2: the knobs' key is `knobs` (was `policy`); 3: a segment's `pool`; 4: the spec's `restart_mode` and
 # `world_api`, a segment's `slice_ids`, `coordinator` and `joining` (in-place runs); 5: a segment's
-# `lost` (in-place runs); 6: the record's `host_disruptions`
+# `lost` (in-place runs); 6: the record's `host_disruptions`, a segment's `host_disrupted`
 SCHEMA_VERSION = 6
 # What records without a schema_version may hold that this reslice no longer has (section -> names).
 _RETIRED_V0 = {"policy": {"preemption_budget"}}
@@ -71,6 +71,9 @@ class Segment:
     # whose pods showed a crash next to the exit 43s it caused (they spend the run's budget).
     peer_lost: int = 0
     uncounted_failures: int = 0
+    # Of the uncounted ones, those whose pods showed a host disruption (a peer's 43 failed the Job
+    # before the rebooted host's pod did): booked in RunRecord.host_disruptions, not preemptions.
+    host_disrupted: int = 0
     failing: Cause | None = None  # why the current attempt's pods are failing (signals/pods.pod_cause)
     # The node pool a one-slice segment's JobSet names (render.render_jobset), or None: JobSet's
     # exclusive placement chooses.
@@ -134,7 +137,8 @@ class RunRecord:
 
     def preemptions(self) -> int:
         return sum(
-            s.restarts - s.restarts_counted - s.peer_lost - s.uncounted_failures for s in self.segments
+            s.restarts - s.restarts_counted - s.peer_lost - s.uncounted_failures - s.host_disrupted
+            for s in self.segments
         )
 
     def forgiven(self, jobset_uid: str | None, counted: int) -> int:

@@ -610,6 +610,10 @@ def test_a_grow_finished_first_says_so_in_the_end_reason() -> None:
 
 
 # --- what a JobSet restart is counted as: the record's counters after one pass ------------------
+# A pod whose host rebooted, as upstream's kubelet first reports it (lastState, the container waiting).
+REBOOTED = pod("demo-0-slice-1-0-r", phase="Failed", last_exit_reason="ContainerStatusUnknown")
+
+
 @pytest.mark.parametrize(
     "failing,restarts,counted,pods,expect",
     [
@@ -630,6 +634,10 @@ def test_a_grow_finished_first_says_so_in_the_end_reason() -> None:
         (None, 1, 0, [], {"peer_lost": 0, "preemptions": 1}),
         # Two restarts between passes: the first gets the cause seen, the other stays a preemption.
         (Cause.PEER_LOST, 2, 0, [], {"peer_lost": 1, "preemptions": 1}),
+        # A rebooted host, its peer's 43 failed the Job first (uncounted): a host disruption, not a
+        # preemption nor a lost peer; JobSet counted it (its pod failed first): not an app failure.
+        (None, 1, 0, [failed_pod(), REBOOTED], {"host_disrupted": 1, "peer_lost": 0, "preemptions": 0}),
+        (None, 1, 1, [REBOOTED], {"host_disrupted": 0, "restarts_counted": 1, "app_failures": 0, "preemptions": 0}),
     ],
 )  # fmt: skip
 def test_restart_causes_are_counted(failing, restarts, counted, pods, expect):
@@ -643,7 +651,7 @@ def test_restart_causes_are_counted(failing, restarts, counted, pods, expect):
     got = {
         "failing": seg.failing, "peer_lost": seg.peer_lost, "uncounted_failures": seg.uncounted_failures,
         "restarts_counted": seg.restarts_counted, "app_failures": d.record.app_failures,
-        "preemptions": d.record.preemptions(),
+        "preemptions": d.record.preemptions(), "host_disrupted": seg.host_disrupted,
     }  # fmt: skip
     assert {k: got[k] for k in expect} == expect
     assert seg.restarts == restarts

@@ -330,6 +330,30 @@ def test_a_slice_jobset_that_gave_up_on_a_reboot_starts_the_world_again_uncharge
     assert d.record.state == RunState.RESHAPING
 
 
+def test_the_world_beats_while_it_waits_for_a_slice_being_recreated() -> None:
+    # Slice 1 restarting (its new pods not running yet): the survivors' trainers exited and their
+    # supervisors wait; the controller refreshes the heartbeat every HEARTBEAT_S so that they wait
+    # as long as it is at work (trainer/elastic/world.py keep_waiting), and not otherwise.
+    rec = on_world(("0", "1"))
+    seg = rec.current
+    doc = world.document(SPEC, CATALOG.preset(PRESET), seg, T0)
+    restarting = observe(
+        rec, {"0": "np-0", "1": None}, jobsets=[slice_jobset("0"), slice_jobset("1", restarts=1)]
+    )
+    assert world.awaits_slices(seg, restarting.slices)
+    assert world.beat(doc, seg, restarting.slices, T0 + world.HEARTBEAT_S - 1) is None  # not due yet
+    beaten = world.beat(doc, seg, restarting.slices, T0 + world.HEARTBEAT_S)
+    assert beaten == {**doc, "heartbeat": T0 + world.HEARTBEAT_S}
+    assert world.beat(beaten, seg, restarting.slices, T0 + world.HEARTBEAT_S + 5) is None
+    assert world.beat(beaten, seg, restarting.slices, T0 + 2 * world.HEARTBEAT_S)["heartbeat"] == T0 + 20
+    # Every slice running: nothing to wait for, no beat; nor for another epoch's document.
+    running = observe(rec, {"0": "np-0", "1": "np-1"})
+    assert not world.awaits_slices(seg, running.slices)
+    assert world.beat(doc, seg, running.slices, T0 + 100) is None
+    assert world.beat({**doc, "epoch": seg.index + 1}, seg, restarting.slices, T0 + 100) is None
+    assert world.beat(None, seg, restarting.slices, T0 + 100) is None
+
+
 def test_a_pass_over_unchanged_caches_reads_no_slice_again_and_a_change_is_seen() -> None:
     # At the seeds' scale every pass re-read each of the run's 3,072 pods: most of an in-place
     # decision's time. The controller's memo keeps the slices by the caches' tuples, and the pods'

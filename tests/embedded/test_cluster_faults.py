@@ -1,7 +1,6 @@
 """Every fault, and the objects it leaves: taints, conditions, events, phases, exit codes, nodes."""
 
 import os
-import signal
 
 from tests.embedded.cluster_helpers import HOSTS, PodRecorder, condition, rendered, running, wait_for
 

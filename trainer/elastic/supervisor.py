@@ -404,17 +404,22 @@ def _follow(
     failed: int | None = None  # the exit code once the running child has ended (a bad world)
     standbys = env.get(STANDBY_SWITCH_ENV, "1") != "0"
     lost_since: float | None = None  # monotonic time the last child exited 43, until the next starts
-    try:
-        patience = float(env.get(PEER_LOST_WAIT_ENV) or PEER_LOST_WAIT_S)
-    except ValueError:
-        patience = -1.0
-    if not patience > 0:
-        print(
-            f"trainer: {PEER_LOST_WAIT_ENV}={env.get(PEER_LOST_WAIT_ENV)!r}: expected seconds > 0",
-            file=sys.stderr,
-            flush=True,
-        )
-        return world.EXIT_CONFIG
+    waits = {}
+    for name, default in (
+        (PEER_LOST_WAIT_ENV, PEER_LOST_WAIT_S),
+        (world.PEER_LOST_MAX_WAIT_ENV, world.PEER_LOST_MAX_WAIT_S),
+    ):
+        try:
+            waits[name] = float(env.get(name) or default)
+        except ValueError:
+            waits[name] = -1.0
+        if not waits[name] > 0:
+            print(f"trainer: {name}={env.get(name)!r}: expected seconds > 0", file=sys.stderr, flush=True)
+            return world.EXIT_CONFIG
+    patience, bound = waits[PEER_LOST_WAIT_ENV], waits[world.PEER_LOST_MAX_WAIT_ENV]
+    # The controller's latest heartbeat, and when (monotonic) this supervisor saw it change.
+    beat: float | None = None
+    beat_seen: float | None = None
 
     def standby() -> None:
         """Fork the next child ahead of its world, unless one waits already (or they are off)."""
@@ -490,10 +495,18 @@ def _follow(
         return None
 
     while True:
-        if lost_since is not None and state["child"] is None and time.monotonic() - lost_since >= patience:
+        now = time.monotonic()
+        if (
+            lost_since is not None
+            and state["child"] is None
+            and not world.keep_waiting(
+                now - lost_since, patience, None if beat_seen is None else now - beat_seen, bound
+            )
+        ):
             print(
-                f"trainer: no world newer than epoch {started} {patience:.0f} s after a peer was lost"
-                " or preempted:"
+                f"trainer: no world newer than epoch {started} {now - lost_since:.0f} s after a peer was lost"
+                f" or preempted (the controller's heartbeat {'stale' if beat_seen is not None else 'absent'},"
+                f" wait {patience:.0f} s, at most {bound:.0f} s):"
                 f" exit {peers.EXIT_PEER_LOST} (the slice restarts)",
                 flush=True,
             )
@@ -521,7 +534,7 @@ def _follow(
                 os.kill(child.pid, what)  # type: ignore[arg-type]
         elif kind is _Event.WORLD:
             try:
-                w = world.parse(what)  # type: ignore[arg-type]
+                w = world.parse(what, world.env_allowed(env))  # type: ignore[arg-type]
             except world.WorldError as e:
                 print(f"trainer: {e}", file=sys.stderr, flush=True)
                 if child is None:
@@ -533,6 +546,12 @@ def _follow(
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(child.pid, signal.SIGTERM)
                 continue
+            if (
+                w.heartbeat is not None
+                and w.heartbeat != beat
+                and (newest is None or w.epoch >= newest.epoch)
+            ):
+                beat, beat_seen = w.heartbeat, time.monotonic()  # the controller is at work on it
             if newest is not None and w.epoch <= newest.epoch:
                 if w.epoch < newest.epoch:
                     print(

@@ -102,6 +102,8 @@ def restart_causes(seg: record.Segment, obs: signals.Observation) -> dict:
         changes["peer_lost"] = seg.peer_lost + 1
     elif uncounted > 0 and cause == Cause.APP_FAILURE:
         changes["uncounted_failures"] = seg.uncounted_failures + 1
+    elif uncounted > 0 and cause == Cause.HOST_DISRUPTION:
+        changes["host_disrupted"] = seg.host_disrupted + 1
     return changes
 
 
