@@ -220,8 +220,13 @@ def test_a_rebooted_host_fails_its_pod_as_upstream_and_jobset_counts_it():
             "The container could not be located when the pod was deleted.  The container used to be Running"
         )
         assert first.restart_count == 1
-        assert (last.state.terminated.exit_code, last.state.terminated.reason) == (137, "ContainerStatusUnknown")
-        assert last.state.terminated.message == "The container could not be located when the pod was terminated"
+        assert (last.state.terminated.exit_code, last.state.terminated.reason) == (
+            137,
+            "ContainerStatusUnknown",
+        )
+        assert (
+            last.state.terminated.message == "The container could not be located when the pod was terminated"
+        )
         assert last.last_state.terminated.reason == "ContainerStatusUnknown"  # kept
         assert not any(c.type == "DisruptionTarget" for c in failed[-1].status.conditions)
         assert not kube.events("PodFailurePolicy", "Job")  # no rule matched
