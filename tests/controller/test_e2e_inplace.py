@@ -5,6 +5,7 @@ The shrink's state comes from the surviving pods' memory (0 bytes of the run dir
 checkpoints read, at most one step recomputed, where the storage checkpoint is 20 steps apart);
 the grow's from a peer: the new slice's pods get the surviving slice's replica over the data axis."""
 
+import os
 import time
 
 import pytest
@@ -252,6 +253,43 @@ def test_a_rebooted_host_in_place_is_a_host_disruption_and_costs_at_most_one_ste
     assert sorted(kept) == list(range(1, STEPS + 1))
     assert_same_samples_and_losses(kept, reference)
     assert rec.segments[-1].end_step == STEPS
+
+
+SLOW = "RESLICE_SLOW_TESTS"  # the tests below run minutes, outside the default suite (docs/gke.md)
+
+
+@pytest.mark.skipif(not os.environ.get(SLOW), reason=f"minutes long: {SLOW}=1 runs it (docs/gke.md)")
+def test_a_slice_whose_replacement_pods_take_300_s_keeps_the_survivors_and_the_run_finishes(
+    tmp_path, reference
+):
+    # Slice 1's host reboots and its replacement pods take 300 s to run (an image pulled onto a
+    # fresh node; on GKE a 768-pod slice takes minutes to recreate): far past the survivors'
+    # RESLICE_PEER_LOST_WAIT_S (120 s). The controller beats the world's heartbeat meanwhile, so
+    # slice 0's supervisors wait on: the same pods take part in the world that takes slice 1 back.
+    h = Harness(tmp_path, pools=2, preset=MULTI_HOST)
+    try:
+        launch_two_slices(h, "slow", max_restarts=1)
+        h.start_controller("slow")
+        wait_for(lambda: trained(h, "slow") >= 6, 300, "step 6")
+        first = uids(h, "slow", "0")
+        victim = next(p for p in h.run_pods("slow") if p["metadata"]["labels"].get(LABEL_SLICE) == "1")
+        pool = h.cluster.node_pool_of[victim["spec"]["nodeName"]]
+        for node in h.cluster.pools[pool].node_names:
+            h.cluster.kubelet.pull_delay_s[node] = 300.0
+        crashed_at = time.monotonic()
+        h.cluster.crash_host("default", victim["metadata"]["name"])
+        wait_for(lambda: time.monotonic() - crashed_at > 150, 200, "past the survivors' 120 s", 5.0)
+        assert uids(h, "slow", "0") == first  # still waiting, in the same pods
+        wait_for(lambda: len(h.record("slow").segments) >= 2, 400, "slice 1 back in a new world", 2.0)
+        assert time.monotonic() - crashed_at >= 300
+        rec = h.wait_state("slow", {RunState.FINISHED, RunState.FAILED}, timeout=400)
+        assert uids(h, "slow", "0") in (first, set())  # finished pods may be gone; never others
+        metrics = h.rundir("slow").metrics()
+    finally:
+        h.close()
+    assert rec.state == RunState.FINISHED, rec.segments
+    assert rec.segments[1].slice_ids == ("0", "1") and rec.app_failures == 0
+    assert sorted(kept_steps(metrics)) == list(range(1, STEPS + 1))
 
 
 THREE_BATCH = 96  # 3 x 16 devices and 2 x 16 both divide it

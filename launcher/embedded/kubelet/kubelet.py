@@ -83,6 +83,11 @@ class Kubelet(ControllerLoop):
         # Nodes cut off from the API server (a partition): their kubelet neither reads nor writes
         # the API; their processes keep running. Healing resyncs them.
         self.partitioned: set[str] = set()
+        # Node -> seconds its kubelet takes to pull a pod's image before starting it (a fresh GKE node
+        # pulls a multi-GB jax[tpu] image: minutes); the pod stays Pending, bound, meanwhile. Set by
+        # tests (a slice whose replacement pods take minutes to run); none by default.
+        self.pull_delay_s: dict[str, float] = {}
+        self._pulling: dict[str, float] = {}  # pod uid -> monotonic time its pull ends
 
     # -- wiring --------------------------------------------------------------------------------
     def resync(self) -> None:
@@ -237,6 +242,8 @@ class Kubelet(ControllerLoop):
     # -- starting ------------------------------------------------------------------------------
     def _start(self, pod: dict[str, Any], node: str) -> None:
         m = objects.meta(pod)
+        if self._pulling_image(pod, node):
+            return
         run = PodRun(m["uid"], m.get("namespace") or "default", m["name"], node, self.simulated(node))
         run.started_at = rfc3339.stamp()
         run.restart_policy = (pod.get("spec") or {}).get("restartPolicy") or "Always"
@@ -268,6 +275,31 @@ class Kubelet(ControllerLoop):
             self.recorder.event(pod, "Normal", "Started", f"Started container {c}", host=node)
         for c in run.procs:
             self.runtime.watch(run, c, self._on_exit)
+
+    def _pulling_image(self, pod: dict[str, Any], node: str) -> bool:
+        """Whether the pod's image is still being pulled (`pull_delay_s`): the first time, a
+        `Pulling` event as upstream's kubelet records one, and the pod is looked at again when the
+        pull is done."""
+        uid = objects.meta(pod)["uid"]
+        delay = self.pull_delay_s.get(node, 0.0)
+        if delay <= 0 and uid not in self._pulling:
+            return False
+        now = time.monotonic()
+        if uid not in self._pulling:
+            self._pulling[uid] = now + delay
+            for c in (pod.get("spec") or {}).get("containers") or []:
+                self.recorder.event(
+                    pod, "Normal", "Pulling", f'Pulling image "{c.get("image", "")}"', host=node
+                )
+            key = (uid, *objects.key_of(pod))
+            t = threading.Timer(delay, self.enqueue, args=(key,))
+            t.daemon = True
+            t.start()
+            return True
+        if now < self._pulling[uid]:
+            return True
+        del self._pulling[uid]
+        return False
 
     def _restart_in_place(self, run: PodRun, names: list[str]) -> bool:
         """restartPolicy Always (any exit) or OnFailure (a non-zero exit): the kubelet restarts the
