@@ -11,7 +11,6 @@ CONTROLLER = "reslice-controller:latest"
 MAXTEXT = "reslice-maxtext:latest"
 
 
-
 def registry_error(image: str) -> str | None:
     """Why a real cluster cannot pull `image` as meant, or None. A name with no `/` has no registry:
     a GKE node's containerd reads it as `docker.io/library/<name>`, which is never reslice's image
