@@ -5,7 +5,8 @@ only what lies below it:
 
     __main__ | tokenize     the entry point (exit codes) and the tokenizer command
     loop                    the training loop: restore or init, steps, metrics, checkpoints, SIGTERM
-    evaluate | hbm          held-out evaluation; the step's HBM per device, before launching
+    evaluate | hbm | restore  held-out evaluation; the step's HBM per device, before launching;
+                              the newest state onto a new mesh (memory, peers or storage)
     step                    the jitted train step (flax, optax)
     model/                  the decoder, attention, MoE, the mesh and batch plan, sizes
     elastic/                worlds, the supervisor, the process group, lost peers, the watchdog

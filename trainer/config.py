@@ -148,6 +148,10 @@ class TrainConfig:
     # one checkpoints/<step> directory), at step 0 with this run's own schedule, data and optimizer.
     init_from: str = ""
     init_optimizer: bool = True  # with init_from: the Adam moments too (false: fresh moments)
+    # A jax.profiler trace of these steps (numbered as the metrics records, from 1) into
+    # <run_dir>/profile/ (trainer/telemetry/profile.py): a list [5, 6], one step 5, or a range
+    # "5-8" (inclusive). Not part of the run's identity: a trace changes no step.
+    profile_steps: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -266,7 +270,7 @@ def _number(value: Any) -> Any:
 def _coerce(key: str, value: Any, current: Any) -> Any:
     """Convert a parsed value to the type of the field it replaces, refusing lossy conversions."""
     if isinstance(current, list):
-        return source_list(key, value)
+        return step_list(key, value) if key in _STEP_LISTS else source_list(key, value)
     if isinstance(value, (dict, list)):
         raise ConfigError(f"{key}: value must be a scalar, got {type(value).__name__}")
     if isinstance(current, (int, float)) and not isinstance(current, bool):
@@ -287,6 +291,28 @@ def _coerce(key: str, value: Any, current: Any) -> Any:
     elif isinstance(current, str):
         return value if isinstance(value, str) else str(value)
     raise ConfigError(f"{key}: expected {type(current).__name__}, got {value!r}")
+
+
+_STEP_LISTS = {"train.profile_steps"}  # the list keys of steps (the others are of sources)
+_STEP_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+
+
+def step_list(key: str, value: Any) -> list[int]:
+    """Steps, numbered from 1, sorted and unique: a list ``[5, 6]``, one step ``5``, a range
+    ``"5-8"`` (inclusive), or nothing (``[]``, empty)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        steps = [value]
+    elif isinstance(value, str) and (m := _STEP_RANGE.match(value)) and int(m[1]) <= int(m[2]):
+        steps = list(range(int(m[1]), int(m[2]) + 1))
+    elif isinstance(value, str) and not value.strip():
+        steps = []
+    elif isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        steps = list(value)
+    else:
+        raise ConfigError(f"{key}: expected steps as [5, 6], 5 or 5-8, got {value!r}")
+    if any(s < 1 for s in steps):
+        raise ConfigError(f"{key}: steps are numbered from 1, got {value!r}")
+    return sorted(set(steps))
 
 
 _SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -488,6 +514,8 @@ def validate(cfg: Config) -> None:
         (cfg.data.num_records > 0 and cfg.data.zipf_exponent > 0, "data.num_records and zipf_exponent must be positive"),
         (cfg.metrics.flush_seconds > 0 and cfg.metrics.log_every > 0, "metrics.flush_seconds and log_every must be positive"),
         (t.crash_at_step >= 0 and cfg.mesh.expert >= 0, "train.crash_at_step and mesh.expert must be >= 0"),
+        (all(1 <= s <= t.steps for s in t.profile_steps),
+         f"train.profile_steps must be steps from 1 to train.steps={t.steps}, got {t.profile_steps}"),
     ]  # fmt: skip
     for ok, message in checks:
         if not ok:

@@ -11,6 +11,7 @@ finishes the step already in flight (n + 1), saves it, waits for the commit and 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
 import time
@@ -22,7 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from trainer import evaluate
+from trainer import evaluate, restore
 from trainer.config import Config, ConfigError, config_hash, identity, schedule_point
 from trainer.data import pipeline as data
 from trainer.elastic import distributed, supervisor
@@ -40,6 +41,7 @@ from trainer.model.mesh import (
 from trainer.state import compile_cache, snapshot, stages, storage
 from trainer.state.checkpoint import Checkpointer, storage_bytes_read
 from trainer.telemetry.metrics import RunWriter, has_step
+from trainer.telemetry.profile import StepProfiler
 from trainer.telemetry.startup import Timeline
 
 # trainer.step (flax, optax) is imported only where the model is traced: a fresh start, or a
@@ -161,6 +163,7 @@ class Incarnation:
     timeline: Timeline  # this process's start-up, reported with its first step
     evaluator: Any = None  # trainer.evaluate.Evaluator when eval.sources are given
     snapshots: snapshot.Snapshotter | None = None  # in-memory snapshots (in-place runs)
+    profiler: StepProfiler | None = None  # train.profile_steps' traces
 
 
 @dataclass(frozen=True)
@@ -299,13 +302,19 @@ def _train(
 ) -> int:
     """Steps ``start + 1`` to ``train.steps``, or to the step after everyone learnt of a SIGTERM;
     each step is dispatched before the one in flight is finished. The last step saved."""
-    cfg, preemption, writer = inc.cfg, inc.preemption, inc.writer
+    cfg, preemption, writer, profiler = inc.cfg, inc.preemption, inc.writer, inc.profiler
     pending: Pending | None = None
     last_done, stop, n = time.perf_counter(), False, start
     for s in range(start, cfg.train.steps):
         n = s + 1
         if n == cfg.train.crash_at_step:
             raise RuntimeError(f"train.crash_at_step={n}: failing on purpose")
+        trace = profiler is not None and profiler.starts(n)
+        if trace and pending is not None:  # the step in flight is not the trace's: finished first
+            done = finish_step(inc, pending, last_done, startup)
+            startup, last_done, stop, pending = {}, done.done_at, stop or done.stop, None
+            writer.write(done.record)
+            _recorded(inc, n - 1, done.record)
         t0 = time.perf_counter()
         batch = next(batches)
         assert batch["step"] == s, (batch["step"], s)
@@ -314,7 +323,10 @@ def _train(
         )
         stop_in = steps.flags[preemption.requested]
         data_s = time.perf_counter() - t0
-        state, dm = steps.train_step(state, tokens, stop_in)
+        if trace:
+            profiler.start(n)  # type: ignore[union-attr]
+        with profiler.step(n) if profiler is not None else contextlib.nullcontext():
+            state, dm = steps.train_step(state, tokens, stop_in)
         if pending is not None:
             done = finish_step(inc, pending, last_done, startup)
             startup, last_done, stop = {}, done.done_at, stop or done.stop
@@ -325,9 +337,12 @@ def _train(
             snap_s = inc.snapshots.take(n, state, inc.meta(n))
         pending = Pending(n, dm, batch, data_s, snap_s)
         evaluate = inc.evaluator is not None and inc.evaluator.due(n)
-        if evaluate or n % cfg.checkpoint.interval == 0 or n == cfg.train.steps or stop:
+        traced = profiler is not None and profiler.ends(n)
+        if evaluate or traced or n % cfg.checkpoint.interval == 0 or n == cfg.train.steps or stop:
             done = finish_step(inc, pending, last_done, startup)  # the step's own time, before the save
             startup, pending, stop = {}, None, stop or done.stop
+            if traced and (where := profiler.stop()) is not None:  # type: ignore[union-attr]
+                print(f"trainer: profile of steps up to {n} written to {where}", flush=True)
             if evaluate:  # the state after step n, read before step n + 1 donates it
                 done.record.update(inc.evaluator(state))
             # A SIGTERM learnt from this very step (an eval step finishes it early): nothing is in
@@ -364,12 +379,17 @@ def run(
         # collective for it) and before anything is written: a run directory this node pool
         # cannot write is a configuration error (exit 2), reported with its fix.
         storage.probe_write(cfg.run_dir)
+    parts: list[data.Part] = []
     if cfg.data.sources or cfg.data.source == "files":
-        # A missing, short or foreign token file, or weights the global batch cannot hold: exit 2
-        # before anything is written.
-        data.make_mixture(cfg.data, cfg.model.vocab_size, cfg.model.seq_len, cfg.train.global_batch)
+        # A missing, short or foreign token file, token files whose metadata disagrees with the
+        # config, or weights the global batch cannot hold: exit 2 before anything is written.
+        parts += data.make_mixture(
+            cfg.data, cfg.model.vocab_size, cfg.model.seq_len, cfg.train.global_batch
+        ).parts
     if cfg.eval.sources:
-        data.eval_sources(cfg.eval.sources, cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
+        parts += data.eval_sources(cfg.eval.sources, cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
+    data.one_tokenizer(parts)  # the evaluation's and the training's of one tokenizer
+    data.warn_unlabelled(parts)
     stages.check_source(cfg)  # a stage's source that is missing or of another shape: exit 2 likewise
     # A SIGTERM while it waits for its peers exits 42 at once (trainer.elastic.watchdog).
     ident = distributed.initialize(env, preemption.joining)
@@ -403,7 +423,12 @@ def run(
     c = cfg.checkpoint
     read_before = storage_bytes_read()
     ckpt = Checkpointer(cfg.run_dir, c.keep, c.async_save, c.debug_save_delay_s)
-    writer, snapshots = None, None
+
+    def compatible(step: int, saved: dict[str, Any]) -> None:
+        """Nothing for a checkpoint of this run; ConfigError for another's (never resumed)."""
+        ckpt.check_compatible(step, saved, chash, ident_dict, gb, sched)
+
+    writer, snapshots, profiler = None, None, None
     # What a snapshot in memory must be to stand for a checkpoint of this run (`meta`, and the run).
     expected = {"run_dir": cfg.run_dir, "config_hash": chash, "global_batch": gb, "schedule": sched or None}
     memory = snapshot.Memory(
@@ -421,31 +446,19 @@ def run(
         # A checkpoint of another run is refused before anything is written into its run
         # directory, the compile cache's entries included: the cache is enabled only after.
         if not ours:
-            ckpt.check_newest(lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb, sched))
+            ckpt.check_newest(compatible)
         if cfg.train.compile_cache:
             compile_cache.enable(cfg.run_dir)
         with jax.set_mesh(mesh):
             model, program = Model(cfg, mesh), compile_cache.program(cfg)
             abstract = compile_cache.abstract_state(program, mesh, model.abstract)
             timeline.mark("abstract state")
-            t_restore = time.perf_counter()
-            source: snapshot.StateSource | None = None
-            chosen = memory.agreed(ours, abstract, mesh, distributed.timeouts(env)[0])
-            if chosen is not None and chosen[0] >= (ckpt.latest_step() or 0):
-                start, restored = chosen[0], memory.load(chosen, abstract, mesh)
-                source = memory.source
-            else:
-                if ours:  # not checked above
-                    ckpt.check_newest(lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb, sched))
-                # A foreign checkpoint is refused before anything is written into its run directory.
-                start, restored = ckpt.usable_start(
-                    total_steps,
-                    abstract,
-                    lambda s, m: ckpt.check_compatible(s, m, chash, ident_dict, gb, sched),
-                    None if model.was_traced else lambda: compile_cache.abstract_state(program, mesh, model.abstract, True),
-                )  # fmt: skip
-                source = snapshot.StateSource.STORAGE if start else None
-            restore_s = time.perf_counter() - t_restore
+            restored = restore.onto_mesh(
+                memory, ours, ckpt, abstract, mesh, total_steps, compatible,
+                None if model.was_traced else lambda: compile_cache.abstract_state(program, mesh, model.abstract, True),
+                distributed.timeouts(env)[0],
+            )  # fmt: skip
+            start, source, restore_s = restored.step, restored.source, restored.seconds
             writer = RunWriter(
                 cfg.run_dir, segment, attempt, cfg.metrics.flush_seconds, ident.process_id == 0
             )
@@ -465,9 +478,8 @@ def run(
             # Opened before the state so that a bad data path fails fast; it starts reading ahead.
             batches = iter(data.make_dataset(cfg.data, cfg.model.vocab_size, seq, layout, start, total_steps))
             if start:
-                t_restore = time.perf_counter()
-                state = jax.block_until_ready(restored)
-                restore_s += time.perf_counter() - t_restore  # Orbax may hand back arrays still arriving
+                state, arriving = restored.ready()
+                restore_s += arriving
                 where = str(ckpt.directory) if source is snapshot.StateSource.STORAGE else memory.describe()
                 print(f"trainer: resumed step {start} from {where} on {plan}", flush=True)
                 timeline.mark("restore")
@@ -518,8 +530,23 @@ def run(
             }
 
             snapshots = memory.snapshotter(start)
+            profiler = (
+                StepProfiler(cfg.train.profile_steps, cfg.run_dir, ident.process_id)
+                if cfg.train.profile_steps
+                else None
+            )
             inc = Incarnation(
-                cfg, preemption, recorder, writer, ckpt, meta, status, timeline, evaluator, snapshots
+                cfg,
+                preemption,
+                recorder,
+                writer,
+                ckpt,
+                meta,
+                status,
+                timeline,
+                evaluator,
+                snapshots,
+                profiler,
             )
             n = _train(inc, steps, state, batches, start, startup)
             with preemption.saving():
@@ -533,6 +560,9 @@ def run(
             print(f"trainer: preempted: step {n} committed, exit {EXIT_PREEMPTED}", flush=True)
             return EXIT_PREEMPTED
     finally:
+        if profiler is not None:  # a trace cut short (a SIGTERM, a failed step): what it has is kept
+            with contextlib.suppress(Exception):
+                profiler.stop()
         if snapshots is not None:  # a failed step (a lost peer): a snapshot in flight of a recorded step
             snapshots.abandon(timeout_s=30.0)
         preemption.restore()

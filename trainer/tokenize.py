@@ -12,14 +12,26 @@ end-of-text tokens the vocabulary has), as OLMo-core's and Dolma's token files a
 most 65,536 ids) or ``uint32`` arrays with no header, a new file begun at the first document
 boundary after ``--shard-tokens`` tokens, so no document spans two files.
 
+Beside them, ``OUT/reslice-tokens.json`` says what they are (``trainer.data.token_meta``: dtype,
+vocabulary size, EOS id and token, the tokenizer's name, ``--tokenizer-name`` or its path, and the
+sha256 of its file): the trainer refuses to read them otherwise (a dtype, EOS id or vocabulary
+that disagrees with its config, sources of different tokenizers).
+
 Streaming: documents are read and encoded in batches (``encode_batch``, the library's threads),
-never the whole input at once, with a progress bar over the input bytes on stderr. The summary (files,
+never the whole input at once, with a progress bar over the input bytes on stderr. A plain-text
+file, one document however large, is read in pieces of about PIECE_CHARS characters, each cut where
+a line break stands between two characters that are not white space (else before a single space
+between two such characters), encoded on its own, and its ids written in order: the byte-level
+BPE pre-tokenizers (GPT-2's, GPT-NeoX's, cl100k's and dolma2's patterns) never join text across such
+a cut, so the ids are those of the whole text, in bounded memory (encoded whole, the library's
+memory grows with the text: docs/measurements.md). A tokenizer that treats the start of a string
+specially (a SentencePiece ``Metaspace`` prefix) may differ at the cuts. The summary (files,
 documents, tokens, dtype, EOS id) is one JSON line on stdout; set ``data.eos_id`` to its ``eos_id``.
 
 Bad input (a missing input, a tokenizer file that does not load, an EOS token the vocabulary lacks,
-an output directory that is a file or not empty, a line that is not JSON or lacks the field): one
-line on stderr, exit 2, and nothing left behind: the files are written into a temporary directory
-beside ``OUT`` and renamed into place at the end.
+an output directory that is a file or not empty, a line that is not JSON or lacks the field, inputs
+with no text at all): one line on stderr, exit 2, and nothing left behind: the files are written
+into a temporary directory beside ``OUT`` and renamed into place at the end.
 
 A user runs it (docs/recipe.md, docs/contract.md); it imports no JAX.
 """
@@ -29,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gzip
+import hashlib
 import json
 import os
 import shutil
@@ -41,8 +54,12 @@ from typing import IO, Any
 
 import numpy as np
 
+from trainer.data import token_meta
+
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[SEP]")
 BATCH_DOCS = 512  # documents per encode_batch call
+PIECE_CHARS = 1 << 18  # a plain-text file's pieces, about (characters)
+PIECES_PER_BATCH = 8  # pieces per encode_batch call: the library's threads encode them side by side
 
 
 class InputError(Exception):
@@ -72,13 +89,41 @@ def _is_jsonl(path: Path) -> bool:
     return name.endswith((".jsonl", ".json"))
 
 
+def _cut(text: str) -> int:
+    """Where a piece of plain text may end (0: nowhere): after the last line break that stands
+    between two characters that are not white space, else before the last single space between
+    two such characters. No byte-level BPE pre-tokenizer's token spans either."""
+    at = len(text) - 1
+    while (at := text.rfind("\n", 1, at)) > 0:
+        if not text[at - 1].isspace() and not text[at + 1].isspace():
+            return at + 1
+    at = len(text) - 1
+    while (at := text.rfind(" ", 1, at)) > 0:
+        if not text[at - 1].isspace() and not text[at + 1].isspace():
+            return at
+    return 0
+
+
+def pieces(f: IO[str], size: int = 0) -> Iterator[str]:
+    """A plain-text file's text in pieces of about `size` characters (PIECE_CHARS), cut where
+    ``_cut`` allows (a text with no such place for 4 pieces' length is cut there)."""
+    size = size or PIECE_CHARS
+    buf = ""
+    while chunk := f.read(size):
+        buf += chunk
+        if len(buf) < size:
+            continue
+        at = _cut(buf) or (len(buf) if len(buf) >= 4 * size else 0)
+        if at:
+            yield buf[:at]
+            buf = buf[at:]
+    if buf:
+        yield buf
+
+
 def documents(path: Path, field: str) -> Iterator[tuple[str, int]]:
-    """(text, input bytes consumed) for each document of ``path``, in order."""
+    """(text, input bytes consumed) for each document of a JSON Lines ``path``, in order."""
     with _open(path) as f:
-        if not _is_jsonl(path):
-            text = f.read()
-            yield text, len(text.encode())
-            return
         for number, line in enumerate(f, 1):
             size = len(line.encode())
             if not line.strip():
@@ -102,13 +147,23 @@ class ShardWriter:
         self.files: list[str] = []
         self._file: IO[bytes] | None = None
         self._in_file = 0
+        self._boundary = True  # between documents: a new file may begin here
 
-    def document(self, ids: np.ndarray) -> None:
-        if self._file is None or self._in_file >= self.shard_tokens:
+    def write(self, ids: np.ndarray) -> None:
+        """Part of the document being written (``end`` ends it)."""
+        if self._file is None or (self._boundary and self._in_file >= self.shard_tokens):
             self._next()
         assert self._file is not None
         self._file.write(ids.astype(self.dtype, copy=False).tobytes())
         self._in_file += len(ids)
+        self._boundary = False
+
+    def end(self) -> None:
+        self._boundary = True
+
+    def document(self, ids: np.ndarray) -> None:
+        self.write(ids)
+        self.end()
 
     def _next(self) -> None:
         self.close()
@@ -188,8 +243,37 @@ def tokenize(
             totals.documents += len(batch)
             bar.update(task, advance=consumed, tokens=totals.tokens)
 
+        def text_file(path: Path) -> None:
+            """One document, however large, encoded piece by piece (``pieces``)."""
+            written, chars = 0, 0
+
+            def encode(batch: list[str]) -> None:
+                nonlocal written, chars
+                chars += sum(len(p) for p in batch)
+                for enc in tokenizer.encode_batch(batch, add_special_tokens=False):
+                    writer.write(np.asarray(enc.ids, dtype))
+                    written += len(enc.ids)
+                bar.update(task, advance=sum(len(p.encode()) for p in batch), tokens=totals.tokens + written)
+
+            with _open(path) as f:
+                batch: list[str] = []
+                for piece in pieces(f):
+                    batch.append(piece)
+                    if len(batch) >= PIECES_PER_BATCH:
+                        encode(batch)
+                        batch = []
+                if batch:
+                    encode(batch)
+            if chars:  # an empty file is no document
+                writer.document(eos)
+                totals.tokens += written + 1
+                totals.documents += 1
+
         try:
             for path in inputs:
+                if not _is_jsonl(path):
+                    text_file(path)
+                    continue
                 batch, consumed = [], 0
                 for text, size in documents(path, field):
                     consumed += size
@@ -201,6 +285,8 @@ def tokenize(
                 flush(batch, consumed)
         finally:
             writer.close()
+    if not totals.documents:
+        raise InputError("the inputs hold no text: nothing to tokenize")
     return totals, writer.files
 
 
@@ -216,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--field", default="text", help="the JSON field holding a document's text")
     parser.add_argument("--shard-tokens", type=int, default=1 << 30, help="tokens per output file (about)")
+    parser.add_argument(
+        "--tokenizer-name",
+        help=f"the tokenizer's name in {token_meta.FILENAME} (default: --tokenizer as given)",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     try:
@@ -227,12 +317,20 @@ def main(argv: list[str] | None = None) -> int:
                 raise InputError(f"input {p} is not a file")
         tokenizer, vocab, eos_id = load_tokenizer(args.tokenizer, args.eos)
         dtype = np.dtype("<u2" if vocab <= 1 << 16 else "<u4")
+        dtype_name = "uint16" if dtype.itemsize == 2 else "uint32"
+        with open(args.tokenizer, "rb") as f:
+            sha256 = hashlib.file_digest(f, "sha256").hexdigest()
         check_out(out)
         created = _missing(out.parent)
         out.parent.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         try:
             totals, files = tokenize(inputs, tokenizer, eos_id, dtype, work, args.field, args.shard_tokens)
+            meta = token_meta.build(
+                dtype_name, vocab, eos_id, tokenizer.id_to_token(eos_id), args.tokenizer_name or args.tokenizer,
+                sha256, files, totals.documents, totals.tokens,
+            )  # fmt: skip
+            (work / token_meta.FILENAME).write_text(json.dumps(meta, indent=1) + "\n")
             if out.is_dir():
                 out.rmdir()  # empty (checked): replaced whole
             work.rename(out)
@@ -250,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     summary = {
         "out": str(out), "files": files, "documents": totals.documents, "tokens": totals.tokens,
-        "dtype": "uint16" if dtype.itemsize == 2 else "uint32", "vocab_size": vocab, "eos_id": eos_id,
+        "dtype": dtype_name, "vocab_size": vocab, "eos_id": eos_id, "metadata": token_meta.FILENAME,
+        "tokenizer_sha256": sha256,
     }  # fmt: skip
     print(json.dumps(summary), flush=True)
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from tests.support.fake_gcs import FakeGCS
 from trainer.config import ConfigError, DataConfig
 from trainer.data import pipeline as data
+from trainer.data import token_meta
 
 GB, SEQ, VOCAB = 16, 32, 256
 STEPS = (0, 3, 17, 250)
@@ -144,3 +146,127 @@ def test_a_missing_or_empty_token_file_is_a_config_error(tmp_path: Path) -> None
     write_tokens(tmp_path / "short.bin", SEQ, "uint16")
     with pytest.raises(ConfigError, match="not one record"):
         data.TokenFileSource(str(tmp_path / "short.bin"), "uint16", SEQ)
+
+
+def labelled(
+    folder: Path, dtype: str, n: int = 1000, sha: str = "a" * 64, over: dict | None = None
+) -> np.ndarray:
+    """Token files as ``python -m trainer.tokenize`` writes them: a part file and the metadata beside it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tokens = write_tokens(folder / "part-00000.npy", n, dtype)
+    meta = token_meta.build(dtype, 50000, 0, "<|endoftext|>", "tok.json", sha, ["part-00000.npy"], 1, n)
+    (folder / token_meta.FILENAME).write_text(json.dumps({**meta, **(over or {})}))
+    return tokens
+
+
+@pytest.mark.parametrize(
+    ("written", "read", "over", "message"),
+    [
+        (
+            "uint32",
+            "uint16",
+            {},
+            "its token ids are uint32 but the trainer would read them as uint16 (set data.dtype=uint32)",
+        ),
+        ("uint16", "uint32", {}, "its token ids are uint16 but the trainer would read them as uint32"),
+        ("uint16", "uint16", {"eos_id": 7}, "its EOS id is 7, not data.eos_id=0 (set data.eos_id=7)"),
+        (
+            "uint16",
+            "uint16",
+            {"vocab_size": 60000},
+            "its tokenizer has 60,000 ids, more than model.vocab_size=50,000",
+        ),
+        ("uint16", "uint16", {"dtype": "int8"}, "is not token files' metadata"),
+    ],
+)
+def test_token_files_whose_metadata_disagrees_with_the_config_are_refused(
+    tmp_path: Path, written: str, read: str, over: dict, message: str
+) -> None:
+    labelled(tmp_path / "web", written, over=over)
+    cfg = DataConfig(source="files", path=str(tmp_path / "web"), dtype=read, eos_id=0)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        data.make_mixture(cfg, 50000, SEQ, 8)
+
+
+def test_token_files_that_agree_are_read_and_the_metadata_is_no_token_file(tmp_path: Path) -> None:
+    tokens = labelled(tmp_path / "web", "uint32")
+    for path in (tmp_path / "web", tmp_path / "web" / "*", tmp_path / "web" / "part-00000.npy"):
+        files = data.TokenFiles(str(path), "uint32", SEQ, 50000, eos_id=0)
+        assert [f.path for f in files.files] == [str(tmp_path / "web" / "part-00000.npy")]
+        assert files.tokenizer == "a" * 64
+        np.testing.assert_array_equal(files[3], tokens[3 * SEQ : 4 * SEQ + 1])
+    # data.eos_id=-1 (no document boundaries) takes the files' EOS as it is.
+    data.TokenFiles(str(tmp_path / "web"), "uint32", SEQ, 50000, eos_id=-1)
+
+
+def test_sources_of_different_tokenizers_are_refused(tmp_path: Path) -> None:
+    labelled(tmp_path / "web", "uint16", sha="a" * 64)
+    labelled(tmp_path / "code", "uint16", sha="b" * 64)
+    sources = [{"name": "web", "path": str(tmp_path / "web"), "weight": 1.0},
+               {"name": "code", "path": str(tmp_path / "code"), "weight": 1.0}]  # fmt: skip
+    with pytest.raises(
+        ConfigError, match=r"web \(aaaaaaaaaaaa\), code \(bbbbbbbbbbbb\) were written by different"
+    ):
+        data.make_mixture(DataConfig(sources=sources, dtype="uint16"), 50000, SEQ, 8)
+    with pytest.raises(ConfigError, match="2 different tokenizers"):
+        data.TokenFiles(str(tmp_path / "*" / "*.npy"), "uint16", SEQ, 50000)
+
+
+def test_token_files_without_metadata_are_read_as_configured_with_one_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    tokens = write_tokens(tmp_path / "old.npy", 1000, "uint16")
+    for _ in range(2):
+        files = data.TokenFiles(str(tmp_path / "old.npy"), "uint16", SEQ, 50000)
+        np.testing.assert_array_equal(files[1], tokens[SEQ : 2 * SEQ + 1])
+        data.warn_unlabelled([data.Part("old", files, 1.0)])
+    assert files.tokenizer is None and files.unlabelled
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"without {token_meta.FILENAME}" in err and "read as uint16" in err
+
+
+def test_the_trainer_refuses_a_source_whose_metadata_disagrees_exit_2_nothing_written(tmp_path: Path) -> None:
+    labelled(tmp_path / "web", "uint32")
+    run_dir = tmp_path / "run"
+    sets = [
+        "data.source=files",
+        f"data.path={tmp_path / 'web'}",
+        "data.dtype=uint16",
+        "model.vocab_size=50000",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "--config", "tiny", f"--set=run_dir={run_dir}", *(f"--set={s}" for s in sets)],
+        cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert (
+        len(lines) == 1
+        and "trainer: config error: token files" in lines[0]
+        and "set data.dtype=uint32" in lines[0]
+    )
+    assert not run_dir.exists() or not any(run_dir.iterdir())
+
+
+def test_gcs_token_files_metadata_is_read_and_checked(tmp_path: Path, gcs: FakeGCS) -> None:
+    labelled(tmp_path / "web", "uint32")
+    for name in ("part-00000.npy", token_meta.FILENAME):
+        gcs.write_object("reslice", f"web/{name}", (tmp_path / "web" / name).read_bytes())
+    script = """
+import json
+from trainer.data import pipeline as data
+from trainer.config import ConfigError
+ok = data.TokenFiles("gs://reslice/web/*", "uint32", 32, 50000)
+try:
+    data.TokenFiles("gs://reslice/web", "uint16", 32, 50000)
+    refused = ""
+except ConfigError as e:
+    refused = str(e)
+print(json.dumps([[f.path for f in ok.files], ok.tokenizer, refused]))
+"""
+    env = {**gcs.env, "PATH": "/usr/bin:/bin", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-3000:]
+    files, tokenizer, refused = json.loads(out.stdout.strip().splitlines()[-1])
+    assert files == ["gs://reslice/web/part-00000.npy"] and tokenizer == "a" * 64
+    assert "token files gs://reslice/web (reslice-tokens.json): its token ids are uint32" in refused

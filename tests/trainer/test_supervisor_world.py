@@ -277,12 +277,13 @@ def test_while_the_controller_beats_the_pod_waits_past_its_patience_up_to_the_bo
     assert len(p.starts()) == 1
 
 
+@pytest.mark.parametrize("key", ["RESLICE_PEER_LOST_WAIT_S", "RESLICE_CHIP_WAIT_S"])
 @pytest.mark.parametrize("value", ["0", "-5", "soon"])
-def test_a_bad_peer_lost_wait_is_one_line_and_exit_2(pod, value: str) -> None:
-    p = pod(extra={"RESLICE_PEER_LOST_WAIT_S": value})
+def test_a_bad_peer_lost_wait_is_one_line_and_exit_2(pod, key: str, value: str) -> None:
+    p = pod(extra={key: value})
     p.publish(world_doc(0, ["b"]))
     assert p.wait() == 2, p.output()
-    assert f"RESLICE_PEER_LOST_WAIT_S={value!r}: expected seconds > 0" in p.output()
+    assert f"{key}={value!r}: expected seconds > 0" in p.output()
     assert p.starts() == [] and "Traceback" not in p.output()
 
 
@@ -409,3 +410,111 @@ def test_no_standby_when_the_pod_turns_them_off(pod) -> None:
     p.wait_starts(1)
     p.alive_for(0.5)
     assert not any(r["event"] == "standby" for r in p.records())
+
+
+def test_a_standby_started_child_sees_the_environment_a_forked_one_sees(tmp_path: Path) -> None:
+    """On a TPU host ``import jax`` sets variables (``cloud_tpu_init``) that the backend reads later,
+    in the world: a standby imported before its world must keep them, as a forked child has them."""
+    extra = {"FAKE_IMPORT_ENV": "1", "LIBTPU_INIT_ARGS": "--pod_flag=1", "GRPC_VERBOSITY": "INFO"}
+    pods = {}
+    try:
+        for name, switch in (("standby", "1"), ("forked", "0")):
+            (tmp_path / name).mkdir()
+            pods[name] = Pod(tmp_path / name, extra={**extra, "RESLICE_STANDBY": switch})
+        # The standby pod's first child is forked ahead of its world, and imports before it has one.
+        wait_for(lambda: any(r["event"] == "standby" for r in pods["standby"].records()), 20, "a standby")
+        doc = world_doc(0, ["b"])
+        envs = {}
+        for name, p in pods.items():
+            p.publish(doc)
+            envs[name] = p.wait_starts(1)[0]["environ"]
+        assert any(r["event"] == "standby" for r in pods["standby"].records())
+        assert not any(r["event"] == "standby" for r in pods["forked"].records())
+    finally:
+        for p in pods.values():
+            p.kill()
+    standby, forked = envs["standby"], envs["forked"]
+    # The imports' variables: set when absent, the pod's own value kept, one appended to.
+    for env in (standby, forked):
+        assert env["TPU_ML_PLATFORM"] == "JAX" and env["TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS"] == "60"
+        assert env["GRPC_VERBOSITY"] == "INFO"
+        assert env["LIBTPU_INIT_ARGS"] == "--pod_flag=1 --xla_tpu_use_enhanced_launch_barrier=true"
+    # Otherwise the same but for what names its own pod (paths, its pipe's descriptor, the switch).
+    own = {
+        "FAKE_RECORD",
+        "RESLICE_WORLD_FILE",
+        "RESLICE_MEMORY_DIR",
+        "RESLICE_TRAINER_RUNNING_FD",
+        "RESLICE_STANDBY",
+    }
+    assert {k: v for k, v in standby.items() if k not in own} == {
+        k: v for k, v in forked.items() if k not in own
+    }
+    assert "RESLICE_TRAINER_STANDBY_FD" not in standby
+
+
+def _hold_lock(path: Path) -> subprocess.Popen:
+    """Another process that holds `path`'s lockf, as a TPU process holds libtpu's, until killed."""
+    code = (
+        "import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644);"
+        " fcntl.lockf(fd, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+    return holder
+
+
+def test_a_trainer_starts_once_the_chip_is_free(pod, tmp_path: Path) -> None:
+    lock = tmp_path / "libtpu_lockfile"
+    holder = _hold_lock(lock)
+    try:
+        p = pod(extra={"RESLICE_LIBTPU_LOCKFILE": str(lock), "FAKE_LOCK": "1"})
+        p.publish(world_doc(0, ["b"]))
+        wait_for(lambda: "another process holds the chip" in p.output(), 20, "the wait for the chip")
+        p.alive_for(1.0)
+        assert not p.starts() and not any(r["event"] == "lockfail" for r in p.records())
+    finally:
+        holder.kill()
+        holder.wait()
+    released = time.time()
+    (start,) = p.wait_starts(1)
+    assert start["t"] >= released
+    assert "the chip is free after" in p.output()
+    # The hand-off to the next world's trainer: the first holds the lock until it exits.
+    p.publish(world_doc(1, ["b"]))
+    assert p.wait_starts(2)[1]["env"]["RESLICE_WORLD_EPOCH"] == "1"
+    assert not any(r["event"] == "lockfail" for r in p.records()), p.output()
+
+
+def test_a_trainer_that_failed_on_the_chips_lock_is_started_again(pod, tmp_path: Path) -> None:
+    lock = tmp_path / "libtpu_lockfile"
+    holder = _hold_lock(lock)
+    p = pod(extra={"RESLICE_LIBTPU_LOCKFILE": str(lock), "FAKE_LOCK": "1", "RESLICE_CHIP_WAIT_S": "0.2"})
+    try:
+        p.publish(world_doc(0, ["b"]))
+        wait_for(
+            lambda: any(r["event"] == "lockfail" for r in p.records()) or None, 20, "a trainer's lock error"
+        )
+        wait_for(lambda: "starting epoch 0's trainer again (1 of 3)" in p.output(), 20, "its retry")
+    finally:
+        holder.kill()
+        holder.wait()
+    (start,) = p.wait_starts(1)
+    assert start["env"]["RESLICE_WORLD_EPOCH"] == "0"
+    p.alive_for(0.3)
+
+
+def test_the_chips_lock_held_for_good_fails_the_pod_after_the_retries(pod, tmp_path: Path) -> None:
+    lock = tmp_path / "libtpu_lockfile"
+    holder = _hold_lock(lock)
+    try:
+        p = pod(extra={"RESLICE_LIBTPU_LOCKFILE": str(lock), "FAKE_LOCK": "1", "RESLICE_CHIP_WAIT_S": "0.1"})
+        p.publish(world_doc(0, ["b"]))
+        assert p.wait(30) == 1, p.output()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert sum(r["event"] == "lockfail" for r in p.records()) == 4  # the first and its 3 retries
+    assert "the chip's lock failed 4 trainers in a row" in p.output()

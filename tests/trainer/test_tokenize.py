@@ -5,6 +5,8 @@ separated by EOS."""
 from __future__ import annotations
 
 import gzip
+import hashlib
+import itertools
 import json
 import subprocess
 import sys
@@ -15,7 +17,9 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from tests.trainer import runs
+from trainer import tokenize as tokenize_module
 from trainer.data import pipeline as data
+from trainer.data import token_meta
 
 WORDS = [
     "the",
@@ -84,7 +88,14 @@ def test_jsonl_and_text_become_documents_separated_by_eos(tokenizer_file: Path, 
     assert summary["eos_id"] == eos and summary["dtype"] == "uint16" and summary["documents"] == 1001
     files = sorted(out.glob("part-*.npy"))
     assert [p.name for p in files] == summary["files"] and len(files) > 2
-    assert sorted(p.name for p in out.iterdir()) == summary["files"]  # nothing else, no temporary left
+    # Nothing else but the metadata, no temporary left.
+    assert sorted(p.name for p in out.iterdir()) == sorted([*summary["files"], token_meta.FILENAME])
+    meta = json.loads((out / token_meta.FILENAME).read_text())
+    assert meta == {
+        "format": token_meta.FORMAT, "dtype": "uint16", "vocab_size": summary["vocab_size"], "eos_id": eos,
+        "eos_token": "<|endoftext|>", "files": summary["files"], "documents": 1001, "tokens": summary["tokens"],
+        "tokenizer": {"name": str(tokenizer_file), "sha256": hashlib.sha256(tokenizer_file.read_bytes()).hexdigest()},
+    }  # fmt: skip
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tokens.")]
     # Every file is a flat little-endian uint16 array; each begins at a document boundary.
     arrays = [np.fromfile(p, "<u2") for p in files]
@@ -113,6 +124,8 @@ def test_jsonl_and_text_become_documents_separated_by_eos(tokenizer_file: Path, 
         ("no-eos", "has no token '<bos>'"),
         ("out-not-empty", "is not empty"),
         ("out-is-file", "is a file"),
+        ("empty", "the inputs hold no text"),
+        ("empty-text", "the inputs hold no text"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_nothing_created(
@@ -122,7 +135,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_created(
     src.mkdir()
     good = '{"text": "the quick fox"}\n'
     (src / "a.jsonl").write_text(
-        {"bad-json": good + "{oops\n", "no-field": '{"txt": "x"}\n'}.get(setup, good)
+        {"bad-json": good + "{oops\n", "no-field": '{"txt": "x"}\n', "empty": "\n\n"}.get(setup, good)
     )
     tok = str(tokenizer_file)
     out = tmp_path / "new" / "tokens"
@@ -137,6 +150,9 @@ def test_bad_input_is_one_line_exit_2_and_nothing_created(
     if setup == "out-not-empty":
         out.mkdir(parents=True)
         (out / "keep.txt").write_text("x")
+    if setup == "empty-text":  # an empty plain-text file, and nothing else
+        (src / "a.txt").write_text("")
+        args = ["--out", str(out), str(src / "a.txt")]
     if setup == "out-is-file":
         out.parent.mkdir()
         out.write_text("x")
@@ -163,3 +179,53 @@ def test_the_trainer_trains_on_what_it_wrote(tokenizer_file: Path, tmp_path: Pat
     assert rc == 0, out[-3000:]
     records = runs.parse_metrics(runs.metrics_files(tmp_path / "run"))
     assert sorted(records) == [1, 2, 3] and all(r["data/tokens/web"] == 16 * 32 for r in records.values())
+
+
+def test_a_plain_text_file_is_streamed_in_pieces_with_the_ids_of_the_whole(
+    tokenizer_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    rng = np.random.default_rng(5)
+    lines = []
+    for i, doc in enumerate(corpus(400, 7)):
+        end = [". ", "!\n", "\n\n", "  \n", "\n", ", ", "\n \n"][i % 7]
+        lines.append(doc.capitalize() + end + ("12 345 " if rng.random() < 0.2 else ""))
+    text = "".join(lines)
+    (tmp_path / "book.txt").write_text(text)
+    encoded: list[int] = []
+    tok = Tokenizer.from_file(str(tokenizer_file))
+    real = Tokenizer.encode_batch
+
+    def counting(self: Tokenizer, batch: list[str], **kw: object) -> list:
+        encoded.extend(len(p) for p in batch)
+        return real(self, batch, **kw)
+
+    monkeypatch.setattr(tokenize_module, "PIECE_CHARS", 500)
+    monkeypatch.setattr(Tokenizer, "encode_batch", counting)
+    out = tmp_path / "tokens"
+    argv = ["--tokenizer", str(tokenizer_file), "--tokenizer-name", "tiny-bpe", "--out", str(out)]
+    assert tokenize_module.main([*argv, str(tmp_path / "book.txt")]) == 0
+    assert json.loads((out / token_meta.FILENAME).read_text())["tokenizer"]["name"] == "tiny-bpe"
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["documents"] == 1
+    # In pieces: none over 4 pieces' length, none the whole text.
+    assert len(encoded) > 20 and max(encoded) <= 2000 and sum(encoded) == len(text)
+    tokens = np.fromfile(out / "part-00000.npy", "<u2")
+    eos = tok.token_to_id("<|endoftext|>")
+    assert tokens.tolist() == [*tok.encode(text, add_special_tokens=False).ids, eos]
+
+
+def test_pieces_cut_at_a_line_break_between_words_else_at_a_single_space() -> None:
+    import io
+
+    def cut(text: str, size: int) -> list[str]:
+        return list(tokenize_module.pieces(io.StringIO(text), size))
+
+    text = "alpha beta\ngamma  delta\n\nepsilon zeta eta"
+    got = cut(text, 12)
+    assert "".join(got) == text
+    for piece, after in itertools.pairwise(got):
+        # A cut after "x\ny" or before " y" (one space between non-spaces), never inside a word.
+        assert (piece[-1] == "\n" and not piece[-2].isspace() and not after[0].isspace()) or (
+            after[0] == " " and not after[1].isspace() and not piece[-1].isspace()
+        ), (piece, after)
+    assert cut("x" * 50, 10) == ["x" * 40, "x" * 10]  # no place to cut: at 4 pieces' length

@@ -10,10 +10,16 @@ its world's ``env`` tells it: ``FAKE_EXIT`` = exit with that code after ``FAKE_A
 ``hang``: it goes on, as a trainer whose step in flight waits for a peer that is gone).
 ``FAKE_WORKERS=1``: it starts what a Grain loader with workers starts (a spawned worker process
 and a shared memory block, so multiprocessing's resource tracker too) and records them.
+``FAKE_IMPORT_ENV=1``: its "imports" (before a standby waits for its world, as the trainer's) change
+the environment as ``import jax`` does on a TPU host (``cloud_tpu_init``: set when absent, one
+appended to), and its start record holds its whole environment (``environ``).
+``FAKE_LOCK=1``: it takes libtpu's lock on ``$RESLICE_LIBTPU_LOCKFILE`` as the TPU backend does when
+it starts, for its life; held by another process, it fails as libtpu does (its error on stderr, exit 1).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -45,11 +51,51 @@ def _record(**fields: object) -> None:
         f.write(line)
 
 
+# What cloud_tpu_init sets on a TPU host (jax/_src/cloud_tpu_init.py), and how.
+IMPORT_DEFAULTS = {
+    "TPU_ML_PLATFORM": "JAX",
+    "GRPC_VERBOSITY": "ERROR",
+    "TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS": "60",
+}
+IMPORT_FLAG = " --xla_tpu_use_enhanced_launch_barrier=true"
+
+
+def _imports() -> None:
+    for key, value in IMPORT_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    os.environ["LIBTPU_INIT_ARGS"] = os.environ.get("LIBTPU_INIT_ARGS", "") + IMPORT_FLAG
+
+
+_held: list[int] = []  # the lock file's descriptor, open for the process's life (as libtpu's)
+
+
+def _take_chip() -> bool:
+    fd = os.open(os.environ[supervisor.LOCKFILE_ENV], os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        print(
+            f"RuntimeError: Unable to initialize backend 'tpu': {supervisor.LOCK_ERROR}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return False
+    _held.append(fd)
+    return True
+
+
 def train() -> int:
+    if os.environ.get("FAKE_IMPORT_ENV"):
+        _imports()
     if supervisor.is_standby():  # as trainer.__main__ after its imports
         _record(event="standby")
         supervisor.await_world()
-    _record(event="start", env={k: os.environ[k] for k in KEYS if k in os.environ})
+    if os.environ.get("FAKE_LOCK") and not _take_chip():
+        _record(event="lockfail")
+        return 1
+    environ = {"environ": dict(os.environ)} if os.environ.get("FAKE_IMPORT_ENV") else {}
+    _record(event="start", env={k: os.environ[k] for k in KEYS if k in os.environ}, **environ)
     if os.environ.get("FAKE_WORKERS"):
         _start_workers()
     supervisor.notify_running()  # as the trainer after its first step

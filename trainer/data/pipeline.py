@@ -34,6 +34,7 @@ import glob as globlib
 import hashlib
 import os
 import re
+import sys
 import threading
 import zlib
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ import grain
 import numpy as np
 
 from trainer.config import ConfigError, DataConfig
+from trainer.data import token_meta
 
 
 class SyntheticSource:
@@ -238,6 +240,8 @@ def expand(path: str) -> list[tuple[str, int | None]]:
         files = [(str(p), None) for p in Path(path).rglob("*.npy") if p.is_file()]
     else:
         return [(path, None)]  # one file (TokenFileSource says when it does not exist)
+    # A glob's matches may hold the folder's metadata (``data/web/*``): it is no token file.
+    files = [(name, size) for name, size in files if os.path.basename(name) != token_meta.FILENAME]
     if not files:
         raise DataError(f"{path} matches no token files (a file, a glob, or a directory of .npy files)")
     return sorted(files)
@@ -246,15 +250,57 @@ def expand(path: str) -> list[tuple[str, int | None]]:
 _listing = threading.local()
 
 
+def _folder(name: str) -> str:
+    return name.rsplit("/", 1)[0] if name.startswith("gs://") else (os.path.dirname(name) or ".")
+
+
+def read_meta(folder: str) -> dict[str, Any] | None:
+    """The metadata beside the token files of `folder` (``trainer.data.token_meta``), or None
+    when there is none; DataError when it is not readable as such."""
+    where = f"{folder}/{token_meta.FILENAME}"
+    try:
+        if folder.startswith("gs://"):
+            text = _gcs(_listing).cat_file(where)
+        else:
+            with open(where, "rb") as f:
+                text = f.read()
+    except FileNotFoundError:
+        return None
+    try:
+        return token_meta.parse(text, where)
+    except ConfigError as e:
+        raise DataError(str(e)) from None
+
+
+_warned: set[str] = set()  # source paths whose token files without metadata were reported
+
+
 class TokenFiles:
     """One source of a mixture: its token files' records, numbered file after file. A record never
     spans two files (each file's documents are its own); a file shorter than one record adds none,
-    as long as some file has one."""
+    as long as some file has one.
 
-    def __init__(self, path: str, dtype: str, seq_len: int, vocab_size: int = 0):
+    The metadata beside its files (``trainer.data.token_meta``, one per folder) must agree with how
+    they are read (`dtype`, `vocab_size`, `eos_id`: -1 for none), and all name one tokenizer
+    (``tokenizer``: its sha256), else DataError. Files without any are read as `dtype` says, with
+    a warning (``warn_unlabelled``)."""
+
+    def __init__(self, path: str, dtype: str, seq_len: int, vocab_size: int = 0, eos_id: int = -1):
         self.path = path
         self.files: list[TokenFileSource] = []
         found = expand(path)
+        metas = {folder: read_meta(folder) for folder in dict.fromkeys(_folder(name) for name, _ in found)}
+        for folder, meta in metas.items():
+            if meta is not None and (
+                why := token_meta.disagreement(meta, dtype, vocab_size or meta["vocab_size"], eos_id)
+            ):
+                raise DataError(f"token files {folder} ({token_meta.FILENAME}): {why}")
+        shas = {meta["tokenizer"]["sha256"] for meta in metas.values() if meta is not None}
+        if len(shas) > 1:
+            raise DataError(
+                f"{path}: its token files were written by {len(shas)} different tokenizers ({token_meta.FILENAME})"
+            )
+        self.tokenizer: str | None = shas.pop() if shas else None
         for name, size in found:
             try:
                 self.files.append(TokenFileSource(name, dtype, seq_len, vocab_size, size))
@@ -265,6 +311,8 @@ class TokenFiles:
             raise DataError(f"{path}: no token file holds one record of {seq_len + 1} tokens")
         self.offsets = np.cumsum([0] + [len(f) for f in self.files])
         self.n = int(self.offsets[-1])
+        self.dtype = dtype
+        self.unlabelled = None in metas.values()  # some of its files have no metadata
 
     def __len__(self) -> int:
         return self.n
@@ -286,7 +334,7 @@ def make_source(cfg: DataConfig, vocab_size: int, seq_len: int) -> SyntheticSour
     """The single source of ``data.source`` (synthetic, or the token files of ``data.path``)."""
     if cfg.source == "synthetic":
         return SyntheticSource(cfg, vocab_size, seq_len)
-    return TokenFiles(cfg.path, _dtype(cfg, vocab_size), seq_len, vocab_size)
+    return TokenFiles(cfg.path, _dtype(cfg, vocab_size), seq_len, vocab_size, cfg.eos_id)
 
 
 def _dtype(cfg: DataConfig, vocab_size: int) -> str:
@@ -388,9 +436,10 @@ def make_mixture(cfg: DataConfig, vocab_size: int, seq_len: int, global_batch: i
     if cfg.sources:
         dtype = _dtype(cfg, vocab_size)
         parts = [
-            Part(s["name"], TokenFiles(s["path"], dtype, seq_len, vocab_size), s["weight"])
+            Part(s["name"], TokenFiles(s["path"], dtype, seq_len, vocab_size, cfg.eos_id), s["weight"])
             for s in cfg.sources
         ]
+        one_tokenizer(parts)
     else:
         name = "synthetic" if cfg.source == "synthetic" else "train"
         parts = [Part(name, make_source(cfg, vocab_size, seq_len), 1.0)]
@@ -524,4 +573,37 @@ def eval_batch(source: Any, order: grain.MapDataset, batch: int, layout: Layout)
 def eval_sources(sources: list[dict[str, Any]], cfg: DataConfig, vocab_size: int, seq_len: int) -> list[Part]:
     """``eval.sources`` opened (token files checked as the training data's are); weight unused."""
     dtype = _dtype(cfg, vocab_size)
-    return [Part(s["name"], TokenFiles(s["path"], dtype, seq_len, vocab_size), 1.0) for s in sources]
+    parts = [
+        Part(s["name"], TokenFiles(s["path"], dtype, seq_len, vocab_size, cfg.eos_id), 1.0) for s in sources
+    ]
+    one_tokenizer(parts)
+    return parts
+
+
+def warn_unlabelled(parts: list[Part]) -> None:
+    """One line on stderr for each source of `parts` with token files without metadata, once per
+    process: read as the config says, unchecked against a tokenizer. The loop calls it once every
+    source opened, so that a bad source's error is the only line."""
+    for p in parts:
+        if getattr(p.source, "unlabelled", False) and p.source.path not in _warned:
+            _warned.add(p.source.path)
+            print(
+                f"trainer: warning: {p.source.path}: token files without {token_meta.FILENAME} (another"
+                f" writer's, or older): read as {p.source.dtype} (data.dtype), unchecked against a tokenizer",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def one_tokenizer(parts: list[Part]) -> None:
+    """DataError when the token files of `parts` were written by different tokenizers (by their
+    metadata; files without any are not compared)."""
+    seen: dict[str, str] = {}
+    for p in parts:
+        if (sha := getattr(p.source, "tokenizer", None)) is not None:
+            seen.setdefault(sha, p.name)
+    if len(seen) > 1:
+        names = ", ".join(f"{name} ({sha[:12]})" for sha, name in seen.items())
+        raise DataError(
+            f"the token files of {names} were written by different tokenizers ({token_meta.FILENAME})"
+        )

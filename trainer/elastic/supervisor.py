@@ -43,7 +43,15 @@ waits for a world with no child. It holds no state: it is killed when the superv
 it has not trained), and one that exits on its own turns standbys off for the pod's life (the
 next child is forked as before). A world with ``env`` of its own is forked as before (those
 variables may concern the imports), and ``RESLICE_STANDBY=0`` in the pod turns standbys off.
-Its cost is one more process with the trainer's imports done (RSS: docs/contract.md).
+Its cost is one more process with the trainer's imports done (RSS: docs/contract.md). What its
+imports did to its environment (``import jax`` on a TPU host sets ``LIBTPU_INIT_ARGS`` and more)
+is done again to its world's environment (``imports_replayed``): a standby-started trainer sees the
+environment a forked one sees.
+
+One process holds a TPU host's chips at a time (libtpu's lock, ``LIBTPU_LOCKFILE``): each child is
+started once no process holds it, and one that failed on it anyway is started again
+(``_Follower``). The in-place loop reads one event at a time and hands it to that event's handler
+(``_Follower.on_world``, ``on_exited``, ``on_signal``, ...), which decides and acts.
 
 Called by ``trainer.__main__``.
 """
@@ -52,6 +60,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
+import fcntl
 import json
 import os
 import queue
@@ -92,6 +102,20 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 # How long a process an ended child left behind has after SIGTERM before SIGKILL (``_end_strays``).
 STRAY_GRACE_S = 10.0
+# One process holds a TPU host's chips at a time: libtpu takes a ``lockf`` on this file when its
+# backend starts and keeps it until the process exits; a second process fails within 0.1 s with
+# LOCK_ERROR (it does not fall back to the CPU). The in-place supervisor starts a trainer once the
+# lock is free (``_Follower.await_chip``), waiting up to CHIP_WAIT_S (``RESLICE_CHIP_WAIT_S`` in
+# the pod), and starts one that still failed on it again (``_Follower.on_exited``), LOCK_RETRIES
+# times in a row at most. ``RESLICE_LIBTPU_LOCKFILE``: another path (the tests' stand-in).
+LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
+LOCKFILE_ENV = "RESLICE_LIBTPU_LOCKFILE"
+LOCK_ERROR = "Internal error when accessing libtpu multi-process lockfile"
+CHIP_WAIT_ENV = "RESLICE_CHIP_WAIT_S"
+CHIP_WAIT_S = 60.0
+LOCK_RETRIES = 3
+# In a child: its environment as it was forked, before the trainer's imports (``await_world``).
+_forked_env: dict[str, str] = {}
 
 
 def await_world() -> float | None:
@@ -110,10 +134,37 @@ def await_world() -> float | None:
         buf += chunk
     os.close(fd)
     msg = json.loads(buf)
+    env = imports_replayed(_forked_env, dict(os.environ), msg["env"])
     os.environ.clear()
-    os.environ.update(msg["env"])
+    os.environ.update(env)
     os.environ[CHILD_ENV] = "1"
     return float(msg["at"])
+
+
+def imports_replayed(
+    forked: Mapping[str, str], now: Mapping[str, str], env: Mapping[str, str]
+) -> dict[str, str]:
+    """A standby's environment in its world: the world's `env` with what the standby's own imports
+    did to its environment (from `forked`, as it was forked, to `now`) done again, as they would
+    have done it to a child forked into that world with `env`.
+
+    On a TPU host ``import jax`` runs ``cloud_tpu_init``, which sets ``LIBTPU_INIT_ARGS``,
+    ``TPU_ML_PLATFORM``, the tensorstore stall timeouts and more, read later when the backend
+    starts, in the world: a child forked into the world has them. They are set when absent
+    (``setdefault``) or appended to: a variable the imports set or changed is taken as they left
+    it unless the world's `env` has a value of its own for it (then it is kept, as ``setdefault``
+    would keep it); one they removed is removed likewise. A world whose ``env`` has variables of
+    its own is forked, never handed to a standby (``_Follower.start``)."""
+    out = dict(env)
+    for key in forked.keys() | now.keys():
+        before, after = forked.get(key), now.get(key)
+        if before == after or out.get(key) != before:
+            continue
+        if after is None:
+            out.pop(key, None)
+        else:
+            out[key] = after
+    return out
 
 
 def is_standby() -> bool:
@@ -237,6 +288,7 @@ def _child(
             os.environ.clear()
             os.environ.update(env)
         os.environ[CHILD_ENV] = "1"
+        _forked_env.update(os.environ)  # before the trainer's imports change it (``await_world``)
         code = train()
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else int(e.code is not None)
@@ -311,6 +363,7 @@ class _Child:
         self.ended_at: float | None = None  # when this supervisor signalled it for a newer world
         # The slices of its world that a newer world says are lost (then it got SIGKILL, not SIGTERM).
         self.killed: tuple[str, ...] = ()
+        self.running = False  # it reported its first step
 
 
 class _Standby:
@@ -338,7 +391,9 @@ def supervise_world(
     waits for the next epoch; any other code is returned. A SIGTERM to this process is forwarded
     and the child's code returned (42 when no child runs). One child at a time, and never one for
     an epoch at or below the last started. After a 43, or a 42 nobody here asked for, no newer
-    world within ``RESLICE_PEER_LOST_WAIT_S`` returns 43."""
+    world within ``RESLICE_PEER_LOST_WAIT_S`` returns 43. Each child starts once the chip is free
+    (``_Follower.await_chip``); one that failed on the chip's lock before its first step is started
+    again (``_Follower.on_exited``)."""
     from trainer.elastic import world_source  # http.client imports ssl: not for the recreate mode's start-up
 
     try:
@@ -347,14 +402,12 @@ def supervise_world(
     except world.WorldError as e:
         print(f"trainer: {e}", file=sys.stderr, flush=True)
         return world.EXIT_CONFIG
-    events: queue.SimpleQueue[tuple[_Event, object, float]] = queue.SimpleQueue()  # put is reentrant
-    state: dict[str, Any] = {"child": None, "standby": None}
-    terminating: list[int] = []  # the signals this process got (set in the handler, read by the loop)
+    follower = _Follower(train, env, me)
 
     def on_signal(signum: int, _frame: object) -> None:
-        # The loop forwards it: a child forked a moment ago, not yet in `state`, gets it too.
-        terminating.append(signum)
-        events.put((_Event.SIGNAL, signum, time.time()))
+        # The loop forwards it: a child forked a moment ago, not yet the follower's, gets it too.
+        follower.terminating.append(signum)
+        follower.events.put((_Event.SIGNAL, signum, time.time()))
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
@@ -362,85 +415,281 @@ def supervise_world(
     # RAM for the children's snapshots, which outlives each of them (trainer/state/snapshot.py).
     memory = memdir.make(env, me.slice_id, me.host)
     if memory is not None:
-        env = {**env, memdir.MEMORY_DIR_ENV: str(memory)}
-    if env.get(STANDBY_SWITCH_ENV, "1") != "0":
+        env = follower.env = {**env, memdir.MEMORY_DIR_ENV: str(memory)}
+    if follower.standbys:
         # Before the world source's thread starts: its first connection imports modules lazily
         # (the idna codec for a host name), and a fork while another thread holds a module's import
         # lock leaves that lock held for good in the child, whose imports then wait forever. Later
         # forks come after the first world was delivered, when that thread imports nothing more.
         with contextlib.suppress(OSError):  # no process left for it: the first child is forked
-            state["standby"] = _spawn_standby(train, env, events)
+            follower.standby = _spawn_standby(train, env, follower.events)
     src.start(
-        lambda doc: events.put((_Event.WORLD, doc, time.time())),
-        lambda msg: events.put((_Event.PROBLEM, msg, time.time())),
+        lambda doc: follower.events.put((_Event.WORLD, doc, time.time())),
+        lambda msg: follower.events.put((_Event.PROBLEM, msg, time.time())),
     )
     print(
         f"trainer: in-place: slice {me.slice_id} host {me.host} follows the worlds of {src.describe()}",
         flush=True,
     )
     try:
-        return _follow(train, env, me, events, state, terminating)
+        return follower.follow()
     finally:
         src.stop()
-        if (standby := state["standby"]) is not None:  # nothing to save: it never had a world
+        if (standby := follower.standby) is not None:  # nothing to save: it never had a world
             with contextlib.suppress(ProcessLookupError):
                 os.kill(standby.pid, signal.SIGKILL)
         memdir.remove(memory)
 
 
-def _follow(
-    train: Callable[[], int],
-    env: Mapping[str, str],
-    me: world.Me,
-    events: queue.SimpleQueue[tuple[_Event, object, float]],
-    state: dict[str, Any],
-    terminating: list[int],
-) -> int:
-    newest: world.World | None = None
-    seen_at = 0.0
-    started = -1  # the epoch of the last child started
-    member = False  # a child of this pod ran in some world
-    ended = "no trainer before"  # how the previous child ended, for the next epoch's log line
-    failed: int | None = None  # the exit code once the running child has ended (a bad world)
-    standbys = env.get(STANDBY_SWITCH_ENV, "1") != "0"
-    lost_since: float | None = None  # monotonic time the last child exited 43, until the next starts
-    waits = {}
-    for name, default in (
-        (PEER_LOST_WAIT_ENV, PEER_LOST_WAIT_S),
-        (world.PEER_LOST_MAX_WAIT_ENV, world.PEER_LOST_MAX_WAIT_S),
-    ):
-        try:
-            waits[name] = float(env.get(name) or default)
-        except ValueError:
-            waits[name] = -1.0
-        if not waits[name] > 0:
-            print(f"trainer: {name}={env.get(name)!r}: expected seconds > 0", file=sys.stderr, flush=True)
-            return world.EXIT_CONFIG
-    patience, bound = waits[PEER_LOST_WAIT_ENV], waits[world.PEER_LOST_MAX_WAIT_ENV]
-    # The controller's latest heartbeat, and when (monotonic) this supervisor saw it change.
-    beat: float | None = None
-    beat_seen: float | None = None
+class _Follower:
+    """The in-place supervisor's loop and what it knows: it reads one event, decides and acts in
+    that event's handler (``on_world``, ``on_exited``, ...), each returning None to go on or the
+    code this process exits with."""
 
-    def standby() -> None:
+    def __init__(self, train: Callable[[], int], env: Mapping[str, str], me: world.Me) -> None:
+        self.train, self.env, self.me = train, env, me
+        self.events: queue.SimpleQueue[tuple[_Event, object, float]] = queue.SimpleQueue()  # put is reentrant
+        self.terminating: list[int] = []  # the signals this process got (set in the handler, read here)
+        self.child: _Child | None = None
+        self.standby: _Standby | None = None
+        self.standbys = env.get(STANDBY_SWITCH_ENV, "1") != "0"
+        self.newest: world.World | None = None
+        self.seen_at = 0.0
+        self.started = -1  # the epoch of the last child started
+        self.member = False  # a child of this pod ran in some world
+        self.ended = "no trainer before"  # how the previous child ended, for the next epoch's log line
+        self.failed: int | None = None  # the exit code once the running child has ended (a bad world)
+        self.lost_since: float | None = None  # monotonic time the last child exited 43, until the next starts
+        self.patience = PEER_LOST_WAIT_S
+        self.bound = world.PEER_LOST_MAX_WAIT_S  # RESLICE_PEER_LOST_MAX_WAIT_S: however long it beats
+        # The controller's latest world heartbeat, and when (monotonic) this pod saw it change.
+        self.beat: float | None = None
+        self.beat_seen: float | None = None
+        self.lockfile = env.get(LOCKFILE_ENV) or LIBTPU_LOCKFILE
+        self.chip_wait = CHIP_WAIT_S
+        self.lock_retries = 0  # children in a row that failed on the chip's lock before a step
+        self.retry = False  # start the newest world again: its child failed on the chip's lock
+
+    def follow(self) -> int:
+        """Read, decide, act, until a handler returns the code to exit with."""
+        if (code := self._read_waits()) is not None:
+            return code
+        handlers: dict[_Event, Callable[[Any, float], int | None]] = {
+            _Event.WORLD: self.on_world,
+            _Event.PROBLEM: self.on_problem,
+            _Event.EXITED: self.on_exited,
+            _Event.RUNNING: self.on_running,
+            _Event.SIGNAL: self.on_signal,
+        }
+        while True:
+            if (code := self.on_tick()) is not None:
+                return code
+            try:
+                kind, what, at = self.events.get(timeout=1.0)  # a timeout lets signal handlers run
+            except queue.Empty:
+                continue
+            if (code := handlers[kind](what, at)) is not None:
+                return code
+
+    def _read_waits(self) -> int | None:
+        """The pod's waits (``RESLICE_PEER_LOST_WAIT_S``, ``RESLICE_PEER_LOST_MAX_WAIT_S``,
+        ``RESLICE_CHIP_WAIT_S``): one line and
+        ``EXIT_CONFIG`` for one that is not seconds > 0."""
+        for key, default, attr in ((PEER_LOST_WAIT_ENV, PEER_LOST_WAIT_S, "patience"),
+                                   (world.PEER_LOST_MAX_WAIT_ENV, world.PEER_LOST_MAX_WAIT_S, "bound"),
+                                   (CHIP_WAIT_ENV, CHIP_WAIT_S, "chip_wait")):  # fmt: skip
+            try:
+                value = float(self.env.get(key) or default)
+            except ValueError:
+                value = -1.0
+            if not value > 0:
+                print(
+                    f"trainer: {key}={self.env.get(key)!r}: expected seconds > 0", file=sys.stderr, flush=True
+                )
+                return world.EXIT_CONFIG
+            setattr(self, attr, value)
+        return None
+
+    # The events, one handler each.
+
+    def on_tick(self) -> int | None:
+        """Before each read: no newer world long after a lost peer ends the pod with 43 — past
+        ``RESLICE_PEER_LOST_WAIT_S`` unless the controller's heartbeat says it is at work on one
+        (``world.keep_waiting``)."""
+        if self.lost_since is None or self.child is not None:
+            return None
+        now = time.monotonic()
+        beat_age = None if self.beat_seen is None else now - self.beat_seen
+        if world.keep_waiting(now - self.lost_since, self.patience, beat_age, self.bound):
+            return None
+        print(
+            f"trainer: no world newer than epoch {self.started} {now - self.lost_since:.0f} s after a peer"
+            f" was lost or preempted (the controller's heartbeat {'stale' if beat_age is not None else 'absent'},"
+            f" wait {self.patience:.0f} s, at most {self.bound:.0f} s):"
+            f" exit {peers.EXIT_PEER_LOST} (the slice restarts)",
+            flush=True,
+        )
+        return peers.EXIT_PEER_LOST
+
+    def on_running(self, pid: int, _at: float) -> int | None:
+        """The child's first step ran: the next standby may be forked now."""
+        if self.child is not None and pid == self.child.pid:
+            self.child.running = True
+            self.fork_standby()
+        return None
+
+    def on_problem(self, msg: str, _at: float) -> int | None:
+        print(f"trainer: {msg}", file=sys.stderr, flush=True)
+        return None
+
+    def on_signal(self, signum: int, _at: float) -> int | None:
+        """SIGTERM or SIGINT to the pod: the child gets it (and its code is the pod's); none: 42."""
+        if self.child is None:
+            print(
+                f"trainer: signal {signum} with no trainer running: nothing to save, exit {world.EXIT_PREEMPTED}",
+                flush=True,
+            )
+            return world.EXIT_PREEMPTED
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.child.pid, signum)
+        return None
+
+    def on_world(self, doc: Any, at: float) -> int | None:
+        """A world document: a newer epoch ends the running child, or starts one when none runs."""
+        try:
+            w = world.parse(doc, world.env_allowed(self.env))
+        except world.WorldError as e:
+            print(f"trainer: {e}", file=sys.stderr, flush=True)
+            if self.child is None:
+                return world.EXIT_CONFIG
+            # The trainer saves the step in flight first; then the pod fails with exit 2.
+            self.failed = world.EXIT_CONFIG
+            if self.child.ended_at is None and not self.terminating:
+                self.child.ended_at = time.time()
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.child.pid, signal.SIGTERM)
+            return None
+        fresh = w.heartbeat is not None and w.heartbeat != self.beat
+        if fresh and (self.newest is None or w.epoch >= self.newest.epoch):
+            self.beat, self.beat_seen = w.heartbeat, time.monotonic()  # the controller is at work on it
+        if self.newest is not None and w.epoch <= self.newest.epoch:
+            if w.epoch < self.newest.epoch:
+                print(
+                    f"trainer: world epoch {w.epoch} ignored: epoch {self.newest.epoch} is newer", flush=True
+                )
+            return None
+        self.newest, self.seen_at = w, at
+        if self.child is not None:
+            self.end_child(w)
+            return None
+        return self.start()
+
+    def on_exited(self, what: tuple[int, int], _at: float) -> int | None:
+        """A child (or the standby) ended: wait for the next world, start it, or exit with its code."""
+        pid, returncode = what
+        if self.standby is not None and pid == self.standby.pid:
+            self._standby_exited(returncode)
+            return None
+        child = self.child
+        if child is None or pid != child.pid:  # a standby that died as it was handed its world
+            return None
+        self.child = None
+        # See supervise(): a leftover loader worker holds the pipe until it ends. A killed
+        # child's tail says nothing more (no fate-sharing abort).
+        _end_strays(keep=[self.standby.pid] if self.standby is not None else [])
+        child.pump.join(timeout=0.1 if child.killed else 2.0)
+        tail = bytes(child.tail).decode(errors="replace")
+        code = peers.supervised_exit(returncode, tail)
+        signalled = "SIGKILL" if child.killed else "SIGTERM"
+        took = f" {time.time() - child.ended_at:.3f} s after {signalled}" if child.ended_at else ""
+        self.ended = f"the trainer of epoch {child.world.epoch} exited {code}{took}"
+        if child.killed:
+            self.ended += f" (slice(s) {', '.join(child.killed)} of its world lost)"
+        if self.terminating or code == 0:
+            return code
+        if self.failed is not None:
+            print(
+                f"trainer: {self.ended}; exit {self.failed} for the world that could not be read", flush=True
+            )
+            return self.failed
+        if self._lost_the_chip(child, code, tail):
+            return self.start()
+        peer_lost = code == peers.EXIT_PEER_LOST
+        # A 42 that neither this process nor a signal to it asked for: a peer's SIGTERM (its
+        # slice preempted) stopped the world at a step boundary, the SIGTERM flags being
+        # combined every step, and every process saved. This pod was not preempted: it waits
+        # for the world without that slice (or with it back), as after a lost peer, instead of
+        # exiting 42 and having its slice's JobSet recreate its pods.
+        peer_stopped = code == world.EXIT_PREEMPTED and child.ended_at is None
+        asked = child.ended_at is not None and (
+            bool(child.killed) or code in (world.EXIT_PREEMPTED, 128 + signal.SIGTERM)
+        )
+        if not (peer_lost or peer_stopped or asked):
+            print(f"trainer: {self.ended}: exit {code}", flush=True)
+            return code
+        if (next_code := self.start()) is not None:
+            return next_code
+        if self.child is None:
+            if peer_stopped:
+                self.ended += " (a peer's preemption stopped its world; this pod was not signalled)"
+            print(f"trainer: {self.ended}; waiting for a world newer than epoch {self.started}", flush=True)
+            if peer_lost or peer_stopped:
+                self.lost_since = time.monotonic()
+            self.fork_standby()
+        return None
+
+    def _standby_exited(self, returncode: int) -> None:
+        """The standby ended before its world: standbys are off for the pod's life."""
+        waiting, self.standby, self.standbys = self.standby, None, False
+        assert waiting is not None
+        os.close(waiting.send)
+        waiting.pump.join(timeout=2.0)
+        if not self.terminating:  # a SIGTERM to the pod's process group ends a standby too
+            print(
+                f"trainer: the standby trainer exited {returncode} before its world;"
+                " the next trainers are forked when their world comes",
+                flush=True,
+            )
+
+    def _lost_the_chip(self, child: _Child, code: int, tail: str) -> bool:
+        """Whether `child` failed, before its first step, because another process held the chip
+        (libtpu's lock): then its world is started again, ``LOCK_RETRIES`` times in a row at most."""
+        if code in (0, world.EXIT_CONFIG) or child.running or LOCK_ERROR not in tail:
+            return False
+        if self.lock_retries >= LOCK_RETRIES:
+            print(f"trainer: the chip's lock failed {self.lock_retries + 1} trainers in a row", flush=True)
+            return False
+        self.lock_retries += 1
+        self.retry = True
+        print(
+            f"trainer: {self.ended}: another process held the chip (libtpu's lock {self.lockfile});"
+            f" starting epoch {child.world.epoch}'s trainer again ({self.lock_retries} of {LOCK_RETRIES})",
+            flush=True,
+        )
+        return True
+
+    # What the handlers do.
+
+    def fork_standby(self) -> None:
         """Fork the next child ahead of its world, unless one waits already (or they are off)."""
-        nonlocal standbys
-        if not standbys or state["standby"] is not None or terminating or failed is not None:
+        if not self.standbys or self.standby is not None or self.terminating or self.failed is not None:
             return
         try:
-            state["standby"] = _spawn_standby(train, env, events)
+            self.standby = _spawn_standby(self.train, self.env, self.events)
         except OSError as e:  # no memory or no process left for it: fork when the world comes
-            standbys = False
+            self.standbys = False
             print(
                 f"trainer: no standby trainer ({e}); the next trainers are forked when their world comes",
                 flush=True,
             )
 
-    def end(child: _Child, w: world.World) -> None:
+    def end_child(self, w: world.World) -> None:
         """End the running child for the newer world `w`: SIGTERM (it saves the step in flight),
         or SIGKILL when `w` says a slice of the child's world is lost: its hosts are gone, so the
         step in flight can never finish and there is nothing newer than the last snapshot to save
         (the SIGTERM would only wait for the trainer's stall watchdog). Also after a SIGTERM."""
-        if terminating:
+        child = self.child
+        if self.terminating or child is None:
             return
         doomed = tuple(s for s in child.world.slices if s in w.lost)
         if doomed and not child.killed:
@@ -452,175 +701,104 @@ def _follow(
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, signal.SIGTERM)
 
-    def start() -> int | None:
-        """Start a child in `newest` when it is due: None, or the code to exit with."""
-        nonlocal started, member, lost_since
-        if newest is None or newest.epoch <= started or terminating or failed is not None:
+    def start(self) -> int | None:
+        """Start a child in the newest world when it is due: None, or the code to exit with."""
+        newest, me = self.newest, self.me
+        if newest is None or self.terminating or self.failed is not None:
+            return None
+        if newest.epoch <= self.started and not self.retry:
             return None
         position = newest.position(me)
         if position is None:
-            if member:
+            if self.member:
                 print(
                     f"trainer: world epoch {newest.epoch} leaves slice {me.slice_id} out"
-                    f" (slices {list(newest.slices)}; {ended}): exit 0",
+                    f" (slices {list(newest.slices)}; {self.ended}): exit 0",
                     flush=True,
                 )
                 return 0
             return None  # a pod of a slice not taking part yet: it waits for a world with it
         try:
-            child_env = world.child_env(newest, me, env)
+            child_env = world.child_env(newest, me, self.env)
         except world.WorldError as e:
             print(f"trainer: {e}", file=sys.stderr, flush=True)
             return world.EXIT_CONFIG
-        if member:
+        if self.member:
             child_env[RESTARTED_ENV] = "1"
+        self.await_chip()
+        if self.terminating:  # a SIGTERM while it waited: the loop forwards it to nobody, exit 42
+            return None
         child = None
-        if (ready := state["standby"]) is not None and not newest.env:
-            state["standby"] = None
+        if (ready := self.standby) is not None and not newest.env:
+            self.standby = None
             child = _activate(ready, newest, child_env)  # None: it died meanwhile (its exit is ignored)
-        child = child or _fork(train, newest, child_env, events)
-        state["child"], started, member, lost_since = child, newest.epoch, True, None
+        child = child or _fork(self.train, newest, child_env, self.events)
+        if not self.retry:
+            self.lock_retries = 0
+        self.child, self.started, self.member, self.lost_since, self.retry = (
+            child,
+            newest.epoch,
+            True,
+            None,
+            False,
+        )
         pid = position * newest.hosts_per_slice + me.host
         published = (
-            f"seen {seen_at - newest.published:.3f} s after publication, "
+            f"seen {self.seen_at - newest.published:.3f} s after publication, "
             if newest.published is not None
             else ""
         )
         print(
             f"trainer: world epoch {newest.epoch}: process {pid} of {newest.num_processes} on slices"
             f" {list(newest.slices)}, micro-batch {newest.micro_batch} x {newest.grad_accum} accum;"
-            f" {published}{ended}, started {time.time() - seen_at:.3f} s after it was seen",
+            f" {published}{self.ended}, started {time.time() - self.seen_at:.3f} s after it was seen",
             flush=True,
         )
         return None
 
-    while True:
-        now = time.monotonic()
-        if (
-            lost_since is not None
-            and state["child"] is None
-            and not world.keep_waiting(
-                now - lost_since, patience, None if beat_seen is None else now - beat_seen, bound
-            )
-        ):
+    def await_chip(self) -> None:
+        """Before a child starts: wait, up to ``RESLICE_CHIP_WAIT_S``, until no process holds
+        libtpu's lock (``chip_held``). The previous trainer released it when it exited, but what it
+        left behind (a data loader's worker with a backend of its own, ended by ``_end_strays``
+        in the background) or a process outside this pod may hold it still, and a trainer that
+        finds it held fails at once rather than wait. No TPU: no lock file, no wait."""
+        if not chip_held(self.lockfile):
+            return
+        t0 = time.monotonic()
+        print(
+            f"trainer: another process holds the chip (libtpu's lock {self.lockfile}):"
+            f" waiting up to {self.chip_wait:.0f} s before the next trainer starts",
+            flush=True,
+        )
+        while time.monotonic() - t0 < self.chip_wait and not self.terminating:
+            time.sleep(0.05)
+            if not chip_held(self.lockfile):
+                print(f"trainer: the chip is free after {time.monotonic() - t0:.3f} s", flush=True)
+                return
+        if not self.terminating:
             print(
-                f"trainer: no world newer than epoch {started} {now - lost_since:.0f} s after a peer was lost"
-                f" or preempted (the controller's heartbeat {'stale' if beat_seen is not None else 'absent'},"
-                f" wait {patience:.0f} s, at most {bound:.0f} s):"
-                f" exit {peers.EXIT_PEER_LOST} (the slice restarts)",
-                flush=True,
+                f"trainer: the chip is still held after {self.chip_wait:.0f} s: starting anyway", flush=True
             )
-            return peers.EXIT_PEER_LOST
-        try:
-            kind, what, at = events.get(timeout=1.0)  # a timeout lets signal handlers run
-        except queue.Empty:
-            continue
-        child = state["child"]
-        if kind is _Event.RUNNING:
-            if child is not None and what == child.pid:
-                standby()
-            continue
-        if kind is _Event.PROBLEM:
-            print(f"trainer: {what}", file=sys.stderr, flush=True)
-        elif kind is _Event.SIGNAL:
-            if child is None:
-                print(
-                    f"trainer: signal {what} with no trainer running: nothing to save,"
-                    f" exit {world.EXIT_PREEMPTED}",
-                    flush=True,
-                )
-                return world.EXIT_PREEMPTED
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child.pid, what)  # type: ignore[arg-type]
-        elif kind is _Event.WORLD:
-            try:
-                w = world.parse(what, world.env_allowed(env))  # type: ignore[arg-type]
-            except world.WorldError as e:
-                print(f"trainer: {e}", file=sys.stderr, flush=True)
-                if child is None:
-                    return world.EXIT_CONFIG
-                # The trainer saves the step in flight first; then the pod fails with exit 2.
-                failed = world.EXIT_CONFIG
-                if child.ended_at is None and not terminating:
-                    child.ended_at = time.time()
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(child.pid, signal.SIGTERM)
-                continue
-            if (
-                w.heartbeat is not None
-                and w.heartbeat != beat
-                and (newest is None or w.epoch >= newest.epoch)
-            ):
-                beat, beat_seen = w.heartbeat, time.monotonic()  # the controller is at work on it
-            if newest is not None and w.epoch <= newest.epoch:
-                if w.epoch < newest.epoch:
-                    print(
-                        f"trainer: world epoch {w.epoch} ignored: epoch {newest.epoch} is newer", flush=True
-                    )
-                continue
-            newest, seen_at = w, at
-            if child is not None:
-                end(child, w)
-            elif (code := start()) is not None:
-                return code
-        elif kind is _Event.EXITED:
-            pid, returncode = what  # type: ignore[misc]
-            if (waiting := state["standby"]) is not None and pid == waiting.pid:
-                state["standby"], standbys = None, False
-                os.close(waiting.send)
-                waiting.pump.join(timeout=2.0)
-                if not terminating:  # a SIGTERM to the pod's process group ends a standby too
-                    print(
-                        f"trainer: the standby trainer exited {returncode} before its world;"
-                        " the next trainers are forked when their world comes",
-                        flush=True,
-                    )
-                continue
-            if child is None or pid != child.pid:  # a standby that died as it was handed its world
-                continue
-            state["child"] = None
-            # See supervise(): a leftover loader worker holds the pipe until it ends. A killed
-            # child's tail says nothing more (no fate-sharing abort).
-            _end_strays(keep=[s.pid] if (s := state["standby"]) is not None else [])
-            child.pump.join(timeout=0.1 if child.killed else 2.0)
-            code = peers.supervised_exit(returncode, bytes(child.tail).decode(errors="replace"))
-            signalled = "SIGKILL" if child.killed else "SIGTERM"
-            took = f" {time.time() - child.ended_at:.3f} s after {signalled}" if child.ended_at else ""
-            ended = f"the trainer of epoch {child.world.epoch} exited {code}{took}"
-            if child.killed:
-                ended += f" (slice(s) {', '.join(child.killed)} of its world lost)"
-            if terminating or code == 0:
-                return code
-            if failed is not None:
-                print(f"trainer: {ended}; exit {failed} for the world that could not be read", flush=True)
-                return failed
-            peer_lost = code == peers.EXIT_PEER_LOST
-            # A 42 that neither this process nor a signal to it asked for: a peer's SIGTERM (its
-            # slice preempted) stopped the world at a step boundary, the SIGTERM flags being
-            # combined every step, and every process saved. This pod was not preempted: it waits
-            # for the world without that slice (or with it back), as after a lost peer, instead of
-            # exiting 42 and having its slice's JobSet recreate its pods.
-            peer_stopped = code == world.EXIT_PREEMPTED and child.ended_at is None
-            if (
-                peer_lost
-                or peer_stopped
-                or (
-                    child.ended_at is not None
-                    and (child.killed or code in (world.EXIT_PREEMPTED, 128 + signal.SIGTERM))
-                )
-            ):
-                if (code := start()) is not None:
-                    return code
-                if state["child"] is None:
-                    if peer_stopped:
-                        ended += " (a peer's preemption stopped its world; this pod was not signalled)"
-                    print(f"trainer: {ended}; waiting for a world newer than epoch {started}", flush=True)
-                    if peer_lost or peer_stopped:
-                        lost_since = time.monotonic()
-                    standby()
-            else:
-                print(f"trainer: {ended}: exit {code}", flush=True)
-                return code
+
+
+def chip_held(path: str) -> bool:
+    """Whether some process holds libtpu's lock on `path` (the lock a TPU process takes on its
+    chips and keeps until it exits): a non-blocking ``lockf`` taken and released at once. False
+    when there is no such file (no TPU process ran on this host) or it cannot be opened for
+    writing (not this pod's to judge: the trainer reports the lock itself)."""
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        return e.errno in (errno.EACCES, errno.EAGAIN)
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)  # a POSIX lock goes with its process's every descriptor of the file anyway
 
 
 def _fork(

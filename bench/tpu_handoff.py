@@ -1,0 +1,324 @@
+"""What only a TPU host shows in the in-place path: a standby's environment, and the chip handed on.
+
+    python -m bench.tpu_handoff [--handoffs 5] [--steps 3] [--devices 1] [--set KEY=VALUE ...] [--workdir DIR] [--timeout 900] [--json]
+
+Runs the real in-place supervisor (``trainer.elastic.supervisor.supervise_world``) around the real
+trainer (``tiny``), one pod of a one-slice, one-host world published in a file
+(``RESLICE_WORLD_FILE``; ``--set``: the trainer's overrides, e.g. ``model.dense_layers=2`` for a
+dense model): a single-process world, so no socket is opened (a TPU host of this kind
+may allow none, even on loopback). Two pods, one after the other:
+
+1. **Forked**: standbys off (``RESLICE_STANDBY=0``); the trainer is forked into world 0, trains
+   ``--steps`` steps and finishes. Its environment at ``trainer.loop.run`` is written down.
+2. **Hand-offs**: standbys on; worlds 0, 1, ..., ``--handoffs`` are published one after the other,
+   each once the trainer of the previous one has trained ``--steps`` steps of its segment: the
+   supervisor ends that trainer (SIGTERM: it saves and exits 42) and hands the chip to the next,
+   a standby that did its imports (``import jax``: ``cloud_tpu_init`` on a TPU host) before it had
+   a world. Then a world without the pod's slice ends the pod (exit 0).
+
+It prints whether the first standby-started trainer's environment equals the forked one's (the
+variables that differ, and those ``cloud_tpu_init`` sets, on both sides), then one line per
+hand-off (was the trainer a standby, how long the previous one took to exit after its SIGTERM,
+first step after the world was published, the chip's wait) and every libtpu lock error the pods
+reported (``Internal error when accessing libtpu multi-process lockfile``). Exit 0 when the
+environments are equal and every hand-off trained without a lock error, else 1. ``--json``: one
+JSON object on the last line. On a CPU host it does the same without a chip (no lock file: no wait).
+Figures: docs/measurements.md, "On a TPU".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from launcher.embedded.kubelet.podenv import SIMULATED_XLA_FLAGS
+from trainer.elastic import supervisor
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = "handoff"
+# What cloud_tpu_init (jax/_src/cloud_tpu_init.py) and libtpu's import set on a TPU host.
+TPU_KEYS = (
+    "LIBTPU_INIT_ARGS", "TPU_LIBRARY_PATH", "TPU_ML_PLATFORM", "TPU_ML_PLATFORM_VERSION", "GRPC_VERBOSITY",
+    "ENABLE_RUNTIME_UPTIME_TELEMETRY", "TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS",
+    "TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES", "TF_CPP_MIN_LOG_LEVEL", "TPU_SKIP_MDS_QUERY",
+)  # fmt: skip
+# Variables that name a pod or a child's own pipe, not the world: they differ between the two pods.
+OWN_KEYS = (
+    supervisor.RUNNING_ENV, supervisor.STANDBY_SWITCH_ENV, "RESLICE_MEMORY_DIR", "RESLICE_MEMORY_ROOT",
+    "RESLICE_WORLD_FILE",
+)  # fmt: skip
+
+
+def _host_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` without what bench/__init__.py sets for the simulated CPU hosts (JAX on CPU, XLA:CPU's
+    quick-compile flags): these trainers run on whatever this host has, its TPU if any."""
+    out = {k: v for k, v in env.items() if k != "JAX_PLATFORMS"}
+    flags = out.get("XLA_FLAGS", "")
+    for name, value in SIMULATED_XLA_FLAGS:
+        flags = flags.replace(f"--{name}={value}", "")
+    out["XLA_FLAGS"] = " ".join(flags.split())
+    if not out["XLA_FLAGS"]:
+        del out["XLA_FLAGS"]
+    return out
+
+
+def _pod(record: Path, argv: list[str]) -> int:
+    """A pod's supervisor (``--pod``): the trainer's own ``main`` in each child, its environment
+    written to `record` as ``trainer.loop.run`` gets it."""
+    env = _host_env(dict(os.environ))  # bench/__init__.py set its own again on this import
+    os.environ.clear()
+    os.environ.update(env)
+
+    def train() -> int:
+        standby = supervisor.is_standby()
+        # The trainer's imports, here before a standby waits for its world, as trainer.__main__'s.
+        from trainer import __main__ as entry
+        from trainer import loop
+
+        real = loop.run
+
+        def run(cfg: Any, env: Mapping[str, str], *rest: Any) -> int:
+            import jax
+
+            from trainer.telemetry import metrics
+
+            # A standby imports the event writer ahead of its world, a forked trainer with its
+            # first record (and the import sets CRC32C_SW_MODE): both have it here.
+            metrics.preload_tensorboard()
+
+            device = jax.devices()[0]
+            line = {"pid": os.getpid(), "standby": standby, "env": dict(env), "t": time.time(),
+                    "platform": device.platform, "device_kind": device.device_kind}  # fmt: skip
+            with open(record, "a") as f:
+                f.write(json.dumps(line) + "\n")
+            return real(cfg, env, *rest)
+
+        loop.run = run
+        return entry.main(argv)
+
+    return supervisor.supervise_world(train, os.environ)
+
+
+class Pod:
+    """One pod's supervisor process (this module with ``--pod``) following `world_file`."""
+
+    def __init__(
+        self, work: Path, name: str, steps: int, standby: bool, chip_wait: float, sets: list[str]
+    ) -> None:
+        self.dir = work / name
+        self.dir.mkdir(parents=True)
+        self.world_file, self.record, self.log = (
+            self.dir / "world.json",
+            self.dir / "env.jsonl",
+            self.dir / "pod.log",
+        )
+        self.run_dir = self.dir / "run"
+        env = {k: v for k, v in _host_env(dict(os.environ)).items() if not k.startswith("RESLICE_")}
+        # Added to, not replaced: a TPU host's JAX may be importable through PYTHONPATH alone.
+        path = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+        env.update(
+            PYTHONPATH=path, RESLICE_RUN=RUN, RESLICE_RESTART_MODE="in-place", RESLICE_SLICE_ID="a",
+            JOB_COMPLETION_INDEX="0", RESLICE_WORLD_FILE=str(self.world_file),
+            RESLICE_STANDBY="1" if standby else "0", RESLICE_CHIP_WAIT_S=str(chip_wait),
+            RESLICE_MEMORY_ROOT=str(self.dir),
+        )  # fmt: skip
+        argv = ["--config", "tiny", "--set", f"run_dir={self.run_dir}", "--set", f"train.steps={steps}",
+                "--set", "metrics.log_every=1", "--set", "checkpoint.interval=1000",
+                *(a for kv in sets for a in ("--set", kv))]  # fmt: skip
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "bench.tpu_handoff", "--pod", str(self.record), "--", *argv],
+                env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
+            )  # fmt: skip
+
+    def publish(self, epoch: int, devices: int, slices: tuple[str, ...] = ("a",)) -> float:
+        doc = {"run": RUN, "epoch": epoch, "slices": list(slices), "hosts_per_slice": 1,
+               "coordinator": "127.0.0.1:1", "global_batch": 16, "micro_batch": 16 // devices, "grad_accum": 1,
+               "published": time.time()}  # fmt: skip
+        tmp = self.world_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, self.world_file)  # whole, as the contract asks of a file publisher
+        return doc["published"]
+
+    def envs(self) -> list[dict]:
+        if not self.record.exists():
+            return []
+        return [json.loads(line) for line in self.record.read_text().splitlines() if line.strip()]
+
+    def records(self, segment: int) -> list[dict]:
+        out = []
+        for path in sorted((self.run_dir / "metrics").glob("*.jsonl")):
+            for line in path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue  # a line being written
+                if rec.get("segment") == segment:
+                    out.append(rec)
+        return out
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def wait_until(self, what: str, ready: Callable[[], Any], deadline: float) -> Any:
+        while time.monotonic() < deadline:
+            if (got := ready()) is not None:
+                return got
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"the pod exited {self.proc.returncode} waiting for {what}:\n{self.output()[-4000:]}"
+                )
+            time.sleep(0.2)
+        raise RuntimeError(f"timed out waiting for {what}:\n{self.output()[-4000:]}")
+
+    def wait(self, deadline: float) -> int:
+        try:
+            return self.proc.wait(max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise RuntimeError(f"the pod did not exit:\n{self.output()[-4000:]}") from None
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+
+
+def compare(forked: dict[str, str], standby: dict[str, str]) -> dict:
+    """The two environments without OWN_KEYS: equal, and the variables that differ."""
+    a = {k: v for k, v in forked.items() if k not in OWN_KEYS}
+    b = {k: v for k, v in standby.items() if k not in OWN_KEYS}
+    return {
+        "equal": a == b,
+        "only_forked": sorted(a.keys() - b.keys()),
+        "only_standby": sorted(b.keys() - a.keys()),
+        "changed": sorted(k for k in a.keys() & b.keys() if a[k] != b[k]),
+        "tpu": {k: [forked.get(k), standby.get(k)] for k in TPU_KEYS if k in forked or k in standby},
+    }
+
+
+_STARTED = re.compile(
+    r"trainer: world epoch (\d+): .*?(?:exited (-?\d+) ([\d.]+) s after SIGTERM)?, started ([\d.]+) s after it was seen"
+)
+
+
+def handoffs(pod: Pod, published: dict[int, float]) -> list[dict]:
+    """One row per world of the hand-off pod, from its log, its env records and its metrics."""
+    log = pod.output()
+    starts = {int(m[1]): m for m in _STARTED.finditer(log)}
+    envs = {int(e["env"]["RESLICE_WORLD_EPOCH"]): e for e in pod.envs()}
+    rows = []
+    for epoch in sorted(published):
+        recs = pod.records(epoch)
+        m, e = starts.get(epoch), envs.get(epoch)
+        rows.append({
+            "epoch": epoch, "standby": bool(e and e["standby"]), "steps": len(recs),
+            "previous_exit": int(m[2]) if m and m[2] else None,
+            "previous_exit_s": float(m[3]) if m and m[3] else None,
+            "first_step_s": round(recs[0]["time"] - published[epoch], 3) if recs else None,
+            "device": f"{e['platform']}:{e['device_kind']}" if e else None,
+        })  # fmt: skip
+    return rows
+
+
+def main() -> int:
+    if "--pod" in sys.argv[1:2]:  # a pod's supervisor, started by this benchmark
+        return _pod(Path(sys.argv[2]), sys.argv[4:])
+    parser = argparse.ArgumentParser(prog="python -m bench.tpu_handoff", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--handoffs", type=int, default=5, help="hand-offs of the chip in the second pod")
+    parser.add_argument(
+        "--steps", type=int, default=3, help="steps each trainer trains before the next world"
+    )
+    parser.add_argument("--devices", type=int, default=1, help="the host's JAX devices (a v5e chip: 1)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a trainer override (tiny's), repeatable",
+    )
+    parser.add_argument("--workdir", help="where the pods write (default: a temporary directory, removed)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole benchmark")
+    parser.add_argument("--json", action="store_true", help="one JSON object on the last line")
+    args = parser.parse_args()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="tpu-handoff-"))
+    deadline = time.monotonic() + args.timeout
+    pods: list[Pod] = []
+    try:
+        # 1. A trainer forked into its world.
+        forked = Pod(work, "forked", args.steps, standby=False, chip_wait=60, sets=args.set)
+        pods.append(forked)
+        forked.publish(0, args.devices)
+        if (code := forked.wait(deadline)) != 0:
+            raise RuntimeError(f"the forked pod exited {code}:\n{forked.output()[-4000:]}")
+        (forked_env,) = forked.envs()
+        # 2. Hand-offs between standby-started trainers.
+        total = 100_000  # never reached: each trainer is ended by the next world
+        pod = Pod(work, "handoffs", total, standby=True, chip_wait=60, sets=args.set)
+        pods.append(pod)
+        published: dict[int, float] = {}
+        for epoch in range(args.handoffs + 1):
+            published[epoch] = pod.publish(epoch, args.devices)
+            pod.wait_until(
+                f"{args.steps} steps of world {epoch}",
+                lambda e=epoch: True if len(pod.records(e)) >= args.steps else None,
+                deadline,
+            )
+        pod.publish(args.handoffs + 1, args.devices, slices=("elsewhere",))  # leaves this slice out
+        pod_code = pod.wait(deadline)
+        standby_env = next(e for e in pod.envs() if e["env"]["RESLICE_WORLD_EPOCH"] == "0")
+        env_check = compare(forked_env["env"], standby_env["env"])
+        env_check["standby_started"] = standby_env["standby"]
+        rows = handoffs(pod, published)
+        logs = forked.output() + pod.output()
+        lock_errors = logs.count(supervisor.LOCK_ERROR)
+        waits = re.findall(r"trainer: the chip is free after ([\d.]+) s", logs)
+        retries = len(re.findall(r"starting epoch \d+'s trainer again", logs))
+    except RuntimeError as e:
+        print(f"bench: {e}", file=sys.stderr)
+        return 1
+    finally:
+        for p in pods:
+            p.kill()
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    ok_handoffs = sum(1 for r in rows[1:] if r["steps"] >= args.steps)
+    print(f"device: {standby_env['platform']} ({standby_env['device_kind']})")
+    print(
+        f"environment: a standby-started trainer's {'equals' if env_check['equal'] else 'DIFFERS FROM'}"
+        f" a forked one's (the standby-started one was a standby: {env_check['standby_started']})"
+    )
+    for key in ("only_forked", "only_standby", "changed"):
+        if env_check[key]:
+            print(f"  {key}: {', '.join(env_check[key])}")
+    for key, (a, b) in env_check["tpu"].items():
+        print(f"  {key}: forked {a!r}, standby {b!r}")
+    waited = f" ({', '.join(waits)} s)" if waits else ""
+    print(f"hand-offs: {ok_handoffs} of {args.handoffs} trained; lock errors {lock_errors}, chip waits {len(waits)}"
+          f"{waited}, retries {retries}; the pod exited {pod_code}")  # fmt: skip
+    for r in rows:
+        print(
+            f"  world {r['epoch']}: {'standby' if r['standby'] else 'forked'}, {r['steps']} steps,"
+            f" previous trainer exited {r['previous_exit']} {r['previous_exit_s']} s after SIGTERM,"
+            f" first step {r['first_step_s']} s after publication"
+        )
+    good = env_check["equal"] and ok_handoffs == args.handoffs and lock_errors == 0 and pod_code == 0
+    if args.json:
+        print(json.dumps({"env": env_check, "handoffs": rows, "ok_handoffs": ok_handoffs, "lock_errors": lock_errors,
+                          "chip_waits_s": [float(w) for w in waits], "retries": retries, "pod_exit": pod_code,
+                          "ok": good}))  # fmt: skip
+    return 0 if good else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
