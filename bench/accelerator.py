@@ -1,23 +1,31 @@
-"""The checks that need an accelerator: the ragged MoE transport against the dense one, and a step time
-and MFU of ``olmo-7b`` at reduced depth. Prints figures (and, with ``--json``, one JSON line last).
+"""The checks that need an accelerator, sized for the device it finds. Prints figures (and, with
+``--json``, one JSON object last).
 
-    python -m bench.accelerator [--layers 4] [--batch 4] [--quick] [--json]
+    python -m bench.accelerator [--layers N] [--batch N] [--steps 5] [--quick] [--json]
 
 1. Transports. ``trainer.model.moe.dispatch_combine`` with ``transport=ragged`` (``jax.lax.ragged_all_to_all``)
    and ``transport=dense`` (fixed chunks through ``all_to_all``, the path the CPU tests cover) on the
-   same inputs, dropless and with drops (buffer factor 1.0 under skewed routing): the outputs and
-   the gradients of a fixed cotangent with respect to the tokens, the gates and the three expert
-   weights must agree within 1e-5 in float32. Run on every backend that has the devices for
-   4-way expert parallelism and can compile the ragged op; a backend that cannot is reported, not
-   skipped silently (XLA:CPU in jaxlib 0.10.2 has no ``ragged-all-to-all``; one GPU cannot hold 4
-   expert shards, so there the check runs at the parallelism the devices allow and says so).
-2. Step time. The real train step (``trainer.step.make_train_step``) of ``olmo-7b`` with
-   ``model.n_layers`` reduced to fit one device, bf16 compute, fp32 parameters and Adam moments, on
-   the first accelerator device: seconds per step over timed steps after the compile, tokens per
-   second, and MFU = ``trainer.model.sizes.flops_per_token`` × tokens / s / the device's peak dense bf16
-   FLOP/s (a table below; the vendor's figure, not a measurement).
+   same inputs, dropless and with drops: outputs and the gradients of a fixed cotangent with respect
+   to the tokens, the gates and the three expert weights within 1e-5 in float32. On every backend
+   present (TPU, GPU, CPU), at the expert parallelism its devices allow (up to 4; one TPU chip: 1, said
+   so); a backend that cannot compile the ragged op is reported (XLA:CPU in jaxlib 0.10.2 has none).
+2. Step time. The real train step (``trainer.step.make_train_step``) of ``olmo-7b`` (OLMo 3 7B's
+   layer, its sliding windows and documents, bf16 compute, fp32 parameters and Adam moments) at the
+   depth, batch and vocabulary that fit the first device's memory (``pick``; printed with why), with
+   ``model.attention=auto`` (the splash kernel on a TPU): seconds per step, tokens per second, MFU =
+   ``trainer.model.sizes.flops_per_token`` × tokens / s / the device's peak dense bf16 FLOP/s (a table
+   below, the vendors' figures), the peak HBM in use beside the planner's estimate
+   (``launcher.core.hbm.estimate``, what ``plan``/``preflight`` use) and XLA's compiled figure for the
+   same step (what ``python -m trainer --memory`` reports).
+3. Reference. In the same process a plain-JAX step of the same shape (a functional transformer, the
+   same attention call, optax's AdamW): ``step_over_reference`` is what the trainer adds.
+4. Attention agreement at olmo-7b's head shape ([1, 8192, 32, 128], bf16): the splash kernel against
+   the blocked path, forward and gradients, causal and with a 4,096-token window over 8 documents;
+   each one's forward+backward time.
+5. MoE. ``olmoe-1b`` at the depth that fits: MFU with the grouped expert matmul (``jax.lax.ragged_dot``,
+   ``moe.expert_matmul=ragged``) against every expert over every row (``dense``).
 
-``--quick`` shrinks part 2 to a toy model so that the script can be tried on CPU before a lease.
+``--quick`` shrinks parts 2-5 to toy shapes so that the script can be tried on CPU before a lease.
 Not a test: CI has no accelerator.
 """
 
@@ -35,8 +43,18 @@ import time
 os.environ.pop("JAX_PLATFORMS", None)
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
-# Peak dense bf16 FLOP/s by device kind (vendor data sheets, without sparsity).
-PEAK_BF16 = {"NVIDIA H200": 989e12, "NVIDIA H100 80GB HBM3": 989e12, "TPU7x": 2307e12, "TPU v4": 275e12}
+# Peak dense bf16 FLOP/s by JAX device_kind (vendor data sheets, without sparsity).
+PEAK_BF16 = {
+    "NVIDIA H200": 989e12,
+    "NVIDIA H100 80GB HBM3": 989e12,
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,  # v5e
+    "TPU v5": 459e12,  # v5p
+    "TPU v5p": 459e12,
+    "TPU v6 lite": 918e12,  # v6e (Trillium)
+    "TPU7x": 2307e12,  # Ironwood
+}
+GIB = 2**30
 TOLERANCE = 1e-5
 E, K, D_MODEL, D_FF, N = 8, 2, 32, 64, 64  # experts, top-k, widths, tokens per device
 
@@ -120,10 +138,10 @@ def transports() -> list[dict]:
     import jax
 
     rows = []
-    backends = [b for b in ("gpu", "cpu") if _has_backend(b)]
+    backends = [b for b in ("tpu", "gpu", "cpu") if _has_backend(b)]
     for backend in backends:
         devices = jax.devices(backend)
-        ep = min(4, len(devices))
+        ep = min(4, len(devices))  # what the devices allow: one chip holds one expert shard
         devices = devices[: (len(devices) // ep) * ep]
         # Dropless, a buffer that drops under the skewed routing with 4 shards, and one that drops
         # with a single shard (whose buffer holds all of its own rows at factor 1).
@@ -146,117 +164,494 @@ def _has_backend(name: str) -> bool:
         return False
 
 
-def step_time(layers: int, batch: int, steps: int, quick: bool, overrides: list[str] | None = None) -> dict:
-    """The real train step of olmo-7b (``layers`` deep) on one accelerator device."""
+def _count(n: float) -> str:
+    """1234567 -> '1.23 M' (a toy model's count printed in billions read "0.00 B")."""
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return str(int(n))
+
+
+# What ``pick`` allows a sequence's activations beside the state: one layer's working set under
+# remat=full (the MLP's [T, d_ff] products, q/k/v/o, one loss chunk of logits) plus the block inputs
+# kept per layer. Rough on purpose: the compiled step's own figure then confirms the choice.
+ACTIVATION_BYTES_PER_TOKEN = 256 * 1024
+SAVED_BYTES_PER_TOKEN_LAYER = 2 * 4096
+STATE_BYTES_PER_PARAM = 16  # fp32 parameter, two Adam moments, its gradient
+FIT = 0.92  # of the device's bytes_limit: room for XLA's fragmentation and the runtime
+SMALL_VOCAB = 32768  # when the whole vocabulary's embedding and head leave no room for a layer
+
+
+def _resolve(name: str, sets: list[str]):
+    from trainer import config
+
+    return config.resolve(name, sets, {})
+
+
+def pick(
+    name: str,
+    limit: int,
+    layers: int,
+    batch: int,
+    quick: bool,
+    max_layers: int = 8,
+    batches: tuple = (1, 2, 4),
+) -> tuple[list, str]:
+    """The overrides that fit ``name`` on one device of ``limit`` bytes, and why: the deepest model
+    (up to ``max_layers``) at batch 1, then the largest batch of up to 4 at that depth, by state
+    bytes (16 a parameter) plus an allowance for activations; with the whole vocabulary if one layer
+    fits beside it, else a 32,768-token vocabulary. ``layers``/``batch`` > 0 are taken as given."""
+    from trainer.model.sizes import param_counts
+
+    if quick:
+        sets = ["model.vocab_size=512", "model.seq_len=256", "model.d_model=128", "model.n_heads=4",
+                "model.head_dim=32", "model.d_ff=256", "model.attention_block=64", "model.loss_chunk=64",
+                "model.sliding_window=128", "data.eos_id=1", "moe.num_experts=8", "moe.top_k=2",
+                "moe.d_expert=64"]  # fmt: skip
+        return [*sets, *_depth(name, layers or 2), f"train.global_batch={batch or 2}"], "--quick: a toy shape"
+    base = _resolve(name, ["data.source=synthetic"])
+    seq = base.model.seq_len
+
+    def need(sets: list[str], b: int) -> float:
+        cfg = _resolve(name, ["data.source=synthetic", *sets])
+        total, _ = param_counts(cfg)
+        n = cfg.model.n_layers
+        return STATE_BYTES_PER_PARAM * total + b * seq * (
+            ACTIVATION_BYTES_PER_TOKEN + n * SAVED_BYTES_PER_TOKEN_LAYER
+        )
+
+    budget = FIT * limit
+    vocab: list[str] = []
+    why = []
+    if need(_depth(name, 1), 1) > budget:
+        vocab = [f"model.vocab_size={SMALL_VOCAB}", f"data.eos_id={SMALL_VOCAB - 1}"]  # an id that exists
+        why.append(f"the whole vocabulary ({base.model.vocab_size:,}) leaves no room for one layer "
+                   f"({need(_depth(name, 1), 1) / GIB:.1f} GiB > {FIT:.0%} of {limit / GIB:.2f} GiB): "
+                   f"vocabulary {SMALL_VOCAB:,}")  # fmt: skip
+    depth = layers
+    if not depth:
+        depth = max(
+            [n for n in range(1, max_layers + 1) if need([*vocab, *_depth(name, n)], 1) <= budget] or [1]
+        )
+        why.append(f"{depth} layers: the deepest (up to {max_layers}) whose state (16 bytes a parameter) and "
+                   f"one sequence's activations fit {FIT:.0%} of {limit / GIB:.2f} GiB")  # fmt: skip
+    b = batch
+    if not b:
+        sets = [*vocab, *_depth(name, depth)]
+        b = max([x for x in batches if need(sets, x) <= budget] or [1])
+        why.append(f"batch {b}: the largest of {', '.join(map(str, batches))} that fits beside them "
+                   f"({need(sets, b) / GIB:.1f} GiB estimated)")  # fmt: skip
+    return [*vocab, *_depth(name, depth), f"train.global_batch={b}"], "; ".join(why) or "as given"
+
+
+def _depth(name: str, n: int) -> list[str]:
+    dense = n if name == "olmo-7b" else 0
+    return [f"model.n_layers={n}", f"model.dense_layers={dense}"]
+
+
+def _planner_estimate(cfg) -> float:
+    """What ``launcher plan``/``preflight`` estimate per device for this config on one device."""
+    from types import SimpleNamespace
+
+    from launcher.core.hbm import estimate
+
+    plan = SimpleNamespace(devices=1, micro_batch=cfg.train.global_batch, model_parallel=1, grad_accum=1)
+    return estimate(cfg.to_dict(), plan)["total"]
+
+
+def step_time(name: str, sets: list[str], steps: int) -> dict:
+    """The real train step of ``name`` with ``sets`` on the first device: timed steps after the
+    compile, MFU, the peak HBM in use, XLA's compiled memory and the planner's estimate."""
     import jax
     import numpy as np
 
-    from trainer import config
+    from trainer.model.attention import resolve
     from trainer.model.mesh import batch_sharding, device_sharding, mesh_for
     from trainer.model.sizes import flops_per_token, param_counts
-    from trainer.step import abstract_state, init_state, make_train_step
+    from trainer.step import abstract_state, init_state, make_train_step, plain
 
-    sets = [f"model.n_layers={layers}", f"model.dense_layers={layers}", f"train.global_batch={batch}",
-            "train.grad_accum=1", "train.micro_batch=0"]  # fmt: skip
-    if quick:
-        sets += ["model.vocab_size=512", "model.seq_len=128", "model.d_model=128", "model.n_heads=4",
-                 "model.head_dim=32", "model.d_ff=256", "model.attention_block=32", "model.loss_chunk=32", "data.eos_id=1"]  # fmt: skip
-    cfg = config.resolve("olmo-7b", [*sets, *(overrides or [])], {})
-    backend = jax.default_backend()
+    cfg = _resolve(name, ["data.source=synthetic", "train.grad_accum=1", "train.micro_batch=0", *sets])
+    batch, seq = cfg.train.global_batch, cfg.model.seq_len
     device = jax.devices()[0]
     mesh = mesh_for(cfg, [device])
-    seq = cfg.model.seq_len
     rng = np.random.default_rng(0)
     with jax.set_mesh(mesh):
         graphdef, abstract = abstract_state(cfg, mesh)
         t0 = time.perf_counter()
-        state = init_state(cfg, mesh, abstract)
         step = make_train_step(cfg, graphdef, mesh, abstract)
         tokens_np = rng.integers(0, cfg.model.vocab_size, size=(1, batch, seq + 1), dtype=np.int32)
+        if cfg.data.eos_id >= 0:  # documents: about 8 a sequence, so that the segment ids matter
+            tokens_np[rng.random(tokens_np.shape) < 8 / seq] = cfg.data.eos_id
         tokens = jax.device_put(tokens_np, batch_sharding(mesh))
         stop = jax.device_put(np.zeros(mesh.size, np.int32), device_sharding(mesh))
-        state, m = step(state, tokens, stop)
+        compiled = step.lower(plain(abstract), tokens, stop).compile()
+        ma = compiled.memory_analysis()
+        # XLA's own peak where the backend reports it (a TPU's does), else what `trainer --memory`
+        # adds up (arguments + outputs - aliased + temporaries, which double-counts on a TPU).
+        xla_bytes = getattr(ma, "peak_memory_in_bytes", 0) or (
+            ma.argument_size_in_bytes
+            + ma.output_size_in_bytes
+            - ma.alias_size_in_bytes
+            + ma.temp_size_in_bytes
+        )
+        compile_s = time.perf_counter() - t0
+        state = init_state(cfg, mesh, abstract)
+        state, m = compiled(state, tokens, stop)
         jax.block_until_ready(m)
-        first_s = time.perf_counter() - t0
-        state, m = step(state, tokens, stop)  # untimed: the first calls after a compile run slower
+        state, m = compiled(state, tokens, stop)  # untimed: the first calls after a compile run slower
         jax.block_until_ready(m)
         times = []
         for _ in range(steps):
             start = time.perf_counter()
-            state, m = step(state, tokens, stop)
+            state, m = compiled(state, tokens, stop)
             jax.block_until_ready(m)
             times.append(time.perf_counter() - start)
         loss = float(jax.device_get(m["scalars"])[0])
+        del state, m
     step_s = sorted(times)[len(times) // 2]
-    tokens_per_step = batch * seq
     fpt = flops_per_token(cfg)
     peak = PEAK_BF16.get(device.device_kind)
-    achieved = fpt * tokens_per_step / step_s
-    total, _ = param_counts(cfg)
+    achieved = fpt * batch * seq / step_s
+    total, active = param_counts(cfg)
     memory = device.memory_stats() or {}
+    # A TPU's runtime reserves an executable's temporaries apart from the buffers it allocates: the
+    # step's peak is the peak in use (the state, the batch) plus the peak reserved (the temporaries).
+    peak_bytes = memory.get("peak_bytes_in_use", 0) + memory.get("peak_bytes_reserved", 0)
+    planner = _planner_estimate(cfg)
     return {
-        "backend": backend,
+        "memory_stats": memory,
+        "memory_analysis": {k: int(getattr(ma, k)) for k in dir(ma) if k.endswith("_in_bytes")},
+        "config": name,
+        "sets": sets,
+        "attention": str(resolve(cfg.model.attention, seq, cfg.model.head_dim)),
         "device_kind": device.device_kind,
-        "layers": layers,
-        "overrides": overrides or [],
+        "layers": cfg.model.n_layers,
+        "vocab_size": cfg.model.vocab_size,
         "params": total,
+        "active_params": active,
         "global_batch": batch,
         "seq_len": seq,
-        "compile_and_first_step_s": round(first_s, 2),
-        "step_s_median": round(step_s, 4),
+        "compile_s": round(compile_s, 1),
+        "step_s": round(step_s, 4),
         "step_s_all": [round(t, 4) for t in times],
-        "tokens_per_s": round(tokens_per_step / step_s, 1),
+        "tokens_per_s": round(batch * seq / step_s, 1),
         "model_tflops_per_s": round(achieved / 1e12, 1),
         "peak_bf16_tflops": peak / 1e12 if peak else None,
         "mfu": round(achieved / peak, 4) if peak else None,
-        "peak_memory_gib": round(memory.get("peak_bytes_in_use", 0) / 2**30, 1),
+        "peak_hbm_gib": round(peak_bytes / GIB, 2),
+        "peak_in_use_gib": round(memory.get("peak_bytes_in_use", 0) / GIB, 2),
+        "peak_reserved_gib": round(memory.get("peak_bytes_reserved", 0) / GIB, 2),
+        "xla_peak_gib": round(xla_bytes / GIB, 2),
+        "planner_estimate_gib": round(planner / GIB, 2),
+        "planner_over_peak": round(planner / peak_bytes, 3) if peak_bytes else None,
+        "planner_over_xla": round(planner / xla_bytes, 3) if xla_bytes else None,
         "loss_last": round(loss, 4),
+        "_cfg": cfg,
     }
+
+
+def reference_step(cfg, steps: int) -> dict:
+    """A plain-JAX train step of ``cfg``'s dense shape: parameters in a dict, the layers under
+    ``lax.scan`` with ``jax.checkpoint`` (remat=full), the same attention call, the same chunked loss
+    with its EOS mask and logit z-loss, optax's clipped AdamW with the trainer's schedule and decay
+    mask; no flax, no mesh, no metrics beyond the loss."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    from trainer.config import layer_windows
+    from trainer.model.attention import attend, resolve
+    from trainer.model.transformer import rope, segment_ids, token_losses
+    from trainer.step import optimizer
+
+    m = cfg.model
+    d, h, kv, hd, f, v, n = (
+        m.d_model,
+        m.n_heads,
+        m.kv_heads or m.n_heads,
+        m.head_dim,
+        m.d_ff,
+        m.vocab_size,
+        m.n_layers,
+    )
+    batch, seq, dt = cfg.train.global_batch, m.seq_len, jnp.dtype(m.dtype)
+    kind, windows = resolve(m.attention, m.seq_len, m.head_dim), layer_windows(m)
+    distinct = tuple(sorted(set(windows)))
+    eos = cfg.data.eos_id
+
+    def init(key):
+        ks = iter(jax.random.split(key, 16))
+
+        def normal(shape):
+            return m.init_std * jax.random.normal(next(ks), shape, jnp.float32)
+
+        def ones(shape):
+            return {"scale": jnp.ones(shape, jnp.float32)}
+
+        layers = {
+            "wq": normal((n, d, h, hd)), "wk": normal((n, d, kv, hd)), "wv": normal((n, d, kv, hd)),
+            "wo": normal((n, h, hd, d)), "q_norm": ones((n, h * hd)), "k_norm": ones((n, kv * hd)),
+            "attn_norm": ones((n, d)), "ffn_norm": ones((n, d)),
+            "w_gate": normal((n, d, f)), "w_up": normal((n, d, f)), "w_down": normal((n, f, d)),
+        }  # fmt: skip
+        return {
+            "embed": normal((v, d)),
+            "layers": layers,
+            "final_norm": ones((d,)),
+            "lm_head": normal((d, v)),
+        }
+
+    def norm(x, p):
+        x32 = x.astype(jnp.float32)
+        return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, -1, keepdims=True) + 1e-6) * p["scale"]).astype(
+            x.dtype
+        )
+
+    def loss(params, tokens):
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        x = params["embed"][inputs].astype(dt)
+        seg = segment_ids(inputs, eos) if m.document_attention and eos >= 0 else None
+
+        @jax.checkpoint
+        def layer(x, pw):
+            p, w = pw
+            q = jnp.einsum("btd,dhk->bthk", x, p["wq"].astype(dt))
+            k = jnp.einsum("btd,dhk->bthk", x, p["wk"].astype(dt))
+            val = jnp.einsum("btd,dhk->bthk", x, p["wv"].astype(dt))
+            if m.qk_norm:
+                q = norm(q.reshape(*q.shape[:2], -1), p["q_norm"]).reshape(q.shape)
+                k = norm(k.reshape(*k.shape[:2], -1), p["k_norm"]).reshape(k.shape)
+            q, k = rope(q, m.rope_theta), rope(k, m.rope_theta)
+            o = attend(q, k, val, kind=kind, block=m.attention_block, kernel_block=m.splash_block,
+                       segments=seg, window=w if any(windows) else None, windows=distinct)  # fmt: skip
+            x = x + norm(jnp.einsum("bthk,hkd->btd", o, p["wo"].astype(dt)), p["attn_norm"])
+            y = (jax.nn.silu(x @ p["w_gate"].astype(dt)) * (x @ p["w_up"].astype(dt))) @ p["w_down"].astype(
+                dt
+            )
+            return x + norm(y, p["ffn_norm"]), None
+
+        x, _ = jax.lax.scan(layer, x, (params["layers"], jnp.asarray(windows, jnp.int32)))
+        x = norm(x, params["final_norm"])
+        weights = (inputs != eos).astype(jnp.float32)
+        ce, z = token_losses(x, params["lm_head"].astype(dt), targets, weights, m.loss_chunk)
+        count = jnp.maximum(jnp.sum(weights), 1.0)
+        return (ce + m.logit_z_loss * z) / count
+
+    tx = optimizer(cfg)
+
+    def step(params, opt_state, tokens):
+        value, grads = jax.value_and_grad(loss)(params, tokens)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    step = jax.jit(step, donate_argnums=(0, 1))
+    rng = np.random.default_rng(0)
+    tokens_np = rng.integers(0, v, size=(batch, seq + 1), dtype=np.int32)
+    if eos >= 0:
+        tokens_np[rng.random(tokens_np.shape) < 8 / seq] = eos
+    tokens = jnp.asarray(tokens_np)
+    params = jax.jit(init)(jax.random.key(0))
+    opt_state = jax.jit(tx.init)(params)
+    t0 = time.perf_counter()
+    for _ in range(2):  # the compile, and the first call after it
+        params, opt_state, value = step(params, opt_state, tokens)
+        jax.block_until_ready(value)
+    first_s = time.perf_counter() - t0
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        params, opt_state, value = step(params, opt_state, tokens)
+        jax.block_until_ready(value)
+        times.append(time.perf_counter() - start)
+    del params, opt_state
+    return {
+        "step_s": round(sorted(times)[len(times) // 2], 4),
+        "step_s_all": [round(t, 4) for t in times],
+        "compile_and_first_steps_s": round(first_s, 1),
+        "loss_last": round(float(value), 4),
+    }
+
+
+def attention_agreement(quick: bool) -> list[dict]:
+    """The splash kernel against the blocked path at olmo-7b's head shape in bf16 (toy on --quick):
+    max |diff| of the output and of dq, dk, dv for one cotangent, and each path's forward+backward."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from trainer.config import AttentionKind
+    from trainer.model.attention import attend
+    from trainer.model.transformer import segment_ids
+
+    b, t, h, hd = (1, 256, 4, 64) if quick else (1, 8192, 32, 128)
+    window = t // 2  # olmo-7b: 4,096 of 8,192
+    rng = np.random.default_rng(0)
+    q, k, v, cot = (jnp.asarray(rng.normal(size=(b, t, h, hd)), jnp.bfloat16) for _ in range(4))
+    eos = np.zeros((b, t), np.int32)
+    eos[:, rng.choice(t, 7, replace=False)] = 1  # 8 documents
+    seg = segment_ids(jnp.asarray(eos), 1)
+    rows = []
+    for label, segments, w in (("causal", None, 0), (f"window {window}, 8 documents", seg, window)):
+        win = jnp.int32(w) if w else None
+        results = {}
+        paths = [
+            (AttentionKind.SPLASH, {"windows": (w,)}),
+            (AttentionKind.BLOCKED, {"block": 64 if quick else 512}),
+        ]
+        for kind, kw in paths:
+            t0 = time.perf_counter()
+
+            def fwd_bwd(q, k, v, kind=kind, kw=kw, segments=segments, win=win):
+                out, vjp = jax.vjp(
+                    lambda q, k, v: attend(q, k, v, kind=kind, segments=segments, window=win, **kw), q, k, v
+                )
+                return out, vjp(cot)
+
+            fn = jax.jit(fwd_bwd)
+            res = jax.block_until_ready(fn(q, k, v))
+            first = time.perf_counter() - t0
+            times = []
+            for _ in range(3):
+                start = time.perf_counter()
+                jax.block_until_ready(fn(q, k, v))
+                times.append(time.perf_counter() - start)
+            results[kind] = (res, sorted(times)[1])
+            print(f"    {label}, {kind}: compile and first call {first:.1f} s, "
+                  f"forward+backward {sorted(times)[1]:.4f} s", flush=True)  # fmt: skip
+        (s_out, s_grads), s_time = results[AttentionKind.SPLASH]
+        (b_out, b_grads), b_time = results[AttentionKind.BLOCKED]
+        diffs = {}
+        for name, x, y in zip(("out", "dq", "dk", "dv"), (s_out, *s_grads), (b_out, *b_grads), strict=True):
+            x32, y32 = np.asarray(x, np.float32), np.asarray(y, np.float32)
+            diffs[name] = {"max_abs": float(np.abs(x32 - y32).max()), "max_ref": float(np.abs(y32).max())}
+        rows.append({"case": label, "shape": [b, t, h, hd], "diffs": diffs, "splash_fwd_bwd_s": round(s_time, 4),
+                     "blocked_fwd_bwd_s": round(b_time, 4)})  # fmt: skip
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.accelerator", description=__doc__.splitlines()[0])
-    parser.add_argument("--layers", type=int, default=4, help="olmo-7b depth for the step time (default 4)")
-    parser.add_argument("--batch", type=int, default=4, help="sequences per step (default 4)")
+    parser.add_argument("--layers", type=int, default=0, help="olmo-7b depth (default: what fits the device)")
+    parser.add_argument("--batch", type=int, default=0, help="sequences per step (default: what fits)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
-    parser.add_argument("--quick", action="store_true", help="a toy model for part 2 (a CPU dry run)")
+    parser.add_argument("--quick", action="store_true", help="toy shapes for parts 2-5 (a CPU dry run)")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--transports-only", action="store_true", help="part 1 only")
+    parser.add_argument("--skip", default="", help="comma-separated parts to skip: reference,attention,moe")
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="olmo-7b override (part 2)"
     )
     args = parser.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
 
     import jax
 
-    print(f"jax {jax.__version__}, backend {jax.default_backend()}, devices {jax.devices()}", flush=True)
+    device = jax.devices()[0]
+    limit = (device.memory_stats() or {}).get("bytes_limit", 0)
+    print(f"jax {jax.__version__}, backend {jax.default_backend()}, devices {jax.devices()}; "
+          f"{device.device_kind}: {limit / GIB:.2f} GiB", flush=True)  # fmt: skip
     rows = transports()
     print("\n1. ragged vs dense MoE transport (float32; outputs and gradients; tolerance 1e-5)")
     for r in rows:
+        ep = f"EP {r['expert_parallel']}" + (" (all the devices allow)" if r["expert_parallel"] < 4 else "")
         if "error" in r:
-            print(f"  {r['platform']:4s} {r['devices']} devices, EP {r['expert_parallel']}, factor "
-                  f"{r['factor']:5}: not run: {r['error']}")  # fmt: skip
+            print(
+                f"  {r['platform']:4s} {r['devices']} devices, {ep}, factor {r['factor']:5}: not run: {r['error']}"
+            )
         else:
-            print(f"  {r['platform']:4s} {r['devices']} devices, EP {r['expert_parallel']}, factor "
+            print(f"  {r['platform']:4s} {r['devices']} devices, {ep}, factor "
                   f"{r['factor']:5}: rows dropped {r['rows_dropped']:4d}, max |diff| {r['max_abs_diff']:.2e}, "
                   f"kept rows equal {r['kept_rows_equal']}: {'OK' if r['ok'] else 'FAIL'}", flush=True)  # fmt: skip
-    result: dict = {"jax": jax.__version__, "transports": rows}
-    try:
-        if args.transports_only:
-            raise RuntimeError("skipped (--transports-only)")
-        st = step_time(args.layers, args.batch, args.steps, args.quick, args.set)
+    result: dict = {
+        "jax": jax.__version__,
+        "device_kind": device.device_kind,
+        "bytes_limit": limit,
+        "transports": rows,
+    }
+    if args.transports_only:
+        print(json.dumps(result)) if args.json else None
+        return 0 if all(r.get("ok") or "error" in r for r in rows) else 1
+    limit = limit or 16 * GIB  # a CPU reports no limit: size as for 16 GiB
+
+    def guarded(part: str, fn):
+        try:
+            return fn()
+        except Exception as err:  # a part that fails is reported, and the others still run
+            msg = (
+                f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300] if str(err).strip() else ''}"
+            )
+            result[f"{part}_error"] = msg
+            print(f"  {part} not measured: {msg}", flush=True)
+            return None
+
+    sets, why = pick("olmo-7b", limit, args.layers, args.batch, args.quick)
+    sets = [*sets, *args.set]
+    print(f"\n2. olmo-7b {' '.join(sets)}\n  chosen: {why}", flush=True)
+    st = guarded("step", lambda: step_time("olmo-7b", sets, args.steps))
+    while st is None and "RESOURCE_EXHAUSTED" in result.get("step_error", "") and not args.layers:
+        # The estimate let through a shape that XLA cannot fit: one layer less, and say so.
+        layers = int(next(x for x in sets if x.startswith("model.n_layers=")).split("=")[1])
+        if layers == 1:
+            break
+        sets = [x for x in sets if not x.startswith(("model.n_layers=", "model.dense_layers="))]
+        sets += _depth("olmo-7b", layers - 1)
+        print(f"  retrying at {layers - 1} layers: {sets}", flush=True)
+        result["step_retried"] = result.pop("step_error")
+        st = guarded("step", lambda sets=sets: step_time("olmo-7b", sets, args.steps))
+    if st:
+        cfg = st.pop("_cfg")
         result["step"] = st
-        print(f"\n2. olmo-7b {' '.join(args.set)} at {st['layers']} layers ({st['params'] / 1e9:.2f} B parameters), "
-              f"{st['global_batch']} × {st['seq_len']} tokens, on {st['device_kind']}:")  # fmt: skip
-        print(f"  compile + first step {st['compile_and_first_step_s']} s; step {st['step_s_median']} s "
-              f"(median of {len(st['step_s_all'])}: {st['step_s_all']}); {st['tokens_per_s']:.0f} tokens/s; "
-              f"{st['model_tflops_per_s']} TFLOP/s; MFU {st['mfu']} of {st['peak_bf16_tflops']} TFLOP/s; "
-              f"peak memory {st['peak_memory_gib']} GiB; loss {st['loss_last']}")  # fmt: skip
-    except Exception as err:
-        result["step_error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:300]}"
-        print(f"\n2. step time not measured: {result['step_error']}")
+        result |= {k: st[k] for k in ("step_s", "tokens_per_s", "mfu", "peak_hbm_gib")}
+        print(f"  {st['layers']} layers, vocabulary {st['vocab_size']:,} ({_count(st['params'])} parameters), "
+              f"{st['global_batch']} × {st['seq_len']} tokens, attention {st['attention']}, on {st['device_kind']}:\n"
+              f"  compile {st['compile_s']} s; step {st['step_s']} s (median of {len(st['step_s_all'])}: "
+              f"{st['step_s_all']}); {st['tokens_per_s']:.0f} tokens/s; {st['model_tflops_per_s']} TFLOP/s; "
+              f"MFU {st['mfu']} of {st['peak_bf16_tflops']} TFLOP/s; loss {st['loss_last']}\n"
+              f"  HBM: peak {st['peak_hbm_gib']} GiB (in use {st['peak_in_use_gib']} + reserved for the step's "
+              f"temporaries {st['peak_reserved_gib']}); planner's estimate {st['planner_estimate_gib']} GiB "
+              f"(launcher.core.hbm: {st['planner_over_peak']} of the peak); XLA's peak for the step "
+              f"{st['xla_peak_gib']} GiB", flush=True)  # fmt: skip
+        if "reference" not in skip:
+            print("\n3. plain-JAX reference step, same shape and attention:", flush=True)
+            ref = guarded("reference", lambda: reference_step(cfg, args.steps))
+            if ref:
+                result["reference"] = ref
+                result["reference_step_s"] = ref["step_s"]
+                result["step_over_reference"] = round(st["step_s"] / ref["step_s"], 3)
+                print(f"  step {ref['step_s']} s (median of {len(ref['step_s_all'])}: {ref['step_s_all']}); "
+                      f"loss {ref['loss_last']}; trainer / reference = {result['step_over_reference']}", flush=True)  # fmt: skip
+    if "moe" not in skip:
+        # At most 2 sequences: the routed rows' buffers (top-8 of 64 experts) are not in the allowance.
+        moe_sets, moe_why = pick("olmoe-1b", limit, 0, 0, args.quick, max_layers=2, batches=(1, 2))
+        print(f"\n5. olmoe-1b {' '.join(moe_sets)}\n  chosen: {moe_why}", flush=True)
+        result["moe"] = {}
+        for kind in ("ragged", "dense"):
+            mo = guarded(
+                f"moe_{kind}",
+                lambda kind=kind: step_time("olmoe-1b", [*moe_sets, f"moe.expert_matmul={kind}"], args.steps),
+            )
+            if mo:
+                mo.pop("_cfg")
+                result["moe"][kind] = mo
+                print(f"  expert matmul {kind}: step {mo['step_s']} s; {mo['tokens_per_s']:.0f} tokens/s; "
+                      f"MFU {mo['mfu']} ({_count(mo['active_params'])} active of {_count(mo['params'])}); "
+                      f"XLA's peak {mo['xla_peak_gib']} GiB, planner's estimate {mo['planner_estimate_gib']} GiB "
+                      f"(the process's peak is part 2's)", flush=True)  # fmt: skip
+    if "attention" not in skip:
+        print(
+            "\n4. splash kernel vs blocked attention (bf16; max |diff| against the blocked path's max |value|):",
+            flush=True,
+        )
+        att = guarded("attention", lambda: attention_agreement(args.quick))
+        if att:
+            result["attention"] = att
+            for r in att:
+                d = "; ".join(f"{k} {v['max_abs']:.3g} of {v['max_ref']:.3g}" for k, v in r["diffs"].items())
+                print(f"  {r['shape']} {r['case']}: {d}; forward+backward splash {r['splash_fwd_bwd_s']} s, "
+                      f"blocked {r['blocked_fwd_bwd_s']} s", flush=True)  # fmt: skip
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(result, default=str))
     return 0 if all(r.get("ok") or "error" in r for r in rows) else 1
 
 

@@ -23,6 +23,7 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,39 @@ import yaml
 
 class ConfigError(Exception):
     """A configuration or launch-contract error: reported in one line, exit code 2, never retried."""
+
+
+class AttentionKind(StrEnum):
+    """``model.attention``: how attention is computed (not what it computes: every kind gives the same
+    numbers within rounding, tests/trainer/test_attention.py)."""
+
+    AUTO = "auto"  # SPLASH on a TPU backend (sequence and head multiples of 128), BLOCKED elsewhere
+    SPLASH = "splash"  # the Pallas TPU splash kernel (interpret mode off a TPU: tests only)
+    BLOCKED = "blocked"  # query blocks of model.attention_block (0: DENSE)
+    DENSE = "dense"  # the whole T × T scores at once (jax.nn.dot_product_attention)
+
+
+class Transport(StrEnum):
+    """``moe.transport``: how an MoE layer's rows cross the expert axis."""
+
+    AUTO = "auto"  # RAGGED on a TPU or GPU backend, DENSE elsewhere (XLA:CPU compiles no ragged op)
+    RAGGED = "ragged"  # jax.lax.ragged_all_to_all
+    DENSE = "dense"  # a dense all-to-all of fixed-size chunks, the same dispatch plan
+
+
+class TokenDtype(StrEnum):
+    """``data.dtype``: the token files' integer type."""
+
+    AUTO = "auto"  # the smaller that holds every id of model.vocab_size
+    UINT16 = "uint16"
+    UINT32 = "uint32"
+
+
+class ExpertMatmul(StrEnum):
+    """``moe.expert_matmul``: how a shard's experts run over the rows it received."""
+
+    RAGGED = "ragged"  # one grouped matmul (jax.lax.ragged_dot) over rows sorted by expert
+    DENSE = "dense"  # every local expert over every row, masked: E_local × the FLOPs (a baseline)
 
 
 @dataclass
@@ -57,6 +91,17 @@ class ModelConfig:
     # Attention stays within a document: segment ids from the EOS tokens (data.eos_id).
     document_attention: bool = False
     logit_z_loss: float = 0.0  # weight of the output logits' z-loss, logsumexp(logits)² per target
+    # Sliding-window attention (docs/recipe.md): a local layer's query attends to the keys of the
+    # last ``sliding_window`` positions, itself included (OLMo-core's window; 0: every layer global).
+    # ``global_every`` N > 0: layers N-1, 2N-1, ... and the last attend globally, the rest locally
+    # (OLMo 3: window 4096, N = 4); 0 with a window: every layer local.
+    sliding_window: int = 0
+    global_every: int = 0
+    # How attention is computed (AttentionKind); not part of the run's identity, like attention_block.
+    attention: str = "auto"
+    # The splash kernel's query/key block (every block size of its forward and backward passes):
+    # 0 chooses for the shape (trainer/model/attention.py splash_block).
+    splash_block: int = 0
 
 
 @dataclass
@@ -68,6 +113,7 @@ class MoEConfig:
     # Receive-buffer rows per expert shard = int(local_tokens * top_k * factor); <= 0: dropless.
     ragged_buffer_factor: float = 0.0
     transport: str = "auto"  # auto | ragged | dense
+    expert_matmul: str = "ragged"  # ragged | dense (ExpertMatmul): how a shard runs its experts
     load_balance_weight: float = 0.01
     z_loss_weight: float = 0.001
     # The load-balancing loss is computed over groups of this many consecutive sequences of the
@@ -218,8 +264,8 @@ NAMED: dict[str, dict[str, dict[str, Any]]] = {
         "train": {"steps": 500, "global_batch": 32},
         "checkpoint": {"interval": 100},
     },
-    # OLMo-3-7B's shape (d_model 4096, 32 layers, 32 heads, SwiGLU 11008, vocab padded to 100352, QK-norm,
-    # reordered norms; 7,298,617,344 parameters as OLMo-core's olmo3_7B, no sliding window: docs/recipe.md),
+    # OLMo-core's olmo3_7B (d_model 4096, 32 layers, 32 heads, SwiGLU 11008, vocab padded to 100352, QK-norm,
+    # reordered norms, a 4096-token window in 3 of every 4 layers; 7,298,617,344 parameters: docs/recipe.md),
     # 8192-token sequences, 512 × 8192 = 4.19 M tokens per step: FSDP over the slice, every block
     # rematerialised, attention in query blocks and the loss in chunks, so that a step fits the
     # 96 GiB of one Ironwood device on a quarter slice (`python -m trainer --config olmo-7b --memory`).
@@ -227,7 +273,8 @@ NAMED: dict[str, dict[str, dict[str, Any]]] = {
         "model": {"vocab_size": 100352, "seq_len": 8192, "d_model": 4096, "n_layers": 32, "n_heads": 32,
                   "head_dim": 128, "d_ff": 11008, "dense_layers": 32, "rope_theta": 500000.0,
                   "dtype": "bfloat16", "remat": "full", "attention_block": 512, "loss_chunk": 1024,
-                  "qk_norm": True, "reordered_norm": True, "document_attention": True, "logit_z_loss": 1e-5},
+                  "qk_norm": True, "reordered_norm": True, "document_attention": True, "logit_z_loss": 1e-5,
+                  "sliding_window": 4096, "global_every": 4},
         # OLMo-core's OLMo 3 scripts exempt only the embedding from weight decay (docs/recipe.md).
         "optim": {"lr": 3e-4, "warmup_steps": 2000, "weight_decay": 0.1, "warmup_nonzero_start": True,
                   "decay_norm_and_bias": True},
@@ -483,15 +530,23 @@ def validate(cfg: Config) -> None:
          "model.attention_block must divide model.seq_len (0: whole)"),
         (m.loss_chunk >= 0 and (not m.loss_chunk or m.seq_len % m.loss_chunk == 0),
          "model.loss_chunk must divide model.seq_len (0: whole)"),
+        (m.attention in tuple(AttentionKind), f"model.attention must be one of {', '.join(AttentionKind)}, got {m.attention!r}"),
+        (m.attention != AttentionKind.SPLASH or m.seq_len % 128 == 0,
+         "model.attention=splash needs model.seq_len to be a multiple of 128 (the kernel's tiles): use blocked"),
+        (m.splash_block >= 0 and (not m.splash_block or (m.seq_len % m.splash_block == 0 and m.splash_block % 128 == 0)),
+         "model.splash_block must be a multiple of 128 that divides model.seq_len (0: chosen for the shape)"),
+        (m.sliding_window >= 0 and m.global_every >= 0, "model.sliding_window and model.global_every must be >= 0 (0: none)"),
+        (not m.global_every or m.sliding_window > 0, "model.global_every needs model.sliding_window > 0"),
+        (e.expert_matmul in tuple(ExpertMatmul), f"moe.expert_matmul must be one of {', '.join(ExpertMatmul)}, got {e.expert_matmul!r}"),
         (e.num_experts > 0 and 0 < e.top_k <= e.num_experts, "moe.top_k must be in [1, moe.num_experts]"),
         (e.d_expert > 0 and e.shared_expert_dim >= 0, "moe.d_expert must be positive"),
-        (e.transport in ("auto", "ragged", "dense"), "moe.transport must be auto, ragged or dense"),
+        (e.transport in tuple(Transport), "moe.transport must be auto, ragged or dense"),
         (e.balance_group > 0, "moe.balance_group must be positive"),
         (cfg.data.source in ("synthetic", "files"), "data.source must be synthetic or files"),
         (cfg.data.source != "files" or bool(cfg.data.path), "data.path is required for data.source=files"),
-        (cfg.data.dtype in ("uint16", "uint32", "auto"), "data.dtype must be uint16, uint32 or auto"),
+        (cfg.data.dtype in tuple(TokenDtype), "data.dtype must be uint16, uint32 or auto"),
         (not (cfg.data.sources and cfg.data.path), "data.path and data.sources exclude each other (a one-file mixture: data.sources=[{name: ..., path: ..., weight: 1}])"),
-        (not (cfg.data.dtype == "uint16" and m.vocab_size > 1 << 16 and _reads_token_files(cfg)),
+        (not (cfg.data.dtype == TokenDtype.UINT16 and m.vocab_size > 1 << 16 and _reads_token_files(cfg)),
          f"data.dtype=uint16 cannot hold model.vocab_size={m.vocab_size} token ids (> 65,536): use uint32"),
         (-1 <= cfg.data.eos_id < m.vocab_size, "data.eos_id must be -1 (none) or a token id below model.vocab_size"),
         (cfg.eval.interval >= 0 and cfg.eval.batches > 0, "eval.interval must be >= 0 and eval.batches positive"),
@@ -524,9 +579,23 @@ def validate(cfg: Config) -> None:
 
 def token_dtype(cfg: Config) -> str:
     """The token files' dtype: data.dtype, or for ``auto`` the smaller that holds every token id."""
-    if cfg.data.dtype != "auto":
+    if cfg.data.dtype != TokenDtype.AUTO:
         return cfg.data.dtype
-    return "uint16" if cfg.model.vocab_size <= 1 << 16 else "uint32"
+    return TokenDtype.UINT16 if cfg.model.vocab_size <= 1 << 16 else TokenDtype.UINT32
+
+
+def layer_windows(m: ModelConfig) -> list[int]:
+    """Each layer's attention window in tokens, 0 for a global layer (model.sliding_window and
+    model.global_every): OLMo-core's ``SlidingWindowAttentionConfig(pattern=[W] * (N - 1) + [-1],
+    force_full_attention_on_last_layer=True)``."""
+    if not m.sliding_window:
+        return [0] * m.n_layers
+    n, every = m.n_layers, m.global_every
+
+    def is_global(i: int) -> bool:
+        return bool(every) and (i == n - 1 or i % every == every - 1)
+
+    return [0 if is_global(i) else m.sliding_window for i in range(n)]
 
 
 def _reads_token_files(cfg: Config) -> bool:
@@ -576,7 +645,15 @@ def schedule_change(step: int, saved: dict[str, Any], current: dict[str, Any]) -
 # checkpointed before they existed resumes under the same hash (what the key does at its default is
 # what the trainer did before it). Set, they are in it like any other key.
 _NEW_KEYS = {
-    "model": ("kv_heads", "qk_norm", "reordered_norm", "document_attention", "logit_z_loss"),
+    "model": (
+        "kv_heads",
+        "qk_norm",
+        "reordered_norm",
+        "document_attention",
+        "logit_z_loss",
+        "sliding_window",
+        "global_every",
+    ),
     "optim": (
         "schedule",
         "decay_fraction",
@@ -597,18 +674,18 @@ def identity(cfg: Config) -> dict[str, Any]:
     """What a checkpoint must agree on to be resumed: model, optimizer and data, not the layout.
 
     Left out on purpose: the batch plan (checked separately, global batch explicitly), the mesh, the
-    buffer factor and transport (they change which rows drop, not the state), remat, attention
-    blocks and loss chunks (how a step is computed), loader workers, steps, and a WSD schedule's
+    buffer factor, transport and expert matmul (they change which rows drop or how, not the state),
+    remat, the attention kind and its blocks, and loss chunks (how a step is computed), loader workers, steps, and a WSD schedule's
     decay point (``schedule_point``: a resume may move it while the trained steps are unaffected).
     """
     moe = dataclasses.asdict(cfg.moe)
-    for k in ("ragged_buffer_factor", "transport"):
+    for k in ("ragged_buffer_factor", "transport", "expert_matmul"):
         moe.pop(k)
     data = dataclasses.asdict(cfg.data)
     for k in ("workers", "prefetch"):
         data.pop(k)
-    if data["dtype"] == "auto":  # what it resolves to; "uint16" was the default before "auto"
-        data["dtype"] = "uint16" if cfg.model.vocab_size <= 1 << 16 else "uint32"
+    if data["dtype"] == TokenDtype.AUTO:  # what it resolves to; "uint16" was the default before "auto"
+        data["dtype"] = str(TokenDtype.UINT16 if cfg.model.vocab_size <= 1 << 16 else TokenDtype.UINT32)
     optim = dataclasses.asdict(cfg.optim)
     if cfg.optim.schedule == "wsd":  # where the decay starts: schedule_point, checked on resume
         optim.pop("decay_steps")
@@ -616,7 +693,8 @@ def identity(cfg: Config) -> dict[str, Any]:
     else:
         optim["decay_steps"] = decay_steps(cfg)
     model = dataclasses.asdict(cfg.model)
-    for k in ("remat", "attention_block", "loss_chunk"):  # how the step is computed, not the model
+    # How the step is computed, not the model.
+    for k in ("remat", "attention_block", "loss_chunk", "attention", "splash_block"):
         model.pop(k)
     out = {
         "model": _drop_defaults("model", model),

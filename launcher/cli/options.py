@@ -73,6 +73,19 @@ InitTimeoutOpt = Annotated[
     ),
 ]
 QueueOpt = Annotated[str | None, typer.Option("--queue", help="Kueue LocalQueue.")]
+TasTopologyOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--tas-topology",
+        metavar="LEVEL",
+        help="Kueue topology-aware scheduling (with --queue): each slice's pods in one domain of this "
+        "level of the cluster's Topology (a node label key). docs/gke.md.",
+    ),
+]
+TasPreferredOpt = Annotated[
+    bool,
+    typer.Option("--tas-preferred", help="Ask --tas-topology as a preference, not a requirement."),
+]
 PriorityClassOpt = Annotated[str | None, typer.Option("--priority-class")]
 ServiceAccountOpt = Annotated[
     str | None,

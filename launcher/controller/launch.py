@@ -20,7 +20,7 @@ from launcher.adapters.rundir import RunDir
 from launcher.core import world as worlds
 from launcher.core.errors import ClusterNotReady, UserError
 from launcher.core.labels import slice_jobset_name, world_configmap_name
-from launcher.core.plan import Plan, Rung, shrink_ladder
+from launcher.core.plan import Plan, Rung, hbm_sections, run_ladder
 from launcher.core.policy import rules_for
 from launcher.core.presets import Catalog, Shape
 from launcher.core.record import Knobs, RunRecord
@@ -119,15 +119,16 @@ def prepare(
     catalog = catalog if catalog is not None else load_catalog()
     shape = catalog.shape(preset, slices)
     if spec.trainer != TrainerProfile.MAXTEXT:  # MaxText's batch counts devices (launcher.core.maxtext)
-        spec = replace(spec, model_parallel=trainer_model_parallel(spec.config, spec.overrides))
-    ladder = shrink_ladder(
-        shape,
-        spec.global_batch,
-        spec.max_micro_batch,
-        spec.max_grad_accum,
-        catalog=catalog,
-        model_parallel=spec.model_parallel,
-    )
+        # The record keeps what the HBM estimate needs of the resolved config, so that every
+        # controller pass plans the ladder `plan` shows (core/plan.run_ladder), never a rung whose
+        # estimate does not fit.
+        resolved = resolve_trainer_config(spec.config, spec.overrides)
+        spec = replace(
+            spec,
+            model_parallel=model_parallel(resolved, spec.overrides),
+            trainer_config=hbm_sections(resolved),
+        )
+    ladder = run_ladder(spec, shape, catalog)
     first = ladder[0]
     if not isinstance(first.plan, Plan):
         raise UserError(f"{shape}: {first.plan.reason}")

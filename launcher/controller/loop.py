@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import os
 import socket
 import threading
@@ -44,7 +43,7 @@ from launcher.core.labels import (
     slice_jobset_name,
     world_configmap_name,
 )
-from launcher.core.plan import shrink_ladder
+from launcher.core.plan import run_ladder
 from launcher.core.presets import Catalog
 from launcher.core.record import RunRecord
 from launcher.core.render import render_jobset, render_slice_jobset
@@ -182,16 +181,7 @@ class Controller:
         with self._deciding():
             snap = snap or self.snapshot()
             obs = observe_run(rec, snap, progress, self.clock(), self.catalog, self.memos)
-            spec = rec.spec
-            ladder = shrink_ladder(
-                rec.requested(self.catalog),
-                spec.global_batch,
-                spec.max_micro_batch,
-                spec.max_grad_accum,
-                catalog=self.catalog,
-                model_parallel=spec.model_parallel,
-                trainer_config=json.loads(spec.trainer_config) if spec.trainer_config else None,
-            )
+            ladder = run_ladder(rec.spec, rec.requested(self.catalog), self.catalog)
             decision = policy.decide(rec, obs, ladder, self.catalog)
         decision = self._local_coordinator(decision)
         decided_at = time.time()  # the record's PUT follows: what the API server takes is after this
@@ -234,6 +224,7 @@ class Controller:
                         else {}
                     ),
                     **({"zero_grace": True} if decision.force else {}),
+                    **({"wait": decision.wait} if decision.wait else {}),
                 }
             )
         # The ledger gets the decision before the action: a controller that dies in between
@@ -244,8 +235,9 @@ class Controller:
         crash_point(f"after-record:{where}")
         try:
             self._act(decision, published)
-            if not decision.acts and self._world_behind(decision.record):
-                self.publish_world(decision.record)  # recorded, then the controller stopped
+            if not decision.acts and decision.publish and self._world_behind(decision.record):
+                # Recorded, then the controller stopped; or held back until Kueue admitted its slices.
+                self.publish_world(decision.record)
             elif not decision.acts:
                 self._beat_world(decision.record, obs)
             if decision.record.terminal:
@@ -283,6 +275,7 @@ class Controller:
             or seg is None
             or not seg.live
             or d.action not in {Action.START_SEGMENT, Action.NEW_WORLD, Action.CREATE_JOBSET}
+            or not d.publish  # a slice of it not admitted by Kueue yet: a later pass publishes it
         ):
             return False
         self.publish_world(d.record)
@@ -301,7 +294,7 @@ class Controller:
         run, spec, seg = rec.name, rec.spec, rec.current
         live = seg is not None and seg.live
         starts = d.action in {Action.START_SEGMENT, Action.NEW_WORLD, Action.CREATE_JOBSET}
-        if not published and live and starts and policy.rules_for(spec).WORLD:
+        if not published and live and starts and d.publish and policy.rules_for(spec).WORLD:
             self.publish_world(rec)
         if d.jobset and d.action in {Action.END, Action.DELETE}:
             self.kube.delete_jobset(d.jobset)

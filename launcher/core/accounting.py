@@ -125,12 +125,16 @@ class RunReport:
     segments: list[SegmentReport]
     restarts: dict[str, int]
     latest_step: int | None
+    # What the run waits for now, from the ledger's newest decision (`waiting_now`): {"wait": a
+    # words.WaitReason, "reason": its words}, or None while nothing holds it.
+    waiting: dict | None = None
 
     def as_dict(self) -> dict:
         return {
             "run": self.run,
             "state": self.state,
             "reason": self.reason,
+            "waiting": self.waiting,
             "latest_step": self.latest_step,
             "restarts": self.restarts,
             **self.badput.as_dict(),
@@ -188,6 +192,17 @@ def waiting_intervals(ledger: list[dict], end: float) -> list[tuple[float, float
     if since is not None:
         intervals.append((since, end))
     return intervals
+
+
+def waiting_now(ledger: list[dict]) -> dict | None:
+    """What the newest decision in the ledger waits for, when it is a wait for capacity (its `wait`
+    key, policy/shared.Decision.wait): the record keeps the reason of the last action, while a
+    run held back by capacity or by Kueue says so only in its wait lines."""
+    decisions = [e for e in ledger if e.get("kind") in {LedgerKind.ACT, LedgerKind.WAIT}]
+    last = max(decisions, key=lambda e: e.get("time", 0.0), default=None)
+    if last is None or last.get("kind") != LedgerKind.WAIT or not last.get("wait"):
+        return None
+    return {"wait": last["wait"], "reason": last.get("reason", "")}
 
 
 def _overlap(intervals: list[tuple[float, float]], start: float, end: float) -> float:
@@ -353,4 +368,5 @@ def build_report(rec: RunRecord, metrics: list[dict], ledger: list[dict], now: f
         segments=segments,
         restarts=restarts,
         latest_step=max((m["step"] for m in ordered), default=None),
+        waiting=None if rec.terminal else waiting_now(ledger),
     )

@@ -78,6 +78,28 @@ def label_value(flag: str, value: str | None) -> str | None:
     return value
 
 
+def tas(topology: str | None, preferred: bool, queue: str | None) -> None:
+    """`--tas-topology LEVEL` (and `--tas-preferred`): a Kueue topology level, which is a node label
+    key (kueue apis/kueue/v1beta2/topology_types.go), asked of Kueue, so only with `--queue`."""
+    if preferred and topology is None:
+        raise UserError("--tas-preferred needs --tas-topology LEVEL")
+    if topology is None:
+        return
+    if queue is None:
+        raise UserError(
+            "--tas-topology needs --queue: topology-aware scheduling is Kueue's, for the JobSets of a queue"
+        )
+    # A label key: an optional DNS-1123 subdomain prefix and "/", then a name as a label value's.
+    prefix, slash, name = topology.rpartition("/")
+    good_name = 0 < len(name) <= 63 and LABEL_VALUE.match(name)
+    good_prefix = not slash or (0 < len(prefix) <= 253 and DNS1123_SUBDOMAIN.match(prefix))
+    if not (good_name and good_prefix):
+        raise UserError(
+            f"--tas-topology {topology!r}: expected a node label key such as cloud.google.com/gke-nodepool"
+            " (a level of the cluster's Kueue Topology)"
+        )
+
+
 def object_name(flag: str, value: str | None) -> str | None:
     """A DNS-1123 subdomain (priority classes, service accounts)."""
     if value is not None and (len(value) > 253 or not DNS1123_SUBDOMAIN.match(value)):
@@ -155,6 +177,8 @@ def spec_options(
     service_account: str | None = None,
     cpu_request: str | None = None,
     memory_request: str | None = None,
+    tas_topology: str | None = None,
+    tas_preferred: bool = False,
 ) -> None:
     """The options of a run's spec that render, launch, preflight and sweep share."""
     image(image_ref)
@@ -163,6 +187,7 @@ def spec_options(
     integer("--max-restarts", max_restarts, low=0, high=10_000)
     integer("--init-timeout", init_timeout, high=int(MAX_SECONDS))
     label_value("--queue", queue)
+    tas(tas_topology, tas_preferred, queue)
     object_name("--priority-class", priority_class)
     object_name("--service-account", service_account)
     quantity("--cpu-request", cpu_request)

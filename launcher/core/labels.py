@@ -12,6 +12,13 @@ LABEL_SEGMENT = "reslice.dev/segment"
 # In-place runs: the stable id of the slice a JobSet and its pods belong to (docs/contract.md).
 LABEL_SLICE = "reslice.dev/slice"
 LABEL_QUEUE = "kueue.x-k8s.io/queue-name"
+# Kueue's topology-aware scheduling, on a pod template (kueue apis/kueue/v1beta2/topology_types.go):
+# every pod of the podset in one domain of the level, preferably so, or each slice of
+# `podset-slice-size` pods in one.
+ANNOTATION_TAS_REQUIRED = "kueue.x-k8s.io/podset-required-topology"
+ANNOTATION_TAS_PREFERRED = "kueue.x-k8s.io/podset-preferred-topology"
+ANNOTATION_TAS_SLICE_REQUIRED = "kueue.x-k8s.io/podset-slice-required-topology"
+ANNOTATION_TAS_SLICE_SIZE = "kueue.x-k8s.io/podset-slice-size"
 ANNOTATION_EXCLUSIVE = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 LABEL_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 LABEL_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"

@@ -10,11 +10,20 @@ micro-steps, best device utilisation).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from launcher.core.hbm import GIB, estimate
 from launcher.core.presets import Preset, Shape
+
+if TYPE_CHECKING:
+    from launcher.core.spec import RunSpec
+
+# The sections of the trainer's resolved config that the HBM estimate reads (launcher/core/hbm.py):
+# what a run record keeps of it (RunSpec.trainer_config).
+HBM_SECTIONS = ("model", "moe", "mesh")
 
 
 @dataclass(frozen=True)
@@ -147,3 +156,24 @@ def _rung(
             needs,
         )
     return Rung(shape, plan, needs)
+
+
+def hbm_sections(resolved: dict) -> str:
+    """What `RunSpec.trainer_config` keeps of the trainer's resolved config: the sections the HBM
+    estimate reads, as JSON (sorted keys, so that one config is one string)."""
+    return json.dumps({k: resolved[k] for k in HBM_SECTIONS if k in resolved}, sort_keys=True)
+
+
+def run_ladder(spec: RunSpec, requested: Shape, catalog: Mapping[str, Preset]) -> list[Rung]:
+    """The run's ladder, as `plan` shows it: the one that launch checks and every controller pass
+    decides on, so that a rung `plan` marks infeasible (its batch plan, or its HBM estimate over
+    the preset's HBM) is never chosen."""
+    return shrink_ladder(
+        requested,
+        spec.global_batch,
+        spec.max_micro_batch,
+        spec.max_grad_accum,
+        catalog=catalog,
+        model_parallel=spec.model_parallel,
+        trainer_config=json.loads(spec.trainer_config) if spec.trainer_config else None,
+    )

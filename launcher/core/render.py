@@ -30,6 +30,10 @@ from launcher.core.exits import (
 )
 from launcher.core.labels import (
     ANNOTATION_EXCLUSIVE,
+    ANNOTATION_TAS_PREFERRED,
+    ANNOTATION_TAS_REQUIRED,
+    ANNOTATION_TAS_SLICE_REQUIRED,
+    ANNOTATION_TAS_SLICE_SIZE,
     API_VERSION,
     CONTAINER,
     LABEL_JOB_INDEX,
@@ -301,8 +305,17 @@ def _jobset(spec: RunSpec, name: str, labels: dict, shape: Shape, pod: dict, poo
     node-pool placement unless `pool` names one. A segment's JobSet and an in-place slice's alike."""
     pod_failure_policy, jobset_failure_policy = failure_policies(spec)
     jobset_labels = dict(labels)
+    queued = {}
     if spec.queue:
         jobset_labels[LABEL_QUEUE] = spec.queue
+        # Created suspended, as Kueue's webhook makes a JobSet of a queue (kueue
+        # pkg/controller/jobframework/defaults.go ApplyDefaultForSuspend): no pod starts before
+        # Kueue admits it (jobframework/reconciler.go startJob unsuspends it), wherever the
+        # webhook's namespace selector does not reach.
+        queued = {"suspend": True}
+    template_meta: dict = {"labels": dict(labels)}
+    if annotations := tas_annotations(spec, shape):
+        template_meta["annotations"] = annotations
     return {
         "apiVersion": API_VERSION,
         "kind": "JobSet",
@@ -313,6 +326,7 @@ def _jobset(spec: RunSpec, name: str, labels: dict, shape: Shape, pod: dict, poo
             "annotations": {} if pool else {ANNOTATION_EXCLUSIVE: LABEL_NODEPOOL},
         },
         "spec": {
+            **queued,
             "ttlSecondsAfterFinished": spec.ttl_after_finished_s,
             "network": {"enableDNSHostnames": True, "subdomain": name},
             "failurePolicy": jobset_failure_policy,
@@ -329,13 +343,32 @@ def _jobset(spec: RunSpec, name: str, labels: dict, shape: Shape, pod: dict, poo
                             "completionMode": "Indexed",
                             "backoffLimit": 0,
                             "podFailurePolicy": pod_failure_policy,
-                            "template": {"metadata": {"labels": dict(labels)}, "spec": pod},
+                            "template": {"metadata": template_meta, "spec": pod},
                         },
                     },
                 }
             ],
         },
     }
+
+
+def tas_annotations(spec: RunSpec, shape: Shape) -> dict[str, str]:
+    """Kueue's topology-aware scheduling request on the pod template (`--tas-topology`), per slice:
+    Kueue admits a JobSet's replicated Job as one podset (kueue pkg/controller/jobs/jobset/
+    jobset_controller.go PodSets, each Job a subgroup by job index). A JobSet of one slice (in place,
+    or one slice in recreate) asks for all its pods in one domain of the level; one of several
+    slices asks for each slice of `hosts` pods in one (podset-slice-required-topology with
+    podset-slice-size, kueue site/static/examples/jobs/sample-jobset-tas-sliced.yaml), since the
+    slices are separate ICI domains. Preferred: the podset's pods in one domain if they fit, Kueue
+    going up the levels otherwise (there is no per-slice preference)."""
+    level = spec.tas_topology
+    if not level:
+        return {}
+    if spec.tas_preferred:
+        return {ANNOTATION_TAS_PREFERRED: level}
+    if shape.slices == 1:
+        return {ANNOTATION_TAS_REQUIRED: level}
+    return {ANNOTATION_TAS_SLICE_REQUIRED: level, ANNOTATION_TAS_SLICE_SIZE: str(shape.preset.hosts)}
 
 
 # --- in-place runs (docs/contract.md "World (in-place restarts)") -----------------------------------

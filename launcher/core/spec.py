@@ -44,6 +44,10 @@ class RunSpec:
     max_restarts: int = 10
     ttl_after_finished_s: int = 3600
     queue: str | None = None
+    # Kueue topology-aware scheduling (with a queue only): the topology level (a node label key) each
+    # slice's pods must share (render.tas_annotations), or only prefer to with `tas_preferred`.
+    tas_topology: str | None = None
+    tas_preferred: bool = False
     priority_class: str | None = None
     image_pull_policy: str = "IfNotPresent"
     service_account: str | None = None
@@ -137,6 +141,8 @@ def check(spec: RunSpec) -> None:
         max_restarts=spec.max_restarts,
         init_timeout=spec.init_timeout_s,
         queue=spec.queue,
+        tas_topology=spec.tas_topology,
+        tas_preferred=spec.tas_preferred,
         priority_class=spec.priority_class,
         service_account=spec.service_account,
         cpu_request=spec.cpu_request,

@@ -36,6 +36,9 @@ class EndKind(StrEnum):
     # A JobSet gave up (its own maxRestarts) on a host disruption: never the run's failure, so the
     # next segment starts at once, uncharged (docs/design.md "A rebooted host").
     HOST_DISRUPTION = "host-disruption"
+    # Kueue suspended its JobSet (or one of its world's slice JobSets): evicted or preempted, or not
+    # admitted within the grace period (docs/gke.md "Kueue"). The next segment is smaller.
+    EVICTED = "evicted"
 
 
 class Action(StrEnum):
@@ -52,6 +55,20 @@ class Action(StrEnum):
     # In place: record the next world (a segment), delete only the leaving slices' JobSets, create
     # only the new slices', and publish it to the pods' supervisors.
     NEW_WORLD = "new-world"
+
+
+class WaitReason(StrEnum):
+    """Why a run waits for capacity instead of starting or reshaping a segment (`Decision.wait`, the
+    ledger's `wait` key, `RunRecord.waiting`): the on-call person's first question."""
+
+    # No feasible rung of the ladder fits what the cluster has (nodes, or in a Kueue queue the
+    # slices admitted).
+    NO_ROOM = "no-room"
+    # Some rung fits the cluster, but none of those holds the run: their batch plan or the trainer
+    # config's HBM estimate does not fit (launcher/core/plan.py), so the run never goes there.
+    ONLY_INFEASIBLE = "only-infeasible-shapes-fit"
+    # Kueue has not admitted (unsuspended) the slice JobSets a world needs yet (docs/gke.md "Kueue").
+    ADMISSION = "kueue-admission"
 
 
 class Phase(StrEnum):

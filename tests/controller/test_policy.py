@@ -15,7 +15,7 @@ from launcher.core.plan import shrink_ladder
 from launcher.core.record import Knobs, RunRecord, new_segment
 from launcher.core.signals import observation as signals
 from launcher.core.spec import RunSpec
-from launcher.core.words import Action, Cause, EndKind, RunState
+from launcher.core.words import Action, Cause, EndKind, RunState, WaitReason
 from tests.controller.objects import T0, jobset, pod, pool
 
 CATALOG = load_catalog()
@@ -268,7 +268,7 @@ CASES = [
         "unschedulable and nothing smaller fits waits",
         lambda: record_on(1),
         lambda rec: observe(rec, pods=pending([0], since=T0), pools=0, now=T0 + 1000),
-        Want(Action.WAIT, reason=("no smaller feasible shape",)),
+        Want(Action.WAIT, reason=("waiting for capacity (no-room)", "no feasible shape of the ladder fits")),
     ),
     Case(
         "the next segment waits for the old pods to terminate",
@@ -539,10 +539,51 @@ CASES = [
         for state in sorted(record.TERMINAL)
     ),
     Case(
-        "suspended by Kueue waits",
+        "suspended by Kueue, not admitted yet, waits within the grace period",
         lambda: record_on(4),
-        lambda rec: observe(rec, jobsets=[jobset(suspend=True)], pods=[]),
-        Want(Action.WAIT, reason=("suspended",)),
+        lambda rec: observe(rec, jobsets=[jobset(suspend=True)], pods=[], now=T0 + 30),
+        Want(Action.WAIT, reason=("suspended by Kueue", "not admitted for 30s")),
+    ),
+    Case(
+        "suspended by Kueue, not admitted within the grace period: the segment ends, evicted",
+        lambda: record_on(4),
+        lambda rec: observe(rec, jobsets=[jobset(suspend=True)], pods=[], now=T0 + 61),
+        Want(
+            Action.END,
+            jobset="demo-0",
+            reason=("not admitted within 60s",),
+            record={"current.end_kind": "evicted"},
+        ),
+    ),
+    Case(
+        "suspended by Kueue after it ran (evicted, preempted): the segment ends at once",
+        lambda: with_current(record_on(4), running_at=T0 + 5),
+        lambda rec: observe(rec, jobsets=[jobset(suspend=True)], pods=running(4), now=T0 + 6),
+        Want(
+            Action.END,
+            jobset="demo-0",
+            reason=("evicted or preempted",),
+            record={"state": RunState.RESHAPING},
+        ),
+    ),
+    Case(
+        "after an eviction the next segment is smaller, though the nodes still fit the shape",
+        lambda: decided(
+            with_current(record_on(4), running_at=T0 + 5), jobsets=[jobset(suspend=True)], pods=[], now=T0 + 6
+        ),
+        lambda rec: observe(rec, jobsets=[], pods=[], now=T0 + 7),
+        Want(Action.START_SEGMENT, reason=("after segment 0 (evicted)",), record={"current.slices": 2}),
+    ),
+    Case(
+        "in a Kueue queue, after an eviction the next segment is the largest smaller rung, nodes or not",
+        lambda: decided(
+            with_current(record_on(4, spec=replace(SPEC, queue="q")), running_at=T0 + 5),
+            jobsets=[jobset(suspend=True)],
+            pods=[],
+            now=T0 + 6,
+        ),
+        lambda rec: observe(rec, jobsets=[], pods=[], pools=0, now=T0 + 7),
+        Want(Action.START_SEGMENT, reason=("after segment 0 (evicted)",), record={"current.slices": 2}),
     ),
     Case(
         "a lost peer is named while JobSet restarts",
@@ -655,3 +696,15 @@ def test_restart_causes_are_counted(failing, restarts, counted, pods, expect):
     }  # fmt: skip
     assert {k: got[k] for k in expect} == expect
     assert seg.restarts == restarts
+
+
+def test_an_evicted_segment_on_the_ladders_floor_waits_for_kueue_to_admit_it_again() -> None:
+    """No smaller feasible rung: ending the segment would only queue the same shape again, and lose
+    its Workload's place; Kueue requeues it and admits it again by itself."""
+    floor = [r for r in LADDER if r.shape.devices >= 16]
+    rec = with_current(record_on(1), running_at=T0 + 5)
+    d = policy.decide(
+        rec, observe(rec, jobsets=[jobset(suspend=True)], pods=[], now=T0 + 600), floor, CATALOG
+    )
+    assert (d.action, d.wait) == (Action.WAIT, WaitReason.ADMISSION), d.reason
+    assert "evicted; Kueue requeues it" in d.reason

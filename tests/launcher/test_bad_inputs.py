@@ -63,6 +63,8 @@ def _cases() -> list[tuple[list[str], int]]:
         }
         if name != "preflight":
             spec_flags |= {
+                # A Kueue topology level is a node label key, and asked of Kueue: with --queue only.
+                "--tas-topology": ["cloud.google.com/gke-nodepool"],  # no --queue
                 "--grace-period": ["-5", "nan"],
                 "--max-restarts": ["-1", "1000000"],
                 "--init-timeout": ["0", "-5"],
@@ -73,6 +75,10 @@ def _cases() -> list[tuple[list[str], int]]:
         for flag, values in spec_flags.items():
             for v in values:
                 add([*base, flag, v])
+        if name != "preflight":
+            for level in ["Bad Key", "a/b/c", "/x", "x" * 64]:
+                add([*base, "--queue", "q", "--tas-topology", level])
+            add([*base, "--queue", "q", "--tas-preferred"])  # preferring no level
         add([*[a if a != "r" else "Bad" for a in base]])  # run name not DNS-1035
         add([*[a if a != "r" else "x" * 64 for a in base]])
     # Run directories that cannot be: a file, below a file, an invalid bucket, another scheme.

@@ -184,14 +184,14 @@ def test_the_trainer_config_shapes_the_ladder_as_in_plan() -> None:
     tiny = resolve_trainer_config("tiny", sets, strict=False)
     shapes, skipped = ladder(shape, 8, 16, None, model_parallel(tiny, sets), tiny)
     assert [s.label for s in shapes] == ["tpu7x-2x2x2 x2", "tpu7x-2x2x2 x1", "tpu7x-2x2x1 x1"]
-    # A 7B at global batch 32 does not fit one v6e-2x4 (32 GiB of HBM a chip): a shape it never takes.
+    # A 7B at global batch 64 does not fit one v6e-2x4 (32 GiB of HBM a chip): a shape it never takes.
     olmo = resolve_trainer_config("olmo-7b", (), strict=False)
-    shapes, skipped = ladder(make_shape("v6e-4x4", 2), 32, 16, None, 1, olmo)
+    shapes, skipped = ladder(make_shape("v6e-4x4", 2), 64, 16, None, 1, olmo)
     assert [s.label for s in shapes] == ["v6e-4x4 x2", "v6e-4x4 x1", "v6e-2x4 x2"]
     assert [(s.label, why) for s, why in skipped] == [
-        ("v6e-2x4 x1", "needs ~45.7 GiB per device (estimate), more than its 32 GiB of HBM")
+        ("v6e-2x4 x1", "needs ~49.0 GiB per device (estimate), more than its 32 GiB of HBM")
     ]
-    shapes, skipped = ladder(make_shape("v6e-4x4", 2), 32, 16, None)  # no config: no estimate
+    shapes, skipped = ladder(make_shape("v6e-4x4", 2), 64, 16, None)  # no config: no estimate
     assert "v6e-2x4 x1" in [s.label for s in shapes] and skipped == ()
 
 
@@ -690,8 +690,8 @@ def test_bad_input_is_exit_2_before_any_cluster_is_asked(capsys, tmp_path: Path)
             "unknown preset 'nope'",
         ),
         (
-            ["-p", "v6e-2x4", "-b", "32", "--config", "olmo-7b", "--run-dir", "/tmp/r"],
-            "v6e-2x4 x1: needs ~45.7 GiB per device (estimate), more than its 32 GiB of HBM",
+            ["-p", "v6e-2x4", "-b", "64", "--config", "olmo-7b", "--run-dir", "/tmp/r"],
+            "v6e-2x4 x1: needs ~49.0 GiB per device (estimate), more than its 32 GiB of HBM",
         ),
         (["-p", "v6e-2x4", "-b", "8", "--set", "mesh.tensor", "--run-dir", "/tmp/r"], "--set 'mesh.tensor'"),
     ):

@@ -286,3 +286,29 @@ def test_short_notice_capacity_checkpoints_more_often():
     assert "checkpoint.interval=10" in json.loads(
         env_of(render_jobset(short_grace, on_demand))["RESLICE_SET"]
     )
+
+
+@pytest.mark.parametrize(
+    ("slices", "preferred", "want"),
+    [
+        (
+            4,
+            False,
+            {"kueue.x-k8s.io/podset-slice-required-topology": "L", "kueue.x-k8s.io/podset-slice-size": "16"},
+        ),
+        (1, False, {"kueue.x-k8s.io/podset-required-topology": "L"}),
+        (4, True, {"kueue.x-k8s.io/podset-preferred-topology": "L"}),
+    ],
+)
+def test_a_queued_jobset_is_created_suspended_and_asks_kueue_for_each_slice_in_one_domain(
+    slices, preferred, want
+) -> None:
+    """Kueue's webhook creates a queued JobSet suspended (kueue jobframework/defaults.go); its TAS
+    annotations sit on the pod template, per slice of `hosts` pods when a JobSet has several."""
+    shape = make_shape("tpu7x-4x4x4", slices)
+    js = render_jobset(spec_for(shape, queue="q", tas_topology="L", tas_preferred=preferred), shape)
+    assert js["spec"]["suspend"] is True
+    assert pod_template(js)["metadata"]["annotations"] == want
+    assert jobset_errors(js) == []
+    plain = render_jobset(spec_for(shape), shape)
+    assert "suspend" not in plain["spec"] and "annotations" not in pod_template(plain)["metadata"]

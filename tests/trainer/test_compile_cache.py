@@ -92,10 +92,12 @@ def test_the_train_step_loads_without_tracing_and_a_changed_config_misses(
 
 
 def test_the_key_covers_the_code_the_devices_and_the_arguments(tmp_path: Path) -> None:
-    shutil.copytree(Path(compile_cache.__file__).parent, tmp_path / "trainer")
+    package = Path(compile_cache.__file__).resolve().parents[1]
+    assert (package / "model" / "attention.py").is_file()  # the whole trainer, not trainer/state alone
+    shutil.copytree(package, tmp_path / "trainer", ignore=shutil.ignore_patterns("__pycache__"))
     copy = compile_cache.source_digest(tmp_path / "trainer")
     assert copy == compile_cache.source_digest()  # names and contents, not where they are
-    with open(tmp_path / "trainer" / "model.py", "a") as f:
+    with open(tmp_path / "trainer" / "model" / "attention.py", "a") as f:
         f.write("\n# a comment is a change too\n")
     edited = compile_cache.source_digest(tmp_path / "trainer")
     assert edited != copy

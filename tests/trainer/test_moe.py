@@ -74,8 +74,10 @@ def inputs() -> dict[str, np.ndarray]:
 
 
 @lru_cache
-def moe_fn(mesh: Mesh, factor: float, transport: str = "dense"):
-    body = partial(moe.dispatch_combine, num_experts=E, factor=factor, transport=transport)
+def moe_fn(mesh: Mesh, factor: float, transport: str = "dense", expert_matmul: str = "ragged"):
+    body = partial(
+        moe.dispatch_combine, num_experts=E, factor=factor, transport=transport, expert_matmul=expert_matmul
+    )
     tok, ex = P(moe.BATCH_AXES), P(moe.EXPERT_AXIS)
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(tok,) * 3 + (ex,) * 3, out_specs=(tok,) * 3))
 
@@ -156,6 +158,28 @@ def test_gradients_match_the_dense_reference(mesh: Mesh, inputs: dict) -> None:
     assert float(jnp.abs(got[2] * (1 - mask)).max()) == 0.0  # no gradient through dropped rows
 
 
+@pytest.mark.parametrize("factor", [-1.0, 0.5])
+def test_dense_expert_matmul_equals_the_grouped_one(mesh: Mesh, inputs: dict, factor: float) -> None:
+    """moe.expert_matmul=dense (every local expert over every row, masked) against ragged_dot's
+    grouped matmul: the same outputs, kept rows and gradients, dropless and with drops."""
+    args = tuple(inputs[k] for k in ("x", "ids", "gates", "w_gate", "w_up", "w_down"))
+
+    def grads(kind: str):
+        fn = moe_fn(mesh, factor, "dense", kind)
+
+        def loss(x, ids, gates, *w):
+            y, kept, _ = fn(x, ids, gates, *w)
+            return jnp.sum(y**2), (y, kept)
+
+        return jax.jit(jax.grad(loss, argnums=(0, 2, 3, 4, 5), has_aux=True))(*args)
+
+    (g_r, (y_r, kept_r)), (g_d, (y_d, kept_d)) = grads("ragged"), grads("dense")
+    assert np.array_equal(kept_r, kept_d)
+    np.testing.assert_allclose(y_d, y_r, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g_d, g_r, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * float(jnp.abs(b).max()))
+
+
 def test_ragged_transport_lowers_with_the_same_plan(mesh: Mesh, inputs: dict) -> None:
     """XLA:CPU cannot compile ragged_all_to_all (docs/platform.md §5), but forward and backward must lower."""
     args = tuple(inputs[k] for k in ("x", "ids", "gates", "w_gate", "w_up", "w_down"))
@@ -168,6 +192,14 @@ def test_ragged_transport_lowers_with_the_same_plan(mesh: Mesh, inputs: dict) ->
 
     bwd = jax.jit(jax.grad(loss)).lower(*args).as_text()
     assert bwd.count("ragged_all_to_all") == 4
+    # The dense expert matmul lowers behind the ragged transport too (a carry type that varies over
+    # the mesh like the received rows: found on a TPU, where the ragged transport runs).
+    assert (
+        "ragged_all_to_all"
+        in jax.jit(jax.grad(lambda x, *rest: jnp.sum(moe_fn(mesh, 1.0, "ragged", "dense")(x, *rest)[0] ** 2)))
+        .lower(*args)
+        .as_text()
+    )
     assert moe.resolve_transport("auto") == "dense"  # on CPU
 
 

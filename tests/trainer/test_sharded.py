@@ -14,8 +14,9 @@ import pytest
 from tests.trainer import runs
 from trainer import config
 from trainer.config import ConfigError, MeshConfig
+from trainer.model.attention import blocked_attention
 from trainer.model.mesh import mesh_for, mesh_shape, process_block
-from trainer.model.transformer import blocked_attention, chunked_cross_entropy
+from trainer.model.transformer import chunked_cross_entropy
 from trainer.state.checkpoint import Checkpointer
 from trainer.step import abstract_state
 

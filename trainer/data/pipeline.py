@@ -44,7 +44,7 @@ from typing import Any
 import grain
 import numpy as np
 
-from trainer.config import ConfigError, DataConfig
+from trainer.config import ConfigError, DataConfig, TokenDtype
 from trainer.data import token_meta
 
 
@@ -338,9 +338,9 @@ def make_source(cfg: DataConfig, vocab_size: int, seq_len: int) -> SyntheticSour
 
 
 def _dtype(cfg: DataConfig, vocab_size: int) -> str:
-    if cfg.dtype != "auto":
+    if cfg.dtype != TokenDtype.AUTO:
         return cfg.dtype
-    return "uint16" if vocab_size <= 1 << 16 else "uint32"
+    return TokenDtype.UINT16 if vocab_size <= 1 << 16 else TokenDtype.UINT32
 
 
 @dataclass(frozen=True)

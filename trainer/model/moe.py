@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from trainer.config import MoEConfig
+from trainer.config import ExpertMatmul, MoEConfig, Transport
 from trainer.model.mesh import BATCH_AXES
 from trainer.model.sizes import buffer_rows
 
@@ -38,9 +38,9 @@ EXPERT_AXIS = "expert"
 
 
 def resolve_transport(transport: str) -> str:
-    if transport != "auto":
+    if transport != Transport.AUTO:
         return transport
-    return "ragged" if jax.default_backend() in ("tpu", "gpu", "cuda", "rocm") else "dense"
+    return Transport.RAGGED if jax.default_backend() in ("tpu", "gpu", "cuda", "rocm") else Transport.DENSE
 
 
 class DispatchPlan(NamedTuple):
@@ -93,7 +93,7 @@ def _transport(rows, out_rows, send_off, send_sizes, out_off, recv_off, recv_siz
 
     ``recv_off``/``recv_sizes`` describe what arrives here (offset in this device's output, size).
     """
-    if kind == "ragged":
+    if kind == Transport.RAGGED:
         out = jnp.zeros((out_rows, rows.shape[-1]), rows.dtype)
         return jax.lax.ragged_all_to_all(rows, out, send_off, send_sizes, out_off, recv_sizes, axis_name=axis)
     chunks = _dense_send(rows, send_off, send_sizes, cap, axis)
@@ -112,6 +112,29 @@ def _experts(buf, local_expert, valid, w_gate, w_up, w_down, e_loc):
     return jnp.zeros_like(out).at[g_order].set(out)
 
 
+def _experts_dense(buf, local_expert, valid, w_gate, w_up, w_down, e_loc):
+    """The same as ``_experts`` without a grouped matmul: every local expert runs over every buffer
+    row and each row keeps its own expert's output (the others add exact zeros), e_loc × the FLOPs.
+    The baseline ``bench.accelerator`` measures the grouped matmul against. One expert at a time,
+    rematerialised, so that the backward pass keeps no per-expert activations."""
+    key = jnp.where(valid, local_expert, e_loc)
+
+    def expert(e: jax.Array, wg: jax.Array, wu: jax.Array, wd: jax.Array) -> jax.Array:
+        h = jax.nn.silu(buf @ wg) * (buf @ wu)
+        return jnp.where((key == e)[:, None], h @ wd, 0)
+
+    @jax.checkpoint
+    def one(acc: jax.Array, xs: tuple) -> tuple[jax.Array, None]:
+        return acc + expert(*xs), None
+
+    # The carry starts as expert 0's output, not zeros: inside shard_map a constant's type does not
+    # vary over the mesh axes the received rows vary over, and scan wants one carry type.
+    first = expert(jnp.int32(0), w_gate[0], w_up[0], w_down[0])
+    rest = (jnp.arange(1, e_loc), w_gate[1:], w_up[1:], w_down[1:])
+    out, _ = jax.lax.scan(one, first, rest)
+    return out
+
+
 def dispatch_combine(
     x: jax.Array,
     expert_ids: jax.Array,
@@ -124,6 +147,7 @@ def dispatch_combine(
     factor: float,
     transport: str,
     axis: str = EXPERT_AXIS,
+    expert_matmul: str = ExpertMatmul.RAGGED,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Per-device body (inside ``shard_map``): x [N, d], expert_ids/gates [N, k], local expert weights.
 
@@ -157,7 +181,8 @@ def dispatch_combine(
     local_expert = (j[:, None] >= jnp.cumsum(mine, axis=1)[src_c]).sum(-1)
 
     dt = x.dtype
-    out = _experts(buf, local_expert, valid, w_gate.astype(dt), w_up.astype(dt), w_down.astype(dt), e_loc)
+    experts = _experts_dense if expert_matmul == ExpertMatmul.DENSE else _experts
+    out = experts(buf, local_expert, valid, w_gate.astype(dt), w_up.astype(dt), w_down.astype(dt), e_loc)
 
     back = _transport(
         out, r, plan.recv_off[:, me], plan.kept[:, me], plan.send_off[:, me],
@@ -223,6 +248,7 @@ class MoE(nnx.Module):
         # Plain scalars, not the config object: module attributes become part of the (hashed) graphdef.
         self.num_experts, self.top_k, self.balance_group = e, cfg.top_k, cfg.balance_group
         self.factor, self.transport = cfg.ragged_buffer_factor, resolve_transport(cfg.transport)
+        self.expert_matmul = ExpertMatmul(cfg.expert_matmul)
         init = nnx.initializers.normal(init_std)
         expert_in = nnx.with_partitioning(init, ("experts", "embed", "mlp"))
         self.router = nnx.Param(nnx.with_partitioning(init, ("embed", "router"))(rngs.params(), (d_model, e)))
@@ -252,8 +278,9 @@ class MoE(nnx.Module):
             "z_loss": jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2, axis=-1),  # [B]
         }
         body = partial(
-            dispatch_combine, num_experts=self.num_experts, factor=self.factor, transport=self.transport
-        )
+            dispatch_combine, num_experts=self.num_experts, factor=self.factor, transport=self.transport,
+            expert_matmul=self.expert_matmul,
+        )  # fmt: skip
         y, _, stats = jax.shard_map(body, in_specs=(tok, tok, tok, ex, ex, ex), out_specs=(tok, tok, tok))(
             x.reshape(b * t, d),
             idx.reshape(b * t, -1),

@@ -4,7 +4,7 @@ tracing never imports the model's libraries (trainer/state/compile_cache.py)."""
 
 from __future__ import annotations
 
-from trainer.config import Config
+from trainer.config import Config, layer_windows
 
 
 def buffer_rows(local_tokens: int, top_k: int, factor: float, ep: int, num_experts: int) -> int:
@@ -45,12 +45,16 @@ def flops_per_token(cfg: Config) -> float:
     """Training FLOPs per token: 6 × matmul parameters used per token + causal attention.
 
     Matmul parameters exclude the embedding lookup; attention scores and values add
-    ``12 · layers · heads · head_dim · seq_len / 2`` (causal: half the score matrix), as in MaxText.
+    ``12 · heads · head_dim`` per key a query sees, summed over the layers: ``seq_len / 2`` keys
+    (causal: half the score matrix), as in MaxText; a layer with a window W < seq_len sees
+    ``W - W² / (2 · seq_len)`` (the band of the causal triangle it keeps).
     """
     m = cfg.model
     _, active = param_counts(cfg)
     norms = 2 * m.d_model + ((m.kv_heads or m.n_heads) + m.n_heads) * m.head_dim * m.qk_norm
     matmul = active - m.vocab_size * m.d_model - m.d_model - m.n_layers * norms
-    # Without sliding windows or document masks: the causal upper bound, as MaxText counts it.
-    attention = 12 * m.n_layers * m.n_heads * m.head_dim * m.seq_len / 2
+    t = m.seq_len
+    # Document masks are not counted: the causal upper bound, as MaxText counts it.
+    keys = sum(w - w * w / (2 * t) if 0 < w < t else t / 2 for w in layer_windows(m))
+    attention = 12 * m.n_heads * m.head_dim * keys
     return 6.0 * matmul + attention

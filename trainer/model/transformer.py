@@ -15,7 +15,8 @@ from flax import nnx
 from jax.sharding import AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
 
-from trainer.config import Config, ModelConfig
+from trainer.config import Config, ModelConfig, layer_windows
+from trainer.model.attention import attend, resolve
 from trainer.model.mesh import AXES, BATCH_AXES, logical_rules
 from trainer.model.moe import MLP, MoE
 
@@ -54,41 +55,6 @@ def segment_ids(tokens: jax.Array, eos_id: int) -> jax.Array:
     return jnp.cumsum(eos, axis=1) - eos
 
 
-def blocked_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, block: int, segments: jax.Array | None = None
-) -> jax.Array:
-    """Causal attention on [B, T, H, hd], ``block`` queries at a time: the [B, H, block, T] scores
-    of one block exist at once, never the whole T × T (each block is rematerialised in the backward
-    pass). ``block`` 0 or >= T: ``jax.nn.dot_product_attention`` (XLA's, or the platform's fused
-    kernel), which on CPU materialises the whole score matrix. ``segments`` [B, T] (segment_ids):
-    a query attends only to keys of its own segment (document)."""
-    b, t, h, hd = q.shape
-    if not block or block >= t:
-        if segments is None:
-            return jax.nn.dot_product_attention(q, k, v, is_causal=True)
-        same = segments[:, None, :, None] == segments[:, None, None, :]  # [B, 1, T, T]
-        return jax.nn.dot_product_attention(q, k, v, mask=same, is_causal=True)
-    if t % block:
-        raise ValueError(f"model.attention_block={block} must divide model.seq_len={t}")
-    scale = hd**-0.5
-    keys = jnp.arange(t)
-
-    @jax.checkpoint
-    def one(args: tuple[jax.Array, jax.Array]) -> jax.Array:
-        i, qi = args  # qi [B, block, H, hd]
-        scores = jnp.einsum("bqhd,bkhd->bhqk", qi, k, preferred_element_type=jnp.float32) * scale
-        causal = (i * block + jnp.arange(block))[:, None] >= keys[None, :]
-        if segments is not None:
-            seg_q = jax.lax.dynamic_slice_in_dim(segments, i * block, block, axis=1)  # [B, block]
-            causal = causal[None, None] & (seg_q[:, None, :, None] == segments[:, None, None, :])
-        probs = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1).astype(v.dtype)
-        return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
-
-    qb = q.reshape(b, t // block, block, h, hd).swapaxes(0, 1)
-    out = jax.lax.map(one, (jnp.arange(t // block), qb))
-    return out.swapaxes(0, 1).reshape(b, t, h, hd)
-
-
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d, h, hd = cfg.d_model, cfg.n_heads, cfg.head_dim
@@ -104,10 +70,14 @@ class Attention(nnx.Module):
         # OLMo-core's QK-norm: one RMSNorm over each whole projection (all heads), not per head.
         self.q_norm = RMSNorm(h * hd) if cfg.qk_norm else None
         self.k_norm = RMSNorm(kv * hd) if cfg.qk_norm else None
-        self.groups = h // kv
         self.theta, self.block = cfg.rope_theta, cfg.attention_block
+        # Static: the kind resolved for this backend, the kernel's block, every window of the model.
+        self.kind, self.kernel_block = resolve(cfg.attention, cfg.seq_len, hd), cfg.splash_block
+        self.windows = tuple(sorted(set(layer_windows(cfg))))
 
-    def __call__(self, x: jax.Array, segments: jax.Array | None = None) -> jax.Array:
+    def __call__(
+        self, x: jax.Array, segments: jax.Array | None = None, window: jax.Array | None = None
+    ) -> jax.Array:
         dt = x.dtype
         q = jnp.einsum("btd,dhk->bthk", x, self.wq[...].astype(dt))
         k = jnp.einsum("btd,dhk->bthk", x, self.wk[...].astype(dt))
@@ -116,9 +86,10 @@ class Attention(nnx.Module):
             k = self.k_norm(k.reshape(*k.shape[:2], -1)).reshape(k.shape)
         q, k = rope(q, self.theta), rope(k, self.theta)
         v = jnp.einsum("btd,dhk->bthk", x, self.wv[...].astype(dt))
-        if self.groups > 1:  # grouped-query attention: query head i reads key/value head i // groups
-            k, v = jnp.repeat(k, self.groups, axis=2), jnp.repeat(v, self.groups, axis=2)
-        out = blocked_attention(q, k, v, self.block, segments)
+        out = attend(
+            q, k, v, kind=self.kind, block=self.block, kernel_block=self.kernel_block,
+            segments=segments, window=window, windows=self.windows,
+        )  # fmt: skip
         return jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt))
 
 
@@ -135,12 +106,14 @@ class Block(nnx.Module):
         else:
             self.ffn = MLP(m.d_model, m.d_ff, m.init_std, rngs=rngs)
 
-    def __call__(self, x: jax.Array, segments: jax.Array | None = None) -> tuple[jax.Array, dict]:
+    def __call__(
+        self, x: jax.Array, segments: jax.Array | None = None, window: jax.Array | None = None
+    ) -> tuple[jax.Array, dict]:
         if self.reordered:  # OLMo 2/3: each sub-layer's output is normed before the residual add
-            x = x + self.attn_norm(self.attn(x, segments))
+            x = x + self.attn_norm(self.attn(x, segments, window))
             y, aux = self.ffn(x) if self.is_moe else (self.ffn(x), {})
             return pin_batch(x + self.ffn_norm(y)), aux
-        x = x + self.attn(self.attn_norm(x), segments)
+        x = x + self.attn(self.attn_norm(x), segments, window)
         if self.is_moe:
             y, aux = self.ffn(self.ffn_norm(x))
             return pin_batch(x + y), aux
@@ -157,7 +130,7 @@ class Stack(nnx.Module):
     """``n`` identical blocks whose parameters are stacked on a leading ``layers`` axis and applied
     under ``nnx.scan``: one block is compiled, whatever the depth."""
 
-    def __init__(self, cfg: Config, moe: bool, n: int, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: Config, moe: bool, n: int, *, rngs: nnx.Rngs, windows: tuple[int, ...] = ()):
         @nnx.split_rngs(splits=n)
         @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
         def create(r: nnx.Rngs) -> Block:
@@ -165,8 +138,13 @@ class Stack(nnx.Module):
 
         self.layers = create(rngs)
         self.remat = cfg.model.remat
+        # Each layer's window (0: global), or () when no layer has one: a static tuple, scanned as an
+        # int32 array beside the stacked parameters (the layers share one compiled body).
+        self.windows = tuple(windows) if any(windows) else ()
 
     def __call__(self, x: jax.Array, segments: jax.Array | None = None) -> tuple[jax.Array, dict]:
+        if self.windows:
+            return self._scan_with_windows(x, segments)
         if segments is not None:
             return self._scan_with_segments(x, segments)
 
@@ -197,6 +175,22 @@ class Stack(nnx.Module):
             return body(block, x, segments)
 
         return forward(self.layers, x, segments)
+
+    def _scan_with_windows(self, x: jax.Array, segments: jax.Array | None) -> tuple[jax.Array, dict]:
+        """The scan with each layer's window as a scanned input (and the segment ids, if any,
+        broadcast): a separate trace again, so that a model without windows compiles as before."""
+
+        def body(block: Block, x: jax.Array, segments: jax.Array | None, window: jax.Array):
+            return block(x, segments, window)
+
+        if self.remat != "none":
+            body = nnx.remat(body, policy=REMAT_POLICIES[self.remat])
+
+        @nnx.scan(in_axes=(0, nnx.Carry, None, 0), out_axes=(nnx.Carry, 0))
+        def forward(block: Block, x: jax.Array, segments: jax.Array | None, window: jax.Array):
+            return body(block, x, segments, window)
+
+        return forward(self.layers, x, segments, jnp.asarray(self.windows, jnp.int32))
 
 
 def chunked_cross_entropy(x: jax.Array, w: jax.Array, targets: jax.Array, chunk: int) -> jax.Array:
@@ -262,8 +256,10 @@ class Transformer(nnx.Module):
             nnx.with_partitioning(init, ("vocab", "embed"))(rngs.params(), (m.vocab_size, m.d_model))
         )
         n_moe = m.n_layers - m.dense_layers
-        self.dense = Stack(cfg, False, m.dense_layers, rngs=rngs) if m.dense_layers else None
-        self.moe = Stack(cfg, True, n_moe, rngs=rngs) if n_moe else None
+        windows = layer_windows(m)
+        dense_w, moe_w = tuple(windows[: m.dense_layers]), tuple(windows[m.dense_layers :])
+        self.dense = Stack(cfg, False, m.dense_layers, rngs=rngs, windows=dense_w) if m.dense_layers else None
+        self.moe = Stack(cfg, True, n_moe, rngs=rngs, windows=moe_w) if n_moe else None
         self.final_norm = RMSNorm(m.d_model)
         self.lm_head = nnx.Param(
             nnx.with_partitioning(init, ("embed", "vocab"))(rngs.params(), (m.d_model, m.vocab_size))

@@ -255,7 +255,9 @@ def _read_whole(path: epath.Path) -> bytes | None:
     return payload
 
 
-_SOURCES = Path(__file__).parent  # the trainer package: every module of it may shape the program
+# The trainer package (this file's grandparent since the trainer's folders): every module of it,
+# the model's above all, may shape the program.
+_SOURCES = Path(__file__).resolve().parents[1]
 _source_digest: str | None = None
 
 

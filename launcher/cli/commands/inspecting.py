@@ -31,6 +31,8 @@ def status(
         print_json({**report.as_dict(), "latest_committed_step": committed, "total_steps": rec.total_steps})
         return
     console.print(f"[bold]{run}[/bold]: {rec.state} — {rec.reason}")
+    if report.waiting:  # held back now, by capacity or Kueue: the newest decision says why
+        console.print(f"waiting ({report.waiting['wait']}): {report.waiting['reason']}")
     checkpoint = (
         f"latest committed checkpoint: step {committed} of {rec.total_steps or '?'}"
         if committed is not None

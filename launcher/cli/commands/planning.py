@@ -35,6 +35,8 @@ from launcher.cli.options import (
     ServiceAccountOpt,
     SetOpt,
     SlicesOpt,
+    TasPreferredOpt,
+    TasTopologyOpt,
     TrainerOpt,
     console,
     print_json,
@@ -152,6 +154,8 @@ def render(
     max_restarts: MaxRestartsOpt = RunSpec.max_restarts,
     init_timeout: InitTimeoutOpt = DEFAULT_INIT_TIMEOUT,
     queue: QueueOpt = None,
+    tas_topology: TasTopologyOpt = None,
+    tas_preferred: TasPreferredOpt = False,
     priority_class: PriorityClassOpt = None,
     service_account: ServiceAccountOpt = None,
     pull_policy: Annotated[str, typer.Option("--pull-policy")] = RunSpec.image_pull_policy,
@@ -175,6 +179,7 @@ def render(
         overrides=overrides, slices=slices, global_batch=global_batch, max_micro_batch=max_micro_batch,
         max_grad_accum=max_grad_accum, image=image, namespace=namespace, grace_period=grace_period,
         max_restarts=max_restarts, init_timeout=init_timeout, queue=queue, priority_class=priority_class,
+        tas_topology=tas_topology, tas_preferred=tas_preferred,
         service_account=service_account, cpu_request=cpu_request, memory_request=memory_request,
     )  # fmt: skip
     config = trainer_config(trainer, config)
@@ -195,6 +200,7 @@ def render(
         if trainer == TrainerProfile.MAXTEXT
         else trainer_model_parallel(config, tuple(overrides or ()), strict=False),
         grace_period_s=grace_period, max_restarts=max_restarts, init_timeout_s=init_timeout, queue=queue,
+        tas_topology=tas_topology, tas_preferred=tas_preferred,
         priority_class=priority_class, service_account=service_account, image_pull_policy=pull_policy,
         coordinator_port=coordinator_port, cpu_request=cpu_request, memory_request=memory_request,
         restart_mode=restart_mode,

@@ -12,12 +12,16 @@ maps it to its rule book, one module each.
 - shared.py: what both use: the Decision, rule 1 (the trainer finished), what holds a new segment
   back, choosing its rung, ending the live segment in the record.
 
+`decide` also says whether the decided record's world may be published (`Decision.publish`, the
+mode's `publishable`: in place, once Kueue admitted every slice it names; docs/gke.md "Kueue").
+
 Callers ask the rule book (`rules_for(spec).WORLD`: does the run have a world to publish?) rather
 than compare the mode, so a third mode is one more module and one more line in BY_MODE.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 from launcher.core.plan import Rung
@@ -46,6 +50,10 @@ class Rules(Protocol):
         """The facts the observation adds to the record before the rules run."""
         ...
 
+    def publishable(self, rec: RunRecord, obs: signals.Observation) -> bool:
+        """Whether the live segment's world may be published (never, without a world)."""
+        ...
+
 
 BY_MODE: dict[RestartMode, Rules] = {
     RestartMode.RECREATE: recreate,
@@ -68,5 +76,5 @@ def decide(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], catalog
     rec = rules.bookkeep(rec, obs)
     for rule in rules.RULES:
         if (decision := rule(rec, obs, ladder, catalog)) is not None:
-            return decision
+            return replace(decision, publish=rules.publishable(decision.record, obs))
     raise AssertionError("the last rule always decides")

@@ -13,14 +13,19 @@ Decision is the pass's.
 4. A slice JobSet that gave up (failed), or more crashes counted by the slice JobSets together than
    the run's `max_restarts`, ends the world as an application failure (budget, backoff).
 5. A lost slice — its node pool gone or unhealthy, or its pods unschedulable with no room (or past
-   the grace period) — leaves: the survivors, in their order, form the next world on the largest
-   feasible rung that fits (new slices added when the cluster has room for them).
+   the grace period), or its JobSet suspended by Kueue (evicted once the world ran, or not
+   admitted within the grace period) — leaves: the survivors, in their order, form the next world
+   on the largest feasible rung that fits (new slices added when the cluster has room for them; in
+   a Kueue queue never: admission is the capacity signal). A suspended slice's JobSet stays in
+   the queue as a joining slice (7a takes it in once admitted). No world is published while a
+   slice it names is not admitted (`publishable`; docs/gke.md "Kueue").
 6. A slice that JobSet restarted under the world (a preemption) once every slice runs again: the
    same slices, a new world (the survivors' trainers exited 43, or 42 when the preempted slice's
    SIGTERM stopped the world, and wait for it). A crashed host's pod stays Running: its node
    turning NotReady makes its slice lost (5).
-7. Capacity return, as recreate's rule 6: the new slices' JobSets are created while the world
-   trains on (`Segment.joining`); 7a. once their pods run, the next world takes them in after the
+7. Capacity return, as recreate's rule 6 (in a Kueue queue at once, without the nodes fitting:
+   Kueue admits the new slices when there is room): the new slices' JobSets are created while
+   the world trains on (`Segment.joining`); 7a. once their pods run, the next world takes them in after the
    survivors (dropped, their JobSets deleted, if their capacity goes meanwhile).
 8. Otherwise wait.
 
@@ -45,13 +50,14 @@ from launcher.core.policy.shared import (
     held_back,
     live_segment,
     next_rung,
+    no_fit,
     shape_words,
 )
 from launcher.core.presets import Catalog
 from launcher.core.record import RunRecord, new_segment
 from launcher.core.signals import observation as signals
 from launcher.core.signals.slices import SliceView
-from launcher.core.words import Action, EndKind, Phase, RestartMode, RunState
+from launcher.core.words import Action, EndKind, Phase, RestartMode, RunState, WaitReason
 
 MODE = RestartMode.IN_PLACE
 # A segment is a world of slices, each its own JobSet, published in the run's world ConfigMap to the
@@ -118,17 +124,23 @@ def _reshape(
     *,
     force: bool = False,
     gone: tuple[str, ...] = (),
+    queued: tuple[str, ...] = (),
 ) -> Decision:
     """End the current world and record the next one in the same write: NEW_WORLD. `gone`: slices
-    of the current world whose hosts are gone (the next world's `lost`)."""
+    of the current world whose hosts are gone (the next world's `lost`). `queued`: leaving slices
+    whose JobSets Kueue holds suspended: kept, as the next world's joining slices, so that their
+    Workloads keep their place in the queue and rejoin when admitted again (rule 7a)."""
     seg = live_segment(rec)
     ended = end_segment(rec, obs, kind, reason, RunState.RUNNING)
-    nxt = replace(new_world(ended, obs, rung, slices, f"after segment {seg.index} ({kind})"), lost=gone)
-    leaving = tuple(s for s in seg.slice_ids if s not in slices)
+    nxt = replace(
+        new_world(ended, obs, rung, slices, f"after segment {seg.index} ({kind})"), lost=gone, joining=queued
+    )
+    leaving = tuple(s for s in seg.slice_ids if s not in slices and s not in queued)
     joining = tuple(s for s in slices if s not in seg.slice_ids)
     words = (
         f"; world {nxt.index}: slices [{', '.join(slices)}] on {shape_words(rung)}"
         + (f", leaving: {', '.join(leaving)}" if leaving else "")
+        + (f", queued in Kueue: {', '.join(queued)}" if queued else "")
         + (f", joining: {', '.join(joining)}" if joining else "")
     )
     return Decision(
@@ -292,8 +304,13 @@ def slice_lost(
     vanished = (gone_pools & set(seg.nodepools)) - {p for v in views.values() if v for p in v.pools}
     homeless = {sid for sid, v in views.items() if v is None or not v.pools}
     vanished_with = homeless if vanished and len(vanished) == len(homeless) else set()
+    evicted, unadmitted = held_by_kueue(rec, obs)
     for sid, v in views.items():
-        if sid in vanished_with or (v is not None and set(v.pools) & gone_pools):
+        if sid in evicted:
+            lost.append(sid)
+        elif sid in unadmitted:
+            waiting.append(sid)
+        elif sid in vanished_with or (v is not None and set(v.pools) & gone_pools):
             lost.append(sid)
             gone.append(sid)
         elif v is None:
@@ -308,6 +325,14 @@ def slice_lost(
             else:
                 waiting.append(sid)
     if not lost:
+        if unadmitted:
+            return Decision(
+                Action.WAIT,
+                f"waiting for Kueue to admit slice(s) {', '.join(unadmitted)} of world {seg.index}"
+                f" (grace {knobs.unschedulable_grace_s:.0f}s)",
+                rec,
+                wait=WaitReason.ADMISSION,
+            )
         if waiting:
             return Decision(
                 Action.WAIT,
@@ -315,19 +340,93 @@ def slice_lost(
                 rec,
             )
         return None
-    survivors = [s for s in seg.slice_ids if s not in lost]
-    rung = best_fit([r for r in ladder if r.shape.devices < current.devices], obs)
-    cause = f"slice(s) {', '.join(lost)} lost" + (
-        f" (node pools lost: {', '.join(sorted(lost_pools))})" if lost_pools else " (pods unschedulable)"
-    )
+    # A slice Kueue has not admitted yet leaves with the lost ones, its JobSet kept in the queue.
+    survivors = [s for s in seg.slice_ids if s not in lost and s not in unadmitted]
+    queued = tuple(s for s in seg.slice_ids if s in evicted or s in unadmitted)
+    if queued_run(rec):
+        # Kueue's admission is the capacity signal: the next world is the survivors (all admitted)
+        # or fewer, never a slice whose JobSet would first have to be admitted.
+        rung = admitted_fit(ladder, current.preset.name, len(survivors))
+    else:
+        rung = best_fit([r for r in ladder if r.shape.devices < current.devices], obs)
+    how = "evicted by Kueue" if seg.running_at is not None else "not admitted by Kueue in time"
+    held = f"{how}: {', '.join(queued)}" if queued else ""
+    pools = f"node pools lost: {', '.join(sorted(lost_pools))}" if lost_pools else ""
+    why = "; ".join(w for w in (held, pools) if w) or "pods unschedulable"
+    cause = f"slice(s) {', '.join(lost)} lost ({why})"
     if rung is None:
-        return Decision(Action.WAIT, f"{cause}; no smaller feasible shape fits either", rec)
+        if queued_run(rec):
+            wait, words = (
+                WaitReason.ADMISSION,
+                f"fewer admitted slices than the ladder's smallest {current.preset.name} rung",
+            )
+        else:
+            wait, words = no_fit(ladder, obs, current.devices)
+        return Decision(Action.WAIT, f"{cause}; waiting for capacity ({wait}): {words}", rec, wait=wait)
     same = rung.shape.preset.name == current.preset.name
     slices = worlds.world_slices(seg.slice_ids, survivors if same else (), rung.shape.slices)
-    reason = f"capacity lost: {cause}; shrinking {current} -> {rung.shape} in place"
+    kind = EndKind.EVICTED if set(lost) <= set(evicted) else EndKind.CAPACITY_LOST
+    what = "Kueue" if kind == EndKind.EVICTED else "capacity lost"
+    reason = f"{what}: {cause}; shrinking {current} -> {rung.shape} in place"
     return _reshape(
-        rec, obs, rung, slices, EndKind.CAPACITY_LOST, reason, force=bool(gone_pools), gone=tuple(gone)
+        rec,
+        obs,
+        rung,
+        slices,
+        kind,
+        reason,
+        force=bool(gone_pools),
+        gone=tuple(gone),
+        queued=queued if same else (),
     )
+
+
+def queued_run(rec: RunRecord) -> bool:
+    """Whether Kueue admits the run's JobSets (`--queue`: each slice JobSet its own Workload)."""
+    return bool(rec.spec.queue)
+
+
+def admitted(rec: RunRecord, view: SliceView | None) -> bool:
+    """Whether a world may name the slice: Kueue admitted its JobSet (spec.suspend false). A JobSet
+    not seen yet is one about to be created: suspended in a queued run (render.py renders it so,
+    as Kueue's webhook would), running at once otherwise."""
+    if view is None or not view.jobset:
+        return not queued_run(rec)
+    return not view.suspended
+
+
+def held_by_kueue(rec: RunRecord, obs: signals.Observation) -> tuple[list[str], list[str]]:
+    """(evicted, unadmitted): the live world's slices that Kueue holds. Once the world has run, a
+    slice JobSet suspended again was evicted or preempted (kueue jobframework/reconciler.go stopJob:
+    JobSet.Suspend(); JobSet's controller suspends its Jobs and the Job controller deletes their
+    pods): lost at once. A world that has not run yet waits the unschedulable grace period for
+    Kueue to admit its slices (a ProvisioningRequest admission check may take that long); then the
+    slices still held count as evicted: the world starts on those admitted."""
+    seg = live_segment(rec)
+    held = [s for s in seg.slice_ids if not admitted(rec, obs.slices.get(s))]
+    if not held:
+        return [], []
+    if seg.running_at is not None or obs.now - seg.submitted_at >= rec.knobs.unschedulable_grace_s:
+        # Only JobSets that exist stay queued; one not created yet is created by rule 3 first.
+        return [s for s in held if (v := obs.slices.get(s)) is not None and v.jobset], []
+    return [], held
+
+
+def admitted_fit(ladder: list[Rung], preset: str, slices: int) -> Rung | None:
+    """The largest feasible rung of `preset` with at most `slices` slices (those Kueue admitted)."""
+    return next(
+        (r for r in ladder if r.feasible and r.shape.preset.name == preset and r.shape.slices <= slices),
+        None,
+    )
+
+
+def publishable(rec: RunRecord, obs: signals.Observation) -> bool:
+    """Whether the live world may be published: every slice it names is admitted. No world names
+    a slice Kueue has not admitted: its pods do not exist, so the world could never form."""
+    seg = rec.current
+    if seg is None or not seg.live:
+        return False
+    return all(admitted(rec, obs.slices.get(s)) for s in seg.slice_ids)
 
 
 def slice_restarted(
@@ -370,7 +469,31 @@ def world_grows(
     requested = rec.requested(catalog)
     running = all((v := obs.slices.get(s)) is not None and v.running for s in seg.slice_ids)
     progressed = obs.committed_step is not None and obs.committed_step > (seg.start_step or 0)
-    if seg.joining or not (knobs.grow and running and current.devices < requested.devices and progressed):
+    if seg.joining or not (knobs.grow and running and current.devices < requested.devices):
+        return None
+    if queued_run(rec) and current.preset.name == requested.preset.name:
+        # Kueue's admission is the capacity signal: the missing slices' JobSets go into the queue
+        # at once, without waiting for nodes to fit (under a ProvisioningRequest admission check the
+        # nodes appear only after the Workload is admitted: kueue
+        # pkg/controller/admissionchecks/provisioning/controller.go), and rule 7a takes them in
+        # once Kueue admits them and their pods run.
+        slices = worlds.world_slices(seg.slice_ids, seg.slice_ids, requested.slices)
+        joining = tuple(s for s in slices if s not in seg.slice_ids)
+        if stale := [s for s in joining if s in obs.slices]:
+            return Decision(
+                Action.WAIT, f"growing: waiting for the old pods of slice(s) {', '.join(stale)} to go", rec
+            )
+        reason = (
+            f"growing {current} -> {requested} in place: slice(s) {', '.join(joining)} queued in Kueue"
+            f" {rec.spec.queue} (world {seg.index} trains on until they are admitted and their pods run)"
+        )
+        return Decision(
+            Action.CREATE_JOBSET,
+            reason,
+            replace(rec.with_segment(replace(seg, joining=joining)), reason=reason),
+            slices_create=joining,
+        )
+    if not progressed:
         return None
     rung = best_fit(ladder, obs, stable_before=obs.now - knobs.grow_window_s)
     if rung is None or rung.shape.devices <= current.devices:
@@ -416,8 +539,11 @@ def slices_joining(
         if v is None:
             return False
         waited = now - (v.unschedulable_since or now)
+        # Admitted by Kueue, a slice's capacity is on its way (a ProvisioningRequest provisioned
+        # it, or TAS placed it): only the grace period drops it, not the nodes seen now.
+        no_room = not room and not queued_run(rec)
         return bool(set(v.pools) & lost_pools) or (
-            v.unschedulable > 0 and (not room or waited >= knobs.unschedulable_grace_s)
+            v.unschedulable > 0 and (no_room or waited >= knobs.unschedulable_grace_s)
         )
 
     if any(lost(v) for v in views.values()):
@@ -469,7 +595,15 @@ def world_waits(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], ca
         for s in (*seg.slice_ids, *seg.joining)
         for v in [obs.slices.get(s)]
     )
-    return Decision(Action.WAIT, f"world {seg.index} on {seg.shape(catalog)} ({states})", rec)
+    words = f"world {seg.index} on {seg.shape(catalog)} ({states})"
+    # A world slice not admitted holds the world back (it is not published); a joining one only
+    # its grow, while the world trains on.
+    if held := [s for s in seg.slice_ids if not admitted(rec, obs.slices.get(s))]:
+        words += f"; not published until Kueue admits slice(s) {', '.join(held)}"
+        return Decision(Action.WAIT, words, rec, wait=WaitReason.ADMISSION)
+    if queued := [s for s in seg.joining if not admitted(rec, obs.slices.get(s))]:
+        words += f"; slice(s) {', '.join(queued)} queued in Kueue"
+    return Decision(Action.WAIT, words, rec)
 
 
 # The rules in the order `decide` runs them: the module docstring's numbering.

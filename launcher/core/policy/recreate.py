@@ -14,7 +14,9 @@ them the same way.
    the controller's back ends the segment; one that completed short of the final step fails the run.
 4. Application failures have their own budget with exponential backoff; preemptions, lost peers
    (trainer exit 43: a host died under the segment) and capacity changes never spend it.
-   Configuration errors end the run at once. A JobSet suspended or being deleted is waited for.
+   Configuration errors end the run at once. A JobSet being deleted is waited for; one that Kueue
+   suspended (evicted, or not admitted within the grace period) ends the segment and the next one
+   is smaller (4a, `suspended`).
 5. Capacity loss — pods unschedulable past a grace period, or unschedulable while the cluster no
    longer has room for the shape (its node pools gone or terminating) — ends the segment; the next
    one runs on the largest feasible shape of the ladder that fits.
@@ -44,17 +46,23 @@ from launcher.core.policy.shared import (
     held_back,
     live_segment,
     next_rung,
+    no_fit,
     pool_for,
     shape_words,
 )
 from launcher.core.presets import Catalog
 from launcher.core.record import RunRecord, new_segment
 from launcher.core.signals import observation as signals
-from launcher.core.words import Action, Cause, EndKind, FailureKind, Phase, RestartMode, RunState
+from launcher.core.words import Action, Cause, EndKind, FailureKind, Phase, RestartMode, RunState, WaitReason
 
 MODE = RestartMode.RECREATE
 # No world: a segment is one JobSet of every slice, nothing is published to the pods' supervisors.
 WORLD = False
+
+
+def publishable(rec: RunRecord, obs: signals.Observation) -> bool:
+    """No world to publish: a segment is one JobSet."""
+    return False
 
 
 def bookkeep(rec: RunRecord, obs: signals.Observation) -> RunRecord:
@@ -227,9 +235,33 @@ def failures(
         ended = end_segment(rec, obs, EndKind.APP_FAILURE, reason, RunState.FAILED)
         return Decision(Action.END, reason, replace(ended, finished_at=now), seg.jobset)  # JobSet would go on
 
-    if obs.phase in {Phase.SUSPENDED, Phase.DELETING}:
+    if obs.phase == Phase.SUSPENDED:
+        return suspended(rec, obs, ladder)
+    if obs.phase == Phase.DELETING:
         return Decision(Action.WAIT, f"JobSet {seg.jobset} is {obs.phase}", rec)
     return None
+
+
+def suspended(rec: RunRecord, obs: signals.Observation, ladder: list[Rung]) -> Decision:
+    """4a. The segment's JobSet is suspended: Kueue holds it (docs/gke.md "Kueue"). Once the segment
+    has run, Kueue evicted or preempted it (kueue jobframework/reconciler.go stopJob ->
+    JobSet.Suspend(); JobSet suspends its Jobs, whose pods the Job controller deletes): the segment
+    ends and the next one is smaller (policy/shared.next_rung), at the same global batch. Not
+    admitted yet, it waits the unschedulable grace period, then ends the same way. With no smaller
+    feasible rung it waits: Kueue requeues the Workload and admits it again by itself."""
+    seg, knobs = live_segment(rec), rec.knobs
+    evicted = seg.running_at is not None
+    waited = obs.now - seg.submitted_at
+    smaller = any(r.feasible and r.shape.devices < seg.devices for r in ladder)
+    if not smaller or not (evicted or waited >= knobs.unschedulable_grace_s):
+        how = "evicted; Kueue requeues it" if evicted else f"not admitted for {waited:.0f}s"
+        reason = f"JobSet {seg.jobset} is suspended by Kueue ({how}): waiting for admission"
+        return Decision(Action.WAIT, reason, rec, wait=WaitReason.ADMISSION)
+    how = "evicted or preempted" if evicted else f"not admitted within {knobs.unschedulable_grace_s:.0f}s"
+    reason = f"JobSet {seg.jobset} suspended by Kueue ({how}): shrinking"
+    return Decision(
+        Action.END, reason, end_segment(rec, obs, EndKind.EVICTED, reason, RunState.RESHAPING), seg.jobset
+    )
 
 
 def capacity_lost(
@@ -267,7 +299,8 @@ def capacity_lost(
         causes.append(f"node pool {seg.pool} is no longer free")
     cause = "; ".join(causes)
     if rung is None:
-        return Decision(Action.WAIT, f"{cause}; no smaller feasible shape fits either", rec)
+        wait, words = no_fit(ladder, obs, most + 1)
+        return Decision(Action.WAIT, f"{cause}; waiting for capacity ({wait}): {words}", rec, wait=wait)
     how = "on another node pool" if rung.shape.devices == current.devices else "shrinking"
     reason = f"capacity lost: {cause}; {how} {current} -> {shape_words(rung)}"
     ended = end_segment(rec, obs, EndKind.CAPACITY_LOST, reason, RunState.RESHAPING)

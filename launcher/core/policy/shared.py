@@ -15,7 +15,7 @@ from launcher.core.plan import Plan, Rung
 from launcher.core.presets import Catalog
 from launcher.core.record import RunRecord
 from launcher.core.signals import observation as signals
-from launcher.core.words import Action, EndKind, RunState, TrainerState
+from launcher.core.words import Action, EndKind, RunState, TrainerState, WaitReason
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,11 @@ class Decision:
     # In place: the slices whose JobSets to delete, and those whose JobSets to create.
     slices_delete: tuple[str, ...] = ()
     slices_create: tuple[str, ...] = ()
+    # Why the run waits for capacity, when it does (the ledger's `wait` key).
+    wait: WaitReason | None = None
+    # In place: whether the live world of `record` may be published (every slice it names admitted
+    # by Kueue); set by the package's `decide` from the mode's `publishable`.
+    publish: bool = False
 
     @property
     def acts(self) -> bool:
@@ -59,6 +64,23 @@ def best_fit(
             continue
         return rung
     return None
+
+
+def no_fit(ladder: list[Rung], obs: signals.Observation, below: int | None = None) -> tuple[WaitReason, str]:
+    """Why no rung (of fewer than `below` devices, when given) is chosen, in words: none fits the
+    cluster, or only rungs the run cannot hold do (their reason from the plan: the batch, or the
+    HBM estimate), so that the wait says what would help (more capacity, not a smaller shape)."""
+    rungs = [r for r in ladder if below is None or r.shape.devices < below]
+    fitting = [r for r in rungs if obs.fits_since(r.shape.preset.name, r.shape.slices) is not None]
+    if not fitting:
+        return WaitReason.NO_ROOM, "no feasible shape of the ladder fits the cluster"
+    # A shape that is not one at all (a multislice of single hosts) says least: name another first.
+    rung = next((r for r in fitting if not r.shape.error), fitting[0])
+    why = rung.plan.reason if not isinstance(rung.plan, Plan) else ""
+    return (
+        WaitReason.ONLY_INFEASIBLE,
+        f"only shapes the run cannot hold fit the cluster ({rung.shape}: {why})",
+    )
 
 
 def pool_for(rung: Rung, obs: signals.Observation, previous: tuple[str, ...]) -> str | None:
@@ -144,10 +166,22 @@ def next_rung(rec: RunRecord, obs: signals.Observation, ladder: list[Rung]) -> t
     seg = rec.current
     if seg is None:
         return ladder[0], "launch"
+    if seg.end_kind == EndKind.EVICTED:
+        # Kueue took the last segment's capacity back: the next is smaller. In a queue, Kueue's
+        # admission says whether it fits, not the nodes seen now (a ProvisioningRequest creates them
+        # after admission), so the largest smaller feasible rung is asked for.
+        smaller = [r for r in ladder if r.shape.devices < seg.devices]
+        if rec.spec.queue:
+            rung = next((r for r in smaller if r.feasible), None)
+        else:
+            rung = best_fit(smaller, obs)
+        if rung is not None:
+            return rung, f"after segment {seg.index} ({seg.end_kind})"
     rung = best_fit(ladder, obs)
     if rung is None:
-        reason = "waiting for capacity: no feasible shape of the ladder fits the cluster"
-        return Decision(Action.WAIT, reason, replace(rec, state=RunState.WAITING, reason=reason))
+        wait, words = no_fit(ladder, obs)
+        reason = f"waiting for capacity ({wait}): {words}"
+        return Decision(Action.WAIT, reason, replace(rec, state=RunState.WAITING, reason=reason), wait=wait)
     return rung, f"after segment {seg.index} ({seg.end_kind})"
 
 

@@ -30,10 +30,19 @@ class SliceView:
     # Its JobSet's status.restartsCountTowardsMax: the restarts its failure policy counted (crashes)
     restarts_counted: int = 0
     jobset_uid: str | None = None  # its JobSet's: a host disruption booked against it (RunRecord)
+    # Its JobSet's spec.suspend: Kueue holds it (not admitted yet, or evicted: Kueue's stopJob sets
+    # it and JobSet's controller suspends the Jobs, whose pods the Job controller deletes;
+    # docs/gke.md "Kueue").
+    suspended: bool = False
 
     @property
     def running(self) -> bool:
         return self.phase == Phase.RUNNING
+
+    @property
+    def admitted(self) -> bool:
+        """Its JobSet exists and is not suspended: Kueue admitted it (or no queue holds it)."""
+        return self.jobset and not self.suspended
 
 
 def slice_views(
@@ -83,6 +92,7 @@ def slice_views(
             uids=tuple(sorted(live)),
             restarts_counted=int(((js or {}).get("status") or {}).get("restartsCountTowardsMax") or 0),
             jobset_uid=(js or {}).get("metadata", {}).get("uid"),
+            suspended=bool(((js or {}).get("spec") or {}).get("suspend")),
         )
     return out
 

@@ -100,7 +100,10 @@ class JobSetController(ControllerLoop):
                     self.recorder.event(js, "Warning", "JobCreationFailed", str(e))
                     raise
         for jname, suspend in actions.suspend_jobs.items():
-            self.store.patch(self.jobs, ns, jname, {"spec": {"suspend": suspend}}, "merge")
+            patch: dict = {"suspend": suspend}
+            if (template := actions.resume_templates.get(jname)) is not None:
+                patch["template"] = template  # upstream's resumeJob: one Update with the unsuspend
+            self.store.patch(self.jobs, ns, jname, {"spec": patch}, "merge")
         status = dict(actions.status)
         if not status.get("conditions"):
             status.pop("conditions", None)  # omitempty, as the API serializes it

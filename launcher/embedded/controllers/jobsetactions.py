@@ -68,6 +68,9 @@ class JobSetActions:
     create_jobs: list[dict[str, Any]] = field(default_factory=list)
     delete_jobs: list[str] = field(default_factory=list)  # foreground
     suspend_jobs: dict[str, bool] = field(default_factory=dict)  # job name → spec.suspend
+    # job name → the pod template fields a resume merges in from its replicated Job's template
+    # (what Kueue may have changed while the JobSet was suspended: `resumed_template`)
+    resume_templates: dict[str, dict[str, Any]] = field(default_factory=dict)
     service: dict[str, Any] | None = None
     status: dict[str, Any] = field(default_factory=dict)
     events: list[tuple[str, str, str]] = field(default_factory=list)
@@ -302,10 +305,43 @@ def decide(
         set_cond("Suspended", "True", SUSPENDED[0], SUSPENDED[1], "Normal")
         restarting_false(RESTART_JOBSET_SUSPENDED, SUSPENDED[1])
     else:
+        templates = {r["name"]: (r.get("template") or {}).get("spec", {}).get("template") or {}
+                     for r in spec.get("replicatedJobs") or []}  # fmt: skip
         for j in children.active:
             if (j.get("spec") or {}).get("suspend"):
                 todo.suspend_jobs[objects.meta(j)["name"]] = False
+                rjob = (objects.meta(j).get("labels") or {}).get(objects.RJOB_NAME)
+                if rjob in templates:
+                    todo.resume_templates[objects.meta(j)["name"]] = resumed_template(j, templates[rjob])
         sus = objects.get_condition({"status": status}, "Suspended")
         if sus is not None and sus.get("status") == "True":
             set_cond("Suspended", "False", RESUMED[0], RESUMED[1], "Normal")
     return todo
+
+
+def resumed_template(job: dict[str, Any], template: dict[str, Any]) -> dict[str, Any]:
+    """The Job's pod template fields as upstream's `resumeJob` leaves them on resume
+    (kubernetes-sigs/jobset pkg/controllers/jobset_controller.go): labels, annotations and the node
+    selector merged with the replicated Job's template (its values win), tolerations and scheduling
+    gates with the template's appended where missing. Kueue may have changed them on the JobSet
+    while it was suspended (its admitted flavor's node selector, TAS: kueue
+    pkg/controller/jobs/jobset/jobset_controller.go RunWithPodSetsInfo)."""
+    have = (job.get("spec") or {}).get("template") or {}
+    meta, pod = have.get("metadata") or {}, have.get("spec") or {}
+    want_meta, want_pod = template.get("metadata") or {}, template.get("spec") or {}
+
+    def merged_list(key: str) -> list:
+        out = list(pod.get(key) or [])
+        return out + [x for x in want_pod.get(key) or [] if x not in out]
+
+    return {
+        "metadata": {
+            "labels": {**(meta.get("labels") or {}), **(want_meta.get("labels") or {})},
+            "annotations": {**(meta.get("annotations") or {}), **(want_meta.get("annotations") or {})},
+        },
+        "spec": {
+            "nodeSelector": {**(pod.get("nodeSelector") or {}), **(want_pod.get("nodeSelector") or {})},
+            "tolerations": merged_list("tolerations"),
+            "schedulingGates": merged_list("schedulingGates"),
+        },
+    }
