@@ -5,7 +5,8 @@
 
 Each seed draws, with random.Random(seed), a schedule of faults from: a spot preemption notice, a
 pod killed (exit 137), a host crashed without notice and down a few seconds (its node NotReady
-meanwhile), a drain, an auto-repair, a node pool removed and restored, the controller killed
+meanwhile), a host that crashed and rebooted at once (`reboot-host`: `crash-host --down 0`, its pod
+then Failed as upstream's kubelet reports it, a host disruption the run does not count), a drain, an auto-repair, a node pool removed and restored, the controller killed
 (SIGKILL) and restarted, a second controller. They hit a 2-slice run of the `tiny` config on
 tpu7x-2x2x2 over 2 node pools (`--shape single`: one single-host slice; the embedded cluster, the
 real trainer, `reslice watch` processes), spread over the run: fault i of n waits for the
@@ -63,7 +64,8 @@ from tests.controller.harness import (
 RUN = "chaos"
 TOLERANCE = 1e-5
 FAULTS = (
-    "preempt", "kill-pod", "crash-host", "drain", "repair", "remove", "kill-controller", "second-controller",
+    "preempt", "kill-pod", "crash-host", "reboot-host", "drain", "repair", "remove", "kill-controller",
+    "second-controller",
 )  # fmt: skip
 # A crashed host stays down this long (s, drawn per fault) and its node turns NotReady after
 # NODE_GRACE_S: the node monitor's grace period, 40 s upstream, shortened as the run is.
@@ -246,11 +248,10 @@ class Chaos:
             except UserError as e:  # it ended between the look and the kill
                 return f"skipped: {e}"
             return pod["metadata"]["name"]
-        if fault == "crash-host":
+        if fault in ("crash-host", "reboot-host"):
+            down_s = self.rng.uniform(*HOST_DOWN_S) if fault == "crash-host" else 0.0
             try:
-                h.cluster.crash_host(
-                    "default", pod["metadata"]["name"], down_s=self.rng.uniform(*HOST_DOWN_S)
-                )
+                h.cluster.crash_host("default", pod["metadata"]["name"], down_s=down_s)
             except UserError as e:
                 return f"skipped: {e}"
             return f"{pod['metadata']['name']} ({node})"

@@ -13,7 +13,13 @@ from __future__ import annotations
 
 import sys
 
-from launcher.core.labels import LABEL_RESTART_ATTEMPT, LABEL_RUN, LABEL_SEGMENT, LABEL_SLICE
+from launcher.core.labels import (
+    LABEL_JOBSET_UID,
+    LABEL_RESTART_ATTEMPT,
+    LABEL_RUN,
+    LABEL_SEGMENT,
+    LABEL_SLICE,
+)
 from launcher.core.presets import (
     LABEL_ACCELERATOR,
     LABEL_INSTANCE_TYPE,
@@ -25,8 +31,8 @@ from launcher.core.presets import (
 
 _intern = sys.intern
 
-# signals/pods.run_pods and pod_view: the run, the segment, the JobSet restart attempt.
-POD_LABELS = (LABEL_RUN, LABEL_SEGMENT, LABEL_SLICE, LABEL_RESTART_ATTEMPT)
+# signals/pods.run_pods and pod_view: the run, the segment, the JobSet restart attempt and uid.
+POD_LABELS = (LABEL_RUN, LABEL_SEGMENT, LABEL_SLICE, LABEL_RESTART_ATTEMPT, LABEL_JOBSET_UID)
 # pod_view: unschedulable (PodScheduled False) and disrupted (DisruptionTarget True).
 POD_CONDITIONS = ("PodScheduled", "DisruptionTarget")
 # signals/nodes: the pool a node is in, and every label a preset's node selector names.
@@ -68,13 +74,18 @@ def _conditions(status: dict, types: tuple[str, ...]) -> list[dict]:
 
 def run_pod(pod: dict) -> dict:
     """A pod of a run: its labels, node, phase, scheduling and disruption conditions, and the exit
-    of each terminated container."""
+    of each terminated container, now (`state`) and before (`lastState`: a host's reboot says so
+    there first, signals/pods.host_loss_of)."""
     meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
     exits = []
     for cs in status.get("containerStatuses") or []:
-        term = (cs.get("state") or {}).get("terminated")
-        if term is not None:
-            exits.append({"state": {"terminated": {k: _str(term.get(k)) for k in ("exitCode", "reason")}}})
+        kept = {}
+        for field in ("state", "lastState"):
+            term = (cs.get(field) or {}).get("terminated")
+            if term is not None:
+                kept[field] = {"terminated": {k: _str(term.get(k)) for k in ("exitCode", "reason")}}
+        if kept:
+            exits.append(kept)
     return {
         "metadata": _meta(meta, POD_LABELS, ("namespace", "deletionTimestamp")),
         "spec": {"nodeName": _str(spec.get("nodeName"))},

@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from launcher.adapters.preset_files import load_catalog
-from launcher.core import inputs
+from launcher.core import images, inputs
 from launcher.core.errors import UserError
 from launcher.core.spec import RunSpec
 from launcher.core.words import TrainerProfile
@@ -80,9 +80,15 @@ def placement_policies(preset: str, values: list[str] | None) -> tuple[tuple[str
     return tuple(out.items())
 
 
-def for_cluster(spec: RunSpec, embedded: bool, grace_period: int | None = None) -> RunSpec:
+def for_cluster(
+    spec: RunSpec, embedded: bool, grace_period: int | None = None, *, pulled: bool = True
+) -> RunSpec:
     """The spec as it must run where it runs. On the embedded cluster the trainers are processes on
-    this machine: short grace period and heartbeat timeout, and no image to pull."""
+    this machine: short grace period and heartbeat timeout, and no image to pull. On another, an
+    image name without a registry is refused (images.registry_error) when the run will pull it
+    (`pulled`; preflight reports the image in its own row)."""
+    if not embedded and pulled and (err := images.registry_error(spec.image)):
+        raise UserError(err)
     if embedded:
         return replace(
             spec, grace_period_s=grace_period or 30, heartbeat_timeout_s=10, image_pull_policy="Never"

@@ -238,6 +238,8 @@ class Controller:
             if not decision.acts and decision.publish and self._world_behind(decision.record):
                 # Recorded, then the controller stopped; or held back until Kueue admitted its slices.
                 self.publish_world(decision.record)
+            elif not decision.acts:
+                self._beat_world(decision.record, obs)
             if decision.record.terminal:
                 self._clean_world(decision.record)
         except UserError as e:  # the cluster refused the JobSet (422): retrying cannot help
@@ -345,6 +347,20 @@ class Controller:
         cm = self.caches["records"].get(self.kube.namespace, world_configmap_name(rec.name))
         epoch = worlds.published_epoch(cm)
         return epoch is None or epoch < seg.index
+
+    def _beat_world(self, rec: RunRecord, obs: signals.Observation) -> None:
+        """While the live world waits for slices being recreated, its `heartbeat` every HEARTBEAT_S
+        (launcher/core/world.py `beat`): the survivors' supervisors wait as long as it beats. From
+        the cache (no request) and only when synced; a conflict waits for the next beat."""
+        seg = rec.current
+        if not policy.rules_for(rec.spec).WORLD or seg is None or not seg.live or not self.synced():
+            return
+        cm = self.caches["records"].get(self.kube.namespace, world_configmap_name(rec.name))
+        doc = worlds.beat(worlds.published(cm), seg, obs.slices, time.time())
+        if doc is None or cm is None:
+            return
+        with contextlib.suppress(Conflict):
+            self.kube.publish_world(worlds.configmap(rec.spec, doc), cm["metadata"]["resourceVersion"])
 
     def publish_world(self, rec: RunRecord) -> bool:
         """Publish the world of `rec`'s live in-place segment unless the ConfigMap already holds its

@@ -355,6 +355,8 @@ def build_report(rec: RunRecord, metrics: list[dict], ledger: list[dict], now: f
         "preemption": rec.preemptions(),
         "peer_lost": rec.peer_losses(),
         "application_failure": rec.app_failures,
+        # Hosts that rebooted under a pod (docs/design.md "A rebooted host"): never counted.
+        "host_disruption": len(rec.host_disruptions),
         "capacity_lost": sum(s.end_kind == EndKind.CAPACITY_LOST for s in rec.segments),
         "grow": sum(s.end_kind == EndKind.GROW for s in rec.segments),
     }

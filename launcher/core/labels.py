@@ -22,6 +22,7 @@ ANNOTATION_TAS_SLICE_SIZE = "kueue.x-k8s.io/podset-slice-size"
 ANNOTATION_EXCLUSIVE = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 LABEL_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 LABEL_RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
+LABEL_JOBSET_UID = "jobset.sigs.k8s.io/jobset-uid"  # JobSet labels its Jobs' pods with its uid
 
 
 def jobset_name(run: str, segment: int) -> str:

@@ -26,8 +26,8 @@ from launcher.core.words import Cause, EndKind, RunState
 
 # 2: the knobs' key is `knobs` (was `policy`); 3: a segment's `pool`; 4: the spec's `restart_mode` and
 # `world_api`, a segment's `slice_ids`, `coordinator` and `joining` (in-place runs); 5: a segment's
-# `lost` (in-place runs)
-SCHEMA_VERSION = 5
+# `lost` (in-place runs); 6: the record's `host_disruptions`, a segment's `host_disrupted`
+SCHEMA_VERSION = 6
 # What records without a schema_version may hold that this reslice no longer has (section -> names).
 _RETIRED_V0 = {"policy": {"preemption_budget"}}
 TERMINAL = {RunState.FINISHED, RunState.FAILED, RunState.STOPPED}
@@ -71,6 +71,9 @@ class Segment:
     # whose pods showed a crash next to the exit 43s it caused (they spend the run's budget).
     peer_lost: int = 0
     uncounted_failures: int = 0
+    # Of the uncounted ones, those whose pods showed a host disruption (a peer's 43 failed the Job
+    # before the rebooted host's pod did): booked in RunRecord.host_disruptions, not preemptions.
+    host_disrupted: int = 0
     failing: Cause | None = None  # why the current attempt's pods are failing (signals/pods.pod_cause)
     # The node pool a one-slice segment's JobSet names (render.render_jobset), or None: JobSet's
     # exclusive placement chooses.
@@ -111,6 +114,11 @@ class RunRecord:
     app_failures: int = 0  # failed segments plus counted restarts (and uncounted crashes), over the run
     next_submit_at: float = 0.0  # backoff after an application failure
     total_steps: int | None = None  # learned from the trainer's status.json
+    # The restart attempts a host disruption failed (a host rebooted under its pod), as
+    # `<jobset uid>/<attempt>`, so that each is booked once: JobSet's failure policy counts such a
+    # restart toward its maxRestarts (no podFailurePolicy field tells it apart upstream:
+    # docs/design.md "A rebooted host"); the controller forgives them (`forgiven`).
+    host_disruptions: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -129,8 +137,16 @@ class RunRecord:
 
     def preemptions(self) -> int:
         return sum(
-            s.restarts - s.restarts_counted - s.peer_lost - s.uncounted_failures for s in self.segments
+            s.restarts - s.restarts_counted - s.peer_lost - s.uncounted_failures - s.host_disrupted
+            for s in self.segments
         )
+
+    def forgiven(self, jobset_uid: str | None, counted: int) -> int:
+        """Of `counted` restarts JobSet's failure policy counted for the JobSet `jobset_uid`, those a
+        host disruption caused: never the run's failure, never its --max-restarts."""
+        if not jobset_uid:
+            return 0
+        return min(counted, sum(k.rpartition("/")[0] == jobset_uid for k in self.host_disruptions))
 
     def peer_losses(self) -> int:
         return sum(s.peer_lost for s in self.segments)
@@ -194,9 +210,9 @@ class RunRecord:
             for seg in (known(s, Segment, "segments") for s in raw.pop("segments", []))
         )
         knobs = Knobs(**known(raw.pop(knobs_key, {}), Knobs, knobs_key))
-        return RunRecord(
-            spec=RunSpec(**spec), knobs=knobs, segments=segments, **known(raw, RunRecord, "record")
-        )
+        top = known(raw, RunRecord, "record")
+        top["host_disruptions"] = tuple(str(k) for k in top.get("host_disruptions", ()))
+        return RunRecord(spec=RunSpec(**spec), knobs=knobs, segments=segments, **top)
 
 
 def new_segment(

@@ -33,6 +33,9 @@ class EndKind(StrEnum):
     GROW = "grow"  # a larger shape has fitted for the grow window
     LOST = "lost"  # its JobSet disappeared behind the controller's back
     RESTART = "restart"  # in place: a slice of its world restarted under it; the same slices, a new world
+    # A JobSet gave up (its own maxRestarts) on a host disruption: never the run's failure, so the
+    # next segment starts at once, uncharged (docs/design.md "A rebooted host").
+    HOST_DISRUPTION = "host-disruption"
     # Kueue suspended its JobSet (or one of its world's slice JobSets): evicted or preempted, or not
     # admitted within the grace period (docs/gke.md "Kueue"). The next segment is smaller.
     EVICTED = "evicted"
@@ -87,6 +90,24 @@ class Cause(StrEnum):
     PREEMPTION = "preemption"  # a DisruptionTarget, or the trainer saved and exited 42
     PEER_LOST = "peer-lost"  # the trainer exited 43: a host of the segment died under it
     APP_FAILURE = "app-failure"  # a trainer failed on its own (any other exit, no disruption)
+    # Its host went away under it (rebooted, or its kubelet could not admit it again): the kubelet
+    # reports a container it cannot find (`HostLoss`), never the trainer's own exit.
+    HOST_DISRUPTION = "host-disruption"
+
+
+class HostLoss(StrEnum):
+    """What a pod's status says when its container went away with its host rather than exiting on
+    its own (docs/design.md "A rebooted host"). The values are upstream's own reasons:
+    kubernetes/kubernetes pkg/kubelet/kubelet_pods.go (`convertToAPIContainerStatuses`) and
+    pkg/kubelet/status/status_manager.go (`TerminatePod`) write CONTAINER_UNKNOWN, exit code 137, for a
+    container last seen Running that the runtime no longer has (a reboot); containerd, when it kept
+    the container's record across the reboot, reports it exited with RUNTIME_UNKNOWN, exit code 255;
+    the kubelet's admission after a restart fails a pod it cannot admit again (a device plugin not
+    yet registered) with the pod reason UNEXPECTED_ADMISSION."""
+
+    CONTAINER_UNKNOWN = "ContainerStatusUnknown"
+    RUNTIME_UNKNOWN = "Unknown"
+    UNEXPECTED_ADMISSION = "UnexpectedAdmissionError"
 
 
 class FailureKind(StrEnum):

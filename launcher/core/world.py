@@ -11,14 +11,19 @@ epochs strictly increase and a restarted controller continues from the recorded 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from launcher.core.labels import LABEL_RUN, REPLICATED_JOB, slice_jobset_name, world_configmap_name
 from launcher.core.presets import Preset
 from launcher.core.record import Segment
+from launcher.core.signals.slices import SliceView
 from launcher.core.spec import RESERVED_PORTS, RunSpec
 
 WORLD_KEY = "world.json"  # the ConfigMap's data key (trainer/elastic/world_source.py reads it)
+# How often the controller refreshes the world's `heartbeat` while the world waits for slices being
+# recreated (docs/contract.md "The document"): the survivors' supervisors wait past their
+# RESLICE_PEER_LOST_WAIT_S while they see it change (trainer/elastic/world.py HEARTBEAT_FRESH_S, 60 s).
+HEARTBEAT_S = 10.0
 # How many coordinator ports an in-place run cycles through, one per epoch: a previous epoch's
 # coordination-service client (a child still saving) must never reach the next epoch's service.
 PORTS_PER_RUN = 8
@@ -89,6 +94,26 @@ def document(spec: RunSpec, preset: Preset, seg: Segment, published: float) -> d
     return doc
 
 
+def awaits_slices(seg: Segment, slices: Mapping[str, SliceView]) -> bool:
+    """Whether the live world `seg` waits for slices of its own: one not running (JobSet restarting
+    it, its replacement pods not scheduled or not started yet). Its survivors' trainers exited and
+    their supervisors wait for the world that takes that slice back in."""
+    return any((v := slices.get(s)) is None or not v.running for s in seg.slice_ids)
+
+
+def beat(doc: dict | None, seg: Segment, slices: Mapping[str, SliceView], now: float) -> dict | None:
+    """The published world document `doc` with its `heartbeat` refreshed to `now`, when one is due:
+    it is `seg`'s world, `seg` waits for slices (awaits_slices), and the last beat (or the
+    publication) is HEARTBEAT_S old. None otherwise. A controller that is gone stops beating, and
+    the survivors end their wait (trainer/elastic/world.py `keep_waiting`)."""
+    if not doc or doc.get("epoch") != seg.index or not seg.live or not awaits_slices(seg, slices):
+        return None
+    last = doc.get("heartbeat") or doc.get("published") or 0.0
+    if now - float(last) < HEARTBEAT_S:
+        return None
+    return {**doc, "heartbeat": now}
+
+
 def configmap(spec: RunSpec, doc: dict | None) -> dict:
     """The world ConfigMap holding `doc`, written whole in one update (a reader never sees half).
     Without a document: the empty one `reslice launch` creates, which owns the run's world access
@@ -103,6 +128,15 @@ def configmap(spec: RunSpec, doc: dict | None) -> dict:
         },
         "data": {WORLD_KEY: json.dumps(doc, sort_keys=True)} if doc is not None else {},
     }
+
+
+def published(cm: dict | None) -> dict | None:
+    """The world document a ConfigMap holds, or None."""
+    try:
+        doc = json.loads(((cm or {}).get("data") or {})[WORLD_KEY])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def published_epoch(cm: dict | None) -> int | None:

@@ -377,17 +377,20 @@ def crash_host(
     ] = 0.0,
     directory: StateDir = None,
 ) -> None:
-    """The pod's host crashes: its processes die, nothing reports it (no DisruptionTarget)."""
+    """The pod's host crashes and reboots: its processes die (no DisruptionTarget); back, its kubelet
+    fails the pod, its container gone (ContainerStatusUnknown, 137), as upstream's does."""
     from launcher.core import inputs
 
     inputs.seconds("--down", down)
     out = _call(
         _running(state_dir(directory)), "crash-host", {"namespace": namespace, "pod": pod, "down_s": down}
     )
-    back = f"; its node is down for {down:g} s (NotReady after the grace period)" if down > 0 else ""
-    console.print(
-        f"Crashed the host of {out['pod']} ({out['node']}): its processes are gone, the pod stays Running{back}."
+    back = (
+        f"; its node is down for {down:g} s (NotReady after the grace period), then the pod Failed"
+        if down > 0
+        else "; rebooted at once: the pod Failed (ContainerStatusUnknown)"
     )
+    console.print(f"Crashed the host of {out['pod']} ({out['node']}): its processes are gone{back}.")
 
 
 NodeArg = Annotated[str, typer.Argument(help="Node name (kubectl get nodes).")]

@@ -10,15 +10,16 @@
   processes die with the machine (SIGKILL).
 - restore: the node pool's nodes come back (same names, as a recreated instance group's do).
 - kill_pod: a container killed hard (SIGKILL): exit code 137, pod `Failed`, left in the API.
-- crash_host: the pod's host dies without notice (host error, kernel panic): its processes are
-  SIGKILLed and nothing reports it, so the pod stays `Running` without a `DisruptionTarget` — on
-  GKE the node's kubelet died with it: the node turns NotReady after ~40 s and its pods are only
-  evicted ~5 min 40 s after the last heartbeat, long after the surviving trainers failed. Once
-  deleted (by its Job or JobSet), the pod is reported as a container that could not be found
-  (exit 137, ContainerStatusUnknown) and removed, as after the host's reboot. By default the
-  reboot is instant and the node stays Ready; with `down_s` the host stays down that long: no
-  heartbeats (as `partition`), so the node turns NotReady after the node monitor grace period,
-  which is how a controller that watches nodes learns of it, and it is back (`heal`) after.
+- crash_host: the pod's host dies without notice (host error, kernel panic) and reboots: its
+  processes are SIGKILLed, no DisruptionTarget, no graceful shutdown. By default the reboot is
+  instant: the node stays Ready and its kubelet, back at once, does what upstream's does for a
+  container it last saw Running and can no longer find (kubernetes/kubernetes
+  pkg/kubelet/kubelet_pods.go `convertToAPIContainerStatuses` and `getPhase`, then
+  pkg/kubelet/status/status_manager.go `TerminatePod`): a `restartPolicy: Never` pod turns `Failed`,
+  its container's `lastState.terminated` and then `state.terminated` ContainerStatusUnknown, exit
+  137, restartCount one more. With `down_s` the host stays down that long first: no heartbeats (as
+  `partition`), so the node turns NotReady after the node monitor grace period and the pod is
+  reported by nobody, still `Running`; at the reboot (`heal`) its kubelet reports it as above.
 
 Node faults (one node): `drain` (kubectl drain: cordon, evict through the eviction API),
 `uncordon`, `repair` (GKE auto-repair: the node deleted and recreated, PodGC fails its pods),
@@ -228,19 +229,25 @@ def kill_pod(cluster: FaultTarget, namespace: str, name: str) -> dict[str, Any]:
 
 
 def crash_host(cluster: FaultTarget, namespace: str, name: str, down_s: float = 0.0) -> dict[str, Any]:
-    """The host of a running pod crashes: its processes die, the pod is left Running (module doc).
-    With `down_s` > 0 the host stays down that long before its reboot: its kubelet died with it, so
-    the node's heartbeats stop (NotReady after the node monitor grace period, as `partition`) and
-    resume when it is back (`heal`)."""
+    """The host of a running pod crashes and reboots (module doc). With `down_s` > 0 the host stays
+    down that long before its reboot: its kubelet died with it, so the node's heartbeats stop
+    (NotReady after the node monitor grace period, as `partition`) and nothing reports the pod until
+    the host is back (`heal`)."""
     pod = _pod(cluster, namespace, name)
     uid = objects.meta(pod)["uid"]
     node = (pod.get("spec") or {}).get("nodeName")
     run = next((r for r in cluster.kubelet.runs() if r.uid == uid), None)
-    if run is None or not cluster.kubelet.crash(uid):
+    if run is None or run.done.is_set():
+        raise UserError(f"pod {namespace}/{name} is not running")
+    down = down_s > 0 and bool(node)
+    if down:
+        partition(cluster, node)  # first: the kubelet must not report the pod before the reboot
+    if not cluster.kubelet.crash(uid):
+        if down:
+            heal(cluster, node)
         raise UserError(f"pod {namespace}/{name} is not running")
     run.done.wait(10)
-    if down_s > 0 and node:
-        partition(cluster, node)
+    if down:
 
         def reboot() -> None:
             with contextlib.suppress(Exception):  # the cluster may have been closed meanwhile

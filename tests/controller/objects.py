@@ -71,6 +71,7 @@ def pod(
     reason: str | None = None,
     deleting: bool = False,
     exit_reason: str | None = None,
+    last_exit_reason: str | None = None,  # lastState.terminated's (exit 137), the container waiting
 ) -> dict:
     conditions = []
     if unschedulable_since is not None:
@@ -104,6 +105,18 @@ def pod(
     status = {"phase": phase, "conditions": conditions}
     if reason:
         status["reason"] = reason
+    if last_exit_reason is not None:
+        # What upstream's kubelet first writes after a reboot (kubelet_pods.go): waiting, the
+        # vanished container in lastState; `state.terminated` comes later (TerminatePod).
+        status["containerStatuses"] = [
+            {
+                "name": "trainer",
+                "ready": False,
+                "restartCount": 1,
+                "state": {"waiting": {"reason": "ContainerCreating"}},
+                "lastState": {"terminated": {"exitCode": 137, "reason": last_exit_reason}},
+            }
+        ]
     if exit_code is not None:
         status["containerStatuses"] = [
             {
@@ -127,6 +140,7 @@ def pod(
             "reslice.dev/segment": str(segment),
             "jobset.sigs.k8s.io/jobset-name": f"{run}-{segment}",
             "jobset.sigs.k8s.io/restart-attempt": str(attempt),
+            "jobset.sigs.k8s.io/jobset-uid": f"uid-{run}-{segment}",
         },
     }
     if deleting:

@@ -15,7 +15,7 @@ from launcher.core.plan import shrink_ladder
 from launcher.core.record import Knobs, RunRecord, new_segment
 from launcher.core.signals import observation as signals
 from launcher.core.spec import RunSpec
-from launcher.core.words import Action, Cause, RunState, WaitReason
+from launcher.core.words import Action, Cause, EndKind, RunState, WaitReason
 from tests.controller.objects import T0, jobset, pod, pool
 
 CATALOG = load_catalog()
@@ -400,6 +400,72 @@ CASES = [
         ),
     ),
     Case(
+        # A host rebooted under attempt 0 (its pod Failed, lastState ContainerStatusUnknown): JobSet
+        # restarted the segment and counted it, as a crash. The run books a host disruption.
+        "a rebooted host's restart is a host disruption, not an application failure",
+        lambda: record_on(4),
+        lambda rec: observe(
+            rec,
+            pods=[
+                *running(4)[1:],
+                pod("demo-0-slice-0-0-r", phase="Failed", last_exit_reason="ContainerStatusUnknown"),
+            ],
+            jobsets=[jobset(restarts=1, counted=1)],
+        ),
+        Want(
+            Action.WAIT,
+            record={
+                "host_disruptions": ("uid-demo-0/0",),
+                "app_failures": 0,
+                "current.restarts_counted": 1,
+                "current.uncounted_failures": 0,
+            },
+        ),
+    ),
+    Case(
+        # max_restarts reached on a reboot: JobSet gave up; the run starts again at once, uncharged.
+        "a JobSet that gave up on a rebooted host starts again, uncharged",
+        lambda: with_current(
+            record_on(4, host_disruptions=("uid-demo-0/0",)), restarts=1, restarts_counted=1
+        ),
+        lambda rec: observe(
+            rec,
+            pods=[failed_pod(attempt=1, code=137, exit_reason="ContainerStatusUnknown")],
+            jobsets=[
+                jobset(
+                    restarts=1, counted=1, condition=("Failed", "ReachedMaxRestarts", "reached max restarts")
+                )
+            ],
+        ),
+        Want(
+            Action.END,
+            reason=("host disruption",),
+            record={
+                "app_failures": 0,
+                "next_submit_at": 0.0,
+                "current.end_kind": EndKind.HOST_DISRUPTION,
+                "host_disruptions": ("uid-demo-0/0", "uid-demo-0/1"),
+            },
+        ),
+    ),
+    Case(
+        # Two counted restarts, one a reboot's, then a crash JobSet gave up on: 1 + 1, not 2 + 1.
+        "a crash after a reboot: only the crashes are application failures",
+        lambda: with_current(
+            record_on(4, host_disruptions=("uid-demo-0/0",)), restarts=2, restarts_counted=2
+        ),
+        lambda rec: observe(
+            rec,
+            pods=[pod("demo-0-slice-0-0-x", phase="Failed", exit_code=1, attempt=2)],
+            jobsets=[
+                jobset(
+                    restarts=2, counted=2, condition=("Failed", "ReachedMaxRestarts", "reached max restarts")
+                )
+            ],
+        ),
+        Want(Action.END, reason=("application failure 2/",), record={"app_failures": 2}),
+    ),
+    Case(
         "backing off: the next segment waits",
         after_two_app_failures,
         lambda rec: observe(rec, pods=[], jobsets=[], now=T0 + 105),
@@ -585,6 +651,10 @@ def test_a_grow_finished_first_says_so_in_the_end_reason() -> None:
 
 
 # --- what a JobSet restart is counted as: the record's counters after one pass ------------------
+# A pod whose host rebooted, as upstream's kubelet first reports it (lastState, the container waiting).
+REBOOTED = pod("demo-0-slice-1-0-r", phase="Failed", last_exit_reason="ContainerStatusUnknown")
+
+
 @pytest.mark.parametrize(
     "failing,restarts,counted,pods,expect",
     [
@@ -605,6 +675,10 @@ def test_a_grow_finished_first_says_so_in_the_end_reason() -> None:
         (None, 1, 0, [], {"peer_lost": 0, "preemptions": 1}),
         # Two restarts between passes: the first gets the cause seen, the other stays a preemption.
         (Cause.PEER_LOST, 2, 0, [], {"peer_lost": 1, "preemptions": 1}),
+        # A rebooted host, its peer's 43 failed the Job first (uncounted): a host disruption, not a
+        # preemption nor a lost peer; JobSet counted it (its pod failed first): not an app failure.
+        (None, 1, 0, [failed_pod(), REBOOTED], {"host_disrupted": 1, "peer_lost": 0, "preemptions": 0}),
+        (None, 1, 1, [REBOOTED], {"host_disrupted": 0, "restarts_counted": 1, "app_failures": 0, "preemptions": 0}),
     ],
 )  # fmt: skip
 def test_restart_causes_are_counted(failing, restarts, counted, pods, expect):
@@ -618,7 +692,7 @@ def test_restart_causes_are_counted(failing, restarts, counted, pods, expect):
     got = {
         "failing": seg.failing, "peer_lost": seg.peer_lost, "uncounted_failures": seg.uncounted_failures,
         "restarts_counted": seg.restarts_counted, "app_failures": d.record.app_failures,
-        "preemptions": d.record.preemptions(),
+        "preemptions": d.record.preemptions(), "host_disrupted": seg.host_disrupted,
     }  # fmt: skip
     assert {k: got[k] for k in expect} == expect
     assert seg.restarts == restarts

@@ -7,7 +7,7 @@ import pytest
 
 from launcher.adapters.preset_files import load_catalog
 from launcher.core import policy, world
-from launcher.core.labels import LABEL_SEGMENT, LABEL_SLICE
+from launcher.core.labels import LABEL_JOBSET_UID, LABEL_SEGMENT, LABEL_SLICE
 from launcher.core.plan import shrink_ladder
 from launcher.core.record import Knobs, RunRecord
 from launcher.core.signals import observation as signals
@@ -54,6 +54,7 @@ def slice_pods(
         labels = p["metadata"]["labels"]
         del labels[LABEL_SEGMENT]
         labels[LABEL_SLICE] = sid
+        labels[LABEL_JOBSET_UID] = f"uid-demo-s{sid}"  # slice_jobset's uid
         out.append(p)
     return out
 
@@ -269,6 +270,88 @@ def test_crashes_counted_by_several_slice_jobsets_spend_the_runs_max_restarts() 
     d = decide(strict, crashed(strict, 0, 1))
     assert d.action == Action.END and d.record.app_failures == 1, d.reason
     assert d.record.next_submit_at == T0 + 100 + KNOBS.app_backoff_s and set(d.slices_delete) == {"0", "1"}
+
+
+def rebooted(sid: str, attempt: int = 0) -> dict:
+    """A pod of slice `sid` whose host rebooted, as upstream's kubelet first reports it: Failed, its
+    container waiting, `lastState.terminated` ContainerStatusUnknown 137 (kubelet_pods.go)."""
+    p = slice_pods(sid, f"np-{sid}", attempt=attempt)[0]
+    p["metadata"]["name"] += "-rebooted"
+    p["status"] = pod("x", phase="Failed", last_exit_reason="ContainerStatusUnknown")["status"]
+    return p
+
+
+def test_a_rebooted_host_restarts_its_slice_in_a_new_world_counted_by_nobody() -> None:
+    # max_restarts 1 (each slice JobSet may restart once): slice 1's host rebooted at attempt 0;
+    # its Job failed (no podFailurePolicy rule matches a host's reboot upstream), JobSet restarted
+    # the slice and counted it. The run books a host disruption, not an application failure.
+    rec = replace(on_world(("0", "1")), spec=replace(SPEC, max_restarts=1))
+    failed = observe(rec, {"0": "np-0", "1": "np-1"}, pods=slice_pods("0", "np-0") + [rebooted("1")])
+    rec = decide(rec, failed).record
+    assert rec.host_disruptions == ("uid-demo-s1/0",) and rec.app_failures == 0
+    # The pod is deleted (JobSet's restart) before the next pass saw it: it is in the departed.
+    jobsets = [slice_jobset("0"), slice_jobset("1", restarts=1, counted=1)]
+    pods = slice_pods("0", "np-0") + slice_pods("1", "np-1", attempt=1)
+    back = observe(rec, {"0": "np-0", "1": "np-1"}, jobsets=jobsets, pods=pods)
+    d = decide(rec, back)
+    assert d.action == Action.NEW_WORLD and (d.slices_delete, d.slices_create) == ((), ()), d.reason
+    assert "host disruption" in d.reason and "slice(s) 1" in d.reason
+    assert d.record.segments[0].end_kind == EndKind.RESTART and d.record.app_failures == 0
+    # A second reboot of the same slice: JobSet's count (2) is over max_restarts 1, the run's is 0.
+    rec = d.record
+    again = observe(rec, {"0": "np-0", "1": "np-1"}, pods=slice_pods("0", "np-0") + [rebooted("1", 1)])
+    rec = replace(decide(rec, again).record, spec=rec.spec)
+    assert rec.host_disruptions == ("uid-demo-s1/0", "uid-demo-s1/1")
+    jobsets = [slice_jobset("0"), slice_jobset("1", restarts=2, counted=2)]
+    pods = slice_pods("0", "np-0") + slice_pods("1", "np-1", attempt=2)
+    d = decide(rec, observe(rec, {"0": "np-0", "1": "np-1"}, jobsets=jobsets, pods=pods))
+    assert d.action == Action.NEW_WORLD and d.record.app_failures == 0, d.reason
+    # The same counts without the reboots booked: crashes, over max_restarts: the world ends.
+    crashes = replace(rec, host_disruptions=())
+    d = decide(crashes, observe(crashes, {"0": "np-0", "1": "np-1"}, jobsets=jobsets, pods=pods))
+    assert d.action == Action.END and d.record.app_failures == 2, d.reason
+
+
+def test_a_slice_jobset_that_gave_up_on_a_reboot_starts_the_world_again_uncharged() -> None:
+    # max_restarts 0: JobSet fails the slice at its first counted restart, a reboot's. Its JobSet
+    # cannot restart again, so every slice starts afresh: no backoff, nothing spent.
+    rec = replace(on_world(("0", "1")), spec=replace(SPEC, max_restarts=0))
+    gave_up = slice_jobset("1", condition=("Failed", "ReachedMaxRestarts", "jobset reached max restarts"))
+    obs = observe(
+        rec,
+        {"0": "np-0", "1": "np-1"},
+        jobsets=[slice_jobset("0"), gave_up],
+        pods=slice_pods("0", "np-0") + [rebooted("1")],
+    )
+    d = decide(rec, obs)
+    assert d.action == Action.END and set(d.slices_delete) == {"0", "1"}, d.reason
+    assert d.record.current.end_kind == EndKind.HOST_DISRUPTION and "host disruption" in d.reason
+    assert d.record.app_failures == 0 and d.record.next_submit_at == 0.0
+    assert d.record.state == RunState.RESHAPING
+
+
+def test_the_world_beats_while_it_waits_for_a_slice_being_recreated() -> None:
+    # Slice 1 restarting (its new pods not running yet): the survivors' trainers exited and their
+    # supervisors wait; the controller refreshes the heartbeat every HEARTBEAT_S so that they wait
+    # as long as it is at work (trainer/elastic/world.py keep_waiting), and not otherwise.
+    rec = on_world(("0", "1"))
+    seg = rec.current
+    doc = world.document(SPEC, CATALOG.preset(PRESET), seg, T0)
+    restarting = observe(
+        rec, {"0": "np-0", "1": None}, jobsets=[slice_jobset("0"), slice_jobset("1", restarts=1)]
+    )
+    assert world.awaits_slices(seg, restarting.slices)
+    assert world.beat(doc, seg, restarting.slices, T0 + world.HEARTBEAT_S - 1) is None  # not due yet
+    beaten = world.beat(doc, seg, restarting.slices, T0 + world.HEARTBEAT_S)
+    assert beaten == {**doc, "heartbeat": T0 + world.HEARTBEAT_S}
+    assert world.beat(beaten, seg, restarting.slices, T0 + world.HEARTBEAT_S + 5) is None
+    assert world.beat(beaten, seg, restarting.slices, T0 + 2 * world.HEARTBEAT_S)["heartbeat"] == T0 + 20
+    # Every slice running: nothing to wait for, no beat; nor for another epoch's document.
+    running = observe(rec, {"0": "np-0", "1": "np-1"})
+    assert not world.awaits_slices(seg, running.slices)
+    assert world.beat(doc, seg, running.slices, T0 + 100) is None
+    assert world.beat({**doc, "epoch": seg.index + 1}, seg, restarting.slices, T0 + 100) is None
+    assert world.beat(None, seg, restarting.slices, T0 + 100) is None
 
 
 def test_a_pass_over_unchanged_caches_reads_no_slice_again_and_a_change_is_seen() -> None:

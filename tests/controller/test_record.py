@@ -36,7 +36,7 @@ def as_dict(rec: RunRecord) -> dict:
 
 def test_a_record_round_trips_with_its_schema_version() -> None:
     raw = as_dict(RECORD)
-    assert raw["schema_version"] == SCHEMA_VERSION == 5
+    assert raw["schema_version"] == SCHEMA_VERSION == 6
     assert "knobs" in raw and "policy" not in raw  # the rules are launcher/core/policy/; these are knobs
     assert RunRecord.from_json(RECORD.to_json()) == RECORD  # tuples come back as tuples, not lists
 
@@ -115,5 +115,5 @@ def test_an_unknown_field_is_refused_in_one_line(section, field) -> None:
 
 def test_a_newer_schema_is_refused() -> None:
     raw = {**as_dict(RECORD), "schema_version": SCHEMA_VERSION + 1}
-    with pytest.raises(UserError, match=r"schema_version 6 is not one this reslice reads.*upgrade reslice"):
+    with pytest.raises(UserError, match=r"schema_version 7 is not one this reslice reads.*upgrade reslice"):
         RunRecord.from_json(json.dumps(raw))

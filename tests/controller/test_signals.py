@@ -251,9 +251,22 @@ def failed(name="demo-0-slice-0-0-a", **kw):
     [
         # A host died: the survivor exits 43; the dead host's pod is still Running (nobody reports).
         ([failed(exit_code=43), pod("b")], {0: Cause.PEER_LOST}),
-        # ... and once deleted, the dead host's pod is a container that could not be found.
+        # The host rebooted: its kubelet reports the container it cannot find, first in lastState
+        # (kubelet_pods.go), then in state too (TerminatePod): a host disruption, not a crash.
+        ([failed(exit_code=43), failed("b", last_exit_reason="ContainerStatusUnknown")],
+         {0: Cause.HOST_DISRUPTION}),
         ([failed(exit_code=43), failed("b", exit_code=137, exit_reason="ContainerStatusUnknown")],
-         {0: Cause.PEER_LOST}),
+         {0: Cause.HOST_DISRUPTION}),
+        ([failed("b", last_exit_reason="ContainerStatusUnknown", deleting=True)], {0: Cause.HOST_DISRUPTION}),
+        # containerd kept the container's record across the reboot: exit 255, reason Unknown.
+        ([failed("b", exit_code=255, exit_reason="Unknown")], {0: Cause.HOST_DISRUPTION}),
+        ([failed("b", exit_code=255)], {0: Cause.APP_FAILURE}),  # the trainer's own 255
+        # The kubelet, back, could not admit the pod again (a device plugin not registered yet).
+        ([failed("b", reason="UnexpectedAdmissionError")], {0: Cause.HOST_DISRUPTION}),
+        # A pod deleted before its container started: not a host's doing, no cause.
+        ([failed("b", exit_code=137, exit_reason="ContainerStatusUnknown", deleting=True)], {}),
+        # A crash next to a rebooted host: the crash is the cause.
+        ([failed(exit_code=1), failed("b", last_exit_reason="ContainerStatusUnknown")], {0: Cause.APP_FAILURE}),
         # A crash made its peer exit 43 first: the crash is the cause.
         ([failed(exit_code=43), failed("b", exit_code=1)], {0: Cause.APP_FAILURE}),
         ([failed(exit_code=43), failed("b", exit_code=137, exit_reason="OOMKilled")], {0: Cause.APP_FAILURE}),

@@ -52,7 +52,8 @@ def test_cluster_up_status_faults_down(tmp_path, capsys):
         crashed = pods[1].metadata.name
         code, out, _ = run(capsys, "crash-host", crashed, "--state-dir", d)
         assert code == 0 and f"Crashed the host of default/{crashed}" in out
-        assert core.read_namespaced_pod(crashed, "default").status.phase == "Running"  # nobody reports it
+        # Rebooted at once: its kubelet reports the container it cannot find (a simulated pool's too).
+        assert wait_for(lambda: core.read_namespaced_pod(crashed, "default").status.phase == "Failed")
 
         victim = pods[0].metadata.name
         code, out, _ = run(capsys, "kill-pod", victim, "--state-dir", d)

@@ -1,7 +1,6 @@
 """Every fault, and the objects it leaves: taints, conditions, events, phases, exit codes, nodes."""
 
 import os
-import signal
 
 from tests.embedded.cluster_helpers import HOSTS, PodRecorder, condition, rendered, running, wait_for
 
@@ -188,37 +187,49 @@ SURVIVOR = TRAINER.replace(
 )
 
 
-def test_crash_host_reports_nothing_and_the_survivors_exit_43_restarts_uncounted():
+def test_a_rebooted_host_fails_its_pod_as_upstream_and_jobset_counts_it():
+    # The host is back at once (`--down 0`): its kubelet finds the container it last saw Running
+    # gone and does what upstream's does (kubernetes/kubernetes pkg/kubelet/kubelet_pods.go, then
+    # pkg/kubelet/status/status_manager.go TerminatePod): the restartPolicy Never pod Failed, its
+    # container first waiting with lastState.terminated ContainerStatusUnknown 137, then
+    # state.terminated the same. No podFailurePolicy rule matches it (no DisruptionTarget, and
+    # onExitCodes reads state.terminated, absent at first and then a 137 like any SIGKILL), so the
+    # Job fails on its backoff limit and JobSet's catch-all rule restarts the slices, counted.
     with running("tpu7x-2x2x2:2") as kube:
         rec = PodRecorder(kube)
-        kube.create_jobset(rendered("crash", SURVIVOR, max_restarts=0))  # a counted restart would fail it
-        victim, survivor = _slice_pods(kube, 0)[0], _slice_pods(kube, 1)[0]
+        kube.create_jobset(rendered("crash", SURVIVOR, max_restarts=1))
+        victim = _slice_pods(kube, 0)[0]
+        _slice_pods(kube, 1)
         pid = _pid(victim)
         out = kube.cluster.crash_host("default", victim.metadata.name)
         assert out == {"pod": f"default/{victim.metadata.name}", "node": victim.spec.node_name, "down_s": 0.0}
         assert not _alive(pid)
-        kube.cluster.settle()
-        # Nothing reports a dead host's pod: still Running, no DisruptionTarget, no exit code.
-        cur = kube.core.read_namespaced_pod(victim.metadata.name, "default")
-        assert cur.status.phase == "Running" and cur.status.container_statuses[0].state.running
-        assert not any(c.type == "DisruptionTarget" for c in cur.status.conditions)
-        assert kube.jobset("crash-0")["status"].get("restarts", 0) == 0
-        # The survivor's collectives fail: it exits 43, which the pod failure policy maps like 42.
-        os.kill(_pid(survivor), signal.SIGUSR1)
         js = wait_for(lambda: (j := kube.jobset("crash-0"))["status"].get("restarts") == 1 and j)
-        assert js["status"].get("restartsCountTowardsMax", 0) == 0 and "terminalState" not in js["status"]
-        (jev,) = kube.events("PodFailurePolicy", "Job")
-        assert jev.message == (
-            f"Container trainer for pod default/{survivor.metadata.name} failed with exit code 43"
-            " matching FailJob rule at index 1"
+        assert js["status"].get("restartsCountTowardsMax") == 1 and "terminalState" not in js["status"]
+        states = [p for t, p in rec.states(victim.metadata.name) if t != "DELETED"]
+        failed = [p for p in states if p.status.phase == "Failed"]
+        phases = [p.status.phase for p in states]
+        assert failed and "Running" not in phases[phases.index("Failed") :]  # terminal stays terminal
+        first, last = failed[0].status.container_statuses[0], failed[-1].status.container_statuses[0]
+        assert first.state.waiting is not None and first.state.terminated is None  # kubelet_pods.go
+        assert (first.last_state.terminated.exit_code, first.last_state.terminated.reason) == (
+            137,
+            "ContainerStatusUnknown",
         )
-        # Deleted by the restart, the dead host's pod is reported as a container that could not be
-        # found (the kubelet, back after the reboot) and removed; it was never Failed before.
-        wait_for(lambda: any(t == "DELETED" for t, _ in rec.states(victim.metadata.name)), what="pod removed")
-        states = [p for _, p in rec.states(victim.metadata.name)]
-        assert all(p.status.phase != "Failed" for p in states if not p.metadata.deletion_timestamp)
-        term = next(p for p in states if p.status.phase == "Failed").status.container_statuses[0].state
-        assert (term.terminated.exit_code, term.terminated.reason) == (137, "ContainerStatusUnknown")
+        assert first.last_state.terminated.message == (
+            "The container could not be located when the pod was deleted.  The container used to be Running"
+        )
+        assert first.restart_count == 1
+        assert (last.state.terminated.exit_code, last.state.terminated.reason) == (
+            137,
+            "ContainerStatusUnknown",
+        )
+        assert (
+            last.state.terminated.message == "The container could not be located when the pod was terminated"
+        )
+        assert last.last_state.terminated.reason == "ContainerStatusUnknown"  # kept
+        assert not any(c.type == "DisruptionTarget" for c in failed[-1].status.conditions)
+        assert not kube.events("PodFailurePolicy", "Job")  # no rule matched
         _wait_both_slices_restarted(kube)
         rec.close()
 
@@ -246,6 +257,15 @@ def test_a_host_down_for_a_while_turns_its_node_not_ready_then_ready_again():
         assert "node.kubernetes.io/unreachable" not in {
             t.key for t in kube.core.read_node(node).spec.taints or []
         }
+        # Back, its kubelet reports the pod as after any reboot: Failed, the container gone.
+        gone = wait_for(
+            lambda: (
+                (x := kube.core.read_namespaced_pod(victim.metadata.name, "default")).status.phase == "Failed"
+                and x
+            ),
+            what="the pod reported after the reboot",
+        )
+        assert gone.status.container_statuses[0].last_state.terminated.reason == "ContainerStatusUnknown"
 
 
 def test_kill_pod_is_exit_137_and_counts_as_an_app_failure():

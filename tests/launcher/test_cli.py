@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -300,3 +301,23 @@ def test_a_mixture_set_on_olmo_7b_plans_and_renders_as_before(capsys):
     assert len(changed) == 1 and json.loads(env(after)[changed.pop()]) == [sources]
     code, out, err = run_cli(capsys, *render, "--set", "data.sources=[{name: web}]")
     assert code == 2 and out == "" and "data.sources[0] (web)" in err and err.count("\n") == 1
+
+
+def test_a_real_cluster_refuses_an_image_without_a_registry() -> None:
+    # The default names are dev.py's local builds: on GKE containerd would pull
+    # docker.io/library/reslice-trainer:latest. Refused before anything is created: one line, exit 2.
+    from launcher.cli.spec_options import for_cluster
+    from launcher.core import images
+    from launcher.core.errors import UserError
+    from launcher.core.spec import RunSpec
+
+    spec = RunSpec(run="r", run_dir="gs://b/r", global_batch=64)
+    assert spec.image == images.TRAINER
+    with pytest.raises(
+        UserError, match=r"docker\.io/library/reslice-trainer:latest.*REGION-docker\.pkg\.dev"
+    ):
+        for_cluster(spec, embedded=False)
+    assert for_cluster(spec, embedded=True).image_pull_policy == "Never"  # the embedded cluster's own
+    assert for_cluster(spec, embedded=False, pulled=False) == spec  # preflight reports it in its row
+    for ok in ("europe-docker.pkg.dev/p/r/reslice-trainer:1", "localhost:5000/t:1", "org/trainer:2"):
+        assert for_cluster(replace(spec, image=ok), embedded=False).image == ok

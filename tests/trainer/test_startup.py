@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib.metadata
+import itertools
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -11,7 +13,7 @@ import threading
 import time
 
 from tests.trainer.runs import ROOT
-from trainer.elastic.distributed import await_coordinator
+from trainer.elastic.distributed import await_coordinator, dial_pauses
 from trainer.telemetry.startup import no_rocm_plugin_scan
 
 TICK = 0.011  # /proc counts process starts in clock ticks of 10 ms
@@ -46,6 +48,25 @@ def test_the_coordinator_is_dialed_until_it_listens() -> None:
         server.close()
     # As soon as it listens: not gRPC's first reconnect backoff of 1 s.
     assert 0.25 <= waited < 0.8
+
+
+def test_the_dial_backs_off_with_jitter_up_to_a_second() -> None:
+    # Every process of a world dials at once (3,072 on 768 hosts x 4), each dial of a name not yet
+    # resolvable a DNS query: pauses short at first (process 0 is a few ms late), then growing to 1 s,
+    # each jittered so that the processes spread out instead of dialing in lock step.
+    pauses = list(itertools.islice(dial_pauses(random.Random(1)), 30))
+    assert 0.016 <= pauses[0] <= 0.024
+    assert all(0.8 <= p <= 1.2 for p in pauses[12:])  # capped at 1 s, +-20%
+    assert sum(pauses[:10]) < 5.0  # the first ten within a few seconds
+    others = list(itertools.islice(dial_pauses(random.Random(2)), 30))
+    assert pauses != others  # two processes do not pause alike
+    # Over a 900 s initialization timeout: about 900 dials a process, not 45,000.
+    n, total = 0, 0.0
+    for p in dial_pauses(random.Random(3)):
+        n, total = n + 1, total + p
+        if total >= 900:
+            break
+    assert 850 <= n <= 1000
 
 
 def test_a_coordinator_that_never_comes_is_left_to_jax_after_the_timeout() -> None:

@@ -50,6 +50,7 @@ class Pod:
             RESLICE_SLICE_ID=slice_id,
             JOB_COMPLETION_INDEX=str(host),
             FAKE_RECORD=str(self.record),
+            RESLICE_WORLD_ENV_ALLOW="FAKE_",  # the fake trainer takes its orders from the world's env
         )
         if extra and "RESLICE_WORLD_CONFIGMAP" in extra:  # the ConfigMap instead of the file
             del env["RESLICE_WORLD_FILE"]
@@ -249,7 +250,30 @@ def test_no_newer_world_after_a_lost_peer_the_pod_exits_43(pod) -> None:
     t0 = time.monotonic()
     assert p.wait(10) == 43, p.output()
     assert time.monotonic() - t0 >= 1.5
-    assert "no world newer than epoch 0 2 s after a peer was lost or preempted: exit 43" in p.output()
+    assert (
+        "no world newer than epoch 0 2 s after a peer was lost or preempted (the controller's heartbeat"
+        in p.output()
+    )
+    assert "absent, wait 2 s, at most 3600 s): exit 43" in p.output()
+    assert len(p.starts()) == 1
+
+
+def test_while_the_controller_beats_the_pod_waits_past_its_patience_up_to_the_bound(pod) -> None:
+    # A slice being recreated takes minutes: the controller refreshes the world's heartbeat while it
+    # waits for it (launcher/core/world.py `beat`), and the survivors wait past
+    # RESLICE_PEER_LOST_WAIT_S as long as it changes; RESLICE_PEER_LOST_MAX_WAIT_S still ends it.
+    p = pod(extra={"RESLICE_PEER_LOST_WAIT_S": "1", "RESLICE_PEER_LOST_MAX_WAIT_S": "4"})
+    doc = world_doc(0, ["b"], env={"FAKE_EXIT": "43", "FAKE_AFTER_S": "0.2"})
+    p.publish(doc)
+    p.wait_starts(1)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 3.0:  # beats every 0.25 s, well past the 1 s patience
+        p.publish({**doc, "heartbeat": time.time()})
+        time.sleep(0.25)
+        assert p.proc.poll() is None, p.output()
+    assert p.wait(10) == 43, p.output()
+    assert time.monotonic() - t0 >= 3.5
+    assert "the controller's heartbeat stale, wait 1 s, at most 4 s): exit 43" in p.output()
     assert len(p.starts()) == 1
 
 

@@ -82,11 +82,58 @@ def test_child_env_compacts_process_ids(slices: list[str], me: Me, slice_index: 
 
 
 def test_child_env_world_env_segment_and_the_computed_keys_win() -> None:
-    w = world.parse(text(segment=7, env={"RESLICE_SET": '["train.steps=9"]', "RESLICE_NUM_PROCESSES": "99"}))
+    w = world.parse(text(segment=7, env={"RESLICE_SET": '["train.steps=9"]', "XLA_FLAGS": "--x"}))
     env = world.child_env(w, Me("s1", 0), POD)
-    assert env["RESLICE_SET"] == '["train.steps=9"]'
+    assert env["RESLICE_SET"] == '["train.steps=9"]' and env["XLA_FLAGS"] == "--x"
     assert env["RESLICE_NUM_PROCESSES"] == "6"
     assert env["RESLICE_SEGMENT"] == "7" and env["RESLICE_WORLD_EPOCH"] == "3"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["RESLICE_RUN_DIR", "RESLICE_NUM_PROCESSES", "RESLICE_COORDINATOR", "PATH", "LD_PRELOAD", "PYTHONPATH"],
+)
+def test_a_world_env_sets_only_what_the_allow_list_names(name: str) -> None:
+    # Whoever can write the world ConfigMap must not point every trainer's run directory (or its
+    # identity, or what it loads) elsewhere: one line, exit 2 (the supervisor's WorldError).
+    with pytest.raises(WorldError, match=rf"env\.{name} is not one a world may set \(RESLICE_SET, JAX_\*"):
+        world.parse(text(env={name: "/elsewhere"}))
+    ok = world.parse(
+        text(env={"RESLICE_SET": "[]", "JAX_TRACEBACK_FILTERING": "off", "LIBTPU_INIT_ARGS": "-x"})
+    )
+    assert set(ok.env) == {"RESLICE_SET", "JAX_TRACEBACK_FILTERING", "LIBTPU_INIT_ARGS"}
+
+
+def test_the_pod_may_widen_the_allow_list() -> None:
+    allowed = world.env_allowed({"RESLICE_WORLD_ENV_ALLOW": "FAKE_, MY_FLAG"})
+    w = world.parse(text(env={"FAKE_EXIT": "43", "MY_FLAG": "1"}), allowed)
+    assert w.env == {"FAKE_EXIT": "43", "MY_FLAG": "1"}
+    with pytest.raises(WorldError, match=r"env\.MY_FLAG2"):
+        world.parse(text(env={"MY_FLAG2": "1"}), allowed)
+
+
+def test_the_heartbeat_is_read_and_optional() -> None:
+    assert world.parse(text()).heartbeat is None
+    assert world.parse(text(heartbeat=1764870010)).heartbeat == 1764870010.0
+
+
+@pytest.mark.parametrize(
+    ("waited", "beat_age", "wait"),
+    [
+        (10.0, None, True),  # within RESLICE_PEER_LOST_WAIT_S: always
+        (119.0, 500.0, True),
+        (120.0, None, False),  # past it, no heartbeat ever seen: the slice restarts (exit 43)
+        (300.0, 5.0, True),  # past it, the controller beats: a slice being recreated, minutes long
+        (300.0, 59.0, True),
+        (300.0, 60.0, False),  # the beat went stale: the controller is gone
+        (3599.0, 1.0, True),
+        (3600.0, 1.0, False),  # a controller that beats for good holds the pods no longer than the bound
+    ],
+)
+def test_survivors_wait_while_the_controller_beats_and_no_longer_than_the_bound(
+    waited: float, beat_age: float | None, wait: bool
+) -> None:
+    assert world.keep_waiting(waited, 120.0, beat_age, 3600.0) is wait
 
 
 def test_child_env_gives_every_process_of_a_world_one_restart_attempt() -> None:
@@ -142,6 +189,8 @@ def test_integer_slice_ids_match_the_slice_index_env() -> None:
         (text(megascale={"coordinator_address": {"x": 1}}), "megascale.coordinator_address must be"),
         (text(env={"1BAD": "x"}), "env.1BAD"),
         (text(published="now"), "'published'"),
+        (text(heartbeat="now"), "'heartbeat' must be unix seconds"),
+        (text(heartbeat=True), "'heartbeat'"),
         (text(lost="s1"), "'lost' must be a list of slice ids"),
         (text(lost=["s1", "s1"]), "'lost' lists a slice twice"),
         (text(lost=[True]), "slice id"),

@@ -461,6 +461,10 @@ class _Follower:
         self.failed: int | None = None  # the exit code once the running child has ended (a bad world)
         self.lost_since: float | None = None  # monotonic time the last child exited 43, until the next starts
         self.patience = PEER_LOST_WAIT_S
+        self.bound = world.PEER_LOST_MAX_WAIT_S  # RESLICE_PEER_LOST_MAX_WAIT_S: however long it beats
+        # The controller's latest world heartbeat, and when (monotonic) this pod saw it change.
+        self.beat: float | None = None
+        self.beat_seen: float | None = None
         self.lockfile = env.get(LOCKFILE_ENV) or LIBTPU_LOCKFILE
         self.chip_wait = CHIP_WAIT_S
         self.lock_retries = 0  # children in a row that failed on the chip's lock before a step
@@ -488,9 +492,11 @@ class _Follower:
                 return code
 
     def _read_waits(self) -> int | None:
-        """The pod's waits (``RESLICE_PEER_LOST_WAIT_S``, ``RESLICE_CHIP_WAIT_S``): one line and
+        """The pod's waits (``RESLICE_PEER_LOST_WAIT_S``, ``RESLICE_PEER_LOST_MAX_WAIT_S``,
+        ``RESLICE_CHIP_WAIT_S``): one line and
         ``EXIT_CONFIG`` for one that is not seconds > 0."""
         for key, default, attr in ((PEER_LOST_WAIT_ENV, PEER_LOST_WAIT_S, "patience"),
+                                   (world.PEER_LOST_MAX_WAIT_ENV, world.PEER_LOST_MAX_WAIT_S, "bound"),
                                    (CHIP_WAIT_ENV, CHIP_WAIT_S, "chip_wait")):  # fmt: skip
             try:
                 value = float(self.env.get(key) or default)
@@ -507,19 +513,23 @@ class _Follower:
     # The events, one handler each.
 
     def on_tick(self) -> int | None:
-        """Before each read: no newer world long after a lost peer ends the pod with 43."""
-        if (
-            self.lost_since is not None
-            and self.child is None
-            and time.monotonic() - self.lost_since >= self.patience
-        ):
-            print(
-                f"trainer: no world newer than epoch {self.started} {self.patience:.0f} s after a peer"
-                f" was lost or preempted: exit {peers.EXIT_PEER_LOST} (the slice restarts)",
-                flush=True,
-            )
-            return peers.EXIT_PEER_LOST
-        return None
+        """Before each read: no newer world long after a lost peer ends the pod with 43 — past
+        ``RESLICE_PEER_LOST_WAIT_S`` unless the controller's heartbeat says it is at work on one
+        (``world.keep_waiting``)."""
+        if self.lost_since is None or self.child is not None:
+            return None
+        now = time.monotonic()
+        beat_age = None if self.beat_seen is None else now - self.beat_seen
+        if world.keep_waiting(now - self.lost_since, self.patience, beat_age, self.bound):
+            return None
+        print(
+            f"trainer: no world newer than epoch {self.started} {now - self.lost_since:.0f} s after a peer"
+            f" was lost or preempted (the controller's heartbeat {'stale' if beat_age is not None else 'absent'},"
+            f" wait {self.patience:.0f} s, at most {self.bound:.0f} s):"
+            f" exit {peers.EXIT_PEER_LOST} (the slice restarts)",
+            flush=True,
+        )
+        return peers.EXIT_PEER_LOST
 
     def on_running(self, pid: int, _at: float) -> int | None:
         """The child's first step ran: the next standby may be forked now."""
@@ -547,7 +557,7 @@ class _Follower:
     def on_world(self, doc: Any, at: float) -> int | None:
         """A world document: a newer epoch ends the running child, or starts one when none runs."""
         try:
-            w = world.parse(doc)
+            w = world.parse(doc, world.env_allowed(self.env))
         except world.WorldError as e:
             print(f"trainer: {e}", file=sys.stderr, flush=True)
             if self.child is None:
@@ -559,6 +569,9 @@ class _Follower:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.child.pid, signal.SIGTERM)
             return None
+        fresh = w.heartbeat is not None and w.heartbeat != self.beat
+        if fresh and (self.newest is None or w.epoch >= self.newest.epoch):
+            self.beat, self.beat_seen = w.heartbeat, time.monotonic()  # the controller is at work on it
         if self.newest is not None and w.epoch <= self.newest.epoch:
             if w.epoch < self.newest.epoch:
                 print(

@@ -29,6 +29,21 @@ SLICE_ID_ENV = "RESLICE_SLICE_ID"
 EPOCH_ENV = "RESLICE_WORLD_EPOCH"
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# What a world's `env` may set in every trainer child: the trainer's overrides and the runtime's tuning
+# (JAX, XLA, libtpu). Nothing else: whoever can write the world ConfigMap must not be able to point
+# every trainer's RESLICE_RUN_DIR (or its coordinator, its identity) elsewhere (docs/contract.md).
+ENV_ALLOWED = ("RESLICE_SET",)
+ENV_ALLOWED_PREFIXES = ("JAX_", "XLA_", "LIBTPU_")
+# The pod's own environment may widen it (comma-separated names or prefixes ending in `_`): the pod
+# template is the launcher's, and whoever writes it could set any variable there anyway.
+ENV_ALLOW_ENV = "RESLICE_WORLD_ENV_ALLOW"
+# A supervisor whose child exited 43 waits RESLICE_PEER_LOST_WAIT_S for a newer world; longer while
+# the controller's heartbeat in the world says it is still at work on this one (a slice being
+# recreated can take minutes), but never past RESLICE_PEER_LOST_MAX_WAIT_S: a controller that is gone
+# stops beating, and one that beats for good must not hold the pods for good either.
+HEARTBEAT_FRESH_S = 60.0  # a beat seen this recently is fresh (the controller beats every 10 s)
+PEER_LOST_MAX_WAIT_ENV = "RESLICE_PEER_LOST_MAX_WAIT_S"
+PEER_LOST_MAX_WAIT_S = 3600.0
 # Keys the world decides for the child: stale values from the pod's own environment never reach it.
 _MEGASCALE = ("MEGASCALE_COORDINATOR_ADDRESS", "MEGASCALE_NUM_SLICES", "MEGASCALE_SLICE_ID", "MEGASCALE_PORT")
 
@@ -71,6 +86,9 @@ class World:
     # never finish a step (its collectives wait for their processes), so it is killed, not asked
     # to save (docs/contract.md "What the supervisor does").
     lost: tuple[str, ...] = ()
+    # The controller's unix time of its latest beat while this world waits for slices being
+    # recreated (docs/contract.md "The document"): a change of it says the controller is alive.
+    heartbeat: float | None = None
 
     def position(self, me: Me) -> int | None:
         """Where this pod's slice is in the world, or None when it takes no part."""
@@ -125,8 +143,37 @@ def _slice_ids(doc: Mapping[str, Any], key: str) -> tuple[str, ...]:
     return ids
 
 
-def parse(text: str | bytes) -> World:
-    """The world of a published document; WorldError names the first thing wrong with it."""
+def keep_waiting(waited_s: float, patience_s: float, beat_age_s: float | None, bound_s: float) -> bool:
+    """Whether a supervisor whose child exited 43 (or 42 for a peer's preemption) `waited_s` ago
+    waits on for a newer world. Within `patience_s` (RESLICE_PEER_LOST_WAIT_S) always: that is the
+    bound when nothing says the controller is at work. Past it, while the controller's heartbeat
+    changed within HEARTBEAT_FRESH_S (`beat_age_s`, measured on this pod's own clock from when it
+    saw the change, so the two clocks need not agree; None: never seen one), up to `bound_s`."""
+    if waited_s < patience_s:
+        return True
+    fresh = beat_age_s is not None and beat_age_s < HEARTBEAT_FRESH_S
+    return fresh and waited_s < bound_s
+
+
+def env_allowed(pod_env: Mapping[str, str]) -> tuple[str, ...]:
+    """The names and prefixes a world's `env` may set: ENV_ALLOWED and ENV_ALLOWED_PREFIXES, and
+    what the pod's own RESLICE_WORLD_ENV_ALLOW adds."""
+    extra = tuple(x.strip() for x in (pod_env.get(ENV_ALLOW_ENV) or "").split(",") if x.strip())
+    return (*ENV_ALLOWED, *ENV_ALLOWED_PREFIXES, *extra)
+
+
+def _env(doc: Mapping[str, Any], allowed: tuple[str, ...]) -> dict[str, str]:
+    out = _strings(doc, "env")
+    for k in out:
+        if not any(k == a or (a.endswith("_") and k.startswith(a)) for a in allowed):
+            words = ", ".join(f"{a}*" if a.endswith("_") else a for a in allowed)
+            raise WorldError(f"world: env.{k} is not one a world may set ({words})")
+    return out
+
+
+def parse(text: str | bytes, env_allow: tuple[str, ...] = (*ENV_ALLOWED, *ENV_ALLOWED_PREFIXES)) -> World:
+    """The world of a published document; WorldError names the first thing wrong with it.
+    `env_allow`: what its `env` may set (env_allowed of the pod's environment)."""
     try:
         doc = json.loads(text)
     except ValueError as e:
@@ -149,6 +196,9 @@ def parse(text: str | bytes) -> World:
     published = doc.get("published")
     if published is not None and (isinstance(published, bool) or not isinstance(published, (int, float))):
         raise WorldError(f"world: 'published' must be unix seconds, not {published!r}")
+    heartbeat = doc.get("heartbeat")
+    if heartbeat is not None and (isinstance(heartbeat, bool) or not isinstance(heartbeat, (int, float))):
+        raise WorldError(f"world: 'heartbeat' must be unix seconds, not {heartbeat!r}")
     world = World(
         run=run,
         epoch=_int(doc, "epoch", 0),
@@ -161,8 +211,9 @@ def parse(text: str | bytes) -> World:
         megascale=_strings(doc, "megascale"),
         segment=segment,
         published=float(published) if published is not None else None,
-        env=_strings(doc, "env"),
+        env=_env(doc, env_allow),
         lost=_slice_ids(doc, "lost"),
+        heartbeat=float(heartbeat) if heartbeat is not None else None,
     )
     if len(slices) > 1 and "coordinator_address" not in world.megascale:
         raise WorldError("world: a world of several slices needs megascale.coordinator_address")

@@ -284,7 +284,7 @@ def preflight(
     )
     check_requests(spec)
     conn = connect(kubeconfig, namespace)
-    spec = for_cluster(spec, conn.embedded)
+    spec = for_cluster(spec, conn.embedded, pulled=False)
     req = Request(spec, shapes, skipped)
     checks = run_preflight(conn.kube, req, probe=probe, probe_timeout_s=probe_timeout)
     if as_json:

@@ -43,8 +43,10 @@ from launcher.core.policy.shared import (
     Decision,
     Rule,
     best_fit,
+    book_host_disruptions,
     end_segment,
     finished,
+    gave_up_on_host,
     held_back,
     live_segment,
     next_rung,
@@ -65,7 +67,9 @@ WORLD = True
 
 def bookkeep(rec: RunRecord, obs: signals.Observation) -> RunRecord:
     """What the observation adds to an in-place segment: when every slice of its world first ran,
-    the node pools its slices' pods are on, the trainer's step target."""
+    the node pools its slices' pods are on, the trainer's step target; to the record, the host
+    disruptions."""
+    rec = book_host_disruptions(rec, obs)
     seg = rec.current
     if seg is not None and seg.live:
         changes: dict = {}
@@ -233,9 +237,26 @@ def world_failed(
     as a recreate segment's new JobSet's do), or the run fails."""
     seg, now, knobs = live_segment(rec), obs.now, rec.knobs
     failed = [s for s in seg.slice_ids if (v := obs.slices.get(s)) is not None and v.phase == Phase.FAILED]
-    counted = sum(v.restarts_counted for v in obs.slices.values() if v.jobset)
+    # JobSet counted the restarts a host disruption caused as crashes: the run does not.
+    counted = sum(
+        v.restarts_counted - rec.forgiven(v.jobset_uid, v.restarts_counted)
+        for v in obs.slices.values()
+        if v.jobset
+    )
     if not failed and counted <= rec.spec.max_restarts:
         return None
+    everything = tuple(sorted(s for s, v in obs.slices.items() if v.jobset))
+    if failed and all(
+        gave_up_on_host(rec, v.jobset_uid, v.restarts) for s in failed for v in [obs.slices[s]]
+    ):
+        # A slice JobSet reached its own maxRestarts on a reboot: it cannot restart again, so the
+        # world starts afresh (every slice JobSet new), uncharged and without a backoff.
+        reason = (
+            f"host disruption: slice(s) {', '.join(failed)} reached their JobSets' maxRestarts on a host"
+            " that rebooted (its container gone); not the run's failure: starting again"
+        )
+        ended = end_segment(rec, obs, EndKind.HOST_DISRUPTION, reason, RunState.RESHAPING)
+        return Decision(Action.END, reason, ended, slices_delete=everything)
     # A JobSet that gave up adds its last failure; the sum's last counted restart is the crash that
     # went over the limit.
     count = rec.app_failures + counted + (1 if failed else 0)
@@ -244,7 +265,6 @@ def world_failed(
         if failed
         else f"{counted} crashes restarted slice JobSets, over max_restarts {rec.spec.max_restarts}"
     )
-    everything = tuple(sorted(s for s, v in obs.slices.items() if v.jobset))
     if count > knobs.app_failure_budget:
         reason = f"crash loop: {count} application failures exceed the budget of {knobs.app_failure_budget} ({what})"
         ended = end_segment(rec, obs, EndKind.APP_FAILURE, reason, RunState.FAILED)
@@ -425,7 +445,17 @@ def slice_restarted(
     rung = next((r for r in ladder if r.shape == seg.shape(catalog) and r.feasible), None)
     if rung is None:
         return None
-    reason = f"a slice of world {seg.index} restarted (JobSet failure policy): the same slices in a new world"
+    hosts = sorted(
+        s
+        for s, v in zip(seg.slice_ids, views, strict=True)
+        if v is not None and v.restarts > 0 and f"{v.jobset_uid}/{v.restarts - 1}" in rec.host_disruptions
+    )
+    why = (
+        f"a host disruption: a host of slice(s) {', '.join(hosts)} rebooted, its container gone; not counted"
+        if hosts
+        else "JobSet failure policy"
+    )
+    reason = f"a slice of world {seg.index} restarted ({why}): the same slices in a new world"
     return _reshape(rec, obs, rung, seg.slice_ids, EndKind.RESTART, reason)
 
 

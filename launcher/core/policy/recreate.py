@@ -39,8 +39,10 @@ from launcher.core.policy.shared import (
     Decision,
     Rule,
     best_fit,
+    book_host_disruptions,
     end_segment,
     finished,
+    gave_up_on_host,
     held_back,
     live_segment,
     next_rung,
@@ -65,7 +67,8 @@ def publishable(rec: RunRecord, obs: signals.Observation) -> bool:
 
 def bookkeep(rec: RunRecord, obs: signals.Observation) -> RunRecord:
     """Facts the observation adds to the record: when the segment first ran, on which node pools,
-    its JobSet's uid and restart counters, the trainer's step target."""
+    its JobSet's uid and restart counters, the trainer's step target, the host disruptions."""
+    rec = book_host_disruptions(rec, obs)
     seg = rec.current
     if seg is not None and seg.live and obs.segment == seg.index:
         changes: dict = {}
@@ -107,6 +110,8 @@ def restart_causes(seg: record.Segment, obs: signals.Observation) -> dict:
         changes["peer_lost"] = seg.peer_lost + 1
     elif uncounted > 0 and cause == Cause.APP_FAILURE:
         changes["uncounted_failures"] = seg.uncounted_failures + 1
+    elif uncounted > 0 and cause == Cause.HOST_DISRUPTION:
+        changes["host_disrupted"] = seg.host_disrupted + 1
     return changes
 
 
@@ -189,7 +194,18 @@ def failures(
                 reason,
                 replace(end_segment(rec, obs, EndKind.FAILED, reason, RunState.FAILED), finished_at=now),
             )
-        count = rec.app_failures + obs.restarts_counted + 1
+        if obs.failure.kind == FailureKind.MAX_RESTARTS and gave_up_on_host(
+            rec, obs.jobset_uid, obs.restarts
+        ):
+            reason = (
+                f"host disruption: JobSet {seg.jobset} reached its maxRestarts on a host that rebooted"
+                " under it (its container gone); not the run's failure: starting again"
+            )
+            ended = end_segment(rec, obs, EndKind.HOST_DISRUPTION, reason, RunState.RESHAPING)
+            return Decision(Action.END, reason, ended, seg.jobset)
+        # JobSet counted the restarts a host disruption caused as crashes: the run does not.
+        counted = obs.restarts_counted - rec.forgiven(obs.jobset_uid, obs.restarts_counted)
+        count = rec.app_failures + counted + 1
         last = (
             f"last exit code {obs.last_exit_code}" if obs.last_exit_code is not None else obs.failure.message
         )

@@ -185,6 +185,23 @@ def next_rung(rec: RunRecord, obs: signals.Observation, ladder: list[Rung]) -> t
     return rung, f"after segment {seg.index} ({seg.end_kind})"
 
 
+def book_host_disruptions(rec: RunRecord, obs: signals.Observation) -> RunRecord:
+    """Both modes' bookkeeping: the restart attempts a host disruption failed, added to the record
+    once each (RunRecord.host_disruptions), so that the rules forgive the restarts JobSet counted
+    for them (RunRecord.forgiven) and `reslice status` books them as what they were."""
+    new = obs.host_losses - set(rec.host_disruptions)
+    if not new:
+        return rec
+    return replace(rec, host_disruptions=tuple(sorted({*rec.host_disruptions, *new})))
+
+
+def gave_up_on_host(rec: RunRecord, jobset_uid: str | None, restarts: int) -> bool:
+    """Whether a JobSet that failed (its own maxRestarts reached) failed on a host disruption: the
+    pods of its last attempt (`restarts`, as JobSet numbers them) went away with their host. JobSet
+    counted the reboots before toward its maxRestarts as any crash; the run does not."""
+    return bool(jobset_uid) and f"{jobset_uid}/{restarts}" in rec.host_disruptions
+
+
 def live_segment(rec: RunRecord) -> record.Segment:
     """The live segment, which every rule after a mode's rule 2 may count on (rule 2 decides whenever
     there is none)."""

@@ -26,6 +26,7 @@ from launcher.core.signals.pods import (
     CAUSE_WORDS,
     Failure,
     departed_disruptions,
+    host_losses,
     jobset_phase,
     pod_view,
     run_pods,
@@ -76,6 +77,9 @@ class Observation:
     free_pools: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # In-place runs: each slice's JobSet and pods (signals/slices.py), by slice id.
     slices: dict[str, SliceView] = field(default_factory=dict)
+    # `<jobset uid>/<attempt>` of the run's restart attempts a host disruption failed, from the
+    # pods in view and those deleted since the last pass (signals/pods.host_losses).
+    host_losses: frozenset[str] = frozenset()
 
     def fits(self, preset: str, slices: int) -> bool:
         return len(self.capacity.get(preset, ())) >= slices
@@ -172,7 +176,8 @@ def observe(
     got = memos.observe(small, jobsets, pods, nodes, events, foreign_nodes)
     if gone := departed_disruptions(run, segment, departed_pods):
         got = replace(got, disruptions=tuple(sorted({*got.disruptions, *gone})))
-    return replace(got, now=now, committed_step=committed_step, trainer=trainer)
+    lost = host_losses(run, [*pods, *departed_pods])
+    return replace(got, now=now, committed_step=committed_step, trainer=trainer, host_losses=lost)
 
 
 def _observe(

@@ -9,9 +9,13 @@ from dataclasses import dataclass
 
 from launcher.core import rfc3339
 from launcher.core.exits import EXIT_PEER_LOST, EXIT_PREEMPTED
-from launcher.core.labels import LABEL_RESTART_ATTEMPT, LABEL_RUN, LABEL_SEGMENT
+from launcher.core.labels import LABEL_JOBSET_UID, LABEL_RESTART_ATTEMPT, LABEL_RUN, LABEL_SEGMENT
 from launcher.core.signals.basics import ByVersion, conditions, true_condition
-from launcher.core.words import Cause, FailureKind, Phase, PodPhase
+from launcher.core.words import Cause, FailureKind, HostLoss, Phase, PodPhase
+
+# containerd's exit code for a container whose task died with the host (its record survived the
+# reboot, its process did not): reported with reason `HostLoss.RUNTIME_UNKNOWN`.
+EXIT_RUNTIME_UNKNOWN = 255
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,9 @@ class PodView:
     exit_code: int | None
     reason: str | None  # pod status reason (Terminated, NodeShutdown, Evicted...)
     exit_reason: str | None = None  # the container's: Error, OOMKilled, ContainerStatusUnknown...
+    # Its container went away with its host (a reboot), as the kubelet reports it (host_loss_of).
+    host_loss: HostLoss | None = None
+    jobset_uid: str | None = None  # the JobSet it belongs to (JobSet's label), for host_losses
 
     @property
     def alive(self) -> bool:
@@ -48,20 +55,63 @@ def pod_view(pod: dict) -> PodView:
         if term is not None:
             exit_code, exit_reason = term.get("exitCode"), term.get("reason")
     segment = labels.get(LABEL_SEGMENT)
+    deleting = bool(meta.get("deletionTimestamp"))
     return PodView(
         name=meta["name"],
         segment=int(segment) if segment is not None and segment.isdigit() else None,
         attempt=int(labels.get(LABEL_RESTART_ATTEMPT, "0") or 0),
         phase=status.get("phase") or "Pending",
         node=(pod.get("spec") or {}).get("nodeName"),
-        deleting=bool(meta.get("deletionTimestamp")),
+        deleting=deleting,
         unschedulable_since=rfc3339.seconds(unsched.get("lastTransitionTime")) if unsched else None,
         unschedulable_message=unsched.get("message") if unsched else None,
         disruption=disruption.get("reason") if disruption else None,
         exit_code=exit_code,
         reason=status.get("reason"),
         exit_reason=exit_reason,
+        host_loss=host_loss_of(status, deleting),
+        jobset_uid=labels.get(LABEL_JOBSET_UID),
     )
+
+
+def host_loss_of(status: dict, deleting: bool) -> HostLoss | None:
+    """Whether the pod's status says its container went away with its host, and how (HostLoss).
+
+    `lastState.terminated` is read as well as `state.terminated`: upstream's kubelet, back after a
+    reboot, first writes the pod `Failed` with the container waiting and `lastState.terminated`
+    ContainerStatusUnknown ("...when the pod was deleted.  The container used to be Running",
+    kubelet_pods.go), and only later `state.terminated` the same (status_manager.go TerminatePod),
+    so a reader of `state` alone sees no exit code at first and then a 137 like any SIGKILL. A
+    `state.terminated` ContainerStatusUnknown alone, on a pod being deleted, is a container that
+    never started (TerminatePod on a pod deleted first): not a host's."""
+    if status.get("reason") == HostLoss.UNEXPECTED_ADMISSION:
+        return HostLoss.UNEXPECTED_ADMISSION
+    for cs in status.get("containerStatuses") or []:
+        last = (cs.get("lastState") or {}).get("terminated") or {}
+        term = (cs.get("state") or {}).get("terminated") or {}
+        if last.get("reason") == HostLoss.CONTAINER_UNKNOWN:
+            return HostLoss.CONTAINER_UNKNOWN
+        if term.get("reason") == HostLoss.CONTAINER_UNKNOWN and not deleting:
+            return HostLoss.CONTAINER_UNKNOWN
+        if term.get("reason") == HostLoss.RUNTIME_UNKNOWN and term.get("exitCode") == EXIT_RUNTIME_UNKNOWN:
+            return HostLoss.RUNTIME_UNKNOWN
+    return None
+
+
+def host_losses(run: str, pods: Iterable[dict]) -> frozenset[str]:
+    """The restart attempts of the run's JobSets that a host disruption failed, as
+    `<jobset uid>/<attempt>` (RunRecord.host_disruptions): from the pods in view and those deleted
+    since the last pass (JobSet deletes a failed attempt's pods at once), so each is seen once."""
+    out = set()
+    for p in pods:
+        if (p.get("status") or {}).get("phase") != PodPhase.FAILED:
+            continue  # the cheap test first: a pass walks every pod of the run
+        if (p["metadata"].get("labels") or {}).get(LABEL_RUN) != run:
+            continue
+        v = pod_view(p)
+        if v.phase == PodPhase.FAILED and v.host_loss is not None and v.jobset_uid:
+            out.add(f"{v.jobset_uid}/{v.attempt}")
+    return frozenset(out)
 
 
 # --- why an attempt failed -----------------------------------------------------------------------
@@ -71,10 +121,12 @@ CAUSE_WORDS = {
     Cause.PREEMPTION: "a preemption or disruption",
     Cause.PEER_LOST: f"a lost peer: a host of the segment died (trainer exit {EXIT_PEER_LOST})",
     Cause.APP_FAILURE: "an application failure",
+    Cause.HOST_DISRUPTION: "a host disruption: a host rebooted under the segment (its container gone)",
 }
 # When the pods of one attempt disagree, the strongest cause wins: a crash makes its peers exit 43
 # (their collectives fail), and a preempted host's peers may do the same before it saves.
-_STRENGTH = {Cause.PEER_LOST: 0, Cause.PREEMPTION: 1, Cause.APP_FAILURE: 2}
+# A rebooted host's own pod says more than its peers' exit 43, less than another pod's own crash.
+_STRENGTH = {Cause.PEER_LOST: 0, Cause.PREEMPTION: 1, Cause.HOST_DISRUPTION: 2, Cause.APP_FAILURE: 3}
 
 
 def stronger(a: str | None, b: str | None) -> str | None:
@@ -84,13 +136,15 @@ def stronger(a: str | None, b: str | None) -> str | None:
 def pod_cause(v: PodView) -> str | None:
     """What a failed pod says about its attempt's failure. None when it says nothing: not failed;
     failed while being deleted (the restart's doing, not its cause: the controller has usually seen
-    the cause before, as a pod fails a second or more before JobSet restarts); or a container that
-    vanished with its host (ContainerStatusUnknown)."""
+    the cause before, as a pod fails a second or more before JobSet restarts). A container that
+    went away with its host is a host disruption (host_loss_of), deleted or not."""
     if v.phase != PodPhase.FAILED:
         return None
     if v.disruption or v.reason in {"Terminated", "NodeShutdown"}:
         return Cause.PREEMPTION
-    if v.deleting or v.exit_reason == "ContainerStatusUnknown":
+    if v.host_loss is not None:
+        return Cause.HOST_DISRUPTION
+    if v.deleting:
         return None
     if v.exit_code == EXIT_PREEMPTED:
         return Cause.PREEMPTION
@@ -172,6 +226,8 @@ def disruptions_of(views: Iterable[PodView]) -> tuple[str, ...]:
             out.append(f"pod {v.name}: {v.reason}")
         if v.exit_code == EXIT_PEER_LOST:
             out.append(f"pod {v.name}: peer lost (exit {EXIT_PEER_LOST})")
+        if v.host_loss is not None and v.phase == PodPhase.FAILED:
+            out.append(f"pod {v.name}: host disruption ({v.host_loss})")
     return tuple(out)
 
 

@@ -29,6 +29,7 @@ class SliceView:
     uids: tuple[str, ...] = ()  # of its live pods, sorted (the e2e compares them across worlds)
     # Its JobSet's status.restartsCountTowardsMax: the restarts its failure policy counted (crashes)
     restarts_counted: int = 0
+    jobset_uid: str | None = None  # its JobSet's: a host disruption booked against it (RunRecord)
     # Its JobSet's spec.suspend: Kueue holds it (not admitted yet, or evicted: Kueue's stopJob sets
     # it and JobSet's controller suspends the Jobs, whose pods the Job controller deletes;
     # docs/gke.md "Kueue").
@@ -90,6 +91,7 @@ def slice_views(
             unschedulable_since=min((v.unschedulable_since for v in unsched), default=None),
             uids=tuple(sorted(live)),
             restarts_counted=int(((js or {}).get("status") or {}).get("restartsCountTowardsMax") or 0),
+            jobset_uid=(js or {}).get("metadata", {}).get("uid"),
             suspended=bool(((js or {}).get("spec") or {}).get("suspend")),
         )
     return out

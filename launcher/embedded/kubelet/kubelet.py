@@ -11,9 +11,10 @@ terminal status is written, and it is deleted with grace 0 (the graceful-deletio
 node-shutdown path (`shutdown`) is the kubelet's graceful node shutdown on a spot preemption: a
 DisruptionTarget condition first, then the same SIGTERM/grace/SIGKILL, and the pod ends Failed with
 reason Terminated — left in the API, as the real kubelet leaves it. A host crash (`crash`) kills
-the processes and reports nothing: the pod stays Running until it is deleted, then it is reported as
-a container that could not be found (exit 137, ContainerStatusUnknown) and removed, as a kubelet
-that comes back after a reboot does.
+the processes and reports nothing while the host is down (its node cut off: `partitioned`); back
+after the reboot, the kubelet does what upstream's does (`_rebooted`): a `restartPolicy: Never` pod
+`Failed`, its container's `lastState.terminated` and then `state.terminated` ContainerStatusUnknown,
+exit 137 (docs/embedded.md "Faults").
 
 Here: the pod lifecycle (start, restart in place, signal, finalize; status writes). Processes and
 logs: `runtimes.py` (`processes.py`, `podman.py`); a run's state: `podrun.py`; the statuses: `podstatus.py`. Run by
@@ -39,6 +40,7 @@ from launcher.embedded.kubelet.podstatus import (
     crashed_status,
     disrupted_status,
     exit_code,
+    rebooted_status,
     restarted_status,
     running_status,
     terminated_status,
@@ -81,6 +83,11 @@ class Kubelet(ControllerLoop):
         # Nodes cut off from the API server (a partition): their kubelet neither reads nor writes
         # the API; their processes keep running. Healing resyncs them.
         self.partitioned: set[str] = set()
+        # Node -> seconds its kubelet takes to pull a pod's image before starting it (a fresh GKE node
+        # pulls a multi-GB jax[tpu] image: minutes); the pod stays Pending, bound, meanwhile. Set by
+        # tests (a slice whose replacement pods take minutes to run); none by default.
+        self.pull_delay_s: dict[str, float] = {}
+        self._pulling: dict[str, float] = {}  # pod uid -> monotonic time its pull ends
 
     # -- wiring --------------------------------------------------------------------------------
     def resync(self) -> None:
@@ -186,16 +193,40 @@ class Kubelet(ControllerLoop):
         return None
 
     def _reconcile_crashed(self, uid: str, pod: dict[str, Any] | None) -> None:
-        """A pod whose host crashed stays as it was until it is deleted; then the kubelet, back
-        after the reboot, reports the container it cannot find and completes the deletion."""
-        if pod is not None and not objects.pod_deleting(pod):
+        """A pod whose host crashed: nothing reports it while the host is down (its node cut off,
+        `partitioned`); once the host is back, its kubelet does what upstream's does after a reboot
+        (`_rebooted`), and completes a deletion that waited for it."""
+        if pod is None:
+            self._crashed.discard(uid)
+            return None
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node in self.partitioned:
             return None
         self._crashed.discard(uid)
-        if pod is not None:
-            if not objects.pod_terminal(pod):
+        if not objects.pod_terminal(pod):
+            if objects.pod_deleting(pod):
                 self._lost(pod)
+            else:
+                self._rebooted(pod, node)
+        if objects.pod_deleting(pod):
             self._delete_now(*objects.key_of(pod), uid)
         return None
+
+    def _rebooted(self, pod: dict[str, Any], node: str) -> None:
+        """Back after the reboot, the kubelet finds the pod's container gone from the runtime: two
+        status writes as upstream's (podstatus.rebooted_status, then TerminatePod's `state.terminated`
+        for a pod now Failed); a pod that restarts its containers is started again."""
+        m = objects.meta(pod)
+        run = PodRun(m["uid"], m.get("namespace") or "default", m["name"], node, True)
+        when = rfc3339.stamp()
+        self._write(run, lambda p: rebooted_status(p, when))
+        if (pod.get("spec") or {}).get("restartPolicy") != "Never":
+            # Started again as a new run (its restartCount and lastState start over: a simplification).
+            self._start(self.store.get(self.pods, run.namespace, run.name), node)
+            return
+        codes = {c["name"]: 137 for c in (pod.get("spec") or {}).get("containers") or []}
+        start = (pod.get("status") or {}).get("startTime") or ""
+        self._write(run, lambda p: terminated_status(p, codes, start, {}, {}, False, when, lost=True))
 
     def _lost(self, pod: dict[str, Any]) -> None:
         """Failed, every container 137 ContainerStatusUnknown: what the kubelet reports for
@@ -211,6 +242,8 @@ class Kubelet(ControllerLoop):
     # -- starting ------------------------------------------------------------------------------
     def _start(self, pod: dict[str, Any], node: str) -> None:
         m = objects.meta(pod)
+        if self._pulling_image(pod, node):
+            return
         run = PodRun(m["uid"], m.get("namespace") or "default", m["name"], node, self.simulated(node))
         run.started_at = rfc3339.stamp()
         run.restart_policy = (pod.get("spec") or {}).get("restartPolicy") or "Always"
@@ -242,6 +275,31 @@ class Kubelet(ControllerLoop):
             self.recorder.event(pod, "Normal", "Started", f"Started container {c}", host=node)
         for c in run.procs:
             self.runtime.watch(run, c, self._on_exit)
+
+    def _pulling_image(self, pod: dict[str, Any], node: str) -> bool:
+        """Whether the pod's image is still being pulled (`pull_delay_s`): the first time, a
+        `Pulling` event as upstream's kubelet records one, and the pod is looked at again when the
+        pull is done."""
+        uid = objects.meta(pod)["uid"]
+        delay = self.pull_delay_s.get(node, 0.0)
+        if delay <= 0 and uid not in self._pulling:
+            return False
+        now = time.monotonic()
+        if uid not in self._pulling:
+            self._pulling[uid] = now + delay
+            for c in (pod.get("spec") or {}).get("containers") or []:
+                self.recorder.event(
+                    pod, "Normal", "Pulling", f'Pulling image "{c.get("image", "")}"', host=node
+                )
+            key = (uid, *objects.key_of(pod))
+            t = threading.Timer(delay, self.enqueue, args=(key,))
+            t.daemon = True
+            t.start()
+            return True
+        if now < self._pulling[uid]:
+            return True
+        del self._pulling[uid]
+        return False
 
     def _restart_in_place(self, run: PodRun, names: list[str]) -> bool:
         """restartPolicy Always (any exit) or OnFailure (a non-zero exit): the kubelet restarts the
@@ -360,7 +418,8 @@ class Kubelet(ControllerLoop):
         return True
 
     def crash(self, uid: str) -> bool:
-        """The pod's host crashes: its processes die (SIGKILL) and nothing reports it."""
+        """The pod's host crashes: its processes die (SIGKILL) and nothing reports them until the
+        host is back (`_reconcile_crashed`: at once, unless the caller cut its node off first)."""
         with self._runs_lock:
             run = self._runs.get(uid)
         if run is None or run.done.is_set():
@@ -369,6 +428,8 @@ class Kubelet(ControllerLoop):
             run.cause = "crash"
         self._crashed.add(uid)
         self._signal(run, signal.SIGKILL)
+        run.done.wait(10)  # the processes are gone before the host comes back
+        self.enqueue((uid, run.namespace, run.name))
         return True
 
     def finish_run(self, run: PodRun, code: int) -> None:

@@ -13,6 +13,11 @@ from launcher.embedded.types import objects
 SHUTDOWN_REASON = "Terminated"
 SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
 LOST_MESSAGE = "The container could not be located when the pod was terminated"
+# kubernetes/kubernetes pkg/kubelet/kubelet_pods.go convertToAPIContainerStatuses: a container last
+# seen Running that the runtime no longer has (the host rebooted), in `lastState` (two spaces as upstream).
+VANISHED_MESSAGE = (
+    "The container could not be located when the pod was deleted.  The container used to be Running"
+)
 
 
 def running_status(
@@ -127,6 +132,48 @@ def terminated_status(
     st["phase"] = "Succeeded" if ok and not shutdown else "Failed"
     if shutdown:
         st["reason"], st["message"] = SHUTDOWN_REASON, SHUTDOWN_MESSAGE
+    return st
+
+
+def rebooted_status(pod: Mapping[str, Any], when: str) -> dict[str, Any]:
+    """What the kubelet, back after its host rebooted, first reports for a pod whose containers it
+    last saw Running and its runtime no longer has (kubernetes/kubernetes pkg/kubelet/kubelet_pods.go,
+    `convertToAPIContainerStatuses`): each container waiting (the default, ContainerCreating) with
+    `lastState.terminated` {ContainerStatusUnknown, 137, VANISHED_MESSAGE} and its restartCount one
+    more (the pod was not deleted); `getPhase` counts such a container stopped, so a
+    `restartPolicy: Never` pod is `Failed` (any other is started again). `state.terminated` comes
+    after, with TerminatePod (`terminated_status(..., lost=True)`)."""
+    st = copy.deepcopy(dict(pod.get("status") or {}))
+    conds = st.setdefault("conditions", [])
+    for t in ("Ready", "ContainersReady"):
+        objects.set_condition(conds, t, "False", "ContainersNotReady", "", when, probe_fields=True)
+    before = {cs.get("name"): cs for cs in st.get("containerStatuses") or []}
+    statuses = []
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        prev = before.get(c["name"]) or {}
+        statuses.append(
+            {
+                **prev,
+                "name": c["name"],
+                "state": {"waiting": {"reason": "ContainerCreating"}},
+                "lastState": {
+                    "terminated": {
+                        "exitCode": 137,
+                        "reason": "ContainerStatusUnknown",
+                        "message": VANISHED_MESSAGE,
+                        "startedAt": None,
+                        "finishedAt": None,
+                    }
+                },
+                "ready": False,
+                "started": False,
+                "restartCount": int(prev.get("restartCount") or 0) + 1,
+                "containerID": "",
+            }
+        )
+    st["containerStatuses"] = statuses
+    never = (pod.get("spec") or {}).get("restartPolicy") == "Never"
+    st["phase"] = "Failed" if never else "Running"
     return st
 
 
