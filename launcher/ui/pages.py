@@ -64,7 +64,7 @@ async function runsPage() {
   document.getElementById("title").textContent = "runs in " + d.namespace;
   const rows = d.runs.map(r => [
     el("a", {href: "run/" + encodeURIComponent(r.run)}, r.run),
-    el("span", {class: "state-" + r.state}, r.state), r.shape, r.requested, String(r.segments),
+    el("span", {class: "state-" + r.state.toLowerCase()}, r.state), r.shape, r.requested, String(r.segments),
     r.step == null ? "-" : r.step + (r.total_steps ? " / " + r.total_steps : ""),
     pct(r.goodput), restarts(r.restarts), age(r.age_s),
     r.error ? el("span", {class: "error"}, r.error) : r.reason]);
