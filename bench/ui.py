@@ -65,7 +65,9 @@ def history(run: str, run_dir: Path, segments: int, t0: float) -> RunRecord:
         if k < segments - 1:
             seg = replace(seg, ended_at=end, end_kind=EndKind.CAPACITY_LOST, end_reason="capacity lost")
             ledger.append({"time": end, "kind": "observe", "disruptions": [f"node pool {PRESET}-np-1 gone"]})
-            ledger.append({"time": end, "kind": "act", "action": "start-segment", "reason": f"segment {k + 1}"})
+            ledger.append(
+                {"time": end, "kind": "act", "action": "start-segment", "reason": f"segment {k + 1}"}
+            )
         rec = rec.with_segment(seg)
         t = end
     (run_dir / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ledger))
@@ -133,7 +135,9 @@ def main() -> None:
             server.stop()
     out = {"runs": args.runs, "segments": args.segments, "api_s": round(api, 3), "run_page_s": round(one, 3),
            "page_s": None if page is None else round(page, 3)}  # fmt: skip
-    print(f"{args.runs} runs x {args.segments} segments: GET /api/runs {api:.3f} s, one run's page data {one:.3f} s")
+    print(
+        f"{args.runs} runs x {args.segments} segments: GET /api/runs {api:.3f} s, one run's page data {one:.3f} s"
+    )
     if page is not None:
         print(f"the runs page in headless Chromium: {page:.3f} s from navigation to the last row")
     if args.json:

@@ -92,12 +92,15 @@ function lossChart(d) {
     xaxis: {title: {text: "step"}}, yaxis: {title: {text: "loss"}}, margin: {t: 40, r: 10},
     legend: {font: {size: 10}}}, {displayModeBar: false, staticPlot: false});
 }
+// The colours of `reslice report`'s timeline.png (launcher/report/plots.py), category by category.
+const BADPUT_COLOURS = {productive: "#2ca02c", scheduling: "#ff7f0e", startup: "#7f7f7f", compilation: "#8c564b",
+  restore: "#17becf", data_loading: "#bcbd22", recomputed: "#d62728", checkpointing: "#9467bd", evaluation: "#e377c2"};
 function badputChart(d) {
-  const traces = d.badput.map((b, k) => ({type: "bar", orientation: "h", name: b.label, y: ["run"],
-    x: [b.seconds], marker: {color: k === 0 ? "#2ca02c" : COLOURS[(k + 2) % COLOURS.length]}}));
-  Plotly.react("goodput-chart", traces, {barmode: "stack", height: 200, margin: {t: 30, l: 40, r: 10, b: 30},
-    title: {text: `goodput ${pct(d.goodput)} of ${d.wall_s.toFixed(0)} s`}, legend: {font: {size: 9}}},
-    {displayModeBar: false});
+  const traces = d.badput.map(b => ({type: "bar", orientation: "h", name: b.label, y: ["run"],
+    x: [b.seconds], marker: {color: BADPUT_COLOURS[b.name] || "#999"}}));
+  Plotly.react("goodput-chart", traces, {barmode: "stack", height: 240, margin: {t: 30, l: 40, r: 10, b: 30},
+    title: {text: `goodput ${pct(d.goodput)} of ${d.wall_s.toFixed(0)} s`},
+    legend: {orientation: "h", font: {size: 9}, traceorder: "normal"}}, {displayModeBar: false});
 }
 async function runPage(name) {
   const d = await getJSON("api/run/" + encodeURIComponent(name));
@@ -120,7 +123,7 @@ async function runPage(name) {
   show("goodput", table("goodput-table", ["time", "seconds", "share"],
     d.badput.map(b => [b.label, b.seconds.toFixed(1), d.wall_s ? pct(b.seconds / d.wall_s) : "-"])));
   show("timeline", table("timeline-table", ["time", "kind", "what"],
-    d.timeline.map(e => [clock(e.time), e.kind + (e.action ? " " + e.action : ""), e.text])));
+    d.timeline.map(e => [clock(e.time), e.action && e.action !== e.kind ? `${e.kind} ${e.action}` : e.kind, e.text])));
   const w = d.world;
   const facts = el("p", {}, `segment ${w.segment ?? "-"} on ${w.shape ?? "-"} (${w.restart_mode}); ` +
     `slices: ${w.slices.join(", ") || "-"}; node pools: ${w.nodepools.join(", ") || w.pool || "-"}` +

@@ -19,7 +19,9 @@ def ui(
     port: Annotated[int, typer.Option("--port", help="Port (0: any free one).")] = 8470,
     host: Annotated[
         str,
-        typer.Option("--host", help="Address to bind. Any but the loopback one needs the access token printed."),
+        typer.Option(
+            "--host", help="Address to bind. Any but the loopback one needs the access token printed."
+        ),
     ] = "127.0.0.1",
     namespace: NamespaceOpt = "default",
     kubeconfig: KubeconfigOpt = None,
