@@ -10,6 +10,7 @@ local run directories; how long the runs page takes.
   page until its table has a row per run: navigation start to the last row in the DOM, the median
   of --rounds loads. Skipped with one line where Chromium is not installed, or with --no-browser.
 - run_page_s: GET /api/run/NAME of one run of --segments segments.
+- loop_s: bench/machine.py's reference loop, the machine's speed at the time.
 
 Not a test: a timed test would fail on a busy machine. docs/measurements.md has the figures.
 """
@@ -26,6 +27,7 @@ import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
+from bench import machine
 from launcher.adapters.kube import Kube
 from launcher.adapters.preset_files import make_shape
 from launcher.core.plan import Plan
@@ -120,6 +122,7 @@ def main() -> None:
     ap.add_argument("--no-browser", action="store_true", help="Time the JSON endpoint only.")
     ap.add_argument("--json", action="store_true", help="Print one JSON object last.")
     args = ap.parse_args()
+    loop = machine.loop_s()
     with tempfile.TemporaryDirectory() as tmp, EmbeddedCluster(f"{PRESET}:2", mode="simulate") as cluster:
         kube = Kube(cluster.api_client(), "default")
         t0 = time.time() - 3600
@@ -134,7 +137,7 @@ def main() -> None:
         finally:
             server.stop()
     out = {"runs": args.runs, "segments": args.segments, "api_s": round(api, 3), "run_page_s": round(one, 3),
-           "page_s": None if page is None else round(page, 3)}  # fmt: skip
+           "page_s": None if page is None else round(page, 3), "loop_s": round(loop, 3)}  # fmt: skip
     print(
         f"{args.runs} runs x {args.segments} segments: GET /api/runs {api:.3f} s, one run's page data {one:.3f} s"
     )

@@ -107,7 +107,7 @@ def test_the_run_page_follows_a_shrink_and_a_grow_in_chromium(tmp_path):
         assert "shrinking" in timeline and "growing" in timeline, timeline
         if path := os.environ.get("RESLICE_UI_SCREENSHOT"):
             subprocess.run(
-                [chromium_binary(), *FLAGS, f"--user-data-dir={tempfile.mkdtemp()}", "--window-size=1400,1500",
+                [chromium_binary(), *FLAGS, f"--user-data-dir={tempfile.mkdtemp()}", "--window-size=1200,1400",
                  "--virtual-time-budget=5000", f"--screenshot={os.path.abspath(path)}", f"{server.url}run/{RUN}"],
                 check=True, capture_output=True, timeout=60,
             )  # fmt: skip
