@@ -1,12 +1,17 @@
 """What the pages of `reslice ui` show, as JSON-ready dicts: the runs list and one run's page. Pure:
 the record, the report (launcher/core/accounting.build_report, the accounting `status` prints), the
-metrics, the ledger and the pods come in; nothing is read here. Called by launcher/ui/sources.py."""
+metrics, the ledger and the pods come in; nothing is read here. And a sweep's page, from its stored
+results (launcher/sweep). Called by launcher/ui/sources.py."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from launcher.core.accounting import CATEGORIES, LOSS, RunReport
 from launcher.core.record import RunRecord
-from launcher.core.words import LedgerKind
+from launcher.core.words import LedgerKind, RunState
+from launcher.sweep.results import FactorResult, Recommendation, ordered
+from launcher.sweep.spec import SweepSpec
 
 # The ledger lines the timeline shows: the controller's decisions (with their reasons) and the
 # disruptions it saw (observations that carry `disruptions`); the routine observations are left out.
@@ -148,4 +153,24 @@ def run_page(
         "timeline": _timeline(ledger),
         "world": _world(rec, report, pods),
         "now": now,
+    }
+
+
+def sweep_page(spec: SweepSpec, results: list[FactorResult], rec: Recommendation) -> dict:
+    """A sweep's page: its results in `sweep-report`'s order (launcher/sweep/results.ordered), the
+    recommended factor marked, and the recommendation's words."""
+    return {
+        "sweep": spec.name,
+        "title": f"{spec.config} on {shape_of(spec.preset, spec.slices)}, global batch {spec.global_batch}, "
+        f"steps {spec.warmup + 1}–{spec.steps} measured ({spec.trainer})",
+        "recommendation": asdict(rec),
+        "rows": [
+            {
+                **asdict(r),
+                "label": r.label,
+                "finished": r.state == RunState.FINISHED,
+                "recommended": rec.factor is not None and r.factor == rec.factor,
+            }
+            for r in ordered(results)
+        ],
     }

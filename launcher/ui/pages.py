@@ -70,6 +70,34 @@ async function runsPage() {
     r.error ? el("span", {class: "error"}, r.error) : r.reason]);
   show("runs", table("runs-table", ["run", "state", "shape now", "requested", "segments", "step",
     "goodput", "restarts by cause", "age", "reason"], rows));
+  const sweeps = el("p", {}, d.sweeps.length ? "sweeps: " : "");
+  d.sweeps.forEach((name, k) => sweeps.append(k ? ", " : "", el("a", {href: "sweep/" + encodeURIComponent(name)}, name)));
+  show("sweeps", sweeps);
+}
+
+async function sweepPage(name) {
+  const d = await getJSON("api/sweep/" + encodeURIComponent(name));
+  if (d.error) { problem(d.error); return; }
+  problem("");
+  document.getElementById("title").textContent = `ragged-buffer sweep ${d.sweep}: ${d.title}`;
+  document.getElementById("summary").textContent = d.recommendation.message;
+  const num = (x, f) => x == null ? "-" : f(x);
+  const rows = d.rows.map(r => [r.label, num(r.required_factor_max ?? r.buffer_rows, String),
+    num(r.dropped_fraction, x => (100 * x).toFixed(3) + "%"), num(r.worst_layer_dropped_fraction, x => (100 * x).toFixed(3) + "%"),
+    num(r.max_load_mean, x => x.toFixed(3)), num(r.step_time_median_s, x => (1e3 * x).toFixed(1)),
+    num(r.tokens_per_sec, x => Math.round(x).toLocaleString()), num(r.loss_final, x => x.toFixed(4)),
+    r.recommended ? "◀ recommended" : (r.finished ? "" : `${r.state}: ${r.reason}`)]);
+  show("sweep", table("sweep-table", ["factor", "buffer rows / required f", "dropped", "worst layer",
+    "load/bal mean", "step ms", "tokens/s", "loss final", ""], rows));
+  // The factors as categories: few, unevenly spaced, and dropless has no number (as sweep.png).
+  const x = d.rows.map(r => r.label);
+  Plotly.react("sweep-chart", [
+    {x, y: d.rows.map(r => r.dropped_fraction == null ? null : 100 * r.dropped_fraction), name: "dropped %", mode: "lines+markers"},
+    {x, y: d.rows.map(r => r.worst_layer_dropped_fraction == null ? null : 100 * r.worst_layer_dropped_fraction), name: "worst layer dropped %", mode: "lines+markers"},
+    {x, y: d.rows.map(r => r.step_time_median_s == null ? null : 1e3 * r.step_time_median_s), name: "step ms", mode: "lines+markers", yaxis: "y2"},
+  ], {xaxis: {title: {text: "buffer factor"}, type: "category"}, yaxis: {title: {text: "dropped %"}},
+      yaxis2: {title: {text: "step ms"}, overlaying: "y", side: "right"}, margin: {t: 20},
+      legend: {x: 1.12}}, {displayModeBar: false});
 }
 
 const COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
@@ -158,7 +186,7 @@ def _shell(title: str, body: str, start: str, base: str, charts: bool) -> str:
 
 
 def runs_html() -> str:
-    return _shell("runs", '<div id="runs"></div>', "runsPage()", "/", charts=False)
+    return _shell("runs", '<div id="runs"></div><div id="sweeps"></div>', "runsPage()", "/", charts=False)
 
 
 def run_html(name: str) -> str:
@@ -171,3 +199,9 @@ def run_html(name: str) -> str:
     # json.dumps: the name as a JS string literal; the </ escape keeps it from closing the script.
     literal = json.dumps(name).replace("</", "<\\/")
     return _shell(name, body, f"runPage({literal})", "/", charts=True)
+
+
+def sweep_html(name: str) -> str:
+    body = """<p id="summary"></p><div id="sweep"></div><div id="sweep-chart" class="chart"></div>"""
+    literal = json.dumps(name).replace("</", "<\\/")
+    return _shell(name, body, f"sweepPage({literal})", "/", charts=True)

@@ -14,6 +14,7 @@ import socket
 import threading
 from collections.abc import Callable
 from importlib import resources
+from pathlib import Path
 from urllib.parse import parse_qs
 
 import uvicorn
@@ -24,7 +25,7 @@ from starlette.routing import Route
 
 from launcher.adapters.kube import Kube
 from launcher.core.errors import UserError
-from launcher.ui.pages import run_html, runs_html
+from launcher.ui.pages import run_html, runs_html, sweep_html
 from launcher.ui.sources import Sources, Unavailable
 
 COOKIE = "reslice_ui_token"
@@ -62,6 +63,15 @@ def build_app(sources: Sources) -> Starlette:
         except Unavailable as e:
             return JSONResponse({"error": str(e)}, status_code=503)
 
+    def sweep_view(request: Request) -> Response:
+        return HTMLResponse(sweep_html(request.path_params["name"]))
+
+    def api_sweep(request: Request) -> Response:
+        try:
+            return JSONResponse(sources.sweep(request.path_params["name"]))
+        except Unavailable as e:
+            return JSONResponse({"error": str(e)}, status_code=503)
+
     def plotly(request: Request) -> Response:
         if js is None:  # the page still shows its tables; the charts say nothing
             return PlainTextResponse("// the plotly package ships no plotly.min.js here", status_code=404)
@@ -74,6 +84,8 @@ def build_app(sources: Sources) -> Starlette:
             Route("/run/{name}", run_view),
             Route("/api/runs", api_runs),
             Route("/api/run/{name}", api_run),
+            Route("/sweep/{name}", sweep_view),
+            Route("/api/sweep/{name}", api_sweep),
             Route("/static/plotly.min.js", plotly),
         ]
     )
@@ -154,13 +166,15 @@ class UiServer:
     """`reslice ui` on a bound socket: `serve()` in the foreground, or `start()` in a thread (the
     demo, the tests, the benchmark) and `stop()`."""
 
-    def __init__(self, connect: Callable[[], Kube], host: str = LOOPBACK, port: int = 0) -> None:
+    def __init__(
+        self, connect: Callable[[], Kube], host: str = LOOPBACK, port: int = 0, sweeps: Path | None = None
+    ) -> None:
         self.sock = bind(host, port)
         self.host = host
         self.port = self.sock.getsockname()[1]
         # Only the loopback address goes without a token: anything else is reachable by others.
         self.token = None if is_loopback(host) else secrets.token_urlsafe(18)
-        app = build_app(Sources(connect))
+        app = build_app(Sources(connect, sweeps))
         config = uvicorn.Config(
             TokenGate(app, self.token) if self.token else app, log_level="warning", access_log=False
         )

@@ -6,16 +6,22 @@ stays up. Called by launcher/ui/server.py."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from launcher.adapters.kube import Kube
 from launcher.adapters.rundir import RunDir
 from launcher.core.accounting import build_report
 from launcher.core.errors import UserError, environment_error
 from launcher.core.labels import LABEL_RUN
-from launcher.ui.model import pod_row, run_page, run_row
+from launcher.sweep.files import SWEEP_JSON, load_sweep
+from launcher.ui.model import pod_row, run_page, run_row, sweep_page
+
+# A sweep's name as `reslice sweep --name` allows it: never a path out of the sweeps directory.
+_SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 class Unavailable(Exception):
@@ -36,8 +42,9 @@ class Sources:
     """The cluster, connected on first use (and again after a failure: a cluster that comes back
     is picked up without restarting the server), and the run directories its records name."""
 
-    def __init__(self, connect: Callable[[], Kube]) -> None:
+    def __init__(self, connect: Callable[[], Kube], sweeps: Path | None = None) -> None:
         self._connect = connect
+        self.sweeps_dir = sweeps
         self._kube: Kube | None = None
         self._lock = threading.Lock()
 
@@ -70,7 +77,24 @@ class Sources:
                 rows.append(run_row(rec, build_report(rec, rundir.metrics(), rundir.ledger(), now), now))
             except Exception as e:  # this run's directory: the others are still listed
                 rows.append(run_row(rec, None, now, f"run directory {rec.spec.run_dir}: {one_line(e)}"))
-        return {"namespace": self.kube().namespace, "runs": rows, "now": now}
+        return {"namespace": self.kube().namespace, "runs": rows, "sweeps": self.sweeps(), "now": now}
+
+    def sweeps(self) -> list[str]:
+        """The sweeps stored under the sweeps directory (local: `reslice sweep`'s default ./sweeps)."""
+        root = self.sweeps_dir
+        try:
+            return sorted(p.parent.name for p in root.glob(f"*/{SWEEP_JSON}")) if root else []
+        except OSError:
+            return []
+
+    def sweep(self, name: str) -> dict:
+        """A sweep's page, from its sweep.json (what `reslice sweep-report` reads)."""
+        if self.sweeps_dir is None or not _SWEEP_NAME.fullmatch(name):
+            raise Unavailable(f"no sweep named {name!r}")
+        try:
+            return sweep_page(*load_sweep(str(self.sweeps_dir / name)))
+        except Exception as e:
+            raise Unavailable(one_line(e)) from e
 
     def run(self, name: str) -> dict:
         """One run's page, or Unavailable with the reason."""

@@ -145,3 +145,35 @@ def test_a_port_in_use_is_one_line() -> None:
         taken.listen(1)
         with pytest.raises(UserError, match=r"cannot serve on 127\.0\.0\.1:\d+: Address already in use"):
             bind("127.0.0.1", taken.getsockname()[1])
+
+
+def test_a_sweeps_page_data(tmp_path) -> None:
+    """A sweep stored as `reslice sweep` stores it (launcher/sweep/files.write_outputs): listed on
+    the runs page, its rows in sweep-report's order with the recommended factor marked; a name that
+    is not a sweep, or would leave the sweeps directory, is a message."""
+    from launcher.sweep.files import write_outputs
+    from launcher.sweep.results import FactorResult
+    from launcher.sweep.spec import make_sweep, run_name
+
+    spec = make_sweep(name="moe", preset="tpu7x-2x2x1", slices=None, config="tiny", factors="1,2,-1", steps=20,
+                      sweep_dir=str(tmp_path / "sweeps" / "moe"))  # fmt: skip
+    results = [FactorResult(factor=f, run=run_name("moe", f), state=RunState.FINISHED, measured_steps=10,
+                            dropped_fraction=d, step_time_median_s=ms / 1e3)
+               for f, d, ms in ((-1.0, 0.0, 30), (1.0, 0.1, 20), (2.0, 0.0, 22))]  # fmt: skip
+    write_outputs(spec, results)
+    server = UiServer(lambda: FakeKube([]), sweeps=tmp_path / "sweeps").start()
+    try:
+        assert json.loads(_get(server.url + "api/runs")[1])["sweeps"] == ["moe"]
+        page = json.loads(_get(server.url + "api/sweep/moe")[1])
+        assert [(r["label"], r["recommended"]) for r in page["rows"]] == [
+            ("1", False),
+            ("2", True),
+            ("dropless", False),
+        ]
+        assert page["recommendation"]["factor"] == 2.0
+        assert "sweepPage(" in _get(server.url + "sweep/moe")[1]
+        for name in ("nosuch", "..", ".hidden"):
+            code, body, _ = _get(server.url + f"api/sweep/{name}")
+            assert code in (404, 503) and (code == 404 or "error" in json.loads(body)), name
+    finally:
+        server.stop()

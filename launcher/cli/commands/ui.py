@@ -4,6 +4,7 @@ imported only here, inside the command, so that its absence is one line and exit
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -23,6 +24,9 @@ def ui(
             "--host", help="Address to bind. Any but the loopback one needs the access token printed."
         ),
     ] = "127.0.0.1",
+    sweeps_dir: Annotated[
+        Path, typer.Option("--sweeps-dir", help="Where the sweeps' directories are (local).")
+    ] = Path("sweeps"),
     namespace: NamespaceOpt = "default",
     kubeconfig: KubeconfigOpt = None,
 ) -> None:
@@ -37,7 +41,7 @@ def ui(
         raise UserError(NO_UI) from e
     from launcher.cli.connect import connect
 
-    server = UiServer(lambda: connect(kubeconfig, namespace).kube, host, port)
+    server = UiServer(lambda: connect(kubeconfig, namespace).kube, host, port, sweeps_dir.resolve())
     try:  # once now, to say so at start; the page keeps trying, and says why until it connects
         connect(kubeconfig, namespace)
     except Exception as e:
