@@ -83,14 +83,14 @@ def _get(url: str) -> float:
     return time.perf_counter() - start
 
 
-def browser_page_s(url: str, runs: int, rounds: int) -> float | None:
+def browser_page_s(url: str, runs: int, rounds: int, profile: Path) -> float | None:
     """Median seconds from navigation start to a table row per run, in headless Chromium."""
     try:
         from tests.support.browser import BrowserUnavailable, chromium
     except ImportError:
         return None
     try:
-        driver = chromium()
+        driver = chromium(profile)
     except BrowserUnavailable as e:
         print(f"bench.ui: no browser: {e}", file=sys.stderr)
         return None
@@ -133,7 +133,11 @@ def main() -> None:
             _get(server.url + "api/runs")  # warm: the first request connects
             api = statistics.median(_get(server.url + "api/runs") for _ in range(args.rounds))
             one = statistics.median(_get(server.url + "api/run/run-000") for _ in range(args.rounds))
-            page = None if args.no_browser else browser_page_s(server.url, args.runs, args.rounds)
+            page = (
+                None
+                if args.no_browser
+                else browser_page_s(server.url, args.runs, args.rounds, Path(tmp) / "chromium")
+            )
         finally:
             server.stop()
     out = {"runs": args.runs, "segments": args.segments, "api_s": round(api, 3), "run_page_s": round(one, 3),

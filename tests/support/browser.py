@@ -33,8 +33,9 @@ def chromium_binary() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def chromium():
-    """A selenium WebDriver of headless Chromium with a fresh profile of its own."""
+def chromium(profile: Path | None = None):
+    """A selenium WebDriver of headless Chromium with a fresh profile of its own, in `profile`
+    (a new temporary directory when None: the caller's tmp_path keeps /tmp clean)."""
     binary = chromium_binary()
     if binary is None or not Path(CHROMEDRIVER).exists():
         raise BrowserUnavailable(
@@ -49,5 +50,6 @@ def chromium():
     options.binary_location = binary
     for flag in FLAGS:
         options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={tempfile.mkdtemp(prefix='reslice-chromium-')}")
+    profile = profile or Path(tempfile.mkdtemp(prefix="reslice-chromium-"))
+    options.add_argument(f"--user-data-dir={profile}")
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)

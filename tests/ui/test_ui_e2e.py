@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
 
 import pytest
 
@@ -66,7 +65,7 @@ def _shown(row: list[str]) -> list[str]:
 
 def test_the_run_page_follows_a_shrink_and_a_grow_in_chromium(tmp_path):
     try:
-        driver = chromium()
+        driver = chromium(tmp_path / "chromium")
     except BrowserUnavailable as e:
         pytest.skip(str(e))
     h = Harness(tmp_path, pools=2, preset=MULTI_HOST)
@@ -107,7 +106,7 @@ def test_the_run_page_follows_a_shrink_and_a_grow_in_chromium(tmp_path):
         assert "shrinking" in timeline and "growing" in timeline, timeline
         if path := os.environ.get("RESLICE_UI_SCREENSHOT"):
             subprocess.run(
-                [chromium_binary(), *FLAGS, f"--user-data-dir={tempfile.mkdtemp()}", "--window-size=1200,1400",
+                [chromium_binary(), *FLAGS, f"--user-data-dir={tmp_path / 'screenshot'}", "--window-size=1200,1400",
                  "--virtual-time-budget=5000", f"--screenshot={os.path.abspath(path)}", f"{server.url}run/{RUN}"],
                 check=True, capture_output=True, timeout=60,
             )  # fmt: skip

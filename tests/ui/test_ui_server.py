@@ -5,7 +5,11 @@ and the data the runs and run pages are drawn from, over the history bench/ui.py
 from __future__ import annotations
 
 import json
+import re
+import signal
 import socket
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -177,3 +181,25 @@ def test_a_sweeps_page_data(tmp_path) -> None:
             assert code in (404, 503) and (code == 404 or "error" in json.loads(body)), name
     finally:
         server.stop()
+
+
+def test_the_command_says_where_it_serves_and_stays_up_without_a_cluster(tmp_path) -> None:
+    """`reslice ui --port 0` with a kubeconfig that is not there: one line saying so at start, the
+    address, the page's data saying so too; Ctrl-C ends it without a traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher", "ui", "--port", "0", "--kubeconfig", str(tmp_path / "missing.yaml")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        first, second = proc.stdout.readline(), proc.stdout.readline()
+        assert first.startswith("reslice ui: kubeconfig ") and first.strip().endswith(
+            "until the cluster answers)"
+        )
+        url = re.search(r"at (http://127\.0\.0\.1:\d+/)$", second.strip()).group(1)
+        code, body, _ = _get(url + "api/runs")
+        assert code == 503 and "does not exist" in json.loads(body)["error"], body
+        assert _get(url)[0] == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=20)
+    assert (proc.returncode, "Traceback" in out) == (130, False), out  # 130: Ctrl-C, as every command

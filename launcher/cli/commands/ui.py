@@ -45,8 +45,12 @@ def ui(
     try:  # once now, to say so at start; the page keeps trying, and says why until it connects
         connect(kubeconfig, namespace)
     except Exception as e:
-        console.print(f"reslice ui: {one_line(e)} (the page says so until the cluster answers)")
+        console.print(
+            f"reslice ui: {one_line(e)} (the page says so until the cluster answers)", soft_wrap=True
+        )
     console.print(f"reslice ui: serving the runs of namespace {namespace} at {server.url}", soft_wrap=True)
     if server.token:
-        console.print("reslice ui: bound beyond this machine: requests without that token get 401")
+        console.print(
+            "reslice ui: bound beyond this machine: requests without that token get 401", soft_wrap=True
+        )
     server.serve()
