@@ -1,6 +1,8 @@
 """Where `reslice ui` reads: the run records in the cluster (launcher/adapters/kube.Kube) and each
-run's directory (launcher/adapters/rundir.RunDir), the report built as `status` builds it
-(launcher/report/io.run_report). Every failure becomes one line on the page, never an exception
+run's directory (launcher/adapters/rundir.RunDir), the report built by the accounting `status` uses
+(launcher/core/accounting.build_report, as launcher/report/io.run_report calls it; here the metrics
+are read once for both the report and the loss chart), and the sweeps' stored results
+(launcher/sweep/files.load_sweep, as `sweep-report` reads them). Every failure becomes one line on the page, never an exception
 out of a request: an unreachable cluster or an unreadable run directory is shown, and the server
 stays up. Called by launcher/ui/server.py."""
 
