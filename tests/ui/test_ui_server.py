@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 
 from bench.ui import history
+from launcher.cli.commands.ui import NO_UI
 from launcher.core.errors import UserError
 from launcher.core.words import RunState
 from launcher.ui.server import COOKIE, UiServer, bind
+from tests.conftest import ROOT
 
 
 class FakeKube:
@@ -203,3 +205,16 @@ def test_the_command_says_where_it_serves_and_stays_up_without_a_cluster(tmp_pat
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=20)
     assert (proc.returncode, "Traceback" in out) == (130, False), out  # 130: Ctrl-C, as every command
+
+
+def test_without_the_web_stack_the_command_says_so(tmp_path) -> None:
+    """The controller image (no `ui` extra): `reslice ui` is one line and exit 2, and imports
+    nothing of the web stack before it says so."""
+    log = tmp_path / "imports.log"
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.support.noimport", str(log), "starlette,uvicorn,plotly", "launcher", "ui"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.splitlines() == [f"reslice: error: {NO_UI}"]
+    assert log.read_text().splitlines() == ["import uvicorn"]
