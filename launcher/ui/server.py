@@ -26,7 +26,7 @@ from starlette.routing import Route
 from launcher.adapters.kube import Kube
 from launcher.core.errors import UserError
 from launcher.ui.pages import run_html, runs_html, sweep_html
-from launcher.ui.sources import Sources, Unavailable
+from launcher.ui.sources import Sources, Unavailable, one_line
 
 COOKIE = "reslice_ui_token"
 LOOPBACK = "127.0.0.1"
@@ -41,6 +41,18 @@ def plotly_js() -> bytes | None:
         return None
 
 
+def answer(page: Callable[[], dict]) -> Response:
+    """A page's data, or its one line: 503 for what could not be read (Unavailable), 500 for data
+    the page could not be built from (a malformed record or metrics line). Never a traceback: the
+    page shows the line and keeps polling."""
+    try:
+        return JSONResponse(page())
+    except Unavailable as e:
+        return JSONResponse({"error": str(e)}, status_code=503)
+    except Exception as e:
+        return JSONResponse({"error": f"this page could not be built: {one_line(e)}"}, status_code=500)
+
+
 def build_app(sources: Sources) -> Starlette:
     js = plotly_js()
 
@@ -52,25 +64,16 @@ def build_app(sources: Sources) -> Starlette:
 
     # Sync endpoints: Starlette runs them in its thread pool, where the blocking reads belong.
     def api_runs(request: Request) -> Response:
-        try:
-            return JSONResponse(sources.runs())
-        except Unavailable as e:
-            return JSONResponse({"error": str(e)}, status_code=503)
+        return answer(sources.runs)
 
     def api_run(request: Request) -> Response:
-        try:
-            return JSONResponse(sources.run(request.path_params["name"]))
-        except Unavailable as e:
-            return JSONResponse({"error": str(e)}, status_code=503)
+        return answer(lambda: sources.run(request.path_params["name"]))
 
     def sweep_view(request: Request) -> Response:
         return HTMLResponse(sweep_html(request.path_params["name"]))
 
     def api_sweep(request: Request) -> Response:
-        try:
-            return JSONResponse(sources.sweep(request.path_params["name"]))
-        except Unavailable as e:
-            return JSONResponse({"error": str(e)}, status_code=503)
+        return answer(lambda: sources.sweep(request.path_params["name"]))
 
     def plotly(request: Request) -> Response:
         if js is None:  # the page still shows its tables; the charts say nothing

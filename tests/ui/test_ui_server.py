@@ -218,3 +218,20 @@ def test_without_the_web_stack_the_command_says_so(tmp_path) -> None:
     assert (done.returncode, done.stdout) == (2, ""), done.stderr
     assert done.stderr.splitlines() == [f"reslice: error: {NO_UI}"]
     assert log.read_text().splitlines() == ["import uvicorn"]
+
+
+def test_a_malformed_metrics_line_is_a_line_on_the_page(runs) -> None:
+    """Data the page cannot be built from: 500 with one line, and the server still answers."""
+    metrics = Path(runs[0].spec.run_dir) / "metrics" / "seg000.jsonl"
+    metrics.write_text(
+        metrics.read_text() + '{"step": 99, "segment": "not a number", "learning/loss": 1.0}\n'
+    )
+    server = UiServer(lambda: FakeKube(runs)).start()
+    try:
+        code, body, _ = _get(server.url + "api/run/run-0")
+        assert code == 500 and json.loads(body)["error"].startswith(
+            "this page could not be built: ValueError"
+        )
+        assert _get(server.url + "api/run/run-1")[0] == 200
+    finally:
+        server.stop()
