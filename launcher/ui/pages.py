@@ -53,8 +53,9 @@ async function getJSON(url) {
 }
 function show(id, node) { document.getElementById(id).replaceChildren(node); }
 function problem(msg) {
-  const p = document.getElementById("problem");
-  p.textContent = msg || "";
+  document.getElementById("problem").textContent = msg || "";
+  // When the data came: a page that stopped updating says so by its clock.
+  if (!msg) document.getElementById("updated").textContent = " · updated " + new Date().toLocaleTimeString();
 }
 
 async function runsPage() {
@@ -179,7 +180,7 @@ def _shell(title: str, body: str, start: str, base: str, charts: bool) -> str:
 <base href="{base}"><style>{STYLE}</style>
 {plotly}
 <script>{SCRIPT.replace("__POLL__", str(POLL_MS))}</script></head>
-<body><p class="muted"><a href="{base}">runs</a> · reslice ui (read-only)</p>
+<body><p class="muted"><a href="{base}">runs</a> · reslice ui (read-only)<span id="updated"></span></p>
 <h1 id="title">{html.escape(title)}</h1><p id="problem" class="error"></p>
 {body}
 <script>poll(() => {start});</script></body></html>"""

@@ -95,7 +95,7 @@ def test_the_run_page_follows_a_shrink_and_a_grow_in_chromium(tmp_path):
         # The finished run: the page's last poll has everything the run directory has.
         kube = Kube(h.cluster.api_client(), "default")
         expected = _expected_rows(kube)
-        wait_for(lambda: [_shown(r) for r in _rows(driver, "segments-table")] == expected, 10, "the rows")
+        wait_for(lambda: [_shown(r) for r in _rows(driver, "segments-table")] == expected, 30, "the rows")
         losses = sorted((m["step"], m[LOSS]) for m in h.rundir(RUN).metrics() if LOSS in m)
         chart = _chart(driver)
         drawn = sorted((x, y) for t in chart["data"] if not t["name"].startswith("eval") for x, y in zip(t["x"], t["y"], strict=True))  # fmt: skip
