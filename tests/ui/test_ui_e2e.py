@@ -89,7 +89,7 @@ def test_the_run_page_follows_a_shrink_and_a_grow_in_chromium(tmp_path):
         assert "x2" in _rows(driver, "segments-table")[2][1]
         h.wait_state(RUN, {RunState.FINISHED}, timeout=240)
         wait_for(
-            lambda: driver.find_element("id", "title").text == f"{RUN}: {RunState.FINISHED}", 10, "finished"
+            lambda: driver.find_element("id", "title").text == f"{RUN}: {RunState.FINISHED}", 30, "finished"
         )
 
         # The finished run: the page's last poll has everything the run directory has.
