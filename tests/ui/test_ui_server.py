@@ -207,17 +207,20 @@ def test_the_command_says_where_it_serves_and_stays_up_without_a_cluster(tmp_pat
     assert (proc.returncode, "Traceback" in out) == (130, False), out  # 130: Ctrl-C, as every command
 
 
-def test_without_the_web_stack_the_command_says_so(tmp_path) -> None:
-    """The controller image (no `ui` extra): `reslice ui` is one line and exit 2, and imports
-    nothing of the web stack before it says so."""
-    log = tmp_path / "imports.log"
+@pytest.mark.parametrize("command", [("ui",), ("demo", "--ui")])
+def test_without_the_web_stack_the_commands_say_so(tmp_path, command) -> None:
+    """An install without the `ui` extra (the controller image's): `reslice ui` and `demo --ui` are
+    one line and exit 2, before any cluster starts."""
+    log, workdir = tmp_path / "imports.log", tmp_path / "demo"
+    argv = ("launcher", *command, *(("--workdir", str(workdir)) if "demo" in command else ()))
     done = subprocess.run(
-        [sys.executable, "-m", "tests.support.noimport", str(log), "starlette,uvicorn,plotly", "launcher", "ui"],
+        [sys.executable, "-m", "tests.support.noimport", str(log), "starlette,uvicorn,plotly", *argv],
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert (done.returncode, done.stdout) == (2, ""), done.stderr
     assert done.stderr.splitlines() == [f"reslice: error: {NO_UI}"]
     assert log.read_text().splitlines() == ["import uvicorn"]
+    assert not workdir.exists()
 
 
 def test_a_malformed_metrics_line_is_a_line_on_the_page(runs) -> None:

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from launcher.adapters.preset_files import make_shape
+from launcher.cli.commands.ui import require_web_stack
 from launcher.cli.options import (
     DEFAULT_INIT_TIMEOUT,
     ConfigOpt,
@@ -337,6 +338,8 @@ def demo(
         raise UserError(
             "--steps must be between 25 and 100000 (capacity goes at step 5; the run must outlive the regrowth)"
         )
+    if ui:
+        require_web_stack()
     if run_demo(workdir, steps, console, runtime, restart_mode, ui_port if ui else None) != RunState.FINISHED:
         raise typer.Exit(1)
 

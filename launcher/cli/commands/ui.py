@@ -14,6 +14,18 @@ from launcher.core import inputs
 from launcher.core.errors import UserError
 
 NO_UI = "this install has no web stack for `reslice ui` (the `ui` extra: `pip install '.[ui]'`)"
+WEB_STACK = {"starlette", "uvicorn"}
+
+
+def require_web_stack() -> None:
+    """UserError (one line, exit 2) where the `ui` extra is not installed: `reslice ui` and
+    `reslice demo --ui` check before they start anything."""
+    try:
+        import launcher.ui.server  # noqa: F401
+    except ModuleNotFoundError as e:
+        if e.name not in WEB_STACK:
+            raise
+        raise UserError(NO_UI) from e
 
 
 def ui(
@@ -32,14 +44,10 @@ def ui(
 ) -> None:
     """A live, read-only web page of the runs: segments, loss across shapes, goodput, decisions."""
     inputs.namespace(namespace)
-    try:
-        from launcher.ui.server import UiServer
-        from launcher.ui.sources import one_line
-    except ModuleNotFoundError as e:
-        if e.name not in {"starlette", "uvicorn"}:
-            raise
-        raise UserError(NO_UI) from e
+    require_web_stack()
     from launcher.cli.connect import connect
+    from launcher.ui.server import UiServer
+    from launcher.ui.sources import one_line
 
     server = UiServer(lambda: connect(kubeconfig, namespace).kube, host, port, sweeps_dir.resolve())
     try:  # once now, to say so at start; the page keeps trying, and says why until it connects
