@@ -4,6 +4,7 @@
     python3 dev.py demo [ARGS]    set up .venv from the lock file, then run the elastic demo
                                   (`--runtime podman`: builds the trainer image first, as `images`)
     python3 dev.py test [ARGS]    set up .venv, lint (ruff, import contracts), then run the whole test suite
+                                  (as root: apt installs chromium and chromium-driver for tests/ui)
     python3 dev.py bench [NAME]   set up .venv, then list the benchmarks (or run bench.NAME)
     python3 dev.py lock           regenerate requirements/*.lock after changing pyproject.toml (uv)
     python3 dev.py maxtext        set up .venv-maxtext (Python 3.12) from requirements/maxtext.lock
@@ -130,6 +131,7 @@ def test(args: list[str]) -> None:
     _run(str(BIN / "lint-imports"))
     if _runs_image_tests(args):
         _prepare_images()
+    browser()
     _exec(str(BIN / "pytest"), *_workers(args), *args)
 
 
@@ -154,6 +156,30 @@ def _prepare_images() -> None:
         os.environ["RESLICE_IMAGES_SKIP"] = f"no container engine: {e}"
         return
     os.environ["RESLICE_IMAGES_BUILT"] = "1"
+
+
+# `reslice ui`'s browser tests (tests/ui, tests/support/browser.py): Debian's headless Chromium and
+# its WebDriver, driven by selenium (the dev extra).
+BROWSER_PACKAGES = ("chromium", "chromium-driver")
+
+
+def browser() -> None:
+    """Debian's chromium and chromium-driver (apt, as root), as `engine` installs podman; where they
+    cannot be installed, one line, and the browser tests skip (tests/support/browser.py says why)."""
+    if shutil.which("chromium") and Path("/usr/bin/chromedriver").exists():
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        print(
+            "dev.py test: no chromium, and apt-get cannot install it here: the browser tests skip",
+            file=sys.stderr,
+        )
+        return
+    print(f"dev.py test: apt-get install {' '.join(BROWSER_PACKAGES)}", file=sys.stderr)
+    quiet = {"stdout": subprocess.DEVNULL, "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}}
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *BROWSER_PACKAGES]):
+        if subprocess.run(cmd, **quiet).returncode:
+            print(f"dev.py test: `{' '.join(cmd)}` failed: the browser tests skip", file=sys.stderr)
+            return
 
 
 def _workers(args: list[str]) -> list[str]:

@@ -71,10 +71,15 @@ def pytest_runtest_logreport(report) -> None:
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
-    """A whole-suite run that passed rewrites DURATIONS (whole seconds, so that it changes only when
+    """A whole-suite run (no path, -k, -m, --deselect or --lf) that passed rewrites DURATIONS (whole seconds, so that it changes only when
     a file's time does): the order stays current by itself."""
     config = session.config
-    whole = [Path(a).resolve() for a in config.args] == [ROOT / "tests"]
+    whole = [Path(a).resolve() for a in config.args] == [ROOT / "tests"] and not (
+        config.option.keyword
+        or config.option.markexpr
+        or config.option.deselect
+        or getattr(config.option, "lf", False)
+    )
     if hasattr(config, "workerinput") or not whole or exitstatus != 0 or not _spent:
         return
     ranked = sorted(_spent.items(), key=lambda kv: -kv[1])

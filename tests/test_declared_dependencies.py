@@ -1,6 +1,6 @@
 """Every third-party package the trainer or the launcher imports itself is named in the pyproject
-extra that its image installs (`trainer`: docker/Dockerfile; `controller` and `plots`: the controller
-image and a workstation), not only pulled in by another package: a library that drops a dependency
+extra that its image installs (`trainer`: docker/Dockerfile; `controller`, `plots` and `ui`: the
+controller image and a workstation), not only pulled in by another package: a library that drops a dependency
 would otherwise break the image at the next lock."""
 
 from __future__ import annotations
@@ -83,8 +83,9 @@ def declared(extra: str, extras: dict[str, list[str]]) -> set[str]:
     ("package", "skip", "extras"),
     [
         ("trainer", None, ("trainer",)),
-        # launcher.embedded is the development extra's; plots are imported only when drawing.
-        ("launcher", "embedded", ("controller", "plots")),
+        # launcher.embedded is the development extra's; plots are imported only when drawing, the web
+        # stack (the `ui` extra) only by `reslice ui` and `demo --ui`.
+        ("launcher", "embedded", ("controller", "plots", "ui")),
     ],
 )
 def test_what_a_package_imports_its_extra_declares(package, skip, extras):

@@ -17,7 +17,7 @@ from typing import Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from launcher.cli.commands import inspecting, launching, planning, sweeping
+from launcher.cli.commands import inspecting, launching, planning, sweeping, ui
 from launcher.core.errors import ClusterNotReady, UserError, environment_error
 
 NO_EMBEDDED = (
@@ -88,6 +88,7 @@ for command in (
     inspecting.runs,
     inspecting.stop,
     inspecting.report,
+    ui.ui,
     sweeping.sweep,
 ):
     app.command()(command)

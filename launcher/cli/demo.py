@@ -135,10 +135,17 @@ def run_demo(
     console: Console | None = None,
     runtime: str = PodRuntime.PROCESS,
     restart_mode: str = RestartMode.IN_PLACE,
+    ui_port: int | None = None,
 ) -> str:
+    """`ui_port`: serve `reslice ui` (launcher/ui) beside the demo on it (0: any free port)."""
     console = console or Console()
     if why := runtime_unavailable(runtime, RunSpec.image):
         raise ClusterNotReady(f"--runtime podman: {why}")
+    ui = None
+    if ui_port is not None:  # bound now: a port in use is one line before any cluster starts
+        from launcher.ui.server import UiServer
+
+        ui = UiServer(lambda: kube, port=ui_port)
     # Trainer processes started by the embedded kubelet share one compilation cache: a shape
     # compiled once is loaded by every later segment.
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(Path.home() / ".cache" / "reslice" / "jax"))
@@ -201,6 +208,8 @@ def run_demo(
             )
         )
         create_run(kube, rec)
+        if ui is not None:
+            console.print(f"reslice ui: watch the run at {ui.start().url}run/{run}", soft_wrap=True)
         stop = threading.Event()
         faults = threading.Thread(
             target=fault_script,
@@ -218,6 +227,8 @@ def run_demo(
             stop.set()
             faults.join(timeout=5)
             pods.join(timeout=5)
+            if ui is not None:
+                ui.stop()
         summarize(kube, run, console)
         console.print(pods_line(seen, ladder[0].shape.preset.hosts, restart_mode))
         return state

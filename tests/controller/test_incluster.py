@@ -23,12 +23,12 @@ from tests.support.wait import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 # Not in the controller image (requirements/controller.lock, pyproject.toml's `controller` extra): the
-# `trainer` extra (and libtpu, which jax[tpu] brings), the `plots` and `embedded` extras, the embedded
-# cluster's code (docker/controller.Dockerfile leaves it out), and kubernetes-validate (dev only),
-# which the kubernetes client tries and copes without.
+# `trainer` extra (and libtpu, which jax[tpu] brings), the `plots`, `embedded` and `ui` extras, the
+# embedded cluster's code (docker/controller.Dockerfile leaves it out), and kubernetes-validate (dev
+# only), which the kubernetes client tries and copes without.
 NOT_IN_IMAGE = (
     "jax,jaxlib,libtpu,flax,optax,orbax,grain,gcsfs,tensorboardX,trainer,"
-    "matplotlib,jsonschema,launcher.embedded,?kubernetes_validate"
+    "matplotlib,jsonschema,starlette,uvicorn,plotly,launcher.embedded,?kubernetes_validate"
 )
 
 

@@ -171,6 +171,12 @@ def _cases() -> list[tuple[list[str], int]]:
     add(["demo", "--workdir", "afile"])
     add(["demo", "--runtime", "docker"])
     add(["demo", "--restart-mode", "sideways"])
+    add(["demo", "--ui", "--ui-port", "70000"])
+    # `reslice ui`: a port or an address it cannot bind (192.0.2.1: TEST-NET, no machine's), a host
+    # that does not resolve, a bad namespace. A port in use: test_ui_port_in_use below.
+    for extra in (["--port", "99999"], ["--port", "-1"], ["--host", "no.such.host.invalid"],
+                  ["--host", "192.0.2.1"], ["--namespace", "Bad_NS"]):  # fmt: skip
+        add(["ui", *extra])
     # The environment: kubeconfigs that are missing, malformed or point at nothing.
     for cmd in (["runs"], ["status", "r"], [a for a in LAUNCH if a != "--detach"], ["stop", "r"]):
         add([*cmd, "--kubeconfig", "missing.yaml"])
@@ -234,7 +240,7 @@ def test_the_table_is_big_enough() -> None:
     assert len(CASES) + len(TRAINER_CASES) >= 150
     commands = {argv[0] for argv, _ in CASES}
     assert commands >= {"plan", "render", "launch", "preflight", "sweep", "sweep-report", "status", "stop"}
-    assert commands >= {"report", "runs", "watch", "demo", "cluster"}
+    assert commands >= {"report", "runs", "watch", "demo", "cluster", "ui"}
 
 
 @pytest.fixture(scope="module")
@@ -419,3 +425,11 @@ def test_status_of_a_run_without_a_checkpoint_says_so(world: Path, cluster: Embe
         out
     )
     run_cli(capsys, "stop", "fresh")
+
+
+def test_ui_port_in_use(world: Path, cluster: EmbeddedCluster, capsys) -> None:
+    """`reslice ui` on the port the embedded cluster's API server holds: one line, exit 2."""
+    port = cluster.url.rsplit(":", 1)[1].strip("/")
+    code, _, err = run_cli(capsys, "ui", "--port", port)
+    assert (code, err.count("\n"), "Traceback" in err) == (2, 1, False), err
+    assert err.startswith(f"reslice: error: cannot serve on 127.0.0.1:{port}: Address already in use"), err

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from launcher.adapters.preset_files import make_shape
+from launcher.cli.commands.ui import require_web_stack
 from launcher.cli.options import (
     DEFAULT_INIT_TIMEOUT,
     ConfigOpt,
@@ -320,6 +321,10 @@ def demo(
             "recreate: a new JobSet per shape, the state from storage.",
         ),
     ] = RestartMode.IN_PLACE,
+    ui: Annotated[
+        bool, typer.Option("--ui", help="Serve `reslice ui` beside it (on --ui-port) and print its address.")
+    ] = False,
+    ui_port: Annotated[int, typer.Option("--ui-port", help="Port of --ui (0: any free one).")] = 8470,
 ) -> None:
     """The elastic demo on the embedded cluster: 2 slices of tpu7x-2x2x2, lose 1, resume on 1, grow back."""
     if runtime not in tuple(PodRuntime):
@@ -333,7 +338,9 @@ def demo(
         raise UserError(
             "--steps must be between 25 and 100000 (capacity goes at step 5; the run must outlive the regrowth)"
         )
-    if run_demo(workdir, steps, console, runtime, restart_mode) != RunState.FINISHED:
+    if ui:
+        require_web_stack()
+    if run_demo(workdir, steps, console, runtime, restart_mode, ui_port if ui else None) != RunState.FINISHED:
         raise typer.Exit(1)
 
 
