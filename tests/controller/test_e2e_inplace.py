@@ -281,7 +281,8 @@ def test_a_slice_whose_replacement_pods_take_300_s_keeps_the_survivors_and_the_r
         wait_for(lambda: time.monotonic() - crashed_at > 150, 200, "past the survivors' 120 s", 5.0)
         assert uids(h, "slow", "0") == first  # still waiting, in the same pods
         wait_for(lambda: len(h.record("slow").segments) >= 2, 400, "slice 1 back in a new world", 2.0)
-        assert time.monotonic() - crashed_at >= 300, h.record("slow").segments[0].end_reason
+        said = [e.get("reason") for e in h.rundir("slow").ledger() if e.get("kind") == LedgerKind.ACT]
+        assert time.monotonic() - crashed_at >= 300, said  # what ended the world early, if anything
         rec = h.wait_state("slow", {RunState.FINISHED, RunState.FAILED}, timeout=400)
         assert uids(h, "slow", "0") in (first, set())  # finished pods may be gone; never others
         metrics = h.rundir("slow").metrics()
