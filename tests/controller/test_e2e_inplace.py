@@ -268,7 +268,13 @@ def test_a_slice_whose_replacement_pods_take_300_s_keeps_the_survivors_and_the_r
     # slice 0's supervisors wait on: the same pods take part in the world that takes slice 1 back.
     h = Harness(tmp_path, pools=2, preset=MULTI_HOST)
     try:
-        launch_two_slices(h, "slow", max_restarts=1)
+        # A long unschedulable grace: a follower pod briefly unschedulable while its leader is placed
+        # (exclusive placement) must not make the slice lost (rule 5) before the wait is tested.
+        knobs = Knobs(unschedulable_grace_s=600, grow_window_s=1, app_backoff_s=1)
+        h.launch(
+            "slow", slices=2, steps=STEPS, knobs=knobs, global_batch=MULTI_HOST_BATCH,
+            restart_mode="in-place", interval=20, max_restarts=1,
+        )  # fmt: skip
         h.start_controller("slow")
         wait_for(lambda: trained(h, "slow") >= 6, 300, "step 6")
         first = uids(h, "slow", "0")
