@@ -141,12 +141,15 @@ class RunRecord:
             for s in self.segments
         )
 
-    def forgiven(self, jobset_uid: str | None, counted: int) -> int:
+    def forgiven(self, jobset_uid: str | None, counted: int, uncounted: int = 0) -> int:
         """Of `counted` restarts JobSet's failure policy counted for the JobSet `jobset_uid`, those a
-        host disruption caused: never the run's failure, never its --max-restarts."""
+        host disruption caused: never the run's failure, never its --max-restarts. `uncounted`: of
+        that JobSet's host disruptions, those JobSet did not count (a peer's 43 failed the Job
+        first: Segment.host_disrupted), which must not forgive a crash it did count."""
         if not jobset_uid:
             return 0
-        return min(counted, sum(k.rpartition("/")[0] == jobset_uid for k in self.host_disruptions))
+        booked = sum(k.rpartition("/")[0] == jobset_uid for k in self.host_disruptions)
+        return min(counted, max(0, booked - uncounted))
 
     def peer_losses(self) -> int:
         return sum(s.peer_lost for s in self.segments)

@@ -466,6 +466,24 @@ CASES = [
         Want(Action.END, reason=("application failure 2/",), record={"app_failures": 2}),
     ),
     Case(
+        # The reboot's restart was not counted (its peer's 43 failed the Job first: host_disrupted),
+        # so the crash JobSet counted later is not forgiven for it: 0 + 1 + 1.
+        "a crash after an uncounted reboot is not forgiven",
+        lambda: with_current(
+            record_on(4, host_disruptions=("uid-demo-0/0",)), restarts=2, restarts_counted=1, host_disrupted=1
+        ),
+        lambda rec: observe(
+            rec,
+            pods=[pod("demo-0-slice-0-0-x", phase="Failed", exit_code=1, attempt=2)],
+            jobsets=[
+                jobset(
+                    restarts=2, counted=1, condition=("Failed", "ReachedMaxRestarts", "reached max restarts")
+                )
+            ],
+        ),
+        Want(Action.END, reason=("application failure 2/",), record={"app_failures": 2}),
+    ),
+    Case(
         "backing off: the next segment waits",
         after_two_app_failures,
         lambda rec: observe(rec, pods=[], jobsets=[], now=T0 + 105),

@@ -204,7 +204,9 @@ def failures(
             ended = end_segment(rec, obs, EndKind.HOST_DISRUPTION, reason, RunState.RESHAPING)
             return Decision(Action.END, reason, ended, seg.jobset)
         # JobSet counted the restarts a host disruption caused as crashes: the run does not.
-        counted = obs.restarts_counted - rec.forgiven(obs.jobset_uid, obs.restarts_counted)
+        counted = obs.restarts_counted - rec.forgiven(
+            obs.jobset_uid, obs.restarts_counted, seg.host_disrupted
+        )
         count = rec.app_failures + counted + 1
         last = (
             f"last exit code {obs.last_exit_code}" if obs.last_exit_code is not None else obs.failure.message
