@@ -108,7 +108,11 @@ def live_view(rec: RunRecord, last: dict | None, ledger: list[dict], committed: 
     )
     # Actions and the disruptions that caused them, interleaved in the order they happened.
     acts = [(e, e.get("reason") or e["kind"], "") for e in ledger if e.get("kind") in _VIEW_KINDS]
-    seen = [(e, "; ".join(e["disruptions"][:3]), "yellow") for e in ledger if e.get("disruptions")]
+    seen: list[tuple[dict, str, str]] = []
+    for e in ledger:  # consecutive observations often carry the same disruptions: say them once
+        text = "; ".join((e.get("disruptions") or [])[:3])
+        if text and (not seen or seen[-1][1] != text):
+            seen.append((e, text, "yellow"))
     events = Table.grid(padding=(0, 1))
     for e, text, style in sorted(acts[-8:] + seen[-2:], key=lambda x: x[0].get("time") or 0):
         events.add_row(Text(_clock(e.get("time")), style="dim"), Text(text, style=style))

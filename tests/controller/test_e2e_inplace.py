@@ -209,7 +209,7 @@ def test_a_preempted_slice_leaves_the_other_slices_pods_in_place_and_comes_back(
     assert rec.segments[-1].end_step == STEPS
 
 
-REBOOT_AT = 23  # past the storage checkpoint at step 20, with room before STEPS
+REBOOT_AT = 25  # past the storage checkpoint at step 20, with room before STEPS
 
 
 def test_a_rebooted_host_in_place_is_a_host_disruption_and_costs_at_most_one_step(tmp_path, reference):

@@ -205,6 +205,7 @@ def test_live_view_interleaves_disruptions_with_actions_in_time_order():
     ledger = [
         {"time": T0 + 1, "kind": "launch", "reason": "launched"},
         {"time": T0 + 20, "kind": "observe", "disruptions": ["node pool np-1: gone"]},
+        {"time": T0 + 20.5, "kind": "observe", "disruptions": ["node pool np-1: gone"]},  # the same, again
         {"time": T0 + 21, "kind": "act", "reason": "shrinking"},
         {"time": T0 + 50, "kind": "act", "reason": "trainer finished step 6"},
     ]
@@ -213,6 +214,7 @@ def test_live_view_interleaves_disruptions_with_actions_in_time_order():
     text = console.export_text()
     order = [text.index(s) for s in ("launched", "np-1: gone", "shrinking", "finished step 6")]
     assert order == sorted(order)
+    assert text.count("np-1: gone") == 1  # consecutive observations of the same disruption: one line
     assert "step 6/" in text and "loss 4.4000" in text and "committed 6" in text
 
 
