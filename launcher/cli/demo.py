@@ -32,7 +32,7 @@ from launcher.adapters.rundir import RunDir
 from launcher.cli.watch import watch_run
 from launcher.controller.launch import create_run, prepare
 from launcher.core.errors import ClusterNotReady
-from launcher.core.labels import LABEL_RUN, LABEL_SLICE
+from launcher.core.labels import LABEL_JOB_INDEX, LABEL_RUN, LABEL_SLICE
 from launcher.core.record import Knobs
 from launcher.core.spec import RunSpec
 from launcher.core.words import PodRuntime, RestartMode
@@ -104,7 +104,10 @@ def _pods(kube: Kube, run: str) -> list[dict]:
 
 
 def _slice(pod: dict) -> str | None:
-    return (pod["metadata"].get("labels") or {}).get(LABEL_SLICE)
+    """The pod's slice: its stable slice id in place (one JobSet a slice), its Job's index in the
+    segment's JobSet in recreate."""
+    labels = pod["metadata"].get("labels") or {}
+    return labels.get(LABEL_SLICE) or labels.get(LABEL_JOB_INDEX)
 
 
 def follow_pods(kube: Kube, run: str, stop: threading.Event, seen: dict[str, set[str]]) -> None:
