@@ -40,6 +40,7 @@ MULTI_HOST_BATCH = 32
 # trainer tests' runs of that shape, load one executable from the suite's compile cache instead of
 # compiling one each (a compile costs seconds of CPU per process).
 TRAINER_SETTINGS = (
+    "model.n_layers=1",  # runs.COMMON's depth: see there
     "train.steps={steps}",
     "checkpoint.interval={interval}",
     "moe.ragged_buffer_factor=0",

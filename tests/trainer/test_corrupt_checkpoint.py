@@ -33,7 +33,13 @@ from trainer.state import checkpoint, compile_cache
 from trainer.state.checkpoint import UNUSABLE_DIR, UNUSABLE_REASON
 
 # decay_steps fixed: the resumed run may train further (train.steps=10) and stay the same run.
-SETS = ["checkpoint.interval=2", "checkpoint.keep=10", "optim.decay_steps=10", "metrics.log_every=1000"]
+SETS = [
+    *runs.MODEL,
+    "checkpoint.interval=2",
+    "checkpoint.keep=10",
+    "optim.decay_steps=10",
+    "metrics.log_every=1000",
+]
 CORRUPT = {8: "meta garbage", 6: "truncated arrays", 4: "missing state"}
 
 

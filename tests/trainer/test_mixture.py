@@ -348,7 +348,7 @@ def eval_at(
     run_dir: Path, step: int, devices: list, grad_accum: int, corpus: dict[str, str]
 ) -> dict[str, float]:
     """The eval of checkpoint ``step`` of the mixed run, restored onto a mesh of ``devices``."""
-    sets = ["eval.sources=" + json.dumps([{"name": "held", "path": corpus["held"]}]), "eval.batches=2",
+    sets = [*runs.MODEL, "eval.sources=" + json.dumps([{"name": "held", "path": corpus["held"]}]), "eval.batches=2",
             f"train.grad_accum={grad_accum}"]  # fmt: skip
     cfg = config.resolve("tiny", sets, {})
     mesh = mesh_for(cfg, devices)

@@ -22,7 +22,7 @@ from trainer.step import abstract_state
 
 # The reference run's schedule (40 steps) while a segment stops early: same config hash.
 SCHEDULE = ["--set", "optim.decay_steps=40"]
-SHARDED = ["mesh.fsdp=4", "mesh.tensor=2"]
+SHARDED = [*runs.MODEL, "mesh.fsdp=4", "mesh.tensor=2"]
 
 
 @pytest.fixture(scope="module")

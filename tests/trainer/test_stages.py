@@ -64,7 +64,7 @@ def _leaves(tree: dict, prefix: str = "") -> dict[str, np.ndarray]:
 def test_stage_2_step_0_holds_stage_1s_parameters_and_adam_moments_bitwise(
     cpu8: list, stage1: Path, init_optimizer: bool
 ) -> None:
-    sets = [*STAGE2, f"train.init_from={stage1}", f"train.init_optimizer={init_optimizer}"]
+    sets = [*runs.MODEL, *STAGE2, f"train.init_from={stage1}", f"train.init_optimizer={init_optimizer}"]
     cfg = config.resolve("tiny", sets, {})
     mesh = make_mesh(cfg.moe.num_experts)
     with jax.set_mesh(mesh):
@@ -119,7 +119,7 @@ def test_stage_2_follows_its_schedule_resumes_itself_grows_and_refuses_foreign_c
     assert f"resumed step {stopped} from {run_dir}/checkpoints" in out and "stage start" not in out
     records = runs.parse_metrics(runs.metrics_files(run_dir))
     assert sorted(records) == list(range(1, 31))
-    lr = schedule(config.resolve("tiny", [*STAGE2, "train.steps=30"], {}))
+    lr = schedule(config.resolve("tiny", [*runs.MODEL, *STAGE2, "train.steps=30"], {}))
     for step, rec in records.items():  # record `step` is the update of schedule step `step - 1`
         assert rec["learning/lr"] == pytest.approx(float(lr(step - 1)), rel=1e-6), step
     assert records[1]["learning/lr"] == pytest.approx(1e-3 / 5)  # the first update is not wasted
