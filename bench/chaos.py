@@ -404,7 +404,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--interval", type=int, default=5, help="checkpoint interval (steps)")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="elastic")
-    ap.add_argument("--restart-mode", choices=["recreate", "in-place"], default="recreate")
+    ap.add_argument(
+        "--restart-mode", choices=[m.value for m in RestartMode], default=RestartMode.RECREATE.value
+    )
     ap.add_argument(
         "--keep", type=Path, metavar="DIR", help="what a seed that did not hold leaves, in DIR/seed-N"
     )

@@ -62,6 +62,8 @@ from launcher.core.words import Action, LedgerKind, Phase, RestartMode
 from tests.controller.harness import MULTI_HOST, MULTI_HOST_BATCH, Harness, wait_for
 from trainer.telemetry.startup import parse_report
 
+BOTH = "both"  # --mode: every restart mode, recreate first
+
 
 def first(entries, after: float, pred):
     return next((e["time"] for e in entries if e["time"] >= after and pred(e)), None)
@@ -302,13 +304,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument(
-        "--mode", choices=["both", "recreate", "in-place"], default="both", help="restart modes to measure"
+        "--mode",
+        choices=[BOTH, *(m.value for m in RestartMode)],
+        default=BOTH,
+        help="restart modes to measure",
     )
     ap.add_argument("--json", action="store_true", help="last line: the medians as one JSON object")
     args = ap.parse_args()
     console = Console(width=170)
     loop_before = machine.loop_s()
-    modes = ["recreate", "in-place"] if args.mode == "both" else [args.mode]
+    modes = [m.value for m in RestartMode] if args.mode == BOTH else [args.mode]
     medians: dict[str, float] = {}
     handoff = startup = 0.0  # in place, medians: fault -> hand-off, the new trainers' start-up
     restores: dict[str, list[float]] = {}  # restore seconds by where the state came from
