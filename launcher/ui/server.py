@@ -10,11 +10,13 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import secrets
+import signal
 import socket
 import threading
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs
 
 import uvicorn
@@ -165,6 +167,16 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, remembering the signal that stopped it."""
+
+    signalled: int | None = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.signalled = sig
+        super().handle_exit(sig, frame)
+
+
 class UiServer:
     """`reslice ui` on a bound socket: `serve()` in the foreground, or `start()` in a thread (the
     demo, the tests, the benchmark) and `stop()`."""
@@ -181,7 +193,7 @@ class UiServer:
         config = uvicorn.Config(
             TokenGate(app, self.token) if self.token else app, log_level="warning", access_log=False
         )
-        self.server = uvicorn.Server(config)
+        self.server = _Server(config)
         self._thread: threading.Thread | None = None
 
     @property
@@ -191,6 +203,11 @@ class UiServer:
 
     def serve(self) -> None:
         self.server.run(sockets=[self.sock])
+        # uvicorn shuts down on a SIGINT, then raises it again for the caller; that raise can land
+        # inside asyncio's own SIGINT handling and be lost, and the command then exited 0 instead of
+        # Ctrl-C's 130 (once in a whole suite). Say it here instead.
+        if self.server.signalled == signal.SIGINT:
+            raise KeyboardInterrupt
 
     def start(self) -> UiServer:
         self._thread = threading.Thread(target=self.serve, name="reslice-ui", daemon=True)
