@@ -167,7 +167,7 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-class _Server(uvicorn.Server):
+class _UvicornServer(uvicorn.Server):
     """uvicorn's server, remembering the signal that stopped it."""
 
     signalled: int | None = None
@@ -193,7 +193,7 @@ class UiServer:
         config = uvicorn.Config(
             TokenGate(app, self.token) if self.token else app, log_level="warning", access_log=False
         )
-        self.server = _Server(config)
+        self.server = _UvicornServer(config)
         self._thread: threading.Thread | None = None
 
     @property
