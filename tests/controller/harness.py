@@ -30,8 +30,11 @@ from tests.support.wait import wait_for
 
 PRESET = "tpu7x-2x2x1"  # one host of 8 JAX devices: single-slice runs
 GLOBAL_BATCH = 16
-# Several slices need a multi-host preset (GKE multislice): 2 hosts of 8 devices per slice.
-MULTI_HOST = "tpu7x-2x2x2"
+# Several slices need a multi-host preset (GKE multislice). v5p-2x2x2: 2 hosts of 4 devices per
+# slice. On simulated CPU devices a multi-process step is its collectives over TCP, one Gloo rank
+# per device: half the devices of tpu7x-2x2x2's hosts, half the CPU a step costs (0.19 against 0.40
+# CPU s for 2 processes, docs/measurements.md "The test suite"). The demo keeps tpu7x-2x2x2.
+MULTI_HOST = "v5p-2x2x2"
 MULTI_HOST_BATCH = 32
 # Dropless MoE (factor <= 0): which rows a finite buffer drops depends on the expert-parallel
 # layout, so only a dropless run has the same losses on every shape. One learning-rate schedule for

@@ -6,7 +6,7 @@ import pytest
 from launcher.core.accounting import build_report
 from launcher.core.labels import LABEL_RUN
 from launcher.core.words import RunState
-from tests.controller.harness import Harness, kept_steps, recomputed, wait_for
+from tests.controller.harness import MULTI_HOST, Harness, kept_steps, recomputed, wait_for
 
 pytestmark = pytest.mark.e2e
 INTERVAL = 5
@@ -102,7 +102,7 @@ def test_a_rebooted_host_is_a_host_disruption_not_an_application_failure(tmp_pat
     # fails (no podFailurePolicy rule can match a reboot), JobSet restarts the segment and counts it,
     # as upstream's would; the controller books a host disruption: not an application failure,
     # not a preemption, nothing spent of the run's budget.
-    h = Harness(tmp_path, pools=1, preset="tpu7x-2x2x2")
+    h = Harness(tmp_path, pools=1, preset=MULTI_HOST)
     try:
         h.launch("host", slices=1, steps=20, interval=INTERVAL, max_restarts=1)
         h.start_controller("host")
@@ -147,7 +147,7 @@ def test_a_rebooted_host_is_a_host_disruption_not_an_application_failure(tmp_pat
     assert all(len(v) == 1 for v in computed.values()), {s: v for s, v in computed.items() if len(v) > 1}
     assert recomputed(metrics) >= 2
     assert sorted(kept_steps(metrics)) == list(range(1, 21))
-    assert {(m["num_processes"], m["devices"]) for m in metrics} == {(2, 16)}
+    assert {(m["num_processes"], m["devices"]) for m in metrics} == {(2, 8)}
     # The ledger names the cause; no disruption condition was ever set.
     seen = [d for e in ledger if e.get("kind") == "observe" for d in e.get("disruptions", [])]
     assert any("host disruption (ContainerStatusUnknown)" in d for d in seen), seen

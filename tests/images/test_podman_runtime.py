@@ -1,5 +1,5 @@
 """The embedded cluster's podman runtime (`reslice demo --runtime podman`): the kubelet runs each
-trainer pod as `podman run` of the trainer image. A run of 2 slices of tpu7x-2x2x2 (4 trainer
+trainer pod as `podman run` of the trainer image. A run of 2 slices of v5p-2x2x2 (4 trainer
 containers) loses a slice and is shrunk onto the other at the same global batch, and finishes with
 the segments, and the per-step losses, of the same run under the process runtime. While it runs,
 the pod's log (pods/log, as `kubectl logs` reads it) is the trainer's output, and its
@@ -62,7 +62,7 @@ def test_podman_runtime_shrinks_as_the_process_runtime_does(images, tmp_path, mo
         return [(s.slices, s.devices, s.micro_batch, s.grad_accum, s.end_kind) for s in run["rec"].segments]
 
     assert segments(containers) == segments(processes)
-    assert segments(containers) == [(2, 32, 1, 1, EndKind.CAPACITY_LOST), (1, 16, 2, 1, EndKind.FINISHED)]
+    assert segments(containers) == [(2, 16, 2, 1, EndKind.CAPACITY_LOST), (1, 8, 4, 1, EndKind.FINISHED)]
     assert sorted(containers["kept"]) == sorted(processes["kept"]) == list(range(1, STEPS + 1))
     for step, m in containers["kept"].items():
         ref = processes["kept"][step]
