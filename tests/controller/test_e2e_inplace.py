@@ -61,7 +61,8 @@ def test_in_place_shrink_then_grow_keeps_the_surviving_slice_pods(tmp_path, refe
     try:
         # A grow waits for a checkpoint the shrunk world committed (in-place rule 7): a storage
         # checkpoint every 5 steps lets it come at the first one after the shrink, with most of the
-        # run left, so that the grown world trains before the run ends however fast the steps are.
+        # run left, so that the grown world trains before the run ends however fast the steps are
+        # (every 20 steps, an idle machine's one-slice world finished the run before the grow).
         launch_two_slices(h, "inplace", interval=5)
         h.start_controller("inplace")
         wait_for(lambda: trained(h, "inplace") >= 6, 300, "step 6")
@@ -172,7 +173,7 @@ def test_a_preempted_slice_leaves_the_other_slices_pods_in_place_and_comes_back(
     # on slice 0, then the one with slice 1 back.
     h = Harness(tmp_path, pools=2, preset=MULTI_HOST)
     try:
-        launch_two_slices(h, "spot")
+        launch_two_slices(h, "spot", interval=5)  # the grow comes early: see the first test
         controller = h.controller_process("spot", tmp_path / "controller-1.log")
         wait_for(lambda: trained(h, "spot") >= 6, 300, "step 6")
         controller.kill()

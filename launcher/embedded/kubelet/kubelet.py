@@ -339,12 +339,13 @@ class Kubelet(ControllerLoop):
                 return  # terminate() accounted for the waiting containers
             for c in names:
                 run.backoff.pop(c, None)
-        if not run.simulate:
-            for c in names:
-                self.runtime.launch(run, c)
-                self.runtime.watch(run, c, self._on_exit)
-        ids = dict(run.ids)
-        self._write(run, lambda p: restarted_status(p, names, ids, rfc3339.stamp()))
+        with run.relaunching:
+            if not run.simulate:
+                for c in names:
+                    self.runtime.launch(run, c)
+                    self.runtime.watch(run, c, self._on_exit)
+            ids = dict(run.ids)
+            self._write(run, lambda p: restarted_status(p, names, ids, rfc3339.stamp()))
 
     def _config_error(self, run: PodRun, pod: Mapping[str, Any], msg: str, reason: str) -> None:
         """CreateContainerConfigError: the pod stays Pending; retried on the next event."""
@@ -355,6 +356,8 @@ class Kubelet(ControllerLoop):
         self.enqueue((run.uid, run.namespace, run.name), after=2.0)
 
     def _on_exit(self, run: PodRun, cname: str, rc: int) -> None:
+        with run.relaunching:  # a restarted container's Running status is written before its exit's
+            pass
         with run.lock:
             run.exit_codes[cname] = exit_code(rc)
             run.finished_at[cname] = rfc3339.stamp()

@@ -46,6 +46,10 @@ class PodRun:
     kill_timer: threading.Timer | None = None
     deadline: float = float("inf")
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Held from a restart's launch until its Running status is written: a container that exits at
+    # once waits here before its exit's status, which would otherwise come first (its startedAt
+    # the pod's, then Running over Terminated), as upstream's kubelet never reports them.
+    relaunching: threading.Lock = field(default_factory=threading.Lock)
     restart_policy: str = "Never"
     restarts: int = 0
     plans: dict[str, tuple[list[str], dict[str, str], str]] = field(default_factory=dict)  # argv, env, cwd
