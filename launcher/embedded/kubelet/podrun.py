@@ -47,8 +47,9 @@ class PodRun:
     deadline: float = float("inf")
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Held from a restart's launch until its Running status is written: a container that exits at
-    # once waits here before its exit's status, which would otherwise come first (its startedAt
-    # the pod's, then Running over Terminated), as upstream's kubelet never reports them.
+    # once waits here before its exit's status is written, which would otherwise come first (its
+    # startedAt the pod's, then Running over Terminated). Upstream's kubelet reports a container's
+    # start before its exit.
     relaunching: threading.Lock = field(default_factory=threading.Lock)
     restart_policy: str = "Never"
     restarts: int = 0
