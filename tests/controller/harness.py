@@ -27,6 +27,7 @@ from launcher.core.spec import RunSpec
 from launcher.core.words import RestartMode
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from tests.support.wait import wait_for
+from tests.trainer.runs import MODEL
 
 PRESET = "tpu7x-2x2x1"  # one host of 8 JAX devices: single-slice runs
 GLOBAL_BATCH = 16
@@ -43,7 +44,7 @@ MULTI_HOST_BATCH = 32
 # trainer tests' runs of that shape, load one executable from the suite's compile cache instead of
 # compiling one each (a compile costs seconds of CPU per process).
 TRAINER_SETTINGS = (
-    "model.n_layers=1",  # runs.COMMON's depth: see there
+    *MODEL,  # the trainer tests' depth (one layer): see tests/trainer/runs.py
     "train.steps={steps}",
     "checkpoint.interval={interval}",
     "moe.ragged_buffer_factor=0",
