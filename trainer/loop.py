@@ -177,9 +177,9 @@ class Steps:
 
 
 class Model:
-    """The model as flax sees it, traced on first use (trainer.step): a fresh start needs it, a
-    resume only where the compile cache misses, so a resumed trainer with a warm cache never
-    imports flax or optax (0.3 CPU s) nor traces the initializers (0.2-0.3 s)."""
+    """The model as flax sees it, traced on first use (trainer.step): only where the compile cache
+    misses, so a trainer with a warm cache, fresh or resumed, never imports flax or optax (0.3 CPU
+    s) nor traces the initializers (0.2-0.3 s)."""
 
     def __init__(self, cfg: Config, mesh: Any):
         self.cfg, self.mesh = cfg, mesh
@@ -199,10 +199,10 @@ class Model:
 
         return step.plain(self.traced[1])
 
-    def init_state(self, compile: Any) -> dict:
+    def lower_initial_state(self) -> Any:
         from trainer import step
 
-        return step.init_state(self.cfg, self.mesh, self.traced[1], compile)
+        return step.lower_initial_state(self.cfg, self.traced[1])
 
     def train_step(self) -> Any:
         from trainer import step
@@ -487,7 +487,10 @@ def run(
                 # Nothing restored: the look for a checkpoint (opening Orbax's manager) is start-up.
                 restore_s = 0.0
                 devices, hits = list(mesh.devices.flat), compile_cache.hits()
-                state = model.init_state(lambda low: compile_cache.compiled(low, devices))
+                initializer = compile_cache.initial_state(
+                    model.lower_initial_state, devices, program, cfg.train.seed
+                )
+                state = initializer()
                 if compile_cache.hits() > hits:
                     print("trainer: initial state's program loaded from the compile cache", flush=True)
                 if cfg.train.init_from:  # a stage's first segment: its source's state, at step 0

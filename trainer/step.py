@@ -161,20 +161,20 @@ def from_plain(template: nnx.State, values: dict) -> nnx.State:
     return jax.tree_util.tree_unflatten(treedef, [at(path) for path, _ in paths])
 
 
-def init_state(
-    cfg: Config,
-    mesh: Mesh,
-    abstract: nnx.State,
-    compile: Callable[[jax.stages.Lowered], jax.stages.Compiled] = lambda lowered: lowered.compile(),
-) -> dict:
-    """Materialise the initial state (``plain``) directly in its shardings (no host-side full
-    copy); ``compile`` turns the lowered initializer into its executable (the loop passes the run's
-    compile cache)."""
+def lower_initial_state(cfg: Config, abstract: nnx.State) -> jax.stages.Lowered:
+    """The initializer, traced and lowered: it takes nothing and returns the initial state
+    (``plain``) directly in its shardings (no host-side full copy). Call under the mesh."""
     with nnx.logical_axis_rules(logical_rules(cfg.mesh)):
-        lowered = jax.jit(
+        return jax.jit(
             lambda: plain(nnx.state(_build(cfg))), out_shardings=plain(shardings_of(abstract))
         ).lower()
-    return compile(lowered)()
+
+
+def init_state(cfg: Config, mesh: Mesh, abstract: nnx.State) -> dict:
+    """Materialise the initial state (``plain``); the loop goes through the run's compile cache
+    instead (trainer.state.compile_cache.initial_state)."""
+    with jax.set_mesh(mesh):
+        return lower_initial_state(cfg, abstract).compile()()
 
 
 def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: nnx.State) -> Callable:

@@ -1,10 +1,13 @@
-"""The run's compile cache (trainer.state.compile_cache): the train step stored under a key known before
-tracing, and the per-process entries of lowered programs on simulated CPU devices, where JAX's own
-cache serves process 0 only."""
+"""The run's compile cache (trainer.state.compile_cache): the train step and the initial state stored
+under keys known before tracing, and the per-process entries of lowered programs on simulated CPU
+devices, where JAX's own cache serves process 0 only."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -89,6 +92,49 @@ def test_the_train_step_loads_without_tracing_and_a_changed_config_misses(
         compile_cache.train_step(jitted, args, dev, {"optim": {"lr": 1.0}})(x), first(x), rtol=0
     )
     assert len(traced) == 4
+
+
+def test_the_initial_state_loads_without_tracing_and_another_seed_misses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(compile_cache, "_dir", str(tmp_path))
+    lowered: list[int] = []
+    salt = float(np.random.default_rng().integers(1, 1_000_000))
+
+    def initializer(seed: int):
+        def lower() -> jax.stages.Lowered:
+            lowered.append(seed)  # the loop's traces the model's initializers with flax here
+            return jax.jit(lambda: jnp.arange(8, dtype=jnp.float32) * seed * salt).lower()
+
+        return lower
+
+    dev, hits = jax.devices()[:1], compile_cache.hits()
+    first = compile_cache.initial_state(initializer(1), dev, {"model": {"d": 1}}, seed=1)
+    assert lowered == [1] and compile_cache.hits() == hits
+    again = compile_cache.initial_state(initializer(1), dev, {"model": {"d": 1}}, seed=1)
+    assert lowered == [1] and compile_cache.hits() == hits + 1  # loaded, never lowered
+    np.testing.assert_array_equal(again(), first())
+    # The seed is not in the program (only the host reads it) but the initializers bake it in.
+    other = compile_cache.initial_state(initializer(2), dev, {"model": {"d": 1}}, seed=2)
+    assert lowered == [1, 2]
+    np.testing.assert_array_equal(other(), first() * 2)
+    compile_cache.initial_state(initializer(1), dev, {"model": {"d": 2}}, seed=1)  # another program
+    assert lowered == [1, 2, 1] and len(list((tmp_path / "initial-state").iterdir())) == 3
+
+
+def test_the_keys_hold_the_options_xla_parsed_not_the_variable() -> None:
+    """This process parsed XLA_FLAGS at -O0 and set the variable back to the trainers' -O1
+    (tests/conftest.py): a process started with that variable parses -O1, and its keys differ from
+    this process's, so neither loads the other's executables; two such processes agree."""
+    code = "from trainer.state import compile_cache; print(compile_cache.xla_options())"
+    theirs = [
+        subprocess.run([sys.executable, "-c", code], env=dict(os.environ), capture_output=True, text=True)
+        for _ in range(2)
+    ]
+    assert [p.returncode for p in theirs] == [0, 0], theirs[0].stderr[-2000:]
+    assert theirs[0].stdout == theirs[1].stdout
+    assert theirs[0].stdout.strip() != compile_cache.xla_options()
+    assert "--xla_backend_optimization_level=1" in os.environ["XLA_FLAGS"]
 
 
 def test_the_key_covers_the_code_the_devices_and_the_arguments(tmp_path: Path) -> None:

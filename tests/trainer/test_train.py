@@ -174,9 +174,11 @@ def test_two_processes_train_to_the_end_on_one_compile_and_both_load_the_train_s
     }
     # On CPU the trainer keeps the lowered programs' entries (JAX's cache key differs per process
     # there, and JAX writes process 0's only), one for both processes: the train step's and the
-    # initial state's program in lowered/, the train step keyed before tracing in train-step/.
+    # initial state's program in lowered/, each also keyed before tracing (train-step/,
+    # initial-state/).
     assert len(list((tmp_path / "cache" / "lowered").iterdir())) == 2
     assert len(list((tmp_path / "cache" / "train-step").iterdir())) == 1
+    assert len(list((tmp_path / "cache" / "initial-state").iterdir())) == 1
     # A second segment on the same shape, the run extended by 2 steps with its schedule unchanged:
     # what only the host reads is not in the key, so both processes load the train step without
     # tracing, and no new entry is written.
@@ -202,6 +204,11 @@ def test_two_processes_train_to_the_end_on_one_compile_and_both_load_the_train_s
         assert "trainer: initial state's program loaded from the compile cache" in p.output()
         assert "train step loaded from the compile cache" in p.output()
     assert "process 0's train-step program differs from this process's" in procs[1].output()
+    # Process 0's keys are the first run's: a fresh start that neither traces the model nor imports
+    # flax. Process 1 traced both programs and loaded their lowered entries.
+    assert "initial state loaded without tracing" in procs[0].output()
+    assert "flax and optax were never imported" in procs[0].output()
+    assert "flax and optax were never imported" not in procs[1].output()
 
 
 def _gcs_committed(gcs: FakeGCS, prefix: str) -> list[int]:

@@ -1,5 +1,5 @@
 """The run's compile cache (``<run_dir>/compile_cache``): JAX's persistent compilation cache, and
-the train step's executable stored under a key known before tracing.
+the train step's and the initial state's executables stored under keys known before tracing.
 
 A segment on a shape the run has run before loads the train step's executable instead of compiling
 it again (minutes for a 7B on TPU, paid on every shrink and grow otherwise). The path is local or
@@ -8,9 +8,10 @@ gs:// (JAX reads and writes it through ``etils.epath``).
 ``JAX_COMPILATION_CACHE_DIR``, when set, wins: one cache shared by many runs (a cache baked into
 the image, a team bucket, the test suite's) is the operator's choice, and JAX already reads it.
 
-Two levels, the first tried first (``train_step``), and the state's abstract values beside them
-(``abstract_state``: the restore target and the executable's key, without tracing the model).
-With all three in the cache a resumed trainer never imports flax or optax (trainer/step.py).
+Two levels, the first tried first (``train_step``; ``initial_state`` for a fresh start's
+initializer, keyed alike with the seed beside the program), and the state's abstract values beside
+them (``abstract_state``: the restore target and the executable's key, without tracing the model).
+With these in the cache a trainer, resumed or fresh, never imports flax or optax (trainer/step.py).
 
 - **The train step without tracing** (``<cache>/train-step/``). JAX's cache key hashes the lowered
   program, so a hit still traces and lowers the flax nnx step (1.2 of 1.7 CPU seconds of a hit for
@@ -37,9 +38,8 @@ there process 0 resolves each program first and the others load what it wrote
 (``_process_0_first``). On TPU each host compiles on its own CPUs at the same time, so none
 waits: JAX's key is the same on every host of a slice, and process 0 writes the train-step entry.
 Entries are written only from an executable compiled by this process or an earlier one, never
-from one JAX's cache loaded (``_compile``). The initial state's program (a fresh start) goes through ``compiled``: on
-CPU the same entries as the lowered train step, elsewhere JAX's cache. Entries carry a sha256 of
-their payload and are written aside, then renamed: a reader never loads half an entry.
+from one JAX's cache loaded (``_compile``). Entries carry a sha256 of their payload and are
+written aside, then renamed: a reader never loads half an entry.
 
 ``hits()`` counts JAX's own ``/jax/compilation_cache/cache_hits`` events and the loads here, so
 the loop can report whether its compile was a load (``perf/compile_cache_hits``).
@@ -117,10 +117,21 @@ def entry_path(lowered: jax.stages.Lowered, device_ids: Sequence[int]) -> epath.
         jax.__version__,
         jax.lib.__version__,
         os.environ.get("XLA_FLAGS", ""),
+        xla_options(),
     ):
         key.update(part.encode())
         key.update(b"\0")
     return epath.Path(_dir) / "lowered" / key.hexdigest()
+
+
+def xla_options() -> str:
+    """sha256 of the compile options XLA builds in this process, its parsed flags among them. XLA
+    reads ``XLA_FLAGS`` once per process, at the first compile option it builds, so the variable
+    may say otherwise by then: the test suite's own process compiles at -O0 and its trainers at -O1
+    (tests/conftest.py), and an executable of one must never be loaded as the other's."""
+    from jax._src.lib import xla_client  # no public name for it; the jax version is in every key
+
+    return hashlib.sha256(xla_client.CompileOptions().SerializeAsString()).hexdigest()
 
 
 # How long a process waits for process 0 to resolve a program before compiling it itself: as long
@@ -131,8 +142,8 @@ SHARED_WAIT_S = 900.0
 
 @contextlib.contextmanager
 def _process_0_first(site: str, path: epath.Path) -> Iterator[None]:
-    """Around resolving the entry at ``path`` (load, or compile and write) at ``site`` ("init",
-    "train-step"): on CPU with several processes, process 0 announces in the coordination
+    """Around resolving the entry at ``path`` (load, or compile and write) at ``site``
+    ("initial-state", "train-step"): on CPU with several processes, process 0 announces in the coordination
     service's key-value store once it is done (loaded, written, or failed: then the others compile
     for themselves), and any other process that finds no entry waits for that first. The
     announcement carries the entry's name: a process whose key came out different (an environment
@@ -344,6 +355,7 @@ def program_key(
         "processes": jax.process_count(),
         "jax_config": sorted((k, repr(v)) for k, v in jax.config.values.items()),
         "env": sorted(env.items()),
+        "xla_options": xla_options(),
     }  # fmt: skip
     return _digest(parts)
 
@@ -392,17 +404,6 @@ def abstract_state(
     return abstract
 
 
-def compiled(lowered: jax.stages.Lowered, devices: Sequence[jax.Device]) -> jax.stages.Compiled:
-    """``lowered.compile()``; on CPU through this module's entries, as the train step's second
-    level: there JAX's cache serves process 0 only, and every other process of a multi-process run
-    compiled the state's initializer at every fresh start (7-8 CPU seconds for ``tiny``)."""
-    if _dir is None or not kept_here(jax.default_backend()):
-        return lowered.compile()
-    path = entry_path(lowered, [d.id for d in devices])
-    with _process_0_first("init", path):
-        return load_or_compile(lowered, path, devices)[0]
-
-
 def train_step(
     make: Callable[[], Any], args: tuple, devices: Sequence[jax.Device], program: dict[str, Any]
 ) -> jax.stages.Compiled:
@@ -413,14 +414,36 @@ def train_step(
     if _dir is None:
         return make().lower(*args).compile()
     path = epath.Path(_dir) / "train-step" / program_key(program, args, devices)
-    with _process_0_first("train-step", path):
+    return _keyed("train step", path, lambda: make().lower(*args), devices)
+
+
+def initial_state(
+    lower: Callable[[], jax.stages.Lowered], devices: Sequence[jax.Device], program: dict[str, Any], seed: int
+) -> jax.stages.Compiled:
+    """The initializer of a fresh start (``lower()``: traced and lowered, it takes nothing and
+    returns the initial state in its shardings), keyed before tracing as the train step is, the
+    seed beside the program (only the host reads it, but the initializers are a function of it).
+    A hit neither imports flax nor traces the model's initializers: most of a fresh start's
+    ``init`` phase (docs/measurements.md)."""
+    if _dir is None:
+        return lower().compile()
+    path = epath.Path(_dir) / "initial-state" / program_key({**program, "seed": seed}, (), devices)
+    return _keyed("initial state", path, lower, devices)
+
+
+def _keyed(
+    what: str, path: epath.Path, lower: Callable[[], jax.stages.Lowered], devices: Sequence[jax.Device]
+) -> jax.stages.Compiled:
+    """The executable of the entry at ``path`` (a key known before tracing), else ``lower()``
+    compiled through the second level and stored at ``path``; process 0 first (on CPU)."""
+    with _process_0_first(what.replace(" ", "-"), path):
         entry = _read_whole(path)
         if entry is not None:
             loaded = _load(path, lambda: pickle.loads(entry), devices)
             if loaded is not None:
-                print(f"trainer: train step loaded without tracing from {path}", flush=True)
+                print(f"trainer: {what} loaded without tracing from {path}", flush=True)
                 return loaded
-        lowered, ids = make().lower(*args), [d.id for d in devices]
+        lowered, ids = lower(), [d.id for d in devices]
         if kept_here(jax.default_backend()):
             executable, payload = load_or_compile(lowered, entry_path(lowered, ids), devices)
         else:
