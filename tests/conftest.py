@@ -17,6 +17,29 @@ ROOT = Path(__file__).resolve().parent.parent
 # This process and every trainer it starts run as the embedded kubelet's processes do (JAX on CPU,
 # the same XLA flags): then they load each other's compile cache entries.
 os.environ.update(podenv.simulated_host(os.environ))
+
+
+def _compile_here_at_o0() -> None:
+    """This process's own programs compile at -O0, its trainers' at -O1 (SIMULATED_XLA_FLAGS). The
+    model's tests compile hundreds of programs here and run each a few times: -O0 compiles them in
+    less than half the CPU and runs them about 3 times slower, the right trade for them and the
+    wrong one for a trainer's hundreds of steps (docs/measurements.md, "The test suite"). XLA reads
+    XLA_FLAGS once per process, at the first compile option it builds: built here under -O0, then
+    the variable is set back for the processes this one starts. Both compile caches tell the two
+    apart (JAX's key holds the parsed options, and trainer.state.compile_cache.xla_options)."""
+    from jax._src.lib import xla_client
+
+    trainers = os.environ["XLA_FLAGS"]
+    os.environ["XLA_FLAGS"] = trainers.replace(
+        "--xla_backend_optimization_level=1", "--xla_backend_optimization_level=0"
+    )
+    try:
+        xla_client.CompileOptions()
+    finally:
+        os.environ["XLA_FLAGS"] = trainers
+
+
+_compile_here_at_o0()
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".cache" / "jax"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")

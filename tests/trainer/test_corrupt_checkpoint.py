@@ -4,7 +4,8 @@ One short run commits steps 2, 4, 6 and 8. Then step 8's meta is garbage, step 6
 truncated and step 4 has no `state/`: the resume sets each aside (one line each, moved, never
 deleted) and resumes from step 2 with the losses of a clean resume from step 2. Local runs are
 in-process (real JAX on the 8 simulated devices, real Orbax); the gs:// one is a subprocess against
-the real fake-gcs-server, fed the same committed steps.
+the real fake-gcs-server, fed the same committed steps (its losses within float rounding of the
+in-process ones: the test's process compiles at -O0, tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -155,7 +156,12 @@ def test_on_gcs_too(committed: Path, clean_resume: dict, gcs: FakeGCS, tmp_path:
     assert out.count("is unusable") == 3 and "resumed step 2 " in out and "Traceback" not in out
     names = [n for n in gcs.list_objects("reslice", f"{prefix}/metrics/") if n.endswith(".jsonl")]
     files = {n: gcs.read_object("reslice", n).decode() for n in names}
-    assert _newest_losses(files) == clean_resume
+    # The same steps as the clean resume's, within float rounding, not bit for bit: this resume is a
+    # trainer process (XLA at -O1), the clean one ran in the test's process (-O0, tests/conftest.py),
+    # and the two programs round differently. A resume from any other step is off by far more.
+    resumed = _newest_losses(files)
+    assert sorted(resumed) == sorted(clean_resume)
+    assert all(abs(resumed[s] - clean_resume[s]) <= 1e-5 for s in resumed), (resumed, clean_resume)
     aside = {
         n.split("/")[2] for n in gcs.list_objects("reslice", f"{prefix}/{UNUSABLE_DIR}/") if n.count("/") > 2
     }
