@@ -235,3 +235,24 @@ def test_a_resume_past_a_stale_compile_cache_entry_keeps_every_checkpoint(
     assert out.count("does not restore into the compile cache's abstract state") == 1
     assert "resumed step 8 " in out and "is unusable" not in out
     assert not (run_dir / UNUSABLE_DIR).exists() and runs.committed(run_dir) == [2, 4, 6, 8, 10]
+
+
+def test_closing_waits_for_orbaxs_removal_of_unfinished_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Orbax removes an earlier incarnation's unfinished steps in a thread it starts with the
+    manager; a trainer that exits at once (a refused checkpoint: exit 2) must not end the interpreter
+    under it (its executor then raises into stderr: a traceback after the one line)."""
+    from orbax.checkpoint._src.path import temporary_paths
+
+    removed: list[int] = []
+
+    async def slow_cleanup(*_args: Any, **_kwargs: Any) -> None:
+        await asyncio.sleep(0.5)
+        removed.append(1)
+
+    monkeypatch.setattr(temporary_paths, "cleanup_temporary_paths", slow_cleanup)
+    ckpt = checkpoint.Checkpointer(str(tmp_path), keep=3)
+    assert removed == []  # still running
+    ckpt.close()
+    assert removed == [1]

@@ -265,6 +265,17 @@ class Checkpointer:
         self.manager.wait_until_finished()
 
     def close(self) -> None:
+        """Orbax (0.12.8) removes the unfinished steps of earlier incarnations
+        (``cleanup_tmp_directories``) in a thread of its own, started with the manager, and awaits it
+        before a save but not in ``close()``. A trainer that ends soon after opening the manager (a
+        checkpoint of another run refused: exit 2) would end the interpreter under that thread,
+        whose ``asyncio.to_thread`` then fails into stderr with a traceback. Awaited here first."""
+        try:
+            self.manager._maybe_await_cleanup_tmp_directory()
+        except Exception as e:  # the exit in progress is the one to report
+            print(
+                f"trainer: removing unfinished checkpoint steps failed ({type(e).__name__}: {e})", flush=True
+            )
         self.manager.close()
 
 
