@@ -1,9 +1,10 @@
 """Session-wide settings shared by every test.
 
-JAX runs on simulated CPU devices. The persistent compilation cache is shared by the test process
-and every trainer subprocess (they inherit the environment), so a model shape compiled once is
-loaded from disk by every later process instead of recompiled: that is most of what keeps the
-end-to-end tests inside the CI budget on two cores.
+JAX runs on simulated CPU devices. The persistent compilation cache is shared by every trainer
+subprocess (they inherit the environment), so a model shape compiled once is loaded from disk by
+every later trainer instead of recompiled: that is most of what keeps the end-to-end tests inside
+the CI budget on two cores. The test process compiles its own programs at -O0
+(``_compile_here_at_o0``): its entries are its own.
 """
 
 import json
@@ -14,8 +15,8 @@ from launcher.embedded.kubelet import podenv
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# This process and every trainer it starts run as the embedded kubelet's processes do (JAX on CPU,
-# the same XLA flags): then they load each other's compile cache entries.
+# Every trainer this process starts runs as the embedded kubelet's processes do (JAX on CPU, the
+# same XLA flags): then the trainers load each other's compile cache entries.
 os.environ.update(podenv.simulated_host(os.environ))
 
 
