@@ -8,7 +8,8 @@ pod killed (exit 137), a host crashed without notice and down a few seconds (its
 meanwhile), a host that crashed and rebooted at once (`reboot-host`: `crash-host --down 0`, its pod
 then Failed as upstream's kubelet reports it, a host disruption the run does not count), a drain, an auto-repair, a node pool removed and restored, the controller killed
 (SIGKILL) and restarted, a second controller. They hit a 2-slice run of the `tiny` config on
-tpu7x-2x2x2 over 2 node pools (`--shape single`: one single-host slice; the embedded cluster, the
+the e2e tests' multi-host preset (tests/controller/harness.py `MULTI_HOST`, v5p-2x2x2) over 2 node
+pools (`--shape single`: one single-host slice; the embedded cluster, the
 real trainer, `reslice watch` processes), spread over the run: fault i of n waits for the
 checkpoint at step ~(i + 1) * steps / (n + 1). After the run, per seed:
 
