@@ -4,10 +4,13 @@ devices, where JAX's own cache serves process 0 only."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import jax
@@ -92,6 +95,59 @@ def test_the_train_step_loads_without_tracing_and_a_changed_config_misses(
         compile_cache.train_step(jitted, args, dev, {"optim": {"lr": 1.0}})(x), first(x), rtol=0
     )
     assert len(traced) == 4
+
+
+def test_runs_sharing_a_cache_compile_a_program_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs that miss one entry at once (the suite's workers, a machine's runs sharing
+    JAX_COMPILATION_CACHE_DIR): the second waits for the first's compile and loads its entry; a
+    lock held past SHARED_WAIT_S (a stopped holder) is given up and the program compiled."""
+    monkeypatch.setattr(compile_cache, "_dir", str(tmp_path))
+    salt = float(np.random.default_rng().integers(1, 1_000_000))
+    args, dev, program = (jax.ShapeDtypeStruct((8,), np.float32),), jax.devices()[:1], {"optim": {"lr": 1.0}}
+    made: list[str] = []
+    inside, finish = threading.Event(), threading.Event()
+
+    def maker(run: str, hold: bool = False):
+        def make() -> jax.stages.Wrapped:
+            made.append(run)
+            if hold:  # still tracing and compiling while the other run misses the entry
+                inside.set()
+                finish.wait(30)
+            return jax.jit(lambda x: jnp.tanh(x) * salt)
+
+        return make
+
+    got: dict[str, jax.stages.Compiled] = {}
+    first = threading.Thread(
+        target=lambda: got.update(a=compile_cache.train_step(maker("a", True), args, dev, program))
+    )
+    first.start()
+    assert inside.wait(30)
+    hits = compile_cache.hits()
+    second = threading.Thread(
+        target=lambda: got.update(b=compile_cache.train_step(maker("b"), args, dev, program))
+    )
+    second.start()
+    time.sleep(1.0)
+    assert second.is_alive() and made == ["a"]  # waiting for the first, not compiling
+    finish.set()
+    first.join(30)
+    second.join(30)
+    assert made == ["a"] and compile_cache.hits() == hits + 1  # the second loaded the first's entry
+    x = np.arange(8, dtype=np.float32)
+    np.testing.assert_allclose(got["b"](x), got["a"](x), rtol=0)
+    (entry,) = (tmp_path / "train-step").iterdir()  # the entries' folder holds entries only
+    assert [p.name for p in (tmp_path / "locks").iterdir()] == [f"train-step-{entry.name}"]
+
+    # A holder that never lets go (stopped, say): the wait ends and this process compiles.
+    monkeypatch.setattr(compile_cache, "SHARED_WAIT_S", 0.5)
+    other = {"optim": {"lr": 2.0}}
+    key = compile_cache.program_key(other, args, dev)
+    with open(tmp_path / "locks" / f"train-step-{key}", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        t0 = time.monotonic()
+        compile_cache.train_step(maker("c"), args, dev, other)
+        assert made == ["a", "c"] and time.monotonic() - t0 >= 0.5
 
 
 def test_the_initial_state_loads_without_tracing_and_another_seed_misses(

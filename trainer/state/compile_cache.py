@@ -37,6 +37,10 @@ the same program at once took N times its CPU (10-29 s each for ``tiny`` on 2 lo
 there process 0 resolves each program first and the others load what it wrote
 (``_process_0_first``). On TPU each host compiles on its own CPUs at the same time, so none
 waits: JAX's key is the same on every host of a slice, and process 0 writes the train-step entry.
+Runs that share a local cache (``JAX_COMPILATION_CACHE_DIR``: a machine's runs, the test suite's
+workers) compile each program once too: whoever resolves a key first holds a lock named for the
+entry while it compiles, and the others wait, then load the entry (``_one_at_a_time``). A gs://
+cache has no such lock: each host compiles on its own CPUs.
 Entries are written only from an executable compiled by this process or an earlier one, never
 from one JAX's cache loaded (``_compile``). Entries carry a sha256 of their payload and are
 written aside, then renamed: a reader never loads half an entry.
@@ -48,6 +52,7 @@ the loop can report whether its compile was a load (``perf/compile_cache_hits``)
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -162,6 +167,42 @@ def _process_0_first(site: str, path: epath.Path) -> Iterator[None]:
                 client.key_value_set(f"reslice/compile-cache/{site}", path.name, allow_overwrite=True)
             except Exception as e:  # the others then wait out SHARED_WAIT_S, or die with the group
                 print(f"trainer: {site} program not announced to the other processes ({e})", flush=True)
+
+
+@contextlib.contextmanager
+def _one_at_a_time(path: epath.Path, poll_s: float = 0.1) -> Iterator[None]:
+    """Around resolving the entry at a local ``path``: an exclusive lock on a file named for it
+    (in ``<cache>/locks/``, so that the entries' folders hold entries only). Of the processes on
+    this machine that miss the entry at once (other runs sharing the cache), one compiles and the
+    others then load what it wrote. Taken in short non-blocking tries, so that a SIGTERM meanwhile
+    runs its handler; given up after SHARED_WAIT_S (a holder stopped, not dead: the kernel
+    releases a dead one's lock), and then this process compiles too."""
+    fd = None
+    if "://" not in str(path):  # gs://: no lock across hosts; each compiles, as with JAX's own cache
+        lock = path.parent.parent / "locks" / f"{path.parent.name}-{path.name}"
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+        except OSError as e:  # a cache is an optimization: compile without the lock
+            print(f"trainer: compile cache lock for {path} not taken ({e})", flush=True)
+    try:
+        deadline, said = time.monotonic() + SHARED_WAIT_S, False
+        while fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    print(f"trainer: {path} still locked after {SHARED_WAIT_S:.0f} s, compiling", flush=True)
+                    break
+                if not said:
+                    print(f"trainer: another process compiles {path.name[:12]}, waiting for it", flush=True)
+                    said = True
+                time.sleep(poll_s)
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
 
 
 def _await_announcement(key: str, chunk_ms: int = 200) -> str | None:
@@ -436,7 +477,7 @@ def _keyed(
 ) -> jax.stages.Compiled:
     """The executable of the entry at ``path`` (a key known before tracing), else ``lower()``
     compiled through the second level and stored at ``path``; process 0 first (on CPU)."""
-    with _process_0_first(what.replace(" ", "-"), path):
+    with _process_0_first(what.replace(" ", "-"), path), _one_at_a_time(path):
         entry = _read_whole(path)
         if entry is not None:
             loaded = _load(path, lambda: pickle.loads(entry), devices)
