@@ -26,7 +26,7 @@ import numpy as np
 from trainer import evaluate, restore
 from trainer.config import Config, ConfigError, config_hash, identity, schedule_point
 from trainer.data import pipeline as data
-from trainer.elastic import distributed, supervisor
+from trainer.elastic import distributed, peers, supervisor
 from trainer.elastic.watchdog import Preemption
 from trainer.model import sizes
 from trainer.model.mesh import (
@@ -556,12 +556,17 @@ def run(
                 ckpt.wait()
                 if snapshots is not None:
                     snapshots.wait()
-            if n >= total_steps:
+            code = EXIT_FINISHED if n >= total_steps else EXIT_PREEMPTED
+            if code == EXIT_FINISHED:
                 writer.status(state="finished", step=n, **status)
                 print(f"trainer: finished {n} steps", flush=True)
-                return EXIT_FINISHED
-            print(f"trainer: preempted: step {n} committed, exit {EXIT_PREEMPTED}", flush=True)
-            return EXIT_PREEMPTED
+            else:
+                print(f"trainer: preempted: step {n} committed, exit {EXIT_PREEMPTED}", flush=True)
+            if ckpt.committed(n):
+                # Before closing the checkpointer: a process 0 that exits first takes the coordination
+                # service with it, and this process's supervisor then keeps this code (trainer.elastic.peers).
+                print(peers.SETTLED.format(code=code), file=sys.stderr, flush=True)
+            return code
     finally:
         if profiler is not None:  # a trace cut short (a SIGTERM, a failed step): what it has is kept
             with contextlib.suppress(Exception):

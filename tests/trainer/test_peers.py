@@ -86,6 +86,14 @@ def test_error_text_follows_causes_but_not_source_lines() -> None:
         (-signal.SIGABRT, FATAL_HEARTBEAT, peers.EXIT_PEER_LOST),  # a peer stopped heartbeating
         (-signal.SIGABRT, FATAL_SOCKET_CLOSED, peers.EXIT_PEER_LOST),  # process 0 (the service) died
         (-signal.SIGABRT, FATAL_NEVER_JOINED, peers.EXIT_PEER_LOST),  # a peer never joined in time
+        # Aborted once its code was settled (process 0 gone first): that code; settled twice, the last.
+        (-signal.SIGABRT, f"{peers.SETTLED.format(code=0)}\n{FATAL_SOCKET_CLOSED}", 0),
+        (
+            -signal.SIGABRT,
+            f"trainer: exit 0 settled\n{peers.SETTLED.format(code=42)}\n{FATAL_SOCKET_CLOSED}",
+            42,
+        ),
+        (-signal.SIGKILL, f"{peers.SETTLED.format(code=0)}\n", 137),  # killed is killed
         (-signal.SIGABRT, "F1201 xla/service/foo.cc:12] Check failed: shape ok", 134),  # an XLA bug
         (-signal.SIGKILL, FATAL_HEARTBEAT, 137),  # killed itself (OOM, the kubelet)
         (-signal.SIGSEGV, "", 139),

@@ -19,6 +19,7 @@ import pytest
 
 from tests.support.fake_gcs import FakeGCS
 from tests.trainer import runs
+from trainer.elastic import peers
 
 CONTRACT_KEYS = {
     "step", "segment", "restart_attempt", "time", "learning/loss", "learning/total_loss", "learning/lr",
@@ -157,6 +158,9 @@ def test_two_processes_train_to_the_end_on_one_compile_and_both_load_the_train_s
     procs = runs.processes(str(run_dir), tmp_path, grad_accum=2, extra=cache)
     for p in procs:
         assert p.wait() == 0, p.output()[-4000:]
+        # Said once the last step is committed: an abort after it (process 0 and the coordination
+        # service gone first) keeps exit 0 (trainer.elastic.peers.SETTLED).
+        assert peers.SETTLED.format(code=0) in p.output()
     # Simulated hosts share the machine's cores: process 0 compiles, process 1 waits and loads.
     assert "trainer: train step compiled in" in procs[0].output()
     assert "train step loaded without tracing" in procs[1].output()

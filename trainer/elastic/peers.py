@@ -19,6 +19,7 @@ without counting it against ``maxRestarts``. Everything else (a genuine bug) sti
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import Mapping
 
@@ -43,6 +44,12 @@ _GONE = (
     "deadline_exceeded",
 )
 FATAL_MARKER = "Terminating process because the JAX distributed service detected fatal errors"
+# What a trainer writes to stderr once its exit code can no longer change: its last step committed
+# by every process (the run finished, or the step saved after a SIGTERM). Process 0, which hosts the
+# coordination service, may then exit while another process still closes its checkpointer; that
+# process's service client aborts it (FATAL_MARKER), which is the group ending, not a lost peer.
+SETTLED = "trainer: exit {code} settled"
+_SETTLED = re.compile(r"trainer: exit (\d+) settled")
 
 
 def peer_lost(error: str) -> bool:
@@ -70,14 +77,21 @@ def fate_shared(returncode: int, stderr_tail: str) -> bool:
     return returncode == -signal.SIGABRT and FATAL_MARKER in stderr_tail
 
 
+def settled(stderr_tail: str) -> int | None:
+    """The exit code the child said was settled (SETTLED), if it did."""
+    found = _SETTLED.findall(stderr_tail)
+    return int(found[-1]) if found else None
+
+
 def supervised_exit(returncode: int, stderr_tail: str) -> int:
     """The exit code of the supervisor for its child's ``Popen.returncode``: the child's own code,
-    ``EXIT_PEER_LOST`` for a fate-sharing abort, and 128 + N for any other signal N (as a container
-    runtime reports a process killed by a signal)."""
+    ``EXIT_PEER_LOST`` for a fate-sharing abort (the code it had settled, if it had: SETTLED), and
+    128 + N for any other signal N (as a container runtime reports a process killed by a signal)."""
     if returncode >= 0:
         return returncode
     if fate_shared(returncode, stderr_tail):
-        return EXIT_PEER_LOST
+        code = settled(stderr_tail)
+        return EXIT_PEER_LOST if code is None else code
     return 128 - returncode
 
 

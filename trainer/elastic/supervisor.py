@@ -342,6 +342,12 @@ def supervise(train: Callable[[], int]) -> int:
             f" exit {peers.EXIT_PEER_LOST}; the latest committed step stands",
             flush=True,
         )
+    elif returncode < 0 and code != 128 - returncode:
+        print(
+            f"trainer: JAX's coordination service ended this process after its exit {code} was settled"
+            f" (process 0 had exited): exit {code}",
+            flush=True,
+        )
     return code
 
 

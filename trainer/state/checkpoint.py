@@ -264,6 +264,10 @@ class Checkpointer:
         """Block until every started save has committed."""
         self.manager.wait_until_finished()
 
+    def committed(self, step: int) -> bool:
+        """Whether ``step``'s commit marker is in storage (written last, by process 0)."""
+        return (self.directory / str(step) / COMMIT_FILE).exists()
+
     def close(self) -> None:
         """Orbax (0.12.8) removes the unfinished steps of earlier incarnations
         (``cleanup_tmp_directories``) in a thread of its own, started with the manager, and awaits it
