@@ -335,14 +335,15 @@ def supervise(train: Callable[[], int]) -> int:
     # wrote is in it already, so a short wait reads it all.
     _end_strays(keep=())
     pump.join(timeout=2.0)
-    code = peers.supervised_exit(returncode, bytes(tail).decode(errors="replace"))
+    said = bytes(tail).decode(errors="replace")
+    code = peers.supervised_exit(returncode, said)
     if code == peers.EXIT_PEER_LOST and returncode < 0:
         print(
             f"trainer: JAX's coordination service ended this process because a peer is lost:"
             f" exit {peers.EXIT_PEER_LOST}; the latest committed step stands",
             flush=True,
         )
-    elif returncode < 0 and code != 128 - returncode:
+    elif peers.fate_shared(returncode, said):  # the abort came after the child settled `code`
         print(
             f"trainer: JAX's coordination service ended this process after its exit {code} was settled"
             f" (process 0 had exited): exit {code}",
