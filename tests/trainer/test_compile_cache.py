@@ -260,6 +260,7 @@ def test_the_program_key_leaves_out_what_only_the_host_reads() -> None:
         ["train.steps=42", "optim.decay_steps=40"],  # extended, the schedule unchanged
         ["train.steps=40", "checkpoint.interval=3", "metrics.log_every=1", "train.seed=7"],
         ["train.steps=40", "train.stall_timeout_s=9", "data.prefetch=4"],
+        ["train.steps=40", "train.profile_steps=[2, 3]"],  # a trace around the same executable
     ]
     for sets in same:
         assert program(config.resolve("tiny", sets, {})) == program(base), sets
@@ -269,3 +270,22 @@ def test_the_program_key_leaves_out_what_only_the_host_reads() -> None:
         ["train.steps=40", "model.d_model=32"],
     ):
         assert program(config.resolve("tiny", sets, {})) != program(base), sets  # decay follows steps
+
+
+def test_the_initializer_is_one_program_whatever_the_batch_plan(cpu8: list) -> None:
+    """compile_cache.initial_state keys the initializer without BATCH_PLAN: sound only while the
+    initial state does not depend on it (the MoE's buffers, say, sized by the micro-batch)."""
+    from trainer import config, step
+    from trainer.model.mesh import mesh_for
+    from trainer.state.compile_cache import BATCH_PLAN
+
+    def initializer(sets: list[str]) -> str:
+        cfg = config.resolve("tiny", ["mesh.fsdp=2", *sets], {})
+        mesh = mesh_for(cfg)
+        with jax.set_mesh(mesh):
+            return step.lower_initial_state(cfg, step.abstract_state(cfg, mesh)[1]).as_text()
+
+    base = initializer(["train.global_batch=16"])
+    assert initializer(["train.global_batch=32", "train.micro_batch=2", "train.grad_accum=4"]) == base
+    assert initializer(["train.global_batch=16", "model.d_model=32"]) != base  # the model: another
+    assert set(BATCH_PLAN) <= set(config.TrainConfig.__dataclass_fields__)

@@ -346,7 +346,12 @@ HOST_ONLY_TRAIN = (
     "debug_start_delay_s",
     "init_from",  # a stage's source is read by the host; the step is the same program
     "init_optimizer",
+    "profile_steps",  # a trace is taken around the step, of the same executable
 )
+# What the train step alone reads of the train section: the initial state is the same values in
+# the same shardings whatever the batch, so a fresh start at another global batch (or another
+# split of it into micro-batches) on a mesh the cache has seen loads its initializer.
+BATCH_PLAN = ("global_batch", "micro_batch", "grad_accum")
 # What the train step reads of the (otherwise host-only) data section: the EOS masks the loss and
 # bounds the documents.
 DATA_IN_STEP = ("eos_id",)
@@ -468,7 +473,11 @@ def initial_state(
     ``init`` phase (docs/measurements.md)."""
     if _dir is None:
         return lower().compile()
-    path = epath.Path(_dir) / "initial-state" / program_key({**program, "seed": seed}, (), devices)
+    unbatched = {
+        **program,
+        "train": {k: v for k, v in program.get("train", {}).items() if k not in BATCH_PLAN},
+    }
+    path = epath.Path(_dir) / "initial-state" / program_key({**unbatched, "seed": seed}, (), devices)
     return _keyed("initial state", path, lower, devices)
 
 
