@@ -261,6 +261,7 @@ def test_the_program_key_leaves_out_what_only_the_host_reads() -> None:
         ["train.steps=40", "checkpoint.interval=3", "metrics.log_every=1", "train.seed=7"],
         ["train.steps=40", "train.stall_timeout_s=9", "data.prefetch=4"],
         ["train.steps=40", "train.profile_steps=[2, 3]"],  # a trace around the same executable
+        ["train.steps=40", "train.global_batch=32", "train.micro_batch=2"],  # in the step's arguments
     ]
     for sets in same:
         assert program(config.resolve("tiny", sets, {})) == program(base), sets
@@ -273,8 +274,9 @@ def test_the_program_key_leaves_out_what_only_the_host_reads() -> None:
 
 
 def test_the_initializer_is_one_program_whatever_the_batch_plan(cpu8: list) -> None:
-    """compile_cache.initial_state keys the initializer without BATCH_PLAN: sound only while the
-    initial state does not depend on it (the MoE's buffers, say, sized by the micro-batch)."""
+    """compile_cache.program leaves BATCH_PLAN out of every key, the initializer's and the abstract
+    state's too: sound only while the initial state does not depend on it (the MoE's buffers, say,
+    sized by the micro-batch). The train step's arguments carry it (its key's `args`)."""
     from trainer import config, step
     from trainer.model.mesh import mesh_for
     from trainer.state.compile_cache import BATCH_PLAN

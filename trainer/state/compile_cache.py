@@ -348,9 +348,10 @@ HOST_ONLY_TRAIN = (
     "init_optimizer",
     "profile_steps",  # a trace is taken around the step, of the same executable
 )
-# What the train step alone reads of the train section: the initial state is the same values in
-# the same shardings whatever the batch, so a fresh start at another global batch (or another
-# split of it into micro-batches) on a mesh the cache has seen loads its initializer.
+# The batch plan, which the train step takes from its arguments' shapes (tokens [A, GB/A, T+1],
+# in its key as `args`) and the state does not depend on: an auto micro-batch and the same one
+# set by hand are one program, and a fresh start at another global batch on a mesh the cache has
+# seen loads its initializer and abstract state.
 BATCH_PLAN = ("global_batch", "micro_batch", "grad_accum")
 # What the train step reads of the (otherwise host-only) data section: the EOS masks the loss and
 # bounds the documents.
@@ -364,7 +365,7 @@ def program(cfg: Config) -> dict[str, Any]:
     cadence, or another run of the config sharing one cache (JAX_COMPILATION_CACHE_DIR) loads
     the train step without tracing. A field added to the config is in the key until named here."""
     out = {k: v for k, v in cfg.to_dict().items() if k not in HOST_ONLY}
-    out["train"] = {k: v for k, v in out["train"].items() if k not in HOST_ONLY_TRAIN}
+    out["train"] = {k: v for k, v in out["train"].items() if k not in HOST_ONLY_TRAIN + BATCH_PLAN}
     out["data"] = {k: getattr(cfg.data, k) for k in DATA_IN_STEP}
     out["optim"] = {**out["optim"], "decay_steps": decay_steps(cfg)}
     return out
@@ -473,11 +474,7 @@ def initial_state(
     ``init`` phase (docs/measurements.md)."""
     if _dir is None:
         return lower().compile()
-    unbatched = {
-        **program,
-        "train": {k: v for k, v in program.get("train", {}).items() if k not in BATCH_PLAN},
-    }
-    path = epath.Path(_dir) / "initial-state" / program_key({**unbatched, "seed": seed}, (), devices)
+    path = epath.Path(_dir) / "initial-state" / program_key({**program, "seed": seed}, (), devices)
     return _keyed("initial state", path, lower, devices)
 
 
