@@ -190,6 +190,10 @@ class TrainConfig:
     # Test hook: sleep this long after compiling, before the start barrier, as a process whose
     # compile is that much slower than its peers' (0: never). Set it on one process only.
     debug_start_delay_s: float = 0.0
+    # Test hook: sleep this long after every step, as a slower accelerator's step would take (0:
+    # never). A test of a world change paces its run by the clock instead of by more steps, whose
+    # collectives the simulated devices pay for in CPU; a SIGTERM cuts the sleep short.
+    debug_step_pause_s: float = 0.0
     # Stages: start from another run's committed checkpoint (its run directory: the latest one; or
     # one checkpoints/<step> directory), at step 0 with this run's own schedule, data and optimizer.
     init_from: str = ""
@@ -553,6 +557,7 @@ def validate(cfg: Config) -> None:
         (cfg.data.workers >= 0 and cfg.data.prefetch >= 0, "data.workers and data.prefetch must be >= 0"),
         (cfg.train.stall_timeout_s >= 0, "train.stall_timeout_s must be >= 0 (0: automatic)"),
         (cfg.train.debug_start_delay_s >= 0, "train.debug_start_delay_s must be >= 0"),
+        (cfg.train.debug_step_pause_s >= 0, "train.debug_step_pause_s must be >= 0"),
         (cfg.checkpoint.debug_save_delay_s >= 0, "checkpoint.debug_save_delay_s must be >= 0"),
         (t.steps > 0 and t.global_batch > 0, "train.steps and train.global_batch must be positive"),
         (t.micro_batch >= 0 and t.grad_accum > 0, "train.grad_accum must be positive"),

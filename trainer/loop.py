@@ -109,6 +109,13 @@ class Recorder:
         }  # fmt: skip
 
 
+def _sleep_unless_preempted(seconds: float, preemption: Preemption) -> None:
+    """The test hooks' sleeps (train.debug_start_delay_s, debug_step_pause_s), cut short by a SIGTERM."""
+    deadline = time.monotonic() + seconds
+    while not preemption.requested and (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, 0.05))
+
+
 def _meet_peers(
     cfg: Config, env: Mapping[str, str], processes: int, segment: int, attempt: int, preemption: Preemption
 ) -> float | None:
@@ -117,9 +124,7 @@ def _meet_peers(
     on a SIGTERM (nothing trained yet: the caller exits 42)."""
     if delay := cfg.train.debug_start_delay_s:
         print(f"trainer: train.debug_start_delay_s={delay:g}: sleeping before the start barrier", flush=True)
-        deadline = time.monotonic() + delay
-        while time.monotonic() < deadline and not preemption.requested:
-            time.sleep(0.1)
+        _sleep_unless_preempted(delay, preemption)
     if preemption.requested:
         return None
     barrier = distributed.start_barrier_id(segment, attempt)
@@ -361,6 +366,8 @@ def _train(
             last_done = time.perf_counter()  # neither the eval nor the save is the next step's time
             if stop:
                 break
+        if pause := cfg.train.debug_step_pause_s:  # the step in flight runs meanwhile
+            _sleep_unless_preempted(pause, preemption)
     return n
 
 

@@ -127,3 +127,21 @@ def test_a_sigterm_before_joining_exits_42_once_joining_begins(watched) -> None:
     with watched.p.joining():
         watched.step(0.1)
         assert watched.exited.wait(10) and watched.exits == [EXIT_PREEMPTED]
+
+
+def test_the_test_hooks_sleep_is_cut_short_by_a_sigterm() -> None:
+    """trainer.loop's train.debug_step_pause_s and debug_start_delay_s: a whole sleep unless a
+    SIGTERM's flag is raised, then back within one poll."""
+    import time
+    from types import SimpleNamespace
+
+    from trainer.loop import _sleep_unless_preempted
+
+    flag = SimpleNamespace(requested=False)
+    t0 = time.monotonic()
+    _sleep_unless_preempted(0.3, flag)  # type: ignore[arg-type]
+    assert 0.3 <= time.monotonic() - t0 < 1.0
+    threading.Timer(0.2, lambda: setattr(flag, "requested", True)).start()
+    t0 = time.monotonic()
+    _sleep_unless_preempted(30.0, flag)  # type: ignore[arg-type]
+    assert 0.2 <= time.monotonic() - t0 < 1.0

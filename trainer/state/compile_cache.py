@@ -344,6 +344,7 @@ HOST_ONLY_TRAIN = (
     "stall_timeout_s",
     "compile_cache",
     "debug_start_delay_s",
+    "debug_step_pause_s",
     "init_from",  # a stage's source is read by the host; the step is the same program
     "init_optimizer",
     "profile_steps",  # a trace is taken around the step, of the same executable
