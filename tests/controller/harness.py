@@ -52,6 +52,13 @@ TRAINER_SETTINGS = (
 )
 
 
+def paced(pause_s: float) -> tuple[str, ...]:
+    """The trainer setting that paces a run's steps by the clock (train.debug_step_pause_s): a test
+    that needs its run alive across a disruption waits in wall time, not in more steps, whose
+    collectives the simulated devices pay for in CPU (docs/measurements.md, "The test suite")."""
+    return (f"train.debug_step_pause_s={pause_s:g}",)
+
+
 @dataclass
 class JobSetCensus:
     """The most JobSets of a run that ever existed at once, counted from the store's change stream

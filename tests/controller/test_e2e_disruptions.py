@@ -6,10 +6,13 @@ import pytest
 from launcher.core.accounting import build_report
 from launcher.core.labels import LABEL_RUN
 from launcher.core.words import RunState
-from tests.controller.harness import MULTI_HOST, Harness, kept_steps, recomputed, wait_for
+from tests.controller.harness import MULTI_HOST, Harness, kept_steps, paced, recomputed, wait_for
 
 pytestmark = pytest.mark.e2e
 INTERVAL = 5
+# The same-size runs stay alive across their disruptions by the clock (0.1 s after every step),
+# with steps to spare after the last one on a fast machine.
+PACE_S, PREEMPTED_STEPS, STEADY_STEPS = 0.1, 80, 60
 
 
 def node_pool_of(h: Harness, run: str) -> str:
@@ -27,7 +30,7 @@ def attempts(metrics: list[dict]) -> list[int]:
 def test_preemption_then_hard_kill(tmp_path):
     h = Harness(tmp_path, pools=2)
     try:
-        h.launch("same", slices=1, steps=250, interval=INTERVAL)
+        h.launch("same", slices=1, steps=PREEMPTED_STEPS, interval=INTERVAL, extra=paced(PACE_S))
         h.start_controller("same")
         h.wait_step("same", 10, timeout=90)
         # 1. Graceful preemption (the GKE spot sequence) of the slice the run is on: the trainer
@@ -44,6 +47,8 @@ def test_preemption_then_hard_kill(tmp_path):
         committed = h.rundir("same").latest_committed_step()
         wait_for(lambda: h.rundir("same").latest_committed_step() != committed, 30, "the next commit", 0.02)
         committed = h.rundir("same").latest_committed_step()
+        past = lambda: max(m["step"] for m in h.rundir("same").metrics()) >= committed + 2  # noqa: E731
+        wait_for(past, 30, "steps past the commit, which the kill loses", 0.02)
         pod = h.kube.pods(f"{LABEL_RUN}=same")[0]["metadata"]["name"]
         h.cluster.kill_pod("default", pod)
         rec = h.wait_state("same", {RunState.FINISHED}, timeout=150)
@@ -70,7 +75,7 @@ def test_preemption_then_hard_kill(tmp_path):
     redone = {m["step"] for m in metrics if m["restart_attempt"] == 1 and m["step"] > resumed}
     assert 0 < recomputed(metrics) == len(redone) <= 2 * INTERVAL
     assert attempts(metrics) == [0, 1, 2]
-    assert sorted(kept_steps(metrics)) == list(range(1, 251))
+    assert sorted(kept_steps(metrics)) == list(range(1, PREEMPTED_STEPS + 1))
     seen = [d for e in ledger if e.get("kind") == "observe" for d in e.get("disruptions", [])]
     assert any("DisruptionTarget TerminationByKubelet" in d for d in seen)
     assert any("impending-node-termination" in d for d in seen)
@@ -79,7 +84,7 @@ def test_preemption_then_hard_kill(tmp_path):
 def test_api_server_restart_mid_run(tmp_path):
     h = Harness(tmp_path, pools=1, state_dir=tmp_path / "state")
     try:
-        h.launch("steady", slices=1, steps=200, interval=INTERVAL)
+        h.launch("steady", slices=1, steps=STEADY_STEPS, interval=INTERVAL, extra=paced(PACE_S))
         controller = h.start_controller("steady")
         h.wait_step("steady", 10, timeout=90)
         h.cluster.restart_apiserver(downtime_s=2.0)
@@ -92,7 +97,7 @@ def test_api_server_restart_mid_run(tmp_path):
     assert any("410" in k for k in errors), errors
     assert any("interrupted" in k for k in errors), errors
     assert rec.state == RunState.FINISHED and len(rec.segments) == 1
-    assert sorted(kept_steps(metrics)) == list(range(1, 201))
+    assert sorted(kept_steps(metrics)) == list(range(1, STEADY_STEPS + 1))
 
 
 def test_a_rebooted_host_is_a_host_disruption_not_an_application_failure(tmp_path):
