@@ -26,12 +26,16 @@ from tests.controller.harness import (
     Harness,
     assert_same_samples_and_losses,
     kept_steps,
+    paced,
     reference_run,
     wait_for,
 )
 
 pytestmark = pytest.mark.e2e
-STEPS = 40  # four world changes before the final step
+# Four world changes before the final step. Paced by the clock (0.4 s after every step): a world
+# on one slice must not finish the run before the next grow however fast its steps are, and
+# waiting costs no CPU, while a two-slice step's collectives cost the most of any.
+STEPS, PACE_S = 30, 0.4
 RUN = "kq"
 
 
@@ -44,7 +48,7 @@ def launch_queued(h: Harness, mode: RestartMode = RestartMode.IN_PLACE, grow_win
     """As Harness.launch, with a Kueue LocalQueue: the JobSets are rendered suspended."""
     settings = tuple(
         s.format(steps=STEPS, interval=5 if mode == RestartMode.RECREATE else 20) for s in TRAINER_SETTINGS
-    )
+    ) + paced(PACE_S)
     spec = RunSpec(
         run=RUN, run_dir=str(h.tmp / RUN), global_batch=MULTI_HOST_BATCH, config="tiny", overrides=settings,
         grace_period_s=20, heartbeat_timeout_s=10, max_restarts=3, image_pull_policy="Never",
