@@ -366,7 +366,8 @@ def _train(
             last_done = time.perf_counter()  # neither the eval nor the save is the next step's time
             if stop:
                 break
-        if pause := cfg.train.debug_step_pause_s:  # the step in flight runs meanwhile
+        pause = cfg.train.debug_step_pause_s
+        if pause and n < cfg.train.steps:  # the step in flight runs meanwhile; none after the last
             _sleep_unless_preempted(pause, preemption)
     return n
 
