@@ -47,8 +47,10 @@ def test_preemption_then_hard_kill(tmp_path):
         committed = h.rundir("same").latest_committed_step()
         wait_for(lambda: h.rundir("same").latest_committed_step() != committed, 30, "the next commit", 0.02)
         committed = h.rundir("same").latest_committed_step()
-        past = lambda: max(m["step"] for m in h.rundir("same").metrics()) >= committed + 2  # noqa: E731
-        wait_for(past, 30, "steps past the commit, which the kill loses", 0.02)
+        wait_for(
+            lambda: max(m["step"] for m in h.rundir("same").metrics()) >= committed + 2,
+            30, "steps past the commit, which the kill loses", 0.02,
+        )  # fmt: skip
         pod = h.kube.pods(f"{LABEL_RUN}=same")[0]["metadata"]["name"]
         h.cluster.kill_pod("default", pod)
         rec = h.wait_state("same", {RunState.FINISHED}, timeout=150)

@@ -33,7 +33,7 @@ from launcher.core.spec import RunSpec
 from launcher.core.words import RunState
 from launcher.sweep.driver import run_sweep
 from launcher.sweep.spec import ATTACH, LAUNCH, RELAUNCH, make_sweep
-from tests.controller.harness import PRESET, Harness, wait_for
+from tests.controller.harness import PRESET, Harness, paced, wait_for
 
 pytestmark = pytest.mark.e2e
 FACTORS = "1.0,1.125,1.25,1.5,-1"
@@ -96,7 +96,7 @@ def expected_from_metrics(h: Harness, run: str) -> dict:
 def test_sweep_interrupted_and_resumed_on_the_embedded_cluster(tmp_path, capsys):
     h = Harness(tmp_path, pools=2)  # two slices' worth: the third invocation runs two at once
     sweep = make_sweep(name="rb", preset=PRESET, slices=1, config="tiny", factors=FACTORS, steps=STEPS,
-                       warmup=WARMUP, overrides=(f"checkpoint.interval={INTERVAL}", "optim.decay_steps=40", f"train.debug_step_pause_s={PAUSE_S}"),
+                       warmup=WARMUP, overrides=(f"checkpoint.interval={INTERVAL}", "optim.decay_steps=40", *paced(PAUSE_S)),
                        sweep_dir=str(tmp_path / "sweeps" / "rb"))  # fmt: skip
     runs = [f"rb-f{s}" for s in ("1", "1p125", "1p25", "1p5", "dropless")]
     template = for_cluster(
