@@ -9,7 +9,10 @@ the CI budget on two cores. The test process compiles its own programs at -O0
 
 import json
 import os
+import resource
 from pathlib import Path
+
+import pytest
 
 from launcher.embedded.kubelet import podenv
 
@@ -49,19 +52,45 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 MAXTEXT_E2E = ROOT / "tests" / "maxtext_e2e"
 
-# Worker-seconds per test file in the last whole-suite run that passed, written by that run
-# (pytest_sessionfinish below). The workers take whole files longest first (`--no-loadscope-reorder`):
-# the long files start first and the many short ones fill in beside them; xdist's default order (most
-# tests first) left the few-test end-to-end files for the end, where their waiting left the cores
-# half idle. A new file has no figure yet and runs after the known ones until the next whole run.
+# Per test file, its worker-seconds and its CPU seconds (the worker's own and its reaped
+# children's: trainers, the cluster's processes) in the last whole-suite run that passed, written by
+# that run (pytest_sessionfinish below). The workers take whole files in this order
+# (`--no-loadscope-reorder`), each the next one as it frees up.
 DURATIONS = ROOT / "tests" / "durations.json"
+# A file that used less than this many cores over its time mostly waits (on a cluster's grace
+# periods, a late peer, a timeout): three such files at once leave the two cores half idle, which
+# longest-first alone did (docs/measurements.md, "The test suite").
+WAITS_BELOW = 0.5
 
 
-def _durations() -> dict[str, float]:
+def _durations() -> dict[str, tuple[float, float]]:
+    """file -> (seconds, CPU seconds); a figure of one number (the older form) is both."""
     try:
-        return {k: float(v) for k, v in json.loads(DURATIONS.read_text()).items()}
-    except (OSError, ValueError, AttributeError):
+        raw = json.loads(DURATIONS.read_text())
+        return {
+            name: (float(v), float(v)) if isinstance(v, int | float) else (float(v[0]), float(v[1]))
+            for name, v in raw.items()
+        }
+    except (OSError, ValueError, AttributeError, TypeError, IndexError):
         return {}
+
+
+def schedule(figures: dict[str, tuple[float, float]]) -> list[str]:
+    """The files in the order the workers take them: those that work and those that mostly wait
+    (WAITS_BELOW) each longest first, the two lists merged by how far into its own list's seconds a
+    file starts, so that the waiting files are spread over the run beside the working ones."""
+    waits = {name for name, (secs, cpu) in figures.items() if cpu < WAITS_BELOW * secs}
+
+    def starts(names: list[str]) -> dict[str, float]:
+        names = sorted(names, key=lambda n: -figures[n][0])
+        total = sum(figures[n][0] for n in names) or 1.0
+        at, out = 0.0, {}
+        for n in names:
+            out[n], at = at / total, at + figures[n][0]
+        return out
+
+    start = {**starts([n for n in figures if n not in waits]), **starts(sorted(waits))}
+    return sorted(figures, key=lambda n: (start[n], -figures[n][0]))
 
 
 def _inside(path: Path, folder: Path) -> bool:
@@ -79,24 +108,51 @@ def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
 
 
 def pytest_collection_modifyitems(config, items: list) -> None:
-    """The files longest first by the last whole run's figures; files without one after them, as
-    collected (the sort is stable)."""
-    seconds = _durations()
-    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))
+    """The files in `schedule`'s order of the last whole run's figures; files without one after
+    them, as collected (the sort is stable)."""
+    rank = {name: i for i, name in enumerate(schedule(_durations()))}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
-_spent: dict[str, float] = {}
+CPU_PROPERTY = "cpu_s"
+_CPU_START = pytest.StashKey[float]()
+
+
+def _cpu_now() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item) -> None:
+    item.stash[_CPU_START] = _cpu_now()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The test's CPU seconds, its fixtures' set-up and tear-down included, ride on its last report
+    to the controller (xdist sends `user_properties` with it). Containers under podman run outside
+    the worker's process tree: their CPU is not counted."""
+    report = yield
+    if call.when == "teardown" and _CPU_START in item.stash:
+        report.user_properties.append((CPU_PROPERTY, _cpu_now() - item.stash[_CPU_START]))
+    return report
+
+
+_spent: dict[str, list[float]] = {}
 
 
 def pytest_runtest_logreport(report) -> None:
-    """Every phase of every test, summed by file (under xdist the controller sees every worker's)."""
-    name = report.nodeid.split("::")[0]
-    _spent[name] = _spent.get(name, 0.0) + report.duration
+    """Every phase of every test, summed by file (under xdist the controller sees every worker's):
+    its seconds, and its CPU seconds from the last phase's report."""
+    spent = _spent.setdefault(report.nodeid.split("::")[0], [0.0, 0.0])
+    spent[0] += report.duration
+    spent[1] += sum(value for key, value in report.user_properties if key == CPU_PROPERTY)
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
-    """A whole-suite run (no path, -k, -m, --deselect or --lf) that passed rewrites DURATIONS (whole seconds, so that it changes only when
-    a file's time does): the order stays current by itself."""
+    """A whole-suite run (no path, -k, -m, --deselect or --lf) that passed rewrites DURATIONS (whole
+    seconds, so that it changes only when a file's figures do): the order stays current by itself."""
     config = session.config
     whole = [Path(a).resolve() for a in config.args] == [ROOT / "tests"] and not (
         config.option.keyword
@@ -106,5 +162,6 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     )
     if hasattr(config, "workerinput") or not whole or exitstatus != 0 or not _spent:
         return
-    ranked = sorted(_spent.items(), key=lambda kv: -kv[1])
-    DURATIONS.write_text(json.dumps({name: round(secs) for name, secs in ranked}, indent=0) + "\n")
+    ranked = sorted(_spent.items(), key=lambda kv: -kv[1][0])
+    lines = [f"{json.dumps(name)}: [{round(secs)}, {round(cpu)}]" for name, (secs, cpu) in ranked]
+    DURATIONS.write_text("{\n" + ",\n".join(lines) + "\n}\n")
