@@ -32,6 +32,8 @@ from kubernetes import client
 from launcher.core.labels import API_VERSION, LABEL_QUEUE
 
 GROUP, VERSION = API_VERSION.split("/")
+CONFLICT = 409
+CONFLICT_TRIES = 5
 
 
 @dataclass
@@ -53,20 +55,31 @@ class Kueue:
 
     def _suspend(self, name: str, suspend: bool) -> None:
         """One Update, as Kueue's: `RunWithPodSetsInfo` unsuspends and merges the admitted podsets'
-        node selector into the templates; `stopJob` suspends and `RestorePodSetsInfo` takes it out."""
-        js = self._objects().get_namespaced_custom_object(GROUP, VERSION, self.namespace, "jobsets", name)
+        node selector into the templates; `stopJob` suspends and `RestorePodSetsInfo` takes it out.
+        An Update that lost a race with the JobSet controller (409 Conflict: the object changed
+        since it was read) is made again on the newer object, as Kueue's reconciler does when
+        controller-runtime requeues its error."""
         with self._lock:
             selector = self.placement.get(name, {}) if not suspend else {}
             undo = self._merged.pop(name, {}) if suspend else {}
             if selector:
                 self._merged[name] = selector
-        for rjob in js["spec"].get("replicatedJobs") or []:
-            pod = rjob["template"]["spec"]["template"].setdefault("spec", {})
-            nodes = {k: v for k, v in (pod.get("nodeSelector") or {}).items() if k not in undo}
-            if nodes or selector:
-                pod["nodeSelector"] = {**nodes, **selector}
-        js["spec"]["suspend"] = suspend
-        self._objects().replace_namespaced_custom_object(GROUP, VERSION, self.namespace, "jobsets", name, js)
+        for attempt in range(CONFLICT_TRIES):
+            js = self._objects().get_namespaced_custom_object(GROUP, VERSION, self.namespace, "jobsets", name)
+            for rjob in js["spec"].get("replicatedJobs") or []:
+                pod = rjob["template"]["spec"]["template"].setdefault("spec", {})
+                nodes = {k: v for k, v in (pod.get("nodeSelector") or {}).items() if k not in undo}
+                if nodes or selector:
+                    pod["nodeSelector"] = {**nodes, **selector}
+            js["spec"]["suspend"] = suspend
+            try:
+                self._objects().replace_namespaced_custom_object(
+                    GROUP, VERSION, self.namespace, "jobsets", name, js
+                )
+                return
+            except client.ApiException as e:
+                if e.status != CONFLICT or attempt == CONFLICT_TRIES - 1:
+                    raise
 
     def hold(self, name: str) -> None:
         """Admit the JobSet no more (no quota for it, or its admission check pending)."""

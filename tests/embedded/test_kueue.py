@@ -88,3 +88,34 @@ def test_an_admission_places_the_pods_and_a_readmission_moves_them_as_jobset_res
         assert wait_for(pools, what="pods placed again") == {"tpu7x-2x2x2-np-0"}
         job = kube.batch.list_namespaced_job("default").items[0]
         assert job.spec.template.spec.node_selector[pool] == "tpu7x-2x2x2-np-0"
+
+
+def test_an_admission_that_loses_a_race_with_another_writer_is_made_again_on_the_newer_object():
+    """The JobSet controller writes the JobSet while Kueue admits it (its status, as it creates the
+    Jobs): Kueue's Update then gets 409 Conflict, and its reconcile is requeued and reads it again
+    (controller-runtime). The embedded Kueue does the same, keeping the other writer's change."""
+    with running("tpu7x-2x2x2:2", mode="simulate") as kube:
+        js = rendered("kc", "unused", slices=1)
+        js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "q"
+        js["spec"]["suspend"] = True
+        kueue = Kueue(kube.cluster.api_client())
+        kube.create_jobset(js)
+        objects = kueue._objects()
+        reads = []
+
+        def read_then_another_writer(*args):
+            got = objects.get_namespaced_custom_object(*args)
+            if not reads:  # only the first read goes stale
+                objects.patch_namespaced_custom_object(
+                    *args, {"metadata": {"annotations": {"other": "writer"}}}
+                )
+            reads.append(got["metadata"]["resourceVersion"])
+            return got
+
+        racing = type("Racing", (), {"__getattr__": lambda _, n: getattr(objects, n)})()
+        racing.get_namespaced_custom_object = read_then_another_writer
+        kueue._objects = lambda: racing
+        assert kueue.reconcile() == ["kc-0"]
+        got = kube.jobset("kc-0")
+        assert len(reads) == 2 and reads[0] != reads[1]  # read again after the conflict
+        assert got["spec"]["suspend"] is False and got["metadata"]["annotations"]["other"] == "writer"
