@@ -58,9 +58,11 @@ MAXTEXT_E2E = ROOT / "tests" / "maxtext_e2e"
 # (`--no-loadscope-reorder`), each the next one as it frees up.
 DURATIONS = ROOT / "tests" / "durations.json"
 # A file that used less than this many cores over its time mostly waits (on a cluster's grace
-# periods, a late peer, a timeout): three such files at once leave the two cores half idle, which
-# longest-first alone did (docs/measurements.md, "The test suite").
-WAITS_BELOW = 0.5
+# periods, a late peer, a timeout). The three workers share two cores, so a file that works gets
+# about two thirds of one; three waiting files at once leave the cores half idle, which ordering by
+# time alone did (docs/measurements.md, "The test suite"). Containers under podman run outside the
+# worker's process tree: their CPU is not counted, and the image files count as waiting.
+WAITS_BELOW = 1 / 3
 
 
 def _durations() -> dict[str, tuple[float, float]]:
@@ -131,8 +133,7 @@ def pytest_runtest_setup(item) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     """The test's CPU seconds, its fixtures' set-up and tear-down included, ride on its last report
-    to the controller (xdist sends `user_properties` with it). Containers under podman run outside
-    the worker's process tree: their CPU is not counted."""
+    to the controller (xdist sends `user_properties` with it)."""
     report = yield
     if call.when == "teardown" and _CPU_START in item.stash:
         report.user_properties.append((CPU_PROPERTY, _cpu_now() - item.stash[_CPU_START]))

@@ -35,7 +35,8 @@ def test_the_figures_name_files_that_exist() -> None:
 def test_the_figures_are_seconds_and_cpu_seconds_and_the_older_form_still_reads(
     tmp_path, monkeypatch
 ) -> None:
-    assert all(len(v) == 2 and v[1] >= 0 for v in _durations().values())
+    raw = json.loads(DURATIONS.read_text())
+    assert all(isinstance(v, list) and len(v) == 2 and v[1] >= 0 for v in raw.values()), raw
     older = tmp_path / "durations.json"
     older.write_text('{"tests/a.py": 30, "tests/b.py": [20, 3]}')
     monkeypatch.setattr("tests.conftest.DURATIONS", older)
@@ -49,11 +50,11 @@ def test_the_figures_are_seconds_and_cpu_seconds_and_the_older_form_still_reads(
     [
         # Every file works: longest first, as before.
         ({"w1": (100, 150), "w2": (50, 60), "w3": (10, 9)}, ["w1", "w2", "w3"]),
-        # Waiting files (under half a core) spread over the working ones, each list longest first:
+        # Waiting files (under a third of a core) spread over the working ones, each list longest first:
         # w1 starts the work list and s1 the waiting one; s2 starts half-way into the waiting
         # seconds, so after w2 (a third into the work's) and before w3 (two thirds).
         (
-            {"w1": (100, 150), "w2": (100, 100), "w3": (100, 120), "s1": (40, 4), "s2": (40, 19)},
+            {"w1": (100, 150), "w2": (100, 100), "w3": (100, 120), "s1": (40, 4), "s2": (40, 12)},
             ["w1", "s1", "w2", "s2", "w3"],
         ),
         # Only waiting files: longest first.
