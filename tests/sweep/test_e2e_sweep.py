@@ -40,7 +40,7 @@ FACTORS = "1.0,1.125,1.25,1.5,-1"
 # Enough steps after the first checkpoint for `reslice stop` to land mid-run, and for the fourth
 # run to be live when the third invocation attaches to it: paced by the clock
 # (train.debug_step_pause_s), not by more steps, so that a fast machine's runs last as long.
-STEPS, WARMUP, INTERVAL, PAUSE_S = 40, 10, 10, 0.1
+STEPS, WARMUP, INTERVAL, PACE_S = 40, 10, 10, 0.1
 
 
 def fingerprint(h: Harness, run: str) -> dict:
@@ -96,7 +96,7 @@ def expected_from_metrics(h: Harness, run: str) -> dict:
 def test_sweep_interrupted_and_resumed_on_the_embedded_cluster(tmp_path, capsys):
     h = Harness(tmp_path, pools=2)  # two slices' worth: the third invocation runs two at once
     sweep = make_sweep(name="rb", preset=PRESET, slices=1, config="tiny", factors=FACTORS, steps=STEPS,
-                       warmup=WARMUP, overrides=(f"checkpoint.interval={INTERVAL}", "optim.decay_steps=40", *paced(PAUSE_S)),
+                       warmup=WARMUP, overrides=(f"checkpoint.interval={INTERVAL}", "optim.decay_steps=40", *paced(PACE_S)),
                        sweep_dir=str(tmp_path / "sweeps" / "rb"))  # fmt: skip
     runs = [f"rb-f{s}" for s in ("1", "1p125", "1p25", "1p5", "dropless")]
     template = for_cluster(
