@@ -9,14 +9,13 @@ breakdown is fault -> the new world recorded -> first step in it (the survivors'
 supervisors start the next trainer child), with, from the pods' logs, how late the slowest
 survivor saw the world, how long its old trainer took to end after the supervisor's signal
 (SIGKILL when the world names the lost slice, else SIGTERM), and the new trainers' start-up from
-the moment a standby was handed the world; the phase table follows, as for recreate. "to hand-off"
-is fault -> the new trainers handed their world; with both modes the JSON also has its median
+their fork (the pod's supervisor did the imports once, before its first child); the phase table
+follows, as for recreate. "to hand-off" is fault -> the new trainers forked into their world; with both modes the JSON also has its median
 (`inplace_handoff_median_s`) and the ratio in place would reach were it zero
 (`inplace_startup_over_recreate`: the median of the new trainers' start-up, first step included,
 over recreate's median total). Where that is above 0.5 the goal is out of reach on the machine
 whatever in place does before its trainers start: recreate's new trainers pay the same. Each fault
-comes five steps into a segment (its next checkpoint), as one finds a run in its steady state: a
-fault one step after a grow would find the pods' next standbys still importing.
+comes five steps into a segment (its next checkpoint), as one finds a run in its steady state.
 
 A 2-slice run of the `tiny` MoE config on tpu7x-2x2x2 (GKE multislice needs multi-host slices: 2
 hosts of 8 JAX devices per slice, 4 trainer processes) loses one slice (`remove`), the controller
@@ -179,8 +178,8 @@ def world_line(line: str) -> dict | None:
 
 
 def inplace_logs(log_dir: Path, run: str) -> tuple[list[dict], list[dict]]:
-    """From every pod of an in-place run: its trainer children's start-up reports (a child handed
-    its world by a standby times its start-up from that moment), and its supervisor's world lines."""
+    """From every pod of an in-place run: its trainer children's start-up reports (a child after
+    the pod's first times its start-up from its fork), and its supervisor's world lines."""
     reports, worlds = [], []
     for log in sorted(log_dir.glob(f"*_{run}-s*/*.log")):
         for line in log.read_text(errors="replace").splitlines():
@@ -202,7 +201,7 @@ def inplace_breakdown(
     """An in-place shrink: fault -> the controller's new world recorded (it then publishes it and
     deletes only the lost slice's JobSet; the survivors' pods stay) -> every survivor's supervisor
     saw it -> the old trainers ended (after SIGKILL when the world says a slice's hosts are gone,
-    else SIGTERM and the save) -> the new trainers' start-up (from a standby) -> first step."""
+    else SIGTERM and the save) -> the new trainers' start-up (from their fork) -> first step."""
     ledger = sorted(ledger, key=lambda e: e["time"])
     decided = first(
         ledger, fault_t, lambda e: e.get("action") == Action.NEW_WORLD and e.get("segment") == segment
@@ -218,7 +217,7 @@ def inplace_breakdown(
         "old trainer ended": max(ended, default=0.0),
         "signal": "/".join(sorted({w["signal"] for w in mine if w["signal"]})) or "-",
         "start-up": startup,
-        # Fault -> the new trainers handed their world: noticing the fault, publishing the world,
+        # Fault -> the new trainers forked into their world: noticing the fault, publishing the world,
         # the supervisors seeing it, the old trainers' end. What follows, the new trainers'
         # start-up and first step, recreate pays too.
         "to hand-off": step - fault_t - startup,
@@ -368,8 +367,7 @@ def main() -> None:
 def phase_table(reports: dict[int, list[dict]], mode: str) -> Table:
     """Per start-up phase, the median over every process of every shrink: wall and CPU seconds
     (on this machine the new segment's processes start together and share its cores). In place,
-    a trainer handed its world by a standby starts its clock there (phase `standby`: the CPU of
-    the imports it did ahead)."""
+    a trainer after the pod's first starts its clock at its fork: its imports were done before."""
     every = [r["phases"] for rs in reports.values() for r in rs]
     table = Table(
         title=f"{mode}: trainer start-up per process after a shrink, median of {len(every)} (seconds)"

@@ -1,4 +1,4 @@
-"""What only a TPU host shows in the in-place path: a standby's environment, and the chip handed on.
+"""What only a TPU host shows in the in-place path: a forked trainer's environment, and the chip handed on.
 
     python -m bench.tpu_handoff [--handoffs 5] [--steps 3] [--devices 1] [--set KEY=VALUE ...] [--workdir DIR] [--timeout 900] [--json]
 
@@ -8,17 +8,19 @@ trainer (``tiny``), one pod of a one-slice, one-host world published in a file
 dense model): a single-process world, so no socket is opened (a TPU host of this kind
 may allow none, even on loopback). Two pods, one after the other:
 
-1. **Forked**: standbys off (``RESLICE_STANDBY=0``); the trainer is forked into world 0, trains
-   ``--steps`` steps and finishes. Its environment at ``trainer.loop.run`` is written down.
-2. **Hand-offs**: standbys on; worlds 0, 1, ..., ``--handoffs`` are published one after the other,
-   each once the trainer of the previous one has trained ``--steps`` steps of its segment: the
-   supervisor ends that trainer (SIGTERM: it saves and exits 42) and hands the chip to the next,
-   a standby that did its imports (``import jax``: ``cloud_tpu_init`` on a TPU host) before it had
-   a world. Then a world without the pod's slice ends the pod (exit 0).
+1. **Fresh**: world 0 has an ``env`` of its own (``RESLICE_SET=[]``, which changes nothing), so its
+   trainer is a fresh interpreter (``exec``) that imports in its world's environment, as a
+   trainer started by itself does; it trains ``--steps`` steps and finishes. Its environment at
+   ``trainer.loop.run`` is written down.
+2. **Hand-offs**: worlds 0, 1, ..., ``--handoffs`` are published one after the other, each once the
+   trainer of the previous one has trained ``--steps`` steps of its segment: the supervisor ends
+   that trainer (SIGTERM: it saves and exits 42) and forks the next, with the trainer's imports
+   (``import jax``: ``cloud_tpu_init`` on a TPU host) done once in the supervisor before its first
+   child. Then a world without the pod's slice ends the pod (exit 0).
 
-It prints whether the first standby-started trainer's environment equals the forked one's (the
+It prints whether the first forked trainer's environment equals the fresh one's (the
 variables that differ, and those ``cloud_tpu_init`` sets, on both sides), then one line per
-hand-off (was the trainer a standby, how long the previous one took to exit after its SIGTERM,
+hand-off (was the trainer forked with the imports done, how long the previous one took to exit after its SIGTERM,
 first step after the world was published, the chip's wait) and every libtpu lock error the pods
 reported (``Internal error when accessing libtpu multi-process lockfile``). Exit 0 when the
 environments are equal and every hand-off trained without a lock error, else 1. ``--json``: one
@@ -39,7 +41,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from launcher.embedded.kubelet.podenv import SIMULATED_XLA_FLAGS
 from trainer.elastic import supervisor
@@ -54,8 +56,8 @@ TPU_KEYS = (
 )  # fmt: skip
 # Variables that name a pod or a child's own pipe, not the world: they differ between the two pods.
 OWN_KEYS = (
-    supervisor.RUNNING_ENV, supervisor.STANDBY_SWITCH_ENV, "RESLICE_MEMORY_DIR", "RESLICE_MEMORY_ROOT",
-    "RESLICE_WORLD_FILE",
+    supervisor.RUNNING_ENV, "RESLICE_MEMORY_DIR", "RESLICE_MEMORY_ROOT", "RESLICE_WORLD_FILE",
+    "RESLICE_SET",  # the fresh pod's world's own
 )  # fmt: skip
 
 
@@ -72,49 +74,56 @@ def _host_env(env: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def _train(record: Path, argv: list[str]) -> int:
+    """A pod's trainer child: the trainer's own ``main``, its environment written to `record` as
+    ``trainer.loop.run`` gets it, and whether its imports were done before it (by the supervisor)."""
+    forked = "jax" in sys.modules
+    from trainer import __main__ as entry
+    from trainer import loop
+
+    real = loop.run
+
+    def run(cfg: Any, env: Mapping[str, str], *rest: Any) -> int:
+        import jax
+
+        from trainer.telemetry import metrics
+
+        # The supervisor imports the event writer before its first child, a fresh trainer with
+        # its first record (and the import sets CRC32C_SW_MODE): both have it here.
+        metrics.preload_tensorboard()
+
+        device = jax.devices()[0]
+        line = {"pid": os.getpid(), "forked": forked, "env": dict(env), "t": time.time(),
+                "platform": device.platform, "device_kind": device.device_kind}  # fmt: skip
+        with open(record, "a") as f:
+            f.write(json.dumps(line) + "\n")
+        return real(cfg, env, *rest)
+
+    loop.run = run
+    return entry.main(argv)
+
+
 def _pod(record: Path, argv: list[str]) -> int:
-    """A pod's supervisor (``--pod``): the trainer's own ``main`` in each child, its environment
-    written to `record` as ``trainer.loop.run`` gets it."""
+    """A pod's supervisor (``--pod``), with trainer.__main__'s ``preload``; a fresh trainer is
+    this module again with ``--child``."""
     env = _host_env(dict(os.environ))  # bench/__init__.py set its own again on this import
     os.environ.clear()
     os.environ.update(env)
+    from trainer import __main__ as entry
 
-    def train() -> int:
-        standby = supervisor.is_standby()
-        # The trainer's imports, here before a standby waits for its world, as trainer.__main__'s.
-        from trainer import __main__ as entry
-        from trainer import loop
+    def fresh(child_env: Mapping[str, str]) -> NoReturn:
+        argv_child = [sys.executable, "-m", "bench.tpu_handoff", "--child", str(record), "--", *argv]
+        os.execve(sys.executable, argv_child, child_env)
 
-        real = loop.run
-
-        def run(cfg: Any, env: Mapping[str, str], *rest: Any) -> int:
-            import jax
-
-            from trainer.telemetry import metrics
-
-            # A standby imports the event writer ahead of its world, a forked trainer with its
-            # first record (and the import sets CRC32C_SW_MODE): both have it here.
-            metrics.preload_tensorboard()
-
-            device = jax.devices()[0]
-            line = {"pid": os.getpid(), "standby": standby, "env": dict(env), "t": time.time(),
-                    "platform": device.platform, "device_kind": device.device_kind}  # fmt: skip
-            with open(record, "a") as f:
-                f.write(json.dumps(line) + "\n")
-            return real(cfg, env, *rest)
-
-        loop.run = run
-        return entry.main(argv)
-
-    return supervisor.supervise_world(train, os.environ)
+    return supervisor.supervise_world(
+        lambda: _train(record, argv), os.environ, preload=entry._preload, fresh=fresh
+    )
 
 
 class Pod:
     """One pod's supervisor process (this module with ``--pod``) following `world_file`."""
 
-    def __init__(
-        self, work: Path, name: str, steps: int, standby: bool, chip_wait: float, sets: list[str]
-    ) -> None:
+    def __init__(self, work: Path, name: str, steps: int, chip_wait: float, sets: list[str]) -> None:
         self.dir = work / name
         self.dir.mkdir(parents=True)
         self.world_file, self.record, self.log = (
@@ -129,7 +138,7 @@ class Pod:
         env.update(
             PYTHONPATH=path, RESLICE_RUN=RUN, RESLICE_RESTART_MODE="in-place", RESLICE_SLICE_ID="a",
             JOB_COMPLETION_INDEX="0", RESLICE_WORLD_FILE=str(self.world_file),
-            RESLICE_STANDBY="1" if standby else "0", RESLICE_CHIP_WAIT_S=str(chip_wait),
+            RESLICE_CHIP_WAIT_S=str(chip_wait),
             RESLICE_MEMORY_ROOT=str(self.dir),
         )  # fmt: skip
         argv = ["--config", "tiny", "--set", f"run_dir={self.run_dir}", "--set", f"train.steps={steps}",
@@ -141,10 +150,12 @@ class Pod:
                 env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True,
             )  # fmt: skip
 
-    def publish(self, epoch: int, devices: int, slices: tuple[str, ...] = ("a",)) -> float:
+    def publish(
+        self, epoch: int, devices: int, slices: tuple[str, ...] = ("a",), env: dict[str, str] | None = None
+    ) -> float:
         doc = {"run": RUN, "epoch": epoch, "slices": list(slices), "hosts_per_slice": 1,
                "coordinator": "127.0.0.1:1", "global_batch": 16, "micro_batch": 16 // devices, "grad_accum": 1,
-               "published": time.time()}  # fmt: skip
+               "published": time.time(), **({"env": env} if env else {})}  # fmt: skip
         tmp = self.world_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc))
         os.replace(tmp, self.world_file)  # whole, as the contract asks of a file publisher
@@ -194,16 +205,16 @@ class Pod:
             self.proc.wait()
 
 
-def compare(forked: dict[str, str], standby: dict[str, str]) -> dict:
+def compare(fresh: dict[str, str], forked: dict[str, str]) -> dict:
     """The two environments without OWN_KEYS: equal, and the variables that differ."""
-    a = {k: v for k, v in forked.items() if k not in OWN_KEYS}
-    b = {k: v for k, v in standby.items() if k not in OWN_KEYS}
+    a = {k: v for k, v in fresh.items() if k not in OWN_KEYS}
+    b = {k: v for k, v in forked.items() if k not in OWN_KEYS}
     return {
         "equal": a == b,
-        "only_forked": sorted(a.keys() - b.keys()),
-        "only_standby": sorted(b.keys() - a.keys()),
+        "only_fresh": sorted(a.keys() - b.keys()),
+        "only_forked": sorted(b.keys() - a.keys()),
         "changed": sorted(k for k in a.keys() & b.keys() if a[k] != b[k]),
-        "tpu": {k: [forked.get(k), standby.get(k)] for k in TPU_KEYS if k in forked or k in standby},
+        "tpu": {k: [fresh.get(k), forked.get(k)] for k in TPU_KEYS if k in fresh or k in forked},
     }
 
 
@@ -222,7 +233,7 @@ def handoffs(pod: Pod, published: dict[int, float]) -> list[dict]:
         recs = pod.records(epoch)
         m, e = starts.get(epoch), envs.get(epoch)
         rows.append({
-            "epoch": epoch, "standby": bool(e and e["standby"]), "steps": len(recs),
+            "epoch": epoch, "forked": bool(e and e["forked"]), "steps": len(recs),
             "previous_exit": int(m[2]) if m and m[2] else None,
             "previous_exit_s": float(m[3]) if m and m[3] else None,
             "first_step_s": round(recs[0]["time"] - published[epoch], 3) if recs else None,
@@ -234,6 +245,11 @@ def handoffs(pod: Pod, published: dict[int, float]) -> list[dict]:
 def main() -> int:
     if "--pod" in sys.argv[1:2]:  # a pod's supervisor, started by this benchmark
         return _pod(Path(sys.argv[2]), sys.argv[4:])
+    if "--child" in sys.argv[1:2]:  # a fresh trainer, exec'd by a pod's supervisor
+        env = _host_env(dict(os.environ))  # bench/__init__.py set its own again on this import
+        os.environ.clear()
+        os.environ.update(env)
+        return _train(Path(sys.argv[2]), sys.argv[4:])
     parser = argparse.ArgumentParser(prog="python -m bench.tpu_handoff", description=__doc__.split("\n\n")[0])
     parser.add_argument("--handoffs", type=int, default=5, help="hand-offs of the chip in the second pod")
     parser.add_argument(
@@ -255,16 +271,16 @@ def main() -> int:
     deadline = time.monotonic() + args.timeout
     pods: list[Pod] = []
     try:
-        # 1. A trainer forked into its world.
-        forked = Pod(work, "forked", args.steps, standby=False, chip_wait=60, sets=args.set)
-        pods.append(forked)
-        forked.publish(0, args.devices)
-        if (code := forked.wait(deadline)) != 0:
-            raise RuntimeError(f"the forked pod exited {code}:\n{forked.output()[-4000:]}")
-        (forked_env,) = forked.envs()
-        # 2. Hand-offs between standby-started trainers.
+        # 1. A fresh trainer, which imports in its world's environment.
+        fresh = Pod(work, "fresh", args.steps, chip_wait=60, sets=args.set)
+        pods.append(fresh)
+        fresh.publish(0, args.devices, env={"RESLICE_SET": "[]"})
+        if (code := fresh.wait(deadline)) != 0:
+            raise RuntimeError(f"the fresh pod exited {code}:\n{fresh.output()[-4000:]}")
+        (fresh_env,) = fresh.envs()
+        # 2. Hand-offs between trainers forked with the supervisor's imports done.
         total = 100_000  # never reached: each trainer is ended by the next world
-        pod = Pod(work, "handoffs", total, standby=True, chip_wait=60, sets=args.set)
+        pod = Pod(work, "handoffs", total, chip_wait=60, sets=args.set)
         pods.append(pod)
         published: dict[int, float] = {}
         for epoch in range(args.handoffs + 1):
@@ -276,11 +292,12 @@ def main() -> int:
             )
         pod.publish(args.handoffs + 1, args.devices, slices=("elsewhere",))  # leaves this slice out
         pod_code = pod.wait(deadline)
-        standby_env = next(e for e in pod.envs() if e["env"]["RESLICE_WORLD_EPOCH"] == "0")
-        env_check = compare(forked_env["env"], standby_env["env"])
-        env_check["standby_started"] = standby_env["standby"]
+        forked_env = next(e for e in pod.envs() if e["env"]["RESLICE_WORLD_EPOCH"] == "0")
+        env_check = compare(fresh_env["env"], forked_env["env"])
+        env_check["fresh_imported_itself"] = not fresh_env["forked"]
+        env_check["forked_with_imports"] = forked_env["forked"]
         rows = handoffs(pod, published)
-        logs = forked.output() + pod.output()
+        logs = fresh.output() + pod.output()
         lock_errors = logs.count(supervisor.LOCK_ERROR)
         waits = re.findall(r"trainer: the chip is free after ([\d.]+) s", logs)
         retries = len(re.findall(r"starting epoch \d+'s trainer again", logs))
@@ -293,26 +310,30 @@ def main() -> int:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
     ok_handoffs = sum(1 for r in rows[1:] if r["steps"] >= args.steps)
-    print(f"device: {standby_env['platform']} ({standby_env['device_kind']})")
+    print(f"device: {forked_env['platform']} ({forked_env['device_kind']})")
     print(
-        f"environment: a standby-started trainer's {'equals' if env_check['equal'] else 'DIFFERS FROM'}"
-        f" a forked one's (the standby-started one was a standby: {env_check['standby_started']})"
+        f"environment: a trainer forked with the imports done {'equals' if env_check['equal'] else 'DIFFERS FROM'}"
+        f" a fresh one's (forked with them: {env_check['forked_with_imports']};"
+        f" the fresh one imported itself: {env_check['fresh_imported_itself']})"
     )
-    for key in ("only_forked", "only_standby", "changed"):
+    for key in ("only_fresh", "only_forked", "changed"):
         if env_check[key]:
             print(f"  {key}: {', '.join(env_check[key])}")
     for key, (a, b) in env_check["tpu"].items():
-        print(f"  {key}: forked {a!r}, standby {b!r}")
+        print(f"  {key}: fresh {a!r}, forked {b!r}")
     waited = f" ({', '.join(waits)} s)" if waits else ""
     print(f"hand-offs: {ok_handoffs} of {args.handoffs} trained; lock errors {lock_errors}, chip waits {len(waits)}"
           f"{waited}, retries {retries}; the pod exited {pod_code}")  # fmt: skip
     for r in rows:
         print(
-            f"  world {r['epoch']}: {'standby' if r['standby'] else 'forked'}, {r['steps']} steps,"
+            f"  world {r['epoch']}: {'forked with the imports' if r['forked'] else 'imported itself'}, {r['steps']} steps,"
             f" previous trainer exited {r['previous_exit']} {r['previous_exit_s']} s after SIGTERM,"
             f" first step {r['first_step_s']} s after publication"
         )
-    good = env_check["equal"] and ok_handoffs == args.handoffs and lock_errors == 0 and pod_code == 0
+    good = (
+        env_check["equal"] and env_check["fresh_imported_itself"] and env_check["forked_with_imports"]
+        and ok_handoffs == args.handoffs and lock_errors == 0 and pod_code == 0
+    )  # fmt: skip
     if args.json:
         print(json.dumps({"env": env_check, "handoffs": rows, "ok_handoffs": ok_handoffs, "lock_errors": lock_errors,
                           "chip_waits_s": [float(w) for w in waits], "retries": retries, "pod_exit": pod_code,

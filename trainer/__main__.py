@@ -8,7 +8,8 @@ import gc
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import NoReturn
 
 # The supervisor of a multi-process trainer needs no more than these: it starts its child sooner.
 from trainer.elastic import peers, supervisor, world
@@ -49,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trainer: {e}", file=sys.stderr, flush=True)
             return 2
         if in_place:  # even a one-process world: the next may have more
-            return supervisor.supervise_world(lambda: main(argv), os.environ)
+            return supervisor.supervise_world(
+                lambda: main(argv), os.environ, preload=_preload, fresh=_exec_trainer
+            )
         if peers.multi_process(os.environ):
             return supervisor.supervise(lambda: main(argv))
     from trainer.config import ConfigError
@@ -85,30 +88,18 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"config_hash": config.config_hash(cfg), "config": cfg.to_dict()}))
         return 0
     from trainer.elastic.watchdog import Preemption
-    from trainer.telemetry.startup import Timeline, no_rocm_plugin_scan
+    from trainer.telemetry.startup import Timeline
 
-    # A standby (trainer.elastic.supervisor) has no world yet: a SIGTERM before it has one just ends it.
-    standby = supervisor.is_standby()
-    preemption = None if standby else Preemption()  # before the slow imports: SIGTERM means exit 42
+    preemption = Preemption()  # before the slow imports: SIGTERM means exit 42
     # An in-place pod's later trainers start at their fork: the container's start is epochs ago.
     restarted = bool(os.environ.get(supervisor.RESTARTED_ENV))
     timeline = Timeline(supervised=bool(os.environ.get(supervisor.CHILD_ENV)) and not restarted)
     try:
-        with _imports_without_gc(), no_rocm_plugin_scan(os.environ):
-            from trainer import config, loop
-            from trainer.elastic import distributed
+        _import_trainer()  # in place, done already: the child is a fork of a supervisor that did it
+        from trainer import config, loop
+        from trainer.elastic import distributed
 
-            if standby:  # which process it will be is not known yet: it may be the one writing metrics
-                from trainer.telemetry import metrics
-
-                metrics.preload_tensorboard()
         timeline.mark("imports")
-        if standby:
-            handed = supervisor.await_world()  # blocks until the supervisor has a world for it
-            preemption = Preemption()
-            if handed is not None and os.environ.get(supervisor.RESTARTED_ENV):
-                # Its start-up begins when it was handed its world; the imports were done before.
-                timeline = Timeline.handed(handed)
         cfg = config.resolve(args.config, args.set, os.environ)
         code = loop.run(cfg, os.environ, preemption, timeline)
         if code == loop.EXIT_PREEMPTED and not preemption.stepped and distributed.joined():
@@ -151,6 +142,35 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if preemption is not None:
             preemption.restore()
+
+
+def _import_trainer() -> None:
+    """The trainer's imports: JAX, Flax, Orbax, Grain and the trainer's own modules."""
+    from trainer.telemetry.startup import no_rocm_plugin_scan
+
+    with _imports_without_gc(), no_rocm_plugin_scan(os.environ):
+        from trainer import loop  # noqa: F401  (imports the rest of the trainer)
+        from trainer.elastic import distributed  # noqa: F401
+
+
+def _preload() -> None:
+    """The in-place supervisor's ``preload``: the trainer's imports, once for the pod's every child
+    (``supervisor.supervise_world``), and the metrics' event writer, which process 0 would otherwise
+    import with its first record, inside the first step (which child will be process 0 is not
+    known before its world)."""
+    _import_trainer()
+    from trainer.telemetry import metrics
+
+    metrics.preload_tensorboard()
+
+
+def _exec_trainer(env: Mapping[str, str]) -> NoReturn:
+    """Replace this process with a fresh trainer in `env` (the in-place supervisor's ``fresh``: a
+    world with variables of its own, which the imports may read). Same interpreter, same arguments;
+    ``CHILD_ENV`` in `env` makes it train rather than supervise."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
 @contextlib.contextmanager

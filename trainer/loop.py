@@ -230,7 +230,7 @@ def finish_step(inc: Incarnation, pending: Pending, since: float, startup: dict[
     if startup:
         inc.timeline.mark("first step")
         print(inc.timeline.report(jax.process_index()), flush=True)
-        supervisor.notify_running()  # in place: the supervisor may fork the next standby now
+        supervisor.notify_running()  # in place: a lock failure after this is not retried
         rec.update(startup, **{"perf/startup": inc.timeline.phases()})
     total_steps = inc.cfg.train.steps
     if pending.n % inc.cfg.metrics.log_every == 0 or pending.n == total_steps:

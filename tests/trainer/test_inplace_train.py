@@ -126,6 +126,7 @@ def test_the_coordinators_slice_lost_then_a_new_slice_grows_the_world_back(
         s2 = pod(run_dir, world_file, "s2", tmp_path / "s2.log")  # grown capacity: its pod starts first
         runs.wait_for(lambda: "world epoch 1: process 0 of 1" in s1.output(), 60, "s1 alone", s1)
         runs.wait_for(lambda: runs.last_step(run_dir) >= 24, 180, "step 24 on s1 alone", s1)
+        runs.wait_for(lambda: "follows the worlds of" in s2.output(), 60, "s2's supervisor following", s2)
         assert "world epoch" not in s2.output().split("follows the worlds of", 1)[1]  # it only waited
         publish(world_file, world(2, ["s1", "s2"], micro_batch=2))
         assert s1.wait() == 0, s1.output()[-4000:]

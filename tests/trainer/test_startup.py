@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import itertools
+import json
 import os
 import random
 import socket
@@ -28,6 +29,35 @@ def test_a_process_start_is_its_spawn_time_to_the_tick() -> None:
     ).stdout  # fmt: skip
     after = time.time()
     assert before - TICK <= float(out) <= after
+
+
+def test_a_supervised_timeline_counts_the_supervisors_cpu_before_the_fork() -> None:
+    # In place the supervisor does the trainer's imports before it forks: its CPU is start-up too.
+    code = """
+import json, os, time
+from trainer.telemetry.startup import Timeline
+t0 = time.process_time()
+while time.process_time() - t0 < 0.3:  # the supervisor's imports
+    pass
+pid = os.fork()
+if pid == 0:
+    timeline = Timeline(supervised=True)
+    timeline.mark("imports")
+    print(json.dumps(timeline.phases()), flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    phases = json.loads(out)
+    assert list(phases) == ["supervisor", "interpreter", "imports", "total"]
+    assert 0.28 <= phases["supervisor"]["cpu"] < 1.0
+    assert phases["interpreter"]["cpu"] < 0.1 and phases["imports"]["cpu"] < 0.1  # the child's own
+    assert (
+        abs(phases["total"]["cpu"] - sum(phases[p]["cpu"] for p in ("supervisor", "interpreter", "imports")))
+        < 0.01
+    )
 
 
 def test_the_coordinator_is_dialed_until_it_listens() -> None:

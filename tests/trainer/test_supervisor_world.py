@@ -235,10 +235,8 @@ def test_what_a_killed_child_left_is_ended_its_shared_memory_unlinked_and_reaped
     # Ended (SIGTERM: the tracker outlives the worker and unlinks the block) and reaped here.
     wait_for(lambda: reaped(w["worker"]) and reaped(w["tracker"]), 10, "the worker and the tracker reaped")
     assert not shm.exists()
-    # The standby that waited meanwhile was spared: it trains in epoch 1.
-    assert second["pid"] in {r["pid"] for r in p.records() if r["event"] == "standby"}
     p.alive_for(0.3)
-    assert not reaped(second["pid"])
+    assert not reaped(second["pid"])  # the next world's child is spared
 
 
 def test_no_newer_world_after_a_lost_peer_the_pod_exits_43(pod) -> None:
@@ -358,99 +356,77 @@ def test_a_malformed_world_while_training_lets_the_trainer_save_then_exits_2(pod
     assert "exit 2 for the world that could not be read" in p.output()
 
 
-def gone(pid: int) -> bool:
-    """Whether process `pid` has ended (reaped, or a zombie its new parent has not reaped yet)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
-def test_a_standby_forked_ahead_trains_only_in_the_newest_world_and_dies_with_the_pod(pod) -> None:
+def test_the_pod_imports_once_and_every_child_is_forked_with_the_imports_done(pod) -> None:
     p = pod()
-    standbys = lambda: [r for r in p.records() if r["event"] == "standby"]  # noqa: E731
-    first = wait_for(lambda: standbys() or None, 20, "a standby forked before any world")[0]
-    p.publish(world_doc(0, ["b"]))
-    (start0,) = p.wait_starts(1)
-    assert start0["pid"] == first["pid"] and start0["env"]["RESLICE_WORLD_EPOCH"] == "0"
-    # The child reported its first step: the next standby is forked, and waits.
-    second = wait_for(lambda: standbys()[1:] or None, 20, "the next standby")[0]
-    p.alive_for(0.3)
-    assert len(p.starts()) == 1
-    # Two worlds in a row: the standby is handed the newest only, after the child exited.
-    p.publish(world_doc(1, ["a", "b"]))
-    p.publish(world_doc(2, ["b", "a"]))
-    start2 = p.wait_starts(2)[1]
-    assert start2["pid"] == second["pid"] and start2["env"]["RESLICE_WORLD_EPOCH"] == "2"
-    assert start2["env"]["RESLICE_TRAINER_RESTARTED"] == "1"
-    end0 = next(r for r in p.records() if r["event"] == "end")
-    assert end0["pid"] == start0["pid"] and start2["t"] > end0["t"]
-    third = wait_for(lambda: standbys()[2:] or None, 20, "a third standby")[0]
-    p.publish(world_doc(3, ["a"]))  # this slice leaves: the pod exits 0, its standby is killed
+    for epoch, slices in enumerate((["b"], ["a", "b"], ["b", "a"])):
+        p.publish(world_doc(epoch, slices))
+        p.wait_starts(epoch + 1)
+    p.publish(world_doc(3, ["a"]))  # this slice leaves: the pod exits 0
     assert p.wait() == 0, p.output()
-    wait_for(lambda: gone(third["pid"]), 10, "the last standby gone with its supervisor")
-    assert [r["env"]["RESLICE_WORLD_EPOCH"] for r in p.starts()] == ["0", "2"]
+    preloads = [r for r in p.records() if r["event"] == "preload"]
+    # Once, in the supervisor, before it had started any thread (the world source's): a fork while
+    # another thread holds a lock would leave that lock held in the child.
+    assert [(r["pid"], r["threads"]) for r in preloads] == [(p.proc.pid, 1)]
+    starts = p.starts()
+    assert len({r["pid"] for r in starts}) == 3 and p.proc.pid not in {r["pid"] for r in starts}
+    assert {r["imported_by"] for r in starts} == {p.proc.pid}  # none imported again
+    assert all(r["running_fd"] for r in starts)
 
 
-def test_a_standby_that_dies_turns_standbys_off_and_the_next_child_is_forked(pod) -> None:
-    p = pod()
-    standby = wait_for(lambda: [r for r in p.records() if r["event"] == "standby"] or None, 20, "standby")[0]
-    os.kill(standby["pid"], signal.SIGKILL)
-    wait_for(lambda: "the standby trainer exited -9 before its world" in p.output(), 10, "its line")
-    p.publish(world_doc(0, ["b"]))
-    (start,) = p.wait_starts(1)
-    assert start["pid"] != standby["pid"]
-    p.alive_for(0.5)
-    assert sum(r["event"] == "standby" for r in p.records()) == 1  # none forked again
+def test_a_world_with_an_environment_of_its_own_gets_a_fresh_interpreter(pod) -> None:
+    """Its variables may be read by the imports (``JAX_*``): the child imports in them, in a fresh
+    interpreter, and is otherwise a child like any: its first-step pipe, SIGTERM for a newer world."""
+    p = pod(extra={"FAKE_FRESH_WORLDS": "1"})
+    p.publish(world_doc(0, ["b"], env={"FAKE_ON_TERM": "42"}))
+    (fresh,) = p.wait_starts(1)
+    assert fresh["imported_by"] == fresh["pid"] != p.proc.pid
+    assert fresh["running_fd"] and fresh["env"]["RESLICE_TRAINER_CHILD"] == "1"
+    p.publish(world_doc(1, ["b"]))  # none of its own: forked with the supervisor's imports
+    forked = p.wait_starts(2)[1]
+    assert forked["imported_by"] == p.proc.pid
+    assert [r["how"] for r in p.records() if r["event"] == "end"] == ["sigterm"]
+    assert "the trainer of epoch 0 exited 42" in p.output()
 
 
-def test_no_standby_when_the_pod_turns_them_off(pod) -> None:
-    p = pod(extra={"RESLICE_STANDBY": "0"})
-    p.publish(world_doc(0, ["b"]))
-    p.wait_starts(1)
-    p.alive_for(0.5)
-    assert not any(r["event"] == "standby" for r in p.records())
-
-
-def test_a_standby_started_child_sees_the_environment_a_forked_one_sees(tmp_path: Path) -> None:
+def test_a_forked_child_sees_the_environment_a_child_that_imported_itself_sees(tmp_path: Path) -> None:
     """On a TPU host ``import jax`` sets variables (``cloud_tpu_init``) that the backend reads later,
-    in the world: a standby imported before its world must keep them, as a forked child has them."""
-    extra = {"FAKE_IMPORT_ENV": "1", "LIBTPU_INIT_ARGS": "--pod_flag=1", "GRPC_VERBOSITY": "INFO"}
-    pods = {}
+    in the world: a child forked after the supervisor's imports must have them as a child that
+    imported in its world's environment (a world with ``env`` of its own: a fresh interpreter)."""
+    extra = {
+        "FAKE_IMPORT_ENV": "1",
+        "LIBTPU_INIT_ARGS": "--pod_flag=1",
+        "GRPC_VERBOSITY": "INFO",
+        "FAKE_FRESH_WORLDS": "1",
+    }
+    pods, envs = {}, {}
     try:
-        for name, switch in (("standby", "1"), ("forked", "0")):
+        for name, own_env in (("forked", {}), ("fresh", {"FAKE_FRESH": "1"})):
             (tmp_path / name).mkdir()
-            pods[name] = Pod(tmp_path / name, extra={**extra, "RESLICE_STANDBY": switch})
-        # The standby pod's first child is forked ahead of its world, and imports before it has one.
-        wait_for(lambda: any(r["event"] == "standby" for r in pods["standby"].records()), 20, "a standby")
-        doc = world_doc(0, ["b"])
-        envs = {}
-        for name, p in pods.items():
-            p.publish(doc)
-            envs[name] = p.wait_starts(1)[0]["environ"]
-        assert any(r["event"] == "standby" for r in pods["standby"].records())
-        assert not any(r["event"] == "standby" for r in pods["forked"].records())
+            pods[name] = Pod(tmp_path / name, extra=extra)
+            pods[name].publish(world_doc(0, ["b"], env=own_env))
+            (start,) = pods[name].wait_starts(1)
+            envs[name] = start["environ"]
+            assert (start["imported_by"] == start["pid"]) is (name == "fresh")
     finally:
         for p in pods.values():
             p.kill()
-    standby, forked = envs["standby"], envs["forked"]
-    # The imports' variables: set when absent, the pod's own value kept, one appended to.
-    for env in (standby, forked):
+    forked, fresh = envs["forked"], envs["fresh"]
+    # The imports' variables: set when absent, the pod's own value kept, one appended to once.
+    for env in (forked, fresh):
         assert env["TPU_ML_PLATFORM"] == "JAX" and env["TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS"] == "60"
         assert env["GRPC_VERBOSITY"] == "INFO"
         assert env["LIBTPU_INIT_ARGS"] == "--pod_flag=1 --xla_tpu_use_enhanced_launch_barrier=true"
-    # Otherwise the same but for what names its own pod (paths, its pipe's descriptor, the switch).
+    # Otherwise the same but for what names its own pod (paths, its pipe's descriptor, the world's own).
     own = {
         "FAKE_RECORD",
         "RESLICE_WORLD_FILE",
         "RESLICE_MEMORY_DIR",
         "RESLICE_TRAINER_RUNNING_FD",
-        "RESLICE_STANDBY",
+        "FAKE_FRESH",
     }
-    assert {k: v for k, v in standby.items() if k not in own} == {
-        k: v for k, v in forked.items() if k not in own
+    assert {k: v for k, v in forked.items() if k not in own} == {
+        k: v for k, v in fresh.items() if k not in own
     }
-    assert "RESLICE_TRAINER_STANDBY_FD" not in standby
 
 
 def _hold_lock(path: Path) -> subprocess.Popen:

@@ -2,17 +2,21 @@
 around a fake trainer, for tests/trainer/test_supervisor_world.py.
 
 The supervisor is the real one: it reads the pod's environment, follows the world source, forks.
-Only ``train()`` is fake: a standby child appends a line when it is forked and waits for its world
-as the trainer does after its imports; each child appends one JSON line to ``$FAKE_RECORD`` when it starts
-(its pid and the contract variables it got) and one when it ends (how), and otherwise does what
+Only the trainer is fake: its "imports" (``_preload``, which the supervisor runs once, as it runs the
+trainer's) append a line (``preload``: the supervisor's pid and how many threads it had then), and
+with ``FAKE_FRESH_WORLDS=1`` in the pod, a world with ``env`` of its own gets a fresh interpreter
+(``_fresh``: this module again, which trains at once, having imported nothing ahead; without it
+such a world is forked like any, its ``env`` being the fake's orders); each child appends one JSON line to ``$FAKE_RECORD`` when it starts
+(its pid, the contract variables it got, the pid that did its imports, whether its first-step pipe
+is open) and one when it ends (how), and otherwise does what
 its world's ``env`` tells it: ``FAKE_EXIT`` = exit with that code after ``FAKE_AFTER_S`` seconds;
 ``FAKE_ON_TERM`` = the code it exits with on SIGTERM (42 by default, as the trainer after its save;
 ``hang``: it goes on, as a trainer whose step in flight waits for a peer that is gone).
 ``FAKE_WORKERS=1``: it starts what a Grain loader with workers starts (a spawned worker process
 and a shared memory block, so multiprocessing's resource tracker too) and records them.
-``FAKE_IMPORT_ENV=1``: its "imports" (before a standby waits for its world, as the trainer's) change
-the environment as ``import jax`` does on a TPU host (``cloud_tpu_init``: set when absent, one
-appended to), and its start record holds its whole environment (``environ``).
+``FAKE_IMPORT_ENV=1``: its "imports" change the environment as ``import jax`` does on a TPU host
+(``cloud_tpu_init``: set when absent, one appended to), and its start record holds its whole
+environment (``environ``).
 ``FAKE_LOCK=1``: it takes libtpu's lock on ``$RESLICE_LIBTPU_LOCKFILE`` as the TPU backend does when
 it starts, for its life; held by another process, it fails as libtpu does (its error on stderr, exit 1).
 """
@@ -24,6 +28,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 from trainer.elastic import supervisor
@@ -67,6 +72,24 @@ def _imports() -> None:
 
 
 _held: list[int] = []  # the lock file's descriptor, open for the process's life (as libtpu's)
+_imported_by: list[int] = []  # the pid that did this process's imports
+
+
+def _preload() -> None:
+    """The supervisor's ``preload``, as trainer.__main__'s: the imports, once for every child."""
+    _record(event="preload", threads=threading.active_count())
+    _imported()
+
+
+def _imported() -> None:
+    if os.environ.get("FAKE_IMPORT_ENV"):
+        _imports()
+    _imported_by.append(os.getpid())
+
+
+def _fresh(env: dict[str, str]) -> None:
+    """The supervisor's ``fresh``, as trainer.__main__'s: this module again, in `env`."""
+    os.execve(sys.executable, [sys.executable, "-m", "tests.trainer.worldfake"], env)
 
 
 def _take_chip() -> bool:
@@ -86,19 +109,8 @@ def _take_chip() -> bool:
 
 
 def train() -> int:
-    if os.environ.get("FAKE_IMPORT_ENV"):
-        _imports()
-    if supervisor.is_standby():  # as trainer.__main__ after its imports
-        _record(event="standby")
-        supervisor.await_world()
-    if os.environ.get("FAKE_LOCK") and not _take_chip():
-        _record(event="lockfail")
-        return 1
-    environ = {"environ": dict(os.environ)} if os.environ.get("FAKE_IMPORT_ENV") else {}
-    _record(event="start", env={k: os.environ[k] for k in KEYS if k in os.environ}, **environ)
-    if os.environ.get("FAKE_WORKERS"):
-        _start_workers()
-    supervisor.notify_running()  # as the trainer after its first step
+    # Before anything is recorded, as the trainer's own (trainer.__main__: before its imports): a
+    # test that saw this child start may signal it at once.
     on_term = os.environ.get("FAKE_ON_TERM", "42")
 
     def term(_signum: int, _frame: object) -> None:
@@ -109,6 +121,26 @@ def train() -> int:
         os._exit(int(on_term))
 
     signal.signal(signal.SIGTERM, term)
+    if not _imported_by:  # a fresh interpreter: not forked from the supervisor's imports
+        _imported()
+    if os.environ.get("FAKE_LOCK") and not _take_chip():
+        _record(event="lockfail")
+        return 1
+    environ = {"environ": dict(os.environ)} if os.environ.get("FAKE_IMPORT_ENV") else {}
+    try:
+        running_fd = os.fstat(int(os.environ[supervisor.RUNNING_ENV])) is not None
+    except (KeyError, OSError):
+        running_fd = False
+    _record(
+        event="start",
+        env={k: os.environ[k] for k in KEYS if k in os.environ},
+        imported_by=_imported_by[0],
+        running_fd=running_fd,
+        **environ,
+    )
+    if os.environ.get("FAKE_WORKERS"):
+        _start_workers()
+    supervisor.notify_running()  # as the trainer after its first step
     if "FAKE_EXIT" in os.environ:
         time.sleep(float(os.environ.get("FAKE_AFTER_S", "0")))
         code = int(os.environ["FAKE_EXIT"])
@@ -130,4 +162,9 @@ def _start_workers() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(supervisor.supervise_world(train, os.environ))
+    if os.environ.get(supervisor.CHILD_ENV):  # exec'd by _fresh: train, as trainer.__main__ would
+        sys.exit(train())
+    # Worlds give the fake its orders in their env: forked as any world unless the pod asks for
+    # trainer.__main__'s fresh interpreters (FAKE_FRESH_WORLDS=1).
+    fresh = _fresh if os.environ.get("FAKE_FRESH_WORLDS") else None
+    sys.exit(supervisor.supervise_world(train, os.environ, preload=_preload, fresh=fresh))

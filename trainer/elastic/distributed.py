@@ -75,7 +75,7 @@ def _tpu_multihost(env: Mapping[str, str]) -> bool:
 INIT_TIMEOUT_S = 900
 # An in-place pod's later trainer joins a world whose pods all ran when the controller published it
 # (a shrink, a grow once the new slices' pods run, a restart once every slice runs again): its
-# peers are a standby's hand-off away, not a pod start. A world that has not formed by then holds
+# peers are a fork away, not a pod start. A world that has not formed by then holds
 # a pod that cannot take part (a host that rebooted under a pod the API still reads Running:
 # docs/design.md, "A crashed host"), and JAX's initialization timeout ends the wait as a lost
 # peer's: exit 43, after which the supervisor's own wait ends (trainer.elastic.supervisor).

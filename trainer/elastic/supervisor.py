@@ -30,23 +30,15 @@ world's environment. It then has threads when it forks (the world source, the pr
 stderr pump): none of them prints, logs or writes through ``sys.stderr``'s buffer (the pump writes
 to file descriptor 2 directly), so no lock the child could need is held at the fork.
 
-In place, the next child is forked ahead of its world, as a *standby*: it goes through the
-trainer's imports (JAX, Flax, Orbax, Grain: most of a start-up on a loaded host) and then blocks on
-a pipe (``await_world``) until the supervisor hands it the environment of the world it is to train
-in, at the moment the supervisor would otherwise have forked it, so it never sees any other world
-than the newest at that moment; a new world then costs a child only its mesh, restore and compile.
-One standby at a time, forked when the pod starts (before its first world, and before the world
-source's thread: see ``supervise_world``) and again once the running child reports its first step
-(``notify_running``), so that it never competes with a child's start-up, or while this process
-waits for a world with no child. It holds no state: it is killed when the supervisor returns (and by
-``PR_SET_PDEATHSIG`` should the supervisor die), a SIGTERM kills it (the default disposition:
-it has not trained), and one that exits on its own turns standbys off for the pod's life (the
-next child is forked as before). A world with ``env`` of its own is forked as before (those
-variables may concern the imports), and ``RESLICE_STANDBY=0`` in the pod turns standbys off.
-Its cost is one more process with the trainer's imports done (RSS: docs/contract.md). What its
-imports did to its environment (``import jax`` on a TPU host sets ``LIBTPU_INIT_ARGS`` and more)
-is done again to its world's environment (``imports_replayed``): a standby-started trainer sees the
-environment a forked one sees.
+In place, the pod imports the trainer once: ``supervise_world`` runs the trainer's imports (JAX,
+Flax, Orbax, Grain: most of a start-up on a loaded host; ``preload``, from ``trainer.__main__``)
+before it starts any thread, and every child of every world is a fork of this process with those
+imports done, so a new world costs a child only its mesh, restore and compile. What the imports did
+to the environment (``import jax`` on a TPU host sets ``LIBTPU_INIT_ARGS`` and more) is in each
+forked child's environment, as it would be had the child imported itself (``imports_replayed``).
+A world with ``env`` of its own (variables the imports may read: ``JAX_*``) gets a fresh
+interpreter instead: the forked child ``exec``s the trainer (``fresh``), which imports in that
+world's environment. No JAX backend exists in this process, so no JAX thread is forked over.
 
 One process holds a TPU host's chips at a time (libtpu's lock, ``LIBTPU_LOCKFILE``): each child is
 started once no process holds it, and one that failed on it anyway is started again
@@ -62,7 +54,6 @@ import contextlib
 import ctypes
 import errno
 import fcntl
-import json
 import os
 import queue
 import signal
@@ -84,12 +75,8 @@ CHILD_ENV = "RESLICE_TRAINER_CHILD"  # set in the child: it trains instead of su
 # Set in an in-place pod's every child but its first: its start-up began at its fork, not at the
 # container's start (trainer.telemetry.startup.Timeline, which __main__ tells so).
 RESTARTED_ENV = "RESLICE_TRAINER_RESTARTED"
-# In a standby child: the file descriptor its world's environment arrives on (``await_world``).
-STANDBY_ENV = "RESLICE_TRAINER_STANDBY_FD"
 # In an in-place child: the file descriptor it writes one byte to after its first step.
 RUNNING_ENV = "RESLICE_TRAINER_RUNNING_FD"
-# In the pod: "0" turns standbys off.
-STANDBY_SWITCH_ENV = "RESLICE_STANDBY"
 # In the pod: how long to wait for a newer world after a child lost a peer (exit 43) before the pod
 # itself exits 43. The controller acts on what it can see (a pool gone, a node NotReady, a pod
 # failed); a peer that died where nothing reports it (a host rebooted within the node monitor's
@@ -114,39 +101,13 @@ LOCK_ERROR = "Internal error when accessing libtpu multi-process lockfile"
 CHIP_WAIT_ENV = "RESLICE_CHIP_WAIT_S"
 CHIP_WAIT_S = 60.0
 LOCK_RETRIES = 3
-# In a child: its environment as it was forked, before the trainer's imports (``await_world``).
-_forked_env: dict[str, str] = {}
-
-
-def await_world() -> float | None:
-    """In a standby child (``STANDBY_ENV`` set), after the trainer's imports: block until the
-    supervisor hands over the environment of the world to train in, make it this process's, and
-    return the time the supervisor sent it. None in any other process. Exits 0 without a word if
-    the supervisor is gone (the pipe closed)."""
-    raw = os.environ.get(STANDBY_ENV)
-    if not raw:
-        return None
-    fd, buf = int(raw), b""
-    while not buf.endswith(b"\n"):
-        chunk = os.read(fd, 65536)
-        if not chunk:
-            os._exit(0)
-        buf += chunk
-    os.close(fd)
-    msg = json.loads(buf)
-    env = imports_replayed(_forked_env, dict(os.environ), msg["env"])
-    os.environ.clear()
-    os.environ.update(env)
-    os.environ[CHILD_ENV] = "1"
-    return float(msg["at"])
 
 
 def imports_replayed(
     forked: Mapping[str, str], now: Mapping[str, str], env: Mapping[str, str]
 ) -> dict[str, str]:
-    """A standby's environment in its world: the world's `env` with what the standby's own imports
-    did to its environment (from `forked`, as it was forked, to `now`) done again, as they would
-    have done it to a child forked into that world with `env`.
+    """`env` with what the pod's imports did to its environment (from `forked`, before them, to
+    `now`) done again, as they would have done it to a child that imported itself with `env`.
 
     On a TPU host ``import jax`` runs ``cloud_tpu_init``, which sets ``LIBTPU_INIT_ARGS``,
     ``TPU_ML_PLATFORM``, the tensorstore stall timeouts and more, read later when the backend
@@ -154,7 +115,7 @@ def imports_replayed(
     (``setdefault``) or appended to: a variable the imports set or changed is taken as they left
     it unless the world's `env` has a value of its own for it (then it is kept, as ``setdefault``
     would keep it); one they removed is removed likewise. A world whose ``env`` has variables of
-    its own is forked, never handed to a standby (``_Follower.start``)."""
+    its own gets a fresh interpreter, which imports in it (``_Follower.start``)."""
     out = dict(env)
     for key in forked.keys() | now.keys():
         before, after = forked.get(key), now.get(key)
@@ -167,13 +128,9 @@ def imports_replayed(
     return out
 
 
-def is_standby() -> bool:
-    return bool(os.environ.get(STANDBY_ENV))
-
-
 def notify_running() -> None:
-    """In an in-place child: tell the supervisor its first step ran (it may fork the next standby
-    now without slowing this child's start-up). Once; nothing elsewhere."""
+    """In an in-place child: tell the supervisor its first step ran (a child that fails on the
+    chip's lock after it is not started again). Once; nothing elsewhere."""
     raw = os.environ.pop(RUNNING_ENV, None)
     if raw:
         with contextlib.suppress(OSError, ValueError):
@@ -217,7 +174,7 @@ _ending: set[int] = set()  # strays signalled and not reaped yet
 
 
 def _end_strays(keep: Collection[int]) -> None:
-    """SIGTERM every child of this process but `keep` (the running trainer, the standby) and reap
+    """SIGTERM every child of this process but `keep` (the running trainer) and reap
     it in a thread of its own, SIGKILL after STRAY_GRACE_S: what an ended trainer left behind. A
     killed trainer's Grain workers otherwise live on (each with its own JAX import), one set more
     with every world that killed a trainer, for the pod's life. SIGTERM rather than SIGKILL:
@@ -271,9 +228,11 @@ def _child(
     read_end: int,
     write_end: int,
     env: Mapping[str, str] | None = None,
+    fresh: Callable[[Mapping[str, str]], NoReturn] | None = None,
 ) -> NoReturn:
     """The forked child: stderr into the pipe, the signals' defaults back, its environment (`env`,
-    a world's; else the pod's), then train and exit."""
+    a world's; else the pod's), then train and exit; or, given `fresh`, replace this process with a
+    fresh trainer in that environment."""
     code = 1
     try:
         os.close(read_end)
@@ -288,7 +247,10 @@ def _child(
             os.environ.clear()
             os.environ.update(env)
         os.environ[CHILD_ENV] = "1"
-        _forked_env.update(os.environ)  # before the trainer's imports change it (``await_world``)
+        if fresh is not None:
+            if (running := os.environ.get(RUNNING_ENV)) is not None:
+                os.set_inheritable(int(running), True)  # os.pipe()'s ends close at exec otherwise
+            fresh(dict(os.environ))
         code = train()
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else int(e.code is not None)
@@ -357,7 +319,7 @@ class _Event(StrEnum):
 
     WORLD = "world"  # a world document (from the source's thread)
     PROBLEM = "problem"  # the source's trouble, for one log line
-    EXITED = "exited"  # the child (or the standby) ended (from its waiter thread)
+    EXITED = "exited"  # the child ended (from its waiter thread)
     RUNNING = "running"  # the child's first step ran (from its watcher thread)
     SIGNAL = "signal"  # SIGTERM or SIGINT to this process (already forwarded to the child)
 
@@ -373,17 +335,13 @@ class _Child:
         self.running = False  # it reported its first step
 
 
-class _Standby:
-    """A child forked ahead of its world: ``send`` hands it one (``await_world`` reads it)."""
-
-    def __init__(self, pid: int, send: int, running_fd: int, pump: threading.Thread, tail: bytearray) -> None:
-        self.pid, self.send, self.running_fd, self.pump, self.tail = pid, send, running_fd, pump, tail
-
-
 def supervise_world(
     train: Callable[[], int],
     env: Mapping[str, str],
     source: world_source.Source | None = None,
+    *,
+    preload: Callable[[], None] | None = None,
+    fresh: Callable[[Mapping[str, str]], NoReturn] | None = None,
 ) -> int:
     """``RESLICE_RESTART_MODE=in-place`` (docs/contract.md "World (in-place restarts)"): follow the
     published worlds and run ``train()`` in a forked child in each that includes this pod, with
@@ -400,16 +358,21 @@ def supervise_world(
     an epoch at or below the last started. After a 43, or a 42 nobody here asked for, no newer
     world within ``RESLICE_PEER_LOST_WAIT_S`` returns 43. Each child starts once the chip is free
     (``_Follower.await_chip``); one that failed on the chip's lock before its first step is started
-    again (``_Follower.on_exited``)."""
+    again (``_Follower.on_exited``).
+
+    ``preload()``: the trainer's imports, run here once, before any thread, so that every child
+    forked after it has them done. ``fresh(env)``: replaces a forked child with a fresh trainer in
+    `env` (``exec``), for a world with ``env`` of its own; None: such a world's child is forked too."""
     from trainer.elastic import world_source  # http.client imports ssl: not for the recreate mode's start-up
 
+    env = dict(env)  # the pod's, as it started: `preload` may change os.environ
     try:
         me = world.me_from_env(env)
         src = source or world_source.from_env(env)
     except world.WorldError as e:
         print(f"trainer: {e}", file=sys.stderr, flush=True)
         return world.EXIT_CONFIG
-    follower = _Follower(train, env, me)
+    follower = _Follower(train, env, me, fresh)
 
     def on_signal(signum: int, _frame: object) -> None:
         # The loop forwards it: a child forked a moment ago, not yet the follower's, gets it too.
@@ -419,17 +382,18 @@ def supervise_world(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     _adopt_orphans()
+    if preload is not None:
+        # Before any thread starts: a fork while another thread holds a lock (a module's import
+        # lock: the world source's first connection imports lazily) leaves it held in the child.
+        # Later forks come after the first world was delivered, when that thread imports nothing.
+        before = dict(os.environ)
+        preload()
+        follower.forked_env = imports_replayed(before, os.environ, env)
     # RAM for the children's snapshots, which outlives each of them (trainer/state/snapshot.py).
     memory = memdir.make(env, me.slice_id, me.host)
     if memory is not None:
-        env = follower.env = {**env, memdir.MEMORY_DIR_ENV: str(memory)}
-    if follower.standbys:
-        # Before the world source's thread starts: its first connection imports modules lazily
-        # (the idna codec for a host name), and a fork while another thread holds a module's import
-        # lock leaves that lock held for good in the child, whose imports then wait forever. Later
-        # forks come after the first world was delivered, when that thread imports nothing more.
-        with contextlib.suppress(OSError):  # no process left for it: the first child is forked
-            follower.standby = _spawn_standby(train, env, follower.events)
+        follower.env = {**follower.env, memdir.MEMORY_DIR_ENV: str(memory)}
+        follower.forked_env = {**follower.forked_env, memdir.MEMORY_DIR_ENV: str(memory)}
     src.start(
         lambda doc: follower.events.put((_Event.WORLD, doc, time.time())),
         lambda msg: follower.events.put((_Event.PROBLEM, msg, time.time())),
@@ -442,9 +406,6 @@ def supervise_world(
         return follower.follow()
     finally:
         src.stop()
-        if (standby := follower.standby) is not None:  # nothing to save: it never had a world
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(standby.pid, signal.SIGKILL)
         memdir.remove(memory)
 
 
@@ -453,13 +414,20 @@ class _Follower:
     that event's handler (``on_world``, ``on_exited``, ...), each returning None to go on or the
     code this process exits with."""
 
-    def __init__(self, train: Callable[[], int], env: Mapping[str, str], me: world.Me) -> None:
-        self.train, self.env, self.me = train, env, me
+    def __init__(
+        self,
+        train: Callable[[], int],
+        env: Mapping[str, str],
+        me: world.Me,
+        fresh: Callable[[Mapping[str, str]], NoReturn] | None = None,
+    ) -> None:
+        self.train, self.env, self.me, self.fresh = train, env, me, fresh
+        # The pod's environment with what its imports did to it: a forked child's base (`env`: a
+        # fresh interpreter's, which imports itself).
+        self.forked_env: Mapping[str, str] = env
         self.events: queue.SimpleQueue[tuple[_Event, object, float]] = queue.SimpleQueue()  # put is reentrant
         self.terminating: list[int] = []  # the signals this process got (set in the handler, read here)
         self.child: _Child | None = None
-        self.standby: _Standby | None = None
-        self.standbys = env.get(STANDBY_SWITCH_ENV, "1") != "0"
         self.newest: world.World | None = None
         self.seen_at = 0.0
         self.started = -1  # the epoch of the last child started
@@ -539,10 +507,9 @@ class _Follower:
         return peers.EXIT_PEER_LOST
 
     def on_running(self, pid: int, _at: float) -> int | None:
-        """The child's first step ran: the next standby may be forked now."""
+        """The child's first step ran (a failure on the chip's lock is no longer a reason to retry)."""
         if self.child is not None and pid == self.child.pid:
             self.child.running = True
-            self.fork_standby()
         return None
 
     def on_problem(self, msg: str, _at: float) -> int | None:
@@ -592,18 +559,15 @@ class _Follower:
         return self.start()
 
     def on_exited(self, what: tuple[int, int], _at: float) -> int | None:
-        """A child (or the standby) ended: wait for the next world, start it, or exit with its code."""
+        """The child ended: wait for the next world, start it, or exit with its code."""
         pid, returncode = what
-        if self.standby is not None and pid == self.standby.pid:
-            self._standby_exited(returncode)
-            return None
         child = self.child
-        if child is None or pid != child.pid:  # a standby that died as it was handed its world
+        if child is None or pid != child.pid:
             return None
         self.child = None
         # See supervise(): a leftover loader worker holds the pipe until it ends. A killed
         # child's tail says nothing more (no fate-sharing abort).
-        _end_strays(keep=[self.standby.pid] if self.standby is not None else [])
+        _end_strays(keep=())
         child.pump.join(timeout=0.1 if child.killed else 2.0)
         tail = bytes(child.tail).decode(errors="replace")
         code = peers.supervised_exit(returncode, tail)
@@ -642,21 +606,7 @@ class _Follower:
             print(f"trainer: {self.ended}; waiting for a world newer than epoch {self.started}", flush=True)
             if peer_lost or peer_stopped:
                 self.lost_since = time.monotonic()
-            self.fork_standby()
         return None
-
-    def _standby_exited(self, returncode: int) -> None:
-        """The standby ended before its world: standbys are off for the pod's life."""
-        waiting, self.standby, self.standbys = self.standby, None, False
-        assert waiting is not None
-        os.close(waiting.send)
-        waiting.pump.join(timeout=2.0)
-        if not self.terminating:  # a SIGTERM to the pod's process group ends a standby too
-            print(
-                f"trainer: the standby trainer exited {returncode} before its world;"
-                " the next trainers are forked when their world comes",
-                flush=True,
-            )
 
     def _lost_the_chip(self, child: _Child, code: int, tail: str) -> bool:
         """Whether `child` failed, before its first step, because another process held the chip
@@ -676,19 +626,6 @@ class _Follower:
         return True
 
     # What the handlers do.
-
-    def fork_standby(self) -> None:
-        """Fork the next child ahead of its world, unless one waits already (or they are off)."""
-        if not self.standbys or self.standby is not None or self.terminating or self.failed is not None:
-            return
-        try:
-            self.standby = _spawn_standby(self.train, self.env, self.events)
-        except OSError as e:  # no memory or no process left for it: fork when the world comes
-            self.standbys = False
-            print(
-                f"trainer: no standby trainer ({e}); the next trainers are forked when their world comes",
-                flush=True,
-            )
 
     def end_child(self, w: world.World) -> None:
         """End the running child for the newer world `w`: SIGTERM (it saves the step in flight),
@@ -726,7 +663,9 @@ class _Follower:
                 return 0
             return None  # a pod of a slice not taking part yet: it waits for a world with it
         try:
-            child_env = world.child_env(newest, me, self.env)
+            # A world's own variables may be read by the imports: its child imports in them.
+            base = self.env if newest.env and self.fresh is not None else self.forked_env
+            child_env = world.child_env(newest, me, base)
         except world.WorldError as e:
             print(f"trainer: {e}", file=sys.stderr, flush=True)
             return world.EXIT_CONFIG
@@ -735,11 +674,8 @@ class _Follower:
         self.await_chip()
         if self.terminating:  # a SIGTERM while it waited: the loop forwards it to nobody, exit 42
             return None
-        child = None
-        if (ready := self.standby) is not None and not newest.env:
-            self.standby = None
-            child = _activate(ready, newest, child_env)  # None: it died meanwhile (its exit is ignored)
-        child = child or _fork(self.train, newest, child_env, self.events)
+        fresh = self.fresh if newest.env else None
+        child = _fork(self.train, newest, child_env, self.events, fresh)
         if not self.retry:
             self.lock_retries = 0
         self.child, self.started, self.member, self.lost_since, self.retry = (
@@ -813,9 +749,10 @@ def _fork(
     of: world.World,
     env: Mapping[str, str],
     events: queue.SimpleQueue[tuple[_Event, object, float]],
+    fresh: Callable[[Mapping[str, str]], NoReturn] | None = None,
 ) -> _Child:
-    """Fork the child of world `of` with `env`, its stderr pump, and threads that report its
-    first step and its exit."""
+    """Fork the child of world `of` with `env` (`fresh`: it execs a fresh trainer), its stderr
+    pump, and threads that report its first step and its exit."""
     running_r, running_w = os.pipe()
     read_end, write_end = os.pipe()
     sys.stdout.flush()
@@ -824,47 +761,11 @@ def _fork(
     pid = os.fork()
     if pid == 0:
         os.close(running_r)
-        _child(train, parent, read_end, write_end, {**env, RUNNING_ENV: str(running_w)})
+        _child(train, parent, read_end, write_end, {**env, RUNNING_ENV: str(running_w)}, fresh)
     os.close(write_end)
     os.close(running_w)
     pump, tail = _watch(pid, read_end, running_r, events)
     return _Child(pid, of, pump, tail)
-
-
-def _spawn_standby(
-    train: Callable[[], int], env: Mapping[str, str], events: queue.SimpleQueue[tuple[_Event, object, float]]
-) -> _Standby:
-    """Fork a standby child with the pod's environment: it imports, then waits in ``await_world``."""
-    send_r, send_w = os.pipe()
-    running_r, running_w = os.pipe()
-    read_end, write_end = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        os.close(send_w)
-        os.close(running_r)
-        _child(train, parent, read_end, write_end, {**env, STANDBY_ENV: str(send_r)})
-    for fd in (send_r, running_w, write_end):
-        os.close(fd)
-    pump, tail = _watch(pid, read_end, running_r, events)
-    return _Standby(pid, send_w, running_w, pump, tail)
-
-
-def _activate(ready: _Standby, of: world.World, env: Mapping[str, str]) -> _Child | None:
-    """Hand `ready` the environment of world `of`: it trains from here on as that world's child.
-    None if it is gone (the caller forks instead)."""
-    msg = json.dumps({"env": {**env, RUNNING_ENV: str(ready.running_fd)}, "at": time.time()}).encode()
-    view = memoryview(msg + b"\n")
-    try:
-        while view:
-            view = view[os.write(ready.send, view) :]
-    except OSError:  # EPIPE: it exited before it read its world
-        return None
-    finally:
-        os.close(ready.send)
-    return _Child(ready.pid, of, ready.pump, ready.tail)
 
 
 def _watch(

@@ -42,9 +42,9 @@ def has_step(run_dir: str, step: int) -> bool:
 
 
 def preload_tensorboard() -> None:
-    """Import the event writer now. A standby trainer (trainer.elastic.supervisor) does it ahead of its world:
-    process 0 otherwise pays the import with its first record, inside the first step, where every
-    other process waits for its next step's dispatch."""
+    """Import the event writer now. The in-place supervisor does it once for its pod's every child
+    (trainer.__main__ ``_preload``): process 0 otherwise pays the import with its first record,
+    inside the first step, where every other process waits for its next step's dispatch."""
     from tensorboardX import FileWriter  # noqa: F401
     from tensorboardX.proto.summary_pb2 import Summary  # noqa: F401
 

@@ -4,8 +4,9 @@ the first step, phase by phase. ``__main__`` creates the ``Timeline`` before its
 ``perf/startup`` and every process prints its own (bench.recovery reads both). No heavy imports.
 
 The spawn time is the start of the process the container runtime (the embedded kubelet) started,
-from ``/proc``: this one, or for a multi-process run its parent, ``trainer.elastic.supervisor`` (whose own
-start-up until it starts this process is the ``supervisor`` phase, CPU not counted). Where
+from ``/proc``: this one, or for a multi-process or in-place run its parent,
+``trainer.elastic.supervisor``, whose own start-up until it forks this process is the ``supervisor``
+phase (in place it holds the trainer's imports, done there once for the pod's every child). Where
 ``/proc`` cannot say, the timeline starts when it is created.
 """
 
@@ -25,13 +26,28 @@ def _boot_time() -> float:
     return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the parenthesized command name (field 3 first)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def process_start(pid: int) -> float | None:
     """Epoch seconds at which process ``pid`` started (to the clock tick), or None off Linux."""
     try:
-        # Field 22 of /proc/<pid>/stat, counted after the parenthesized command name.
-        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-        return _boot_time() + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
+        return _boot_time() + int(_stat(pid)[19]) / os.sysconf("SC_CLK_TCK")  # field 22
+    except (TypeError, ValueError, IndexError):
+        return None
+
+
+def process_cpu(pid: int) -> float | None:
+    """CPU seconds process ``pid`` has used so far (user and system, to the clock tick), or None."""
+    try:
+        fields = _stat(pid)
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # fields 14 and 15
+    except (TypeError, ValueError, IndexError):
         return None
 
 
@@ -43,23 +59,16 @@ class Timeline:
         spawned = process_start(os.getppid()) if supervised else own
         self.marks: list[tuple[str, float, float]] = []
         self.origin = spawned or own or time.time()
+        # Supervised: the parent's CPU until now (about what it used until the fork) comes first.
+        self.cpu0 = 0.0
         if supervised and own is not None and spawned is not None:
-            self.marks.append(("supervisor", own, 0.0))
+            self.cpu0 = process_cpu(os.getppid()) or 0.0
+            self.marks.append(("supervisor", own, self.cpu0))
         self.mark("interpreter")  # Python's own start and the imports of __main__
-
-    @classmethod
-    def handed(cls, at: float) -> Timeline:
-        """The timeline of a standby trainer (trainer.elastic.supervisor) handed its world at ``at``: its
-        start-up begins there. Its one phase so far, ``standby``, is the wall from ``at`` until now
-        and the CPU of the imports it did ahead of the world."""
-        timeline = cls.__new__(cls)
-        timeline.origin, timeline.marks = at, []
-        timeline.mark("standby")
-        return timeline
 
     def mark(self, phase: str) -> None:
         """``phase`` ended now."""
-        self.marks.append((phase, time.time(), time.process_time()))
+        self.marks.append((phase, time.time(), self.cpu0 + time.process_time()))
 
     def phases(self) -> dict[str, dict[str, float]]:
         """{phase: {"wall": seconds since the previous mark, "cpu": this process's CPU seconds in
