@@ -34,6 +34,7 @@ from launcher.core.words import RunState
 from launcher.sweep.driver import run_sweep
 from launcher.sweep.spec import ATTACH, LAUNCH, RELAUNCH, make_sweep
 from tests.controller.harness import PRESET, Harness, paced, wait_for
+from tests.trainer.runs import MODEL
 
 pytestmark = pytest.mark.e2e
 FACTORS = "1.0,1.125,1.25,1.5,-1"
@@ -41,6 +42,8 @@ FACTORS = "1.0,1.125,1.25,1.5,-1"
 # run to be live when the third invocation attaches to it: paced by the clock
 # (train.debug_step_pause_s), not by more steps, so that a fast machine's runs last as long.
 STEPS, WARMUP, INTERVAL, PACE_S = 40, 10, 10, 0.1
+# One layer (the suite's trainer depth, tests/trainer/runs.py MODEL): the sweep's machinery and its
+# numbers are the same per layer, and each factor is a program of its own to compile.
 
 
 def fingerprint(h: Harness, run: str) -> dict:
@@ -96,7 +99,7 @@ def expected_from_metrics(h: Harness, run: str) -> dict:
 def test_sweep_interrupted_and_resumed_on_the_embedded_cluster(tmp_path, capsys):
     h = Harness(tmp_path, pools=2)  # two slices' worth: the third invocation runs two at once
     sweep = make_sweep(name="rb", preset=PRESET, slices=1, config="tiny", factors=FACTORS, steps=STEPS,
-                       warmup=WARMUP, overrides=(f"checkpoint.interval={INTERVAL}", "optim.decay_steps=40", *paced(PACE_S)),
+                       warmup=WARMUP, overrides=(*MODEL, f"checkpoint.interval={INTERVAL}", "optim.decay_steps=40", *paced(PACE_S)),
                        sweep_dir=str(tmp_path / "sweeps" / "rb"))  # fmt: skip
     runs = [f"rb-f{s}" for s in ("1", "1p125", "1p25", "1p5", "dropless")]
     template = for_cluster(
