@@ -383,9 +383,10 @@ def supervise_world(
         signal.signal(sig, on_signal)
     _adopt_orphans()
     if preload is not None:
-        # Before any thread starts: a fork while another thread holds a lock (a module's import
-        # lock: the world source's first connection imports lazily) leaves it held in the child.
-        # Later forks come after the first world was delivered, when that thread imports nothing.
+        # Before any thread starts, so that no other thread holds a lock meanwhile. A fork while
+        # another thread holds a module's import lock leaves it held in the child: the world
+        # source's first connection imports lazily, and every fork comes after it delivered a
+        # world, when that thread imports nothing more.
         before = dict(os.environ)
         preload()
         follower.forked_env = imports_replayed(before, os.environ, env)
@@ -662,10 +663,10 @@ class _Follower:
                 )
                 return 0
             return None  # a pod of a slice not taking part yet: it waits for a world with it
+        # A world's own variables may be read by the imports: its child imports in them, afresh.
+        fresh = self.fresh if newest.env else None
         try:
-            # A world's own variables may be read by the imports: its child imports in them.
-            base = self.env if newest.env and self.fresh is not None else self.forked_env
-            child_env = world.child_env(newest, me, base)
+            child_env = world.child_env(newest, me, self.env if fresh is not None else self.forked_env)
         except world.WorldError as e:
             print(f"trainer: {e}", file=sys.stderr, flush=True)
             return world.EXIT_CONFIG
@@ -674,7 +675,6 @@ class _Follower:
         self.await_chip()
         if self.terminating:  # a SIGTERM while it waited: the loop forwards it to nobody, exit 42
             return None
-        fresh = self.fresh if newest.env else None
         child = _fork(self.train, newest, child_env, self.events, fresh)
         if not self.retry:
             self.lock_retries = 0
