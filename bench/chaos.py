@@ -22,10 +22,10 @@ checkpoint at step ~(i + 1) * steps / (n + 1). After the run, per seed:
 - losses: each step's loss equals an uninterrupted run's (computed once) within 1e-5, with the same
   `data/sample_digest`.
 
-A rich table per seed and a summary line ("20/20 held"). The checks are pure functions
-(tests/launcher/test_bench_chaos.py). ``--keep DIR``: a seed that did not hold leaves its run
-directory, its controllers' logs and its pods' logs in ``DIR/seed-N`` (otherwise they go with the
-seed's embedded cluster).
+A rich table per seed and a summary line ("20/20 held"); exit 1 when a seed did not hold. The
+checks are pure functions (tests/launcher/test_bench_chaos.py). ``--keep DIR``: a seed that did not
+hold leaves its run directory, its controllers' logs and its pods' logs in ``DIR/seed-N``
+(otherwise they go with the seed's embedded cluster).
 """
 
 from __future__ import annotations
@@ -443,6 +443,8 @@ def main() -> None:
         f"{held}/{len(results)} held ({per_seed:.0f} s per seed; {faults} faults injected;"
         f" {again} steps recomputed in all, {again / max(1, faults):.2f} per fault)"
     )
+    if held < len(results):
+        raise SystemExit(1)  # a seed that did not hold fails the command, for scripts and CI
 
 
 if __name__ == "__main__":

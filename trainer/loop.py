@@ -40,7 +40,7 @@ from trainer.model.mesh import (
 )
 from trainer.state import compile_cache, snapshot, stages, storage
 from trainer.state.checkpoint import Checkpointer, storage_bytes_read
-from trainer.telemetry.metrics import RunWriter, has_step
+from trainer.telemetry.metrics import RunWriter, recorded_steps
 from trainer.telemetry.profile import StepProfiler
 from trainer.telemetry.startup import Timeline
 
@@ -280,26 +280,30 @@ def _compile(program: dict[str, Any], steps: Steps, state: Any, model: Model) ->
 
 def _recorded(inc: Incarnation, n: int, record: dict[str, Any]) -> None:
     """Step n's record is written: its snapshot may now count as done (``Snapshotter.recorded``),
-    with the record beside it, so that a restore from memory never skips a step the metrics lack
-    (``_rewrite_lost_record``)."""
+    with the record beside the next snapshot, so that a restore from memory never skips a step the
+    metrics lack (``_rewrite_lost_records``)."""
     if inc.snapshots is not None:
         inc.snapshots.recorded(n, record)
 
 
-def _rewrite_lost_record(writer: RunWriter, run_dir: str, memory_dir: Path | None, step: int) -> None:
-    """Process 0, after a restore of `step` from memory: the record of that step, from beside its
-    snapshot, when the run's metrics lack it. The previous world's process 0 writes every record,
-    and its own step can wait on a dead peer of its slice after the other slices finished it (and
-    snapshotted it): the state is whole there, the record was never written."""
-    if not writer.enabled or (record := snapshot.step_record(memory_dir, step)) is None:
+def _rewrite_lost_records(writer: RunWriter, run_dir: str, memory_dir: Path | None, step: int) -> None:
+    """Process 0, after a restore of `step` from memory: the records of the steps up to it, from
+    beside the snapshots, that the run's metrics lack. The previous world's process 0 writes every
+    record, and it can be killed, or its own step wait on a dead peer of its slice, after the other
+    processes finished a step or two (and snapshotted them): the state is whole there, the records
+    were never written."""
+    if not writer.enabled or not (records := snapshot.step_records(memory_dir, step)):
         return
-    if has_step(run_dir, step):
-        return
-    writer.write(record)
-    print(
-        f"trainer: step {step}'s metrics record, lost with the previous world, written from memory",
-        flush=True,
-    )
+    have = recorded_steps(run_dir, [r["step"] for r in records])
+    lost = [r for r in records if r["step"] not in have]
+    for record in lost:
+        writer.write(record)
+    if lost:
+        print(
+            f"trainer: the metrics records of steps {[r['step'] for r in lost]}, lost with the previous "
+            "world, written from memory",
+            flush=True,
+        )
 
 
 def _train(
@@ -358,11 +362,12 @@ def _train(
                 writer.write(done.record)
                 writer.status(state="running", step=n, **inc.status)
                 writer.flush()
+                _recorded(inc, n, done.record)
                 if stop and inc.snapshots is not None and not inc.snapshots.due(n):
-                    inc.snapshots.take(n, state, inc.meta(n), recorded=True)  # the step all stop at
+                    inc.snapshots.take(n, state, inc.meta(n))  # the step all stop at, recorded
             else:
                 writer.write(done.record)
-            _recorded(inc, n, done.record)
+                _recorded(inc, n, done.record)
             last_done = time.perf_counter()  # neither the eval nor the save is the next step's time
             if stop:
                 break
@@ -513,7 +518,7 @@ def run(
             }
             writer.status(state="running", step=start, **status)
             if source in (snapshot.StateSource.MEMORY, snapshot.StateSource.PEERS):
-                _rewrite_lost_record(writer, cfg.run_dir, memory.root, start)
+                _rewrite_lost_records(writer, cfg.run_dir, memory.root, start)
             steps = _build_steps(cfg, mesh, plan.grad_accum)
 
             if preemption.requested:  # during start-up: nothing trained since the latest checkpoint

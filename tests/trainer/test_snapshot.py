@@ -3,6 +3,7 @@ snapshot holds, when it covers a new mesh, what it restores, and what the direct
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -130,7 +131,7 @@ def test_a_snapshot_is_done_only_once_its_step_is_recorded(cpu8, tmp_path: Path)
 
 def test_a_snapshot_keeps_its_steps_record_and_the_prune_takes_it_with_it(cpu8, tmp_path: Path) -> None:
     """Process 0 alone writes the metrics: a record kept beside each snapshot lets the next world
-    write one that was lost (trainer.loop._rewrite_lost_record)."""
+    write one that was lost (trainer.loop._rewrite_lost_records)."""
     mesh = Mesh(np.array(cpu8).reshape(2, 4), ("data", "fsdp"))
     snaps = snapshot.Snapshotter(tmp_path, 1)
     for step in (5, 6):
@@ -139,10 +140,32 @@ def test_a_snapshot_keeps_its_steps_record_and_the_prune_takes_it_with_it(cpu8, 
     snaps.take(7, state_on(mesh, "fsdp"), {"step": 7})
     snaps.abandon(timeout_s=10)  # step 7 never recorded: neither its snapshot nor a record
     assert sorted(os.listdir(tmp_path)) == ["5.record.json", "5.snap", "6.record.json", "6.snap"]
-    assert snapshot.step_record(tmp_path, 6) == {"step": 6, "learning/loss": 1.0 / 6}
-    assert snapshot.step_record(tmp_path, 7) is None and snapshot.step_record(None, 6) is None
+    assert snapshot.step_records(tmp_path, 6) == [{"step": s, "learning/loss": 1.0 / s} for s in (5, 6)]
+    assert [r["step"] for r in snapshot.step_records(tmp_path, 5)] == [5]
+    assert snapshot.step_records(None, 6) == []
     snapshot.prune(tmp_path, above=5)  # a restore of step 5: step 6 is another lineage's now
     assert sorted(os.listdir(tmp_path)) == ["5.record.json", "5.snap"]
+
+
+def test_a_snapshot_every_few_steps_keeps_the_records_of_the_steps_since_the_last(
+    cpu8, tmp_path: Path
+) -> None:
+    """With a snapshot every 3 steps, the one of step 6 keeps the records of steps 4, 5 and 6: a
+    world that restores step 6 can write any of them that the previous world's process 0 never
+    did. A stop's snapshot (step 8, not due) keeps those since step 6."""
+    mesh = Mesh(np.array(cpu8).reshape(2, 4), ("data", "fsdp"))
+    snaps = snapshot.Snapshotter(tmp_path, 3)
+    state = state_on(mesh, "fsdp")
+    for step in range(1, 9):
+        if snaps.due(step):
+            snaps.take(step, state, {"step": step})
+        snaps.recorded(step, {"step": step})
+    snaps.take(8, state, {"step": 8})
+    snaps.wait()
+    assert sorted(os.listdir(tmp_path)) == [f"{s}.{x}" for s in (3, 6, 8) for x in ("record.json", "snap")]
+    assert json.loads((tmp_path / "6.record.json").read_text()) == [{"step": s} for s in (4, 5, 6)]
+    assert [r["step"] for r in snapshot.step_records(tmp_path, 6)] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in snapshot.step_records(tmp_path, 8)] == list(range(1, 9))
 
 
 def test_the_slices_that_hold_a_step_whole() -> None:

@@ -14,8 +14,9 @@ snapshots are on their way: the next one waits for the oldest (the host copy of 
 step n can only start once step n is done, which is when the loop reaches step n + 1: with one in
 flight the loop would wait for every copy). Each file is written under a temporary name and
 renamed once its step's metrics record is written (RAM needs no fsync; a restore never skips a
-step the metrics lack; the record is kept beside it as ``<step>.record.json``, for the world that
-restores that step when the previous world's process 0 never wrote it): a file named
+step the metrics lack; the records of the steps since the previous snapshot are kept beside it as
+``<step>.record.json``, for the world that restores that step when the previous world's process 0
+never wrote them): a file named
 ``<step>.snap`` is complete, which is this process's "done step s" marker. Each process keeps its
 ``KEEP`` newest snapshots.
 
@@ -195,10 +196,10 @@ class Snapshotter:
         self._recorded = threading.Condition()
         self._recorded_up_to = -1
         self._abandoned = False
-        # The metrics record of each step being snapshotted, kept beside its snapshot: process 0
-        # alone writes the run's metrics, and a world can lose it after the other processes
-        # finished the step (its own step waiting on a peer of its slice that died), so the next
-        # world writes the record of the step it restores when the metrics lack it (``step_record``).
+        # The metrics record of every step, kept beside the next snapshot: process 0 alone writes
+        # the run's metrics, and a world can lose the last ones after the other processes finished
+        # those steps (process 0 killed, or waiting on a peer of its slice that died), so the next
+        # world writes the records up to the step it restores that the metrics lack (``step_records``).
         self._records: dict[int, dict] = {}
         self.written: list[int] = []  # steps written by this incarnation, in order
         self.write_seconds = 0.0  # the thread's time (host copy + file), summed
@@ -214,18 +215,22 @@ class Snapshotter:
     def recorded(self, step: int, record: Mapping[str, Any] | None = None) -> None:
         """Step `step`'s metrics record is written (`record`: it, kept with the step's snapshot)."""
         with self._recorded:
-            if record is not None and self.due(step):
+            if record is not None and self.on:
                 self._records[step] = dict(record)
+                for s in [s for s in self._records if s <= step - KEEP * self.interval]:
+                    del self._records[s]  # a snapshot that was never taken (its trainer stopping)
             self._recorded_up_to = max(self._recorded_up_to, step)
             self._recorded.notify_all()
 
     def _keep_record(self, step: int) -> bool:
-        """Beside snapshot `step`, before it is renamed into place: its metrics record."""
+        """Beside snapshot `step`, before it is renamed into place: the metrics records of the steps
+        after the previous due step, up to `step` (a stop's snapshot is not due: the records since)."""
+        first = (step - 1) // self.interval * self.interval + 1
         with self._recorded:
-            record = self._records.pop(step, None)
-        if record is not None:
+            records = [self._records.pop(s) for s in range(first, step + 1) if s in self._records]
+        if records:
             tmp = self.directory / f".{step}.record.tmp-{os.getpid()}"
-            tmp.write_text(json.dumps(record))
+            tmp.write_text(json.dumps(records))
             os.replace(tmp, self.directory / f"{step}.record.json")
         return True
 
@@ -302,14 +307,23 @@ class Snapshotter:
             self._threads.pop(0).join(max(0.0, deadline - time.monotonic()))
 
 
-def step_record(directory: Path | None, step: int) -> dict | None:
-    """The metrics record kept beside snapshot `step` (``Snapshotter``), or None."""
+def step_records(directory: Path | None, up_to: int) -> list[dict]:
+    """The metrics records kept beside the snapshots (``Snapshotter``) of steps up to `up_to`, by
+    step: the lineage of a restore of step `up_to` (``prune`` removed every snapshot above it)."""
     if directory is None:
-        return None
-    try:
-        return json.loads((directory / f"{step}.record.json").read_text())
-    except (OSError, ValueError):
-        return None
+        return []
+    out: dict[int, dict] = {}
+    for name in os.listdir(directory):
+        if (m := _RECORD.match(name)) is None or int(m.group(1)) > up_to:
+            continue
+        try:
+            records = json.loads((directory / name).read_text())
+        except (OSError, ValueError):
+            continue  # pruned meanwhile
+        for r in records if isinstance(records, list) else [records]:
+            if isinstance(r, dict) and isinstance(r.get("step"), int) and r["step"] <= up_to:
+                out[r["step"]] = r
+    return [out[s] for s in sorted(out)]
 
 
 # --- restore ----------------------------------------------------------------------------------------

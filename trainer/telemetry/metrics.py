@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from etils import epath
@@ -22,23 +23,27 @@ def _is_remote(path: str) -> bool:
     return "://" in path
 
 
-def has_step(run_dir: str, step: int) -> bool:
-    """Whether some metrics record of the run directory is of `step`: its files newest first (one
+def recorded_steps(run_dir: str, steps: Iterable[int]) -> set[int]:
+    """Which of `steps` some metrics record of the run directory is of: its files newest first (one
     per trainer incarnation, named by segment, restart attempt and start time), every line read
-    until one is. For a restore, not a loop: a long run's history on gs:// is many objects."""
+    until all are found. For a restore, not a loop: a long run's history on gs:// is many objects."""
+    wanted, found = set(steps), set()
     directory = epath.Path(run_dir) / "metrics"
     try:
         names = sorted((p.name for p in directory.iterdir() if p.name.endswith(".jsonl")), reverse=True)
     except FileNotFoundError:
-        return False
+        return found
     for name in names:
         for line in (directory / name).read_text().splitlines():
             try:
-                if json.loads(line).get("step") == step:
-                    return True
+                step = json.loads(line).get("step")
             except (ValueError, AttributeError):
                 continue  # a line cut short by a writer that was killed
-    return False
+            if isinstance(step, int) and step in wanted:
+                found.add(step)
+        if found == wanted:
+            break
+    return found
 
 
 def preload_tensorboard() -> None:
