@@ -39,7 +39,12 @@ def test_lost_records_are_written_once_from_memory(tmp_path: Path) -> None:
     (memory / "32.record.json").write_text(json.dumps([kept[32]]))  # above the step restored
     assert metrics.recorded_steps(str(run_dir), [28, 29, 30, 31]) == {28, 29}
 
+    # Without snapshot 31 of its own, a process's records may be another lineage's: none written.
     new = metrics.RunWriter(str(run_dir), 5, 0, 10.0, True)
+    loop._rewrite_lost_records(new, str(run_dir), memory, 31)
+    assert sorted(r["step"] for r in lines(run_dir)) == [28, 29]
+
+    (memory / "31.snap").write_bytes(b"")  # its name is what says it is complete (snapshot.write)
     loop._rewrite_lost_records(new, str(run_dir), memory, 31)
     assert [r for r in lines(run_dir) if r["segment"] == 3 and r["step"] >= 30] == [kept[30], kept[31]]
     loop._rewrite_lost_records(metrics.RunWriter(str(run_dir), 5, 1, 10.0, True), str(run_dir), memory, 31)

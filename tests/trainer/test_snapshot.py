@@ -142,7 +142,7 @@ def test_a_snapshot_keeps_its_steps_record_and_the_prune_takes_it_with_it(cpu8, 
     assert sorted(os.listdir(tmp_path)) == ["5.record.json", "5.snap", "6.record.json", "6.snap"]
     assert snapshot.step_records(tmp_path, 6) == [{"step": s, "learning/loss": 1.0 / s} for s in (5, 6)]
     assert [r["step"] for r in snapshot.step_records(tmp_path, 5)] == [5]
-    assert snapshot.step_records(None, 6) == []
+    assert snapshot.step_records(None, 6) == [] and snapshot.step_records(tmp_path, 7) == []  # no snapshot 7
     snapshot.prune(tmp_path, above=5)  # a restore of step 5: step 6 is another lineage's now
     assert sorted(os.listdir(tmp_path)) == ["5.record.json", "5.snap"]
 

@@ -309,8 +309,10 @@ class Snapshotter:
 
 def step_records(directory: Path | None, up_to: int) -> list[dict]:
     """The metrics records kept beside the snapshots (``Snapshotter``) of steps up to `up_to`, by
-    step: the lineage of a restore of step `up_to` (``prune`` removed every snapshot above it)."""
-    if directory is None:
+    step, when this process holds snapshot `up_to` itself: then every file up to it is of that
+    step's lineage (a restore prunes the snapshots above the step it restores). A process without
+    it (its slice away while the run rolled back and went on) may hold another lineage's: none."""
+    if directory is None or not (directory / f"{up_to}.snap").is_file():
         return []
     out: dict[int, dict] = {}
     for name in os.listdir(directory):
