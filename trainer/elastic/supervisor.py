@@ -382,6 +382,7 @@ def supervise_world(
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
     _adopt_orphans()
+    imported: tuple[dict[str, str], dict[str, str]] = ({}, {})  # os.environ before and after preload()
     if preload is not None:
         # Before any thread starts, so that no other thread holds a lock meanwhile. A fork while
         # another thread holds a module's import lock leaves it held in the child: the world
@@ -389,12 +390,12 @@ def supervise_world(
         # world, when that thread imports nothing more.
         before = dict(os.environ)
         preload()
-        follower.forked_env = imports_replayed(before, os.environ, env)
+        imported = (before, dict(os.environ))
     # RAM for the children's snapshots, which outlives each of them (trainer/state/snapshot.py).
     memory = memdir.make(env, me.slice_id, me.host)
     if memory is not None:
         follower.env = {**follower.env, memdir.MEMORY_DIR_ENV: str(memory)}
-        follower.forked_env = {**follower.forked_env, memdir.MEMORY_DIR_ENV: str(memory)}
+    follower.forked_env = imports_replayed(*imported, follower.env)
     src.start(
         lambda doc: follower.events.put((_Event.WORLD, doc, time.time())),
         lambda msg: follower.events.put((_Event.PROBLEM, msg, time.time())),
@@ -424,7 +425,7 @@ class _Follower:
     ) -> None:
         self.train, self.env, self.me, self.fresh = train, env, me, fresh
         # The pod's environment with what its imports did to it: a forked child's base (`env`: a
-        # fresh interpreter's, which imports itself).
+        # fresh interpreter's, which imports itself). Set by supervise_world.
         self.forked_env: Mapping[str, str] = env
         self.events: queue.SimpleQueue[tuple[_Event, object, float]] = queue.SimpleQueue()  # put is reentrant
         self.terminating: list[int] = []  # the signals this process got (set in the handler, read here)
