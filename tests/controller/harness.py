@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from launcher.adapters.kube import Kube
 from launcher.adapters.rundir import RunDir
 from launcher.controller.launch import create_run, prepare
@@ -26,6 +28,7 @@ from launcher.core.record import Knobs, RunRecord
 from launcher.core.spec import RunSpec
 from launcher.core.words import RestartMode
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
+from tests.support.once import once
 from tests.support.wait import wait_for
 from tests.trainer.runs import MODEL
 
@@ -234,6 +237,23 @@ def assert_same_samples_and_losses(kept: dict[int, dict], reference: dict) -> No
 
 def recomputed(metrics: list[dict]) -> int:
     return len(metrics) - len({m["step"] for m in metrics})
+
+
+# The length of the shared reference runs (`shared_reference`): every test's run is as long or
+# shorter, and a shorter run matches a longer one's first steps (one schedule, TRAINER_SETTINGS).
+REFERENCE_STEPS = 30
+
+
+def shared_reference(
+    factory: pytest.TempPathFactory, global_batch: int, steps: int = REFERENCE_STEPS
+) -> dict[int, dict]:
+    """`reference_run` of `steps` at `global_batch`, made once per session for every file and
+    worker that asks (tests/support/once.py)."""
+    return once(
+        factory,
+        f"reference-{steps}-steps-{global_batch}",
+        lambda folder: reference_run(folder, steps, global_batch=global_batch),
+    )
 
 
 def reference_run(

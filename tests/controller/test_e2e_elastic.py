@@ -12,7 +12,7 @@ from tests.controller.harness import (
     Harness,
     assert_same_samples_and_losses,
     kept_steps,
-    reference_run,
+    shared_reference,
     wait_for,
 )
 from tests.support.fake_gcs import fake_gcs
@@ -23,7 +23,7 @@ STEPS = 25  # lose a slice after step 5, grow back after step 10, finish
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    return reference_run(tmp_path_factory.mktemp("reference"), STEPS, global_batch=MULTI_HOST_BATCH)
+    return shared_reference(tmp_path_factory, MULTI_HOST_BATCH)
 
 
 def test_shrink_on_capacity_loss_then_grow_back_on_gcs(tmp_path, reference):

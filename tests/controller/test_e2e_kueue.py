@@ -27,7 +27,7 @@ from tests.controller.harness import (
     assert_same_samples_and_losses,
     kept_steps,
     paced,
-    reference_run,
+    shared_reference,
     wait_for,
 )
 
@@ -41,7 +41,7 @@ RUN = "kq"
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    return reference_run(tmp_path_factory.mktemp("reference"), STEPS, global_batch=MULTI_HOST_BATCH)
+    return shared_reference(tmp_path_factory, MULTI_HOST_BATCH)
 
 
 def launch_queued(h: Harness, mode: RestartMode = RestartMode.IN_PLACE, grow_window_s: float = 1) -> None:
