@@ -50,10 +50,12 @@ def test_a_failed_make_leaves_nothing_and_the_next_caller_makes_it(tmp_path, mon
     factory = Factory(tmp_path)
 
     def fail(folder: Path) -> int:
+        (folder / "checkpoints").mkdir()  # a run that got as far as a checkpoint
         raise RuntimeError("the reference run exited 1")
 
     with pytest.raises(RuntimeError, match="exited 1"):
         once(factory, "reference", fail)
     assert not (tmp_path / "reference.pickle").exists()
-    assert once(factory, "reference", lambda folder: 7) == 7
+    # The next attempt starts in an empty folder: a run there would resume from what it found.
+    assert once(factory, "reference", lambda folder: len(list(folder.iterdir())) + 7) == 7
     assert once(factory, "reference", fail) == 7  # made: never again this session

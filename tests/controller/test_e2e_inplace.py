@@ -137,8 +137,8 @@ def test_a_crashed_host_in_place_costs_at_most_one_step(tmp_path, reference):
     # storage checkpoint is 20 steps apart (docs/design.md, "State from memory").
     h = Harness(tmp_path, pools=2, preset=MULTI_HOST, node_monitor_grace_s=1)
     try:
-        # No grow when the host is back: the shrink is this test's, and a grown world's two-slice
-        # steps to the end cost more than the rest of it (the first test grows back).
+        # No grow when the host is back: the shrink is this test's (the first test grows back), and
+        # a grown world's two-slice steps to the end were a quarter of its CPU.
         launch_two_slices(h, "crash", grow=False)
         h.start_controller("crash")
         wait_for(lambda: trained(h, "crash") >= 6, 300, "step 6")

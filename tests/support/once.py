@@ -5,8 +5,9 @@ harness.py): several files on different workers compare against the same run, an
 trainer process's seconds of CPU on a machine the suite already keeps busy. The first worker to ask
 makes the value under a file lock in the session's shared temporary folder (each worker's own is a
 subfolder of it); the others wait on the lock, then read what it wrote. A value is written aside and
-renamed, so a reader never sees half of one; a `make` that fails writes nothing, and the next
-worker to ask tries again (and fails alike).
+renamed, so a reader never sees half of one. A `make` that fails leaves no value: the next worker to
+ask tries again (and fails alike) in its folder emptied first, so a reference run never resumes
+from a failed one's checkpoints.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pickle
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -39,7 +41,8 @@ def once(factory: pytest.TempPathFactory, name: str, make: Callable[[Path], T]) 
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if not done.exists():
             folder = root / name
-            folder.mkdir(exist_ok=True)
+            shutil.rmtree(folder, ignore_errors=True)  # what a failed attempt left
+            folder.mkdir()
             value = make(folder)
             aside = root / f"{name}.pickle.partial"
             aside.write_bytes(pickle.dumps(value))
