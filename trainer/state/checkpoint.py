@@ -355,7 +355,7 @@ def _quiet_abandoned_reads(abandoned: Callable[[], bool]) -> Iterator[None]:
         if abandoned():
             # The abandoned coroutines go now, while the hook is in place. One never started says
             # so as a RuntimeWarning ("coroutine ... was never awaited"), not an unraisable error:
-            # two more lines of stderr from a trainer (seen once in a whole test run).
+            # two more lines of a trainer's stderr beside the one that reports the step.
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
                 gc.collect()
