@@ -58,11 +58,14 @@ MAXTEXT_E2E = ROOT / "tests" / "maxtext_e2e"
 # (`--no-loadscope-reorder`), each the next one as it frees up.
 DURATIONS = ROOT / "tests" / "durations.json"
 # A file that used less than this many cores over its time mostly waits (on a cluster's grace
-# periods, a late peer, a timeout). The three workers share two cores, so a file that works gets
-# about two thirds of one; three waiting files at once leave the cores half idle, which ordering by
-# time alone did (docs/measurements.md, "The test suite"). Containers under podman run outside the
-# worker's process tree: their CPU is not counted, and the image files count as waiting.
+# periods, a late peer, a timeout). The three workers share two cores: a file that works gets about
+# two thirds of one, and two files waiting at once leave the third alone on both cores, half of
+# them idle (docs/measurements.md, "The test suite").
 WAITS_BELOW = 1 / 3
+# Containers under podman run outside the worker's process tree: their CPU is not counted, so the
+# image files' figures say they wait while their containers train. They count as working.
+WORK_OUTSIDE_THE_TREE = ("tests/images/",)
+WORKERS = 3  # dev.py's `-n`
 
 
 def _durations() -> dict[str, tuple[float, float]]:
@@ -77,22 +80,34 @@ def _durations() -> dict[str, tuple[float, float]]:
         return {}
 
 
-def schedule(figures: dict[str, tuple[float, float]]) -> list[str]:
-    """The files in the order the workers take them: those that work and those that mostly wait
-    (WAITS_BELOW) each longest first, the two lists merged by how far into its own list's seconds a
-    file starts, so that the waiting files are spread over the run beside the working ones."""
-    waits = {name for name, (secs, cpu) in figures.items() if cpu < WAITS_BELOW * secs}
+def waits(name: str, secs: float, cpu: float) -> bool:
+    return cpu < WAITS_BELOW * secs and not name.startswith(WORK_OUTSIDE_THE_TREE)
 
-    def starts(names: list[str]) -> dict[str, float]:
-        names = sorted(names, key=lambda n: -figures[n][0])
-        total = sum(figures[n][0] for n in names) or 1.0
-        at, out = 0.0, {}
-        for n in names:
-            out[n], at = at / total, at + figures[n][0]
-        return out
 
-    start = {**starts([n for n in figures if n not in waits]), **starts(sorted(waits))}
-    return sorted(figures, key=lambda n: (start[n], -figures[n][0]))
+def schedule(figures: dict[str, tuple[float, float]], workers: int = WORKERS) -> list[str]:
+    """The files in the order the workers take them, each the next one as it frees up: a replay of
+    that hand-out on the figures' seconds. Each hand-out takes the longest file of one kind: a
+    waiting one (`waits`) while fewer workers wait than the waiting files' share of the seconds
+    left asks for, else a working one; never a last worker waiting beside others that wait while
+    work is left. Longest first within a kind keeps the end of the run short."""
+    left = sorted(figures, key=lambda n: (-figures[n][0], n))
+    waiting = {n for n in left if waits(n, *figures[n])}
+    busy: list[tuple[float, bool]] = []  # (ends at, waits) of the files the other workers run
+    order, now = [], 0.0
+    while left:
+        if len(busy) == workers:  # the next worker to free up
+            busy.sort()
+            now, _ = busy.pop(0)
+        waiting_now = sum(w for _, w in busy)
+        wait_left = sum(figures[n][0] for n in left if n in waiting)
+        share = workers * wait_left / (sum(figures[n][0] for n in left) or 1.0)
+        work_left = any(n not in waiting for n in left)
+        want_wait = not work_left or (waiting_now + 1 <= share + 0.5 and waiting_now + 1 < workers)
+        name = next((n for n in left if (n in waiting) == want_wait), left[0])
+        left.remove(name)
+        order.append(name)
+        busy.append((now + figures[name][0], name in waiting))
+    return order
 
 
 def _inside(path: Path, folder: Path) -> bool:

@@ -48,19 +48,32 @@ def test_the_figures_are_seconds_and_cpu_seconds_and_the_older_form_still_reads(
 @pytest.mark.parametrize(
     ("figures", "order"),
     [
-        # Every file works: longest first, as before.
+        # Every file works: longest first.
         ({"w1": (100, 150), "w2": (50, 60), "w3": (10, 9)}, ["w1", "w2", "w3"]),
-        # Waiting files (under a third of a core) spread over the working ones, each list longest first:
-        # w1 starts the work list and s1 the waiting one; s2 starts half-way into the waiting
-        # seconds, so after w2 (a third into the work's) and before w3 (two thirds).
+        # Waiting files (under a third of a core) take one worker while their share of the seconds
+        # left is under one and a half: s1 first, s2 once s1 is over (at 40 s, before w3 at 100 s).
         (
             {"w1": (100, 150), "w2": (100, 100), "w3": (100, 120), "s1": (40, 4), "s2": (40, 12)},
-            ["w1", "s1", "w2", "s2", "w3"],
+            ["s1", "w1", "w2", "s2", "w3"],
         ),
+        # More waiting seconds: two waiting files at once beside a working one, never three.
+        (
+            {"w1": (100, 90), "w2": (100, 90), "s1": (50, 1), "s2": (50, 1), "s3": (50, 1)},
+            ["s1", "w1", "s2", "w2", "s3"],
+        ),
+        # Mostly waiting: the third worker still takes the work while any is left.
+        ({"w1": (10, 9), "s1": (50, 1), "s2": (50, 1), "s3": (50, 1)}, ["s1", "s2", "w1", "s3"]),
         # Only waiting files: longest first.
         ({"s1": (10, 1), "s2": (30, 2)}, ["s2", "s1"]),
+        # An image file's containers run outside the worker's process tree: it works whatever its
+        # figures say, so it is the third worker's beside two waiting files (as a waiting file, s3
+        # would come first: longer).
+        (
+            {"s1": (100, 1), "s2": (100, 1), "tests/images/i": (30, 0), "s3": (40, 1)},
+            ["s1", "s2", "tests/images/i", "s3"],
+        ),
     ],
-    ids=["all work", "mixed", "all wait"],
+    ids=["all work", "mixed", "two waiting at most", "work while any is left", "all wait", "images work"],
 )
 def test_the_schedule_spreads_the_waiting_files_over_the_working_ones(figures, order) -> None:
     assert schedule({k: (float(a), float(b)) for k, (a, b) in figures.items()}) == order

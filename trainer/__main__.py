@@ -161,7 +161,7 @@ def _preload() -> None:
     _import_trainer()
     from trainer.telemetry import metrics
 
-    metrics.preload_tensorboard()
+    metrics.preload_tensorboard(os.environ.get("RESLICE_RUN_DIR"))
 
 
 def _exec_trainer(env: Mapping[str, str]) -> NoReturn:

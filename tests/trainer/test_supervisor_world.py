@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -75,10 +76,15 @@ class Pod:
         return [r for r in self.records() if r["event"] == "start"]
 
     def wait_starts(self, n: int) -> list[dict]:
+        """The first `n` children's start records, once the supervisor has also said each start: it
+        prints the line (with how the previous child ended) after the child is under way, which
+        may write its record first."""
+
         def enough() -> list[dict] | None:
             assert self.proc.poll() is None, f"the supervisor exited {self.proc.returncode}:\n{self.output()}"
             got = self.starts()
-            return got if len(got) >= n else None
+            said = re.findall(r"^trainer: world epoch \d+: process ", self.output(), re.MULTILINE)
+            return got if len(got) >= n and len(said) >= n else None
 
         return wait_for(enough, 20, f"{n} children started")
 

@@ -9,9 +9,11 @@ Other processes get a writer that does nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from etils import epath
@@ -46,12 +48,41 @@ def recorded_steps(run_dir: str, steps: Iterable[int]) -> set[int]:
     return found
 
 
-def preload_tensorboard() -> None:
+def preload_tensorboard(run_dir: str | None) -> None:
     """Import the event writer now. The in-place supervisor does it once for its pod's every child
     (trainer.__main__ ``_preload``): process 0 otherwise pays the import with its first record,
-    inside the first step, where every other process waits for its next step's dispatch."""
-    from tensorboardX import FileWriter  # noqa: F401
-    from tensorboardX.proto.summary_pb2 import Summary  # noqa: F401
+    inside the first step, where every other process waits for its next step's dispatch.
+    `run_dir`: the run directory the children write to (None: not known yet, as for gs://)."""
+    with _event_writer_imports(run_dir):
+        from tensorboardX import FileWriter  # noqa: F401
+        from tensorboardX.proto.summary_pb2 import Summary  # noqa: F401
+
+
+# What tensorboardX imports for object stores it may write event files to, and we only ever use
+# for a gs:// run directory: google.cloud.storage takes a tenth of a CPU second to import, in every
+# pod (docs/measurements.md, "The test suite").
+_REMOTE_ONLY = ("google.cloud.storage",)
+
+
+@contextlib.contextmanager
+def _event_writer_imports(run_dir: str | None) -> Iterator[None]:
+    """tensorboardX's imports, without its gs:// writer's when `run_dir` is a local directory:
+    each module of _REMOTE_ONLY not imported yet is None in ``sys.modules`` meanwhile, which its
+    import reads as not installed (tensorboardX then refuses gs:// paths, which a local run never
+    gives it). Once tensorboardX is imported, this does nothing."""
+    hidden = (
+        [m for m in _REMOTE_ONLY if m not in sys.modules]
+        if run_dir is not None and not _is_remote(run_dir) and "tensorboardX" not in sys.modules
+        else []
+    )
+    for m in hidden:
+        sys.modules[m] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for m in hidden:
+            if sys.modules.get(m, 0) is None:
+                del sys.modules[m]
 
 
 class RunWriter:
@@ -75,7 +106,8 @@ class RunWriter:
 
     def _tensorboard(self) -> Any:
         if self._tb is None:
-            from tensorboardX import FileWriter  # slow import, process 0 only
+            with _event_writer_imports(str(self.run_dir) if not self.remote else None):
+                from tensorboardX import FileWriter  # slow import, process 0 only
 
             # The event-file writer itself: the loop adds whole Summary protos (below), which is
             # all SummaryWriter would do with it.
@@ -97,6 +129,7 @@ class RunWriter:
             self._lines.append(line)
             if time.monotonic() - self._last_flush >= self.flush_seconds:
                 self.flush()
+        events = self._tensorboard()  # first: it imports tensorboardX
         from tensorboardX.proto.summary_pb2 import Summary
 
         # One event per step holding every scalar: each event is a multiprocessing-queue put in
@@ -106,7 +139,7 @@ class RunWriter:
             for k, v in record.items()
             if "/" in k and isinstance(v, (int, float)) and not isinstance(v, bool)
         ]
-        self._tensorboard().add_summary(Summary(value=values), record["step"])
+        events.add_summary(Summary(value=values), record["step"])
 
     def flush(self) -> None:
         if not self.enabled:
