@@ -20,6 +20,7 @@ from tests.controller.harness import (
     Harness,
     assert_same_samples_and_losses,
     kept_steps,
+    paced,
     shared_reference,
     wait_for,
 )
@@ -129,47 +130,6 @@ def test_in_place_shrink_then_grow_keeps_the_surviving_slice_pods(tmp_path, refe
     assert rec.state == RunState.FINISHED and rec.segments[-1].end_step == STEPS
 
 
-def test_a_crashed_host_in_place_costs_at_most_one_step(tmp_path, reference):
-    # A host dies without notice (no SIGTERM, no DisruptionTarget, its pod still Running) and stays
-    # down: the other slice's trainers exit 43 at once; its node turns NotReady after the node
-    # monitor grace period (1 s here, 40 s upstream), the only sign the controller gets; the world
-    # shrinks to the surviving slice, which restores the newest step in its memory, while the
-    # storage checkpoint is 20 steps apart (docs/design.md, "State from memory").
-    h = Harness(tmp_path, pools=2, preset=MULTI_HOST, node_monitor_grace_s=1)
-    try:
-        # No grow when the host is back: the shrink is this test's (the first test grows back), and
-        # a grown world's two-slice steps to the end are CPU spent on nothing it asserts.
-        launch_two_slices(h, "crash", grow=False)
-        h.start_controller("crash")
-        wait_for(lambda: trained(h, "crash") >= 6, 300, "step 6")
-        first = uids(h, "crash", "0")
-        victim = next(p for p in h.run_pods("crash") if p["metadata"]["labels"].get(LABEL_SLICE) == "1")
-        before = trained(h, "crash")
-        h.cluster.crash_host("default", victim["metadata"]["name"], down_s=600)
-        wait_for(lambda: len(h.record("crash").segments) >= 2, 60, "the shrink to a new world")
-        wait_for(lambda: trained(h, "crash", segment=1) > 0, 240, "training on 1 slice")
-        assert uids(h, "crash", "0") == first  # the same pods
-        h.cluster.heal(victim["spec"]["nodeName"])  # the host is back
-        rec = h.wait_state("crash", {RunState.FINISHED}, timeout=300)
-        rundir = h.rundir("crash")
-        metrics, ledger = rundir.metrics(), rundir.ledger()
-    finally:
-        h.close()
-    first_seg, shrunk = rec.segments
-    assert first_seg.end_kind == "capacity-lost" and shrunk.slice_ids == ("0",)
-    status = build_report(rec, metrics, ledger, rec.finished_at or 0.0).as_dict()
-    assert status["segments"][1]["restored_from"] == StateSource.MEMORY
-    assert status["segments"][0]["recomputed_steps"] <= 1
-    head = min((m for m in metrics if m.get("segment") == 1 and "restore/from" in m), key=lambda m: m["time"])
-    assert head["restore/storage_bytes"] == 0 and head["restore/step"] >= before - 1
-    said = [e["message"] for e in ledger if e.get("kind") == LedgerKind.RESTORE]
-    assert f"restored step {head['restore/step']} from memory" in said, said
-    kept = kept_steps(metrics)
-    assert sorted(kept) == list(range(1, STEPS + 1))
-    assert_same_samples_and_losses(kept, reference)
-    assert rec.segments[-1].end_step == STEPS
-
-
 def test_a_preempted_slice_leaves_the_other_slices_pods_in_place_and_comes_back(tmp_path, reference):
     # A spot preemption of slice 1 while the controller is down (say its own node was preempted):
     # DisruptionTarget and SIGTERM for slice 1's pods, its node pool gone after the grace period.
@@ -234,53 +194,95 @@ def test_a_preempted_slice_leaves_the_other_slices_pods_in_place_and_comes_back(
     assert rec.segments[-1].end_step == STEPS
 
 
-# No storage checkpoint before the reboot (every 20 steps): a state from anywhere but memory or a
-# peer would be step 0's. Two-slice steps are the suite's dearest (docs/measurements.md): the run
-# ends soon after the reboot, with room for a fast machine's steps before it.
-REBOOT_AT, REBOOT_STEPS = 6, 14
+# No storage checkpoint before the end (every 20 steps): a state from anywhere but memory or a peer
+# would be step 0's. Two-slice steps are the suite's dearest (docs/measurements.md): the run is
+# short, paced by the clock so that both faults come before its end however fast the steps are.
+REBOOT_AT, HOSTS_STEPS, HOSTS_PACE_S = 6, 16, 0.25
 
 
-def test_a_rebooted_host_in_place_is_a_host_disruption_and_costs_at_most_one_step(tmp_path, reference):
-    # The host is back at once (`--down 0`), as upstream's kubelet has it after a reboot: slice 1's
-    # pod Failed, its container gone (lastState.terminated ContainerStatusUnknown, 137). Its Job fails
-    # (no podFailurePolicy rule can match a reboot), JobSet restarts slice 1 and counts it; the
-    # controller books a host disruption, not an application failure, and once slice 1's new pods
-    # run the same slices form a new world: slice 0 keeps its pods and restores from its memory,
-    # while the storage checkpoint is 20 steps apart (docs/design.md "A rebooted host").
-    h = Harness(tmp_path, pools=2, preset=MULTI_HOST)
+def test_a_rebooted_host_then_a_crashed_one_in_place_each_cost_at_most_one_step(tmp_path, reference):
+    # Two host faults in one run, both on slice 1; slice 0 keeps its pods throughout and each time
+    # restores the newest step in its memory, while the storage checkpoint is 20 steps apart.
+    # 1. A reboot: the host is back at once (`--down 0`), as upstream's kubelet has it: slice 1's pod
+    #    Failed, its container gone (lastState.terminated ContainerStatusUnknown, 137). Its Job fails
+    #    (no podFailurePolicy rule can match a reboot), JobSet restarts slice 1 and counts it; the
+    #    controller books a host disruption, not an application failure, and once slice 1's new pods
+    #    run the same slices form a new world (docs/design.md "A rebooted host").
+    # 2. A crash that stays down (no SIGTERM, no DisruptionTarget, its pod still Running): the other
+    #    slice's trainers exit 43 at once; the node turns NotReady after the node monitor grace
+    #    period (1 s here, 40 s upstream), the only sign the controller gets, and the world shrinks
+    #    to slice 0 (docs/design.md, "State from memory"). No grow when the host is back: the first
+    #    test grows back, and a grown world's two-slice steps are CPU spent on nothing asserted here.
+    h = Harness(tmp_path, pools=2, preset=MULTI_HOST, node_monitor_grace_s=1)
+    run = "hosts"
+
+    def a_pod_of_slice_1(not_in: set[str]) -> dict:
+        return wait_for(
+            lambda: next(
+                (
+                    p
+                    for p in h.run_pods(run)
+                    if p["metadata"]["labels"].get(LABEL_SLICE) == "1"
+                    and p["metadata"]["uid"] not in not_in
+                    and (p.get("status") or {}).get("phase") == "Running"
+                ),
+                None,
+            ),
+            60,
+            "a running pod of slice 1",
+        )
+
     try:
-        launch_two_slices(h, "reboot", steps=REBOOT_STEPS, max_restarts=1)
-        h.start_controller("reboot")
-        wait_for(lambda: trained(h, "reboot") >= REBOOT_AT, 300, f"step {REBOOT_AT}")
-        first = uids(h, "reboot", "0")
-        victim = next(p for p in h.run_pods("reboot") if p["metadata"]["labels"].get(LABEL_SLICE) == "1")
-        before = trained(h, "reboot")
-        crashed_at = time.time()
-        h.cluster.crash_host("default", victim["metadata"]["name"])
-        wait_for(lambda: len(h.record("reboot").segments) >= 2, 120, "the new world")
-        wait_for(lambda: trained(h, "reboot", segment=1) > 0, 240, "training in the new world")
-        assert uids(h, "reboot", "0") == first  # the same pods
-        rec = h.wait_state("reboot", {RunState.FINISHED, RunState.FAILED}, timeout=300)
-        metrics, ledger = h.rundir("reboot").metrics(), h.rundir("reboot").ledger()
+        launch_two_slices(h, run, steps=HOSTS_STEPS, grow=False, extra=paced(HOSTS_PACE_S))
+        h.start_controller(run)
+        wait_for(lambda: trained(h, run) >= REBOOT_AT, 300, f"step {REBOOT_AT}")
+        first = uids(h, run, "0")
+        slice_1 = uids(h, run, "1")
+        before_reboot = trained(h, run)
+        rebooted_at = time.time()
+        h.cluster.crash_host("default", a_pod_of_slice_1(set())["metadata"]["name"])
+        wait_for(lambda: len(h.record(run).segments) >= 2, 120, "the new world")
+        wait_for(lambda: trained(h, run, segment=1) > 0, 240, "training in the new world")
+        assert uids(h, run, "0") == first  # the same pods
+
+        victim = a_pod_of_slice_1(slice_1)  # one of the pods JobSet made after the reboot
+        before_crash = trained(h, run)
+        h.cluster.crash_host("default", victim["metadata"]["name"], down_s=600)
+        wait_for(lambda: len(h.record(run).segments) >= 3, 60, "the shrink to a new world")
+        wait_for(lambda: trained(h, run, segment=2) > 0, 240, "training on 1 slice")
+        assert uids(h, run, "0") == first
+        h.cluster.heal(victim["spec"]["nodeName"])  # the host is back
+        rec = h.wait_state(run, {RunState.FINISHED, RunState.FAILED}, timeout=300)
+        metrics, ledger = h.rundir(run).metrics(), h.rundir(run).ledger()
     finally:
         h.close()
     assert rec.state == RunState.FINISHED, rec.segments
-    first_seg, second = rec.segments[:2]
-    assert second.slice_ids == ("0", "1")  # the same slices
-    assert first_seg.end_kind == EndKind.RESTART and "host disruption" in (first_seg.end_reason or "")
+    rebooted, crashed, shrunk = rec.segments
+    assert (rebooted.slice_ids, crashed.slice_ids, shrunk.slice_ids) == (("0", "1"), ("0", "1"), ("0",))
+    assert rebooted.end_kind == EndKind.RESTART and "host disruption" in (rebooted.end_reason or "")
+    assert crashed.end_kind == EndKind.CAPACITY_LOST
     assert rec.app_failures == 0 and len(rec.host_disruptions) == 1, rec
     status = build_report(rec, metrics, ledger, rec.finished_at or 0.0).as_dict()
     assert status["restarts"]["host_disruption"] == 1 and status["restarts"]["application_failure"] == 0
     assert status["segments"][1]["restored_from"] in {StateSource.MEMORY, StateSource.PEERS}
-    assert status["segments"][0]["recomputed_steps"] <= 1
-    head = min((m for m in metrics if m.get("segment") == 1 and "restore/from" in m), key=lambda m: m["time"])
-    assert head["restore/storage_bytes"] == 0 and head["restore/step"] >= before - 1
+    assert status["segments"][2]["restored_from"] == StateSource.MEMORY
+    assert status["segments"][0]["recomputed_steps"] <= 1 and status["segments"][1]["recomputed_steps"] <= 1
+    heads = {  # each later segment's first record, with what it restored
+        seg: min(
+            (m for m in metrics if m.get("segment") == seg and "restore/from" in m), key=lambda m: m["time"]
+        )
+        for seg in (1, 2)
+    }
+    assert heads[1]["restore/storage_bytes"] == 0 and heads[1]["restore/step"] >= before_reboot - 1
+    assert heads[2]["restore/storage_bytes"] == 0 and heads[2]["restore/step"] >= before_crash - 1
+    said = [e["message"] for e in ledger if e.get("kind") == LedgerKind.RESTORE]
+    assert f"restored step {heads[2]['restore/step']} from memory" in said, said
     trains = min(m["time"] for m in metrics if m.get("segment") == 1)
-    assert trains - crashed_at <= 30, f"the next world trained {trains - crashed_at:.1f} s after the reboot"
+    assert trains - rebooted_at <= 30, f"the next world trained {trains - rebooted_at:.1f} s after the reboot"
     kept = kept_steps(metrics)
-    assert sorted(kept) == list(range(1, REBOOT_STEPS + 1))
+    assert sorted(kept) == list(range(1, HOSTS_STEPS + 1))
     assert_same_samples_and_losses(kept, reference)
-    assert rec.segments[-1].end_step == REBOOT_STEPS
+    assert rec.segments[-1].end_step == HOSTS_STEPS
 
 
 SLOW = "RESLICE_SLOW_TESTS"  # the tests below run minutes, outside the default suite (docs/gke.md)
