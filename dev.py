@@ -186,9 +186,9 @@ def _workers(args: list[str]) -> list[str]:
     """Three pytest workers on the two cores, whole files each: most of an end-to-end test's wall
     time is waiting (on the cluster, the controller, a peer's grace period), so a third file beside
     two others fills the cores (the suite's pytest phase is shorter: docs/measurements.md);
-    whole files keep a module's reference run computed once. Files go out in collection order,
-    which tests/conftest.py sets from the last whole run's figures (`schedule`). ``-n 0`` (or any
-    -n) overrides."""
+    whole files keep a module's reference run computed once. Each worker that asks for its next
+    file gets the one tests/conftest.py chooses (`next_file`, from the last whole run's figures and
+    what the other workers run then). ``-n 0`` (or any -n) overrides."""
     if any(a == "-n" or a.startswith(("-n", "--numprocesses")) for a in args):
         return []
     return ["-n", "3", "--dist", "loadfile", "--no-loadscope-reorder"]

@@ -84,30 +84,72 @@ def waits(name: str, secs: float, cpu: float) -> bool:
     return cpu < WAITS_BELOW * secs and not name.startswith(WORK_OUTSIDE_THE_TREE)
 
 
+def next_file(
+    left: list[str],
+    running: list[str | None],
+    figures: dict[str, tuple[float, float]],
+    workers: int = WORKERS,
+) -> str:
+    """The file a worker takes next, of `left` (in `schedule`'s order), while the other workers run
+    `running` (None: nothing): the first of one kind, a waiting file (`waits`) while fewer workers
+    wait than the waiting files' share of the seconds left asks for, else a working one; never a
+    last worker waiting beside others that wait while work is left. A file without figures works."""
+
+    def waiting(name: str | None) -> bool:
+        return name in figures and waits(name, *figures[name])
+
+    secs = {n: figures.get(n, (0.0, 0.0))[0] for n in left}
+    share = workers * sum(secs[n] for n in left if waiting(n)) / (sum(secs.values()) or 1.0)
+    waiting_now = sum(waiting(n) for n in running)
+    work_left = not all(waiting(n) for n in left)
+    want_wait = not work_left or (waiting_now + 1 <= share + 0.5 and waiting_now + 1 < workers)
+    return next((n for n in left if waiting(n) == want_wait), left[0])
+
+
 def schedule(figures: dict[str, tuple[float, float]], workers: int = WORKERS) -> list[str]:
     """The files in the order the workers take them, each the next one as it frees up: a replay of
-    that hand-out on the figures' seconds. Each hand-out takes the longest file of one kind: a
-    waiting one (`waits`) while fewer workers wait than the waiting files' share of the seconds
-    left asks for, else a working one; never a last worker waiting beside others that wait while
-    work is left. Longest first within a kind keeps the end of the run short."""
+    that hand-out on the figures' seconds, each file chosen by `next_file` from the longest first.
+    The run itself chooses again as each worker asks (`pytest_xdist_make_scheduler`), from what
+    the others run then; this order is its starting point, and the order without xdist."""
     left = sorted(figures, key=lambda n: (-figures[n][0], n))
-    waiting = {n for n in left if waits(n, *figures[n])}
-    busy: list[tuple[float, bool]] = []  # (ends at, waits) of the files the other workers run
+    busy: list[tuple[float, str]] = []  # (ends at, file) of what the workers run
     order, now = [], 0.0
     while left:
         if len(busy) == workers:  # the next worker to free up
             busy.sort()
             now, _ = busy.pop(0)
-        waiting_now = sum(w for _, w in busy)
-        wait_left = sum(figures[n][0] for n in left if n in waiting)
-        share = workers * wait_left / (sum(figures[n][0] for n in left) or 1.0)
-        work_left = any(n not in waiting for n in left)
-        want_wait = not work_left or (waiting_now + 1 <= share + 0.5 and waiting_now + 1 < workers)
-        name = next((n for n in left if (n in waiting) == want_wait), left[0])
+        name = next_file(left, [n for _, n in busy], figures, workers)
         left.remove(name)
         order.append(name)
-        busy.append((now + figures[name][0], name in waiting))
+        busy.append((now + figures[name][0], name))
     return order
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` (dev.py's), each file chosen as a worker asks for its next one, by
+    `next_file` from what the others run at that moment: the replay's order drifts from the run's
+    as files take longer or shorter than their figures, and two waiting files that a replay kept
+    apart could otherwise start together."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    figures = _durations()
+
+    class FilesByKind(LoadFileScheduling):
+        def _assign_work_unit(self, node) -> None:
+            running = [self._running(n) for n in self.nodes if n is not node]
+            chosen = next_file(list(self.workqueue), running, figures, len(self.nodes))
+            self.workqueue.move_to_end(chosen, last=False)  # the one xdist's own hand-out takes
+            super()._assign_work_unit(node)
+
+        def _running(self, node) -> str | None:
+            """The first file of `node`'s with a test still to run."""
+            units = self.assigned_work.get(node, {})
+            return next((name for name, tests in units.items() if not all(tests.values())), None)
+
+    return FilesByKind(config, log)
 
 
 def _inside(path: Path, folder: Path) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,9 +16,11 @@ from tests.conftest import (
     DURATIONS,
     ROOT,
     _durations,
+    next_file,
     pytest_collection_modifyitems,
     pytest_runtest_makereport,
     pytest_runtest_setup,
+    pytest_xdist_make_scheduler,
     schedule,
 )
 
@@ -77,6 +80,72 @@ def test_the_figures_are_seconds_and_cpu_seconds_and_the_older_form_still_reads(
 )
 def test_the_schedule_spreads_the_waiting_files_over_the_working_ones(figures, order) -> None:
     assert schedule({k: (float(a), float(b)) for k, (a, b) in figures.items()}) == order
+
+
+FIGURES = {"w1": (100.0, 90.0), "w2": (80.0, 70.0), "s1": (60.0, 1.0), "s2": (50.0, 1.0)}
+
+
+@pytest.mark.parametrize(
+    ("left", "running", "chosen"),
+    [
+        # Nobody waits, and the waiting files' share of what is left is near one worker: s1.
+        (["w1", "w2", "s1", "s2"], [None, "w1"], "s1"),
+        # One worker waits already, and a second would be more than their share: w1.
+        (["w1", "w2", "s2"], ["s1", None], "w1"),
+        # The waiting files are most of what is left: a second worker waits.
+        (["w2", "s2", "s9"], ["s1", None], "s2"),
+        # Only waiting files left in the queue: s2, whatever the others run.
+        (["s2"], ["s1", "w1"], "s2"),
+        # Two workers wait: the third takes work while any is left.
+        (["s2", "w2"], ["s1", "s9"], "w2"),
+        # A file without figures (new) works: the third worker's beside two waiting ones.
+        (["s2", "new"], ["s1", "s9"], "new"),
+    ],
+    ids=["nobody waits", "one waits", "two may wait", "only waiting left", "two wait", "new file"],
+)
+def test_the_next_file_keeps_the_waiting_files_to_their_share(left, running, chosen) -> None:
+    figures = {**FIGURES, "s9": (40.0, 1.0)}
+    assert next_file(left, running, figures) == chosen
+
+
+class Node:
+    """A worker as xdist's scheduler sees it: what it was sent to run."""
+
+    def __init__(self, name: str) -> None:
+        self.gateway = SimpleNamespace(id=name)
+        self.shutting_down = False
+        self.sent: list[list[int]] = []
+
+    def send_runtest_some(self, indices: list[int]) -> None:
+        self.sent.append(indices)
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+def test_each_worker_gets_its_next_file_from_what_the_others_run_then(monkeypatch) -> None:
+    """The run's own hand-out (xdist's `loadfile` with `next_file`): the queue in schedule order,
+    yet a worker that frees up while another runs a waiting file takes work, not the next
+    waiting file in the queue."""
+    monkeypatch.setattr("tests.conftest._durations", lambda: dict(FIGURES))
+    option = SimpleNamespace(loadscopereorder=False)
+    values = {"dist": "loadfile", "tx": ["2*popen"]}
+    config = SimpleNamespace(option=option, getvalue=values.__getitem__)
+    sched = pytest_xdist_make_scheduler(config, log=None)
+    # Two tests a file; the queue s1 s2 w1 w2, which xdist's own hand-out gives out in that order
+    # (a: s1, b: s2, both waiting).
+    collection = [f"{f}::t{i}" for f in ("s1", "s2", "w1", "w2") for i in (0, 1)]
+    a, b = Node("gw0"), Node("gw1")
+    for node in (a, b):
+        sched.add_node(node)
+        sched.add_node_collection(node, collection)
+    sched.schedule()
+    files = lambda node: [collection[i[0]].split("::")[0] for i in node.sent]  # noqa: E731
+    # a asked first: s1 (nobody waits); b beside a waiting file: w1, not s2. Two tests each, so
+    # xdist gives each its second file at once: a (beside w1) s2, b (beside s1) w2.
+    assert (files(a), files(b)) == (["s1", "s2"], ["w1", "w2"])
+    other = SimpleNamespace(option=option, getvalue={"dist": "load"}.__getitem__)
+    assert pytest_xdist_make_scheduler(other, log=None) is None  # another --dist: xdist's own
 
 
 def test_files_run_in_schedule_order_and_unknown_files_after_in_collection_order() -> None:
