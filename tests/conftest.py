@@ -81,6 +81,7 @@ def _durations() -> dict[str, tuple[float, float]]:
 
 
 def waits(name: str, secs: float, cpu: float) -> bool:
+    """Whether a file of these figures mostly waits (WAITS_BELOW, WORK_OUTSIDE_THE_TREE)."""
     return cpu < WAITS_BELOW * secs and not name.startswith(WORK_OUTSIDE_THE_TREE)
 
 

@@ -58,9 +58,9 @@ def preload_tensorboard(run_dir: str | None) -> None:
         from tensorboardX.proto.summary_pb2 import Summary  # noqa: F401
 
 
-# What tensorboardX imports for object stores it may write event files to, and we only ever use
-# for a gs:// run directory: google.cloud.storage takes a tenth of a CPU second to import, in every
-# pod (docs/measurements.md, "The test suite").
+# What tensorboardX imports for the object stores it can write event files to, which only a gs://
+# run directory needs: most of tensorboardX's import, paid by process 0 and, in place, by every
+# pod's preload (docs/measurements.md, "The test suite").
 _REMOTE_ONLY = ("google.cloud.storage",)
 
 
