@@ -126,7 +126,7 @@ def schedule(figures: dict[str, tuple[float, float]], workers: int = WORKERS) ->
     return order
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: `-p no:xdist` runs without it
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile` (dev.py's), each file chosen as a worker asks for its next one, by
     `next_file` from what the others run at that moment: the replay's order drifts from the run's

@@ -188,3 +188,13 @@ def test_a_test_reports_its_cpu_seconds_with_its_teardown_its_children_counted()
     assert burnt > 0.1, burnt
     pytest_runtest_setup(item)  # a test that only waits
     assert dict(_report(item, "teardown").user_properties)[CPU_PROPERTY] < 0.05
+
+
+def test_the_suite_runs_without_xdist_too() -> None:
+    """The scheduler hook is xdist's: without the plugin (`-p no:xdist`) the conftest still loads."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
+         "tests/test_suite_order.py::test_the_figures_name_files_that_exist"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
