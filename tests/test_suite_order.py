@@ -124,9 +124,8 @@ class Node:
 
 
 def test_each_worker_gets_its_next_file_from_what_the_others_run_then(monkeypatch) -> None:
-    """The run's own hand-out (xdist's `loadfile` with `next_file`): the queue in schedule order,
-    yet a worker that frees up while another runs a waiting file takes work, not the next
-    waiting file in the queue."""
+    """The run's own hand-out (xdist's `loadfile` with `next_file`): whatever the queue's order, a
+    worker that asks while another runs a waiting file takes work, not the next waiting file."""
     monkeypatch.setattr("tests.conftest._durations", lambda: dict(FIGURES))
     option = SimpleNamespace(loadscopereorder=False)
     values = {"dist": "loadfile", "tx": ["2*popen"]}
