@@ -106,7 +106,7 @@ class RunWriter:
 
     def _tensorboard(self) -> Any:
         if self._tb is None:
-            with _event_writer_imports(str(self.run_dir) if not self.remote else None):
+            with _event_writer_imports(str(self.run_dir)):
                 from tensorboardX import FileWriter  # slow import, process 0 only
 
             # The event-file writer itself: the loop adds whole Summary protos (below), which is
