@@ -58,10 +58,13 @@ class EmbeddedCluster:
         default_toleration_s: int = DEFAULT_TOLERATION_S,
         runtime: str = PodRuntime.PROCESS,
         shared: tuple[Path, ...] | list[Path] = (),
+        log_dir: Path | None = None,
     ) -> None:
         """`runtime`: how the kubelet runs the pods of non-simulated node pools (PodRuntime);
         `shared`: host folders the podman runtime mounts into every container at their own paths
-        (where local run directories are)."""
+        (where local run directories are); `log_dir`: where the pods' logs are written and left
+        after `stop` (a test's own folder, to read after a failure), else in the cluster's
+        folder."""
         if mode not in ("process", "simulate"):
             raise UserError(f"mode must be 'process' or 'simulate', got {mode!r}")
         if runtime not in tuple(PodRuntime):
@@ -79,6 +82,7 @@ class EmbeddedCluster:
         self.sim_duration_s = sim_duration_s
         self.sim_term_exit_code = sim_term_exit_code
         self.workdir = workdir
+        self.log_dir = Path(log_dir) if log_dir is not None else None
         self.node_monitor_grace_s = node_monitor_grace_s
         self.default_toleration_s = default_toleration_s
         self._tmp: str | None = None
@@ -114,7 +118,7 @@ class EmbeddedCluster:
         self.scheduler = Scheduler(self.store, self.hub)
         self.kubelet = Kubelet(
             self.store,
-            base / "logs",
+            self.log_dir or base / "logs",
             simulated=self._simulated,
             sim_duration_s=self.sim_duration_s,
             sim_term_exit_code=self.sim_term_exit_code,

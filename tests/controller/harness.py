@@ -109,6 +109,7 @@ class Harness:
             mode="process",
             state_dir=state_dir,
             workdir=tmp / "pods",
+            log_dir=tmp / "logs",  # each pod's log, left for a failed test's reader
             **cluster_kw,  # e.g. node_monitor_grace_s, default_toleration_s: a NotReady node in seconds
         )
         self.gcs_env = gcs_env or {}
@@ -124,12 +125,21 @@ class Harness:
         self.stop.set()
         for t in self.threads:
             t.join(timeout=10)
+        self.write_objects()
         self.cluster.stop()
         for k, v in self._saved_env.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+    def write_objects(self) -> None:
+        """The cluster's objects as the test left them, in ``cluster.json`` beside the pods' logs:
+        what a failed test's reader needs (which pod failed, with which exit code, what JobSet and
+        the node lifecycle did) once the cluster is gone."""
+        kinds = ("pods", "jobs", "jobsets", "nodes", "events", "configmaps")
+        objects = {kind: self.cluster.store.list(self.cluster.res[kind])[0] for kind in kinds}
+        (self.tmp / "cluster.json").write_text(json.dumps(objects, indent=1, default=str))
 
     def pool(self, i: int) -> str:
         return f"{self.preset}-np-{i}"

@@ -37,8 +37,8 @@ def bare_pod(
     }
 
 
-def test_downward_api_configmaps_expansion_and_logs():
-    with running("tpu7x-2x2x1:1") as kube:
+def test_downward_api_configmaps_expansion_and_logs(tmp_path):
+    with running("tpu7x-2x2x1:1", log_dir=tmp_path / "logs") as kube:
         kube.core.create_namespaced_config_map(
             "default", {"metadata": {"name": "cfg"}, "data": {"mode": "fast"}}
         )
@@ -89,6 +89,9 @@ def test_downward_api_configmaps_expansion_and_logs():
         ]
         assert {c.type: c.reason for c in pod.status.conditions}["Ready"] == "PodCompleted"
         assert kube.core.read_namespaced_pod_log("probe", "default", tail_lines=1).strip() == "bye"
+    # The cluster is gone; the log it was given a folder for is not (a failed test's reader's).
+    (kept,) = (tmp_path / "logs").glob("default_probe_*/main.log")
+    assert kept.read_text().rstrip().endswith("bye")
 
 
 def test_missing_configmap_is_a_create_container_config_error():
