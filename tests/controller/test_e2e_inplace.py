@@ -6,6 +6,7 @@ checkpoints read, at most one step recomputed, whatever the storage checkpoints 
 the grow's from a peer: the new slice's pods get the surviving slice's replica over the data axis."""
 
 import os
+import re
 import time
 
 import pytest
@@ -96,12 +97,16 @@ def test_in_place_shrink_then_grow_keeps_the_surviving_slice_pods(tmp_path, refe
     finally:
         h.close()
     # Slice 1's hosts were gone: the next world said so, and each survivor's trainer, whose step
-    # waited for them, was killed rather than asked to save (the stall watchdog's seconds).
+    # waited for them, was killed rather than asked to save (the stall watchdog's seconds). It dies
+    # of the SIGKILL (137) or, when its collective failed on the lost peers' closed sockets a moment
+    # before, exits 43 by itself: either way nothing was saved and the state comes from memory.
     assert rec.segments[1].lost == ("1",) and rec.segments[2].lost == ()
     assert len(survivors) == 2
+    killed = re.compile(
+        r"the trainer of epoch 0 exited (137|43) [0-9.]+ s after SIGKILL \(slice\(s\) 1 of its world lost\)"
+    )
     for log in survivors:
-        tail = log[-3000:]
-        assert "the trainer of epoch 0 exited 137" in log and "(slice(s) 1 of its world lost)" in log, tail
+        assert killed.search(log), log[-3000:]
     status = build_report(rec, metrics, ledger, rec.finished_at or 0.0).as_dict()  # `reslice status --json`
     froms = [s["restored_from"] for s in status["segments"][:3]]
     assert froms == [None, StateSource.MEMORY, StateSource.PEERS], froms
