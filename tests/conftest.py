@@ -10,6 +10,7 @@ the CI budget on two cores. The test process compiles its own programs at -O0
 import json
 import os
 import resource
+import time
 from pathlib import Path
 
 import pytest
@@ -66,6 +67,10 @@ WAITS_BELOW = 1 / 3
 # image files' figures say they wait while their containers train. They count as working.
 WORK_OUTSIDE_THE_TREE = ("tests/images/",)
 WORKERS = 3  # dev.py's `-n`
+# The model's in-process files: the same CPU-bound work in every run (no subprocess, no waiting), so
+# their CPU seconds say how fast the machine is in that run; a whole run's summary prints them beside
+# the machine's busy CPU, which moves with the hour by up to half again (docs/measurements.md).
+YARDSTICK = tuple(f"tests/trainer/test_{name}.py" for name in ("recipe", "attention", "step", "moe"))
 
 
 def _durations() -> dict[str, tuple[float, float]]:
@@ -209,17 +214,71 @@ def pytest_runtest_logreport(report) -> None:
     spent[1] += sum(value for key, value in report.user_properties if key == CPU_PROPERTY)
 
 
+def _whole_run(config) -> bool:
+    """The whole suite (no path, -k, -m, --deselect or --lf), seen from the controller (or the one
+    process without xdist)."""
+    return (
+        not hasattr(config, "workerinput")
+        and [Path(a).resolve() for a in config.args] == [ROOT / "tests"]
+        and not (
+            config.option.keyword
+            or config.option.markexpr
+            or config.option.deselect
+            or getattr(config.option, "lf", False)
+        )
+    )
+
+
+def busy_cpu() -> float | None:
+    """The machine's busy CPU seconds since its boot (/proc/stat's first line: user, nice, system,
+    irq, softirq), or None where there is no /proc."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        ticks = sum(int(fields[i]) for i in (0, 1, 2, 5, 6))
+    except (OSError, ValueError, IndexError):
+        return None
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def suite_figures(
+    wall_s: float, busy_s: float | None, cores: int, spent: dict[str, tuple[float, float] | list[float]]
+) -> str:
+    """One line for a whole run's end: its seconds, the tests' CPU (`spent`: file -> (seconds, CPU
+    seconds)), the machine's busy CPU over the run, and the YARDSTICK files' CPU."""
+    tests = sum(cpu for _, cpu in spent.values())
+    model = sum(spent[name][1] for name in YARDSTICK if name in spent)
+    busy = (
+        ""
+        if busy_s is None
+        else f", the machine's busy CPU {busy_s:.0f} s ({busy_s / (wall_s * cores):.1%} of {cores} cores)"
+    )
+    return (
+        f"reslice: the suite took {wall_s:.1f} s{busy}, its tests {tests:.0f} CPU s; the model's"
+        f" in-process files {model:.1f} CPU s (the machine's speed: docs/measurements.md)"
+    )
+
+
+_started: list[tuple[float, float | None]] = []
+
+
+def pytest_sessionstart(session) -> None:
+    if _whole_run(session.config):
+        _started.append((time.monotonic(), busy_cpu()))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if not (_started and _spent):
+        return
+    t0, busy0 = _started[0]
+    busy1 = busy_cpu()
+    busy = None if busy0 is None or busy1 is None else busy1 - busy0
+    terminalreporter.write_line(suite_figures(time.monotonic() - t0, busy, os.cpu_count() or 1, _spent))
+
+
 def pytest_sessionfinish(session, exitstatus) -> None:
     """A whole-suite run (no path, -k, -m, --deselect or --lf) that passed rewrites DURATIONS (whole
     seconds, so that it changes only when a file's figures do): the order stays current by itself."""
-    config = session.config
-    whole = [Path(a).resolve() for a in config.args] == [ROOT / "tests"] and not (
-        config.option.keyword
-        or config.option.markexpr
-        or config.option.deselect
-        or getattr(config.option, "lf", False)
-    )
-    if hasattr(config, "workerinput") or not whole or exitstatus != 0 or not _spent:
+    if not _whole_run(session.config) or exitstatus != 0 or not _spent:
         return
     ranked = sorted(_spent.items(), key=lambda kv: -kv[1][0])
     lines = [f"{json.dumps(name)}: [{round(secs)}, {round(cpu)}]" for name, (secs, cpu) in ranked]

@@ -7,21 +7,25 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
 
+from tests import conftest
 from tests.conftest import (
     CPU_PROPERTY,
     DURATIONS,
     ROOT,
     _durations,
+    busy_cpu,
     next_file,
     pytest_collection_modifyitems,
     pytest_runtest_makereport,
     pytest_runtest_setup,
     pytest_xdist_make_scheduler,
     schedule,
+    suite_figures,
 )
 
 
@@ -197,3 +201,49 @@ def test_the_suite_runs_without_xdist_too() -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+
+def test_the_machines_busy_cpu_counts_what_this_process_burns() -> None:
+    before, own = busy_cpu(), time.process_time()
+    while time.process_time() - own < 0.3:
+        pass
+    after = busy_cpu()
+    assert before is not None and after is not None
+    assert after - before >= 0.25  # the whole machine's, this process's 0.3 s among it (10 ms ticks)
+
+
+@pytest.mark.parametrize(
+    ("busy", "says"),
+    [
+        (
+            936.0,
+            "the suite took 493.7 s, the machine's busy CPU 936 s (94.8% of 2 cores), its tests 75 CPU s;",
+        ),
+        (None, "the suite took 493.7 s, its tests 75 CPU s;"),  # no /proc
+    ],
+)
+def test_the_suites_figures_in_one_line(busy: float | None, says: str) -> None:
+    spent = {
+        "tests/trainer/test_recipe.py": [30.0, 20.0],
+        "tests/trainer/test_moe.py": [5.0, 4.5],
+        "tests/controller/test_e2e_kueue.py": [100.0, 50.5],  # not a yardstick file
+    }
+    line = suite_figures(493.7, busy, 2, spent)
+    assert says in line and "the model's in-process files 24.5 CPU s" in line, line
+
+
+def test_a_whole_run_ends_with_the_suites_figures_and_a_part_of_it_does_not(monkeypatch) -> None:
+    monkeypatch.setattr(conftest, "_started", [])
+    monkeypatch.setattr(conftest, "_spent", {"tests/trainer/test_step.py": [9.0, 8.0]})
+    options = SimpleNamespace(keyword="", markexpr="", deselect=None, lf=False)
+    part = SimpleNamespace(args=[str(ROOT / "tests" / "trainer")], option=options)
+    whole = SimpleNamespace(args=[str(ROOT / "tests")], option=options)
+    lines: list[str] = []
+    reporter = SimpleNamespace(write_line=lines.append)
+    conftest.pytest_sessionstart(SimpleNamespace(config=part))
+    conftest.pytest_terminal_summary(reporter, 0, part)
+    assert lines == []
+    conftest.pytest_sessionstart(SimpleNamespace(config=whole))
+    conftest.pytest_terminal_summary(reporter, 0, whole)
+    (line,) = lines
+    assert line.startswith("reslice: the suite took ") and "the model's in-process files 8.0 CPU s" in line
