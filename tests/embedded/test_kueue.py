@@ -117,5 +117,7 @@ def test_an_admission_that_loses_a_race_with_another_writer_is_made_again_on_the
         kueue._objects = lambda: racing
         assert kueue.reconcile() == ["kc-0"]
         got = kube.jobset("kc-0")
-        assert len(reads) == 2 and reads[0] != reads[1]  # read again after the conflict
+        # Read again after the conflict, each time a newer object. The JobSet controller may write
+        # the new JobSet's status between the second read and the Update: a third read, as upstream.
+        assert len(reads) >= 2 and len(set(reads)) == len(reads), reads
         assert got["spec"]["suspend"] is False and got["metadata"]["annotations"]["other"] == "writer"
