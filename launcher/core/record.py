@@ -91,6 +91,10 @@ class Segment:
     # pools deleted, or their pods replaced by pods without a node): its world says so, and the survivors' supervisors kill their trainers
     # instead of asking them to save a step that can never finish (docs/contract.md "World").
     lost: tuple[str, ...] = ()
+    # The restart attempt of each of `slice_ids`' JobSets (status.restarts) when the world was
+    # decided, in the same order: its world names them, and a pod of another attempt (its slice
+    # restarted since: a rebooted host) waits for the next world instead of joining this one.
+    attempts: tuple[int, ...] = ()
 
     def shape(self, catalog: Catalog) -> Shape:
         return Shape(catalog.preset(self.preset), self.slices)
@@ -208,6 +212,7 @@ class RunRecord:
                     "slice_ids": tuple(str(s) for s in seg.get("slice_ids", ())),
                     "joining": tuple(str(s) for s in seg.get("joining", ())),
                     "lost": tuple(str(s) for s in seg.get("lost", ())),
+                    "attempts": tuple(int(a) for a in seg.get("attempts", ())),
                 }
             )
             for seg in (known(s, Segment, "segments") for s in raw.pop("segments", []))

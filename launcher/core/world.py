@@ -85,6 +85,8 @@ def document(spec: RunSpec, preset: Preset, seg: Segment, published: float) -> d
     }
     if seg.lost:
         doc["lost"] = list(seg.lost)
+    if seg.attempts:
+        doc["attempts"] = dict(zip(seg.slice_ids, seg.attempts, strict=True))
     if len(seg.slice_ids) > 1:
         host = seg.coordinator.rpartition(":")[0]
         address = host if spec.world_api else host0(spec.run, seg.slice_ids[0])

@@ -226,6 +226,10 @@ def test_a_slice_restarted_under_the_world_gets_a_new_world_of_the_same_slices()
     assert d.action == Action.NEW_WORLD and d.record.current.slice_ids == ("0", "1")
     assert d.record.segments[0].end_kind == EndKind.RESTART and d.record.current.restarts == 1
     assert (d.slices_delete, d.slices_create) == ((), ())
+    # The world is for slice 1's pods of attempt 1: those of attempt 1 that came up while world 0
+    # was still published did not join it (trainer/elastic/world.py `other_attempt`).
+    assert rec.current.attempts == (0, 0) and d.record.current.attempts == (0, 1)
+    assert world.document(SPEC, CATALOG.preset(PRESET), d.record.current, T0)["attempts"] == {"0": 0, "1": 1}
     # Still coming back up: wait.
     back = observe(rec, {"0": "np-0", "1": None}, jobsets=restarted)
     assert decide(rec, back).action == Action.WAIT

@@ -159,4 +159,16 @@ def test_the_world_document_is_what_the_trainer_parses() -> None:
         ][world.WORLD_KEY]
     )
     assert one.slices == ("0",) and one.megascale == {}
+    # Each slice's attempt: a pod of another attempt of its slice does not join (a rebooted host's
+    # slice, restarted after the world was decided); one of the same, or a world without them, does.
+    formed = replace(segment(7, ("2", "0"), coord), attempts=(1, 0))
+    doc = world.document(SPEC, PRESET, formed, 14.0)
+    assert doc["attempts"] == {"2": 1, "0": 0} and "attempts" not in world.document(
+        SPEC, PRESET, segment(5, ("2", "0"), coord), 1.0
+    )
+    seven = trainer_world.parse(world.configmap(SPEC, doc)["data"][world.WORLD_KEY])
+    pod_of_2 = {"RESLICE_SLICE_ID": "2", "JOB_COMPLETION_INDEX": "0"}
+    for attempt, other in (("1", None), ("2", 1), ("0", 1), ("", None)):
+        me = trainer_world.me_from_env({**pod_of_2, "RESLICE_RESTART_ATTEMPT": attempt})
+        assert seven.other_attempt(me) == other and parsed.other_attempt(me) is None
     assert world.published_epoch(None) is None and world.published_epoch({"data": {}}) is None

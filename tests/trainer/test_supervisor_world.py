@@ -172,26 +172,30 @@ def test_each_epoch_restarts_the_child_with_its_world(pod) -> None:
         ({"FAKE_EXIT": "2", "FAKE_AFTER_S": "0.2"}, 2),  # a configuration error
         ({"FAKE_EXIT": "42", "FAKE_AFTER_S": "0.2"}, "waits"),  # a peer's preemption stopped the world
         ({"FAKE_ON_TERM": "1"}, 1),  # a save that failed after the supervisor's SIGTERM
+        # Gloo's transport threw (a peer died mid-collective, or a bug): a newer world says which.
+        ({"FAKE_ABORT": "gloo", "FAKE_AFTER_S": "0.2"}, "waits"),
+        ({"FAKE_ABORT": "plain", "FAKE_AFTER_S": "0.2"}, 134),  # any other abort is the child's own
     ],
 )
 def test_child_exit_codes(pod, child: dict, then: object) -> None:
     p = pod()
     p.publish(world_doc(0, ["b"], env=child))
     p.wait_starts(1)
-    if "FAKE_EXIT" not in child:  # the supervisor's own SIGTERM, for a newer world
+    own = "FAKE_EXIT" in child or "FAKE_ABORT" in child  # it ends by itself
+    if not own:  # the supervisor's own SIGTERM, for a newer world
         p.publish(world_doc(1, ["b", "a"]))
     if then != "waits":
         assert p.wait() == then, p.output()
         assert len(p.starts()) == 1
         return
-    if "FAKE_EXIT" in child:  # the pod survives its child until the controller's next world
+    if own:  # the pod survives its child until the controller's next world
         wait_for(lambda: any(r["event"] == "end" for r in p.records()), 10, "the child's exit")
         p.alive_for(0.5)
         assert len(p.starts()) == 1
         p.publish(world_doc(1, ["b", "a"]))
     second = p.wait_starts(2)[1]
     assert second["env"]["RESLICE_WORLD_EPOCH"] == "1" and second["env"]["RESLICE_SLICE_INDEX"] == "0"
-    assert "waiting for a world newer than epoch 0" in p.output() or "FAKE_EXIT" not in child
+    assert "waiting for a world newer than epoch 0" in p.output() or not own
 
 
 def test_a_world_that_lost_a_slice_of_the_childs_world_kills_the_child(pod) -> None:
@@ -279,6 +283,39 @@ def test_while_the_controller_beats_the_pod_waits_past_its_patience_up_to_the_bo
     assert time.monotonic() - t0 >= 3.5
     assert "the controller's heartbeat stale, wait 1 s, at most 4 s): exit 43" in p.output()
     assert len(p.starts()) == 1
+
+
+def test_no_newer_world_after_gloo_aborted_the_child_the_pod_fails_with_its_code(pod) -> None:
+    # Gloo's abort says nothing of a peer: only the controller's next world would have shown one
+    # lost. Without it, the abort was the trainer's own failure (a collective mismatch), counted.
+    p = pod(extra={"RESLICE_PEER_LOST_WAIT_S": "1.5"})
+    p.publish(world_doc(0, ["b"], env={"FAKE_ABORT": "gloo", "FAKE_AFTER_S": "0.2"}))
+    p.wait_starts(1)
+    t0 = time.monotonic()
+    assert p.wait(10) == 134, p.output()
+    assert time.monotonic() - t0 >= 1.5
+    out = p.output()
+    assert "the trainer of epoch 0 exited 134 (Gloo's transport aborted it); waiting for a world" in out
+    assert "2 s after its collectives' transport aborted (the controller's heartbeat absent" in out
+    assert "exit 134 (its own failure)" in out and len(p.starts()) == 1
+
+
+def test_a_pod_of_a_restarted_slice_joins_no_world_decided_before_its_restart(pod) -> None:
+    # Slice b's JobSet restarted (a host rebooted): its new pods (attempt 1) start while world 0,
+    # decided for attempt 0, is still published. A trainer there would wait for world 0's
+    # coordination service, which never takes it in; the pod waits for the world made for it.
+    p = pod(extra={"RESLICE_RESTART_ATTEMPT": "1"})
+    doc = world_doc(0, ["a", "b"], attempts={"a": 0, "b": 0})
+    p.publish(doc)
+    p.alive_for(0.5)
+    p.publish({**doc, "heartbeat": time.time()})  # read again: said once
+    p.alive_for(0.5)
+    assert p.starts() == []
+    said = "world epoch 0 was decided for attempt 0 of slice b, and this pod is attempt 1: waiting"
+    assert p.output().count(said) == 1, p.output()
+    p.publish(world_doc(1, ["a", "b"], attempts={"a": 0, "b": 1}))
+    (first,) = p.wait_starts(1)
+    assert first["env"]["RESLICE_WORLD_EPOCH"] == "1" and first["env"]["RESLICE_SLICE_INDEX"] == "1"
 
 
 @pytest.mark.parametrize("key", ["RESLICE_PEER_LOST_WAIT_S", "RESLICE_CHIP_WAIT_S"])

@@ -194,6 +194,10 @@ def test_integer_slice_ids_match_the_slice_index_env() -> None:
         (text(lost="s1"), "'lost' must be a list of slice ids"),
         (text(lost=["s1", "s1"]), "'lost' lists a slice twice"),
         (text(lost=[True]), "slice id"),
+        (text(attempts=[1]), "'attempts' must be an object"),
+        (text(attempts={"s9": 0}), "attempts.s9 must be an integer >= 0 of one of its slices"),
+        (text(attempts={"s0": -1}), "attempts.s0 must be"),
+        (text(attempts={"s0": True}), "attempts.s0 must be"),
     ],
 )
 def test_parse_names_what_is_wrong(document: str, message: str) -> None:
@@ -207,6 +211,9 @@ def test_me_and_restart_mode_from_env() -> None:
         world.me_from_env({})
     with pytest.raises(WorldError, match="JOB_COMPLETION_INDEX"):
         world.me_from_env({"RESLICE_SLICE_ID": "a", "JOB_COMPLETION_INDEX": "x"})
+    assert world.me_from_env({"RESLICE_SLICE_ID": "a", "RESLICE_RESTART_ATTEMPT": "3"}) == Me("a", 0, 3)
+    with pytest.raises(WorldError, match="RESLICE_RESTART_ATTEMPT='x' is not a restart attempt"):
+        world.me_from_env({"RESLICE_SLICE_ID": "a", "RESLICE_RESTART_ATTEMPT": "x"})
     assert world.restart_mode({}) is RestartMode.RECREATE
     assert world.restart_mode({"RESLICE_RESTART_MODE": "in-place"}) is RestartMode.IN_PLACE
     with pytest.raises(WorldError, match="'sideways' is not one of recreate, in-place"):

@@ -10,6 +10,8 @@ such a world is forked like any, its ``env`` being the fake's orders); each chil
 (its pid, the contract variables it got, the pid that did its imports, whether its first-step pipe
 is open) and one when it ends (how), and otherwise does what
 its world's ``env`` tells it: ``FAKE_EXIT`` = exit with that code after ``FAKE_AFTER_S`` seconds;
+``FAKE_ABORT`` = abort (SIGABRT) after ``FAKE_AFTER_S`` seconds, having written to stderr what an
+exception thrown in Gloo's transport writes (``gloo``) or nothing (``plain``);
 ``FAKE_ON_TERM`` = the code it exits with on SIGTERM (42 by default, as the trainer after its save;
 ``hang``: it goes on, as a trainer whose step in flight waits for a peer that is gone).
 ``FAKE_WORKERS=1``: it starts what a Grain loader with workers starts (a spawned worker process
@@ -70,6 +72,13 @@ def _imports() -> None:
         os.environ.setdefault(key, value)
     os.environ["LIBTPU_INIT_ARGS"] = os.environ.get("LIBTPU_INIT_ARGS", "") + IMPORT_FLAG
 
+
+# What std::terminate writes for an exception thrown in Gloo's TCP transport (a kept pod log).
+GLOO_ABORT = (
+    b"terminate called after throwing an instance of 'gloo::EnforceNotMet'\n"
+    b"  what():  [enforce fail at external/gloo/gloo/transport/tcp/pair.cc:459] op.preamble.length <="
+    b" op.nbytes. 2048 vs 8. Received data size doesn't match expected size.\n"
+)
 
 _held: list[int] = []  # the lock file's descriptor, open for the process's life (as libtpu's)
 _imported_by: list[int] = []  # the pid that did this process's imports
@@ -141,6 +150,12 @@ def train() -> int:
     if os.environ.get("FAKE_WORKERS"):
         _start_workers()
     supervisor.notify_running()  # as the trainer after its first step
+    if "FAKE_ABORT" in os.environ:
+        time.sleep(float(os.environ.get("FAKE_AFTER_S", "0")))
+        _record(event="end", how="abort")
+        if os.environ["FAKE_ABORT"] == "gloo":  # as a trainer whose peer died mid-collective
+            os.write(2, GLOO_ABORT)
+        os.abort()
     if "FAKE_EXIT" in os.environ:
         time.sleep(float(os.environ.get("FAKE_AFTER_S", "0")))
         code = int(os.environ["FAKE_EXIT"])

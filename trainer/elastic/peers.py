@@ -15,6 +15,14 @@ processes of the segment fail in one of two ways (observed with jax 0.10.2 on CP
 
 Either way the process exits ``EXIT_PEER_LOST``: the renderer's failure policy restarts the JobSet
 without counting it against ``maxRestarts``. Everything else (a genuine bug) still exits 1.
+
+A third way is not told apart here: XLA:CPU's collectives (Gloo, on simulated hosts) may throw
+from their transport thread when a peer dies mid-collective, an uncaught C++ exception and
+SIGABRT (``terminate called after throwing an instance of 'gloo::EnforceNotMet'``, "Received data
+size doesn't match expected size": seen when a rebooted host's process died under an in-place
+world), which a collective mismatch in the program itself also prints. ``transport_aborted``
+names it; the in-place supervisor waits for a newer world after it, as after a lost peer, and
+without one the pod fails with the child's own code.
 """
 
 from __future__ import annotations
@@ -75,6 +83,14 @@ def error_text(exc: BaseException) -> str:
 def fate_shared(returncode: int, stderr_tail: str) -> bool:
     """A child that JAX's coordination-service client aborted because another task failed."""
     return returncode == -signal.SIGABRT and FATAL_MARKER in stderr_tail
+
+
+GLOO_ABORT = "terminate called after throwing an instance of 'gloo::"
+
+
+def transport_aborted(returncode: int, stderr_tail: str) -> bool:
+    """A child that an exception thrown in Gloo's transport ended (std::terminate, SIGABRT)."""
+    return returncode == -signal.SIGABRT and GLOO_ABORT in stderr_tail
 
 
 def settled(stderr_tail: str) -> int | None:

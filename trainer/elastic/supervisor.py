@@ -437,6 +437,11 @@ class _Follower:
         self.ended = "no trainer before"  # how the previous child ended, for the next epoch's log line
         self.failed: int | None = None  # the exit code once the running child has ended (a bad world)
         self.lost_since: float | None = None  # monotonic time the last child exited 43, until the next starts
+        # What the pod exits with when no newer world comes after that (on_tick): 43, or a child's
+        # own code when only a newer world would have shown its failure to be a lost peer's doing.
+        self.lost_code = peers.EXIT_PEER_LOST
+        self.lost_words = "a peer was lost or preempted"
+        self.not_mine = -1  # the last epoch not joined because it is of another attempt of this slice
         self.patience = PEER_LOST_WAIT_S
         self.bound = world.PEER_LOST_MAX_WAIT_S  # RESLICE_PEER_LOST_MAX_WAIT_S: however long it beats
         # The controller's latest world heartbeat, and when (monotonic) this pod saw it change.
@@ -500,13 +505,13 @@ class _Follower:
         if world.keep_waiting(now - self.lost_since, self.patience, beat_age, self.bound):
             return None
         print(
-            f"trainer: no world newer than epoch {self.started} {now - self.lost_since:.0f} s after a peer"
-            f" was lost or preempted (the controller's heartbeat {'stale' if beat_age is not None else 'absent'},"
-            f" wait {self.patience:.0f} s, at most {self.bound:.0f} s):"
-            f" exit {peers.EXIT_PEER_LOST} (the slice restarts)",
+            f"trainer: no world newer than epoch {self.started} {now - self.lost_since:.0f} s after"
+            f" {self.lost_words} (the controller's heartbeat {'stale' if beat_age is not None else 'absent'},"
+            f" wait {self.patience:.0f} s, at most {self.bound:.0f} s): exit {self.lost_code}"
+            f" ({'the slice restarts' if self.lost_code == peers.EXIT_PEER_LOST else 'its own failure'})",
             flush=True,
         )
-        return peers.EXIT_PEER_LOST
+        return self.lost_code
 
     def on_running(self, pid: int, _at: float) -> int | None:
         """The child's first step ran (a failure on the chip's lock is no longer a reason to retry)."""
@@ -588,6 +593,10 @@ class _Follower:
         if self._lost_the_chip(child, code, tail):
             return self.start()
         peer_lost = code == peers.EXIT_PEER_LOST
+        # Gloo's transport threw from its own thread (std::terminate): a peer that died mid-collective
+        # does this too, with nothing to tell it from a bug but the newer world the controller then
+        # publishes. Waited for as after a lost peer; with none, the pod fails with the child's code.
+        aborted = peers.transport_aborted(returncode, tail)
         # A 42 that neither this process nor a signal to it asked for: a peer's SIGTERM (its
         # slice preempted) stopped the world at a step boundary, the SIGTERM flags being
         # combined every step, and every process saved. This pod was not preempted: it waits
@@ -597,7 +606,7 @@ class _Follower:
         asked = child.ended_at is not None and (
             bool(child.killed) or code in (world.EXIT_PREEMPTED, 128 + signal.SIGTERM)
         )
-        if not (peer_lost or peer_stopped or asked):
+        if not (peer_lost or peer_stopped or aborted or asked):
             print(f"trainer: {self.ended}: exit {code}", flush=True)
             return code
         if (next_code := self.start()) is not None:
@@ -605,9 +614,15 @@ class _Follower:
         if self.child is None:
             if peer_stopped:
                 self.ended += " (a peer's preemption stopped its world; this pod was not signalled)"
+            if aborted:
+                self.ended += " (Gloo's transport aborted it)"
             print(f"trainer: {self.ended}; waiting for a world newer than epoch {self.started}", flush=True)
-            if peer_lost or peer_stopped:
+            if peer_lost or peer_stopped or aborted:
                 self.lost_since = time.monotonic()
+                self.lost_code = code if aborted else peers.EXIT_PEER_LOST
+                self.lost_words = (
+                    "its collectives' transport aborted" if aborted else "a peer was lost or preempted"
+                )
         return None
 
     def _lost_the_chip(self, child: _Child, code: int, tail: str) -> bool:
@@ -664,6 +679,15 @@ class _Follower:
                 )
                 return 0
             return None  # a pod of a slice not taking part yet: it waits for a world with it
+        if (formed := newest.other_attempt(me)) is not None:
+            if self.not_mine != newest.epoch:
+                self.not_mine = newest.epoch
+                print(
+                    f"trainer: world epoch {newest.epoch} was decided for attempt {formed} of slice"
+                    f" {me.slice_id}, and this pod is attempt {me.attempt}: waiting for a newer world",
+                    flush=True,
+                )
+            return None
         # A world's own variables may be read by the imports: its child imports in them, afresh.
         fresh = self.fresh if newest.env else None
         try:

@@ -26,6 +26,9 @@ EXIT_CONFIG = 2
 
 RESTART_MODE_ENV = "RESLICE_RESTART_MODE"
 SLICE_ID_ENV = "RESLICE_SLICE_ID"
+# The pod's slice JobSet's restart attempt (its `jobset.sigs.k8s.io/restart-attempt` label, through
+# the downward API): which incarnation of its slice the pod is.
+ATTEMPT_ENV = "RESLICE_RESTART_ATTEMPT"
 EPOCH_ENV = "RESLICE_WORLD_EPOCH"
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -61,11 +64,13 @@ class WorldError(ValueError):
 
 @dataclass(frozen=True)
 class Me:
-    """This pod: its stable slice id (``RESLICE_SLICE_ID``, else ``RESLICE_SLICE_INDEX``) and its
-    host index in the slice (``JOB_COMPLETION_INDEX``)."""
+    """This pod: its stable slice id (``RESLICE_SLICE_ID``, else ``RESLICE_SLICE_INDEX``), its
+    host index in the slice (``JOB_COMPLETION_INDEX``) and its slice's restart attempt
+    (``RESLICE_RESTART_ATTEMPT``; None where the pod has none)."""
 
     slice_id: str
     host: int
+    attempt: int | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,11 @@ class World:
     # The controller's unix time of its latest beat while this world waits for slices being
     # recreated (docs/contract.md "The document"): a change of it says the controller is alive.
     heartbeat: float | None = None
+    # Per slice, the restart attempt of its JobSet whose pods the world was decided for. A pod of
+    # another attempt is not one of them: its slice was restarted after the world was decided (a
+    # rebooted host's slice, whose new pods start while the old world is still published), and a
+    # trainer it started there would wait for a coordination service that never takes it in.
+    attempts: Mapping[str, int] = field(default_factory=dict)
 
     def position(self, me: Me) -> int | None:
         """Where this pod's slice is in the world, or None when it takes no part."""
@@ -96,6 +106,12 @@ class World:
             return self.slices.index(me.slice_id)
         except ValueError:
             return None
+
+    def other_attempt(self, me: Me) -> int | None:
+        """The attempt of this pod's slice the world was decided for, when it is not this pod's own
+        (the world is not this pod's to join); None when it is, or when either is not known."""
+        formed = self.attempts.get(me.slice_id)
+        return formed if formed is not None and me.attempt is not None and formed != me.attempt else None
 
     @property
     def num_processes(self) -> int:
@@ -141,6 +157,16 @@ def _slice_ids(doc: Mapping[str, Any], key: str) -> tuple[str, ...]:
     if len(set(ids)) != len(ids):
         raise WorldError(f"world: {key!r} lists a slice twice: {raw!r}")
     return ids
+
+
+def _attempts(doc: Mapping[str, Any], slices: tuple[str, ...]) -> dict[str, int]:
+    raw = doc.get("attempts") or {}
+    if not isinstance(raw, dict):
+        raise WorldError(f"world: 'attempts' must be an object of slice ids to attempts, not {raw!r}")
+    for k, v in raw.items():
+        if k not in slices or isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise WorldError(f"world: attempts.{k} must be an integer >= 0 of one of its slices, not {v!r}")
+    return dict(raw)
 
 
 def keep_waiting(waited_s: float, patience_s: float, beat_age_s: float | None, bound_s: float) -> bool:
@@ -214,6 +240,7 @@ def parse(text: str | bytes, env_allow: tuple[str, ...] = (*ENV_ALLOWED, *ENV_AL
         env=_env(doc, env_allow),
         lost=_slice_ids(doc, "lost"),
         heartbeat=float(heartbeat) if heartbeat is not None else None,
+        attempts=_attempts(doc, slices),
     )
     if len(slices) > 1 and "coordinator_address" not in world.megascale:
         raise WorldError("world: a world of several slices needs megascale.coordinator_address")
@@ -228,7 +255,10 @@ def me_from_env(env: Mapping[str, str]) -> Me:
     raw = env.get("JOB_COMPLETION_INDEX") or "0"
     if not raw.isdigit():
         raise WorldError(f"JOB_COMPLETION_INDEX={raw!r} is not a host index")
-    return Me(slice_id, int(raw))
+    attempt = env.get(ATTEMPT_ENV) or ""
+    if attempt and not attempt.isdigit():
+        raise WorldError(f"{ATTEMPT_ENV}={attempt!r} is not a restart attempt")
+    return Me(slice_id, int(raw), int(attempt) if attempt else None)
 
 
 def child_env(world: World, me: Me, base_env: Mapping[str, str]) -> dict[str, str]:
@@ -263,7 +293,7 @@ def child_env(world: World, me: Me, base_env: Mapping[str, str]) -> dict[str, st
         # this (trainer.elastic.distributed.start_barrier_id). The pod's own, its slice JobSet's restart
         # attempt, differs between slices once one of them was restarted, and a barrier of
         # several ids never meets. An epoch is one incarnation already: the world never repeats.
-        RESLICE_RESTART_ATTEMPT="0",
+        **{ATTEMPT_ENV: "0"},
         **{EPOCH_ENV: str(world.epoch)},
     )
     if n > 1:  # multislice: the slice id is the compacted position, as the process id is

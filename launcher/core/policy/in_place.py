@@ -93,6 +93,11 @@ def world_restarts(obs: signals.Observation, slices: tuple[str, ...]) -> int:
     return sum(v.restarts for s in slices if (v := obs.slices.get(s)) is not None)
 
 
+def attempts(obs: signals.Observation, slices: tuple[str, ...]) -> tuple[int, ...]:
+    """Each slice's JobSet restart attempt (0 for one not created yet): which pods a world is for."""
+    return tuple(v.restarts if (v := obs.slices.get(s)) is not None and v.jobset else 0 for s in slices)
+
+
 def new_world(
     rec: RunRecord, obs: signals.Observation, rung: Rung, slices: tuple[str, ...], why: str
 ) -> record.Segment:
@@ -105,6 +110,7 @@ def new_world(
         slice_ids=slices,
         coordinator=worlds.coordinator(rec.spec, slices, seg.index),
         restarts=world_restarts(obs, slices),
+        attempts=attempts(obs, slices),
         jobset=slices_words(rec.name, slices),
     )
 
