@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import gc
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator, Mapping
 from typing import NoReturn
@@ -198,4 +200,7 @@ def _exit_now(code: int) -> None:
 
 
 if __name__ == "__main__":
+    # `kill -USR1` writes every Python thread's stack to stderr (the pod's log) and the process goes
+    # on: what a stuck trainer or supervisor waits on, without ptrace. A forked child inherits it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     sys.exit(main())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -254,6 +255,16 @@ class EmbeddedCluster:
         for run in self.kubelet.runs():
             if run.uid in uids and run.simulate and not run.done.is_set():
                 self.kubelet.finish_run(run, exit_code)
+                n += 1
+        return n
+
+    def dump_stacks(self) -> int:
+        """SIGUSR1 to the processes of every running pod that is not simulated (the trainer writes
+        its threads' stacks to its log on it: trainer/__main__.py); how many pods were signalled."""
+        n = 0
+        for run in self.kubelet.runs():
+            if not run.simulate and not run.done.is_set():
+                self.kubelet.runtime.signal(run, signal.SIGUSR1)
                 n += 1
         return n
 

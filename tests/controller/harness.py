@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,6 +123,10 @@ class Harness:
         self.controller: Controller | None = None
 
     def close(self) -> None:
+        # Closed from a failing test's `finally` (its exception in flight): every pod's threads'
+        # stacks go into the kept logs first, to say what a stuck process was waiting on.
+        if sys.exc_info()[0] is not None and self.cluster.dump_stacks():
+            time.sleep(1.0)
         self.stop.set()
         for t in self.threads:
             t.join(timeout=10)

@@ -94,6 +94,35 @@ def test_downward_api_configmaps_expansion_and_logs(tmp_path):
     assert kept.read_text().rstrip().endswith("bye")
 
 
+def test_dump_stacks_signals_the_running_pods_which_write_their_stacks_and_go_on(tmp_path):
+    # What a failing end-to-end test does before it stops the cluster (tests/controller/harness.py):
+    # SIGUSR1 to each running pod, whose trainer writes its threads' stacks to its log.
+    script = (
+        "import faulthandler, signal, time\n"
+        "faulthandler.register(signal.SIGUSR1, all_threads=True)\n"
+        "def waiting_here():\n"
+        "    print('up', flush=True); time.sleep(3); print('bye', flush=True)\n"
+        "waiting_here()\n"
+    )
+    with running("tpu7x-2x2x1:1", log_dir=tmp_path / "logs") as kube:
+        kube.core.create_namespaced_pod("default", bare_pod("stuck", script))
+        log = lambda: kube.core.read_namespaced_pod_log("stuck", "default")  # noqa: E731
+        wait_for(lambda: "up" in log(), 30)
+        assert kube.cluster.dump_stacks() == 1
+        wait_for(lambda: "in waiting_here" in log(), 10)
+        assert "(most recent call first)" in log()
+        pod = wait_for(
+            lambda: (
+                (p := kube.core.read_namespaced_pod("stuck", "default")).status.phase == "Succeeded" and p
+            ),
+            30,
+        )
+        assert pod.status.container_statuses[0].state.terminated.exit_code == 0 and log().rstrip().endswith(
+            "bye"
+        )
+        assert kube.cluster.dump_stacks() == 0  # nothing running
+
+
 def test_missing_configmap_is_a_create_container_config_error():
     with running("tpu7x-2x2x1:1") as kube:
         env = [{"name": "X", "valueFrom": {"configMapKeyRef": {"name": "absent", "key": "k"}}}]

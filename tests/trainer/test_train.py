@@ -132,6 +132,10 @@ def test_sigterm_exits_42_and_resumes_on_another_shape(reference: dict, tmp_path
     run_dir = tmp_path / "run"
     first = runs.Trainer(runs.env_for(str(run_dir), 8), tmp_path / "first.log")
     runs.wait_for(lambda: runs.last_step(run_dir) >= 5, 120, "step 5", first)
+    # SIGUSR1: every thread's stack in the log (the training loop's among them), and it trains on.
+    first.signal(signal.SIGUSR1)
+    runs.wait_for(lambda: 'trainer/loop.py", line' in first.output(), 30, "the stacks", first)
+    assert "(most recent call first)" in first.output() and first.proc.poll() is None
     sent = time.monotonic()
     first.signal(signal.SIGTERM)
     rc = first.wait()
