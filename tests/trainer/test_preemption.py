@@ -120,6 +120,20 @@ def test_a_sigterm_while_joining_the_group_exits_42_at_once(watched, capfd) -> N
     assert "while joining the process group" in capfd.readouterr().out
 
 
+def test_a_sigterm_whose_wakeup_byte_never_came_still_exits_42_while_joining(watched, capfd) -> None:
+    # Seen in place: a forked trainer's handler ran ("SIGTERM: finishing the step in flight") but
+    # the watchdog's pipe got no byte, and the trainer waited in jax.distributed.initialize for good
+    # (its stacks, docs/measurements.md). The watchdog also reads the handler's flag.
+    ours = signal.set_wakeup_fd(-1)  # the signal's byte goes nowhere
+    try:
+        with watched.p.joining():
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, in the main thread
+            assert watched.exited.wait(10) and watched.exits == [EXIT_PREEMPTED]
+    finally:
+        signal.set_wakeup_fd(ours)
+    assert "while joining the process group" in capfd.readouterr().out
+
+
 def test_a_sigterm_before_joining_exits_42_once_joining_begins(watched) -> None:
     watched.sigterm()  # during the imports: the watchdog waits, the main thread goes on
     watched.step(5.0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import sys
 import threading
@@ -17,6 +18,7 @@ from typing import Any
 
 EXIT_STALLED = 143  # what a SIGTERM with the default disposition reports: stopped, nothing saved
 EXIT_PREEMPTED = 42  # mirrors trainer.loop.EXIT_PREEMPTED (docs/contract.md "Exit codes")
+POLL_S = 0.5  # how often the watchdog looks at the handler's flag while no signal's byte comes
 
 
 class Preemption:
@@ -105,9 +107,17 @@ class Preemption:
         # The read end stays open until restore(): a second SIGTERM (a supervised trainer gets the
         # kubelet's and the supervisor's copy) must not find a closed pipe (EPIPE, a traceback).
         with os.fdopen(self._read, "rb", buffering=0) as wakeups:
-            while signal.SIGTERM not in (got := wakeups.read(64)):  # a byte per signal caught
+            # The signal's byte (a byte per signal caught), or the handler's flag once the main
+            # thread ran it: in place, a forked trainer's handler once ran and no byte came, and
+            # the trainer then waited in jax.distributed.initialize for good (docs/measurements.md).
+            while not self.requested:
+                if not select.select([wakeups], [], [], POLL_S)[0]:
+                    continue
+                got = wakeups.read(64)
                 if not got:  # restore() closed the pipe
                     return
+                if signal.SIGTERM in got:
+                    break
             signalled = self._monotonic()
             while not self._closed:
                 if self._joining:
