@@ -117,9 +117,8 @@ def test_dump_stacks_signals_the_running_pods_which_write_their_stacks_and_go_on
             ),
             30,
         )
-        assert pod.status.container_statuses[0].state.terminated.exit_code == 0 and log().rstrip().endswith(
-            "bye"
-        )
+        assert pod.status.container_statuses[0].state.terminated.exit_code == 0
+        assert log().rstrip().endswith("bye")
         assert kube.cluster.dump_stacks() == 0  # nothing running
 
 

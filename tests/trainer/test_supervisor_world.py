@@ -249,20 +249,41 @@ def test_what_a_killed_child_left_is_ended_its_shared_memory_unlinked_and_reaped
     assert not reaped(second["pid"])  # the next world's child is spared
 
 
-def test_no_newer_world_after_a_lost_peer_the_pod_exits_43(pod) -> None:
-    # A peer died where nothing reports it: no newer world comes. The pod's own 43 is the report
-    # (JobSet restarts the slice without counting it); a world in time keeps the pod, as above.
+@pytest.mark.parametrize(
+    ("child", "code", "said"),
+    [
+        # A peer died where nothing reports it: no newer world comes. The pod's own 43 is the report
+        # (JobSet restarts the slice without counting it); a world in time keeps the pod, as above.
+        (
+            {"FAKE_EXIT": "43"},
+            43,
+            [
+                "no world newer than epoch 0 2 s after a peer was lost or preempted (the controller's heartbeat",
+                "absent, wait 2 s, at most 3600 s): exit 43",
+            ],
+        ),
+        # Gloo's abort says nothing of a peer: only the controller's next world would have shown one
+        # lost. Without it, the abort was the trainer's own failure (a collective mismatch), counted.
+        (
+            {"FAKE_ABORT": "gloo"},
+            134,
+            [
+                "the trainer of epoch 0 exited 134 (Gloo's transport aborted it); waiting for a world",
+                "2 s after its collectives' transport aborted (the controller's heartbeat absent",
+                "exit 134 (its own failure)",
+            ],
+        ),
+    ],
+)
+def test_no_newer_world_after_the_child_ended_the_pod_exits(pod, child: dict, code: int, said: list) -> None:
     p = pod(extra={"RESLICE_PEER_LOST_WAIT_S": "1.5"})
-    p.publish(world_doc(0, ["b"], env={"FAKE_EXIT": "43", "FAKE_AFTER_S": "0.2"}))
+    p.publish(world_doc(0, ["b"], env={**child, "FAKE_AFTER_S": "0.2"}))
     p.wait_starts(1)
     t0 = time.monotonic()
-    assert p.wait(10) == 43, p.output()
+    assert p.wait(10) == code, p.output()
     assert time.monotonic() - t0 >= 1.5
-    assert (
-        "no world newer than epoch 0 2 s after a peer was lost or preempted (the controller's heartbeat"
-        in p.output()
-    )
-    assert "absent, wait 2 s, at most 3600 s): exit 43" in p.output()
+    for line in said:
+        assert line in p.output()
     assert len(p.starts()) == 1
 
 
@@ -283,21 +304,6 @@ def test_while_the_controller_beats_the_pod_waits_past_its_patience_up_to_the_bo
     assert time.monotonic() - t0 >= 3.5
     assert "the controller's heartbeat stale, wait 1 s, at most 4 s): exit 43" in p.output()
     assert len(p.starts()) == 1
-
-
-def test_no_newer_world_after_gloo_aborted_the_child_the_pod_fails_with_its_code(pod) -> None:
-    # Gloo's abort says nothing of a peer: only the controller's next world would have shown one
-    # lost. Without it, the abort was the trainer's own failure (a collective mismatch), counted.
-    p = pod(extra={"RESLICE_PEER_LOST_WAIT_S": "1.5"})
-    p.publish(world_doc(0, ["b"], env={"FAKE_ABORT": "gloo", "FAKE_AFTER_S": "0.2"}))
-    p.wait_starts(1)
-    t0 = time.monotonic()
-    assert p.wait(10) == 134, p.output()
-    assert time.monotonic() - t0 >= 1.5
-    out = p.output()
-    assert "the trainer of epoch 0 exited 134 (Gloo's transport aborted it); waiting for a world" in out
-    assert "2 s after its collectives' transport aborted (the controller's heartbeat absent" in out
-    assert "exit 134 (its own failure)" in out and len(p.starts()) == 1
 
 
 def test_a_pod_of_a_restarted_slice_joins_no_world_decided_before_its_restart(pod) -> None:

@@ -440,7 +440,6 @@ class _Follower:
         # What the pod exits with when no newer world comes after that (on_tick): 43, or a child's
         # own code when only a newer world would have shown its failure to be a lost peer's doing.
         self.lost_code = peers.EXIT_PEER_LOST
-        self.lost_words = "a peer was lost or preempted"
         self.not_mine = -1  # the last epoch not joined because it is of another attempt of this slice
         self.patience = PEER_LOST_WAIT_S
         self.bound = world.PEER_LOST_MAX_WAIT_S  # RESLICE_PEER_LOST_MAX_WAIT_S: however long it beats
@@ -504,11 +503,13 @@ class _Follower:
         beat_age = None if self.beat_seen is None else now - self.beat_seen
         if world.keep_waiting(now - self.lost_since, self.patience, beat_age, self.bound):
             return None
+        peer = self.lost_code == peers.EXIT_PEER_LOST
+        after = "a peer was lost or preempted" if peer else "its collectives' transport aborted"
         print(
             f"trainer: no world newer than epoch {self.started} {now - self.lost_since:.0f} s after"
-            f" {self.lost_words} (the controller's heartbeat {'stale' if beat_age is not None else 'absent'},"
+            f" {after} (the controller's heartbeat {'stale' if beat_age is not None else 'absent'},"
             f" wait {self.patience:.0f} s, at most {self.bound:.0f} s): exit {self.lost_code}"
-            f" ({'the slice restarts' if self.lost_code == peers.EXIT_PEER_LOST else 'its own failure'})",
+            f" ({'the slice restarts' if peer else 'its own failure'})",
             flush=True,
         )
         return self.lost_code
@@ -620,9 +621,6 @@ class _Follower:
             if peer_lost or peer_stopped or aborted:
                 self.lost_since = time.monotonic()
                 self.lost_code = code if aborted else peers.EXIT_PEER_LOST
-                self.lost_words = (
-                    "its collectives' transport aborted" if aborted else "a peer was lost or preempted"
-                )
         return None
 
     def _lost_the_chip(self, child: _Child, code: int, tail: str) -> bool:
