@@ -44,6 +44,18 @@ class AttentionKind(StrEnum):
     DENSE = "dense"  # the whole T × T scores at once (jax.nn.dot_product_attention)
 
 
+class Remat(StrEnum):
+    """``model.remat``: what a block keeps for the backward pass, least HBM first (the names and
+    policies: trainer/model/remat.py)."""
+
+    FULL = "full"  # its input only: the whole block recomputed
+    SAVE_ATTENTION = "save_attention"  # the attention's inputs and output: its kernel never rerun
+    SAVE_ALL_BUT_MLP_IN = "save_all_but_mlp_in"  # every named matmul output but the widest two
+    SAVE_DOTS = "save_dots"  # every matmul output without a batch dimension (JAX's policy)
+    OFFLOAD = "offload"  # every named output, moved to the host's memory and back
+    NONE = "none"  # no rematerialisation: everything the backward pass reads is kept
+
+
 class Transport(StrEnum):
     """``moe.transport``: how an MoE layer's rows cross the expert axis."""
 
@@ -80,7 +92,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     init_std: float = 0.02
     dtype: str = "float32"  # activation/compute dtype; parameters are always float32
-    remat: str = "none"  # none | full | save_dots: what a block keeps for the backward pass
+    remat: str = "none"  # what a block keeps for the backward pass (trainer/model/remat.py Remat)
     attention_block: int = 0  # queries per attention block (0: all at once, T × T scores)
     loss_chunk: int = 0  # positions per loss chunk (0: all at once, the whole B × T × V logits)
     # The recipe (docs/recipe.md). Off by default, so that the configs before them train bitwise as
@@ -529,7 +541,7 @@ def validate(cfg: Config) -> None:
          "optim.schedule=wsd: the decay (optim.decay_fraction of the decay steps) must start after the warm-up"),
         (0 <= m.dense_layers <= m.n_layers, "model.dense_layers must be in [0, model.n_layers]"),
         (m.dtype in ("float32", "bfloat16"), "model.dtype must be float32 or bfloat16"),
-        (m.remat in ("none", "full", "save_dots"), "model.remat must be none, full or save_dots"),
+        (m.remat in tuple(Remat), f"model.remat must be one of {', '.join(Remat)}, got {m.remat!r}"),
         (m.attention_block >= 0 and (not m.attention_block or m.seq_len % m.attention_block == 0),
          "model.attention_block must divide model.seq_len (0: whole)"),
         (m.loss_chunk >= 0 and (not m.loss_chunk or m.seq_len % m.loss_chunk == 0),
@@ -560,6 +572,7 @@ def validate(cfg: Config) -> None:
         (cfg.train.debug_step_pause_s >= 0, "train.debug_step_pause_s must be >= 0"),
         (cfg.checkpoint.debug_save_delay_s >= 0, "checkpoint.debug_save_delay_s must be >= 0"),
         (t.steps > 0 and t.global_batch > 0, "train.steps and train.global_batch must be positive"),
+        (0 <= t.seed < 2**32, f"train.seed must be in [0, 2**32), got {t.seed}"),
         (t.micro_batch >= 0 and t.grad_accum > 0, "train.grad_accum must be positive"),
         (min(cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor, cfg.mesh.expert) >= 0, "mesh sizes must be >= 0 (0: automatic)"),
         (cfg.checkpoint.interval > 0 and cfg.checkpoint.keep > 0, "checkpoint.interval and keep must be positive"),

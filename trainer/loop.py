@@ -500,10 +500,8 @@ def run(
                 # Nothing restored: the look for a checkpoint (opening Orbax's manager) is start-up.
                 restore_s = 0.0
                 devices, hits = list(mesh.devices.flat), compile_cache.hits()
-                initializer = compile_cache.initial_state(
-                    model.lower_initial_state, devices, program, cfg.train.seed
-                )
-                state = initializer()
+                initializer = compile_cache.initial_state(model.lower_initial_state, devices, program)
+                state = initializer(np.uint32(cfg.train.seed))  # the same on every process
                 if compile_cache.hits() > hits:
                     print("trainer: initial state's program loaded from the compile cache", flush=True)
                 if cfg.train.init_from:  # a stage's first segment: its source's state, at step 0

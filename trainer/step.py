@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
@@ -87,8 +88,9 @@ def optimizer(cfg: Config) -> optax.GradientTransformation:
     )
 
 
-def _build(cfg: Config) -> tuple[Transformer, nnx.Optimizer]:
-    model = Transformer(cfg, rngs=nnx.Rngs(cfg.train.seed))
+def _build(cfg: Config, key: jax.Array | None = None) -> tuple[Transformer, nnx.Optimizer]:
+    """The model and its optimizer, initialised from ``key`` (default: ``train.seed``'s)."""
+    model = Transformer(cfg, rngs=nnx.Rngs(cfg.train.seed if key is None else key))
     return model, nnx.Optimizer(model, optimizer(cfg), wrt=nnx.Param)
 
 
@@ -162,19 +164,29 @@ def from_plain(template: nnx.State, values: dict) -> nnx.State:
 
 
 def lower_initial_state(cfg: Config, abstract: nnx.State) -> jax.stages.Lowered:
-    """The initializer, traced and lowered: it takes nothing and returns the initial state
-    (``plain``) directly in its shardings (no host-side full copy). Call under the mesh."""
+    """The initializer, traced and lowered: it takes the seed (``train.seed`` as a uint32 scalar)
+    and returns the initial state (``plain``) directly in its shardings (no host-side full
+    copy). Call under the mesh.
+
+    The seed is an argument, not a constant of the program: with a constant key every random
+    number of the state is a constant expression, which XLA's TPU compiler folds on the host,
+    element by element (most of a fresh start there, docs/measurements.md). The values are the
+    same: ``jax.random.key`` of a uint32 seed is that of the int."""
+
+    def init(seed: jax.Array) -> dict:
+        return plain(nnx.state(_build(cfg, jax.random.key(seed))))
+
     with nnx.logical_axis_rules(logical_rules(cfg.mesh)):
-        return jax.jit(
-            lambda: plain(nnx.state(_build(cfg))), out_shardings=plain(shardings_of(abstract))
-        ).lower()
+        return jax.jit(init, in_shardings=P(), out_shardings=plain(shardings_of(abstract))).lower(
+            jax.ShapeDtypeStruct((), jnp.uint32)
+        )
 
 
 def init_state(cfg: Config, mesh: Mesh, abstract: nnx.State) -> dict:
     """Materialise the initial state (``plain``); the loop goes through the run's compile cache
     instead (trainer.state.compile_cache.initial_state)."""
     with jax.set_mesh(mesh):
-        return lower_initial_state(cfg, abstract).compile()()
+        return lower_initial_state(cfg, abstract).compile()(np.uint32(cfg.train.seed))
 
 
 def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: nnx.State) -> Callable:

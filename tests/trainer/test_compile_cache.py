@@ -150,32 +150,29 @@ def test_runs_sharing_a_cache_compile_a_program_once(tmp_path: Path, monkeypatch
         assert made == ["a", "c"] and time.monotonic() - t0 >= 0.5
 
 
-def test_the_initial_state_loads_without_tracing_and_another_seed_misses(
+def test_the_initial_state_loads_without_tracing_and_serves_every_seed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(compile_cache, "_dir", str(tmp_path))
-    lowered: list[int] = []
+    lowered: list[str] = []
     salt = float(np.random.default_rng().integers(1, 1_000_000))
 
-    def initializer(seed: int):
-        def lower() -> jax.stages.Lowered:
-            lowered.append(seed)  # the loop's traces the model's initializers with flax here
-            return jax.jit(lambda: jnp.arange(8, dtype=jnp.float32) * seed * salt).lower()
-
-        return lower
+    def lower() -> jax.stages.Lowered:
+        lowered.append("lowered")  # the loop's traces the model's initializers with flax here
+        return jax.jit(lambda seed: jnp.arange(8, dtype=jnp.float32) * seed * salt).lower(
+            jax.ShapeDtypeStruct((), jnp.uint32)
+        )
 
     dev, hits = jax.devices()[:1], compile_cache.hits()
-    first = compile_cache.initial_state(initializer(1), dev, {"model": {"d": 1}}, seed=1)
-    assert lowered == [1] and compile_cache.hits() == hits
-    again = compile_cache.initial_state(initializer(1), dev, {"model": {"d": 1}}, seed=1)
-    assert lowered == [1] and compile_cache.hits() == hits + 1  # loaded, never lowered
-    np.testing.assert_array_equal(again(), first())
-    # The seed is not in the program (only the host reads it) but the initializers bake it in.
-    other = compile_cache.initial_state(initializer(2), dev, {"model": {"d": 1}}, seed=2)
-    assert lowered == [1, 2]
-    np.testing.assert_array_equal(other(), first() * 2)
-    compile_cache.initial_state(initializer(1), dev, {"model": {"d": 2}}, seed=1)  # another program
-    assert lowered == [1, 2, 1] and len(list((tmp_path / "initial-state").iterdir())) == 3
+    first = compile_cache.initial_state(lower, dev, {"model": {"d": 1}})
+    assert lowered == ["lowered"] and compile_cache.hits() == hits
+    again = compile_cache.initial_state(lower, dev, {"model": {"d": 1}})
+    assert lowered == ["lowered"] and compile_cache.hits() == hits + 1  # loaded, never lowered
+    np.testing.assert_array_equal(again(np.uint32(1)), first(np.uint32(1)))
+    # The seed is the program's argument: one entry, every seed's values.
+    np.testing.assert_array_equal(again(np.uint32(2)), first(np.uint32(1)) * 2)
+    compile_cache.initial_state(lower, dev, {"model": {"d": 2}})  # another program
+    assert lowered == ["lowered"] * 2 and len(list((tmp_path / "initial-state").iterdir())) == 2
 
 
 def test_the_keys_hold_the_options_xla_parsed_not_the_variable() -> None:

@@ -34,6 +34,7 @@ from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec as P
 
 from trainer.config import AttentionKind, ConfigError
+from trainer.model import remat
 from trainer.model.mesh import BATCH_AXES
 
 TENSOR_AXIS = "tensor"
@@ -141,6 +142,9 @@ def splash_kernel(heads: int, seq_len: int, window: int, block: int, interpret: 
         head_shards=1,
         q_seq_shards=1,
         interpret=interpret,
+        # The kernel's residuals (its output and log-sum-exp) under the attention's name: a remat
+        # policy that keeps them never runs the kernel's forward again in the backward pass.
+        residual_checkpoint_name=remat.ATTENTION,
     )
 
 

@@ -31,6 +31,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from trainer.config import ExpertMatmul, MoEConfig, Transport
+from trainer.model import remat
 from trainer.model.mesh import BATCH_AXES
 from trainer.model.sizes import buffer_rows
 
@@ -236,8 +237,9 @@ class MLP(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         dt = x.dtype
-        h = jax.nn.silu(x @ self.w_gate[...].astype(dt)) * (x @ self.w_up[...].astype(dt))
-        return h @ self.w_down[...].astype(dt)
+        gate = remat.name(x @ self.w_gate[...].astype(dt), remat.MLP_IN)
+        up = remat.name(x @ self.w_up[...].astype(dt), remat.MLP_IN)
+        return remat.name((jax.nn.silu(gate) * up) @ self.w_down[...].astype(dt), remat.MLP_OUT)
 
 
 class MoE(nnx.Module):

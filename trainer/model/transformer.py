@@ -16,6 +16,7 @@ from jax.sharding import AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
 
 from trainer.config import Config, ModelConfig, layer_windows
+from trainer.model import remat
 from trainer.model.attention import attend, resolve
 from trainer.model.mesh import AXES, BATCH_AXES, logical_rules
 from trainer.model.moe import MLP, MoE
@@ -86,11 +87,13 @@ class Attention(nnx.Module):
             k = self.k_norm(k.reshape(*k.shape[:2], -1)).reshape(k.shape)
         q, k = rope(q, self.theta), rope(k, self.theta)
         v = jnp.einsum("btd,dhk->bthk", x, self.wv[...].astype(dt))
+        q, k, v = (remat.name(a, remat.QKV) for a in (q, k, v))
         out = attend(
             q, k, v, kind=self.kind, block=self.block, kernel_block=self.kernel_block,
             segments=segments, window=window, windows=self.windows,
         )  # fmt: skip
-        return jnp.einsum("bthk,hkd->btd", out, self.wo[...].astype(dt))
+        out = jnp.einsum("bthk,hkd->btd", remat.name(out, remat.ATTENTION), self.wo[...].astype(dt))
+        return remat.name(out, remat.ATTENTION_OUT)
 
 
 class Block(nnx.Module):
@@ -120,12 +123,6 @@ class Block(nnx.Module):
         return pin_batch(x + self.ffn(self.ffn_norm(x))), {}
 
 
-REMAT_POLICIES = {
-    "full": None,  # save nothing inside a block: recompute it whole in the backward pass
-    "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,  # keep matmul outputs
-}
-
-
 class Stack(nnx.Module):
     """``n`` identical blocks whose parameters are stacked on a leading ``layers`` axis and applied
     under ``nnx.scan``: one block is compiled, whatever the depth."""
@@ -152,7 +149,7 @@ class Stack(nnx.Module):
             return block(x)
 
         if self.remat != "none":
-            body = nnx.remat(body, policy=REMAT_POLICIES[self.remat])
+            body = nnx.remat(body, policy=remat.policy(self.remat))
 
         @nnx.scan(in_axes=(0, nnx.Carry), out_axes=(nnx.Carry, 0))
         def forward(block: Block, x: jax.Array) -> tuple[jax.Array, dict]:
@@ -168,7 +165,7 @@ class Stack(nnx.Module):
             return block(x, segments)
 
         if self.remat != "none":
-            body = nnx.remat(body, policy=REMAT_POLICIES[self.remat])
+            body = nnx.remat(body, policy=remat.policy(self.remat))
 
         @nnx.scan(in_axes=(0, nnx.Carry, None), out_axes=(nnx.Carry, 0))
         def forward(block: Block, x: jax.Array, segments: jax.Array) -> tuple[jax.Array, dict]:
@@ -184,7 +181,7 @@ class Stack(nnx.Module):
             return block(x, segments, window)
 
         if self.remat != "none":
-            body = nnx.remat(body, policy=REMAT_POLICIES[self.remat])
+            body = nnx.remat(body, policy=remat.policy(self.remat))
 
         @nnx.scan(in_axes=(0, nnx.Carry, None, 0), out_axes=(nnx.Carry, 0))
         def forward(block: Block, x: jax.Array, segments: jax.Array | None, window: jax.Array):

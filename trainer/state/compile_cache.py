@@ -466,16 +466,15 @@ def train_step(
 
 
 def initial_state(
-    lower: Callable[[], jax.stages.Lowered], devices: Sequence[jax.Device], program: dict[str, Any], seed: int
+    lower: Callable[[], jax.stages.Lowered], devices: Sequence[jax.Device], program: dict[str, Any]
 ) -> jax.stages.Compiled:
-    """The initializer of a fresh start (``lower()``: traced and lowered, it takes nothing and
-    returns the initial state in its shardings), keyed before tracing as the train step is, the
-    seed beside the program (only the host reads it, but the initializers are a function of it).
-    A hit neither imports flax nor traces the model's initializers: most of a fresh start's
-    ``init`` phase (docs/measurements.md)."""
+    """The initializer of a fresh start (``lower()``: traced and lowered, it takes the seed and
+    returns the initial state in its shardings: trainer.step.lower_initial_state), keyed before
+    tracing as the train step is: one entry serves every seed. A hit neither imports flax nor
+    traces the model's initializers (docs/measurements.md)."""
     if _dir is None:
         return lower().compile()
-    path = epath.Path(_dir) / "initial-state" / program_key({**program, "seed": seed}, (), devices)
+    path = epath.Path(_dir) / "initial-state" / program_key(program, (), devices)  # (its argument: the seed)
     return _keyed("initial state", path, lower, devices)
 
 
