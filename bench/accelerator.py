@@ -259,7 +259,11 @@ def _planner_estimate(cfg) -> float:
     return estimate(cfg.to_dict(), plan)["total"]
 
 
-def step_time(name: str, sets: list[str], steps: int) -> dict:
+class OverHBM(Exception):
+    """The compiled step's peak does not fit the device (``step_time``'s ``max_bytes``)."""
+
+
+def step_time(name: str, sets: list[str], steps: int, max_bytes: float = 0) -> dict:
     """The real train step of ``name`` with ``sets`` on the first device: timed steps after the
     compile, MFU, the peak HBM in use, XLA's compiled memory and the planner's estimate."""
     import jax
@@ -295,6 +299,8 @@ def step_time(name: str, sets: list[str], steps: int) -> dict:
             + ma.temp_size_in_bytes
         )
         compile_s = time.perf_counter() - t0
+        if max_bytes and xla_bytes > max_bytes:
+            raise OverHBM(f"XLA's peak {xla_bytes / GIB:.2f} GiB > {max_bytes / GIB:.2f} GiB")
         state = init_state(cfg, mesh, abstract)
         state, m = compiled(state, tokens, stop)
         jax.block_until_ready(m)
@@ -350,9 +356,39 @@ def step_time(name: str, sets: list[str], steps: int) -> dict:
     }
 
 
+def choose_remat(st: dict, sets: list[str], steps: int, max_bytes: float, guarded, result: dict) -> dict:
+    """Part 2's step under every ``model.remat`` policy (``st``: under the config's own): the ones
+    whose compiled peak fits ``max_bytes``, timed; the fastest is returned (and kept in
+    ``result["remat"]`` beside the others' figures)."""
+    from trainer.config import Remat
+
+    own = st["_cfg"].model.remat
+    runs = {own: st}
+    for kind in Remat:
+        if kind != own:
+            runs[kind] = guarded(
+                f"remat_{kind}",
+                lambda kind=kind: step_time("olmo-7b", [*sets, f"model.remat={kind}"], steps, max_bytes),
+            )
+    table = {}
+    for kind, run in runs.items():
+        error = result.pop(f"remat_{kind}_error", None)
+        table[kind] = (
+            {k: run[k] for k in ("step_s", "mfu", "xla_peak_gib", "peak_hbm_gib")}
+            if run
+            else {"error": error}
+        )
+        print(f"  remat {kind}: {table[kind]}", flush=True)
+    best = min((k for k, r in runs.items() if r), key=lambda k: runs[k]["step_s"])
+    result["remat"], result["remat_chosen"] = table, str(best)
+    print(f"  remat chosen: {best} (the fastest that fits)", flush=True)
+    return runs[best]
+
+
 def reference_step(cfg, steps: int) -> dict:
     """A plain-JAX train step of ``cfg``'s dense shape: parameters in a dict, the layers under
-    ``lax.scan`` with ``jax.checkpoint`` (remat=full), the same attention call, the same chunked loss
+    ``lax.scan`` with ``jax.checkpoint`` and the trainer's policy of ``model.remat`` over the same
+    named activations (trainer/model/remat.py), the same attention call, the same chunked loss
     with its EOS mask and logit z-loss, optax's clipped AdamW with the trainer's schedule and decay
     mask; no flax, no mesh, no metrics beyond the loss."""
     import jax
@@ -360,7 +396,8 @@ def reference_step(cfg, steps: int) -> dict:
     import numpy as np
     import optax
 
-    from trainer.config import layer_windows
+    from trainer.config import Remat, layer_windows
+    from trainer.model import remat
     from trainer.model.attention import attend, resolve
     from trainer.model.transformer import rope, segment_ids, token_losses
     from trainer.step import optimizer
@@ -413,7 +450,6 @@ def reference_step(cfg, steps: int) -> dict:
         x = params["embed"][inputs].astype(dt)
         seg = segment_ids(inputs, eos) if m.document_attention and eos >= 0 else None
 
-        @jax.checkpoint
         def layer(x, pw):
             p, w = pw
             q = jnp.einsum("btd,dhk->bthk", x, p["wq"].astype(dt))
@@ -423,14 +459,19 @@ def reference_step(cfg, steps: int) -> dict:
                 q = norm(q.reshape(*q.shape[:2], -1), p["q_norm"]).reshape(q.shape)
                 k = norm(k.reshape(*k.shape[:2], -1), p["k_norm"]).reshape(k.shape)
             q, k = rope(q, m.rope_theta), rope(k, m.rope_theta)
+            q, k, val = (remat.name(a, remat.QKV) for a in (q, k, val))
             o = attend(q, k, val, kind=kind, block=m.attention_block, kernel_block=m.splash_block,
                        segments=seg, window=w if any(windows) else None, windows=distinct)  # fmt: skip
-            x = x + norm(jnp.einsum("bthk,hkd->btd", o, p["wo"].astype(dt)), p["attn_norm"])
-            y = (jax.nn.silu(x @ p["w_gate"].astype(dt)) * (x @ p["w_up"].astype(dt))) @ p["w_down"].astype(
-                dt
-            )
+            o = remat.name(jnp.einsum("bthk,hkd->btd", remat.name(o, remat.ATTENTION), p["wo"].astype(dt)),
+                           remat.ATTENTION_OUT)  # fmt: skip
+            x = x + norm(o, p["attn_norm"])
+            gate = remat.name(x @ p["w_gate"].astype(dt), remat.MLP_IN)
+            up = remat.name(x @ p["w_up"].astype(dt), remat.MLP_IN)
+            y = remat.name((jax.nn.silu(gate) * up) @ p["w_down"].astype(dt), remat.MLP_OUT)
             return x + norm(y, p["ffn_norm"]), None
 
+        if m.remat != Remat.NONE:  # the trainer's policy over the same names
+            layer = jax.checkpoint(layer, policy=remat.policy(m.remat))
         x, _ = jax.lax.scan(layer, x, (params["layers"], jnp.asarray(windows, jnp.int32)))
         x = norm(x, params["final_norm"])
         weights = (inputs != eos).astype(jnp.float32)
@@ -540,6 +581,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--transports-only", action="store_true", help="part 1 only")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: reference,attention,moe")
     parser.add_argument(
+        "--remat",
+        default="auto",
+        help="olmo-7b's model.remat; auto (default): every policy that fits, the fastest kept",
+    )
+    parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="olmo-7b override (part 2)"
     )
     args = parser.parse_args(argv)
@@ -586,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
             return None
 
     sets, why = pick("olmo-7b", limit, args.layers, args.batch, args.quick)
-    sets = [*sets, *args.set]
+    sets = [*sets, *args.set, *([f"model.remat={args.remat}"] if args.remat != "auto" else [])]
     print(f"\n2. olmo-7b {' '.join(sets)}\n  chosen: {why}", flush=True)
     st = guarded("step", lambda: step_time("olmo-7b", sets, args.steps))
     while st is None and "RESOURCE_EXHAUSTED" in result.get("step_error", "") and not args.layers:
@@ -599,6 +645,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  retrying at {layers - 1} layers: {sets}", flush=True)
         result["step_retried"] = result.pop("step_error")
         st = guarded("step", lambda sets=sets: step_time("olmo-7b", sets, args.steps))
+    if st and args.remat == "auto":
+        st = choose_remat(st, sets, args.steps, FIT * limit, guarded, result)
     if st:
         cfg = st.pop("_cfg")
         result["step"] = st

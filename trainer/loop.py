@@ -377,163 +377,182 @@ def _train(
     return n
 
 
+@dataclass(frozen=True)
+class RunIdentity:
+    """What this run's state must agree on to be resumed (docs/contract.md): the config's hash and
+    identity, the global batch, the schedule's point; and so what a snapshot in memory must be to
+    stand for one of its checkpoints (``expected``)."""
+
+    config_hash: str
+    identity: dict[str, Any]
+    schedule: dict[str, Any] | None
+    expected: dict[str, Any]
+
+    @classmethod
+    def of(cls, cfg: Config) -> RunIdentity:
+        chash, sched = config_hash(cfg), schedule_point(cfg)
+        gb = cfg.train.global_batch
+        expected = {
+            "run_dir": cfg.run_dir,
+            "config_hash": chash,
+            "global_batch": gb,
+            "schedule": sched or None,
+        }
+        return cls(chash, identity(cfg), sched or None, expected)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """This incarnation's place: its segment and attempt, its mesh and batch plan, the block of each
+    global batch it reads, and the recorder of its steps' metrics."""
+
+    cfg: Config  # with the slices' replicas (``snapshot.with_slice_replicas``) where snapshots are on
+    segment: int
+    attempt: int
+    mesh: Any
+    plan: BatchPlan
+    layout: data.Layout
+    recorder: Recorder
+    memory: snapshot.Memory
+
+
 def run(
     cfg: Config,
     env: Mapping[str, str],
     preemption: Preemption | None = None,
     timeline: Timeline | None = None,
 ) -> int:
-    """Train until ``train.steps`` (exit 0) or a SIGTERM (exit 42); see the module docstring."""
+    """Train until ``train.steps`` (exit 0) or a SIGTERM (exit 42); see the module docstring.
+
+    Start-up in phases, each marked on ``timeline`` (``perf/startup``): inputs refused before
+    anything is written; the group joined (``distributed``); the accelerator's runtime started
+    (``runtime``: seconds on a TPU, while the newest snapshot in memory is read ahead); the
+    placement; the abstract state; the state restored (``restore``) or initialised (``init``); the
+    train step compiled or loaded (``train step``); the peers met (``barrier``); then the steps."""
     preemption = preemption or Preemption()
     timeline = timeline or Timeline()
     preemption.stall_timeout_s = cfg.train.stall_timeout_s
-    if distributed.identity(env).process_id == 0:
-        # Before joining the group (a failing process 0 must not leave its peers waiting in a
-        # collective for it) and before anything is written: a run directory this node pool
-        # cannot write is a configuration error (exit 2), reported with its fix.
-        storage.probe_write(cfg.run_dir)
-    parts: list[data.Part] = []
-    if cfg.data.sources or cfg.data.source == "files":
-        # A missing, short or foreign token file, token files whose metadata disagrees with the
-        # config, or weights the global batch cannot hold: exit 2 before anything is written.
-        parts += data.make_mixture(
-            cfg.data, cfg.model.vocab_size, cfg.model.seq_len, cfg.train.global_batch
-        ).parts
-    if cfg.eval.sources:
-        parts += data.eval_sources(cfg.eval.sources, cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
-    data.one_tokenizer(parts)  # the evaluation's and the training's of one tokenizer
-    data.warn_unlabelled(parts)
-    stages.check_source(cfg)  # a stage's source that is missing or of another shape: exit 2 likewise
+    run_id = RunIdentity.of(cfg)
+    prefetched = None
+    if cfg.checkpoint.memory_interval >= 0:
+        prefetched = snapshot.Prefetch.newest(snapshot.directory(env), run_id.expected)
+    _refuse_bad_inputs(cfg, env)
     # A SIGTERM while it waits for its peers exits 42 at once (trainer.elastic.watchdog).
     ident = distributed.initialize(env, preemption.joining)
     timeline.mark("distributed")
-    segment = _env_number(env, "RESLICE_SEGMENT", int)
-    attempt = _env_number(env, "RESLICE_RESTART_ATTEMPT", int)
-    memory_dir, memory_every = snapshot.directory(env), snapshot.interval(cfg.checkpoint.memory_interval)
-    if memory_dir is not None and memory_every > 0:
-        cfg = snapshot.with_slice_replicas(cfg, _env_number(env, "RESLICE_NUM_SLICES", int))
-    mesh = mesh_for(cfg)
-    plan = batch_plan(
-        cfg, mesh.size, ident.num_processes, mesh.shape["expert"], dp_ranks(mesh), mesh.shape["fsdp"]
-    )
-    gb, seq, total_steps = cfg.train.global_batch, cfg.model.seq_len, cfg.train.steps
-    layout = data.Layout(gb, plan.grad_accum, *process_block(mesh, ident.process_id))
-    chash, ident_dict, sched = config_hash(cfg), identity(cfg), schedule_point(cfg)
-    e = cfg.moe
-    recorder = Recorder(
-        segment, attempt, plan, gb * seq, sizes.flops_per_token(cfg), _env_number(env, "RESLICE_PEAK_TFLOPS"),
-        sizes.buffer_rows(plan.micro_batch * seq, e.top_k, e.ragged_buffer_factor, plan.expert_parallel, e.num_experts),
-    )  # fmt: skip
-
-    def meta(step: int) -> dict[str, Any]:
-        return {
-            "step": step, "data_position": step * gb, "global_batch": gb, "segment": segment,
-            "restart_attempt": attempt, "config_hash": chash, "identity": ident_dict,
-            "run": env.get("RESLICE_RUN", ""), "shape": asdict(plan), "time": time.time(),
-            **({"schedule": sched} if sched else {}),
-        }  # fmt: skip
-
+    jax.devices()
+    timeline.mark("runtime")
+    where = _place(cfg, env, ident, run_id, prefetched)
+    cfg = where.cfg
     c = cfg.checkpoint
     read_before = storage_bytes_read()
     ckpt = Checkpointer(cfg.run_dir, c.keep, c.async_save, c.debug_save_delay_s)
 
     def compatible(step: int, saved: dict[str, Any]) -> None:
         """Nothing for a checkpoint of this run; ConfigError for another's (never resumed)."""
-        ckpt.check_compatible(step, saved, chash, ident_dict, gb, sched)
+        ckpt.check_compatible(
+            step, saved, run_id.config_hash, run_id.identity, cfg.train.global_batch, run_id.schedule
+        )
 
-    writer, snapshots, profiler = None, None, None
-    # What a snapshot in memory must be to stand for a checkpoint of this run (`meta`, and the run).
-    expected = {"run_dir": cfg.run_dir, "config_hash": chash, "global_batch": gb, "schedule": sched or None}
-    memory = snapshot.Memory(
-        memory_dir,
-        memory_every,
-        expected,
-        f"{segment}-{attempt}-{env.get('RESLICE_WORLD_EPOCH', '')}",
-        _env_number(env, "RESLICE_HOSTS_PER_SLICE", int) or 1,
-    )
+    writer: RunWriter | None = None
+    snapshots: snapshot.Snapshotter | None = None
+    profiler: StepProfiler | None = None
     try:
-        # The snapshots of this run that some slice's processes all hold in memory. Such a step
-        # (its shards for the new mesh checked below) was written by this very run: no storage
-        # checkpoint is read to check its identity then.
-        ours = memory.held(distributed.timeouts(env)[0])
-        # A checkpoint of another run is refused before anything is written into its run
-        # directory, the compile cache's entries included: the cache is enabled only after.
+        # The snapshots of this run that some slice's processes all hold in memory: written by
+        # this very run (their meta matched). Without any, the newest checkpoint's identity is
+        # checked before anything is written into its run directory, the compile cache's entries
+        # included (a checkpoint of another run: exit 2); with some, the restore judges every
+        # checkpoint it reads instead (``Checkpointer.usable_start``).
+        ours = where.memory.held(distributed.timeouts(env)[0])
         if not ours:
             ckpt.check_newest(compatible)
         if cfg.train.compile_cache:
             compile_cache.enable(cfg.run_dir)
-        with jax.set_mesh(mesh):
-            model, program = Model(cfg, mesh), compile_cache.program(cfg)
-            abstract = compile_cache.abstract_state(program, mesh, model.abstract)
+        with jax.set_mesh(where.mesh):
+            model, program = Model(cfg, where.mesh), compile_cache.program(cfg)
+            abstract = compile_cache.abstract_state(program, where.mesh, model.abstract)
             timeline.mark("abstract state")
             restored = restore.onto_mesh(
-                memory, ours, ckpt, abstract, mesh, total_steps, compatible,
-                None if model.was_traced else lambda: compile_cache.abstract_state(program, mesh, model.abstract, True),
+                where.memory, ours, ckpt, abstract, where.mesh, cfg.train.steps, compatible,
+                None if model.was_traced else lambda: compile_cache.abstract_state(program, where.mesh, model.abstract, True),
                 distributed.timeouts(env)[0],
             )  # fmt: skip
-            start, source, restore_s = restored.step, restored.source, restored.seconds
             writer = RunWriter(
-                cfg.run_dir, segment, attempt, cfg.metrics.flush_seconds, ident.process_id == 0
+                cfg.run_dir, where.segment, where.attempt, cfg.metrics.flush_seconds, ident.process_id == 0
             )
-            status = {"total_steps": total_steps, "segment": segment, "config_hash": chash}
+            status = {
+                "total_steps": cfg.train.steps,
+                "segment": where.segment,
+                "config_hash": run_id.config_hash,
+            }
+            if ckpt.set_aside:  # the controller puts them in the run's ledger
+                status["unusable_checkpoints"] = ckpt.set_aside
+            if restored.step >= cfg.train.steps:
+                writer.status(state="finished", step=restored.step, **status)
+                return EXIT_FINISHED
+            # Opened before the state so that a bad data path fails fast; it starts reading ahead.
+            batches = iter(
+                data.make_dataset(
+                    cfg.data,
+                    cfg.model.vocab_size,
+                    cfg.model.seq_len,
+                    where.layout,
+                    restored.step,
+                    cfg.train.steps,
+                )
+            )
+            steps = _build_steps(cfg, where.mesh, where.plan.grad_accum)
+            if restored.step:
+                timeline.mark("restore")  # read, and on its way to the devices
+                steps, compile_timers = _compile(program, steps, restored.state, model)  # while it arrives
+                timeline.mark("train step")
+                state, arriving = restored.ready()
+                timeline.mark("transfer")
+                restore_s, source = restored.seconds + arriving, restored.source
+                place = (
+                    str(ckpt.directory) if source is snapshot.StateSource.STORAGE else where.memory.describe()
+                )
+                print(f"trainer: resumed step {restored.step} from {place} on {where.plan}", flush=True)
+            else:
+                # Nothing restored: the look for a checkpoint (opening Orbax's manager) is start-up.
+                restore_s, source = 0.0, None
+                state, steps, compile_timers = _initialise(
+                    cfg, where.mesh, program, model, steps, abstract, timeline
+                )
             # Where this incarnation's state came from; bytes: what it read of the run directory's
             # checkpoints from opening them to its state on the devices (the storage's counters).
             restore_record = {
                 "restore/from": source.value if source else None,
-                "restore/step": start,
-                "restore/storage_bytes": 0,
+                "restore/step": restored.step,
+                "restore/storage_bytes": storage_bytes_read() - read_before,
             }
-            if ckpt.set_aside:  # the controller puts them in the run's ledger
-                status["unusable_checkpoints"] = ckpt.set_aside
-            if start >= total_steps:
-                writer.status(state="finished", step=start, **status)
-                return EXIT_FINISHED
-            # Opened before the state so that a bad data path fails fast; it starts reading ahead.
-            batches = iter(data.make_dataset(cfg.data, cfg.model.vocab_size, seq, layout, start, total_steps))
-            if start:
-                state, arriving = restored.ready()
-                restore_s += arriving
-                where = str(ckpt.directory) if source is snapshot.StateSource.STORAGE else memory.describe()
-                print(f"trainer: resumed step {start} from {where} on {plan}", flush=True)
-                timeline.mark("restore")
-            else:
-                # Nothing restored: the look for a checkpoint (opening Orbax's manager) is start-up.
-                restore_s = 0.0
-                devices, hits = list(mesh.devices.flat), compile_cache.hits()
-                initializer = compile_cache.initial_state(model.lower_initial_state, devices, program)
-                state = initializer(np.uint32(cfg.train.seed))  # the same on every process
-                if compile_cache.hits() > hits:
-                    print("trainer: initial state's program loaded from the compile cache", flush=True)
-                if cfg.train.init_from:  # a stage's first segment: its source's state, at step 0
-                    state = stages.initial_state(cfg, state, abstract)
-                timeline.mark("init")
-            restore_record["restore/storage_bytes"] = storage_bytes_read() - read_before
             status["restored"] = {
-                "segment": segment,
-                "restart_attempt": attempt,
+                "segment": where.segment,
+                "restart_attempt": where.attempt,
                 "from": restore_record["restore/from"],
-                "step": start,
+                "step": restored.step,
             }
-            writer.status(state="running", step=start, **status)
+            writer.status(state="running", step=restored.step, **status)
             if source in (snapshot.StateSource.MEMORY, snapshot.StateSource.PEERS):
-                _rewrite_lost_records(writer, cfg.run_dir, memory.root, start)
-            steps = _build_steps(cfg, mesh, plan.grad_accum)
-
+                _rewrite_lost_records(writer, cfg.run_dir, where.memory.root, restored.step)
             if preemption.requested:  # during start-up: nothing trained since the latest checkpoint
-                print(f"trainer: preempted before the first step, step {start} stands, exit {EXIT_PREEMPTED}")
+                print(
+                    f"trainer: preempted before the first step, step {restored.step} stands, exit {EXIT_PREEMPTED}"
+                )
                 return EXIT_PREEMPTED
-            steps, compile_timers = _compile(program, steps, state, model)
-            evaluator = evaluate.Evaluator.build(cfg, layout, steps.tokens_sharding, steps.global_shape)
+            evaluator = evaluate.Evaluator.build(cfg, where.layout, steps.tokens_sharding, steps.global_shape)
             if evaluator is not None:
                 eval_compile = evaluator.compile(model, state)
                 compile_timers["perf/compile_seconds"] += eval_compile
                 print(f"trainer: eval step compiled in {eval_compile:.1f} s", flush=True)
-            timeline.mark("train step")
+                timeline.mark("eval step")
             if "flax" not in sys.modules:
                 print("trainer: the model was not traced: flax and optax were never imported", flush=True)
-            waited = _meet_peers(cfg, env, ident.num_processes, segment, attempt, preemption)
+            waited = _meet_peers(cfg, env, ident.num_processes, where.segment, where.attempt, preemption)
             if waited is None:
-                print(f"trainer: preempted before the first step, step {start} stands, exit {EXIT_PREEMPTED}")
+                print(
+                    f"trainer: preempted before the first step, step {restored.step} stands, exit {EXIT_PREEMPTED}"
+                )
                 return EXIT_PREEMPTED
             timeline.mark("barrier")
             startup = {
@@ -542,42 +561,18 @@ def run(
                 "perf/start_barrier_seconds": waited,
                 **restore_record,
             }
-
-            snapshots = memory.snapshotter(start)
+            snapshots = where.memory.snapshotter(restored.step)
             profiler = (
                 StepProfiler(cfg.train.profile_steps, cfg.run_dir, ident.process_id)
                 if cfg.train.profile_steps
                 else None
             )
+            meta = _checkpoint_meta(cfg, env, where, run_id)
             inc = Incarnation(
-                cfg,
-                preemption,
-                recorder,
-                writer,
-                ckpt,
-                meta,
-                status,
-                timeline,
-                evaluator,
-                snapshots,
-                profiler,
-            )
-            n = _train(inc, steps, state, batches, start, startup)
-            with preemption.saving():
-                ckpt.wait()
-                if snapshots is not None:
-                    snapshots.wait()
-            code = EXIT_FINISHED if n >= total_steps else EXIT_PREEMPTED
-            if code == EXIT_FINISHED:
-                writer.status(state="finished", step=n, **status)
-                print(f"trainer: finished {n} steps", flush=True)
-            else:
-                print(f"trainer: preempted: step {n} committed, exit {EXIT_PREEMPTED}", flush=True)
-            if ckpt.committed(n):
-                # Before closing the checkpointer: a process 0 that exits first takes the coordination
-                # service with it, and this process's supervisor then keeps this code (trainer.elastic.peers).
-                print(peers.SETTLED.format(code=code), file=sys.stderr, flush=True)
-            return code
+                cfg, preemption, where.recorder, writer, ckpt, meta, status, timeline, evaluator, snapshots, profiler
+            )  # fmt: skip
+            n = _train(inc, steps, state, batches, restored.step, startup)
+            return _finish(inc, n)
     finally:
         if profiler is not None:  # a trace cut short (a SIGTERM, a failed step): what it has is kept
             with contextlib.suppress(Exception):
@@ -589,3 +584,135 @@ def run(
         if writer is not None:
             writer.close()
         sys.stdout.flush()
+
+
+def _refuse_bad_inputs(cfg: Config, env: Mapping[str, str]) -> None:
+    """Exit 2 (ConfigError) before joining the group or writing anything: a run directory this node
+    pool cannot write (process 0: a failing process 0 must not leave its peers waiting in a
+    collective for it), a missing, short or foreign token file, token files whose metadata
+    disagrees with the config, weights the global batch cannot hold, a stage's missing source."""
+    if distributed.identity(env).process_id == 0:
+        storage.probe_write(cfg.run_dir)
+    parts: list[data.Part] = []
+    if cfg.data.sources or cfg.data.source == "files":
+        parts += data.make_mixture(
+            cfg.data, cfg.model.vocab_size, cfg.model.seq_len, cfg.train.global_batch
+        ).parts
+    if cfg.eval.sources:
+        parts += data.eval_sources(cfg.eval.sources, cfg.data, cfg.model.vocab_size, cfg.model.seq_len)
+    data.one_tokenizer(parts)  # the evaluation's and the training's of one tokenizer
+    data.warn_unlabelled(parts)
+    stages.check_source(cfg)
+
+
+def _place(
+    cfg: Config,
+    env: Mapping[str, str],
+    ident: Any,
+    run_id: RunIdentity,
+    prefetched: snapshot.Prefetch | None,
+) -> Placement:
+    """The mesh, batch plan, data layout and metrics recorder of this incarnation, and its memory
+    snapshots (``snapshot.Memory``, off without a memory directory)."""
+    segment = _env_number(env, "RESLICE_SEGMENT", int)
+    attempt = _env_number(env, "RESLICE_RESTART_ATTEMPT", int)
+    memory_dir, memory_every = snapshot.directory(env), snapshot.interval(cfg.checkpoint.memory_interval)
+    if memory_dir is not None and memory_every > 0:
+        cfg = snapshot.with_slice_replicas(cfg, _env_number(env, "RESLICE_NUM_SLICES", int))
+    mesh = mesh_for(cfg)
+    plan = batch_plan(
+        cfg, mesh.size, ident.num_processes, mesh.shape["expert"], dp_ranks(mesh), mesh.shape["fsdp"]
+    )
+    gb, seq, e = cfg.train.global_batch, cfg.model.seq_len, cfg.moe
+    recorder = Recorder(
+        segment, attempt, plan, gb * seq, sizes.flops_per_token(cfg), _env_number(env, "RESLICE_PEAK_TFLOPS"),
+        sizes.buffer_rows(plan.micro_batch * seq, e.top_k, e.ragged_buffer_factor, plan.expert_parallel, e.num_experts),
+    )  # fmt: skip
+    memory = snapshot.Memory(
+        memory_dir,
+        memory_every,
+        run_id.expected,
+        f"{segment}-{attempt}-{env.get('RESLICE_WORLD_EPOCH', '')}",
+        _env_number(env, "RESLICE_HOSTS_PER_SLICE", int) or 1,
+        prefetched,
+    )
+    layout = data.Layout(gb, plan.grad_accum, *process_block(mesh, ident.process_id))
+    return Placement(cfg, segment, attempt, mesh, plan, layout, recorder, memory)
+
+
+def _checkpoint_meta(
+    cfg: Config, env: Mapping[str, str], where: Placement, run_id: RunIdentity
+) -> Callable[[int], dict[str, Any]]:
+    """A checkpoint's meta at a step (docs/contract.md): the data position, the batch plan, and
+    what a resume checks it against (``RunIdentity``)."""
+    gb = cfg.train.global_batch
+
+    def meta(step: int) -> dict[str, Any]:
+        return {
+            "step": step, "data_position": step * gb, "global_batch": gb, "segment": where.segment,
+            "restart_attempt": where.attempt, "config_hash": run_id.config_hash, "identity": run_id.identity,
+            "run": env.get("RESLICE_RUN", ""), "shape": asdict(where.plan), "time": time.time(),
+            **({"schedule": run_id.schedule} if run_id.schedule else {}),
+        }  # fmt: skip
+
+    return meta
+
+
+def _initialise(
+    cfg: Config,
+    mesh: Any,
+    program: dict[str, Any],
+    model: Model,
+    steps: Steps,
+    abstract: Any,
+    timeline: Timeline,
+) -> tuple[Any, Steps, dict[str, Any]]:
+    """A fresh start's state and train step; a stage's first segment then takes its source's state
+    (``train.init_from``). On an accelerator the two programs compile at once, the initializer on a
+    thread (XLA compiles without the GIL, and a TPU's compiles take seconds each); everything is
+    traced on this thread (JAX's mesh and flax's axis rules are this thread's). On CPU they compile
+    one after the other: there this module's compile cache switches JAX's own off around each
+    compile (``compile_cache._compile``), a process-wide setting."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    devices, hits = list(mesh.devices.flat), compile_cache.hits()
+    lower = functools.cache(model.lower_initial_state)
+    with ThreadPoolExecutor(1, thread_name_prefix="initializer") as pool:
+        if compile_cache.kept_here(jax.default_backend()):
+            steps, timers = _compile(program, steps, abstract, model)
+            timeline.mark("train step")
+            initializer = compile_cache.initial_state(lower, devices, program)
+        else:
+            if not compile_cache.initial_state_held(devices, program):
+                lower()  # traced here; the thread compiles what it returns
+            pending = pool.submit(compile_cache.initial_state, lower, devices, program)
+            steps, timers = _compile(program, steps, abstract, model)
+            timeline.mark("train step")
+            initializer = pending.result()
+    state = initializer(np.uint32(cfg.train.seed))  # the same on every process
+    if compile_cache.hits() > hits + timers["perf/compile_cache_hits"]:
+        print("trainer: initial state's program loaded from the compile cache", flush=True)
+    if cfg.train.init_from:  # a stage's first segment: its source's state, at step 0
+        state = stages.initial_state(cfg, state, abstract)
+    timeline.mark("init")
+    return state, steps, timers
+
+
+def _finish(inc: Incarnation, n: int) -> int:
+    """After the last step (or the one all stopped at): every save committed, the status written,
+    the exit code."""
+    with inc.preemption.saving():
+        inc.ckpt.wait()
+        if inc.snapshots is not None:
+            inc.snapshots.wait()
+    code = EXIT_FINISHED if n >= inc.cfg.train.steps else EXIT_PREEMPTED
+    if code == EXIT_FINISHED:
+        inc.writer.status(state="finished", step=n, **inc.status)
+        print(f"trainer: finished {n} steps", flush=True)
+    else:
+        print(f"trainer: preempted: step {n} committed, exit {EXIT_PREEMPTED}", flush=True)
+    if inc.ckpt.committed(n):
+        # Before closing the checkpointer: a process 0 that exits first takes the coordination
+        # service with it, and this process's supervisor then keeps this code (trainer.elastic.peers).
+        print(peers.SETTLED.format(code=code), file=sys.stderr, flush=True)
+    return code

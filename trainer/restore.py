@@ -60,10 +60,9 @@ def onto_mesh(
 ) -> Restored:
     """The newest state of this run onto `mesh` (as `abstract` lays it out).
 
-    `ours`: the steps some slice's processes all hold in memory (``Memory.held``); when it is empty
-    the caller has checked the newest checkpoint's identity already (before anything was written
-    into the run directory), else it is checked here, as storage is then the fallback. `compatible`
-    refuses a checkpoint of another run (``Checkpointer.check_compatible`` with this run's identity).
+    `ours`: the steps some slice's processes all hold in memory (``Memory.held``). `compatible`
+    refuses a checkpoint of another run (``Checkpointer.check_compatible`` with this run's
+    identity): ``usable_start`` asks it of every step it reads, before restoring it.
     `retrace`: the traced abstract state, when `abstract` came from the compile cache
     (``Checkpointer.usable_start``). `timeout_s`: how long the processes wait for each other to
     agree on a step in memory."""
@@ -72,7 +71,5 @@ def onto_mesh(
     if chosen is not None and chosen[0] >= (ckpt.latest_step() or 0):
         state = memory.load(chosen, abstract, mesh)
         return Restored(chosen[0], state, memory.source, time.perf_counter() - t0)
-    if ours:  # not checked by the caller
-        ckpt.check_newest(compatible)
     step, state = ckpt.usable_start(total_steps, abstract, compatible, retrace)
     return Restored(step, state, snapshot.StateSource.STORAGE if step else None, time.perf_counter() - t0)

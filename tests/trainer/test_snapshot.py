@@ -194,3 +194,33 @@ def test_a_broadcast_gives_the_state_on_the_target_shardings(cpu8, tmp_path: Pat
         np.testing.assert_array_equal(np.asarray(g), np.asarray(want))
     zeros = snapshot.broadcast(None, target, mesh, 0)  # a process that holds nothing sends zeros
     assert not np.asarray(zeros["params"]["w"]).any()
+
+
+def test_the_newest_snapshot_of_this_run_is_read_ahead_and_serves_the_restore(cpu8, tmp_path: Path) -> None:
+    """``Prefetch`` reads the newest snapshot whose meta is this run's (not another run's newer
+    one) into memory; the restore takes its shards from there and gets the same arrays; a file
+    written again under the same name since (another lineage's step) is read afresh instead."""
+    mesh = Mesh(np.array(cpu8).reshape(1, 8), ("data", "fsdp"))
+    state = state_on(mesh, "fsdp")
+    snaps = snapshot.Snapshotter(tmp_path, 1, {"run_dir": "r"})
+    for step, run in ((3, "h"), (4, "h"), (5, "another")):
+        snaps.take(step, state, {"step": step, "config_hash": run}, recorded=True)
+    snaps.wait()
+    expected = {"run_dir": "r", "config_hash": "h"}
+    ahead = snapshot.Prefetch.newest(tmp_path, expected)
+    assert ahead is not None and ahead.path == tmp_path / "4.snap"
+    header = snapshot.read_header(tmp_path / "4.snap")
+    assert ahead.bytes_of(header["file"]) is not None and ahead.error is None
+    assert ahead.bytes_of(str(tmp_path / "3.snap")) is None  # another file: not these bytes
+    target = abstract_of(state)
+    for got, want in zip(
+        jax.tree.leaves(snapshot.load(header, target, ahead)), jax.tree.leaves(state), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    # Step 4 written again (a later lineage), with other values: the read-ahead bytes are stale.
+    doubled = jax.tree.map(lambda x: x * 2, state)
+    os.replace(tmp_path / "3.snap", tmp_path / "4.snap")  # a new file under the name
+    assert ahead.bytes_of(header["file"]) is None
+    assert snapshot.Prefetch.newest(tmp_path, {"run_dir": "r", "config_hash": "nobody"}) is None
+    assert snapshot.Prefetch.newest(None, expected) is None
+    del doubled

@@ -69,7 +69,7 @@ def test_tiny_trains_on_8_devices(reference: dict) -> None:
     # Where the start-up went (trainer.telemetry.startup), on the first record only.
     startup = records[1]["perf/startup"]
     assert list(startup) == [
-        "interpreter", "imports", "distributed", "abstract state", "init", "train step", "barrier",
+        "interpreter", "imports", "distributed", "runtime", "abstract state", "train step", "init", "barrier",
         "first step", "total",
     ]  # fmt: skip
     walls = [p["wall"] for k, p in startup.items() if k != "total"]

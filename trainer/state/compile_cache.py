@@ -465,6 +465,15 @@ def train_step(
     return _keyed("train step", path, lambda: make().lower(*args), devices)
 
 
+def _initial_state_path(devices: Sequence[jax.Device], program: dict[str, Any]) -> epath.Path:
+    return epath.Path(str(_dir)) / "initial-state" / program_key(program, (), devices)  # (argument: the seed)
+
+
+def initial_state_held(devices: Sequence[jax.Device], program: dict[str, Any]) -> bool:
+    """Whether ``initial_state`` would find its entry (it still checks that it is whole and loads)."""
+    return _dir is not None and _initial_state_path(devices, program).exists()
+
+
 def initial_state(
     lower: Callable[[], jax.stages.Lowered], devices: Sequence[jax.Device], program: dict[str, Any]
 ) -> jax.stages.Compiled:
@@ -474,8 +483,7 @@ def initial_state(
     traces the model's initializers (docs/measurements.md)."""
     if _dir is None:
         return lower().compile()
-    path = epath.Path(_dir) / "initial-state" / program_key(program, (), devices)  # (its argument: the seed)
-    return _keyed("initial state", path, lower, devices)
+    return _keyed("initial state", _initial_state_path(devices, program), lower, devices)
 
 
 def _keyed(

@@ -362,45 +362,138 @@ def covers(header: dict, abstract: Any) -> bool:
     return len(saved) == len(_leaves(abstract))
 
 
-class _Shards:
-    """Reads the shards of one snapshot file by leaf path and key, each once."""
+class Prefetch:
+    """The newest snapshot of this run in the pod's memory directory, read whole into this
+    process's memory on threads of its own, started before the accelerator's runtime: a new
+    trainer in a pod spends its first seconds starting that runtime (opening a TPU's chips), and
+    the restore then finds its bytes in RAM instead of reading the file after it.
 
-    def __init__(self, header: dict) -> None:
+    A guess: the world may agree on another step, or this process may hold no step it needs, and
+    then the file is read as before (``_Shards``). The bytes stand for the file only while it is
+    the same file (inode, size and modification time): a snapshot is renamed into place whole and
+    never written again under that name, but a later lineage may write the same step afresh."""
+
+    PIECE = 64 << 20  # bytes per read: large enough that each read is mostly copying
+    THREADS = 8
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.error = path, None
+        st = os.stat(path)
+        self.identity = (st.st_ino, st.st_size, st.st_mtime_ns)
+        self.buffer = np.empty(st.st_size, np.uint8)
+        self.seconds = 0.0
+        self._thread = threading.Thread(target=self._read, name="snapshot-prefetch", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def newest(cls, directory: Path | None, expected: Mapping[str, Any]) -> Prefetch | None:
+        """The read of the newest complete snapshot in `directory` whose meta `matches` `expected`,
+        started; None without one."""
+        if directory is None:
+            return None
+        for step in complete_steps(directory):
+            try:
+                header = read_header(directory / f"{step}.snap")
+                if header.get("step") == step and matches(header.get("meta") or {}, expected):
+                    return cls(directory / f"{step}.snap")
+            except (OSError, ValueError):
+                continue  # pruned meanwhile, or not ours
+        return None
+
+    def _read(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        t0 = time.perf_counter()
+        view = memoryview(self.buffer)
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except OSError as e:
+            self.error = e
+            return
+        try:
+
+            def piece(offset: int) -> int:
+                want = min(self.PIECE, len(view) - offset)
+                return os.preadv(fd, [view[offset : offset + want]], offset)
+
+            offsets = range(0, len(view), self.PIECE)
+            with ThreadPoolExecutor(self.THREADS, thread_name_prefix="snapshot-prefetch") as pool:
+                got = sum(pool.map(piece, offsets))
+            if got != len(view):
+                self.error = OSError(f"{self.path}: read {got} of {len(view)} bytes")
+        except OSError as e:
+            self.error = e
+        finally:
+            os.close(fd)
+            self.seconds = time.perf_counter() - t0
+
+    def bytes_of(self, path: str) -> np.ndarray | None:
+        """The file's bytes once read, if `path` is the file read and it is unchanged; else None
+        (the caller reads the file itself)."""
+        if str(path) != str(self.path):
+            return None
+        self._thread.join()
+        try:
+            st = os.stat(path)
+        except OSError:
+            st = None
+        if self.error is not None or st is None or (st.st_ino, st.st_size, st.st_mtime_ns) != self.identity:
+            return None
+        return self.buffer
+
+
+class _Shards:
+    """Reads the shards of one snapshot file by leaf path and key, each once: views of the
+    prefetched bytes when they are this file's (``Prefetch``), else read from the file."""
+
+    def __init__(self, header: dict, prefetched: Prefetch | None = None) -> None:
         self.header = header
         self.saved = {e["path"]: e for e in header["leaves"]}
-        self.file = open(header["file"], "rb")  # noqa: SIM115 (closed by close())
+        self.bytes = prefetched.bytes_of(header["file"]) if prefetched is not None else None
+        self.file = None if self.bytes is not None else open(header["file"], "rb")  # noqa: SIM115 (close())
         self.read: dict[tuple[str, str], np.ndarray] = {}
 
     def get(self, path: str, key: str, dtype: np.dtype) -> np.ndarray:
         if (path, key) not in self.read:
             offset, nbytes, shape = self.saved[path]["shards"][key]
-            buf = np.empty(shape, dtype)
-            got = (
-                os.preadv(self.file.fileno(), [memoryview(buf).cast("B")], self.header["data_start"] + offset)
-                if nbytes
-                else 0
-            )
-            if got != nbytes:
-                raise OSError(f"{self.header['file']}: short read of {path} ({got} of {nbytes} bytes)")
+            start = self.header["data_start"] + offset
+            if self.bytes is not None:
+                buf = self.bytes[start : start + nbytes].view(dtype).reshape(shape)
+            else:
+                assert self.file is not None
+                buf = np.empty(shape, dtype)
+                got = os.preadv(self.file.fileno(), [memoryview(buf).cast("B")], start) if nbytes else 0
+                if got != nbytes:
+                    raise OSError(f"{self.header['file']}: short read of {path} ({got} of {nbytes} bytes)")
             self.read[(path, key)] = buf
         return self.read[(path, key)]
 
     def close(self) -> None:
-        self.file.close()
+        if self.file is not None:
+            self.file.close()
 
 
-def load(header: dict, abstract: Any) -> Any:
-    """The state of `abstract`'s structure and shardings, from this process's snapshot (``covers``)."""
-    shards = _Shards(header)
+def load(header: dict, abstract: Any, prefetched: Prefetch | None = None) -> Any:
+    """The state of `abstract`'s structure and shardings, from this process's snapshot (``covers``).
+    Every shard goes to its device in one batched transfer (one call per shard dispatches each
+    transfer on its own); the arrays may still be arriving when this returns."""
+    shards = _Shards(header, prefetched)
     try:
         treedef = jax.tree_util.tree_structure(abstract)
-        out = []
-        for path, leaf in _leaves(abstract):
-            arrays = [
-                jax.device_put(shards.get(path, _key(index, leaf.shape), np.dtype(leaf.dtype)), device)
-                for device, index in leaf.sharding.addressable_devices_indices_map(leaf.shape).items()
-            ]
-            out.append(jax.make_array_from_single_device_arrays(leaf.shape, leaf.sharding, arrays))
+        places = [
+            (path, leaf, list(leaf.sharding.addressable_devices_indices_map(leaf.shape).items()))
+            for path, leaf in _leaves(abstract)
+        ]
+        host = [
+            shards.get(path, _key(index, leaf.shape), np.dtype(leaf.dtype))
+            for path, leaf, where in places
+            for _, index in where
+        ]
+        moved = iter(jax.device_put(host, [device for _, _, where in places for device, _ in where]))
+        out = [
+            jax.make_array_from_single_device_arrays(leaf.shape, leaf.sharding, [next(moved) for _ in where])
+            for _, leaf, where in places
+        ]
     finally:
         shards.close()
     return jax.tree_util.tree_unflatten(treedef, out)
@@ -418,7 +511,9 @@ def broadcastable(abstract: Any, mesh: Any, slices: int) -> bool:
     return True
 
 
-def broadcast(header: dict | None, abstract: Any, mesh: Any, source: int) -> Any:
+def broadcast(
+    header: dict | None, abstract: Any, mesh: Any, source: int, prefetched: Prefetch | None = None
+) -> Any:
     """The state of `abstract`, from the replica of slice `source` (the data axis's index `source`):
     every process puts what it holds (its snapshot's shards, or zeros: `header` None) at its devices'
     data index of an array with a leading data axis, and one program picks index `source` into the
@@ -427,7 +522,7 @@ def broadcast(header: dict | None, abstract: Any, mesh: Any, source: int) -> Any
     from jax.sharding import PartitionSpec as P
 
     slices = mesh.shape["data"]
-    shards = _Shards(header) if header is not None else None
+    shards = _Shards(header, prefetched) if header is not None else None
     try:
         flat, treedef = jax.tree_util.tree_flatten(abstract)
         stacked = []
@@ -528,10 +623,17 @@ class Memory:
     a world are alike in that (the same environment and config)."""
 
     def __init__(
-        self, root: Path | None, every: int, expected: Mapping[str, Any], tag: str, hosts_per_slice: int = 1
+        self,
+        root: Path | None,
+        every: int,
+        expected: Mapping[str, Any],
+        tag: str,
+        hosts_per_slice: int = 1,
+        prefetched: Prefetch | None = None,
     ) -> None:
         self.root = root if every > 0 else None
         self.every, self.expected, self.tag, self.hosts = every, dict(expected), tag, max(1, hosts_per_slice)
+        self.prefetched = prefetched  # the newest snapshot's bytes, read while the runtime started
         self.headers: dict[int, dict] = {}
         self.source: StateSource | None = None  # MEMORY or PEERS once `load` chose
 
@@ -570,10 +672,10 @@ class Memory:
         step, slices = chosen
         if len(slices) == jax.process_count() // self.hosts:
             self.source = StateSource.MEMORY
-            return load(self.headers[step], abstract)
+            return load(self.headers[step], abstract, self.prefetched)
         self.source = StateSource.PEERS
         mine = jax.process_index() // self.hosts in slices
-        return broadcast(self.headers[step] if mine else None, abstract, mesh, slices[0])
+        return broadcast(self.headers[step] if mine else None, abstract, mesh, slices[0], self.prefetched)
 
     def snapshotter(self, start: int) -> Snapshotter | None:
         """The incarnation's Snapshotter, after the restore of step `start`: snapshots above it
