@@ -1,4 +1,4 @@
-"""The parent of a multi-process trainer: it turns JAX's fate-sharing abort into ``EXIT_PEER_LOST``.
+"""The parent of a multi-process trainer: it turns JAX's fate-sharing abort into ``Exit.PEER_LOST``.
 
 When a peer dies, JAX's coordination-service client kills every other process on purpose (the JAX
 docs' "Fault Tolerant Distributed JAX": "If any process crashes, then all other processes will also
@@ -18,7 +18,7 @@ trainer's own start-up, sparing a second Python start-up and importing ``trainer
 process has started no thread and imported nothing heavy when it forks.
 The child's stdout is inherited; its stderr passes through here, and its last 64 KiB are kept: a
 child killed by SIGABRT right after JAX's "Terminating process because the JAX distributed service
-detected fatal errors" exits ``EXIT_PEER_LOST``; every other exit is passed on. The child gets
+detected fatal errors" exits ``Exit.PEER_LOST``; every other exit is passed on. The child gets
 SIGKILL if this process dies first (``PR_SET_PDEATHSIG``). What a child that died without its own
 exit path leaves behind (its Grain workers) is adopted here (``PR_SET_CHILD_SUBREAPER``) and ended
 when the child's end is seen (``_end_strays``): in place the pod outlives many children.
@@ -66,6 +66,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from trainer.elastic import peers, world
+from trainer.exits import Exit
 from trainer.state import memdir
 
 if TYPE_CHECKING:
@@ -233,7 +234,7 @@ def _child(
     """The forked child: stderr into the pipe, the signals' defaults back, its environment (`env`,
     a world's; else the pod's), then train and exit; or, given `fresh`, replace this process with a
     fresh trainer in that environment."""
-    code = 1
+    code: int = Exit.FAILED
     try:
         os.close(read_end)
         os.dup2(write_end, 2)
@@ -242,7 +243,7 @@ def _child(
         signal.signal(signal.SIGINT, signal.default_int_handler)
         _die_with_parent()
         if os.getppid() != parent:  # the parent died before PR_SET_PDEATHSIG was set
-            os._exit(1)
+            os._exit(Exit.FAILED)
         if env is not None:
             os.environ.clear()
             os.environ.update(env)
@@ -299,10 +300,10 @@ def supervise(train: Callable[[], int]) -> int:
     pump.join(timeout=2.0)
     said = bytes(tail).decode(errors="replace")
     code = peers.supervised_exit(returncode, said)
-    if code == peers.EXIT_PEER_LOST and returncode < 0:
+    if code == Exit.PEER_LOST and returncode < 0:
         print(
             f"trainer: JAX's coordination service ended this process because a peer is lost:"
-            f" exit {peers.EXIT_PEER_LOST}; the latest committed step stands",
+            f" exit {Exit.PEER_LOST}; the latest committed step stands",
             flush=True,
         )
     elif peers.fate_shared(returncode, said):  # the abort came after the child settled `code`
@@ -371,7 +372,7 @@ def supervise_world(
         src = source or world_source.from_env(env)
     except world.WorldError as e:
         print(f"trainer: {e}", file=sys.stderr, flush=True)
-        return world.EXIT_CONFIG
+        return Exit.CONFIG
     follower = _Follower(train, env, me, fresh)
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -439,7 +440,7 @@ class _Follower:
         self.lost_since: float | None = None  # monotonic time the last child exited 43, until the next starts
         # What the pod exits with when no newer world comes after that (on_tick): 43, or a child's
         # own code when only a newer world would have shown its failure to be a lost peer's doing.
-        self.lost_code = peers.EXIT_PEER_LOST
+        self.lost_code: int = Exit.PEER_LOST
         self.not_mine = -1  # the last epoch not joined because it is of another attempt of this slice
         self.patience = PEER_LOST_WAIT_S
         self.bound = world.PEER_LOST_MAX_WAIT_S  # RESLICE_PEER_LOST_MAX_WAIT_S: however long it beats
@@ -475,7 +476,7 @@ class _Follower:
     def _read_waits(self) -> int | None:
         """The pod's waits (``RESLICE_PEER_LOST_WAIT_S``, ``RESLICE_PEER_LOST_MAX_WAIT_S``,
         ``RESLICE_CHIP_WAIT_S``): one line and
-        ``EXIT_CONFIG`` for one that is not seconds > 0."""
+        ``Exit.CONFIG`` for one that is not seconds > 0."""
         for key, default, attr in ((PEER_LOST_WAIT_ENV, PEER_LOST_WAIT_S, "patience"),
                                    (world.PEER_LOST_MAX_WAIT_ENV, world.PEER_LOST_MAX_WAIT_S, "bound"),
                                    (CHIP_WAIT_ENV, CHIP_WAIT_S, "chip_wait")):  # fmt: skip
@@ -487,7 +488,7 @@ class _Follower:
                 print(
                     f"trainer: {key}={self.env.get(key)!r}: expected seconds > 0", file=sys.stderr, flush=True
                 )
-                return world.EXIT_CONFIG
+                return Exit.CONFIG
             setattr(self, attr, value)
         return None
 
@@ -503,7 +504,7 @@ class _Follower:
         beat_age = None if self.beat_seen is None else now - self.beat_seen
         if world.keep_waiting(now - self.lost_since, self.patience, beat_age, self.bound):
             return None
-        peer = self.lost_code == peers.EXIT_PEER_LOST
+        peer = self.lost_code == Exit.PEER_LOST
         after = "a peer was lost or preempted" if peer else "its collectives' transport aborted"
         print(
             f"trainer: no world newer than epoch {self.started} {now - self.lost_since:.0f} s after"
@@ -528,10 +529,10 @@ class _Follower:
         """SIGTERM or SIGINT to the pod: the child gets it (and its code is the pod's); none: 42."""
         if self.child is None:
             print(
-                f"trainer: signal {signum} with no trainer running: nothing to save, exit {world.EXIT_PREEMPTED}",
+                f"trainer: signal {signum} with no trainer running: nothing to save, exit {Exit.PREEMPTED}",
                 flush=True,
             )
-            return world.EXIT_PREEMPTED
+            return Exit.PREEMPTED
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.child.pid, signum)
         return None
@@ -543,9 +544,9 @@ class _Follower:
         except world.WorldError as e:
             print(f"trainer: {e}", file=sys.stderr, flush=True)
             if self.child is None:
-                return world.EXIT_CONFIG
+                return Exit.CONFIG
             # The trainer saves the step in flight first; then the pod fails with exit 2.
-            self.failed = world.EXIT_CONFIG
+            self.failed = Exit.CONFIG
             if self.child.ended_at is None and not self.terminating:
                 self.child.ended_at = time.time()
                 with contextlib.suppress(ProcessLookupError):
@@ -584,7 +585,7 @@ class _Follower:
         self.ended = f"the trainer of epoch {child.world.epoch} exited {code}{took}"
         if child.killed:
             self.ended += f" (slice(s) {', '.join(child.killed)} of its world lost)"
-        if self.terminating or code == 0:
+        if self.terminating or code == Exit.FINISHED:
             return code
         if self.failed is not None:
             print(
@@ -593,7 +594,7 @@ class _Follower:
             return self.failed
         if self._lost_the_chip(child, code, tail):
             return self.start()
-        peer_lost = code == peers.EXIT_PEER_LOST
+        peer_lost = code == Exit.PEER_LOST
         # Gloo's transport threw from its own thread (std::terminate): a peer that died mid-collective
         # does this too, with nothing to tell it from a bug but the newer world the controller then
         # publishes. Waited for as after a lost peer; with none, the pod fails with the child's code.
@@ -603,10 +604,8 @@ class _Follower:
         # combined every step, and every process saved. This pod was not preempted: it waits
         # for the world without that slice (or with it back), as after a lost peer, instead of
         # exiting 42 and having its slice's JobSet recreate its pods.
-        peer_stopped = code == world.EXIT_PREEMPTED and child.ended_at is None
-        asked = child.ended_at is not None and (
-            bool(child.killed) or code in (world.EXIT_PREEMPTED, 128 + signal.SIGTERM)
-        )
+        peer_stopped = code == Exit.PREEMPTED and child.ended_at is None
+        asked = child.ended_at is not None and (bool(child.killed) or code in (Exit.PREEMPTED, Exit.STALLED))
         if not (peer_lost or peer_stopped or aborted or asked):
             print(f"trainer: {self.ended}: exit {code}", flush=True)
             return code
@@ -620,13 +619,13 @@ class _Follower:
             print(f"trainer: {self.ended}; waiting for a world newer than epoch {self.started}", flush=True)
             if peer_lost or peer_stopped or aborted:
                 self.lost_since = time.monotonic()
-                self.lost_code = code if aborted else peers.EXIT_PEER_LOST
+                self.lost_code = code if aborted else Exit.PEER_LOST
         return None
 
     def _lost_the_chip(self, child: _Child, code: int, tail: str) -> bool:
         """Whether `child` failed, before its first step, because another process held the chip
         (libtpu's lock): then its world is started again, ``LOCK_RETRIES`` times in a row at most."""
-        if code in (0, world.EXIT_CONFIG) or child.running or LOCK_ERROR not in tail:
+        if code in (Exit.FINISHED, Exit.CONFIG) or child.running or LOCK_ERROR not in tail:
             return False
         if self.lock_retries >= LOCK_RETRIES:
             print(f"trainer: the chip's lock failed {self.lock_retries + 1} trainers in a row", flush=True)
@@ -675,7 +674,7 @@ class _Follower:
                     f" (slices {list(newest.slices)}; {self.ended}): exit 0",
                     flush=True,
                 )
-                return 0
+                return Exit.FINISHED
             return None  # a pod of a slice not taking part yet: it waits for a world with it
         if (formed := newest.other_attempt(me)) is not None:
             if self.not_mine != newest.epoch:
@@ -692,7 +691,7 @@ class _Follower:
             child_env = world.child_env(newest, me, self.env if fresh is not None else self.forked_env)
         except world.WorldError as e:
             print(f"trainer: {e}", file=sys.stderr, flush=True)
-            return world.EXIT_CONFIG
+            return Exit.CONFIG
         if self.member:
             child_env[RESTARTED_ENV] = "1"
         self.await_chip()

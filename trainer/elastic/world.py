@@ -20,10 +20,6 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-# Mirrors trainer.loop.EXIT_PREEMPTED (docs/contract.md "Exit codes"); the supervisor imports no loop.
-EXIT_PREEMPTED = 42
-EXIT_CONFIG = 2
-
 RESTART_MODE_ENV = "RESLICE_RESTART_MODE"
 SLICE_ID_ENV = "RESLICE_SLICE_ID"
 # The pod's slice JobSet's restart attempt (its `jobset.sigs.k8s.io/restart-attempt` label, through
