@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from typing import NoReturn
 
 # The supervisor of a multi-process trainer needs no more than these: it starts its child sooner.
-from trainer.elastic import peers, supervisor, world
+from trainer.elastic import follower, peers, supervisor, world
 from trainer.exits import Exit
 
 
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trainer: {e}", file=sys.stderr, flush=True)
             return Exit.CONFIG
         if in_place:  # even a one-process world: the next may have more
-            return supervisor.supervise_world(
+            return follower.supervise_world(
                 lambda: main(argv), os.environ, preload=_preload, fresh=_exec_trainer
             )
         if peers.multi_process(os.environ):
@@ -158,7 +158,7 @@ def _import_trainer() -> None:
 
 def _preload() -> None:
     """The in-place supervisor's ``preload``: the trainer's imports, once for the pod's every child
-    (``supervisor.supervise_world``), and the metrics' event writer, which process 0 would otherwise
+    (``follower.supervise_world``), and the metrics' event writer, which process 0 would otherwise
     import with its first record, inside the first step (which child will be process 0 is not
     known before its world)."""
     _import_trainer()

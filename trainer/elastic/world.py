@@ -1,13 +1,13 @@
 """The world of an in-place run: which slices train, in what order, and with what batch plan. Pure.
 
 The controller publishes each world (an *epoch*) as a small JSON document (docs/contract.md, "World
-(in-place restarts)"); every pod's ``trainer.elastic.supervisor`` follows it (``trainer.elastic.world_source``
+(in-place restarts)"); every pod's ``trainer.elastic.follower`` follows it (``trainer.elastic.world_source``
 delivers the documents) and starts its trainer child with ``child_env(world, me, base_env)``. The
 pod itself never changes: it knows its stable slice id and its host index within the slice, and its
 process id is compacted over the world's slices in their published order:
 ``process_id = position(my slice) × hosts_per_slice + host index``.
 
-Called by ``trainer.elastic.supervisor`` (``parse``, ``me_from_env``, ``child_env``, ``restart_mode``) and
+Called by ``trainer.elastic.follower`` (``parse``, ``me_from_env``, ``child_env``, ``restart_mode``) and
 the tests. No JAX, nothing heavy: it runs in the supervisor before its first fork.
 """
 
