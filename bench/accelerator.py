@@ -13,10 +13,10 @@
    layer, its sliding windows and documents, bf16 compute, fp32 parameters and Adam moments) at the
    depth, batch and vocabulary that fit the first device's memory (``pick``; printed with why), with
    ``model.attention=auto`` (the splash kernel on a TPU): seconds per step, tokens per second, MFU =
-   ``trainer.model.sizes.flops_per_token`` × tokens / s / the device's peak dense bf16 FLOP/s (a table
-   below, the vendors' figures), the peak HBM in use beside the planner's estimate
-   (``launcher.core.hbm.estimate``, what ``plan``/``preflight`` use) and XLA's compiled figure for the
-   same step (what ``python -m trainer --memory`` reports).
+   ``trainer.model.sizes.flops_per_token`` × tokens / s / the device's peak dense bf16 FLOP/s (the
+   trainer's table, ``trainer.telemetry.peaks``: the vendors' figures), the peak HBM in use beside
+   the planner's estimate (``launcher.core.hbm.estimate``, what ``plan``/``preflight`` use) and XLA's
+   compiled figure for the same step (what ``python -m trainer --memory`` reports).
 3. Reference. In the same process a plain-JAX step of the same shape (a functional transformer, the
    same attention call, optax's AdamW): ``step_over_reference`` is what the trainer adds.
 4. Attention agreement at olmo-7b's head shape ([1, 8192, 32, 128], bf16): the splash kernel against
@@ -43,17 +43,6 @@ import time
 os.environ.pop("JAX_PLATFORMS", None)
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 
-# Peak dense bf16 FLOP/s by JAX device_kind (vendor data sheets, without sparsity).
-PEAK_BF16 = {
-    "NVIDIA H200": 989e12,
-    "NVIDIA H100 80GB HBM3": 989e12,
-    "TPU v4": 275e12,
-    "TPU v5 lite": 197e12,  # v5e
-    "TPU v5": 459e12,  # v5p
-    "TPU v5p": 459e12,
-    "TPU v6 lite": 918e12,  # v6e (Trillium)
-    "TPU7x": 2307e12,  # Ironwood
-}
 GIB = 2**30
 TOLERANCE = 1e-5
 E, K, D_MODEL, D_FF, N = 8, 2, 32, 64, 64  # experts, top-k, widths, tokens per device
@@ -273,6 +262,7 @@ def step_time(name: str, sets: list[str], steps: int, max_bytes: float = 0) -> d
     from trainer.model.mesh import batch_sharding, device_sharding, mesh_for
     from trainer.model.sizes import flops_per_token, param_counts
     from trainer.step import abstract_state, init_state, make_train_step, plain
+    from trainer.telemetry.peaks import device_peak_tflops
 
     cfg = _resolve(name, ["data.source=synthetic", "train.grad_accum=1", "train.micro_batch=0", *sets])
     batch, seq = cfg.train.global_batch, cfg.model.seq_len
@@ -316,7 +306,7 @@ def step_time(name: str, sets: list[str], steps: int, max_bytes: float = 0) -> d
         del state, m
     step_s = sorted(times)[len(times) // 2]
     fpt = flops_per_token(cfg)
-    peak = PEAK_BF16.get(device.device_kind)
+    peak = (device_peak_tflops(device.device_kind) or 0.0) * 1e12  # per JAX device
     achieved = fpt * batch * seq / step_s
     total, active = param_counts(cfg)
     memory = device.memory_stats() or {}

@@ -157,7 +157,7 @@ def _restored(first_rec: dict) -> dict:
     }
 
 
-# The supervisor's line when it starts a world's child (trainer/elastic/supervisor.py, docs/contract.md).
+# The supervisor's line when it starts a world's child (trainer/elastic/follower.py, docs/contract.md).
 _WORLD_LINE = re.compile(
     r"^trainer: world epoch (?P<epoch>\d+): process .*?; seen (?P<seen>[\d.]+) s after publication, "
     r"(?:the trainer of epoch \d+ exited -?\d+ (?P<ended>[\d.]+) s after (?P<signal>SIG[A-Z]+))?"

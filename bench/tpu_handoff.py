@@ -2,7 +2,7 @@
 
     python -m bench.tpu_handoff [--handoffs 5] [--steps 3] [--devices 1] [--set KEY=VALUE ...] [--workdir DIR] [--timeout 900] [--json]
 
-Runs the real in-place supervisor (``trainer.elastic.supervisor.supervise_world``) around the real
+Runs the real in-place supervisor (``trainer.elastic.follower.supervise_world``) around the real
 trainer (``tiny``), one pod of a one-slice, one-host world published in a file
 (``RESLICE_WORLD_FILE``; ``--set``: the trainer's overrides, e.g. ``model.dense_layers=2`` for a
 dense model): a single-process world, so no socket is opened (a TPU host of this kind
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from launcher.embedded.kubelet.podenv import SIMULATED_XLA_FLAGS
-from trainer.elastic import supervisor
+from trainer.elastic import follower, supervisor
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "handoff"
@@ -115,7 +115,7 @@ def _pod(record: Path, argv: list[str]) -> int:
         argv_child = [sys.executable, "-m", "bench.tpu_handoff", "--child", str(record), "--", *argv]
         os.execve(sys.executable, argv_child, child_env)
 
-    return supervisor.supervise_world(
+    return follower.supervise_world(
         lambda: _train(record, argv), os.environ, preload=entry._preload, fresh=fresh
     )
 
@@ -298,7 +298,7 @@ def main() -> int:
         env_check["forked_with_imports"] = forked_env["forked"]
         rows = handoffs(pod, published)
         logs = fresh.output() + pod.output()
-        lock_errors = logs.count(supervisor.LOCK_ERROR)
+        lock_errors = logs.count(follower.LOCK_ERROR)
         waits = re.findall(r"trainer: the chip is free after ([\d.]+) s", logs)
         retries = len(re.findall(r"starting epoch \d+'s trainer again", logs))
     except RuntimeError as e:

@@ -14,13 +14,14 @@ from collections.abc import Iterator, Mapping
 from typing import NoReturn
 
 # The supervisor of a multi-process trainer needs no more than these: it starts its child sooner.
-from trainer.elastic import peers, supervisor, world
+from trainer.elastic import follower, peers, supervisor, world
+from trainer.exits import Exit
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
         print(f"trainer: usage error: {message}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(Exit.CONFIG)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,9 +51,9 @@ def main(argv: list[str] | None = None) -> int:
             in_place = world.restart_mode(os.environ) is world.RestartMode.IN_PLACE
         except world.WorldError as e:
             print(f"trainer: {e}", file=sys.stderr, flush=True)
-            return 2
+            return Exit.CONFIG
         if in_place:  # even a one-process world: the next may have more
-            return supervisor.supervise_world(
+            return follower.supervise_world(
                 lambda: main(argv), os.environ, preload=_preload, fresh=_exec_trainer
             )
         if peers.multi_process(os.environ):
@@ -68,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(memory.aot_memory(cfg)), flush=True)
         except ConfigError as e:
             print(f"trainer: config error: {e}", file=sys.stderr, flush=True)
-            return 2
-        return 0
+            return Exit.CONFIG
+        return Exit.FINISHED
     if args.probe_write:  # what the `reslice preflight` pod runs on the target node pools
         from trainer.state import storage
 
@@ -77,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trainer: wrote and deleted {storage.probe_write(args.probe_write)}", flush=True)
         except ConfigError as e:
             print(f"trainer: {e}", file=sys.stderr, flush=True)
-            return 2
-        return 0
+            return Exit.CONFIG
+        return Exit.FINISHED
     if args.check:  # what `reslice launch` asks before it creates anything
         try:
             from trainer import config
@@ -86,13 +87,13 @@ def main(argv: list[str] | None = None) -> int:
             cfg = config.resolve(args.config, args.set, os.environ)
         except ConfigError as e:
             print(f"trainer: config error: {e}", file=sys.stderr, flush=True)
-            return 2
+            return Exit.CONFIG
         print(json.dumps({"config_hash": config.config_hash(cfg), "config": cfg.to_dict()}))
-        return 0
+        return Exit.FINISHED
     from trainer.elastic.watchdog import Preemption
     from trainer.telemetry.startup import Timeline
 
-    preemption = Preemption()  # before the slow imports: SIGTERM means exit 42
+    preemption = Preemption()  # before the slow imports: SIGTERM means Exit.PREEMPTED
     # An in-place pod's later trainers start at their fork: the container's start is epochs ago.
     restarted = bool(os.environ.get(supervisor.RESTARTED_ENV))
     timeline = Timeline(supervised=bool(os.environ.get(supervisor.CHILD_ENV)) and not restarted)
@@ -104,10 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         timeline.mark("imports")
         cfg = config.resolve(args.config, args.set, os.environ)
         code = loop.run(cfg, os.environ, preemption, timeline)
-        if code == loop.EXIT_PREEMPTED and not preemption.stepped and distributed.joined():
+        if code == Exit.PREEMPTED and not preemption.stepped and distributed.joined():
             # Preempted before the first step, the peers anywhere in their start-up (compiling, at
             # the start barrier): JAX's shutdown barrier would hold this host until they all exit.
-            # Nothing to save; the peers learn of it from the coordination service (exit 43).
+            # Nothing to save; the peers learn of it from the coordination service (Exit.PEER_LOST).
             _exit_now(code)
         return code
     except ConfigError as e:
@@ -117,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         if peers.multi_process(os.environ) and distributed.joined():
             # Mid-run (a token id outside the vocabulary in a record being read): the peers wait in
             # the step's collectives for this process, so skip JAX's shutdown barrier, as below.
-            _exit_now(2)
-        return 2
+            _exit_now(Exit.CONFIG)
+        return Exit.CONFIG
     except Exception as e:
         from trainer.elastic import distributed
 
@@ -135,12 +136,12 @@ def main(argv: list[str] | None = None) -> int:
         if lost:
             print(
                 f"trainer: a peer is lost (its collectives or the coordination service failed):"
-                f" exit {peers.EXIT_PEER_LOST} without the shutdown barrier",
+                f" exit {Exit.PEER_LOST} without the shutdown barrier",
                 flush=True,
             )
-            _exit_now(peers.EXIT_PEER_LOST)
+            _exit_now(Exit.PEER_LOST)
         print("trainer: failed in a multi-process run: exiting without the shutdown barrier", flush=True)
-        _exit_now(1)
+        _exit_now(Exit.FAILED)
     finally:
         if preemption is not None:
             preemption.restore()
@@ -157,7 +158,7 @@ def _import_trainer() -> None:
 
 def _preload() -> None:
     """The in-place supervisor's ``preload``: the trainer's imports, once for the pod's every child
-    (``supervisor.supervise_world``), and the metrics' event writer, which process 0 would otherwise
+    (``follower.supervise_world``), and the metrics' event writer, which process 0 would otherwise
     import with its first record, inside the first step (which child will be process 0 is not
     known before its world)."""
     _import_trainer()

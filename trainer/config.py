@@ -659,6 +659,40 @@ def schedule_change(step: int, saved: dict[str, Any], current: dict[str, Any]) -
     )
 
 
+# How a refused resume can go on, said in the refusal's line: an extended run (``train.steps``
+# raised) whose decay follows ``train.steps`` (``optim.decay_steps=0``) is refused, since the steps
+# already trained would have had other learning rates; pinning the checkpoint's decay length gives
+# them theirs back, and the steps past it train at the floor.
+
+
+def kept_schedule(saved_hash: str | None, saved: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """For a resume refused for its config hash (``saved``: the checkpoint's identity, ``current``:
+    this run's): the pin that keeps the cosine schedule, when the decay's length is all that
+    differs. None when anything else differs too (no pin helps), or for WSD (``kept_decay``)."""
+    optim = saved.get("optim")
+    before = optim.get("decay_steps") if isinstance(optim, dict) else None
+    if not isinstance(before, int) or "decay_steps" not in current.get("optim", {}):
+        return None
+    if identity_hash({**current, "optim": {**current["optim"], "decay_steps": before}}) != saved_hash:
+        return None
+    return (
+        f"the cosine decay follows train.steps when optim.decay_steps=0: --set optim.decay_steps={before}"
+        " keeps this run's schedule"
+    )
+
+
+def kept_decay(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """For a resume refused by ``schedule_change`` (``saved``, ``current``: ``schedule_point``s):
+    the pin that keeps the WSD decay, when its end moved. Its start moves with its end at the same
+    ``optim.decay_fraction``, which the schedule point does not hold: the line says so."""
+    if not saved or not current or saved["decay_end"] == current["decay_end"]:
+        return None
+    return (
+        f"the decay follows train.steps when optim.decay_steps=0: --set optim.decay_steps={saved['decay_end']}"
+        " keeps this run's decay at the same optim.decay_fraction"
+    )
+
+
 # Keys added after checkpoints existed: at their default they are left out of the identity, so a run
 # checkpointed before they existed resumes under the same hash (what the key does at its default is
 # what the trainer did before it). Set, they are in it like any other key.
@@ -727,7 +761,12 @@ def identity(cfg: Config) -> dict[str, Any]:
 
 
 def config_hash(cfg: Config) -> str:
-    blob = json.dumps(identity(cfg), sort_keys=True).encode()
+    return identity_hash(identity(cfg))
+
+
+def identity_hash(ident: dict[str, Any]) -> str:
+    """The config hash of an identity (``identity``, or one read back from a checkpoint's meta)."""
+    blob = json.dumps(ident, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

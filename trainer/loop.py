@@ -28,6 +28,7 @@ from trainer.config import Config, ConfigError, config_hash, identity, schedule_
 from trainer.data import pipeline as data
 from trainer.elastic import distributed, peers, supervisor
 from trainer.elastic.watchdog import Preemption
+from trainer.exits import Exit
 from trainer.model import sizes
 from trainer.model.mesh import (
     BatchPlan,
@@ -47,7 +48,7 @@ from trainer.telemetry.startup import Timeline
 # trainer.step (flax, optax) is imported only where the model is traced: a fresh start, or a
 # resume whose abstract state or train step the compile cache does not hold.
 
-EXIT_FINISHED, EXIT_CONFIG, EXIT_PREEMPTED = 0, 2, 42
+EXIT_FINISHED, EXIT_PREEMPTED = Exit.FINISHED, Exit.PREEMPTED  # the loop's names for them
 
 
 def _env_number(env: Mapping[str, str], key: str, kind: type = float) -> Any:

@@ -55,6 +55,7 @@ from typing import IO, Any
 import numpy as np
 
 from trainer.data import token_meta
+from trainer.exits import Exit
 
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[SEP]")
 BATCH_DOCS = 512  # documents per encode_batch call
@@ -69,7 +70,7 @@ class InputError(Exception):
 class _TokenizeParser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2
         print(f"tokenize: usage error: {message}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(Exit.CONFIG)
 
 
 @dataclass
@@ -342,17 +343,17 @@ def main(argv: list[str] | None = None) -> int:
             raise
     except InputError as e:
         print(f"tokenize: error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return Exit.CONFIG
     except UnicodeDecodeError as e:
         print(f"tokenize: error: an input is not UTF-8 text ({e.reason} at byte {e.start})", file=sys.stderr)
-        return 2
+        return Exit.CONFIG
     summary = {
         "out": str(out), "files": files, "documents": totals.documents, "tokens": totals.tokens,
         "dtype": dtype_name, "vocab_size": vocab, "eos_id": eos_id, "metadata": token_meta.FILENAME,
         "tokenizer_sha256": sha256,
     }  # fmt: skip
     print(json.dumps(summary), flush=True)
-    return 0
+    return Exit.FINISHED
 
 
 if __name__ == "__main__":

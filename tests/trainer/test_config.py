@@ -145,6 +145,38 @@ def test_config_hash_covers_the_run_identity_not_the_layout() -> None:
     )
 
 
+def test_a_refused_extension_names_the_pin_that_keeps_its_schedule() -> None:
+    """What the refusal of a resume with ``train.steps`` raised adds to its line (docs/contract.md
+    "Extending a run"): the decay length that gives the run its hash back, only when it would."""
+
+    def ident(*sets: str) -> tuple[str, dict]:
+        cfg = config.resolve("tiny", list(sets), {})
+        return config.config_hash(cfg), json.loads(json.dumps(config.identity(cfg)))  # as a meta holds it
+
+    saved_hash, saved = ident("train.steps=40")
+    hint = config.kept_schedule(saved_hash, saved, ident("train.steps=60")[1])
+    assert hint == (
+        "the cosine decay follows train.steps when optim.decay_steps=0:"
+        " --set optim.decay_steps=40 keeps this run's schedule"
+    )
+    assert ident("train.steps=60", "optim.decay_steps=40")[0] == saved_hash  # what the pin gives
+    assert config.kept_schedule(saved_hash, saved, ident("train.steps=60", "optim.lr=1e-3")[1]) is None
+    assert config.kept_schedule(saved_hash, saved, ident("optim.schedule=wsd")[1]) is None
+    assert config.kept_schedule(None, {}, ident("train.steps=60")[1]) is None  # a meta without identity
+
+    def point(*sets: str) -> dict:
+        return config.schedule_point(config.resolve("tiny", ["optim.schedule=wsd", *sets], {}))
+
+    hint = config.kept_decay(point("train.steps=40"), point("train.steps=60"))
+    assert hint is not None and "--set optim.decay_steps=40 keeps this run's decay" in hint
+    assert point("train.steps=60", "optim.decay_steps=40") == point("train.steps=40")  # what the pin gives
+    assert (
+        config.kept_decay(point("train.steps=40"), point("train.steps=40", "optim.decay_fraction=0.2"))
+        is None
+    )
+    assert config.kept_decay({}, point("train.steps=60")) is None  # cosine before: the hash refused it
+
+
 @pytest.mark.parametrize(
     ("override", "key", "value"),
     [

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer import runs
-from trainer.elastic.peers import EXIT_PEER_LOST
+from trainer.exits import Exit
 
 
 def lose(victim: runs.Trainer, survivor: runs.Trainer, timeout: float = 90) -> tuple[int, float, str]:
@@ -35,7 +35,7 @@ def test_survivor_of_a_dead_peer_exits_peer_lost_at_once_instead_of_waiting_for_
     procs = runs.processes(str(run_dir), tmp_path, grad_accum=2, extra={"RESLICE_HEARTBEAT_TIMEOUT_S": "60"})
     runs.wait_for(lambda: runs.last_step(run_dir) >= 12, 200, "step 12", procs[0])
     rc, elapsed, out = lose(procs[1], procs[0])
-    assert rc == EXIT_PEER_LOST, out[-3000:]
+    assert rc == Exit.PEER_LOST, out[-3000:]
     # Which failure it sees first (Gloo's connection reset or the coordination service) is a race.
     assert "a peer is lost" in out
     # Either the trainer saw it (and skipped the barrier) or JAX's client aborted it first.
@@ -57,7 +57,7 @@ def test_when_the_coordinator_dies_during_start_up_the_survivor_exits_peer_lost(
         lambda: "sleeping before the start barrier" in procs[1].output(), 120, "process 1 joined", procs[1]
     )
     rc, elapsed, out = lose(procs[0], procs[1], 60)
-    assert rc == EXIT_PEER_LOST, out[-3000:]
+    assert rc == Exit.PEER_LOST, out[-3000:]
     assert "Terminating process because the JAX distributed service detected fatal errors" in out, out[-3000:]
     assert "ended this process because a peer is lost: exit 43" in out, out[-3000:]
     assert elapsed < 20, f"took {elapsed:.1f} s"
@@ -77,7 +77,7 @@ def test_a_crash_in_a_multi_process_run_is_still_exit_1(tmp_path: Path) -> None:
     out = procs[0].output()
     assert codes[0] == 1, out[-3000:]
     assert "train.crash_at_step=1: failing on purpose" in out and "a peer is lost" not in out
-    assert codes[1] in (1, EXIT_PEER_LOST), procs[1].output()[-3000:]
+    assert codes[1] in (1, Exit.PEER_LOST), procs[1].output()[-3000:]
     assert runs.last_step(run_dir) == 0
 
 
@@ -116,7 +116,7 @@ def test_a_peer_lost_while_the_other_waits_in_a_save_barrier_is_a_disruption(tmp
     )
     time.sleep(1.0)  # process 0 has finished step 10 with process 1; it is at the save's barrier
     rc, elapsed, out = lose(procs[1], procs[0])
-    assert rc == EXIT_PEER_LOST, out[-3000:]
+    assert rc == Exit.PEER_LOST, out[-3000:]
     assert elapsed < 25, f"the survivor took {elapsed:.1f} s to exit"
     assert (
         "Barrier Id: CheckpointManager:save_start" in out or "JAX distributed service detected fatal" in out
@@ -166,6 +166,6 @@ def test_a_later_in_place_trainer_whose_world_never_forms_exits_peer_lost_at_the
     t0 = time.monotonic()
     rc = procs[process].wait(120)
     out = procs[process].output()
-    assert rc == EXIT_PEER_LOST, out[-3000:]
+    assert rc == Exit.PEER_LOST, out[-3000:]
     assert time.monotonic() - t0 < 60, "the initialization timeout was waited out"
     assert runs.last_step(run_dir) == 0

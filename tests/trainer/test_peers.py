@@ -8,6 +8,7 @@ import signal
 import pytest
 
 from trainer.elastic import peers
+from trainer.exits import Exit
 
 # What the survivor raised, as `Type: message` (peers.error_text).
 GLOO_RESET = (
@@ -83,9 +84,9 @@ def test_error_text_follows_causes_but_not_source_lines() -> None:
 @pytest.mark.parametrize(
     ("returncode", "tail", "code"),
     [
-        (-signal.SIGABRT, FATAL_HEARTBEAT, peers.EXIT_PEER_LOST),  # a peer stopped heartbeating
-        (-signal.SIGABRT, FATAL_SOCKET_CLOSED, peers.EXIT_PEER_LOST),  # process 0 (the service) died
-        (-signal.SIGABRT, FATAL_NEVER_JOINED, peers.EXIT_PEER_LOST),  # a peer never joined in time
+        (-signal.SIGABRT, FATAL_HEARTBEAT, Exit.PEER_LOST),  # a peer stopped heartbeating
+        (-signal.SIGABRT, FATAL_SOCKET_CLOSED, Exit.PEER_LOST),  # process 0 (the service) died
+        (-signal.SIGABRT, FATAL_NEVER_JOINED, Exit.PEER_LOST),  # a peer never joined in time
         # Aborted once its code was settled (process 0 gone first): that code; settled twice, the last.
         (-signal.SIGABRT, f"{peers.SETTLED.format(code=0)}\n{FATAL_SOCKET_CLOSED}", 0),
         (
@@ -100,7 +101,7 @@ def test_error_text_follows_causes_but_not_source_lines() -> None:
         (0, "", 0),
         (1, FATAL_HEARTBEAT, 1),
         (42, "", 42),
-        (peers.EXIT_PEER_LOST, "", peers.EXIT_PEER_LOST),
+        (Exit.PEER_LOST, "", Exit.PEER_LOST),
         (143, "", 143),
     ],
 )

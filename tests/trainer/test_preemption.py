@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.fakeclock import FakeClock
-from trainer.elastic.watchdog import EXIT_PREEMPTED, EXIT_STALLED, Preemption
+from trainer.elastic.watchdog import Preemption
+from trainer.exits import Exit
 
 
 class Watched:
@@ -59,7 +60,7 @@ def test_a_step_that_never_finishes_after_sigterm_exits_143_after_the_stall_time
     watched.step(2.9)
     assert watched.exits == []  # max(3 s, 3 x 0.2 s) has not passed
     watched.step(0.2)
-    assert watched.exited.wait(10) and watched.exits == [EXIT_STALLED]  # not 3 x 6 s
+    assert watched.exited.wait(10) and watched.exits == [Exit.STALLED]  # not 3 x 6 s
     out = capfd.readouterr().out
     assert "no step finished for 3.1 s" in out and "without a checkpoint" in out
 
@@ -116,7 +117,7 @@ def test_a_sigterm_while_joining_the_group_exits_42_at_once(watched, capfd) -> N
     # superseded before it formed): the watchdog must not wait for a first step.
     with watched.p.joining():
         os.kill(os.getpid(), signal.SIGTERM)  # the watchdog exits without sleeping first
-        assert watched.exited.wait(10) and watched.exits == [EXIT_PREEMPTED]
+        assert watched.exited.wait(10) and watched.exits == [Exit.PREEMPTED]
     assert "while joining the process group" in capfd.readouterr().out
 
 
@@ -128,7 +129,7 @@ def test_a_sigterm_whose_wakeup_byte_never_came_still_exits_42_while_joining(wat
     try:
         with watched.p.joining():
             os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, in the main thread
-            assert watched.exited.wait(10) and watched.exits == [EXIT_PREEMPTED]
+            assert watched.exited.wait(10) and watched.exits == [Exit.PREEMPTED]
     finally:
         signal.set_wakeup_fd(ours)
     assert "while joining the process group" in capfd.readouterr().out
@@ -140,7 +141,7 @@ def test_a_sigterm_before_joining_exits_42_once_joining_begins(watched) -> None:
     assert watched.exits == []
     with watched.p.joining():
         watched.step(0.1)
-        assert watched.exited.wait(10) and watched.exits == [EXIT_PREEMPTED]
+        assert watched.exited.wait(10) and watched.exits == [Exit.PREEMPTED]
 
 
 def test_the_test_hooks_sleep_is_cut_short_by_a_sigterm() -> None:

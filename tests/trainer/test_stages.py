@@ -133,6 +133,8 @@ def test_stage_2_follows_its_schedule_resumes_itself_grows_and_refuses_foreign_c
         _sets(*STAGE2, f"train.init_from={stage1}", "train.init_optimizer=true", "train.steps=40"),
     )
     assert "refusing to resume" in line and "past the decay start 27" in line and "stable phase" in line, line
+    assert line.endswith("; the decay follows train.steps when optim.decay_steps=0: --set optim.decay_steps=30"
+                         " keeps this run's decay at the same optim.decay_fraction"), line  # fmt: skip
     # Stage 2's config on stage 1's run directory, and stage 1's on stage 2's: each another run's.
     line = _one_line_exit_2(runs.env_for(str(stage1), 8), longer)
     assert "refusing to resume" in line and "init" in line, line

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tests.trainer import runs
 from trainer.elastic import distributed
-from trainer.elastic.peers import EXIT_PEER_LOST
+from trainer.exits import Exit
 
 GLOO_RENDEZVOUS_S = 30
 DELAY_S = 40
@@ -94,9 +94,9 @@ def test_sigterm_at_the_start_barrier_exits_42_at_once_and_its_waiting_peers_the
         assert "Exception ignored" not in procs[1].output(), procs[1].output()[-3000:]
         rc0 = procs[0].wait(90)
         waited = time.monotonic() - t0
-        assert rc0 == EXIT_PEER_LOST, procs[0].output()[-3000:]
+        assert rc0 == Exit.PEER_LOST, procs[0].output()[-3000:]
         assert waited < 60, f"process 0 took {waited:.1f} s"  # its heartbeat timeout, not 900 s
-        assert procs[2].wait(90) == EXIT_PEER_LOST, procs[2].output()[-3000:]
+        assert procs[2].wait(90) == Exit.PEER_LOST, procs[2].output()[-3000:]
     finally:
         for p in procs:
             p.signal(signal.SIGKILL)

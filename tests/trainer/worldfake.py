@@ -1,4 +1,4 @@
-"""``python -m tests.trainer.worldfake``: the in-place supervisor (``trainer.elastic.supervisor.supervise_world``)
+"""``python -m tests.trainer.worldfake``: the in-place supervisor (``trainer.elastic.follower.supervise_world``)
 around a fake trainer, for tests/trainer/test_supervisor_world.py.
 
 The supervisor is the real one: it reads the pod's environment, follows the world source, forks.
@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 
-from trainer.elastic import supervisor
+from trainer.elastic import follower, supervisor
 
 KEYS = (
     "RESLICE_WORLD_EPOCH",
@@ -102,13 +102,13 @@ def _fresh(env: dict[str, str]) -> None:
 
 
 def _take_chip() -> bool:
-    fd = os.open(os.environ[supervisor.LOCKFILE_ENV], os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(os.environ[follower.LOCKFILE_ENV], os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(fd)
         print(
-            f"RuntimeError: Unable to initialize backend 'tpu': {supervisor.LOCK_ERROR}",
+            f"RuntimeError: Unable to initialize backend 'tpu': {follower.LOCK_ERROR}",
             file=sys.stderr,
             flush=True,
         )
@@ -182,4 +182,4 @@ if __name__ == "__main__":
     # Worlds give the fake its orders in their env: forked as any world unless the pod asks for
     # trainer.__main__'s fresh interpreters (FAKE_FRESH_WORLDS=1).
     fresh = _fresh if os.environ.get("FAKE_FRESH_WORLDS") else None
-    sys.exit(supervisor.supervise_world(train, os.environ, preload=_preload, fresh=fresh))
+    sys.exit(follower.supervise_world(train, os.environ, preload=_preload, fresh=fresh))

@@ -78,7 +78,7 @@ INIT_TIMEOUT_S = 900
 # peers are a fork away, not a pod start. A world that has not formed by then holds
 # a pod that cannot take part (a host that rebooted under a pod the API still reads Running:
 # docs/design.md, "A crashed host"), and JAX's initialization timeout ends the wait as a lost
-# peer's: exit 43, after which the supervisor's own wait ends (trainer.elastic.supervisor).
+# peer's: exit 43, after which the supervisor's own wait ends (trainer.elastic.follower).
 REJOIN_TIMEOUT_S = 120
 
 

@@ -13,7 +13,7 @@ processes of the segment fail in one of two ways (observed with jax 0.10.2 on CP
   Python runs before that abort; ``trainer.elastic.supervisor`` sees it from the parent process
   (``fate_shared``).
 
-Either way the process exits ``EXIT_PEER_LOST``: the renderer's failure policy restarts the JobSet
+Either way the process exits ``Exit.PEER_LOST``: the renderer's failure policy restarts the JobSet
 without counting it against ``maxRestarts``. Everything else (a genuine bug) still exits 1.
 
 A third way is not told apart here: XLA:CPU's collectives (Gloo, on simulated hosts) may throw
@@ -31,7 +31,7 @@ import re
 import signal
 from collections.abc import Mapping
 
-EXIT_PEER_LOST = 43
+from trainer.exits import Exit
 
 # Where the failure comes from: the CPU collectives' transport, or the coordination service.
 _SOURCES = ("gloo", "coordination service", "coordinationservice", "jax distributed service")
@@ -101,13 +101,13 @@ def settled(stderr_tail: str) -> int | None:
 
 def supervised_exit(returncode: int, stderr_tail: str) -> int:
     """The exit code of the supervisor for its child's ``Popen.returncode``: the child's own code,
-    ``EXIT_PEER_LOST`` for a fate-sharing abort (the code it had settled, if it had: SETTLED), and
+    ``Exit.PEER_LOST`` for a fate-sharing abort (the code it had settled, if it had: SETTLED), and
     128 + N for any other signal N (as a container runtime reports a process killed by a signal)."""
     if returncode >= 0:
         return returncode
     if fate_shared(returncode, stderr_tail):
         code = settled(stderr_tail)
-        return EXIT_PEER_LOST if code is None else code
+        return Exit.PEER_LOST if code is None else code
     return 128 - returncode
 
 

@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-EXIT_STALLED = 143  # what a SIGTERM with the default disposition reports: stopped, nothing saved
-EXIT_PREEMPTED = 42  # mirrors trainer.loop.EXIT_PREEMPTED (docs/contract.md "Exit codes")
+from trainer.exits import Exit
+
 POLL_S = 0.5  # how often the watchdog looks at the handler's flag while no signal's byte comes
 
 
@@ -31,12 +31,12 @@ class Preemption:
     for it until JAX's heartbeat timeout (100 s by default) while this host stays held, and then
     the grace period runs out anyway. So a watchdog thread hears the signal through a wakeup fd
     (the Python handler only runs once the main thread is back from XLA) and, once steps have been
-    finishing, exits ``EXIT_STALLED`` when none has finished for ``stall_s()`` since the signal.
+    finishing, exits ``Exit.STALLED`` when none has finished for ``stall_s()`` since the signal.
     Never during a checkpoint save (``saving()``), and never before the first step (compiling).
 
     While the process joins its group (``joining()``: ``jax.distributed.initialize``, which blocks
     in C++ until every peer has registered or the init timeout, 900 s by default, has passed) a
-    SIGTERM, before or during it, exits ``EXIT_PREEMPTED`` at once from the watchdog: nothing has
+    SIGTERM, before or during it, exits ``Exit.PREEMPTED`` at once from the watchdog: nothing has
     been trained or written, and peers that will never come (an in-place world superseded before it
     formed: its other pods already follow the next one) must not hold this pod's next trainer.
     """
@@ -65,7 +65,10 @@ class Preemption:
 
     def _handle(self, signum: int, frame: Any) -> None:
         if not self.requested:  # the kubelet's signal and the supervisor's copy of it: say it once
-            print("trainer: SIGTERM: finishing the step in flight, then checkpoint and exit 42", flush=True)
+            print(
+                f"trainer: SIGTERM: finishing the step in flight, then checkpoint and exit {Exit.PREEMPTED}",
+                flush=True,
+            )
         self.requested = True
 
     def step_done(self, seconds: float) -> None:
@@ -91,7 +94,7 @@ class Preemption:
 
     @contextlib.contextmanager
     def joining(self) -> Iterator[None]:
-        """Around joining the process group: a SIGTERM meanwhile exits ``EXIT_PREEMPTED`` at once."""
+        """Around joining the process group: a SIGTERM meanwhile exits ``Exit.PREEMPTED`` at once."""
         self._joining = True
         try:
             yield
@@ -123,11 +126,11 @@ class Preemption:
                 if self._joining:
                     print(
                         "trainer: SIGTERM while joining the process group: nothing trained,"
-                        f" exit {EXIT_PREEMPTED}; the latest committed step stands",
+                        f" exit {Exit.PREEMPTED}; the latest committed step stands",
                         flush=True,
                     )
                     sys.stderr.flush()
-                    self._exit(EXIT_PREEMPTED)  # os._exit: the main thread waits in C++
+                    self._exit(Exit.PREEMPTED)  # os._exit: the main thread waits in C++
                     return
                 self._sleep(0.1)
                 if self._last_step is None or self._saving or self._closed:
@@ -136,11 +139,11 @@ class Preemption:
                 if idle > self.stall_s():
                     print(
                         f"trainer: no step finished for {idle:.1f} s after SIGTERM (a peer is gone?):"
-                        f" exiting {EXIT_STALLED} without a checkpoint; the latest committed step stands",
+                        f" exiting {Exit.STALLED} without a checkpoint; the latest committed step stands",
                         flush=True,
                     )
                     sys.stderr.flush()
-                    self._exit(EXIT_STALLED)  # os._exit: the main thread may be stuck in XLA
+                    self._exit(Exit.STALLED)  # os._exit: the main thread may be stuck in XLA
                     return
 
     def restore(self) -> None:

@@ -1,13 +1,13 @@
 """The world of an in-place run: which slices train, in what order, and with what batch plan. Pure.
 
 The controller publishes each world (an *epoch*) as a small JSON document (docs/contract.md, "World
-(in-place restarts)"); every pod's ``trainer.elastic.supervisor`` follows it (``trainer.elastic.world_source``
+(in-place restarts)"); every pod's ``trainer.elastic.follower`` follows it (``trainer.elastic.world_source``
 delivers the documents) and starts its trainer child with ``child_env(world, me, base_env)``. The
 pod itself never changes: it knows its stable slice id and its host index within the slice, and its
 process id is compacted over the world's slices in their published order:
 ``process_id = position(my slice) × hosts_per_slice + host index``.
 
-Called by ``trainer.elastic.supervisor`` (``parse``, ``me_from_env``, ``child_env``, ``restart_mode``) and
+Called by ``trainer.elastic.follower`` (``parse``, ``me_from_env``, ``child_env``, ``restart_mode``) and
 the tests. No JAX, nothing heavy: it runs in the supervisor before its first fork.
 """
 
@@ -19,10 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
-
-# Mirrors trainer.loop.EXIT_PREEMPTED (docs/contract.md "Exit codes"); the supervisor imports no loop.
-EXIT_PREEMPTED = 42
-EXIT_CONFIG = 2
 
 RESTART_MODE_ENV = "RESLICE_RESTART_MODE"
 SLICE_ID_ENV = "RESLICE_SLICE_ID"

@@ -5,7 +5,7 @@ and the trainer imports nothing of the launcher.
 Each source runs one daemon thread that hands every document it reads to ``on_document`` (the
 ConfigMap's ``world.json`` key, or the file's bytes) and every trouble worth a log line to
 ``on_problem``; it never prints, never logs, and never takes a lock that a forked child could
-need (``trainer.elastic.supervisor`` forks trainer children while it runs). Which document is newer is
+need (``trainer.elastic.follower`` forks trainer children while it runs). Which document is newer is
 the supervisor's business (epochs), so a replay or a duplicate is harmless here.
 
 The ConfigMap source (docs/contract.md "World (in-place restarts)"): a LIST of the one ConfigMap
@@ -17,7 +17,7 @@ endpoint (``KUBERNETES_SERVICE_HOST``/``PORT``, the service-account token, re-re
 connection because bound tokens rotate, and ``ca.crt``); ``RESLICE_WORLD_API`` names an endpoint
 explicitly (the embedded cluster's, plain HTTP without auth: its kubelet mounts no token).
 
-Called by ``trainer.elastic.supervisor`` (``from_env``) and the tests.
+Called by ``trainer.elastic.follower`` (``from_env``) and the tests.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ import tensorstore as ts
 from absl import flags
 from etils import epath
 
-from trainer.config import ConfigError, schedule_change
+from trainer.config import ConfigError, kept_decay, kept_schedule, schedule_change
 
 COMMIT_FILE = "commit_success.txt"
 UNUSABLE_DIR = "checkpoints-unusable"  # beside checkpoints/: steps that did not restore, kept
@@ -153,13 +153,20 @@ class Checkpointer:
                 f"{where} has global batch {meta.get('global_batch')}, this run {global_batch}: refusing to resume"
             )
         if meta.get("config_hash") != config_hash:
-            diff = _first_difference(meta.get("identity", {}), identity) or "unknown field"
+            saved = meta.get("identity", {})
+            diff = _first_difference(saved, identity) or "unknown field"
+            # An extended run (train.steps raised) whose cosine decay followed train.steps: say how
+            # to go on, in the same line.
+            hint = kept_schedule(meta.get("config_hash"), saved, identity)
             raise ConfigError(
                 f"{where} has config hash {meta.get('config_hash')}, this run {config_hash} ({diff}): refusing to resume"
+                + (f"; {hint}" if hint else "")
             )
-        why = schedule_change(step, meta.get("schedule") or {}, schedule or {})
+        saved_point = meta.get("schedule") or {}
+        why = schedule_change(step, saved_point, schedule or {})
         if why:
-            raise ConfigError(f"{where} was {why}: refusing to resume")
+            hint = kept_decay(saved_point, schedule or {})
+            raise ConfigError(f"{where} was {why}: refusing to resume" + (f"; {hint}" if hint else ""))
 
     def usable_start(
         self,

@@ -4,8 +4,8 @@ the first step, phase by phase. ``__main__`` creates the ``Timeline`` before its
 ``perf/startup`` and every process prints its own (bench.recovery reads both). No heavy imports.
 
 The spawn time is the start of the process the container runtime (the embedded kubelet) started,
-from ``/proc``: this one, or for a multi-process or in-place run its parent,
-``trainer.elastic.supervisor``, whose own start-up until it forks this process is the ``supervisor``
+from ``/proc``: this one, or for a multi-process or in-place run its parent
+(``trainer.elastic.supervisor``, ``trainer.elastic.follower``), whose own start-up until it forks this process is the ``supervisor``
 phase (in place it holds the trainer's imports, done there once for the pod's every child). Where
 ``/proc`` cannot say, the timeline starts when it is created.
 """
