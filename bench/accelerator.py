@@ -346,15 +346,27 @@ def step_time(name: str, sets: list[str], steps: int, max_bytes: float = 0) -> d
     }
 
 
-def choose_remat(st: dict, sets: list[str], steps: int, max_bytes: float, guarded, result: dict) -> dict:
-    """Part 2's step under every ``model.remat`` policy (``st``: under the config's own): the ones
-    whose compiled peak fits ``max_bytes``, timed; the fastest is returned (and kept in
-    ``result["remat"]`` beside the others' figures)."""
+def remat_candidates(given: str) -> list[str]:
+    """``--remat``: auto (every policy), one policy, or several comma-separated; an unknown one is
+    a usage error (exit 2)."""
     from trainer.config import Remat
 
+    kinds = list(Remat) if given == "auto" else [k.strip() for k in given.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in tuple(Remat)]
+    if unknown or not kinds:
+        sys.exit(f"bench.accelerator: --remat {given!r}: expected auto or some of {', '.join(Remat)}")
+    return [str(k) for k in kinds]
+
+
+def choose_remat(
+    st: dict, kinds: list[str], sets: list[str], steps: int, max_bytes: float, guarded, result: dict
+) -> dict:
+    """Part 2's step under each ``model.remat`` policy of ``kinds`` (``st``: under the config's own):
+    the ones whose compiled peak fits ``max_bytes``, timed; the fastest is returned (and kept in
+    ``result["remat"]`` beside the others' figures)."""
     own = st["_cfg"].model.remat
     runs = {own: st}
-    for kind in Remat:
+    for kind in kinds:
         if kind != own:
             runs[kind] = guarded(
                 f"remat_{kind}",
@@ -573,13 +585,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--remat",
         default="auto",
-        help="olmo-7b's model.remat; auto (default): every policy that fits, the fastest kept",
+        help="olmo-7b's model.remat: one, several comma-separated or auto (default: every policy);"
+        " of several, the fastest that fits is kept",
     )
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="olmo-7b override (part 2)"
     )
     args = parser.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
+    candidates = remat_candidates(args.remat)
 
     import jax
 
@@ -622,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
             return None
 
     sets, why = pick("olmo-7b", limit, args.layers, args.batch, args.quick)
-    sets = [*sets, *args.set, *([f"model.remat={args.remat}"] if args.remat != "auto" else [])]
+    sets = [*sets, *args.set, *([f"model.remat={candidates[0]}"] if len(candidates) == 1 else [])]
     print(f"\n2. olmo-7b {' '.join(sets)}\n  chosen: {why}", flush=True)
     st = guarded("step", lambda: step_time("olmo-7b", sets, args.steps))
     while st is None and "RESOURCE_EXHAUSTED" in result.get("step_error", "") and not args.layers:
@@ -635,8 +649,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  retrying at {layers - 1} layers: {sets}", flush=True)
         result["step_retried"] = result.pop("step_error")
         st = guarded("step", lambda sets=sets: step_time("olmo-7b", sets, args.steps))
-    if st and args.remat == "auto":
-        st = choose_remat(st, sets, args.steps, FIT * limit, guarded, result)
+    if st and len(candidates) > 1:
+        st = choose_remat(st, candidates, sets, args.steps, FIT * limit, guarded, result)
     if st:
         cfg = st.pop("_cfg")
         result["step"] = st

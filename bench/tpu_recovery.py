@@ -11,7 +11,7 @@ bench.accelerator picks for one v5e chip (``olmo-7b``: 2 layers, a 32,768-token 
 1. **cold**: an empty run directory and compile cache, to the first step (it then saves step 1);
 2. **storage**: the same run resumed from that checkpoint, the compile cache warm;
 3. **memory**: one pod of an in-place run (the real supervisor,
-   ``trainer.elastic.supervisor.supervise_world``, following a world file) trains world 0 until its
+   ``trainer.elastic.follower.supervise_world``, following a world file) trains world 0 until its
    trainer has a snapshot of a step in the pod's memory (``/dev/shm``); then world 1 names the
    pod's slice lost, so the supervisor kills its trainer (SIGKILL: what a surviving pod's does when
    another slice of its world is lost; one chip cannot run the two-process world in which another

@@ -41,14 +41,13 @@ from trainer.model.mesh import (
 )
 from trainer.state import compile_cache, snapshot, stages, storage
 from trainer.state.checkpoint import Checkpointer, storage_bytes_read
+from trainer.telemetry import peaks
 from trainer.telemetry.metrics import RunWriter, recorded_steps
 from trainer.telemetry.profile import StepProfiler
 from trainer.telemetry.startup import Timeline
 
 # trainer.step (flax, optax) is imported only where the model is traced: a fresh start, or a
 # resume whose abstract state or train step the compile cache does not hold.
-
-EXIT_FINISHED, EXIT_PREEMPTED = Exit.FINISHED, Exit.PREEMPTED  # the loop's names for them
 
 
 def _env_number(env: Mapping[str, str], key: str, kind: type = float) -> Any:
@@ -490,7 +489,7 @@ def run(
                 status["unusable_checkpoints"] = ckpt.set_aside
             if restored.step >= cfg.train.steps:
                 writer.status(state="finished", step=restored.step, **status)
-                return EXIT_FINISHED
+                return Exit.FINISHED
             # Opened before the state so that a bad data path fails fast; it starts reading ahead.
             batches = iter(
                 data.make_dataset(
@@ -538,9 +537,9 @@ def run(
                 _rewrite_lost_records(writer, cfg.run_dir, where.memory.root, restored.step)
             if preemption.requested:  # during start-up: nothing trained since the latest checkpoint
                 print(
-                    f"trainer: preempted before the first step, step {restored.step} stands, exit {EXIT_PREEMPTED}"
+                    f"trainer: preempted before the first step, step {restored.step} stands, exit {Exit.PREEMPTED}"
                 )
-                return EXIT_PREEMPTED
+                return Exit.PREEMPTED
             evaluator = evaluate.Evaluator.build(cfg, where.layout, steps.tokens_sharding, steps.global_shape)
             if evaluator is not None:
                 eval_compile = evaluator.compile(model, state)
@@ -552,9 +551,9 @@ def run(
             waited = _meet_peers(cfg, env, ident.num_processes, where.segment, where.attempt, preemption)
             if waited is None:
                 print(
-                    f"trainer: preempted before the first step, step {restored.step} stands, exit {EXIT_PREEMPTED}"
+                    f"trainer: preempted before the first step, step {restored.step} stands, exit {Exit.PREEMPTED}"
                 )
-                return EXIT_PREEMPTED
+                return Exit.PREEMPTED
             timeline.mark("barrier")
             startup = {
                 "perf/restore_seconds": restore_s,
@@ -626,7 +625,8 @@ def _place(
     )
     gb, seq, e = cfg.train.global_batch, cfg.model.seq_len, cfg.moe
     recorder = Recorder(
-        segment, attempt, plan, gb * seq, sizes.flops_per_token(cfg), _env_number(env, "RESLICE_PEAK_TFLOPS"),
+        segment, attempt, plan, gb * seq, sizes.flops_per_token(cfg),
+        peaks.peak_tflops(env, mesh.devices.flat[0].device_kind) or 0.0,
         sizes.buffer_rows(plan.micro_batch * seq, e.top_k, e.ragged_buffer_factor, plan.expert_parallel, e.num_experts),
     )  # fmt: skip
     memory = snapshot.Memory(
@@ -706,12 +706,12 @@ def _finish(inc: Incarnation, n: int) -> int:
         inc.ckpt.wait()
         if inc.snapshots is not None:
             inc.snapshots.wait()
-    code = EXIT_FINISHED if n >= inc.cfg.train.steps else EXIT_PREEMPTED
-    if code == EXIT_FINISHED:
+    code = Exit.FINISHED if n >= inc.cfg.train.steps else Exit.PREEMPTED
+    if code == Exit.FINISHED:
         inc.writer.status(state="finished", step=n, **inc.status)
         print(f"trainer: finished {n} steps", flush=True)
     else:
-        print(f"trainer: preempted: step {n} committed, exit {EXIT_PREEMPTED}", flush=True)
+        print(f"trainer: preempted: step {n} committed, exit {Exit.PREEMPTED}", flush=True)
     if inc.ckpt.committed(n):
         # Before closing the checkpointer: a process 0 that exits first takes the coordination
         # service with it, and this process's supervisor then keeps this code (trainer.elastic.peers).

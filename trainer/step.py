@@ -24,6 +24,7 @@ from jax.tree_util import DictKey, GetAttrKey, SequenceKey
 from trainer.config import Config, decay_steps, wsd_decay_start
 from trainer.model.mesh import batch_sharding, device_sharding, logical_rules, replicated
 from trainer.model.transformer import Transformer
+from trainer.state import compile_cache
 
 
 def schedule(cfg: Config) -> optax.Schedule:
@@ -186,7 +187,12 @@ def init_state(cfg: Config, mesh: Mesh, abstract: nnx.State) -> dict:
     """Materialise the initial state (``plain``); the loop goes through the run's compile cache
     instead (trainer.state.compile_cache.initial_state)."""
     with jax.set_mesh(mesh):
-        return lower_initial_state(cfg, abstract).compile()(np.uint32(cfg.train.seed))
+        lowered = lower_initial_state(cfg, abstract)
+        if jax.default_backend() == "cpu":
+            return lowered.compile()(np.uint32(cfg.train.seed))
+        return compile_cache.compile_with(lowered, compile_cache.INITIALIZER_OPTIONS)(
+            np.uint32(cfg.train.seed)
+        )
 
 
 def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: nnx.State) -> Callable:

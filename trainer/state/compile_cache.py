@@ -254,7 +254,15 @@ def _load(
     return executable
 
 
-def _compile(lowered: jax.stages.Lowered) -> tuple[jax.stages.Compiled, bytes | None]:
+# The initializer's compile options off a CPU: its random numbers come from counters (iotas) that
+# are constants of the program, which XLA's TPU compiler would fold on the host element by element
+# (most of a fresh start's compile there, docs/measurements.md); computed on the device instead.
+INITIALIZER_OPTIONS = {"xla_disable_hlo_passes": "constant_folding"}
+
+
+def _compile(
+    lowered: jax.stages.Lowered, options: dict[str, Any] | None = None
+) -> tuple[jax.stages.Compiled, bytes | None]:
     """``lowered.compile()`` and, when it was compiled here, its serialization; None when JAX's
     cache loaded it. On XLA:CPU serializing a loaded executable gives a payload without the
     compiled functions (``NOT_FOUND: Function ... not found`` when it runs), so on CPU, where this
@@ -264,10 +272,22 @@ def _compile(lowered: jax.stages.Lowered) -> tuple[jax.stages.Compiled, bytes | 
             executable = lowered.compile()
         return executable, serialize_executable.serialize(executable)[0]
     hits = _hits
-    executable = lowered.compile()
+    executable = compile_with(lowered, options) if options else lowered.compile()
     if _hits > hits:
         return executable, None
     return executable, serialize_executable.serialize(executable)[0]
+
+
+def compile_with(lowered: jax.stages.Lowered, options: dict[str, Any]) -> jax.stages.Compiled:
+    """``lowered`` compiled with ``options``, or without them where this XLA refuses them."""
+    try:
+        return lowered.compile(compiler_options=options)
+    except Exception as e:  # an option this compiler does not take: its defaults
+        print(
+            f"trainer: compile options {options} not taken ({type(e).__name__}): compiling without",
+            flush=True,
+        )
+        return lowered.compile()
 
 
 @contextlib.contextmanager
@@ -483,11 +503,15 @@ def initial_state(
     traces the model's initializers (docs/measurements.md)."""
     if _dir is None:
         return lower().compile()
-    return _keyed("initial state", _initial_state_path(devices, program), lower, devices)
+    return _keyed("initial state", _initial_state_path(devices, program), lower, devices, INITIALIZER_OPTIONS)
 
 
 def _keyed(
-    what: str, path: epath.Path, lower: Callable[[], jax.stages.Lowered], devices: Sequence[jax.Device]
+    what: str,
+    path: epath.Path,
+    lower: Callable[[], jax.stages.Lowered],
+    devices: Sequence[jax.Device],
+    options: dict[str, Any] | None = None,
 ) -> jax.stages.Compiled:
     """The executable of the entry at ``path`` (a key known before tracing), else ``lower()``
     compiled through the second level and stored at ``path``; process 0 first (on CPU)."""
@@ -502,7 +526,7 @@ def _keyed(
         if kept_here(jax.default_backend()):
             executable, payload = load_or_compile(lowered, entry_path(lowered, ids), devices)
         else:
-            executable, payload = _compile(lowered)
+            executable, payload = _compile(lowered, options)  # (off a CPU only: see INITIALIZER_OPTIONS)
         if payload is not None and (kept_here(jax.default_backend()) or jax.process_index() == 0):
             _write_whole(path, pickle.dumps((payload, lowered.in_tree, lowered.out_tree)))
         return executable

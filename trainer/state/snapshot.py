@@ -79,13 +79,21 @@ def _leaves(tree: Any) -> list[tuple[str, Any]]:
     return [(jax.tree_util.keystr(p), leaf) for p, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
-def _local_copies(leaves: list[tuple[str, jax.Array]]) -> list[list[tuple[str, jax.Array]]]:
+class NoRoom(Exception):
+    """The devices have no room for a copy of the state (``_local_copies``)."""
+
+
+def _local_copies(leaves: list[tuple[str, jax.Array]], on_device: bool = True) -> list[list[tuple[str, Any]]]:
     """Per leaf, copies of this process's distinct shards (one per place in the global array: a
     shard replicated on several local devices is copied once), each on its own device, all in one
     batched ``device_put`` (a call per shard took 2.7 times as long to dispatch). A single-device
     copy is dispatched behind the step in flight; a global device_put in a multi-process run is a
     jitted copy per leaf (jax._src.dispatch), which waited for that step: the next step was then
-    dispatched only after it, one step's pipelining lost, and the first snapshot compiled them."""
+    dispatched only after it, one step's pipelining lost, and the first snapshot compiled them.
+
+    Where the devices cannot hold a second copy of the state beside the step (``NoRoom`` the first
+    time; ``on_device`` False after), the shards come to the host now instead, in one batched
+    transfer: the next step, which donates the state, waits for it."""
     picked = []
     for _, x in leaves:
         shards: dict[str, Any] = {}
@@ -93,7 +101,15 @@ def _local_copies(leaves: list[tuple[str, jax.Array]]) -> list[list[tuple[str, j
             shards.setdefault(_key(shard.index, x.shape), shard.data)
         picked.append(shards)
     flat = [d for shards in picked for d in shards.values()]
-    copied = iter(jax.device_put(flat, [d.sharding for d in flat], may_alias=False))
+    if on_device:
+        try:
+            copied = iter(jax.device_put(flat, [d.sharding for d in flat], may_alias=False))
+        except jax.errors.JaxRuntimeError as e:
+            if "RESOURCE_EXHAUSTED" not in str(e):
+                raise
+            raise NoRoom(str(e).splitlines()[0]) from None
+    else:
+        copied = iter(jax.device_get(flat))
     return [[(k, next(copied)) for k in shards] for shards in picked]
 
 
@@ -202,6 +218,7 @@ class Snapshotter:
         # world writes the records up to the step it restores that the metrics lack (``step_records``).
         self._records: dict[int, dict] = {}
         self.written: list[int] = []  # steps written by this incarnation, in order
+        self.on_device = True  # the copy taken on the devices (False: no room, straight to the host)
         self.write_seconds = 0.0  # the thread's time (host copy + file), summed
         directory.mkdir(parents=True, exist_ok=True)
 
@@ -248,9 +265,19 @@ class Snapshotter:
         if not self.on:
             return time.perf_counter() - t0
         leaves = _leaves(state)
+        try:
+            local = _local_copies(leaves, self.on_device)
+        except NoRoom as e:
+            print(
+                f"trainer: no room on the devices for a copy of the state ({e}): each snapshot copies"
+                " it to the host before the next step",
+                flush=True,
+            )
+            self.on_device = False
+            local = _local_copies(leaves, self.on_device)
         copies = [
             (path, tuple(x.shape), x.dtype.name, shards)
-            for (path, x), shards in zip(leaves, _local_copies(leaves), strict=True)
+            for (path, x), shards in zip(leaves, local, strict=True)
         ]
         if recorded:
             self.recorded(step)
@@ -473,10 +500,35 @@ class _Shards:
             self.file.close()
 
 
+# The bytes of host arrays handed to the devices in one batched transfer, each batch on the devices
+# before the next goes: a TPU's runtime stages transfers through a buffer of host memory it maps
+# at its start, and a batch of large arrays beyond it took several times as long
+# (docs/measurements.md, "On a TPU").
+TRANSFER_BATCH_BYTES = 1 << 30
+
+
+def _put(arrays: list[np.ndarray], devices: list[Any]) -> list[jax.Array]:
+    """``jax.device_put(arrays, devices)`` in batches of at most ``TRANSFER_BATCH_BYTES`` (an array
+    larger than that alone), each waited for but the last."""
+    out: list[jax.Array] = []
+    start = previous = 0
+    while start < len(arrays):
+        end, size = start, 0
+        while end < len(arrays) and (end == start or size + arrays[end].nbytes <= TRANSFER_BATCH_BYTES):
+            size += arrays[end].nbytes
+            end += 1
+        if out:
+            jax.block_until_ready(out[previous:])
+        previous = len(out)
+        out += jax.device_put(arrays[start:end], devices[start:end])
+        start = end
+    return out
+
+
 def load(header: dict, abstract: Any, prefetched: Prefetch | None = None) -> Any:
     """The state of `abstract`'s structure and shardings, from this process's snapshot (``covers``).
-    Every shard goes to its device in one batched transfer (one call per shard dispatches each
-    transfer on its own); the arrays may still be arriving when this returns."""
+    The shards go to their devices in batched transfers (``_put``: one call per shard dispatches
+    each transfer on its own); the last batch may still be arriving when this returns."""
     shards = _Shards(header, prefetched)
     try:
         treedef = jax.tree_util.tree_structure(abstract)
@@ -489,7 +541,7 @@ def load(header: dict, abstract: Any, prefetched: Prefetch | None = None) -> Any
             for path, leaf, where in places
             for _, index in where
         ]
-        moved = iter(jax.device_put(host, [device for _, _, where in places for device, _ in where]))
+        moved = iter(_put(host, [device for _, _, where in places for device, _ in where]))
         out = [
             jax.make_array_from_single_device_arrays(leaf.shape, leaf.sharding, [next(moved) for _ in where])
             for _, leaf, where in places
