@@ -14,6 +14,7 @@ under /embedded/v1/ (see `handle_route`). Started by `python -m launcher.embedde
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
@@ -27,7 +28,7 @@ from launcher.core.words import PodRuntime
 from launcher.embedded import faults, nodes
 from launcher.embedded.admission.defaults import DEFAULT_TOLERATION_S
 from launcher.embedded.controllers.job import JobController
-from launcher.embedded.controllers.jobset import EMULATED_VERSION, JobSetController
+from launcher.embedded.controllers.jobset import EMULATED_VERSION, JobSetController, installed_deployment
 from launcher.embedded.controllers.nodelife import NODE_MONITOR_GRACE_S, NodeLifecycle
 from launcher.embedded.controllers.runtime import EventRecorder, Hub
 from launcher.embedded.controllers.scheduler import Scheduler
@@ -35,6 +36,7 @@ from launcher.embedded.kubelet.kubelet import Kubelet
 from launcher.embedded.kubelet.podman import podman_unavailable
 from launcher.embedded.nodes import FakeNodePool, NodePoolSpec
 from launcher.embedded.types import objects
+from launcher.embedded.types.errors import ApiError
 
 __all__ = ["EmbeddedCluster", "NodePoolSpec", "runtime_unavailable"]
 
@@ -60,12 +62,14 @@ class EmbeddedCluster:
         runtime: str = PodRuntime.PROCESS,
         shared: tuple[Path, ...] | list[Path] = (),
         log_dir: Path | None = None,
+        outside: bool = False,
     ) -> None:
         """`runtime`: how the kubelet runs the pods of non-simulated node pools (PodRuntime);
         `shared`: host folders the podman runtime mounts into every container at their own paths
         (where local run directories are); `log_dir`: where the pods' logs are written and left
         after `stop` (a test's own folder, to read after a failure), else in the cluster's
-        folder."""
+        folder; `outside`: serve as an ordinary cluster would (docs/embedded.md "Outside mode"),
+        so that `reslice` takes the path it takes on GKE."""
         if mode not in ("process", "simulate"):
             raise UserError(f"mode must be 'process' or 'simulate', got {mode!r}")
         if runtime not in tuple(PodRuntime):
@@ -84,6 +88,7 @@ class EmbeddedCluster:
         self.sim_term_exit_code = sim_term_exit_code
         self.workdir = workdir
         self.log_dir = Path(log_dir) if log_dir is not None else None
+        self.outside = outside
         self.node_monitor_grace_s = node_monitor_grace_s
         self.default_toleration_s = default_toleration_s
         self._tmp: str | None = None
@@ -97,7 +102,7 @@ class EmbeddedCluster:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> EmbeddedCluster:
-        from launcher.embedded.api import kubeconfig
+        from launcher.embedded.api import discovery, kubeconfig
         from launcher.embedded.api.apiserver import ApiServer
         from launcher.embedded.store.store import RESOURCES, Store
 
@@ -111,7 +116,8 @@ class EmbeddedCluster:
             base = Path(self._tmp)
         self.store = Store(base / "store" if self.state_dir is not None else None)
         self.store.default_toleration_s = self.default_toleration_s
-        self.server = ApiServer(self.store, host=self.host, port=self.port)
+        version = discovery.ORDINARY_VERSION if self.outside else discovery.KUBE_VERSION
+        self.server = ApiServer(self.store, host=self.host, port=self.port, version=version)
         self.node_events = EventRecorder(self.store, "node-controller")
         self.hub = Hub(self.store)
         self.jobsets = JobSetController(self.store, self.hub)
@@ -131,10 +137,13 @@ class EmbeddedCluster:
         self.nodelife = NodeLifecycle(self.store, self.hub, self.node_monitor_grace_s)
         self._components = [self.kubelet, self.nodelife, self.scheduler, self.jobs, self.jobsets]
         self._create_nodes()
+        if self.outside:
+            self._install_jobset()
         for c in self._components:
             c.start()
         self.server.add_route("POST", ROUTE, self.handle_route)
-        self.server.add_route("GET", ROUTE, self.handle_route)
+        if not self.outside:  # what tells a client it talks to the embedded cluster (reslice preflight)
+            self.server.add_route("GET", ROUTE, self.handle_route)
         self.server.set_log_source(self.kubelet.log_stream)
         self.server.start()
         self.kubeconfig = kubeconfig.write_kubeconfig(base / "kubeconfig", self.url)
@@ -188,6 +197,17 @@ class EmbeddedCluster:
             for i, name in enumerate(pool.node_names):
                 if name not in existing:
                     self.store.create(self.res["nodes"], nodes.node_object(pool, i))
+
+    def _install_jobset(self) -> None:
+        """What a cluster with JobSet installed has and a client may read: its namespace and its
+        controller's Deployment (`jobset.installed_deployment`)."""
+        deployment, status = installed_deployment()
+        meta = deployment["metadata"]
+        with contextlib.suppress(ApiError):  # there already (a state dir's)
+            self.store.create(self.res["namespaces"], {"metadata": {"name": meta["namespace"]}})
+        with contextlib.suppress(ApiError):
+            created = self.store.create(self.res["deployments"], deployment, meta["namespace"])
+            self.store.update(self.res["deployments"], {**created, "status": status}, subresource="status")
 
     @property
     def node_pool_of(self) -> dict[str, str]:

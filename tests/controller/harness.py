@@ -100,13 +100,14 @@ class JobSetCensus:
 class Harness:
     def __init__(
         self, tmp: Path, pools: int, *, preset: str = PRESET, state_dir: Path | None = None,
-        gcs_env: dict | None = None, **cluster_kw,
+        gcs_env: dict | None = None, nodepools: str | None = None, **cluster_kw,
     ):  # fmt: skip
+        """`pools` node pools of `preset`, or the `nodepools` spec ("v5p-2x2x2:2,tpu7x-2x2x1:1")."""
         self.tmp = tmp
         self.preset = preset
         (tmp / "pods").mkdir(parents=True, exist_ok=True)
         self.cluster = EmbeddedCluster(
-            nodepools=[NodePoolSpec(preset, count=pools)],
+            nodepools=nodepools or [NodePoolSpec(preset, count=pools)],
             mode="process",
             state_dir=state_dir,
             workdir=tmp / "pods",

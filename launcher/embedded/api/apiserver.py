@@ -29,6 +29,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from launcher.embedded.admission import admission
+from launcher.embedded.api import discovery
 from launcher.embedded.api.rest import ApiRequest
 from launcher.embedded.store.store import Store
 from launcher.embedded.types.errors import ApiError, bad_request
@@ -55,7 +56,8 @@ class _Server(ThreadingHTTPServer):
 
 
 class ApiServer:
-    """See docs/embedded.md. `bookmark_interval`: seconds between watch BOOKMARKs."""
+    """See docs/embedded.md. `bookmark_interval`: seconds between watch BOOKMARKs; `version`: the
+    document GET /version answers (the embedded cluster's, or an ordinary server's)."""
 
     def __init__(
         self,
@@ -64,8 +66,10 @@ class ApiServer:
         port: int = 0,
         *,
         bookmark_interval: float | None = None,
+        version: dict[str, str] | None = None,
     ) -> None:
         self.store = store
+        self.version = version or discovery.KUBE_VERSION  # what GET /version answers
         self.host = host
         self.port = port
         self.bookmark_interval = bookmark_interval

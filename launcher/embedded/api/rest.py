@@ -59,7 +59,7 @@ class ApiRequest(Streams):
         address = f"{self.api.host}:{self.api.port}"
         doc: dict[str, Any] | None = None
         if segs == ["version"]:
-            doc = discovery.KUBE_VERSION
+            doc = self.api.version
         elif segs in (["healthz"], ["livez"], ["readyz"]):
             self.h.send_body(200, b"ok", "text/plain; charset=utf-8")
             return True
