@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 from launcher.core import rfc3339
-from launcher.embedded.admission import defaults, rules
+from launcher.embedded.admission import defaults, rules, serviceaccount
 from launcher.embedded.store.stored import ADDED, MODIFIED, Rec
 from launcher.embedded.types.errors import (
     STALE,
@@ -50,6 +50,10 @@ class Writes:
         meta["creationTimestamp"] = rfc3339.stamp()
         meta["generation"] = 1
         defaults.on_create(res, obj, self.default_toleration_s)
+        if res.plural == "pods" and self.service_account_tokens:
+            account = self._find(RESOURCES["serviceaccounts"], ns, obj["spec"]["serviceAccountName"])
+            suffix = "".join(random.choices(_GENERATE_ALPHABET, k=5))
+            serviceaccount.mount_token(obj, account.obj if account is not None else None, suffix)
         defaults.normalize(res, obj)
         self._admit(res, None, obj)
         rec = self._commit(res, ADDED, obj, None)
