@@ -22,6 +22,7 @@ from launcher.embedded.types.errors import (
     invalid,
     not_found,
 )
+from launcher.embedded.types.gotypes import go_equal
 from launcher.embedded.types.resources import RESOURCES, Resource
 
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
@@ -164,7 +165,10 @@ class Writes:
                 new["status"] = old["status"]
             else:
                 new.pop("status", None)
-        spec_changed = any(new.get(k) != old.get(k) for k in {*new, *old} - {"metadata", "status"})
+        # A built-in kind's strategy compares its typed spec (Semantic.DeepEqual: absent and empty
+        # alike); a custom resource's compares the unstructured content, where they differ.
+        same = (lambda a, b: a == b) if res.custom else go_equal
+        spec_changed = any(not same(new.get(k), old.get(k)) for k in {*new, *old} - {"metadata", "status"})
         meta["generation"] = old_meta.get("generation", 1) + (1 if spec_changed else 0)
         self._admit(res, old, new)
         return new
