@@ -339,7 +339,7 @@ def _selected_name(field_selector: str | None) -> str:
     RequiresExactMatch, a name that is a valid path segment)."""
     for term in (field_selector or "").split(","):
         key, op, value = term.partition("==") if "==" in term else term.partition("=")
-        if op and key.strip() == "metadata.name" and not key.endswith("!"):
+        if op and key.strip() == "metadata.name":  # `!=` leaves the key "metadata.name!"
             value = value.strip()
             if value and value not in (".", "..") and "/" not in value and "%" not in value:
                 return value

@@ -38,7 +38,9 @@ def _deleted_long_ago(obj: Mapping[str, Any], now: float) -> bool:
 
 
 class Authenticator:
-    def __init__(self, store: Any, signer: Signer, admin_token: str, clock: Callable[[], float] = time.time):
+    def __init__(
+        self, store: Any, signer: Signer, admin_token: str, clock: Callable[[], float] = time.time
+    ) -> None:
         self.store, self.signer, self.admin_token, self.clock = store, signer, admin_token, clock
 
     def authenticate(self, header: str | None) -> User:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from launcher.embedded.auth.identity import SERVICE_ACCOUNT_PREFIX, Attributes, Group, User
@@ -19,6 +20,17 @@ from launcher.embedded.types.errors import ApiError
 
 RBAC_GROUP = "rbac.authorization.k8s.io"
 ALL = "*"
+
+
+class Kind(StrEnum):
+    """What a binding's subject or roleRef names."""
+
+    USER = "User"
+    GROUP = "Group"
+    SERVICE_ACCOUNT = "ServiceAccount"
+    ROLE = "Role"
+    CLUSTER_ROLE = "ClusterRole"
+
 
 Rule = Mapping[str, Any]
 
@@ -83,11 +95,11 @@ def applies_to(subject: Mapping[str, Any], user: User, binding_namespace: str) -
     """appliesTo (rule.go): a User by name, a Group by membership, a ServiceAccount by its user
     name (its namespace defaulting to the binding's)."""
     kind, name = subject.get("kind"), subject.get("name", "")
-    if kind == "User":
+    if kind == Kind.USER:
         return user.name == name
-    if kind == "Group":
+    if kind == Kind.GROUP:
         return name in user.groups
-    if kind == "ServiceAccount":
+    if kind == Kind.SERVICE_ACCOUNT:
         namespace = subject.get("namespace") or binding_namespace
         return user.name == f"{SERVICE_ACCOUNT_PREFIX}{namespace}:{name}"
     return False
@@ -99,7 +111,7 @@ class Decision:
     reason: str = ""  # a refusal's: the role a binding names that is not there ("RBAC: ...")
 
 
-# (kind "Role" or "ClusterRole", namespace or "", name) -> the role's rules, or None when absent.
+# (Kind.ROLE or Kind.CLUSTER_ROLE, namespace or "", name) -> the role's rules, or None when absent.
 RoleLookup = Callable[[str, str, str], "list[Rule] | None"]
 
 
@@ -128,9 +140,9 @@ def decide(
             continue
         ref = binding.get("roleRef") or {}
         kind, name = ref.get("kind", ""), ref.get("name", "")
-        rules = role_rules(kind, namespace if kind == "Role" else "", name)
+        rules = role_rules(kind, namespace if kind == Kind.ROLE else "", name)
         if rules is None:
-            missing.append(f'{"role" if kind == "Role" else "clusterrole"}.{RBAC_GROUP} "{name}" not found')
+            missing.append(f'{kind.lower()}.{RBAC_GROUP} "{name}" not found')
         elif any(rule_allows(attrs, r) for r in rules):
             return Decision(True)
     if not missing:
@@ -171,7 +183,7 @@ class Authorizer:
         self.res = {k: RESOURCES[k] for k in ("roles", "rolebindings", "clusterroles", "clusterrolebindings")}
 
     def _rules(self, kind: str, namespace: str, name: str) -> list[Rule] | None:
-        res = self.res["roles" if kind == "Role" else "clusterroles"]
+        res = self.res["roles" if kind == Kind.ROLE else "clusterroles"]
         try:
             role = self.store.get(res, namespace or None, name)
         except ApiError as e:
