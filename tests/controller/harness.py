@@ -117,7 +117,11 @@ class Harness:
         self.gcs_env = gcs_env or {}
         self._saved_env = {k: os.environ.get(k) for k in self.gcs_env}
         os.environ.update(self.gcs_env)  # kubelet-run trainers inherit this process's environment
-        self.cluster.start()
+        try:
+            self.cluster.start()
+        except BaseException:
+            self._restore_env()
+            raise
         self.kube = Kube(self.cluster.api_client(), "default")
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
@@ -133,6 +137,9 @@ class Harness:
             t.join(timeout=10)
         self.write_objects()
         self.cluster.stop()
+        self._restore_env()
+
+    def _restore_env(self) -> None:
         for k, v in self._saved_env.items():
             if v is None:
                 os.environ.pop(k, None)

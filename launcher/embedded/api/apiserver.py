@@ -253,8 +253,8 @@ class _Handler(BaseHTTPRequestHandler):
             ApiRequest(self, method, url.path, query, body, user).dispatch()
         except ApiError as e:
             self._fail(e)
-        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
-            self.close_connection = True
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, ssl.SSLEOFError):
+            self.close_connection = True  # the client hung up (over TLS: without its close_notify)
         except Exception as e:
             log.exception("%s %s failed", method, self.path)
             self._fail(
