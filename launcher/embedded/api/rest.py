@@ -53,12 +53,13 @@ class ApiRequest(Streams):
     def dispatch(self) -> None:
         for method, prefix, handler in self.api._routes:
             if method == self.method and self.path.startswith(prefix):
-                self.api.authorize(self.user, Attributes(verb=self.method.lower(), path=self.path))
+                if self.user is not None:
+                    self.api.authorize(self.user, Attributes(verb=self.method.lower(), path=self.path))
                 code, body = handler(self.method, self.path, self.query, self.raw_body)
                 self.h.send_json(code, body)
                 return
         segs = [s for s in self.path.split("/") if s]
-        if self.method == "GET" and _is_discovery(segs):
+        if self.user is not None and self.method == "GET" and _is_discovery(segs):
             self.api.authorize(self.user, Attributes(verb="get", path=self.path))
         if self.method == "GET" and self._discovery(segs):
             return
@@ -117,12 +118,13 @@ class ApiRequest(Streams):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         watching = watch_path or (self.method == "GET" and self.query.get("watch") in bodies.TRUE)
         verb, resource = _verb(self.method, name, watching), f"{res.plural}/{sub}" if sub else res.plural
-        asked = Attributes(
-            verb=verb, path=self.path, resource_request=True, group=group, resource=res.plural,
-            subresource=sub or "", namespace=namespace or "",
-            name=name or (_selected_name(self.query.get("fieldSelector")) if verb in ("list", "watch") else ""),
-        )  # fmt: skip
-        self.api.authorize(self.user, asked)
+        if self.user is not None:  # outside mode: who asks is authorized (embedded: nobody is asked)
+            asked = Attributes(
+                verb=verb, path=self.path, resource_request=True, group=group, resource=res.plural,
+                subresource=sub or "", namespace=namespace or "",
+                name=name or (_selected_name(self.query.get("fieldSelector")) if verb in ("list", "watch") else ""),
+            )  # fmt: skip
+            self.api.authorize(self.user, asked)
         self.api.audit.add((verb, group, resource))
         with self.api._requests_lock:
             self.api.requests[verb, resource] += 1

@@ -106,7 +106,7 @@ def applies_to(subject: Mapping[str, Any], user: User, binding_namespace: str) -
 
 
 @dataclass(frozen=True)
-class Decision:
+class Verdict:
     allowed: bool
     reason: str = ""  # a refusal's: the role a binding names that is not there ("RBAC: ...")
 
@@ -121,16 +121,16 @@ def decide(
     cluster_bindings: Iterable[Mapping[str, Any]],
     bindings: Iterable[Mapping[str, Any]],
     role_rules: RoleLookup,
-) -> Decision:
+) -> Verdict:
     """The RBAC authorizer's answer: allowed once any rule of a role bound to the user allows the
     request (ClusterRoleBindings everywhere, the request namespace's RoleBindings there), with the
     bootstrap policy's and the privileged group's; otherwise no, and the roles that bindings name
     but that are not there, as upstream's reason lists them."""
     if Group.MASTERS in user.groups:
-        return Decision(True)
+        return Verdict(True)
     for group in user.groups:
         if any(rule_allows(attrs, r) for r in _BOOTSTRAP.get(group, ())):
-            return Decision(True)
+            return Verdict(True)
     missing: list[str] = []
     scoped = [(b, "") for b in cluster_bindings]
     if attrs.namespace:
@@ -144,11 +144,11 @@ def decide(
         if rules is None:
             missing.append(f'{kind.lower()}.{RBAC_GROUP} "{name}" not found')
         elif any(rule_allows(attrs, r) for r in rules):
-            return Decision(True)
+            return Verdict(True)
     if not missing:
-        return Decision(False)
+        return Verdict(False)
     listed = missing[0] if len(missing) == 1 else "[" + ", ".join(missing) + "]"
-    return Decision(False, f"RBAC: {listed}")
+    return Verdict(False, f"RBAC: {listed}")
 
 
 def forbidden(user: User, attrs: Attributes, reason: str = "") -> ApiError:
