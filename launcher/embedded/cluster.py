@@ -122,6 +122,8 @@ class EmbeddedCluster:
         from launcher.embedded.store.store import RESOURCES, Store
 
         self.res = RESOURCES
+        if self.outside and any(not p.simulate for p in self.pools.values()) and (why := podns.check()):
+            raise UserError(f"outside mode cannot give process pods their own mounts here: {why}")
         if self.state_dir is not None:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             base = self.state_dir
@@ -183,8 +185,6 @@ class EmbeddedCluster:
         from launcher.embedded.auth.authn import Authenticator, TokenIssuer
         from launcher.embedded.auth.rbac import Authorizer
 
-        if any(not p.simulate for p in self.pools.values()) and (why := podns.check()) is not None:
-            raise UserError(f"outside mode cannot give process pods their own mounts here: {why}")
         self.pki = pki.load_or_make(base / "pki")
         signer = self.pki.signer()
         self._security = Security(

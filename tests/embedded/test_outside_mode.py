@@ -322,3 +322,16 @@ def test_a_projected_token_is_refreshed_at_four_fifths_of_its_life(tmp_path: Pat
     run.done.set()  # the pod ended: no more refreshes
     time.sleep(1.2)
     assert token.read_text() in ("token-2", "token-3") and len(issued) <= 3
+
+
+def test_outside_mode_says_in_one_line_what_it_cannot_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pods as processes only; and where this machine cannot give a process pod its own mounts
+    (no unprivileged user namespaces), it refuses to start instead of running pods without them."""
+    with pytest.raises(UserError, match="outside mode runs its pods as processes"):
+        EmbeddedCluster("tpu7x-2x2x1:1", outside=True, runtime="podman")
+    from launcher.embedded.kubelet import podns
+
+    monkeypatch.setattr(podns, "check", lambda: "unshare(CLONE_NEWUSER|CLONE_NEWNS): Operation not permitted")
+    with pytest.raises(UserError, match="cannot give process pods their own mounts here: unshare"):
+        EmbeddedCluster("tpu7x-2x2x1:1", outside=True).start()
+    EmbeddedCluster("tpu7x-2x2x1:1", mode="simulate", outside=True).start().stop()  # no process: no need
