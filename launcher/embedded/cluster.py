@@ -14,27 +14,38 @@ under /embedded/v1/ (see `handle_route`). Started by `python -m launcher.embedde
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.core.errors import UserError
 from launcher.core.words import PodRuntime
 from launcher.embedded import faults, nodes
 from launcher.embedded.admission.defaults import DEFAULT_TOLERATION_S
+from launcher.embedded.api.apiserver import Security
+from launcher.embedded.api.kubeconfig import Credentials
 from launcher.embedded.controllers.job import JobController
-from launcher.embedded.controllers.jobset import EMULATED_VERSION, JobSetController
+from launcher.embedded.controllers.jobset import EMULATED_VERSION, JobSetController, installed_deployment
 from launcher.embedded.controllers.nodelife import NODE_MONITOR_GRACE_S, NodeLifecycle
 from launcher.embedded.controllers.runtime import EventRecorder, Hub
 from launcher.embedded.controllers.scheduler import Scheduler
+from launcher.embedded.controllers.serviceaccounts import NamespaceAccess
+from launcher.embedded.kubelet import podns
+from launcher.embedded.kubelet.dns import ClusterDns
 from launcher.embedded.kubelet.kubelet import Kubelet
 from launcher.embedded.kubelet.podman import podman_unavailable
+from launcher.embedded.kubelet.volumes import PodAccess
 from launcher.embedded.nodes import FakeNodePool, NodePoolSpec
 from launcher.embedded.types import objects
+from launcher.embedded.types.errors import ApiError
+
+if TYPE_CHECKING:
+    from launcher.embedded.auth.pki import Pki
 
 __all__ = ["EmbeddedCluster", "NodePoolSpec", "runtime_unavailable"]
 
@@ -60,16 +71,20 @@ class EmbeddedCluster:
         runtime: str = PodRuntime.PROCESS,
         shared: tuple[Path, ...] | list[Path] = (),
         log_dir: Path | None = None,
+        outside: bool = False,
     ) -> None:
         """`runtime`: how the kubelet runs the pods of non-simulated node pools (PodRuntime);
         `shared`: host folders the podman runtime mounts into every container at their own paths
         (where local run directories are); `log_dir`: where the pods' logs are written and left
         after `stop` (a test's own folder, to read after a failure), else in the cluster's
-        folder."""
+        folder; `outside`: serve as an ordinary cluster would (docs/embedded.md "Outside mode"),
+        so that `reslice` takes the path it takes on GKE."""
         if mode not in ("process", "simulate"):
             raise UserError(f"mode must be 'process' or 'simulate', got {mode!r}")
         if runtime not in tuple(PodRuntime):
             raise UserError(f"runtime must be {' or '.join(PodRuntime)}, got {runtime!r}")
+        if outside and runtime != PodRuntime.PROCESS:
+            raise UserError("outside mode runs its pods as processes: --runtime process")
         nodepools = nodepools or DEFAULT_NODEPOOLS
         specs = nodes.parse_nodepools(nodepools) if isinstance(nodepools, str) else list(nodepools)
         self.mode = mode
@@ -84,6 +99,7 @@ class EmbeddedCluster:
         self.sim_term_exit_code = sim_term_exit_code
         self.workdir = workdir
         self.log_dir = Path(log_dir) if log_dir is not None else None
+        self.outside = outside
         self.node_monitor_grace_s = node_monitor_grace_s
         self.default_toleration_s = default_toleration_s
         self._tmp: str | None = None
@@ -92,16 +108,22 @@ class EmbeddedCluster:
         self.store: Any = None
         self.server: Any = None
         self.kubeconfig: Path | None = None
+        # Outside mode's (start): the cluster's keys, what the server requires, the admin's credentials.
+        self.pki: Pki | None = None
+        self._security: Security | None = None
+        self.credentials: Credentials | None = None
         self._components: list[Any] = []
         self._started = False
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> EmbeddedCluster:
-        from launcher.embedded.api import kubeconfig
+        from launcher.embedded.api import discovery, kubeconfig
         from launcher.embedded.api.apiserver import ApiServer
         from launcher.embedded.store.store import RESOURCES, Store
 
         self.res = RESOURCES
+        if self.outside and any(not p.simulate for p in self.pools.values()) and (why := podns.check()):
+            raise UserError(f"outside mode cannot give process pods their own mounts here: {why}")
         if self.state_dir is not None:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             base = self.state_dir
@@ -111,7 +133,11 @@ class EmbeddedCluster:
             base = Path(self._tmp)
         self.store = Store(base / "store" if self.state_dir is not None else None)
         self.store.default_toleration_s = self.default_toleration_s
-        self.server = ApiServer(self.store, host=self.host, port=self.port)
+        access = self._outside(base) if self.outside else None
+        version = discovery.ORDINARY_VERSION if self.outside else discovery.KUBE_VERSION
+        self.server = ApiServer(
+            self.store, host=self.host, port=self.port, version=version, security=self._security
+        )
         self.node_events = EventRecorder(self.store, "node-controller")
         self.hub = Hub(self.store)
         self.jobsets = JobSetController(self.store, self.hub)
@@ -127,19 +153,68 @@ class EmbeddedCluster:
             events=self.hub,
             runtime=self.runtime,
             shared=self.shared,
+            access=access,
         )
         self.nodelife = NodeLifecycle(self.store, self.hub, self.node_monitor_grace_s)
         self._components = [self.kubelet, self.nodelife, self.scheduler, self.jobs, self.jobsets]
+        if self.pki is not None:
+            self._components.append(NamespaceAccess(self.store, self.pki.ca_pem, self.hub))
         self._create_nodes()
+        if self.outside:
+            self._install_jobset()
         for c in self._components:
             c.start()
         self.server.add_route("POST", ROUTE, self.handle_route)
-        self.server.add_route("GET", ROUTE, self.handle_route)
+        if not self.outside:  # what tells a client it talks to the embedded cluster (reslice preflight)
+            self.server.add_route("GET", ROUTE, self.handle_route)
         self.server.set_log_source(self.kubelet.log_stream)
         self.server.start()
-        self.kubeconfig = kubeconfig.write_kubeconfig(base / "kubeconfig", self.url)
+        if self.outside:
+            self._publish_service()
+        self.kubeconfig = kubeconfig.write_kubeconfig(
+            base / "kubeconfig", self.url, credentials=self.credentials
+        )
         self._started = True
         return self
+
+    def _outside(self, base: Path) -> PodAccess:
+        """Outside mode's parts: the PKI, who may do what at the API, the ServiceAccount token
+        volume on created pods, and what the kubelet gives process pods (tokens, DNS, mounts)."""
+        # Imported here: the keys and tokens need the cryptography package, the embedded mode does not.
+        from launcher.embedded.auth import pki
+        from launcher.embedded.auth.authn import Authenticator, TokenIssuer
+        from launcher.embedded.auth.rbac import Authorizer
+
+        self.pki = pki.load_or_make(base / "pki")
+        signer = self.pki.signer()
+        self._security = Security(
+            self.pki.server_context(),
+            Authenticator(self.store, signer, self.pki.admin_token),
+            Authorizer(self.store),
+        )
+        self.credentials = Credentials(self.pki.ca_file, self.pki.admin_token)
+        self.store.service_account_tokens = True
+        return PodAccess(issue=TokenIssuer(self.store, signer).issue, dns=ClusterDns(base / "hosts"))
+
+    def _publish_service(self) -> None:
+        """The `kubernetes` Service in `default`, which pods find the API server by
+        (KUBERNETES_SERVICE_HOST/PORT): kube-apiserver keeps it pointing at itself. Its cluster IP
+        is the address this machine's pods reach the server at (no kube-proxy here)."""
+        port = self.server.port
+        spec = {
+            "type": "ClusterIP", "clusterIP": self.host, "clusterIPs": [self.host], "sessionAffinity": "None",
+            "ports": [{"name": "https", "port": port, "protocol": "TCP", "targetPort": port}],
+        }  # fmt: skip
+        svc = {
+            "metadata": {"name": "kubernetes", "labels": {"component": "apiserver", "provider": "kubernetes"}}
+        }
+        try:
+            self.store.create(self.res["services"], {**svc, "spec": spec}, "default")
+        except ApiError as e:
+            if e.code != 409:
+                raise
+            current = self.store.get(self.res["services"], "default", "kubernetes")
+            self.store.update(self.res["services"], {**current, "spec": {**current["spec"], **spec}})
 
     def stop(self) -> None:
         if not self._started:
@@ -166,7 +241,7 @@ class EmbeddedCluster:
     def api_client(self) -> Any:
         from launcher.embedded.api import kubeconfig
 
-        return kubeconfig.api_client(self.url)
+        return kubeconfig.api_client(self.url, self.credentials)
 
     def restart_apiserver(self, downtime_s: float = 0.5) -> None:
         """The API server goes away and comes back: watches end, old resourceVersions answer 410,
@@ -188,6 +263,17 @@ class EmbeddedCluster:
             for i, name in enumerate(pool.node_names):
                 if name not in existing:
                     self.store.create(self.res["nodes"], nodes.node_object(pool, i))
+
+    def _install_jobset(self) -> None:
+        """What a cluster with JobSet installed has and a client may read: its namespace and its
+        controller's Deployment (`jobset.installed_deployment`)."""
+        deployment, status = installed_deployment()
+        meta = deployment["metadata"]
+        with contextlib.suppress(ApiError):  # there already (a state dir's)
+            self.store.create(self.res["namespaces"], {"metadata": {"name": meta["namespace"]}})
+        with contextlib.suppress(ApiError):
+            created = self.store.create(self.res["deployments"], deployment, meta["namespace"])
+            self.store.update(self.res["deployments"], {**created, "status": status}, subresource="status")
 
     @property
     def node_pool_of(self) -> dict[str, str]:

@@ -40,7 +40,7 @@ from launcher.controller.loop import Controller, PassResult
 from launcher.core.errors import UserError
 from launcher.core.labels import LABEL_RUN
 from launcher.core.record import Knobs, RunRecord
-from launcher.core.spec import RunSpec
+from launcher.core.spec import RunSpec, grace_period
 from launcher.core.words import LedgerKind, RunState
 from launcher.report.view import Throttle, live_view
 from launcher.sweep.files import SWEEP_JSON, read_incarnations, result_of, write_outputs
@@ -237,7 +237,10 @@ def run_sweep(
                 rd.log([{"time": time.time(), "kind": LedgerKind.RELAUNCH, "previous_state": old.state,
                          "previous_reason": old.reason, "reason": f"sweep {sweep.name} reruns what is missing"}])  # fmt: skip
                 kube.delete_record(p.run)
-            _clear_leftovers(kube, p.run, timeout=p.record.spec.grace_period_s + 60.0)
+            # Its old pods get their grace period (the preset's notice unless the run names one,
+            # as the rendered pods have it), then a minute.
+            grace = grace_period(p.record.spec, p.record.requested(controller.catalog).preset)
+            _clear_leftovers(kube, p.run, timeout=grace + 60.0)
             create_run(kube, replace(p.record, created_at=time.time()))
             what = f"relaunched (was {old.state}: {old.reason})" if old is not None else "launched"
             console.print(f"{p.run}: {what}; run directory {p.record.spec.run_dir}")

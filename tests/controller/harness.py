@@ -100,13 +100,14 @@ class JobSetCensus:
 class Harness:
     def __init__(
         self, tmp: Path, pools: int, *, preset: str = PRESET, state_dir: Path | None = None,
-        gcs_env: dict | None = None, **cluster_kw,
+        gcs_env: dict | None = None, nodepools: str | None = None, **cluster_kw,
     ):  # fmt: skip
+        """`pools` node pools of `preset`, or the `nodepools` spec ("v5p-2x2x2:2,tpu7x-2x2x1:1")."""
         self.tmp = tmp
         self.preset = preset
         (tmp / "pods").mkdir(parents=True, exist_ok=True)
         self.cluster = EmbeddedCluster(
-            nodepools=[NodePoolSpec(preset, count=pools)],
+            nodepools=nodepools or [NodePoolSpec(preset, count=pools)],
             mode="process",
             state_dir=state_dir,
             workdir=tmp / "pods",
@@ -116,7 +117,11 @@ class Harness:
         self.gcs_env = gcs_env or {}
         self._saved_env = {k: os.environ.get(k) for k in self.gcs_env}
         os.environ.update(self.gcs_env)  # kubelet-run trainers inherit this process's environment
-        self.cluster.start()
+        try:
+            self.cluster.start()
+        except BaseException:
+            self._restore_env()
+            raise
         self.kube = Kube(self.cluster.api_client(), "default")
         self.stop = threading.Event()
         self.threads: list[threading.Thread] = []
@@ -132,6 +137,9 @@ class Harness:
             t.join(timeout=10)
         self.write_objects()
         self.cluster.stop()
+        self._restore_env()
+
+    def _restore_env(self) -> None:
         for k, v in self._saved_env.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -332,6 +332,15 @@ def test_a_jobs_template_is_immutable_unless_suspended_and_never_started():
                 "im", "default", {"spec": {"template": {"spec": {"nodeSelector": {"a": "b"}}}}}
             )
         assert e.value.status == 422 and "field is immutable" in e.value.body
+        # An empty map where there was none is no change to a typed template (Semantic.DeepEqual):
+        # accepted, and the Job's generation stays.
+        before = kube.batch.read_namespaced_job("im", "default").metadata.generation
+        kube.batch.patch_namespaced_job(
+            "im",
+            "default",
+            {"spec": {"template": {"metadata": {"annotations": {}}, "spec": {"nodeSelector": {}}}}},
+        )
+        assert kube.batch.read_namespaced_job("im", "default").metadata.generation == before
         with pytest.raises(ApiException) as e:
             kube.batch.patch_namespaced_job(
                 "im", "default", {"spec": {"completionMode": "Indexed", "completions": 1}}

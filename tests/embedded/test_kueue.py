@@ -7,7 +7,7 @@ Simulate mode: the pods run no process."""
 import threading
 
 from launcher.embedded.kueue import Kueue
-from tests.embedded.cluster_helpers import HOSTS, condition, rendered, running, wait_for
+from tests.embedded.cluster_helpers import GROUP, HOSTS, VERSION, condition, rendered, running, wait_for
 
 
 def live_pods(kube) -> list:
@@ -121,3 +121,50 @@ def test_an_admission_that_loses_a_race_with_another_writer_is_made_again_on_the
         # the new JobSet's status between the second read and the Update: a third read, as upstream.
         assert len(reads) >= 2 and len(set(reads)) == len(reads), reads
         assert got["spec"]["suspend"] is False and got["metadata"]["annotations"]["other"] == "writer"
+
+
+def test_an_admission_of_a_jobset_whose_pod_template_had_no_metadata_is_accepted():
+    """Kueue's admission (RunWithPodSetsInfo) in one Update: a suspended JobSet whose pod template
+    was created without `metadata` gains the podset label, a node selector and a toleration, and is
+    resumed. Upstream's webhook compares typed structs (ValidateImmutableField), where a template
+    without metadata and one left with `metadata: {}` once the labels are set aside are equal: the
+    update is accepted (it was refused here, 422 "field is immutable"), and the Jobs JobSet resumes
+    and their pods carry what the admission wrote."""
+    with running("tpu7x-2x2x2:2", mode="simulate") as kube:
+        js = rendered("km", "unused", slices=1)
+        del js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["metadata"]
+        js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] = "q"
+        js["spec"]["suspend"] = True
+        kube.create_jobset(js)
+        wait_for(lambda: kube.batch.list_namespaced_job("default").items, what="the suspended Job")
+        got = kube.jobset("km-0")
+        template = got["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+        assert "metadata" not in template
+        pool, toleration = (
+            "tpu7x-2x2x2-np-1",
+            {"key": "kueue.x-k8s.io/test", "operator": "Exists", "effect": "NoSchedule"},
+        )
+        template["metadata"] = {"labels": {"kueue.x-k8s.io/podset": "workers"}}
+        template["spec"]["nodeSelector"] = {
+            **template["spec"]["nodeSelector"],
+            "cloud.google.com/gke-nodepool": pool,
+        }
+        template["spec"]["tolerations"] = [*template["spec"]["tolerations"], toleration]
+        got["spec"]["suspend"] = False
+        kube.custom.replace_namespaced_custom_object(GROUP, VERSION, "default", "jobsets", "km-0", got)
+
+        def placed() -> list:
+            pods = live_pods(kube)
+            return pods if len(pods) == HOSTS and all(p.spec.node_name for p in pods) else []
+
+        pods = wait_for(placed, what="the admitted JobSet's pods")
+        job = kube.batch.list_namespaced_job("default").items[0]
+        for spec, labels in [(job.spec.template.spec, job.spec.template.metadata.labels)] + [
+            (p.spec, p.metadata.labels) for p in pods
+        ]:
+            assert labels["kueue.x-k8s.io/podset"] == "workers"
+            assert spec.node_selector["cloud.google.com/gke-nodepool"] == pool
+            assert toleration in [
+                {"key": t.key, "operator": t.operator, "effect": t.effect} for t in spec.tolerations
+            ]
+        assert {kube.cluster.node_pool_of[p.spec.node_name] for p in pods} == {pool}

@@ -20,6 +20,7 @@ from launcher.embedded.admission.validation import (
     dns1123_subdomain,
     label_value_errors,
 )
+from launcher.embedded.types.gotypes import go_equal
 
 MUTATING_WEBHOOK, VALIDATING_WEBHOOK = "mjobset.kb.io", "vjobset.kb.io"
 
@@ -292,7 +293,9 @@ def webhook_update_causes(old: dict[str, Any], new: dict[str, Any]) -> Causes:
     new_rjobs = new_spec.get("replicatedJobs") or []
     if old_spec.get("suspend") or new_spec.get("suspend"):
         old_rjobs, new_rjobs = _without_kueue_fields(old_rjobs), _without_kueue_fields(new_rjobs)
-    if new_rjobs != old_rjobs:
+    # Compared as typed Go values (ValidateImmutableField: Semantic.DeepEqual): a pod template
+    # created without `metadata` is the one left with `metadata: {}` once its labels are set aside.
+    if not go_equal(new_rjobs, old_rjobs):
         causes.append(("spec.replicatedJobs", 'Invalid value: "array": field is immutable'))
     if new_spec.get("managedBy") != old_spec.get("managedBy"):
         shown = "null" if new_spec.get("managedBy") is None else new_spec["managedBy"]

@@ -17,7 +17,7 @@ from typing import Any
 
 from launcher.embedded.admission.validation import Causes, dns1123_label, labels, object_meta
 from launcher.embedded.types.errors import invalid
-from launcher.embedded.types.gotypes import parse_quantity
+from launcher.embedded.types.gotypes import go_equal, parse_quantity
 from launcher.embedded.types.resources import Resource
 
 _RESTART_POLICIES = ("Always", "OnFailure", "Never")
@@ -240,15 +240,16 @@ def _job_update(old: dict[str, Any], new: dict[str, Any]) -> Causes:
     that is suspended and has never started may change its pods' scheduling directives, labels
     and annotations (what Kueue writes when it admits a Job)."""
     o_spec, n_spec = old.get("spec") or {}, new.get("spec") or {}
+    # Typed comparisons (Semantic.DeepEqual): absent and empty are one value.
     causes: Causes = [
         (f"spec.{k}", f"Invalid value: {_go_value(n_spec.get(k))}: field is immutable")
         for k in _IMMUTABLE_JOB_FIELDS
-        if o_spec.get(k) != n_spec.get(k)
+        if not go_equal(o_spec.get(k), n_spec.get(k))
     ]
     o_t, n_t = o_spec.get("template") or {}, n_spec.get("template") or {}
-    if o_t != n_t:
+    if not go_equal(o_t, n_t):
         may = bool(o_spec.get("suspend")) and not (old.get("status") or {}).get("startTime")
-        if not may or _template_core(o_t) != _template_core(n_t):
+        if not may or not go_equal(_template_core(o_t), _template_core(n_t)):
             causes.append(("spec.template", "Invalid value: core.PodTemplateSpec{...}: field is immutable"))
     return causes
 

@@ -19,24 +19,43 @@ import json
 import logging
 import select
 import socket
+import ssl
 import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from launcher.embedded.admission import admission
+from launcher.embedded.api import discovery
 from launcher.embedded.api.rest import ApiRequest
+from launcher.embedded.auth.identity import Attributes, User
 from launcher.embedded.store.store import Store
 from launcher.embedded.types.errors import ApiError, bad_request
+
+if TYPE_CHECKING:  # outside mode's (cryptography): imported by the cluster that makes them
+    from launcher.embedded.auth.authn import Authenticator
+    from launcher.embedded.auth.rbac import Authorizer
 
 log = logging.getLogger(__name__)
 
 RouteHandler = Callable[[str, str, dict[str, str], bytes | None], tuple[int, dict[str, Any]]]
 LogSource = Callable[[str, str, str, bool], Iterator[bytes]]
+_HANDSHAKE_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Security:
+    """What an outside-mode server adds (docs/embedded.md "Outside mode"): TLS on its listener,
+    who each request is (`Authorization: Bearer`), and RBAC for everyone but the admin."""
+
+    tls: ssl.SSLContext
+    authenticator: Authenticator
+    authorizer: Authorizer
 
 
 class _Server(ThreadingHTTPServer):
@@ -48,14 +67,25 @@ class _Server(ThreadingHTTPServer):
         self.api = api
         super().__init__(address, _Handler)
 
+    def get_request(self) -> tuple[socket.socket, Any]:
+        conn, addr = super().get_request()
+        if self.api.security is not None:
+            # The handshake happens on the connection's own thread (_Handler.setup), not here,
+            # where one slow client would hold up every other's accept.
+            conn = self.api.security.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+        return conn, addr
+
     def handle_error(self, request, client_address) -> None:
-        # A client that hangs up (a watch closed at shutdown) is normal; anything else is a bug.
-        if not isinstance(sys.exc_info()[1], ConnectionError):
+        # A client that hangs up (a watch closed at shutdown), or one that never finished its TLS
+        # handshake, is normal; anything else is a bug.
+        if not isinstance(sys.exc_info()[1], ConnectionError | ssl.SSLError | TimeoutError):
             super().handle_error(request, client_address)
 
 
 class ApiServer:
-    """See docs/embedded.md. `bookmark_interval`: seconds between watch BOOKMARKs."""
+    """See docs/embedded.md. `bookmark_interval`: seconds between watch BOOKMARKs; `version`: the
+    document GET /version answers (the embedded cluster's, or an ordinary server's); `security`:
+    TLS, authentication and RBAC (outside mode), else plain HTTP where every client may do all."""
 
     def __init__(
         self,
@@ -64,8 +94,12 @@ class ApiServer:
         port: int = 0,
         *,
         bookmark_interval: float | None = None,
+        version: dict[str, str] | None = None,
+        security: Security | None = None,
     ) -> None:
         self.store = store
+        self.version = version or discovery.KUBE_VERSION  # what GET /version answers
+        self.security = security
         self.host = host
         self.port = port
         self.bookmark_interval = bookmark_interval
@@ -90,7 +124,21 @@ class ApiServer:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.security else 'http'}://{self.host}:{self.port}"
+
+    # ---- who may do what (outside mode) -----------------------------------------------------------
+
+    def identify(self, authorization: str | None) -> User | None:
+        """The request's user, or None where nobody is asked (the embedded cluster's own mode);
+        raises the 401 for a token the server does not take."""
+        if self.security is None:
+            return None
+        return self.security.authenticator.authenticate(authorization)
+
+    def authorize(self, user: User | None, attrs: Attributes) -> None:
+        """Raise the 403 when RBAC does not allow `user` what `attrs` asks."""
+        if self.security is not None and user is not None:
+            self.security.authorizer.authorize(user, attrs)
 
     def start(self) -> ApiServer:
         self._httpd = _Server((self.host, self.port), self)
@@ -159,6 +207,10 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
 
     def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.settimeout(_HANDSHAKE_TIMEOUT_S)
+            self.request.do_handshake()
+            self.request.settimeout(None)
         super().setup()
         # Headers and body go out in separate writes: without NODELAY, Nagle + delayed ACK add
         # 40 ms to every response.
@@ -197,11 +249,12 @@ class _Handler(BaseHTTPRequestHandler):
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         try:
             body = self._read_body()
-            ApiRequest(self, method, url.path, query, body).dispatch()
+            user = self.server.api.identify(self.headers.get("Authorization"))
+            ApiRequest(self, method, url.path, query, body, user).dispatch()
         except ApiError as e:
             self._fail(e)
-        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError):
-            self.close_connection = True
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, ssl.SSLEOFError):
+            self.close_connection = True  # the client hung up (over TLS: without its close_notify)
         except Exception as e:
             log.exception("%s %s failed", method, self.path)
             self._fail(
@@ -269,7 +322,10 @@ class _Handler(BaseHTTPRequestHandler):
     def peer_closed(self) -> bool:
         """Whether the client hung up (a readable socket with nothing to read)."""
         try:
+            if isinstance(self.connection, ssl.SSLSocket) and self.connection.pending():
+                return False  # a TLS record already read holds more of the client's bytes
             readable, _, _ = select.select([self.connection], [], [], 0)
-            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            # Peeked below TLS (an SSLSocket takes no flags): the connection's end, not a record.
+            return bool(readable) and socket.socket.recv(self.connection, 1, socket.MSG_PEEK) == b""
         except OSError:
             return True

@@ -18,6 +18,8 @@ from launcher.embedded.types.resources import GROUPS, VERBS, Resource
 KUBE_VERSION = {
     "major": "1",
     "minor": "31",
+    # The suffix says "the embedded cluster" to `reslice` (launcher/adapters/kube.py is_embedded), which
+    # then takes its local defaults; an outside-mode cluster answers ORDINARY_VERSION instead.
     "gitVersion": "v1.31.0-reslice-embedded",
     "gitCommit": "0000000000000000000000000000000000000000",
     "gitTreeState": "clean",
@@ -26,6 +28,8 @@ KUBE_VERSION = {
     "compiler": "gc",
     "platform": "linux/amd64",
 }
+# What an ordinary server of the same release answers (docs/embedded.md "Outside mode").
+ORDINARY_VERSION = {**KUBE_VERSION, "gitVersion": "v1.31.0"}
 
 
 def _group_version(group: str, version: str) -> dict[str, str]:

@@ -11,6 +11,7 @@ from typing import Any
 from launcher.core import rfc3339
 from launcher.embedded.api import bodies, discovery, eviction
 from launcher.embedded.api.streams import Streams
+from launcher.embedded.auth.identity import Attributes, User
 from launcher.embedded.store.patches import PATCH_TYPES
 from launcher.embedded.types import objects
 from launcher.embedded.types.errors import ApiError, bad_request
@@ -30,10 +31,20 @@ _GC_FINALIZERS = {"Foreground": "foregroundDeletion", "Orphan": "orphan"}
 class ApiRequest(Streams):
     """One API request: parse the path, route it, answer it. `h` is the ApiServer's HTTP handler
     (`apiserver._Handler`: headers, send_json, send_body, start_stream, chunk, end_stream,
-    peer_closed), `h.server.api` the ApiServer."""
+    peer_closed), `h.server.api` the ApiServer; `user` who asks (None: nobody is asked, the embedded
+    cluster's own mode)."""
 
-    def __init__(self, h: Any, method: str, path: str, query: dict[str, str], body: bytes | None) -> None:
+    def __init__(
+        self,
+        h: Any,
+        method: str,
+        path: str,
+        query: dict[str, str],
+        body: bytes | None,
+        user: User | None = None,
+    ) -> None:
         self.h, self.method, self.path, self.query, self.raw_body = h, method, path, query, body
+        self.user = user
         self.api = h.server.api
         self.store = self.api.store
 
@@ -42,10 +53,14 @@ class ApiRequest(Streams):
     def dispatch(self) -> None:
         for method, prefix, handler in self.api._routes:
             if method == self.method and self.path.startswith(prefix):
+                if self.user is not None:
+                    self.api.authorize(self.user, Attributes(verb=self.method.lower(), path=self.path))
                 code, body = handler(self.method, self.path, self.query, self.raw_body)
                 self.h.send_json(code, body)
                 return
         segs = [s for s in self.path.split("/") if s]
+        if self.user is not None and self.method == "GET" and _is_discovery(segs):
+            self.api.authorize(self.user, Attributes(verb="get", path=self.path))
         if self.method == "GET" and self._discovery(segs):
             return
         if segs[:2] == ["api", "v1"]:
@@ -59,7 +74,7 @@ class ApiRequest(Streams):
         address = f"{self.api.host}:{self.api.port}"
         doc: dict[str, Any] | None = None
         if segs == ["version"]:
-            doc = discovery.KUBE_VERSION
+            doc = self.api.version
         elif segs in (["healthz"], ["livez"], ["readyz"]):
             self.h.send_body(200, b"ok", "text/plain; charset=utf-8")
             return True
@@ -103,6 +118,13 @@ class ApiRequest(Streams):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         watching = watch_path or (self.method == "GET" and self.query.get("watch") in bodies.TRUE)
         verb, resource = _verb(self.method, name, watching), f"{res.plural}/{sub}" if sub else res.plural
+        if self.user is not None:  # outside mode: who asks is authorized (embedded: nobody is asked)
+            asked = Attributes(
+                verb=verb, path=self.path, resource_request=True, group=group, resource=res.plural,
+                subresource=sub or "", namespace=namespace or "",
+                name=name or (_selected_name(self.query.get("fieldSelector")) if verb in ("list", "watch") else ""),
+            )  # fmt: skip
+            self.api.authorize(self.user, asked)
         self.api.audit.add((verb, group, resource))
         with self.api._requests_lock:
             self.api.requests[verb, resource] += 1
@@ -303,6 +325,27 @@ class ApiRequest(Streams):
         if not any_json and not isinstance(body, dict):
             raise bodies.unrecognized(kind, self.raw_body, bodies.not_an_object(body))
         return body
+
+
+def _is_discovery(segs: list[str]) -> bool:
+    """A path that is no resource request (requestinfo.go): /version, /healthz, /openapi/...,
+    /api and /api/v1, /apis, /apis/GROUP and /apis/GROUP/VERSION."""
+    if not segs or segs[0] not in ("api", "apis"):
+        return True
+    return len(segs) < (3 if segs[0] == "api" else 4)
+
+
+def _selected_name(field_selector: str | None) -> str:
+    """The name a list or watch asks for by its `metadata.name=NAME` field selector, which RBAC
+    matches against `resourceNames` as it matches a named get (requestinfo.go: the selector's
+    RequiresExactMatch, a name that is a valid path segment)."""
+    for term in (field_selector or "").split(","):
+        key, op, value = term.partition("==") if "==" in term else term.partition("=")
+        if op and key.strip() == "metadata.name":  # `!=` leaves the key "metadata.name!"
+            value = value.strip()
+            if value and value not in (".", "..") and "/" not in value and "%" not in value:
+                return value
+    return ""
 
 
 def _verb(method: str, name: str | None, watching: bool) -> str:

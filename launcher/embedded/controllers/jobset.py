@@ -16,8 +16,37 @@ from launcher.embedded.controllers.runtime import ControllerLoop, EventRecorder
 from launcher.embedded.types import objects
 
 # The upstream release whose behaviour this controller follows; `/embedded/v1/info` reports it, as
-# the embedded cluster has no jobset-controller-manager Deployment whose image tag would say it.
+# the embedded cluster has no jobset-controller-manager Deployment whose image tag would say it
+# (an outside-mode cluster has one: `installed_deployment`).
 EMULATED_VERSION = "v0.12.0"
+JOBSET_NAMESPACE, JOBSET_DEPLOYMENT = "jobset-system", "jobset-controller-manager"
+
+
+def installed_deployment() -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the Deployment, its status) as JobSet's release manifest installs them
+    (kubernetes-sigs/jobset config/components/manager: `jobset-controller-manager` in
+    `jobset-system`, its container `manager` running `registry.k8s.io/jobset/jobset:<release>`):
+    what `reslice preflight` reads on a real cluster to learn the release. Stored, not run (no
+    Deployment controller here): the controller above stands for it."""
+    labels = {"control-plane": "controller-manager"}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": JOBSET_DEPLOYMENT, "namespace": JOBSET_NAMESPACE, "labels": labels},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "containers": [
+                        {"name": "manager", "image": f"registry.k8s.io/jobset/jobset:{EMULATED_VERSION}"}
+                    ]
+                },
+            },
+        },
+    }
+    return deployment, {"replicas": 1, "readyReplicas": 1, "availableReplicas": 1, "updatedReplicas": 1}
 
 
 class JobSetController(ControllerLoop):

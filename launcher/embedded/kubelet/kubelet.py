@@ -46,6 +46,7 @@ from launcher.embedded.kubelet.podstatus import (
     terminated_status,
 )
 from launcher.embedded.kubelet.runtimes import make_runtime
+from launcher.embedded.kubelet.volumes import PodAccess
 from launcher.embedded.types import objects
 
 
@@ -65,6 +66,7 @@ class Kubelet(ControllerLoop):
         events: Any = None,
         runtime: str = PodRuntime.PROCESS,
         shared: tuple[Path, ...] = (),
+        access: PodAccess | None = None,
     ) -> None:
         super().__init__(store, events)
         from launcher.embedded.store.store import RESOURCES
@@ -74,7 +76,7 @@ class Kubelet(ControllerLoop):
         self.simulated = simulated
         self.sim_duration_s = sim_duration_s
         self.sim_term_exit_code = sim_term_exit_code
-        self.runtime = make_runtime(runtime, store, log_dir, cwd or Path.cwd(), shared)
+        self.runtime = make_runtime(runtime, store, log_dir, cwd or Path.cwd(), shared, access)
         self.recorder = EventRecorder(store, "kubelet")
         self._runs: dict[str, PodRun] = {}  # pod uid → run
         self._runs_lock = threading.Lock()

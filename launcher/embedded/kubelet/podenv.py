@@ -13,7 +13,7 @@ import random
 import re
 import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from launcher.embedded.types import objects
@@ -82,15 +82,64 @@ class ContainerConfigError(Exception):
         self.reason = reason
 
 
+def _env_name(name: str) -> str:
+    """envvars.go makeEnvVariableName: upper case, `.` and `-` as `_`, a leading digit prefixed."""
+    out = name.upper().replace(".", "_").replace("-", "_")
+    return f"_{out}" if out[:1].isdigit() else out
+
+
+def _service_vars(svc: Mapping[str, Any]) -> dict[str, str]:
+    """One Service's variables (envvars.go FromServices and makeLinkVariables)."""
+    prefix, spec = _env_name(objects.meta(svc)["name"]), svc.get("spec") or {}
+    ip, ports = spec["clusterIP"], spec.get("ports") or []
+    host = f"[{ip}]" if ":" in ip else ip  # net.JoinHostPort
+    env = {f"{prefix}_SERVICE_HOST": ip}
+    for i, p in enumerate(ports):
+        proto = str(p.get("protocol") or "TCP")
+        port, url = str(p["port"]), f"{proto.lower()}://{host}:{p['port']}"
+        if i == 0:
+            env[f"{prefix}_SERVICE_PORT"] = port
+            env[f"{prefix}_PORT"] = url
+        if p.get("name"):
+            env[f"{prefix}_SERVICE_PORT_{_env_name(p['name'])}"] = port
+        each = f"{prefix}_PORT_{port}_{proto.upper()}"
+        env.update({each: url, f"{each}_PROTO": proto.lower(), f"{each}_PORT": port, f"{each}_ADDR": ip})
+    return env
+
+
+def service_env(services: Iterable[Mapping[str, Any]], namespace: str, links: bool) -> dict[str, str]:
+    """The Service variables the kubelet gives every container (pkg/kubelet/kubelet_pods.go
+    getServiceEnvVarMap): the `kubernetes` Service of `default` always (KUBERNETES_SERVICE_HOST,
+    KUBERNETES_SERVICE_PORT, the KUBERNETES_PORT family), and with `enableServiceLinks` every
+    Service of the pod's namespace; those without a cluster IP (headless) give none."""
+    chosen: dict[str, Mapping[str, Any]] = {}
+    for svc in services:
+        meta, ip = objects.meta(svc), (svc.get("spec") or {}).get("clusterIP")
+        if not ip or ip == "None" or not (svc.get("spec") or {}).get("ports"):
+            continue
+        if meta.get("namespace") == "default" and meta["name"] == "kubernetes":
+            chosen.setdefault(meta["name"], svc)
+        elif meta.get("namespace") == namespace and links:
+            chosen[meta["name"]] = svc
+    env: dict[str, str] = {}
+    for svc in chosen.values():
+        env.update(_service_vars(svc))
+    return env
+
+
 def container_env(
     pod: Mapping[str, Any],
     container: Mapping[str, Any],
     node: Mapping[str, Any],
     configmap: Callable[[str, str], Mapping[str, Any] | None],
     pod_ip: str = LOOPBACK,
+    services: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The variables the pod spec defines for one container (envFrom, then env), expanded."""
+    """The variables the pod spec defines for one container (envFrom, then env), expanded, then the
+    `services` variables it does not define (`service_env`), which `$(VAR)` may name too
+    (kubelet_pods.go makeEnvironmentVariables)."""
     ns = objects.meta(pod).get("namespace") or "default"
+    services = services or {}
     env: dict[str, str] = {}
     for src in container.get("envFrom") or []:
         ref = src.get("configMapRef")
@@ -106,7 +155,7 @@ def container_env(
     for e in container.get("env") or []:
         name = e["name"]
         if "valueFrom" not in e:
-            env[name] = expand(str(e.get("value") or ""), env)
+            env[name] = expand(str(e.get("value") or ""), {**services, **env} if services else env)
             continue
         vf = e["valueFrom"]
         if "fieldRef" in vf:
@@ -128,6 +177,8 @@ def container_env(
                 raise ContainerConfigError(what)
         else:
             raise ContainerConfigError(f"unsupported env source for {name}: {sorted(vf)}")
+    for k, v in services.items():
+        env.setdefault(k, v)
     return env
 
 

@@ -6,7 +6,13 @@ process tree, and the log files the API server's pods/log reads.
 What every runtime shares lives here too (the pod's environment, the log files, waiting on the
 process that stands for a container): the podman runtime (`podman.py`) is this class with its own
 `plan` (a `podman run` of the image instead of the command), `launch` (the container's ID) and
-`signal` (`podman kill`). Called by `kubelet.Kubelet` through `runtimes.ContainerRuntime`, which
+`signal` (`podman kill`).
+
+In outside mode (`access`: docs/embedded.md "Outside mode") a pod also gets what a real node gives
+it: the Service variables (`podenv.service_env`: KUBERNETES_SERVICE_HOST/PORT), its projected
+volumes (`volumes.py`: the service-account token, ca.crt, namespace), and a mount namespace of its
+own (`podns.py`) in which they are where its `volumeMounts` say and /etc/hosts is the cluster's
+DNS (`dns.py`). Called by `kubelet.Kubelet` through `runtimes.ContainerRuntime`, which
 owns the pod lifecycle (when to start, restart, signal, and what status to write); this module
 does no API writes.
 """
@@ -23,8 +29,9 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from launcher.embedded.kubelet import podenv
+from launcher.embedded.kubelet import podenv, volumes
 from launcher.embedded.kubelet.podrun import PodRun
+from launcher.embedded.kubelet.volumes import PodAccess
 from launcher.embedded.nodes import devices_per_chip
 from launcher.embedded.types import objects
 from launcher.embedded.types.resources import RESOURCES
@@ -35,10 +42,12 @@ class ProcessRunner:
 
     scheme = "process"  # containerID's `<type>://`
 
-    def __init__(self, store: Any, log_dir: Path, cwd: Path) -> None:
+    def __init__(self, store: Any, log_dir: Path, cwd: Path, access: PodAccess | None = None) -> None:
         self.store = store
+        self.access = access
         self.jobsets = RESOURCES["jobsets"]
         self.configmaps = RESOURCES["configmaps"]
+        self.services = RESOURCES["services"]
         self.log_dir = log_dir
         self.cwd = cwd
         self.ports = podenv.PortMap()
@@ -128,16 +137,59 @@ class ProcessRunner:
         hostname = run.node if spec.get("hostNetwork") else (spec.get("hostname") or run.name)
         d = self.pod_dir(run)
         d.mkdir(parents=True, exist_ok=True)
+        services, mounted = self._node_gives(run, pod, d)
         plans = {}
         for c in spec.get("containers") or []:
-            pod_env = podenv.container_env(pod, c, node, self._configmap, run.pod_ip)
+            pod_env = podenv.container_env(pod, c, node, self._configmap, run.pod_ip, services)
             env = podenv.local_env(pod_env, self.base_env(), chips, dpc, hostname, rewrite)
-            plans[c["name"]] = self.plan(run, pod, c, env, {k: env[k] for k in pod_env}, hostname)
+            plan = self.plan(run, pod, c, env, {k: env[k] for k in pod_env}, hostname)
+            plans[c["name"]] = self._in_namespace(plan, c, mounted, d) if self.access else plan
         for cname, plan in plans.items():
             run.plans[cname] = plan
             run.logs[cname] = d / f"{cname}.log"
             self.launch(run, cname)
         self._logs[(run.namespace, run.name)] = dict(run.logs)
+
+    def _node_gives(
+        self, run: PodRun, pod: dict[str, Any], d: Path
+    ) -> tuple[dict[str, str], dict[str, Path]]:
+        """Outside mode: the Service variables, the projected volumes (volume name -> host folder),
+        and the pod's names in the cluster's DNS; nothing otherwise (the embedded cluster's own)."""
+        if self.access is None:
+            return {}, {}
+        spec = pod.get("spec") or {}
+        ns = objects.meta(pod).get("namespace") or "default"
+        listed = self.store.list(self.services, ns)[0]
+        if ns != "default":
+            listed += self.store.list(self.services, "default")[0]
+        services = podenv.service_env(listed, ns, spec.get("enableServiceLinks", True) is not False)
+        mounted = volumes.project(run, pod, d / "volumes", self.access, self._configmap)
+        if spec.get("hostname") and spec.get("subdomain"):
+            self.access.dns.add(spec["hostname"], spec["subdomain"], ns, run.pod_ip)
+        return services, mounted
+
+    def _in_namespace(
+        self,
+        plan: tuple[list[str], dict[str, str], str],
+        container: Mapping[str, Any],
+        mounted: Mapping[str, Path],
+        d: Path,
+    ) -> tuple[list[str], dict[str, str], str]:
+        """The container's process started through podns.py: its mounts and the cluster's DNS."""
+        assert self.access is not None
+        args, env, cwd = plan
+        wrapper = [
+            sys.executable,
+            "-m",
+            "launcher.embedded.kubelet.podns",
+            "--hosts",
+            str(self.access.dns.path),
+        ]
+        for m in container.get("volumeMounts") or []:
+            if m.get("name") in mounted:
+                wrapper += ["--mount", f"{mounted[m['name']]}:{m['mountPath']}"]
+        wrapper += ["--scratch", str(d / f"ns-{container['name']}"), "--"]
+        return [*wrapper, *args], env, cwd
 
     def pod_dir(self, run: PodRun) -> Path:
         """The pod's own folder: its containers' logs (and the podman runtime's emptyDir volumes)."""

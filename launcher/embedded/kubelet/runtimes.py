@@ -14,6 +14,7 @@ from launcher.core.words import PodRuntime
 from launcher.embedded.kubelet.podman import PodmanRunner
 from launcher.embedded.kubelet.podrun import PodRun
 from launcher.embedded.kubelet.processes import ProcessRunner
+from launcher.embedded.kubelet.volumes import PodAccess
 
 __all__ = ["ContainerRuntime", "make_runtime"]
 
@@ -51,12 +52,20 @@ class ContainerRuntime(Protocol):
 
 
 def make_runtime(
-    kind: str, store: Any, log_dir: Path, cwd: Path, shared: Sequence[Path] = ()
+    kind: str,
+    store: Any,
+    log_dir: Path,
+    cwd: Path,
+    shared: Sequence[Path] = (),
+    access: PodAccess | None = None,
 ) -> ContainerRuntime:
     """`kind`: a PodRuntime value; `shared`: host folders the podman runtime mounts into every
-    container at their own paths (the process runtime's processes see the whole host)."""
+    container at their own paths (the process runtime's processes see the whole host); `access`:
+    what outside mode's process pods get (the process runtime only)."""
     if kind == PodRuntime.PODMAN:
+        if access is not None:
+            raise ValueError("outside mode runs its pods with the process runtime")
         return PodmanRunner(store, log_dir, cwd, shared)
     if kind == PodRuntime.PROCESS:
-        return ProcessRunner(store, log_dir, cwd)
+        return ProcessRunner(store, log_dir, cwd, access)
     raise ValueError(f"unknown pod runtime {kind!r} (runtimes: {', '.join(PodRuntime)})")

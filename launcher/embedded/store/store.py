@@ -82,6 +82,8 @@ class Store(Writes, Deletion, WatchFanout, Persistence):
     ) -> None:
         self._lock = threading.RLock()
         self.default_toleration_s = defaults.DEFAULT_TOLERATION_S  # the cluster may start it otherwise
+        # The ServiceAccount admission plugin's token volume on created pods: outside mode's.
+        self.service_account_tokens = False
         self._rv = 0
         self._objs: dict[str, dict[str, dict[str, Rec]]] = {p: {} for p in RESOURCES}
         self._uids: dict[str, tuple[Resource, str, str]] = {}

@@ -11,7 +11,7 @@ import uuid
 from typing import Any
 
 from launcher.core import rfc3339
-from launcher.embedded.admission import defaults, rules
+from launcher.embedded.admission import defaults, rules, serviceaccount
 from launcher.embedded.store.stored import ADDED, MODIFIED, Rec
 from launcher.embedded.types.errors import (
     STALE,
@@ -22,6 +22,7 @@ from launcher.embedded.types.errors import (
     invalid,
     not_found,
 )
+from launcher.embedded.types.gotypes import go_equal
 from launcher.embedded.types.resources import RESOURCES, Resource
 
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
@@ -50,6 +51,10 @@ class Writes:
         meta["creationTimestamp"] = rfc3339.stamp()
         meta["generation"] = 1
         defaults.on_create(res, obj, self.default_toleration_s)
+        if res.plural == "pods" and self.service_account_tokens:
+            account = self._find(RESOURCES["serviceaccounts"], ns, obj["spec"]["serviceAccountName"])
+            suffix = "".join(random.choices(_GENERATE_ALPHABET, k=5))
+            serviceaccount.mount_token(obj, account.obj if account is not None else None, suffix)
         defaults.normalize(res, obj)
         self._admit(res, None, obj)
         rec = self._commit(res, ADDED, obj, None)
@@ -160,7 +165,10 @@ class Writes:
                 new["status"] = old["status"]
             else:
                 new.pop("status", None)
-        spec_changed = any(new.get(k) != old.get(k) for k in {*new, *old} - {"metadata", "status"})
+        # A built-in kind's strategy compares its typed spec (Semantic.DeepEqual: absent and empty
+        # alike); a custom resource's compares the unstructured content, where they differ.
+        same = (lambda a, b: a == b) if res.custom else go_equal
+        spec_changed = any(not same(new.get(k), old.get(k)) for k in {*new, *old} - {"metadata", "status"})
         meta["generation"] = old_meta.get("generation", 1) + (1 if spec_changed else 0)
         self._admit(res, old, new)
         return new

@@ -344,3 +344,30 @@ class Bytes(GoType):
 def decode(value: Any, t: GoType, *, lenient: bool = False) -> Any:
     """`value` as Go decodes it into `t` (nulls settled in place); raises Mismatch."""
     return t.decode(value, lenient)
+
+
+def _zero(value: Any) -> bool:
+    if isinstance(value, bool | int | float):
+        return not value
+    return value is None or value in ({}, [], "")
+
+
+def without_zeros(value: Any) -> Any:
+    """`value` with every object field whose value is its zero left out (null, `{}`, `[]`, `""`,
+    `0`, `false`, and an object or list that is nothing else), at any depth; list items are kept."""
+    if isinstance(value, dict):
+        out = {k: without_zeros(v) for k, v in value.items()}
+        return {k: v for k, v in out.items() if not _zero(v)}
+    if isinstance(value, list):
+        return [without_zeros(v) for v in value]
+    return value
+
+
+def go_equal(a: Any, b: Any) -> bool:
+    """Whether two JSON values are equal once decoded into one Go type and compared as upstream's
+    validation compares them (apimachinery `equality.Semantic.DeepEqual`, after the typed
+    decoding): a field left out is its zero value, and an empty map or list is a nil one. So a pod
+    template created without `metadata` equals one with `metadata: {}`, and `labels: {}` equals
+    none. (A pointer field Go tells apart when nil and when zero, say `suspend: false` against no
+    `suspend`, is equal here too: never stricter than upstream.)"""
+    return without_zeros(a) == without_zeros(b)
