@@ -40,11 +40,11 @@ from launcher.controller.loop import Controller, PassResult
 from launcher.core.errors import UserError
 from launcher.core.labels import LABEL_RUN
 from launcher.core.record import Knobs, RunRecord
-from launcher.core.spec import RunSpec
+from launcher.core.spec import RunSpec, grace_period
 from launcher.core.words import LedgerKind, RunState
 from launcher.report.view import Throttle, live_view
 from launcher.sweep.files import SWEEP_JSON, read_incarnations, result_of, write_outputs
-from launcher.sweep.results import FactorResult, Recommendation, pct
+from launcher.sweep.results import FactorResult, Recommendation, ms, pct
 from launcher.sweep.spec import (
     ATTACH,
     DONE,
@@ -229,7 +229,7 @@ def run_sweep(
     def start(p: FactorRun) -> None:
         action = actions[p.run]
         if action == ATTACH:
-            console.print(f"{p.run}: attaching (it was left {records[p.run].state} by an interrupted sweep)")  # type: ignore[union-attr]
+            console.print(f"{p.run}: attaching (it was left {records[p.run].state} by an interrupted sweep)")  # type: ignore[union-attr]  # ATTACH: a record exists (next_action)
         else:
             old = records[p.run]
             rd = RunDir(p.record.spec.run_dir, p.record.spec.trainer)
@@ -237,7 +237,8 @@ def run_sweep(
                 rd.log([{"time": time.time(), "kind": LedgerKind.RELAUNCH, "previous_state": old.state,
                          "previous_reason": old.reason, "reason": f"sweep {sweep.name} reruns what is missing"}])  # fmt: skip
                 kube.delete_record(p.run)
-            _clear_leftovers(kube, p.run, timeout=p.record.spec.grace_period_s + 60.0)
+            preset = controller.catalog.preset(sweep.preset)
+            _clear_leftovers(kube, p.run, timeout=grace_period(p.record.spec, preset) + 60.0)
             create_run(kube, replace(p.record, created_at=time.time()))
             what = f"relaunched (was {old.state}: {old.reason})" if old is not None else "launched"
             console.print(f"{p.run}: {what}; run directory {p.record.spec.run_dir}")
@@ -256,7 +257,7 @@ def run_sweep(
         results[p.run] = r
         if r.measured:
             console.print(
-                f"{p.run}: {rec.state}: dropped {pct(r.dropped_fraction)}, step {r.step_time_median_s * 1e3:.1f} ms"
+                f"{p.run}: {rec.state}: dropped {pct(r.dropped_fraction)}, step {ms(r.step_time_median_s)}"
             )
         else:
             console.print(f"{p.run}: {rec.state}: {rec.reason}")
@@ -298,10 +299,10 @@ def run_sweep(
             state = got[0].state if got else "NotLaunched"
             results[p.run] = FactorResult(p.factor, p.run, state, "interrupted: rerun the sweep to finish it")
     final = [results[p.run] for p in plans]
-    rec, outputs = write_outputs(sweep, final)
+    recommendation, outputs = write_outputs(sweep, final)
     if interrupted or stop.is_set():
         console.print(
             f"sweep {sweep.name} interrupted; {', '.join(interrupted) or 'no run'} left running in the cluster. "
             "Run the same command again to finish only what is missing."
         )
-    return SweepOutcome(final, rec, outputs, interrupted)
+    return SweepOutcome(final, recommendation, outputs, interrupted)
