@@ -18,7 +18,7 @@ from trainer.elastic import peers, supervisor, world
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+    def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse prints usage too)
         print(f"trainer: usage error: {message}", file=sys.stderr)
         sys.exit(2)
 
@@ -189,7 +189,7 @@ def _imports_without_gc() -> Iterator[None]:
         gc.enable()
 
 
-def _exit_now(code: int) -> None:
+def _exit_now(code: int) -> NoReturn:
     import multiprocessing
 
     sys.stdout.flush()

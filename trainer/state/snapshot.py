@@ -111,9 +111,10 @@ def write(
     """Write one snapshot (``host``: per leaf its path, global shape, dtype and distinct shards by
     key) as ``<step>.snap``: under a temporary name, renamed once ``ready()`` (False: removed
     instead, None returned). Returns the file."""
-    leaves, offset = [], 0
+    leaves: list[dict[str, Any]] = []
+    offset = 0
     for path, shape, dtype, shards in host:
-        entry = {"path": path, "shape": list(shape), "dtype": dtype, "shards": {}}
+        entry: dict[str, Any] = {"path": path, "shape": list(shape), "dtype": dtype, "shards": {}}
         for key, data in shards:
             entry["shards"][key] = [offset, int(data.nbytes), list(data.shape)]
             offset = _aligned(offset + int(data.nbytes))
@@ -126,7 +127,7 @@ def write(
         for entry, (_, _, _, shards) in zip(leaves, host, strict=True):
             for key, data in shards:
                 f.seek(start + entry["shards"][key][0])
-                f.write(memoryview(np.ascontiguousarray(data)).cast("B"))
+                f.write(np.ascontiguousarray(data).data.cast("B"))
     if not ready():
         tmp.unlink()
         return None
@@ -376,7 +377,7 @@ class _Shards:
             offset, nbytes, shape = self.saved[path]["shards"][key]
             buf = np.empty(shape, dtype)
             got = (
-                os.preadv(self.file.fileno(), [memoryview(buf).cast("B")], self.header["data_start"] + offset)
+                os.preadv(self.file.fileno(), [buf.data.cast("B")], self.header["data_start"] + offset)
                 if nbytes
                 else 0
             )
@@ -437,6 +438,7 @@ def broadcast(header: dict | None, abstract: Any, mesh: Any, source: int) -> Any
             shape = (slices, *leaf.shape)
             arrays = []
             for device, index in spec.addressable_devices_indices_map(shape).items():
+                assert index is not None  # a NamedSharding gives each of its devices its slices
                 inner = index[1:]
                 if shards is not None:
                     data = shards.get(path, _key(inner, leaf.shape), dtype)
