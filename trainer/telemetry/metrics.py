@@ -76,7 +76,7 @@ def _event_writer_imports(run_dir: str | None) -> Iterator[None]:
         else []
     )
     for m in hidden:
-        sys.modules[m] = None  # type: ignore[assignment]
+        sys.modules[m] = None  # type: ignore[assignment]  # None there makes importing it fail, by design
     try:
         yield
     finally:
