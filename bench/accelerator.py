@@ -286,6 +286,8 @@ def step_time(name: str, sets: list[str], steps: int) -> dict:
         stop = jax.device_put(np.zeros(mesh.size, np.int32), device_sharding(mesh))
         compiled = step.lower(plain(abstract), tokens, stop).compile()
         ma = compiled.memory_analysis()
+        if ma is None:
+            raise RuntimeError(f"{jax.default_backend()}'s compiler reports no memory analysis for the step")
         # XLA's own peak where the backend reports it (a TPU's does), else what `trainer --memory`
         # adds up (arguments + outputs - aliased + temporaries, which double-counts on a TPU).
         xla_bytes = getattr(ma, "peak_memory_in_bytes", 0) or (

@@ -38,7 +38,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,7 +145,7 @@ def slice_jobset_problems(events: list[tuple[str, str]], slices: int) -> list[st
     return out
 
 
-def world_overlap_problems(metrics: list[Mapping[str, Any]]) -> list[str]:
+def world_overlap_problems(metrics: Sequence[Mapping[str, Any]]) -> list[str]:
     """In place, never two worlds training at once: every step a world recorded is before the
     first step of the next world (segment) that trained."""
     spans: dict[int, tuple[float, float]] = {}

@@ -185,7 +185,12 @@ def phase(cluster, kube: Kube, tmp: Path, run: str, args) -> dict:
               f"(deciding {decide_s * 1e3:.0f} ms, the record's PUT {(latency - decide_s) * 1e3:.0f} ms) "
               f"({(end['time'] - t_fault) * 1e3:.0f} ms after the fault; zero-grace: {end.get('zero_grace', False)}; "
               f"the API server's process in full GC for {server_gc * 1e3:.0f} ms of it)")  # fmt: skip
-        wait_for(lambda: len(kube.get_record(run)[0].segments) > 1, 600, "the next segment", interval=1.0)
+        wait_for(
+            lambda: (g := kube.get_record(run)) is not None and len(g[0].segments) > 1,
+            600,
+            "the next segment",
+            interval=1.0,
+        )
         rss = proc_mib(ctl.pid, "VmHWM")
     finally:
         ctl.terminate()

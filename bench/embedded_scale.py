@@ -94,7 +94,10 @@ def _run(cluster: EmbeddedCluster, args: argparse.Namespace, t_nodes: float, rss
     store, res = cluster.store, cluster.res
     n_nodes = len(store.list(res["nodes"])[0])
     api = cluster.api_client()
-    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    # Any: with _preload_content=False the client answers urllib3's response, which its
+    # annotations do not model (they name the decoded list).
+    core: Any = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
     js = scale_jobset(args.slices, args.preset)
     hosts = make_shape(args.preset, args.slices).hosts
     print(

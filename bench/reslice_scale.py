@@ -133,8 +133,13 @@ def phase(cluster: ClusterProcess, kube: Kube, tmp: Path, mode: str, args) -> di
         cluster.requests(reset=True)
         t_fault = time.time()
         cluster.remove(pool)
-        wait_for(lambda: len(kube.get_record(run)[0].segments) > 1, 600, "the next segment", interval=0.2)
-        rec = kube.get_record(run)[0]
+        got = wait_for(
+            lambda: (g := kube.get_record(run)) is not None and len(g[0].segments) > 1 and g,
+            600,
+            "the next segment",
+            interval=0.2,
+        )
+        rec = got[0]
         nxt = rec.segments[1]
         want = nxt.slices * shape.preset.hosts
 
@@ -177,6 +182,7 @@ def phase(cluster: ClusterProcess, kube: Kube, tmp: Path, mode: str, args) -> di
     }
     if watchers:
         world_cm = kube.world(world_configmap_name(run))
+        assert world_cm is not None, "the run's world was never published"
         published = json.loads(world_cm["data"]["world.json"])["published"]
         seen = [t - published for t in watchers.seen[1]]
         out |= {

@@ -62,6 +62,8 @@ def restores(cfg_name: str, overrides: list[str], run_dir: str, memory_dir: str,
         abstract = plain(abstract_state(cfg, mesh)[1])
         ckpt = Checkpointer(run_dir, 3)
         step = ckpt.latest_step()
+        if step is None:
+            raise SystemExit(f"bench.snapshot_cost: the run left no checkpoint in {run_dir}")
         header = snapshot.read_header(Path(memory_dir) / f"{step}.snap")
         storage, memory = [], []
         for _ in range(repeats):

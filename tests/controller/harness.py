@@ -221,7 +221,7 @@ class Harness:
     def wait_state(self, run: str, states: set[str], timeout: float) -> RunRecord:
         return wait_for(
             lambda: (r := self.record(run)).state in states and r, timeout, f"{run} to reach {states}"
-        )  # type: ignore[return-value]
+        )
 
     def wait_step(self, run: str, step: int, timeout: float) -> None:
         """Until the trainer has committed a checkpoint at or after `step`."""
