@@ -3,7 +3,7 @@
 
     python3 dev.py demo [ARGS]    set up .venv from the lock file, then run the elastic demo
                                   (`--runtime podman`: builds the trainer image first, as `images`)
-    python3 dev.py test [ARGS]    set up .venv, lint (ruff, import contracts), then run the whole test suite
+    python3 dev.py test [ARGS]    set up .venv, lint (ruff, import contracts, mypy), then run the whole test suite
                                   (as root: apt installs chromium and chromium-driver for tests/ui)
     python3 dev.py bench [NAME]   set up .venv, then list the benchmarks (or run bench.NAME)
     python3 dev.py lock           regenerate requirements/*.lock after changing pyproject.toml (uv)
@@ -29,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from launcher.core.images import DOCKERFILES
 
@@ -129,6 +130,7 @@ def test(args: list[str]) -> None:
     _run(str(BIN / "ruff"), "check", ".")
     _run(str(BIN / "ruff"), "format", "--check", ".")
     _run(str(BIN / "lint-imports"))
+    _run(str(BIN / "mypy"))  # what it checks and where it caches: pyproject.toml, [tool.mypy]
     if _runs_image_tests(args):
         _prepare_images()
     browser()
@@ -175,7 +177,10 @@ def browser() -> None:
         )
         return
     print(f"dev.py test: apt-get install {' '.join(BROWSER_PACKAGES)}", file=sys.stderr)
-    quiet = {"stdout": subprocess.DEVNULL, "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}}
+    quiet: dict[str, Any] = {
+        "stdout": subprocess.DEVNULL,
+        "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+    }
     for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *BROWSER_PACKAGES]):
         if subprocess.run(cmd, **quiet).returncode:
             print(f"dev.py test: `{' '.join(cmd)}` failed: the browser tests skip", file=sys.stderr)
@@ -314,7 +319,10 @@ def engine() -> None:
                 + ("apt-get needs root" if shutil.which("apt-get") else "no apt-get")
             )
         print(f"dev.py images: apt-get install {' '.join(APT_PACKAGES)}", file=sys.stderr)
-        quiet = {"stdout": subprocess.DEVNULL, "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}}
+        quiet: dict[str, Any] = {
+            "stdout": subprocess.DEVNULL,
+            "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        }
         for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *APT_PACKAGES]):
             if subprocess.run(cmd, **quiet).returncode:
                 raise EngineUnavailable(f"`{' '.join(cmd)}` failed")
@@ -364,7 +372,8 @@ def rootfs() -> str:
         )
         imported = subprocess.run(["podman", "import", "-", tag], stdin=tar.stdout, env=podman_env(),
                                   capture_output=True)  # fmt: skip
-        tar.stdout.close()
+        if tar.stdout is not None:  # piped: always
+            tar.stdout.close()
         if tar.wait() or imported.returncode:
             sys.exit("dev.py images: could not import the debootstrap root file system into podman")
     print(
