@@ -157,7 +157,7 @@ class Harness:
     def launch(
         self, run: str, slices: int, *, steps: int, interval: int = 5, run_dir: str | None = None,
         knobs: Knobs | None = None, extra: tuple[str, ...] = (), max_restarts: int = 3,
-        global_batch: int = GLOBAL_BATCH, restart_mode: str = RunSpec.restart_mode,
+        global_batch: int = GLOBAL_BATCH, restart_mode: str = RunSpec.restart_mode, queue: str | None = None,
     ) -> RunRecord:  # fmt: skip
         settings = tuple(s.format(steps=steps, interval=interval) for s in TRAINER_SETTINGS) + extra
         spec = RunSpec(
@@ -171,6 +171,7 @@ class Harness:
             max_restarts=max_restarts,
             image_pull_policy="Never",
             restart_mode=restart_mode,
+            queue=queue,  # a Kueue LocalQueue: the JobSets are rendered suspended, Kueue admits them
             # In place, the pods read their world from the embedded API server (docs/contract.md).
             world_api=self.cluster.api_client().configuration.host
             if restart_mode == RestartMode.IN_PLACE
