@@ -29,3 +29,17 @@ class Parser(argparse.ArgumentParser):
                 flag = "--" + name.replace("_", "-")
                 what = "nothing to measure" if value == 0 else "not a count"
                 self.error(f"{flag} {value}: {what} (at least {low})")
+
+    def shape(self, preset: str, slices: int) -> None:
+        """`slices` slices of a preset the catalog has (presets/), as a run would be refused them
+        (a multislice of single-host slices, say): one line, before anything starts."""
+        from launcher.adapters.preset_files import load_catalog
+        from launcher.core.errors import UserError
+
+        known = load_catalog()
+        if preset not in known:
+            self.error(f"--preset {preset}: no such preset ({', '.join(sorted(known))})")
+        try:
+            known.shape(preset, slices)
+        except UserError as e:
+            self.error(f"--preset {preset} --slices {slices}: {e}")

@@ -31,11 +31,12 @@ Not a test: CI has no accelerator.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
+
+from bench._cli import Parser
 
 # Before jax is imported. bench/__init__ sets the simulated hosts' JAX settings (CPU only, and
 # XLA:CPU flags that other jaxlib versions refuse); this benchmark is for the accelerator, with 8
@@ -533,7 +534,7 @@ def attention_agreement(quick: bool) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.accelerator", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m bench.accelerator", description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=0, help="olmo-7b depth (default: what fits the device)")
     parser.add_argument("--batch", type=int, default=0, help="sequences per step (default: what fits)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
@@ -545,7 +546,11 @@ def main(argv: list[str] | None = None) -> int:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="olmo-7b override (part 2)"
     )
     args = parser.parse_args(argv)
+    parser.at_least(args, 1, "steps")
+    parser.at_least(args, 0, "layers", "batch")  # 0: what fits the device
     skip = set(filter(None, args.skip.split(",")))
+    if unknown := skip - {"reference", "attention", "moe"}:
+        parser.error(f"--skip {args.skip}: no part {', '.join(sorted(unknown))} (reference, attention, moe)")
 
     import jax
 

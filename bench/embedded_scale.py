@@ -26,6 +26,7 @@ from typing import Any
 
 from kubernetes import client, watch
 
+from bench._cli import Parser
 from launcher.adapters.preset_files import make_shape
 from launcher.core.render import render_jobset
 from launcher.core.spec import RunSpec
@@ -72,12 +73,14 @@ def _wait(pred: Any, timeout: float, poll: float = 0.02) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.embedded_scale")
+    ap = Parser(prog="python -m bench.embedded_scale")
     ap.add_argument("--slices", type=int, default=4)
     ap.add_argument("--preset", default="tpu7x-8x8x48")
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--tracemalloc", action="store_true", help="Also trace Python allocations (slow).")
     args = ap.parse_args(argv)
+    ap.at_least(args, 1, "slices", "samples")
+    ap.shape(args.preset, args.slices)
     if args.tracemalloc:
         tracemalloc.start()
     rss0 = rss_mib()

@@ -41,7 +41,6 @@ for the first time.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -55,6 +54,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import machine
+from bench._cli import Parser
 from launcher.adapters.rundir import RunDir, read_jsonl
 from launcher.controller.launch import stop_run
 from launcher.core.record import Knobs
@@ -307,7 +307,7 @@ def table_of(title: str, results: list[dict]) -> Table:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = Parser(prog="python -m bench.recovery")
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument(
         "--mode",
@@ -317,6 +317,7 @@ def main() -> None:
     )
     ap.add_argument("--json", action="store_true", help="last line: the medians as one JSON object")
     args = ap.parse_args()
+    ap.at_least(args, 1, "cycles")
     console = Console(width=170)
     loop_before = machine.loop_s()
     modes = [m.value for m in RestartMode] if args.mode == BOTH else [args.mode]

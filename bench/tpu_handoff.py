@@ -30,7 +30,6 @@ Figures: docs/measurements.md, "On a TPU".
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -44,6 +43,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+from bench._cli import Parser
 from launcher.embedded.kubelet.podenv import SIMULATED_XLA_FLAGS
 from trainer.elastic import supervisor
 
@@ -252,7 +252,7 @@ def main() -> int:
         os.environ.clear()
         os.environ.update(env)
         return _train(Path(sys.argv[2]), sys.argv[4:])
-    parser = argparse.ArgumentParser(prog="python -m bench.tpu_handoff", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m bench.tpu_handoff", description=__doc__.split("\n\n")[0])
     parser.add_argument("--handoffs", type=int, default=5, help="hand-offs of the chip in the second pod")
     parser.add_argument(
         "--steps", type=int, default=3, help="steps each trainer trains before the next world"
@@ -269,6 +269,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole benchmark")
     parser.add_argument("--json", action="store_true", help="one JSON object on the last line")
     args = parser.parse_args()
+    parser.at_least(args, 1, "handoffs", "steps", "devices")
+    if args.timeout <= 0:
+        parser.error(f"--timeout {args.timeout}: no time to run in (more than 0)")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tpu-handoff-"))
     deadline = time.monotonic() + args.timeout
     pods: list[Pod] = []
