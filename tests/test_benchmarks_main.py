@@ -79,8 +79,9 @@ CLUSTER = [
     ("recovery", ["--cycles", "1", "--mode", "in-place", "--json"]),
 ]  # fmt: skip
 JAX = [
-    ("tpu_handoff", ["--handoffs", "1", "--steps", "1", "--json"]),
-    ("accelerator", ["--quick", "--steps", "1", "--json"]),
+    # bench.tpu --quick runs bench.accelerator --quick and bench.tpu_handoff (one hand-off) as its
+    # children, as on a TPU lease; the JSON it writes is read below.
+    ("tpu", ["--quick", "--out", "{tmp}/tpu.json"]),
     # A batch of 8 (one sequence a device), not their 256: the figures mean nothing at this size.
     ("snapshot_cost", ["--steps", "3", "--rounds", "1", "--set", "train.global_batch=8"]),
     ("trainer_overhead", ["--steps", "3", "--rounds", "1", "--set", "train.global_batch=8"]),
@@ -90,7 +91,10 @@ NOT_RUN_ALONE = {"scale_cluster"}
 
 
 def test_every_benchmark_is_run_here():
-    assert sorted({n for n, _ in CLUSTER + JAX} | NOT_RUN_ALONE) == BENCHES
+    from bench.tpu import BENCHES as TPU_BENCHES
+
+    by_tpu = {n for n, _, _ in TPU_BENCHES if (ROOT / "bench" / f"{n}.py").exists()}
+    assert sorted({n for n, _ in CLUSTER + JAX} | by_tpu | NOT_RUN_ALONE) == BENCHES
 
 
 def test_the_embedded_cluster_benchmarks_run():
@@ -108,13 +112,18 @@ def test_the_embedded_cluster_benchmarks_run():
     assert last_json(got["recovery"]["out"])["inplace_median_s"] > 0
 
 
-def test_the_jax_benchmarks_run():
-    got = {r["name"]: r for r in run_benches(JAX, timeout=600)}
+def test_the_jax_benchmarks_run(tmp_path):
+    cases = [(n, [a.format(tmp=tmp_path) for a in argv]) for n, argv in JAX]
+    got = {r["name"]: r for r in run_benches(cases, timeout=600)}
     for r in got.values():
         assert r["code"] == 0, ran(r)
-    handoff = last_json(got["tpu_handoff"]["out"])
+    tpu = json.loads((tmp_path / "tpu.json").read_text())
+    assert tpu["ok"], tpu
+    for name, b in tpu["benches"].items():
+        assert "skipped" in b or b["exit"] == 0, (name, b)
+    handoff = tpu["benches"]["tpu_handoff"]["result"]
     assert handoff["ok"] and handoff["ok_handoffs"] == 1, handoff
-    acc = last_json(got["accelerator"]["out"])
+    acc = tpu["benches"]["accelerator"]["result"]
     # A part that raised is reported and the others go on (on a TPU lease, every figure counts):
     # here none may.
     assert [k for k in acc if k.endswith("_error")] == [], acc
@@ -149,6 +158,8 @@ REFUSED = [
     ("tokenize_memory", ["--vocab", "100"], "--vocab 100: at least 257"),
     ("tpu_handoff", ["--handoffs", "0"], "--handoffs 0: nothing to measure"),
     ("trainer_overhead", ["--rounds", "0"], "--rounds 0: nothing to measure"),
+    ("tpu", ["--timeout", "0"], "--timeout 0.0: no time to run in"),
+    ("tpu", ["--out", "/nonexistent/x.json"], "/nonexistent is not a directory"),
     ("ui", ["--runs", "0"], "--runs 0: nothing to measure"),
     ("ui", ["--unknown"], "unrecognized arguments: --unknown"),
 ]
