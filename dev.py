@@ -3,9 +3,14 @@
 
     python3 dev.py demo [ARGS]    set up .venv from the lock file, then run the elastic demo
                                   (`--runtime podman`: builds the trainer image first, as `images`)
-    python3 dev.py test [ARGS]    set up .venv, lint (ruff, import contracts), then run the whole test suite
+    python3 dev.py test [ARGS]    set up .venv, lint (ruff, import contracts, mypy), then run the whole test suite
                                   (as root: apt installs chromium and chromium-driver for tests/ui)
     python3 dev.py bench [NAME]   set up .venv, then list the benchmarks (or run bench.NAME)
+    python3 dev.py bench tpu ...  on a TPU host, without set-up: `python3 -m bench.tpu ...` with this
+                                  interpreter (the machine's JAX, the trainer's wheels: tpu-wheels)
+    python3 dev.py tpu-wheels [--for-bench] [--list]  download the trainer's wheels but JAX's own
+                                  into .whl-tpu/ (a TPU host has JAX, and no network; --for-bench:
+                                  what bench.tpu imports; --list: print them; docs/measurements.md)
     python3 dev.py lock           regenerate requirements/*.lock after changing pyproject.toml (uv)
     python3 dev.py maxtext        set up .venv-maxtext (Python 3.12) from requirements/maxtext.lock
     python3 dev.py images [NAME]  build the trainer, controller and MaxText images with podman (as root:
@@ -29,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from launcher.core.images import DOCKERFILES
 
@@ -129,6 +135,7 @@ def test(args: list[str]) -> None:
     _run(str(BIN / "ruff"), "check", ".")
     _run(str(BIN / "ruff"), "format", "--check", ".")
     _run(str(BIN / "lint-imports"))
+    _run(str(BIN / "mypy"))  # what it checks and where it caches: pyproject.toml, [tool.mypy]
     if _runs_image_tests(args):
         _prepare_images()
     browser()
@@ -175,7 +182,10 @@ def browser() -> None:
         )
         return
     print(f"dev.py test: apt-get install {' '.join(BROWSER_PACKAGES)}", file=sys.stderr)
-    quiet = {"stdout": subprocess.DEVNULL, "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}}
+    quiet: dict[str, Any] = {
+        "stdout": subprocess.DEVNULL,
+        "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+    }
     for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *BROWSER_PACKAGES]):
         if subprocess.run(cmd, **quiet).returncode:
             print(f"dev.py test: `{' '.join(cmd)}` failed: the browser tests skip", file=sys.stderr)
@@ -213,9 +223,77 @@ def _podman_demo(args: list[str]) -> bool:
 
 
 def bench(args: list[str]) -> None:
+    if args[:1] == ["tpu"]:
+        # A TPU host has the machine's JAX and the trainer's wheels (`tpu-wheels`), no project
+        # venv and no network: no set-up, this interpreter.
+        _exec(sys.executable, "-m", "bench.tpu", *args[1:])
     setup()
     module = f"bench.{args[0]}" if args else "bench"
     _exec(str(BIN / "python"), "-m", module, *args[1:])
+
+
+# What a TPU host brings itself (its own JAX build, the libtpu that matches it, and the array
+# libraries JAX was built against): the rest of requirements/trainer.lock is `tpu-wheels`'.
+TPU_HOST_OWN = ("jax", "jaxlib", "libtpu", "numpy", "ml-dtypes", "scipy")
+# What only gs:// input data (gcsfs, its aiohttp and OAuth chains) and `python -m trainer.tokenize`
+# (tokenizers, its hub client's chain) need: `tpu-wheels --for-bench` leaves them out, as
+# `python -m bench.tpu` imports none of them (traced: every module its benchmarks import), and the
+# rest fits what goes to a TPU lease beside the repository (64 MiB).
+TPU_BENCH_UNUSED = (
+    "gcsfs", "aiohttp", "aiohappyeyeballs", "aiosignal", "frozenlist", "multidict", "propcache", "yarl",
+    "google-auth-oauthlib", "requests-oauthlib", "oauthlib",
+    "tokenizers", "huggingface-hub", "hf-xet", "httpx2", "httpcore2", "h11", "anyio",
+)  # fmt: skip
+TPU_WHEELS = ROOT / ".whl-tpu"
+# The TPU host: CPython 3.11 on Linux x86-64 with glibc 2.36; the tags its pip accepts.
+TPU_PLATFORMS = (
+    "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+)  # fmt: skip
+
+
+def tpu_requirements(
+    lock: Path = ROOT / "requirements" / "trainer.lock", leave_out: tuple[str, ...] = ()
+) -> list[str]:
+    """The hash-pinned entries of `lock` (`name==version` and its `--hash` lines) but TPU_HOST_OWN's
+    and `leave_out`'s."""
+    out: list[str] = []
+    keep = False
+    for line in lock.read_text().splitlines():
+        if line and not line[0].isspace() and "==" in line:
+            name = line.split("==")[0].strip().lower().replace("_", "-")
+            keep = name not in TPU_HOST_OWN + leave_out
+        elif not line.strip().startswith("--hash"):
+            continue  # `# via` annotations
+        if keep:
+            out.append(line)
+    return out
+
+
+def tpu_wheels(args: list[str]) -> None:
+    """Download the trainer's wheels for a TPU host into .whl-tpu/ (hashes checked), then print
+    each and the total size; `--list`: print the `name==version` list only; `--for-bench`: without
+    TPU_BENCH_UNUSED."""
+    unknown = [a for a in args if a not in ("--list", "--for-bench")]
+    if unknown:
+        print(f"dev.py tpu-wheels: no option {unknown[0]} (--list, --for-bench)", file=sys.stderr)
+        sys.exit(2)
+    reqs = tpu_requirements(leave_out=TPU_BENCH_UNUSED if "--for-bench" in args else ())
+    if "--list" in args:
+        print("\n".join(line.split(" ")[0] for line in reqs if "==" in line))
+        return
+    shutil.rmtree(TPU_WHEELS, ignore_errors=True)
+    TPU_WHEELS.mkdir()
+    (TPU_WHEELS / "requirements.txt").write_text("\n".join(reqs) + "\n")
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--no-deps"]
+    cmd += ["--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp"]
+    cmd += [a for p in TPU_PLATFORMS for a in ("--platform", p)]
+    _run(*cmd, "--require-hashes", "-r", str(TPU_WHEELS / "requirements.txt"), "-d", str(TPU_WHEELS))
+    wheels = sorted(TPU_WHEELS.glob("*.whl"))
+    for w in wheels:
+        print(f"{w.stat().st_size / 2**20:7.2f} MiB  {w.name}")
+    total = sum(w.stat().st_size for w in wheels)
+    print(f"{len(wheels)} wheels, {total / 2**20:.1f} MiB in {TPU_WHEELS.relative_to(ROOT)}/")
 
 
 def lock(args: list[str]) -> None:
@@ -314,7 +392,10 @@ def engine() -> None:
                 + ("apt-get needs root" if shutil.which("apt-get") else "no apt-get")
             )
         print(f"dev.py images: apt-get install {' '.join(APT_PACKAGES)}", file=sys.stderr)
-        quiet = {"stdout": subprocess.DEVNULL, "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}}
+        quiet: dict[str, Any] = {
+            "stdout": subprocess.DEVNULL,
+            "env": {**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+        }
         for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *APT_PACKAGES]):
             if subprocess.run(cmd, **quiet).returncode:
                 raise EngineUnavailable(f"`{' '.join(cmd)}` failed")
@@ -364,7 +445,8 @@ def rootfs() -> str:
         )
         imported = subprocess.run(["podman", "import", "-", tag], stdin=tar.stdout, env=podman_env(),
                                   capture_output=True)  # fmt: skip
-        tar.stdout.close()
+        if tar.stdout is not None:  # piped: always
+            tar.stdout.close()
         if tar.wait() or imported.returncode:
             sys.exit("dev.py images: could not import the debootstrap root file system into podman")
     print(
@@ -508,6 +590,7 @@ COMMANDS = {
     "bench": bench,
     "lock": lock,
     "maxtext": setup_maxtext,
+    "tpu-wheels": tpu_wheels,
     "images": images,
 }
 

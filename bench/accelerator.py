@@ -31,11 +31,12 @@ Not a test: CI has no accelerator.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
+
+from bench._cli import Parser
 
 # Before jax is imported. bench/__init__ sets the simulated hosts' JAX settings (CPU only, and
 # XLA:CPU flags that other jaxlib versions refuse); this benchmark is for the accelerator, with 8
@@ -280,6 +281,8 @@ def step_time(name: str, sets: list[str], steps: int, max_bytes: float = 0) -> d
         stop = jax.device_put(np.zeros(mesh.size, np.int32), device_sharding(mesh))
         compiled = step.lower(plain(abstract), tokens, stop).compile()
         ma = compiled.memory_analysis()
+        if ma is None:
+            raise RuntimeError(f"{jax.default_backend()}'s compiler reports no memory analysis for the step")
         # XLA's own peak where the backend reports it (a TPU's does), else what `trainer --memory`
         # adds up (arguments + outputs - aliased + temporaries, which double-counts on a TPU).
         xla_bytes = getattr(ma, "peak_memory_in_bytes", 0) or (
@@ -346,15 +349,14 @@ def step_time(name: str, sets: list[str], steps: int, max_bytes: float = 0) -> d
     }
 
 
-def remat_candidates(given: str) -> list[str]:
+def remat_candidates(given: str, parser: Parser) -> list[str]:
     """``--remat``: auto (every policy), one policy, or several comma-separated; an unknown one is
-    a usage error (exit 2)."""
+    a usage error (one line, exit 2)."""
     from trainer.config import Remat
 
     kinds = list(Remat) if given == "auto" else [k.strip() for k in given.split(",") if k.strip()]
-    unknown = [k for k in kinds if k not in tuple(Remat)]
-    if unknown or not kinds:
-        sys.exit(f"bench.accelerator: --remat {given!r}: expected auto or some of {', '.join(Remat)}")
+    if not kinds or any(k not in tuple(Remat) for k in kinds):
+        parser.error(f"--remat {given}: expected auto or some of {', '.join(Remat)}")
     return [str(k) for k in kinds]
 
 
@@ -574,7 +576,7 @@ def attention_agreement(quick: bool) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.accelerator", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m bench.accelerator", description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=0, help="olmo-7b depth (default: what fits the device)")
     parser.add_argument("--batch", type=int, default=0, help="sequences per step (default: what fits)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
@@ -592,8 +594,12 @@ def main(argv: list[str] | None = None) -> int:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="olmo-7b override (part 2)"
     )
     args = parser.parse_args(argv)
+    parser.at_least(args, 1, "steps")
+    parser.at_least(args, 0, "layers", "batch")  # 0: what fits the device
     skip = set(filter(None, args.skip.split(",")))
-    candidates = remat_candidates(args.remat)
+    if unknown := skip - {"reference", "attention", "moe"}:
+        parser.error(f"--skip {args.skip}: no part {', '.join(sorted(unknown))} (reference, attention, moe)")
+    candidates = remat_candidates(args.remat, parser)
 
     import jax
 

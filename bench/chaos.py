@@ -1,44 +1,56 @@
 """Chaos: seeded random fault schedules against a small elastic run, and the run's invariants.
 
-    .venv/bin/python -m bench.chaos [--seeds 20] [--faults 4] [--restart-mode in-place] [--keep DIR]
+    .venv/bin/python -m bench.chaos [--seeds 20] [--faults 4] [--steps 50] [--interval 5] [--restart-mode in-place] [--keep DIR]
     (or: python3 dev.py bench chaos ...)
 
 Each seed draws, with random.Random(seed), a schedule of faults from: a spot preemption notice, a
 pod killed (exit 137), a host crashed without notice and down a few seconds (its node NotReady
 meanwhile), a host that crashed and rebooted at once (`reboot-host`: `crash-host --down 0`, its pod
-then Failed as upstream's kubelet reports it, a host disruption the run does not count), a drain, an auto-repair, a node pool removed and restored, the controller killed
-(SIGKILL) and restarted, a second controller. They hit a 2-slice run of the `tiny` config on
-the e2e tests' multi-host preset (tests/controller/harness.py `MULTI_HOST`, v5p-2x2x2) over 2 node
-pools (`--shape single`: one single-host slice; the embedded cluster, the
-real trainer, `reslice watch` processes), spread over the run: fault i of n waits for the
-checkpoint at step ~(i + 1) * steps / (n + 1). After the run, per seed:
+then Failed as upstream's kubelet reports it, a host disruption the run does not count), a drain,
+an auto-repair, a node pool removed and restored, the controller killed (SIGKILL) and restarted, a
+second controller, and a Kueue eviction (`kueue-evict`: the run's JobSets are Kueue Workloads of a
+LocalQueue, launcher/embedded/kueue.py admits them; one is suspended, then admitted again a few
+seconds on). They hit a 2-slice run of the `tiny` config on the e2e tests' multi-host preset
+(tests/controller/harness.py `MULTI_HOST`, v5p-2x2x2) over 2 node pools (`--shape single`: one
+single-host slice; the embedded cluster, the real trainer, `reslice watch` processes), spread over
+the run: fault i of n waits for the checkpoint at step ~(i + 1) * steps / (n + 1). After the run,
+per seed:
 
 - finished: the run Finished, its last committed checkpoint and last kept step are the final step;
 - segments: indexed 0..n-1, each submitted after the previous ended, resuming at or after it;
-- one JobSet: never two of the run's JobSets at once, from every ADDED/DELETED the store committed
-  (`--restart-mode in-place`, one JobSet per slice: never more of them than the run's slices, and
-  "one world": no step of a world recorded after the first step of the next, from the metrics);
+- one JobSet: never two of the run's JobSets at once, from every ADDED/DELETED the store committed,
+  and "launched once": no segment's JobSet created twice (`--restart-mode in-place`, one JobSet per
+  slice: never more of them than the run's slices; "one world": no step of a world recorded after
+  the first step of the next, from the metrics; "published once": every world epoch written to
+  the world ConfigMap once, in increasing order, whatever controller was killed or started);
 - checkpoints: every step-named checkpoint directory is committed (half-written ones are gone);
 - losses: each step's loss equals an uninterrupted run's (computed once) within 1e-5, with the same
-  `data/sample_digest`.
+  `data/sample_digest`;
+- /dev/shm clean: once the seed's processes have exited, nothing of the run is left in /dev/shm
+  (its snapshot folders, its pods' Memory volumes).
 
-A rich table per seed and a summary line ("20/20 held"); exit 1 when a seed did not hold. The
-checks are pure functions (tests/launcher/test_bench_chaos.py). ``--keep DIR``: a seed that did not
-hold leaves its run directory, its controllers' logs and its pods' logs in ``DIR/seed-N``
-(otherwise they go with the seed's embedded cluster).
+A rich table per seed (with the steps lost, i.e. trained twice, and the peak RSS of the seed's
+controllers, of its pods' main processes, the in-place supervisors, and of this process, which
+holds the embedded cluster), then a summary: "N/N held", the steps lost in all, and each peak RSS
+at the first and last seed and its range, to see it flat over a soak; exit 1 when a seed did not
+hold. Options that cannot run (zero seeds or faults, fewer steps than two checkpoints) are one
+line and exit 2. The checks are pure functions (tests/launcher/test_bench_chaos.py). ``--keep
+DIR``: a seed that did not hold leaves its run directory, its controllers' logs and its pods' logs
+in ``DIR/seed-N`` (otherwise they go with the seed's embedded cluster).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import itertools
+import json
+import os
 import random
 import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,10 +58,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench._cli import Parser
 from launcher.core.errors import UserError
-from launcher.core.labels import LABEL_RUN
+from launcher.core.labels import LABEL_RUN, world_configmap_name
 from launcher.core.record import Knobs
 from launcher.core.words import PodPhase, RestartMode, RunState
+from launcher.core.world import WORLD_KEY
+from launcher.embedded.kueue import Kueue
 from tests.controller.harness import (
     GLOBAL_BATCH,
     MULTI_HOST,
@@ -66,8 +81,9 @@ RUN = "chaos"
 TOLERANCE = 1e-5
 FAULTS = (
     "preempt", "kill-pod", "crash-host", "reboot-host", "drain", "repair", "remove", "kill-controller",
-    "second-controller",
+    "second-controller", "kueue-evict",
 )  # fmt: skip
+QUEUE = "chaos"  # the run's Kueue LocalQueue: its JobSets are Kueue's Workloads, admitted by it
 # A crashed host stays down this long (s, drawn per fault) and its node turns NotReady after
 # NODE_GRACE_S: the node monitor's grace period, 40 s upstream, shortened as the run is.
 HOST_DOWN_S = (4.0, 12.0)
@@ -145,7 +161,50 @@ def slice_jobset_problems(events: list[tuple[str, str]], slices: int) -> list[st
     return out
 
 
-def world_overlap_problems(metrics: list[Mapping[str, Any]]) -> list[str]:
+def relaunch_problems(events: list[tuple[str, str]]) -> list[str]:
+    """By recreate, (event type, JobSet name) in commit order: each segment's JobSet is created
+    once (a restarted controller that launched a segment again would create its name twice)."""
+    seen: set[str] = set()
+    out = []
+    for etype, name in events:
+        if etype == "ADDED":
+            if name in seen:
+                out.append(f"{name} created twice")
+            seen.add(name)
+    return out
+
+
+def world_publication_problems(pubs: list[tuple[int, float]]) -> list[str]:
+    """In place, the world ConfigMap's (epoch, published) in commit order: each epoch published
+    once (one `published` stamp), and never one at or below an earlier epoch (a restarted
+    controller republishing, or two controllers racing, would show here)."""
+    stamps: dict[int, float] = {}
+    out = []
+    last = -1
+    for epoch, published in pubs:
+        if epoch in stamps:
+            if stamps[epoch] != published:
+                out.append(f"world {epoch} published twice")
+            continue
+        if epoch < last:
+            out.append(f"world {epoch} published after world {last}")
+        stamps[epoch] = published
+        last = max(last, epoch)
+    return out
+
+
+def shm_problems(before: set[str], after: set[str], pods: set[str]) -> list[str]:
+    """What the seed left in /dev/shm once its processes had exited: the run's snapshot folders
+    (``reslice-chaos-...``, trainer/state/memdir.py) or its pods' Memory volumes (``reslice-<pod
+    uid>``, the embedded kubelet's). Names there before the seed, or of other runs, are not its."""
+    mine = {f"reslice-{uid}" for uid in pods}
+    left = sorted(n for n in after - before if n.startswith(f"reslice-{RUN}-") or n in mine)
+    return [f"/dev/shm/{n} left behind" for n in left[:3]] + (
+        [f"... {len(left) - 3} more"] if len(left) > 3 else []
+    )
+
+
+def world_overlap_problems(metrics: Sequence[Mapping[str, Any]]) -> list[str]:
     """In place, never two worlds training at once: every step a world recorded is before the
     first step of the next world (segment) that trained."""
     spans: dict[int, tuple[float, float]] = {}
@@ -196,11 +255,55 @@ def schedule(seed: int, n: int) -> list[tuple[str, float]]:
 # ---- one seed --------------------------------------------------------------------------------------
 
 
+def peak_mib(pid: int, field: str = "VmHWM") -> float | None:
+    """The process's peak resident set (VmHWM; or `field`, e.g. VmRSS: now), MiB; None once it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def shm_names() -> set[str]:
+    try:
+        return {p.name for p in Path("/dev/shm").iterdir()}
+    except OSError:
+        return set()
+
+
+@dataclass
+class Memory:
+    """The seed's peak RSS, sampled every second: of its controllers (`reslice watch`) and of its
+    pods' main processes (in place, the supervisors, each alive for the whole run; by recreate,
+    the trainers or their supervisor). This process holds the embedded cluster: its resident set
+    now is read at the seed's end (its peak would only ever grow)."""
+
+    controllers: float = 0.0
+    pods: float = 0.0
+
+    def sample(self, chaos: Chaos) -> None:
+        for proc in list(chaos.controllers):
+            if proc.poll() is None and (got := peak_mib(proc.pid)) is not None:
+                self.controllers = max(self.controllers, got)
+        for run in chaos.h.cluster.kubelet.runs():
+            for proc in list(run.procs.values()):
+                if proc.poll() is None and (got := peak_mib(proc.pid)) is not None:
+                    self.pods = max(self.pods, got)
+
+    def follow(self, chaos: Chaos, stop: threading.Event) -> None:
+        while not stop.wait(1.0):
+            with contextlib.suppress(Exception):  # a pod that ended between the look and the read
+                self.sample(chaos)
+
+
 @dataclass
 class Chaos:
     h: Harness
     tmp: Path
     rng: random.Random
+    kueue: Kueue | None = None
     controllers: list[Any] = field(default_factory=list)
     timers: list[threading.Timer] = field(default_factory=list)
     done: list[tuple[float, str, str]] = field(default_factory=list)  # (t, fault, target)
@@ -227,6 +330,26 @@ class Chaos:
 
     def inject(self, fault: str) -> str:
         h = self.h
+        if fault == "kueue-evict":
+            # Kueue preempts one of the run's admitted Workloads (suspends its JobSet) and admits it
+            # again a few seconds on, as when the higher-priority Workload that took the quota ends.
+            live = [
+                js["metadata"]["name"]
+                for js in h.cluster.store.list(h.cluster.res["jobsets"])[0]
+                if (js["metadata"].get("labels") or {}).get(LABEL_RUN) == RUN
+                and not js["metadata"].get("deletionTimestamp")
+                and not (js.get("spec") or {}).get("suspend")
+            ]
+            if not live or self.kueue is None:
+                return "skipped: no admitted JobSet"
+            name = self.rng.choice(sorted(live))
+            try:
+                self.kueue.evict(name)
+            except Exception as e:  # deleted between the look and the update
+                return f"skipped: {type(e).__name__}"
+            kueue = self.kueue
+            self._later(lambda: kueue.release(name))
+            return name
         if fault == "kill-controller":
             live = [p for p in self.controllers if p.poll() is None]
             victim = self.rng.choice(live) if live else None
@@ -299,22 +422,42 @@ def run_seed(
     h = Harness(tmp, pools=2, preset=preset, node_monitor_grace_s=NODE_GRACE_S)
     events: list[tuple[str, str]] = []
     restarts: dict[str, int] = {}  # JobSet → the most status.restarts it reached
+    worlds: list[tuple[int, float]] = []  # the world ConfigMap's (epoch, published), as written
+    pods: set[str] = set()  # the run's pods' uids
+    world_cm = world_configmap_name(RUN)
 
     def census(etype: str, res: Any, obj: dict) -> None:
-        if res.plural == "jobsets" and (obj["metadata"].get("labels") or {}).get(LABEL_RUN) == RUN:
-            name = obj["metadata"]["name"]
-            events.append((etype, name))
+        meta = obj["metadata"]
+        if res.plural == "configmaps" and meta["name"] == world_cm and etype != "DELETED":
+            with contextlib.suppress(KeyError, ValueError, TypeError):
+                doc = json.loads((obj.get("data") or {})[WORLD_KEY])
+                worlds.append((int(doc["epoch"]), float(doc["published"])))
+        if (meta.get("labels") or {}).get(LABEL_RUN) != RUN:
+            return
+        if res.plural == "pods":
+            pods.add(meta["uid"])
+        if res.plural == "jobsets":
+            events.append((etype, meta["name"]))
             got = (obj.get("status") or {}).get("restarts") or 0
-            restarts[name] = max(restarts.get(name, 0), got)
+            restarts[meta["name"]] = max(restarts.get(meta["name"], 0), got)
 
+    shm_before = shm_names()
     unsubscribe = h.cluster.store.subscribe(census)
-    chaos = Chaos(h, tmp, random.Random(seed))
+    kueue = Kueue(h.cluster.api_client())
+    admit = threading.Thread(target=kueue.run, args=(h.stop,), daemon=True, name="kueue")
+    admit.start()
+    h.threads.append(admit)
+    chaos = Chaos(h, tmp, random.Random(seed), kueue)
+    memory = Memory()
+    sampler = threading.Thread(target=memory.follow, args=(chaos, h.stop), daemon=True, name="rss")
+    sampler.start()
+    h.threads.append(sampler)
     t0 = time.monotonic()
     try:
         knobs = Knobs(unschedulable_grace_s=20, grow_window_s=1, app_backoff_s=1)
         h.launch(
             RUN, slices=slices, steps=steps, interval=interval, knobs=knobs, global_batch=batch,
-            restart_mode=restart_mode,
+            restart_mode=restart_mode, queue=QUEUE,
         )  # fmt: skip
         chaos.controller()
         error = None
@@ -335,6 +478,7 @@ def run_seed(
         for t in chaos.timers:
             t.join()
         h.cluster.settle()
+        memory.sample(chaos)
         rec, rundir = h.record(RUN), h.rundir(RUN)
         metrics, committed, names = rundir.metrics(), rundir.committed_steps(), rundir.list_dir("checkpoints")
     finally:
@@ -345,21 +489,28 @@ def run_seed(
         if keep is not None:  # the pods' logs go with the cluster: beside the run directory first
             shutil.copytree(h.cluster.kubelet.runtime.log_dir, tmp / "pod-logs", dirs_exist_ok=True)
         h.close()
+    # The seed's processes have exited: nothing of the run may be left in /dev/shm (RAM on a TPU
+    # host). A supervisor's last cleanup may still be under way for a moment.
+    deadline = time.monotonic() + 10
+    while (leftovers := shm_problems(shm_before, shm_names(), pods)) and time.monotonic() < deadline:
+        time.sleep(0.5)
     kept = kept_steps(metrics)
     segs = [Seg(s.index, s.submitted_at, s.ended_at, s.start_step, s.end_step) for s in rec.segments]
     checks = {
         "finished": ([error] if error else []) + finished_problems(rec.state, committed, sorted(kept), steps),
         "segments": segment_problems(segs),
         **(
-            {"one JobSet": overlap_problems(events)}
+            {"one JobSet": overlap_problems(events), "launched once": relaunch_problems(events)}
             if restart_mode == RestartMode.RECREATE
             else {
                 "a JobSet per slice": slice_jobset_problems(events, slices),
                 "one world": world_overlap_problems(metrics),
+                "published once": world_publication_problems(worlds),
             }
         ),
         "checkpoints": checkpoint_problems(names, committed),
         "losses": loss_problems(kept, reference),
+        "/dev/shm clean": leftovers,
     }
     if keep is not None and any(checks.values()):
         shutil.copytree(tmp, keep / f"seed-{seed}", dirs_exist_ok=True)
@@ -371,15 +522,22 @@ def run_seed(
         "restarts": sum(restarts.values()),
         "recomputed": recomputed(metrics),  # steps trained twice (lost with a fault, then again)
         "seconds": time.monotonic() - t0,
+        "rss_mib": {
+            "controller": round(memory.controllers, 1),
+            "pods": round(memory.pods, 1),
+            "bench": round(peak_mib(os.getpid(), "VmRSS") or 0.0, 1),
+        },
     }
 
 
 def seed_table(r: dict) -> Table:
     held = all(not p for p in r["checks"].values())
+    rss = r["rss_mib"]
     title = (
         f"seed {r['seed']}: {'held' if held else 'NOT HELD'} in {r['seconds']:.0f} s "
-        f"({r['segments']} segments, {r['restarts']} JobSet restarts, {r['recomputed']} steps recomputed"
-        f" over {len(r['faults'])} faults)"
+        f"({r['segments']} segments, {r['restarts']} JobSet restarts, {r['recomputed']} steps lost"
+        f" over {len(r['faults'])} faults; peak RSS MiB: controller {rss['controller']:.0f},"
+        f" supervisors {rss['pods']:.0f}; this process at the end {rss['bench']:.0f})"
     )
     table = Table(title=title, title_justify="left")
     table.add_column("t (s)", justify="right")
@@ -398,7 +556,7 @@ def seed_table(r: dict) -> Table:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = Parser(prog="python -m bench.chaos")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--faults", type=int, default=4, help="faults per seed")
@@ -412,6 +570,10 @@ def main() -> None:
         "--keep", type=Path, metavar="DIR", help="what a seed that did not hold leaves, in DIR/seed-N"
     )
     args = ap.parse_args()
+    ap.at_least(args, 1, "seeds", "faults", "steps", "interval")
+    if args.steps < 2 * args.interval:
+        # Each fault waits for a checkpoint and none comes once the next would be the last.
+        ap.error(f"--steps {args.steps} < 2 × --interval {args.interval}: no fault could land")
     if args.restart_mode == RestartMode.IN_PLACE and SHAPES[args.shape][1] == 1:
         ap.error("--restart-mode in-place needs a shape of several slices (--shape elastic)")
     console = Console(width=140)
@@ -441,8 +603,19 @@ def main() -> None:
     again = sum(r["recomputed"] for r in results)
     console.print(
         f"{held}/{len(results)} held ({per_seed:.0f} s per seed; {faults} faults injected;"
-        f" {again} steps recomputed in all, {again / max(1, faults):.2f} per fault)"
+        f" {again / max(1, faults):.2f} steps recomputed per fault)"
     )
+    console.print(f"steps lost: {again}")
+    for who, key in (
+        ("the controllers' peak", "controller"),
+        ("the supervisors' peak", "pods"),
+        ("this process's (the embedded cluster) at each seed's end", "bench"),
+    ):
+        got = [r["rss_mib"][key] for r in results]
+        console.print(
+            f"RSS of {who}, MiB: first seed {got[0]:.0f}, last {got[-1]:.0f}, "
+            f"lowest {min(got):.0f}, highest {max(got):.0f}"
+        )
     if held < len(results):
         raise SystemExit(1)  # a seed that did not hold fails the command, for scripts and CI
 

@@ -3,7 +3,7 @@ node pool, first with the run alone in the cluster, then with unrelated load in 
 and cluster (10,000 nodes of other pools, 20,000 pods of other workloads, 5,000 events). Its cost
 should follow the run, not the cluster.
 
-    .venv/bin/python -m bench.controller_scale [--slices 4] [--nodes 10000 --pods 20000 --events 5000] [--json]
+    .venv/bin/python -m bench.controller_scale [--slices 4] [--nodes 10000 --pods 20000 --events 5000] [--rounds 30] [--idle-s 60] [--json]
 
 Three processes, as on a real cluster: the embedded cluster (simulate mode) runs in its own
 (bench/scale_cluster.py), so the controller's requests compete with the cluster's work for cores,
@@ -30,12 +30,12 @@ is collected and frozen once the run's pods run (POST /bench/v1/freeze), as the 
 its own: a full collection over the loaded store stalls it inside a decision (docs/measurements.md),
 a pause a real API server, with Go's concurrent GC, does not take.
 
-With --json the last line printed is one JSON object with both phases and the ratios.
+With --json the last line printed is one JSON object with both phases and the ratios. With no
+unrelated load (`--nodes 0 --pods 0 --events 0`) the run alone is measured once (its ratio 1).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 from bench import machine
+from bench._cli import Parser
 from bench.scale_cluster import ClusterProcess
 from launcher.adapters.kube import Kube
 from launcher.adapters.preset_files import make_shape
@@ -94,10 +95,10 @@ def wait_quiet(pid: int, share: float = 0.05, window_s: float = 0.5, timeout: fl
 PASS_ROUNDS, PASSES_PER_ROUND, ROUND_PAUSE_S = 30, 10, 0.3
 
 
-def timed_passes(probe: Controller, run: str) -> dict[str, float]:
+def timed_passes(probe: Controller, run: str, n_rounds: int = PASS_ROUNDS) -> dict[str, float]:
     rounds, cpus, refs = [], [], []
     t0 = time.perf_counter()
-    for _ in range(PASS_ROUNDS):
+    for _ in range(n_rounds):
         time.sleep(ROUND_PAUSE_S)
         refs.append(machine.loop_s(60_000, best_of=1))
         wall, cpu = [], []
@@ -151,13 +152,13 @@ def phase(cluster, kube: Kube, tmp: Path, run: str, args) -> dict:
         probe.reconcile(run)
         wait_quiet(cluster.pid)
         woken = sum(probe.wakeups.values())
-        passes = timed_passes(probe, run)
+        passes = timed_passes(probe, run, args.rounds)
         woken = sum(probe.wakeups.values()) - woken
         halt.set()
         pass_s, pass_cpu_s = passes["pass_s"], passes["pass_cpu_s"]
         print(
             f"[{run}] one pass from the caches: median {pass_s * 1e3:.2f} ms"
-            f" ({pass_cpu_s * 1e3:.2f} ms CPU of its thread; {PASS_ROUNDS} rounds over"
+            f" ({pass_cpu_s * 1e3:.2f} ms CPU of its thread; {args.rounds} rounds over"
             f" {passes['over_s']:.0f} s; the reference loop {passes['ref_s'] * 1e3:.2f} ms;"
             f" {woken} watch events meanwhile)"
         )
@@ -185,7 +186,12 @@ def phase(cluster, kube: Kube, tmp: Path, run: str, args) -> dict:
               f"(deciding {decide_s * 1e3:.0f} ms, the record's PUT {(latency - decide_s) * 1e3:.0f} ms) "
               f"({(end['time'] - t_fault) * 1e3:.0f} ms after the fault; zero-grace: {end.get('zero_grace', False)}; "
               f"the API server's process in full GC for {server_gc * 1e3:.0f} ms of it)")  # fmt: skip
-        wait_for(lambda: len(kube.get_record(run)[0].segments) > 1, 600, "the next segment", interval=1.0)
+        wait_for(
+            lambda: (g := kube.get_record(run)) is not None and len(g[0].segments) > 1,
+            600,
+            "the next segment",
+            interval=1.0,
+        )
         rss = proc_mib(ctl.pid, "VmHWM")
     finally:
         ctl.terminate()
@@ -211,24 +217,35 @@ def phase(cluster, kube: Kube, tmp: Path, run: str, args) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = Parser(prog="python -m bench.controller_scale")
     ap.add_argument("--slices", type=int, default=4)
     ap.add_argument("--preset", default="tpu7x-8x8x48")
     ap.add_argument("--nodes", type=int, default=10_000, help="unrelated nodes (other pools)")
     ap.add_argument("--pods", type=int, default=20_000, help="unrelated pods (another workload)")
     ap.add_argument("--events", type=int, default=5_000, help="unrelated events")
     ap.add_argument("--idle-s", type=float, default=60.0, help="how long to count idle requests")
+    ap.add_argument("--rounds", type=int, default=PASS_ROUNDS, help="timed rounds of passes per phase")
     ap.add_argument("--json", action="store_true", help="print one JSON line last")
     args = ap.parse_args()
+    if args.slices < 2:  # the run loses a node pool: with one slice there is nothing to shrink to
+        ap.error(f"--slices {args.slices}: the run loses a slice and shrinks, so it needs at least 2")
+    ap.at_least(args, 0, "nodes", "pods", "events")
+    ap.at_least(args, 1, "rounds")
+    if args.idle_s <= 0:
+        ap.error(f"--idle-s {args.idle_s}: nothing to count idle requests over (more than 0)")
+    ap.shape(args.preset, args.slices)
     tmp = Path(tempfile.mkdtemp())
     loop_before = machine.loop_s()
     cluster = ClusterProcess(args.slices, args.preset, tmp)
     try:
         kube = Kube(cluster.api_client(), "default")
         alone = phase(cluster, kube, tmp, "alone", args)
-        embedded = cluster.add_load(args.nodes, args.pods, args.events)
-        print(f"unrelated load: {embedded}")
-        loaded = phase(cluster, kube, tmp, "loaded", args)
+        if args.nodes or args.pods or args.events:
+            embedded = cluster.add_load(args.nodes, args.pods, args.events)
+            print(f"unrelated load: {embedded}")
+            loaded = phase(cluster, kube, tmp, "loaded", args)
+        else:  # no unrelated load: a second phase would repeat the first
+            embedded, loaded = {"unrelated_objects": 0}, alone
         embedded["rss_mb_end"] = round(cluster.rss_mib())
     finally:
         cluster.stop()

@@ -26,6 +26,7 @@ from typing import Any
 
 from kubernetes import client, watch
 
+from bench._cli import Parser
 from launcher.adapters.preset_files import make_shape
 from launcher.core.render import render_jobset
 from launcher.core.spec import RunSpec
@@ -72,12 +73,14 @@ def _wait(pred: Any, timeout: float, poll: float = 0.02) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.embedded_scale")
+    ap = Parser(prog="python -m bench.embedded_scale")
     ap.add_argument("--slices", type=int, default=4)
     ap.add_argument("--preset", default="tpu7x-8x8x48")
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--tracemalloc", action="store_true", help="Also trace Python allocations (slow).")
     args = ap.parse_args(argv)
+    ap.at_least(args, 1, "slices", "samples")
+    ap.shape(args.preset, args.slices)
     if args.tracemalloc:
         tracemalloc.start()
     rss0 = rss_mib()
@@ -94,7 +97,10 @@ def _run(cluster: EmbeddedCluster, args: argparse.Namespace, t_nodes: float, rss
     store, res = cluster.store, cluster.res
     n_nodes = len(store.list(res["nodes"])[0])
     api = cluster.api_client()
-    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    # Any: with _preload_content=False the client answers urllib3's response, which its
+    # annotations do not model (they name the decoded list).
+    core: Any = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
     js = scale_jobset(args.slices, args.preset)
     hosts = make_shape(args.preset, args.slices).hosts
     print(

@@ -41,7 +41,7 @@ for the first time.
 
 from __future__ import annotations
 
-import argparse
+import functools
 import json
 import os
 import re
@@ -54,6 +54,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bench import machine
+from bench._cli import Parser
 from launcher.adapters.rundir import RunDir, read_jsonl
 from launcher.controller.launch import stop_run
 from launcher.core.record import Knobs
@@ -247,18 +248,24 @@ def run_mode(mode: str, cycles: int, console: Console) -> tuple[list[dict], dict
                 seg = len(h.record("bench").segments) - 1
                 # Five steps into the segment (the next checkpoint at or after them): a run in its
                 # steady state, as a fault finds it. The record's start_step may not be written yet.
-                wait_for(lambda s=seg: stepped(rundir, s), 180, f"segment {seg}'s first step")
-                h.wait_step("bench", first_step(rundir, seg) - 1 + 5, timeout=300)
+                wait_for(functools.partial(stepped, rundir, seg), 180, f"segment {seg}'s first step")
+                start = first_step(rundir, seg)
+                assert start is not None  # it stepped (above)
+                h.wait_step("bench", start - 1 + 5, timeout=300)
                 fault_t = time.time()
                 h.cluster.remove(h.pool(1))
-                wait_for(lambda s=seg + 1: stepped(rundir, s), 180, "first step after the shrink")
+                wait_for(functools.partial(stepped, rundir, seg + 1), 180, "first step after the shrink")
                 rows.append((fault_t, seg + 1))
                 h.cluster.restore(h.pool(1))
-                wait_for(lambda s=seg: len(h.record("bench").segments) >= s + 3, 180, "the grow back")
+                wait_for(
+                    functools.partial(lambda s: len(h.record("bench").segments) >= s + 3, seg),
+                    180,
+                    "the grow back",
+                )
                 # The grown world trains before the next fault: one in its start-up would measure
                 # the loss of a world that never formed.
                 grown = len(h.record("bench").segments) - 1
-                wait_for(lambda s=grown: stepped(rundir, s), 180, "first step after the grow")
+                wait_for(functools.partial(stepped, rundir, grown), 180, "first step after the grow")
                 console.log(f"{mode}: cycle {cycle + 1}/{cycles} done")
             stop_run(h.kube, "bench")
             rec, ledger, metrics = h.record("bench"), h.rundir("bench").ledger(), h.rundir("bench").metrics()
@@ -300,7 +307,7 @@ def table_of(title: str, results: list[dict]) -> Table:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = Parser(prog="python -m bench.recovery")
     ap.add_argument("--cycles", type=int, default=3)
     ap.add_argument(
         "--mode",
@@ -310,6 +317,7 @@ def main() -> None:
     )
     ap.add_argument("--json", action="store_true", help="last line: the medians as one JSON object")
     args = ap.parse_args()
+    ap.at_least(args, 1, "cycles")
     console = Console(width=170)
     loop_before = machine.loop_s()
     modes = [m.value for m in RestartMode] if args.mode == BOTH else [args.mode]

@@ -28,7 +28,6 @@ With --json the last line printed is one JSON object: per mode its figures.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -40,6 +39,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from bench._cli import Parser
 from bench.scale_cluster import ClusterProcess
 from launcher.adapters.kube import Kube
 from launcher.adapters.preset_files import make_shape
@@ -133,8 +133,13 @@ def phase(cluster: ClusterProcess, kube: Kube, tmp: Path, mode: str, args) -> di
         cluster.requests(reset=True)
         t_fault = time.time()
         cluster.remove(pool)
-        wait_for(lambda: len(kube.get_record(run)[0].segments) > 1, 600, "the next segment", interval=0.2)
-        rec = kube.get_record(run)[0]
+        got = wait_for(
+            lambda: (g := kube.get_record(run)) is not None and len(g[0].segments) > 1 and g,
+            600,
+            "the next segment",
+            interval=0.2,
+        )
+        rec = got[0]
         nxt = rec.segments[1]
         want = nxt.slices * shape.preset.hosts
 
@@ -177,6 +182,7 @@ def phase(cluster: ClusterProcess, kube: Kube, tmp: Path, mode: str, args) -> di
     }
     if watchers:
         world_cm = kube.world(world_configmap_name(run))
+        assert world_cm is not None, "the run's world was never published"
         published = json.loads(world_cm["data"]["world.json"])["published"]
         seen = [t - published for t in watchers.seen[1]]
         out |= {
@@ -201,20 +207,28 @@ def phase(cluster: ClusterProcess, kube: Kube, tmp: Path, mode: str, args) -> di
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog="python -m bench.reslice_scale")
+    ap = Parser(prog="python -m bench.reslice_scale")
     ap.add_argument("--slices", type=int, default=4)
     ap.add_argument("--preset", default="tpu7x-8x8x48")
     ap.add_argument("--watchers", type=int, default=64, help="sampled supervisors' world sources")
     ap.add_argument("--modes", default="recreate,in-place")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    if args.slices < 2:  # one slice is lost and the run goes on on the rest
+        ap.error(f"--slices {args.slices}: the run loses a slice and goes on, so it needs at least 2")
+    ap.at_least(args, 1, "watchers")
+    modes = [m for m in args.modes.split(",") if m]
+    known = [m.value for m in RestartMode]
+    if not modes or any(m not in known for m in modes):
+        ap.error(f"--modes {args.modes!r}: one or both of {','.join(known)}")
+    ap.shape(args.preset, args.slices)
     results = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         cluster = ClusterProcess(args.slices, args.preset, tmp)
         try:
             kube = Kube(cluster.api_client(), "default")
-            for mode in args.modes.split(","):
+            for mode in modes:
                 results[mode] = phase(cluster, kube, tmp, mode, args)
         finally:
             cluster.stop()

@@ -37,6 +37,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from bench._cli import Parser
+
 ROUTE = "/bench/v1/"
 
 
@@ -224,11 +226,14 @@ class ClusterProcess:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.scale_cluster")
+    ap = Parser(prog="python -m bench.scale_cluster")
     ap.add_argument("--slices", type=int, default=4)
     ap.add_argument("--preset", default="tpu7x-8x8x48")
     ap.add_argument("--info", type=Path, required=True, help="where to write pid, URL and kubeconfig")
-    return serve(ap.parse_args())
+    args = ap.parse_args()
+    ap.at_least(args, 1, "slices")
+    ap.shape(args.preset, args.slices)
+    return serve(args)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ Defaults: ``tiny`` with a global batch of 256 on 8 simulated CPU devices (bench.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -25,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench._cli import Parser
 
 
 def _loop(
@@ -62,6 +63,8 @@ def restores(cfg_name: str, overrides: list[str], run_dir: str, memory_dir: str,
         abstract = plain(abstract_state(cfg, mesh)[1])
         ckpt = Checkpointer(run_dir, 3)
         step = ckpt.latest_step()
+        if step is None:
+            raise SystemExit(f"bench.snapshot_cost: the run left no checkpoint in {run_dir}")
         header = snapshot.read_header(Path(memory_dir) / f"{step}.snap")
         storage, memory = [], []
         for _ in range(repeats):
@@ -76,13 +79,16 @@ def restores(cfg_name: str, overrides: list[str], run_dir: str, memory_dir: str,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.snapshot_cost", description=__doc__.split("\n")[0])
+    parser = Parser(prog="python -m bench.snapshot_cost", description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="tiny")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--devices", type=int, default=8, help="simulated CPU devices when no accelerator")
     args = parser.parse_args(argv)
+    parser.at_least(args, 1, "rounds", "devices")
+    if args.steps < 3:  # per-step time is taken between step 1 (compile) and the last step
+        parser.error(f"--steps {args.steps}: at least 3 (step 1 compiles, the time is from it to the last)")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(args.devices))
     overrides = ["train.global_batch=256", *args.set] if args.config == "tiny" else list(args.set)

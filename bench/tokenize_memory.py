@@ -13,7 +13,6 @@ docs/measurements.md; run it with ``PYTHONDONTWRITEBYTECODE`` unset, as a user's
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -24,6 +23,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from bench._cli import Parser
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,15 +67,17 @@ def train_tokenizer(text: Path, vocab: int, out: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.tokenize_memory", description=__doc__.split("\n\n")[0]
-    )
+    parser = Parser(prog="python -m bench.tokenize_memory", description=__doc__.split("\n\n")[0])
     parser.add_argument("--mb", type=float, default=40.0, help="size of the text file, MB")
     parser.add_argument("--vocab", type=int, default=4096, help="the tokenizer's vocabulary")
     parser.add_argument("--script", help="a tokenize.py to run instead of python -m trainer.tokenize")
     parser.add_argument("--workdir", help="where to write (default: a temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the files written")
     args = parser.parse_args()
+    if args.mb <= 0:
+        parser.error(f"--mb {args.mb}: nothing to tokenize (more than 0)")
+    if args.vocab < 257:  # a byte-level BPE starts from the 256 bytes (and its special tokens)
+        parser.error(f"--vocab {args.vocab}: at least 257 (the 256 bytes and a merge)")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tokmem-"))
     work.mkdir(parents=True, exist_ok=True)
     try:

@@ -30,7 +30,7 @@ Figures: docs/measurements.md, "On a TPU".
 
 from __future__ import annotations
 
-import argparse
+import functools
 import json
 import os
 import re
@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+from bench._cli import Parser
 from launcher.embedded.kubelet.podenv import SIMULATED_XLA_FLAGS
 from trainer.elastic import follower, supervisor
 
@@ -90,7 +91,7 @@ def _train(record: Path, argv: list[str]) -> int:
 
         # The supervisor imports the event writer before its first child, a fresh trainer with
         # its first record (and the import sets CRC32C_SW_MODE): both have it here.
-        metrics.preload_tensorboard()
+        metrics.preload_tensorboard(cfg.run_dir)
 
         device = jax.devices()[0]
         line = {"pid": os.getpid(), "forked": forked, "env": dict(env), "t": time.time(),
@@ -99,7 +100,7 @@ def _train(record: Path, argv: list[str]) -> int:
             f.write(json.dumps(line) + "\n")
         return real(cfg, env, *rest)
 
-    loop.run = run
+    loop.run = run  # type: ignore[assignment]  # the same call: it passes what it is given on to the real one
     return entry.main(argv)
 
 
@@ -153,13 +154,14 @@ class Pod:
     def publish(
         self, epoch: int, devices: int, slices: tuple[str, ...] = ("a",), env: dict[str, str] | None = None
     ) -> float:
+        published = time.time()
         doc = {"run": RUN, "epoch": epoch, "slices": list(slices), "hosts_per_slice": 1,
                "coordinator": "127.0.0.1:1", "global_batch": 16, "micro_batch": 16 // devices, "grad_accum": 1,
-               "published": time.time(), **({"env": env} if env else {})}  # fmt: skip
+               "published": published, **({"env": env} if env else {})}  # fmt: skip
         tmp = self.world_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(doc))
         os.replace(tmp, self.world_file)  # whole, as the contract asks of a file publisher
-        return doc["published"]
+        return published
 
     def envs(self) -> list[dict]:
         if not self.record.exists():
@@ -250,7 +252,7 @@ def main() -> int:
         os.environ.clear()
         os.environ.update(env)
         return _train(Path(sys.argv[2]), sys.argv[4:])
-    parser = argparse.ArgumentParser(prog="python -m bench.tpu_handoff", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m bench.tpu_handoff", description=__doc__.split("\n\n")[0])
     parser.add_argument("--handoffs", type=int, default=5, help="hand-offs of the chip in the second pod")
     parser.add_argument(
         "--steps", type=int, default=3, help="steps each trainer trains before the next world"
@@ -267,6 +269,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole benchmark")
     parser.add_argument("--json", action="store_true", help="one JSON object on the last line")
     args = parser.parse_args()
+    parser.at_least(args, 1, "handoffs", "steps", "devices")
+    if args.timeout <= 0:
+        parser.error(f"--timeout {args.timeout}: no time to run in (more than 0)")
     work = Path(args.workdir or tempfile.mkdtemp(prefix="tpu-handoff-"))
     deadline = time.monotonic() + args.timeout
     pods: list[Pod] = []
@@ -287,7 +292,7 @@ def main() -> int:
             published[epoch] = pod.publish(epoch, args.devices)
             pod.wait_until(
                 f"{args.steps} steps of world {epoch}",
-                lambda e=epoch: True if len(pod.records(e)) >= args.steps else None,
+                functools.partial(lambda e: True if len(pod.records(e)) >= args.steps else None, epoch),
                 deadline,
             )
         pod.publish(args.handoffs + 1, args.devices, slices=("elsewhere",))  # leaves this slice out

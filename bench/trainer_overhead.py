@@ -23,13 +23,14 @@ Prints figures; it is not a timed test.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench._cli import Parser
 
 # The second row: the dense parameters and Adam moments sharded (fsdp), heads and MLP split (tensor).
 SHARDED = ["mesh.fsdp=4", "mesh.tensor=2"]
@@ -132,9 +133,7 @@ def report(label: str, row: dict, rounds: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.trainer_overhead", description=__doc__.split("\n")[0]
-    )
+    parser = Parser(prog="python -m bench.trainer_overhead", description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="tiny")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument(
@@ -149,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         help=f"more settings for a second, sharded row of the same config (default {','.join(SHARDED)}; '' for none)",
     )
     args = parser.parse_args(argv)
+    parser.at_least(args, 1, "rounds", "devices")
+    if args.steps and args.steps < 3:  # the loop's time is from step 1 (compile) to the last
+        parser.error(f"--steps {args.steps}: at least 3 (or 0: 3 checkpoint intervals + 1)")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(args.devices))
 
@@ -158,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sharded:
         extra = [s for s in args.sharded.split(",") if s]
         rows.append((f"{args.config} {' '.join(extra)}", [*overrides, *extra]))
+    _check_rows(parser, args.config, rows)
     measured = []
     for label, sets in rows:
         measured.append(measure(args.config, sets, args.steps, args.rounds))
@@ -167,6 +170,23 @@ def main(argv: list[str] | None = None) -> int:
         bare_ratio = statistics.median(measured[1]["bares"]) / statistics.median(measured[0]["bares"])
         print(f"sharded / {args.config}: overhead ratio {other / base:.3f}, bare step {bare_ratio:.3f}")
     return 0
+
+
+def _check_rows(parser: Parser, cfg_name: str, rows: list[tuple[str, list[str]]]) -> None:
+    """Every row's config resolves and its mesh fits the devices, before anything is measured: a
+    sharded row that cannot run (fsdp 4 × tensor 2 on one device) is one line, not a traceback
+    after the first row's minutes."""
+    import jax
+
+    from trainer import config
+    from trainer.model.mesh import has_moe_layers, mesh_shape
+
+    for label, sets in rows:
+        try:
+            cfg = config.resolve(cfg_name, sets, {})
+            mesh_shape(jax.device_count(), cfg.mesh, cfg.moe.num_experts, has_moe_layers(cfg))
+        except config.ConfigError as e:
+            parser.error(f"{label}: {e}")
 
 
 def _ms(values: list[float]) -> str:

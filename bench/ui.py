@@ -17,7 +17,6 @@ Not a test: a timed test would fail on a busy machine. docs/measurements.md has 
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -28,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench import machine
+from bench._cli import Parser
 from launcher.adapters.kube import Kube
 from launcher.adapters.preset_files import make_shape
 from launcher.core.plan import Plan
@@ -115,13 +115,14 @@ def browser_page_s(url: str, runs: int, rounds: int, profile: Path) -> float | N
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = Parser(prog="python -m bench.ui", description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--segments", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--no-browser", action="store_true", help="Time the JSON endpoint only.")
     ap.add_argument("--json", action="store_true", help="Print one JSON object last.")
     args = ap.parse_args()
+    ap.at_least(args, 1, "runs", "segments", "rounds")
     loop = machine.loop_s()
     with tempfile.TemporaryDirectory() as tmp, EmbeddedCluster(f"{PRESET}:2", mode="simulate") as cluster:
         kube = Kube(cluster.api_client(), "default")

@@ -1,6 +1,6 @@
-"""Every benchmark imports and takes the flags its docstring's usage line shows. Benchmarks are run
-by hand, not by the suite: one that rotted (a helper renamed under it, a flag dropped from its
-parser but not from its docs) would otherwise be found by the next person who needs its figures.
+"""Every benchmark imports and takes the flags its docstring's usage line shows (a flag dropped
+from its parser but not from its docs). Each one's `main()` also runs, in its smallest form, in
+tests/test_benchmarks_main.py.
 
 One fresh interpreter runs every ``bench.<name>.main`` with ``--help``: importing them here would
 apply their environment to this process (bench/__init__.py sets JAX's, bench.accelerator its own

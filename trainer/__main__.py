@@ -19,7 +19,7 @@ from trainer.exits import Exit
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage too)
+    def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse prints usage too)
         print(f"trainer: usage error: {message}", file=sys.stderr)
         sys.exit(Exit.CONFIG)
 
@@ -190,7 +190,7 @@ def _imports_without_gc() -> Iterator[None]:
         gc.enable()
 
 
-def _exit_now(code: int) -> None:
+def _exit_now(code: int) -> NoReturn:
     import multiprocessing
 
     sys.stdout.flush()

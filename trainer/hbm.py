@@ -41,6 +41,8 @@ def aot_memory(cfg: Config) -> dict[str, Any]:
         compiled = step.lower(plain(abstract), tokens, stop).compile()
         seconds = time.perf_counter() - t0
     m = compiled.memory_analysis()
+    if m is None:
+        raise RuntimeError(f"{jax.default_backend()}'s compiler reports no memory analysis for the step")
     args, out, alias, temp = (
         int(m.argument_size_in_bytes),
         int(m.output_size_in_bytes),

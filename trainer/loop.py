@@ -333,7 +333,7 @@ def _train(
         stop_in = steps.flags[preemption.requested]
         data_s = time.perf_counter() - t0
         if trace:
-            profiler.start(n)  # type: ignore[union-attr]
+            profiler.start(n)  # type: ignore[union-attr]  # `trace` holds only with a profiler
         with profiler.step(n) if profiler is not None else contextlib.nullcontext():
             state, dm = steps.train_step(state, tokens, stop_in)
         if pending is not None:
@@ -350,7 +350,7 @@ def _train(
         if evaluate or traced or n % cfg.checkpoint.interval == 0 or n == cfg.train.steps or stop:
             done = finish_step(inc, pending, last_done, startup)  # the step's own time, before the save
             startup, pending, stop = {}, None, stop or done.stop
-            if traced and (where := profiler.stop()) is not None:  # type: ignore[union-attr]
+            if traced and (where := profiler.stop()) is not None:  # type: ignore[union-attr]  # as `trace`
                 print(f"trainer: profile of steps up to {n} written to {where}", flush=True)
             if evaluate:  # the state after step n, read before step n + 1 donates it
                 done.record.update(inc.evaluator(state))

@@ -195,7 +195,9 @@ def init_state(cfg: Config, mesh: Mesh, abstract: nnx.State) -> dict:
         )
 
 
-def make_train_step(cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: nnx.State) -> Callable:
+def make_train_step(
+    cfg: Config, graphdef: nnx.GraphDef, mesh: Mesh, abstract: nnx.State
+) -> jax.stages.Wrapped:
     """jit(state, tokens [A, GB/A, T+1], stop [devices]) -> (state, metrics), the state ``plain``;
     ``metrics["scalars"]`` in the order of trainer.loop.SCALARS.
 

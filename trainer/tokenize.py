@@ -50,7 +50,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import numpy as np
 
@@ -68,7 +68,7 @@ class InputError(Exception):
 
 
 class _TokenizeParser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
+    def error(self, message: str) -> NoReturn:  # one line, exit 2
         print(f"tokenize: usage error: {message}", file=sys.stderr)
         sys.exit(Exit.CONFIG)
 

@@ -112,7 +112,8 @@ class Cache:
 
     def replace(self, pages: Iterable[tuple[list[dict], str]]) -> None:
         keep = self.source.keep or (lambda o: o)
-        fresh, resource_version = {}, None
+        fresh: dict[Any, Any] = {}
+        resource_version = None
         for items, page_version in pages:
             fresh.update((key(o), keep(o)) for o in items)
             resource_version = page_version
@@ -168,8 +169,9 @@ class Cache:
                     self.replace(lists.list_raw(kind, src.label_selector, src.field_selector, page=LIST_PAGE))
                     wake(kind)
                 timeout = random.randint(*WATCH_TIMEOUT_S)
+                since = self.resource_version or ""  # set by the list above
                 for etype, obj in lists.watch_raw(
-                    kind, self.resource_version, timeout, src.label_selector, src.field_selector, stop
+                    kind, since, timeout, src.label_selector, src.field_selector, stop
                 ):
                     if etype == "ERROR":
                         self.resource_version = None  # 410 Gone: the history is compacted, relist

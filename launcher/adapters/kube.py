@@ -15,6 +15,7 @@ import os
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
@@ -120,9 +121,10 @@ class Kube:
 
     def jobsets(self, run: str | None = None) -> list[dict]:
         selector = f"{LABEL_RUN}={run}" if run else LABEL_RUN
-        return self.custom.list_namespaced_custom_object(
+        got: Any = self.custom.list_namespaced_custom_object(  # the client types custom objects `object`
             GROUP, VERSION, self.namespace, "jobsets", label_selector=selector
-        )["items"]
+        )
+        return got["items"]
 
     def pods(self, label_selector: str | None = None) -> list[dict]:
         return self._raw(self.core.list_namespaced_pod, self.namespace, label_selector=label_selector)[
@@ -142,14 +144,14 @@ class Kube:
             "GET", path, header_params={"Accept": "application/json"}, auth_settings=["BearerToken"]
         )
         resp = self.api_client.call_api(method, url, headers, body, post)
-        resp.read()
+        data: bytes = resp.read()
         if resp.status == 404:
             return None
         if resp.status == 403:
-            raise Forbidden(f"GET {path}: {_status_message(resp.data)}")
+            raise Forbidden(f"GET {path}: {_status_message(data)}")
         if resp.status >= 400:
-            raise ApiException(status=resp.status, reason=_status_message(resp.data))
-        return json.loads(resp.data)
+            raise ApiException(status=resp.status, reason=_status_message(data))
+        return json.loads(data)
 
     def namespace_exists(self) -> bool:
         """False only when the server says the namespace is not there (a client that may not read
@@ -204,7 +206,7 @@ class Kube:
         """Create each object (ServiceAccount, Role, RoleBinding); one that exists is left as it is
         (a create retried after a crash: idempotent)."""
         rbac = client.RbacAuthorizationV1Api(self.api_client)
-        create = {
+        create: dict[str, Callable[..., Any]] = {
             "ServiceAccount": self.core.create_namespaced_service_account,
             "Role": rbac.create_namespaced_role,
             "RoleBinding": rbac.create_namespaced_role_binding,
@@ -255,10 +257,10 @@ class Kube:
         name = cm["metadata"]["name"]
         try:
             if resource_version is None:
-                self.core.create_namespaced_config_map(self.namespace, cm)
+                self.core.create_namespaced_config_map(self.namespace, cm)  # type: ignore[arg-type]  # a dict body is sent as it is; the annotation names only the model
             else:
                 body = {**cm, "metadata": {**cm["metadata"], "resourceVersion": resource_version}}
-                self.core.replace_namespaced_config_map(name, self.namespace, body)
+                self.core.replace_namespaced_config_map(name, self.namespace, body)  # type: ignore[arg-type]  # a dict body, as above
         except ApiException as e:
             if e.status == 409:
                 raise Conflict(name) from None
@@ -270,9 +272,12 @@ class Kube:
         """Create; the created JobSet, or None if it already exists (a create is retried after a
         crash: idempotent)."""
         try:
-            return self.custom.create_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, "jobsets", jobset
+            created: Any = (
+                self.custom.create_namespaced_custom_object(  # the client types custom objects `object`
+                    GROUP, VERSION, self.namespace, "jobsets", jobset
+                )
             )
+            return created
         except ApiException as e:
             if e.status == 409:
                 return None
@@ -303,7 +308,9 @@ class Kube:
             if e.status == 404:
                 return None
             raise
-        return RunRecord.from_json(cm.data[RECORD_KEY]), cm.metadata.resource_version
+        if not cm.data or RECORD_KEY not in cm.data:
+            raise UserError(f"ConfigMap {record_name(run)} is not a run record: it has no {RECORD_KEY!r}")
+        return RunRecord.from_json(cm.data[RECORD_KEY]), _version(cm)
 
     def create_record(self, rec: RunRecord) -> str:
         body = client.V1ConfigMap(
@@ -311,7 +318,7 @@ class Kube:
             data={RECORD_KEY: rec.to_json()},
         )
         try:
-            return self.core.create_namespaced_config_map(self.namespace, body).metadata.resource_version
+            return _version(self.core.create_namespaced_config_map(self.namespace, body))
         except ApiException as e:
             if e.status == 409:
                 raise UserError(f"run {rec.name!r} already exists (reslice status {rec.name})") from None
@@ -326,9 +333,9 @@ class Kube:
             data={RECORD_KEY: rec.to_json()},
         )
         try:
-            return self.core.replace_namespaced_config_map(
-                record_name(rec.name), self.namespace, body
-            ).metadata.resource_version
+            return _version(
+                self.core.replace_namespaced_config_map(record_name(rec.name), self.namespace, body)
+            )
         except ApiException as e:
             if e.status == 409:
                 raise Conflict(record_name(rec.name)) from None
@@ -355,7 +362,7 @@ class Kube:
         """
         now = _now()
         mine = self._leases.pop(name, None)
-        if mine is not None and mine.spec.holder_identity == holder:
+        if mine is not None and mine.spec is not None and mine.spec.holder_identity == holder:
             mine.spec.renew_time, mine.spec.lease_duration_seconds = now, duration_s
             try:
                 self._leases[name] = self.coordination.replace_namespaced_lease(name, self.namespace, mine)
@@ -383,7 +390,8 @@ class Kube:
                 if e2.status == 409:
                     return False, None
                 raise
-        spec = lease.spec
+        # A Lease written by something else may have no spec: it is free, and this write gives it one.
+        spec = lease.spec = lease.spec or client.V1LeaseSpec()
         previous = spec.holder_identity
         renewed = spec.renew_time or spec.acquire_time
         expired = renewed is None or now - renewed > timedelta(
@@ -420,7 +428,8 @@ class Kube:
         holders = {
             _live_holder(lease)
             for lease in leases
-            if lease.metadata.name.startswith("reslice-") and lease.metadata.name.endswith("-controller")
+            if (name := (lease.metadata.name if lease.metadata else None) or "").startswith("reslice-")
+            and name.endswith("-controller")
         }
         return {h for h in holders if h and h != exclude}
 
@@ -428,11 +437,19 @@ class Kube:
         self._leases.pop(name, None)
         try:
             lease = self.coordination.read_namespaced_lease(name, self.namespace)
-            if lease.spec.holder_identity == holder:
+            if lease.spec is not None and lease.spec.holder_identity == holder:
                 lease.spec.holder_identity = None
                 self.coordination.replace_namespaced_lease(name, self.namespace, lease)
         except ApiException:
             pass  # best effort: an unreleased lease simply expires
+
+
+def _version(obj: client.V1ConfigMap) -> str:
+    """The resourceVersion of an object the server returned: the client's models make every field
+    Optional, and a server always sets this one."""
+    if obj.metadata is None or not obj.metadata.resource_version:
+        raise ApiException(status=500, reason="the server returned a ConfigMap without a resourceVersion")
+    return obj.metadata.resource_version
 
 
 def _status_message(data: bytes) -> str:
@@ -444,13 +461,15 @@ def _status_message(data: bytes) -> str:
 
 def _message(e: ApiException) -> str:
     try:
-        return json.loads(e.body).get("message", e.reason)
+        return json.loads(e.body or "").get("message", e.reason)
     except (TypeError, ValueError):
         return str(e.reason)
 
 
-def _live_holder(lease) -> str | None:
+def _live_holder(lease: client.V1Lease) -> str | None:
     spec = lease.spec
+    if spec is None:
+        return None
     renewed = spec.renew_time or spec.acquire_time
     if not spec.holder_identity or renewed is None:
         return None

@@ -10,6 +10,7 @@ import contextlib
 import json
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from kubernetes import client
 from kubernetes.watch.watch import iter_resp_lines
@@ -28,7 +29,7 @@ class ListWatch:
         self.custom = client.CustomObjectsApi(api_client)
 
     def _list_fn(self, kind: str) -> tuple[Callable, tuple]:
-        return {
+        fns: dict[str, tuple[Callable[..., Any], tuple[str, ...]]] = {
             "pods": (self.core.list_namespaced_pod, (self.namespace,)),
             "nodes": (self.core.list_node, ()),
             "events": (self.core.list_namespaced_event, (self.namespace,)),
@@ -37,7 +38,8 @@ class ListWatch:
                 self.custom.list_namespaced_custom_object,
                 (GROUP, VERSION, self.namespace, "jobsets"),
             ),
-        }[kind]
+        }
+        return fns[kind]
 
     @staticmethod
     def _selectors(label_selector: str | None, field_selector: str | None) -> dict:

@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup
+from typer import _click as click  # typer's own click: TyperGroup's methods are typed with it
+from typer.core import TyperGroup
 
 from launcher.cli.commands import inspecting, launching, planning, sweeping, ui
 from launcher.core.errors import ClusterNotReady, UserError, environment_error
@@ -32,7 +33,7 @@ def _embedded_missing(e: ModuleNotFoundError) -> bool:
     return e.name == "launcher.embedded" or (e.name or "").startswith("launcher.embedded.")
 
 
-def _cluster_command() -> TyperCommand | TyperGroup:
+def _cluster_command() -> click.Command:
     """`reslice cluster` as launcher.embedded.cli defines it, or, where launcher.embedded is not
     installed, a command that says so (exit 2) whatever its arguments."""
     try:
@@ -60,10 +61,10 @@ class _Commands(TyperGroup):
     """The top-level group, with `cluster` listed last and loaded on first use (or on a name it
     does not know, so that a typo is still told about `cluster`)."""
 
-    def list_commands(self, ctx: typer.Context) -> list[str]:
+    def list_commands(self, ctx: click.Context) -> list[str]:
         return [*super().list_commands(ctx), *(() if "cluster" in self.commands else ("cluster",))]
 
-    def get_command(self, ctx: typer.Context, cmd_name: str) -> TyperCommand | TyperGroup | None:
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and "cluster" not in self.commands:
             self.add_command(_cluster_command(), "cluster")
         return super().get_command(ctx, cmd_name)

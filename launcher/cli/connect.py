@@ -40,5 +40,7 @@ def connect(
         if info is None:
             raise UserError(f"the embedded cluster did not start (see {d / 'cluster.log'})")
     api = load_api_client(info["kubeconfig"])
+    if api is None:  # a path given: None is only for no kubeconfig at all
+        raise UserError(f"the embedded cluster wrote no kubeconfig (see {d / 'cluster.log'})")
     is_embedded(api)  # a cluster whose state directory outlived it is unreachable: exit 1, one line
     return Connection(Kube(api, namespace), embedded=True)

@@ -31,9 +31,10 @@ from launcher.adapters.kube import Kube
 from launcher.adapters.rundir import RunDir
 from launcher.cli.watch import watch_run
 from launcher.controller.launch import create_run, prepare
-from launcher.core.errors import ClusterNotReady
+from launcher.core.errors import ClusterNotReady, UserError
 from launcher.core.labels import LABEL_JOB_INDEX, LABEL_RUN, LABEL_SLICE
-from launcher.core.record import Knobs
+from launcher.core.plan import Plan
+from launcher.core.record import Knobs, RunRecord
 from launcher.core.spec import RunSpec
 from launcher.core.words import PodRuntime, RestartMode
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec, runtime_unavailable
@@ -57,6 +58,14 @@ def _wait(cond, stop: threading.Event, poll: float = 0.5) -> bool:
     return False
 
 
+def _record(kube: Kube, run: str) -> RunRecord:
+    """The demo's run record, which the demo created and nothing deletes while it runs."""
+    got = kube.get_record(run)
+    if got is None:
+        raise UserError(f"the demo's run record {run} is gone")
+    return got[0]
+
+
 def fault_script(cluster: EmbeddedCluster, kube: Kube, run: str, console: Console, stop: threading.Event,
                  lose_at: int) -> None:  # fmt: skip
     """Take the node pools under every slice but SURVIVOR away once the run has reached step `lose_at`
@@ -65,7 +74,7 @@ def fault_script(cluster: EmbeddedCluster, kube: Kube, run: str, console: Consol
     grows the run back (in recreate at that segment's first checkpoint: it never tears down a
     segment that has not committed one), so the resume at the same global batch is always there to
     see, however fast this machine is."""
-    rec = kube.get_record(run)[0]
+    rec = _record(kube, run)
     rundir = RunDir(rec.spec.run_dir)
     in_place = rec.spec.restart_mode == RestartMode.IN_PLACE
 
@@ -85,7 +94,7 @@ def fault_script(cluster: EmbeddedCluster, kube: Kube, run: str, console: Consol
         cluster.remove(pool)
 
     def stepping_on_one_slice() -> bool:
-        seg = kube.get_record(run)[0].current
+        seg = _record(kube, run).current
         return (
             seg is not None
             and seg.slices == 1
@@ -205,7 +214,7 @@ def run_demo(
             "shrink ladder: "
             + "; ".join(
                 f"{r.shape}: {r.plan.micro_batch}×{r.plan.grad_accum}"
-                if r.feasible
+                if isinstance(r.plan, Plan)
                 else f"{r.shape}: infeasible"
                 for r in ladder
             )

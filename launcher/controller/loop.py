@@ -88,7 +88,7 @@ class Controller:
     catalog: Catalog = field(default_factory=load_catalog)
     # Per run: what the ledger last recorded, so that only changes get a line.
     _last: dict[str, tuple[dict, str]] = field(default_factory=dict)
-    _unusable_seen: set[str] = field(default_factory=set)
+    _unusable_seen: set[str | None] = field(default_factory=set)
     _restores_seen: set[tuple] = field(default_factory=set)
     _wake: threading.Event = field(default_factory=threading.Event)
     # Set while the watches may apply events to the caches; cleared while a pass decides
@@ -304,7 +304,7 @@ class Controller:
             self.kube.delete_jobset(slice_jobset_name(run, sid))
             if d.force:
                 self.kube.delete_pods_now(f"{LABEL_RUN}={run},{LABEL_SLICE}={sid}")
-        if not live:
+        if not live or seg is None:  # `live` implies a segment; the checker cannot tell
             return
         if d.jobset and d.action in {Action.START_SEGMENT, Action.CREATE_JOBSET}:
             self._created_jobset(render_jobset(spec, seg.shape(self.catalog), seg.index, seg.pool))
@@ -387,7 +387,10 @@ class Controller:
 
     def _fail(self, run: str, rundir: RunDir, reason: str) -> None:
         def mark_failed() -> None:
-            rec, rv = self.kube.get_record(run)
+            got = self.kube.get_record(run)
+            if got is None:  # deleted behind the controller's back: nothing left to mark
+                return
+            rec, rv = got
             self.kube.update_record(
                 replace(rec, state=RunState.FAILED, reason=reason, finished_at=self.clock()), rv
             )
@@ -404,8 +407,8 @@ class Controller:
         each once per controller: the run lost the steps since the previous committed one."""
         out = []
         for u in (trainer or {}).get("unusable_checkpoints") or []:
-            if isinstance(u, dict) and u.get("moved_to") not in self._unusable_seen:
-                self._unusable_seen.add(u.get("moved_to"))
+            if isinstance(u, dict) and (moved := u.get("moved_to")) not in self._unusable_seen:
+                self._unusable_seen.add(moved)
                 out.append(
                     {
                         "kind": LedgerKind.UNUSABLE_CHECKPOINT,
@@ -495,7 +498,7 @@ class Controller:
                 self._wake.wait(min(self.resync_s, self.leases.until_renewal(self.resync_s)))
                 # Coalesce a burst of watch events into one pass: passes at least COALESCE_S apart.
                 # The first event after a quiet spell (a node pool lost) is acted on at once.
-                stop.wait(max(0.0, self.turned_at + COALESCE_S - time.monotonic()))
+                stop.wait(max(0.0, (self.turned_at or 0.0) + COALESCE_S - time.monotonic()))
         finally:
             halt.set()
             self.caches = {}

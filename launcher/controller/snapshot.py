@@ -6,8 +6,9 @@ selectors, each object projected to the fields the signals read: launcher/adapte
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from launcher.adapters import projections
 from launcher.adapters.informer import Cache, Source
@@ -63,11 +64,13 @@ class Snapshot:
     def read(kube: Kube) -> Snapshot:
         """From the API (a controller whose caches do not run: `reslice launch`'s first pass)."""
         items = {name: _listed(kube, src) for name, src in SOURCES.items() if name != "records"}
-        return Snapshot.of(items, frozenset(filter(None, items["foreign-pods"])))
+        # The foreign-pods source keeps each pod's node name (its `keep`), not the pod.
+        nodes: list[Any] = items["foreign-pods"]
+        return Snapshot.of(items, frozenset(filter(None, nodes)))
 
     @staticmethod
     def of(
-        items: dict[str, Sequence[dict]],
+        items: Mapping[str, Sequence[dict]],
         foreign_nodes: frozenset[str],
         join: Callable[[Sequence[dict], Sequence[dict]], Sequence[dict]] | None = None,
         departed_pods: Sequence[dict] = (),
@@ -164,7 +167,7 @@ def observe_run(
         run=rec.name,
         segment=None if in_place else seg.index if seg else None,
         segment_jobset=None if in_place else seg.jobset if seg else None,
-        segment_nodepools=seg.nodepools if live else (),
+        segment_nodepools=live.nodepools if live else (),
         expected_pods=shape.hosts if shape else 0,
         slice_hosts=shape.preset.hosts if shape else 0,
         jobsets=memos.run_jobsets((rec.name,), snap.jobsets),

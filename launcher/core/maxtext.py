@@ -23,7 +23,7 @@ from launcher.core.words import TrainerProfile
 PROFILES = tuple(TrainerProfile)
 # Each profile's image when `--image` is not given: what docker/Dockerfile and
 # docker/maxtext.Dockerfile build (docs/gke.md), as `python3.11 dev.py images` tags them (images.py).
-IMAGES = {TrainerProfile.RESLICE: images.TRAINER, TrainerProfile.MAXTEXT: images.MAXTEXT}
+IMAGES: dict[str, str] = {TrainerProfile.RESLICE: images.TRAINER, TrainerProfile.MAXTEXT: images.MAXTEXT}
 ENTRYPOINT = ("python", "-m", "maxtext_entry", "--")
 # MaxText writes <base_output_directory>/<run_name>/{checkpoints,tensorboard,...}: under the run
 # directory, apart from what reslice's files are (run.json, events.jsonl, status.json, metrics/).
@@ -33,7 +33,14 @@ DEFAULT_CHECKPOINT_PERIOD = 100
 # which is reslice's step k + 1 (docs/maxtext.md). reslice's trainer: `checkpoints/<step>/`.
 CHECKPOINTS = f"{RUN_NAME}/checkpoints"
 
-_PARALLELISM = ("data", "fsdp", "fsdp_transpose", "sequence", "context", "context_usp_ulysses")
+_PARALLELISM: tuple[str, ...] = (
+    "data",
+    "fsdp",
+    "fsdp_transpose",
+    "sequence",
+    "context",
+    "context_usp_ulysses",
+)
 _PARALLELISM += ("context_autoregressive", "tensor", "tensor_sequence", "autoregressive", "pipeline")
 _PARALLELISM += ("expert", "diloco")
 DCN_KEYS = tuple(f"dcn_{a}_parallelism" for a in _PARALLELISM)

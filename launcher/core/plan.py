@@ -91,6 +91,11 @@ class Rung:
     def feasible(self) -> bool:
         return isinstance(self.plan, Plan)
 
+    @property
+    def reason(self) -> str:
+        """Why the shape cannot run ("" when it can)."""
+        return self.plan.reason if isinstance(self.plan, Infeasible) else ""
+
 
 def ladder_shapes(requested: Shape, presets: Mapping[str, Preset]) -> list[Shape]:
     """Every shape reachable from `requested`, largest first.

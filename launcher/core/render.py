@@ -160,6 +160,9 @@ def failure_policies(spec: RunSpec) -> tuple[dict, dict]:
     return pod_failure_policy, jobset_failure_policy
 
 
+SHM_MOUNT = "/dev/shm"  # where the pod's Memory emptyDir is mounted
+
+
 def _env(name: str, value: object) -> dict:
     return {"name": name, "value": str(value)}
 
@@ -273,7 +276,7 @@ def _pod(spec: RunSpec, preset: Preset, command: list[str], env: list[dict], poo
                 # Requests without cpu/memory limits: Burstable, never BestEffort, and the trainer
                 # may use the rest of its host.
                 "resources": {"requests": requests, "limits": dict(chips)},
-                "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                "volumeMounts": [{"name": "dshm", "mountPath": SHM_MOUNT}],
             }
         ],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
@@ -385,6 +388,8 @@ def inplace_env(spec: RunSpec, preset: Preset, slice_id: str) -> list[dict]:
         _env("RESLICE_SET", json.dumps(trainer_overrides(spec, preset))),
         _env("RESLICE_RESTART_MODE", RestartMode.IN_PLACE),
         _env("RESLICE_SLICE_ID", slice_id),
+        # The snapshots' RAM: the pod's Memory emptyDir (below), which goes with the pod.
+        _env("RESLICE_MEMORY_ROOT", SHM_MOUNT),
         _env("RESLICE_WORLD_CONFIGMAP", world_configmap_name(spec.run)),
         _env("RESLICE_WORLD_NAMESPACE", spec.namespace),
         _field_env("RESLICE_RESTART_ATTEMPT", f"metadata.labels['{LABEL_RESTART_ATTEMPT}']"),

@@ -47,7 +47,7 @@ def world_slices(old: Sequence[str], surviving: Iterable[str], count: int) -> tu
 def epoch_port(base: int, epoch: int) -> int:
     """The coordinator port of epoch `epoch`: a different one from the previous epoch's, cycling
     through PORTS_PER_RUN ports from `base` that TPU hosts do not use (render.RESERVED_PORTS)."""
-    usable = []
+    usable: list[int] = []
     port = base
     while len(usable) < PORTS_PER_RUN and port <= 65535:
         if port not in RESERVED_PORTS:

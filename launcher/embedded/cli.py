@@ -227,8 +227,10 @@ def status(
     info = _running(state_dir(directory))
     meta = _call(info, "info", None)
     api = client.CoreV1Api(config.new_client_from_config(config_file=info["kubeconfig"]))
-    nodes = api.list_node().items
-    pods = api.list_pod_for_all_namespaces().items
+    # Any: the client's models make metadata, spec and status Optional; the embedded API server
+    # sets all three on every node and pod it lists (its admission defaults them).
+    nodes: list[Any] = api.list_node().items
+    pods: list[Any] = api.list_pod_for_all_namespaces().items
     by_pool: dict[str, list[Any]] = {}
     for n in nodes:
         by_pool.setdefault((n.metadata.labels or {}).get("cloud.google.com/gke-nodepool", ""), []).append(n)
@@ -264,14 +266,14 @@ def status(
     for col in ("node", "node pool", "ready", "google.com/tpu", "taints"):
         t.add_column(col)
     for n in nodes if all_pods else nodes[:50]:
-        ready = next((c.status for c in n.status.conditions or [] if c.type == "Ready"), "Unknown")
+        ready_word = next((c.status for c in n.status.conditions or [] if c.type == "Ready"), "Unknown")
         taints = ", ".join(
             f"{tt.key}:{tt.effect}" for tt in n.spec.taints or [] if tt.key != "google.com/tpu"
         )
         t.add_row(
             n.metadata.name,
             node_pool.get(n.metadata.name, ""),
-            ready,
+            ready_word,
             (n.status.allocatable or {}).get("google.com/tpu", "0"),
             taints,
         )

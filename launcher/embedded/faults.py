@@ -235,7 +235,7 @@ def crash_host(cluster: FaultTarget, namespace: str, name: str, down_s: float = 
     the host is back (`heal`)."""
     pod = _pod(cluster, namespace, name)
     uid = objects.meta(pod)["uid"]
-    node = (pod.get("spec") or {}).get("nodeName")
+    node = (pod.get("spec") or {}).get("nodeName") or ""
     run = next((r for r in cluster.kubelet.runs() if r.uid == uid), None)
     if run is None or run.done.is_set():
         raise UserError(f"pod {namespace}/{name} is not running")

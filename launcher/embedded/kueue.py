@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from kubernetes import client
 
@@ -65,7 +66,10 @@ class Kueue:
             if selector:
                 self._merged[name] = selector
         for attempt in range(CONFLICT_TRIES):
-            js = self._objects().get_namespaced_custom_object(GROUP, VERSION, self.namespace, "jobsets", name)
+            # The client types custom objects `object`: a JobSet's JSON is a dict.
+            js: Any = self._objects().get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, "jobsets", name
+            )
             for rjob in js["spec"].get("replicatedJobs") or []:
                 pod = rjob["template"]["spec"]["template"].setdefault("spec", {})
                 nodes = {k: v for k, v in (pod.get("nodeSelector") or {}).items() if k not in undo}
@@ -98,9 +102,10 @@ class Kueue:
 
     def reconcile(self) -> list[str]:
         """Admit every queued JobSet that is suspended and not held; the names admitted."""
-        items = self._objects().list_namespaced_custom_object(
+        listed: Any = self._objects().list_namespaced_custom_object(  # typed `object`, as above
             GROUP, VERSION, self.namespace, "jobsets", label_selector=LABEL_QUEUE
-        )["items"]
+        )
+        items = listed["items"]
         out = []
         for js in items:
             name = js["metadata"]["name"]

@@ -72,7 +72,8 @@ class FakeNodePool:
 
 def expand_pools(specs: list[NodePoolSpec], simulate: bool) -> list[FakeNodePool]:
     """Pools named '<preset>-np-<i>' (i counted per preset) unless the spec names them."""
-    pools, per_preset = [], {}
+    pools: list[FakeNodePool] = []
+    per_preset: dict[str, int] = {}
     for s in specs:
         shape = load_shape(s.preset)
         for j in range(s.count):

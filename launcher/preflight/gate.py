@@ -60,9 +60,9 @@ def ladder(
         trainer_config=trainer_config,
     )
     if not rungs[0].feasible:
-        raise UserError(rungs[0].plan.reason if shape.error else f"{shape}: {rungs[0].plan.reason}")
+        raise UserError(rungs[0].reason if shape.error else f"{shape}: {rungs[0].reason}")
     feasible = tuple(r.shape for r in rungs if r.feasible)
-    return feasible, tuple((r.shape, _why(r.shape, r.plan.reason)) for r in rungs if not r.feasible)
+    return feasible, tuple((r.shape, _why(r.shape, r.reason)) for r in rungs if not r.feasible)
 
 
 def _why(shape: Shape, reason: str) -> str:

@@ -87,7 +87,8 @@ _VIEW_KINDS = {LedgerKind.ACT, LedgerKind.TAKEOVER, LedgerKind.LAUNCH, LedgerKin
 def live_view(rec: RunRecord, last: dict | None, ledger: list[dict], committed: int | None) -> Panel:
     seg = rec.current
     head = Text()
-    style = {RunState.FINISHED: "bold green", RunState.FAILED: "bold red"}.get(rec.state, "bold cyan")
+    styles: dict[str, str] = {RunState.FINISHED: "bold green", RunState.FAILED: "bold red"}
+    style = styles.get(rec.state, "bold cyan")
     head.append(f"{rec.name}  ", style="bold")
     head.append(rec.state, style=style)
     if seg is not None:

@@ -44,7 +44,7 @@ from launcher.core.spec import RunSpec, grace_period
 from launcher.core.words import LedgerKind, RunState
 from launcher.report.view import Throttle, live_view
 from launcher.sweep.files import SWEEP_JSON, read_incarnations, result_of, write_outputs
-from launcher.sweep.results import FactorResult, Recommendation, pct
+from launcher.sweep.results import FactorResult, Recommendation, ms, pct
 from launcher.sweep.spec import (
     ATTACH,
     DONE,
@@ -229,7 +229,7 @@ def run_sweep(
     def start(p: FactorRun) -> None:
         action = actions[p.run]
         if action == ATTACH:
-            console.print(f"{p.run}: attaching (it was left {records[p.run].state} by an interrupted sweep)")  # type: ignore[union-attr]
+            console.print(f"{p.run}: attaching (it was left {records[p.run].state} by an interrupted sweep)")  # type: ignore[union-attr]  # ATTACH: a record exists (next_action)
         else:
             old = records[p.run]
             rd = RunDir(p.record.spec.run_dir, p.record.spec.trainer)
@@ -259,7 +259,7 @@ def run_sweep(
         results[p.run] = r
         if r.measured:
             console.print(
-                f"{p.run}: {rec.state}: dropped {pct(r.dropped_fraction)}, step {r.step_time_median_s * 1e3:.1f} ms"
+                f"{p.run}: {rec.state}: dropped {pct(r.dropped_fraction)}, step {ms(r.step_time_median_s)}"
             )
         else:
             console.print(f"{p.run}: {rec.state}: {rec.reason}")
@@ -301,10 +301,10 @@ def run_sweep(
             state = got[0].state if got else "NotLaunched"
             results[p.run] = FactorResult(p.factor, p.run, state, "interrupted: rerun the sweep to finish it")
     final = [results[p.run] for p in plans]
-    rec, outputs = write_outputs(sweep, final)
+    recommendation, outputs = write_outputs(sweep, final)
     if interrupted or stop.is_set():
         console.print(
             f"sweep {sweep.name} interrupted; {', '.join(interrupted) or 'no run'} left running in the cluster. "
             "Run the same command again to finish only what is missing."
         )
-    return SweepOutcome(final, rec, outputs, interrupted)
+    return SweepOutcome(final, recommendation, outputs, interrupted)

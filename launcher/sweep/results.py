@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
+from rich.console import JustifyMethod
 from rich.table import Table
 
 from launcher.core.words import DropUnit, RunState, TrainerProfile
@@ -206,6 +207,15 @@ def pct(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{100 * x:.{digits}f} %"
 
 
+def ms(seconds: float | None) -> str:
+    return "- ms" if seconds is None else f"{seconds * 1e3:.1f} ms"
+
+
+def _ms_or_nan(r: FactorResult) -> float:
+    """A result's median step time in ms for a plot (NaN, a gap, when it has none)."""
+    return r.step_time_median_s * 1e3 if r.step_time_median_s is not None else float("nan")
+
+
 def recommend(results: Sequence[FactorResult], max_drop: float, key: str = FACTOR_KEY) -> Recommendation:
     """The smallest factor whose dropped fraction is at most `max_drop`, with every larger finite
     factor of the sweep also at most `max_drop` (on a non-increasing curve that is simply the
@@ -240,7 +250,7 @@ def recommend(results: Sequence[FactorResult], max_drop: float, key: str = FACTO
     saving = 1 - t / ref if ref and t is not None else None
     what = "of layer-steps overflowed" if choice.drop_unit == DropUnit.LAYER_STEPS else "of rows dropped"
     msg = f"recommended {key}={choice.label}: {pct(choice.dropped_fraction)} {what} (≤ {pct(max_drop, 2)})"
-    if saving is not None:
+    if saving is not None and t is not None and ref is not None:
         msg += f"; step time {t * 1e3:.1f} ms vs {ref * 1e3:.1f} ms dropless: {pct(saving, 1)} saved"
     else:
         msg += "; no dropless run to compare step time with"
@@ -277,14 +287,14 @@ def sweep_table(sweep: SweepSpec, results: Sequence[FactorResult], rec: Recommen
         f"x{sweep.slices}, global batch {sweep.global_batch}, steps {sweep.warmup + 1}–{sweep.steps} measured",
         caption=rec.message,
     )
-    cols = [
+    cols: list[tuple[str, JustifyMethod]] = [
         ("factor", "left"), ("required f max" if maxtext else "buffer rows", "right"),
         ("overflowed layer-steps" if maxtext else "dropped", "right"), ("worst layer", "right"),
         ("load/bal mean", "right"), ("load/bal max", "right"), ("step ms", "right"),
         ("tokens/s", "right"), ("loss final", "right"), ("loss mean", "right"), ("", "left"),
     ]  # fmt: skip
     for name, justify in cols:
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        table.add_column(name, justify=justify)
     for r in ordered(results):
         chosen = rec.factor is not None and r.factor == rec.factor
         note = (
@@ -327,11 +337,11 @@ def plot_sweep(sweep: SweepSpec, results: Sequence[FactorResult], rec: Recommend
         top.plot(fx, [100 * (r.dropped_fraction or 0) for _, r in finite], "o-", label="dropped, all layers")
         top.plot(fx, [100 * (r.worst_layer_dropped_fraction or 0) for _, r in finite], "s--", ms=4,
                  label="dropped, worst layer")  # fmt: skip
-        bottom.plot(fx, [r.step_time_median_s * 1e3 for _, r in finite], "o-", label="median step time")
+        bottom.plot(fx, [_ms_or_nan(r) for _, r in finite], "o-", label="median step time")
     for x, r in drop:
         top.plot([x], [100 * (r.dropped_fraction or 0)], "D", color="tab:red", ms=8, label="dropless")
-        bottom.plot([x], [r.step_time_median_s * 1e3], "D", color="tab:red", ms=8, label="dropless")
-        bottom.axhline(r.step_time_median_s * 1e3, color="tab:red", ls="--", lw=0.8)
+        bottom.plot([x], [_ms_or_nan(r)], "D", color="tab:red", ms=8, label="dropless")
+        bottom.axhline(_ms_or_nan(r), color="tab:red", ls="--", lw=0.8)
     top.axhline(
         100 * sweep.max_drop, color="grey", ls=":", lw=1, label=f"--max-drop {pct(sweep.max_drop, 2)}"
     )

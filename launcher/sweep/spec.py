@@ -21,7 +21,10 @@ from launcher.core.words import RunState, TrainerProfile, TrainerState
 FACTOR_KEY = "moe.ragged_buffer_factor"
 # The factor's key in each trainer profile: reslice's trainer (trainer/model/moe.py) and MaxText's
 # `ragged_buffer_factor` (base.yml: the buffer is balanced size × factor; ≤ 0 is dropless).
-FACTOR_KEYS = {TrainerProfile.RESLICE: FACTOR_KEY, TrainerProfile.MAXTEXT: "ragged_buffer_factor"}
+FACTOR_KEYS: dict[str, str] = {
+    TrainerProfile.RESLICE: FACTOR_KEY,
+    TrainerProfile.MAXTEXT: "ragged_buffer_factor",
+}
 # What a MaxText run of the sweep gets besides the factor: MaxText's two overflow probes (0.2.5's
 # base.yml; docs/maxtext.md, The sweep), which MaxText accepts only on the ring-of-experts ragged
 # path (`validate_moe_log_max_load_ratio`, `configs/types.py`), so that path is set too.
@@ -56,7 +59,7 @@ DEFAULT_FACTORS = "1.0,1.0625,1.125,1.25,1.5,2.0,-1"
 DEFAULT_WARMUP = 10
 DEFAULT_MAX_DROP = 0.001  # 0.1 % of routed (token, expert) rows
 # Keys the sweep sets itself, per profile: a --set of one of them would silently break the comparison.
-RESERVED = {
+RESERVED: dict[str, dict[str, str]] = {
     TrainerProfile.RESLICE: {
         FACTOR_KEY: "--factors",
         "train.steps": "--steps",
@@ -269,7 +272,9 @@ def next_action(record: RunRecord | None, status: dict | None, has_last_step: bo
     is the truth about whether a run is still alive. A run that finished is never rerun.
     """
     finished = (
-        bool(status) and status.get("state") == TrainerState.FINISHED and int(status.get("step", 0)) >= steps
+        status is not None
+        and status.get("state") == TrainerState.FINISHED
+        and int(status.get("step", 0)) >= steps
     )
     if record is not None and not record.terminal:
         return ATTACH  # alive, perhaps even done and not yet noticed: let the controller finish it

@@ -165,7 +165,7 @@ class Harness:
     def launch(
         self, run: str, slices: int, *, steps: int, interval: int = 5, run_dir: str | None = None,
         knobs: Knobs | None = None, extra: tuple[str, ...] = (), max_restarts: int = 3,
-        global_batch: int = GLOBAL_BATCH, restart_mode: str = RunSpec.restart_mode,
+        global_batch: int = GLOBAL_BATCH, restart_mode: str = RunSpec.restart_mode, queue: str | None = None,
     ) -> RunRecord:  # fmt: skip
         settings = tuple(s.format(steps=steps, interval=interval) for s in TRAINER_SETTINGS) + extra
         spec = RunSpec(
@@ -179,6 +179,7 @@ class Harness:
             max_restarts=max_restarts,
             image_pull_policy="Never",
             restart_mode=restart_mode,
+            queue=queue,  # a Kueue LocalQueue: the JobSets are rendered suspended, Kueue admits them
             # In place, the pods read their world from the embedded API server (docs/contract.md).
             world_api=self.cluster.api_client().configuration.host
             if restart_mode == RestartMode.IN_PLACE
@@ -229,7 +230,7 @@ class Harness:
     def wait_state(self, run: str, states: set[str], timeout: float) -> RunRecord:
         return wait_for(
             lambda: (r := self.record(run)).state in states and r, timeout, f"{run} to reach {states}"
-        )  # type: ignore[return-value]
+        )
 
     def wait_step(self, run: str, step: int, timeout: float) -> None:
         """Until the trainer has committed a checkpoint at or after `step`."""

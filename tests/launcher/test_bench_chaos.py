@@ -87,3 +87,35 @@ def test_in_place_one_world_trains_at_a_time() -> None:
     assert chaos.world_overlap_problems([m(0, 1.0), m(0, 2.0), m(1, 3.0), m(2, 5.0), m(1, 4.0)]) == []
     (problem,) = chaos.world_overlap_problems([m(0, 1.0), m(0, 3.5), m(1, 3.0)])
     assert problem.startswith("world 0 recorded a step 0.500 s after world 1's first")
+
+
+def test_a_segment_is_launched_once():
+    ok = [("ADDED", "r-0"), ("DELETED", "r-0"), ("ADDED", "r-1")]
+    assert chaos.relaunch_problems(ok) == []
+    again = [("ADDED", "r-0"), ("DELETED", "r-0"), ("ADDED", "r-0")]
+    assert chaos.relaunch_problems(again) == ["r-0 created twice"]
+
+
+def test_each_world_is_published_once_and_in_order():
+    # The same write seen again (a MODIFIED of another field) is one publication.
+    assert chaos.world_publication_problems([(0, 1.0), (0, 1.0), (1, 2.0), (3, 4.0)]) == []
+    assert chaos.world_publication_problems([(0, 1.0), (1, 2.0), (1, 2.5)]) == ["world 1 published twice"]
+    assert chaos.world_publication_problems([(0, 1.0), (2, 2.0), (1, 3.0)]) == [
+        "world 1 published after world 2"
+    ]
+
+
+def test_what_a_seed_leaves_in_dev_shm_is_named():
+    before = {"reslice-test-x", "other"}
+    after = before | {"reslice-chaos-s0-0-123", "reslice-uid-1", "reslice-uid-9", "reslice-other-s0-0-5"}
+    # Its snapshot folders and its pods' Memory volumes; not another run's, nor what was there.
+    assert chaos.shm_problems(before, after, {"uid-1"}) == [
+        "/dev/shm/reslice-chaos-s0-0-123 left behind",
+        "/dev/shm/reslice-uid-1 left behind",
+    ]
+    assert chaos.shm_problems(before, before, {"uid-1"}) == []
+
+
+def test_the_faults_include_kueue_evictions_and_controller_kills():
+    drawn = {f for seed in range(20) for f, _ in chaos.schedule(seed, 4)}
+    assert {"kueue-evict", "kill-controller", "reboot-host"} <= drawn

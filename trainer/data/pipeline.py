@@ -229,7 +229,7 @@ def expand(path: str) -> list[tuple[str, int | None]]:
             return [(path, None)]
         else:
             found = fs.find(path, detail=True)
-        files = [
+        files: list[tuple[str, int | None]] = [
             ("gs://" + k, int(v["size"]))
             for k, v in found.items()
             if v.get("type") == "file" and (_GLOB.search(path) or k.endswith(".npy"))
@@ -398,8 +398,8 @@ class Mixture:
         gb = self.gb
         if len(self.parts) == 1:
             order, n = self.orders[0], len(self.parts[0].source)
-            ids = [order[r] % n for r in range(step * gb, (step + 1) * gb)]
-            return np.zeros(gb, np.int64), np.array(ids, np.int64)
+            picked = [order[r] % n for r in range(step * gb, (step + 1) * gb)]
+            return np.zeros(gb, np.int64), np.array(picked, np.int64)
         before, after = self.counts(step * gb), self.counts((step + 1) * gb)
         # Which positions of the step each source fills: a permutation drawn from (seed, step).
         slot = np.argsort(_uniform(self.seed, 4, np.array([step]), gb)[0], kind="stable")

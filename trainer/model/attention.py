@@ -193,7 +193,7 @@ def splash_attention(
 
     index = jnp.zeros((), jnp.int32)
     if window is not None and len(windows) > 1:  # which kernel: the position of window in windows
-        index = sum(i * (window == w) for i, w in enumerate(windows)).astype(jnp.int32)
+        index = jnp.asarray(sum(i * (window == w) for i, w in enumerate(windows))).astype(jnp.int32)
     args = (index, q, k, v) if segments is None else (index, q, k, v, segments)
     if mesh.empty:
         out = local(*args)

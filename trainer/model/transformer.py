@@ -29,7 +29,8 @@ def pin_batch(x: jax.Array) -> jax.Array:
 
 class RMSNorm(nnx.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
-        self.scale = nnx.Param(nnx.with_partitioning(nnx.initializers.ones, ("norm",))(None, (dim,)))
+        ones = nnx.with_partitioning(nnx.initializers.ones, ("norm",))
+        self.scale = nnx.Param(ones(None, (dim,)))  # type: ignore[arg-type]  # `ones` draws nothing: no key
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -104,23 +105,28 @@ class Block(nnx.Module):
         self.ffn_norm = RMSNorm(m.d_model)
         self.is_moe = moe
         self.reordered = m.reordered_norm
-        if moe:
-            self.ffn = MoE(m.d_model, cfg.moe, m.init_std, rngs=rngs)
-        else:
-            self.ffn = MLP(m.d_model, m.d_ff, m.init_std, rngs=rngs)
+        self.ffn: MoE | MLP = (
+            MoE(m.d_model, cfg.moe, m.init_std, rngs=rngs)
+            if moe
+            else MLP(m.d_model, m.d_ff, m.init_std, rngs=rngs)
+        )
 
     def __call__(
         self, x: jax.Array, segments: jax.Array | None = None, window: jax.Array | None = None
     ) -> tuple[jax.Array, dict]:
         if self.reordered:  # OLMo 2/3: each sub-layer's output is normed before the residual add
             x = x + self.attn_norm(self.attn(x, segments, window))
-            y, aux = self.ffn(x) if self.is_moe else (self.ffn(x), {})
+            y, aux = self._ffn(x)
             return pin_batch(x + self.ffn_norm(y)), aux
         x = x + self.attn(self.attn_norm(x), segments, window)
-        if self.is_moe:
-            y, aux = self.ffn(self.ffn_norm(x))
-            return pin_batch(x + y), aux
-        return pin_batch(x + self.ffn(self.ffn_norm(x))), {}
+        y, aux = self._ffn(self.ffn_norm(x))
+        return pin_batch(x + y), aux
+
+    def _ffn(self, x: jax.Array) -> tuple[jax.Array, dict]:
+        """The feed-forward sub-layer's output and its auxiliary metrics (none from a dense MLP)."""
+        if isinstance(self.ffn, MoE):
+            return self.ffn(x)
+        return self.ffn(x), {}
 
 
 class Stack(nnx.Module):

@@ -225,11 +225,12 @@ def load_or_compile(
 ) -> tuple[jax.stages.Compiled, bytes | None]:
     """Load the entry at ``path`` if it is whole, else compile and write it; the executable and its
     serialization (``_compile``)."""
-    payload = _read_whole(path)
-    if payload is not None:
-        executable = _load(path, lambda: (payload, lowered.in_tree, lowered.out_tree), devices)
+    whole = _read_whole(path)
+    if whole is not None:
+        entry = whole  # bound for the closure: the checker does not narrow a name into a lambda
+        executable = _load(path, lambda: (entry, lowered.in_tree, lowered.out_tree), devices)
         if executable is not None:
-            return executable, payload
+            return executable, whole
     executable, payload = _compile(lowered)
     if payload is not None:
         _write_whole(path, payload)

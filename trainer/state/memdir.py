@@ -3,7 +3,8 @@ in-place supervisor makes it before its first child and removes it when it exits
 
 It lies under ``RESLICE_MEMORY_ROOT`` (default ``/dev/shm``, which the renderer mounts as an
 ``emptyDir`` with ``medium: Memory``: RAM that outlives the trainer child, counted in the pod's
-memory). Its name holds the run, the slice, the host and the supervisor's pid: on one machine
+memory, and goes with the pod; the embedded cluster's process runtime gives each pod a folder of
+its own there, removed with the pod, and sets the variable to it). Its name holds the run, the slice, the host and the supervisor's pid: on one machine
 (the embedded cluster's pods share its ``/dev/shm``) no two pods share one, and a later pod of the
 same slice and host never reads an earlier pod's snapshots. A leftover of a supervisor that was
 killed (its pid gone: on one machine, any run's) is removed when the next one starts; in a pod the

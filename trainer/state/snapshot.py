@@ -127,9 +127,10 @@ def write(
     """Write one snapshot (``host``: per leaf its path, global shape, dtype and distinct shards by
     key) as ``<step>.snap``: under a temporary name, renamed once ``ready()`` (False: removed
     instead, None returned). Returns the file."""
-    leaves, offset = [], 0
+    leaves: list[dict[str, Any]] = []
+    offset = 0
     for path, shape, dtype, shards in host:
-        entry = {"path": path, "shape": list(shape), "dtype": dtype, "shards": {}}
+        entry: dict[str, Any] = {"path": path, "shape": list(shape), "dtype": dtype, "shards": {}}
         for key, data in shards:
             entry["shards"][key] = [offset, int(data.nbytes), list(data.shape)]
             offset = _aligned(offset + int(data.nbytes))
@@ -142,7 +143,7 @@ def write(
         for entry, (_, _, _, shards) in zip(leaves, host, strict=True):
             for key, data in shards:
                 f.seek(start + entry["shards"][key][0])
-                f.write(memoryview(np.ascontiguousarray(data)).cast("B"))
+                f.write(np.ascontiguousarray(data).data.cast("B"))
     if not ready():
         tmp.unlink()
         return None
@@ -404,7 +405,8 @@ class Prefetch:
     THREADS = 8
 
     def __init__(self, path: Path) -> None:
-        self.path, self.error = path, None
+        self.path = path
+        self.error: OSError | None = None
         st = os.stat(path)
         self.identity = (st.st_ino, st.st_size, st.st_mtime_ns)
         self.buffer = np.empty(st.st_size, np.uint8)
@@ -431,7 +433,7 @@ class Prefetch:
         from concurrent.futures import ThreadPoolExecutor
 
         t0 = time.perf_counter()
-        view = memoryview(self.buffer)
+        view = self.buffer.data
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except OSError as e:
@@ -489,7 +491,7 @@ class _Shards:
             else:
                 assert self.file is not None
                 buf = np.empty(shape, dtype)
-                got = os.preadv(self.file.fileno(), [memoryview(buf).cast("B")], start) if nbytes else 0
+                got = os.preadv(self.file.fileno(), [buf.data.cast("B")], start) if nbytes else 0
                 if got != nbytes:
                     raise OSError(f"{self.header['file']}: short read of {path} ({got} of {nbytes} bytes)")
             self.read[(path, key)] = buf
@@ -584,6 +586,7 @@ def broadcast(
             shape = (slices, *leaf.shape)
             arrays = []
             for device, index in spec.addressable_devices_indices_map(shape).items():
+                assert index is not None  # a NamedSharding gives each of its devices its slices
                 inner = index[1:]
                 if shards is not None:
                     data = shards.get(path, _key(inner, leaf.shape), dtype)

@@ -14,7 +14,7 @@ import json
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, TextIO
 
 from etils import epath
 
@@ -29,7 +29,7 @@ def recorded_steps(run_dir: str, steps: Iterable[int]) -> set[int]:
     """Which of `steps` some metrics record of the run directory is of: its files newest first (one
     per trainer incarnation, named by segment, restart attempt and start time), every line read
     until all are found. For a restore, not a loop: a long run's history on gs:// is many objects."""
-    wanted, found = set(steps), set()
+    wanted, found = set(steps), set[int]()
     directory = epath.Path(run_dir) / "metrics"
     try:
         names = sorted((p.name for p in directory.iterdir() if p.name.endswith(".jsonl")), reverse=True)
@@ -76,7 +76,7 @@ def _event_writer_imports(run_dir: str | None) -> Iterator[None]:
         else []
     )
     for m in hidden:
-        sys.modules[m] = None  # type: ignore[assignment]
+        sys.modules[m] = None  # type: ignore[assignment]  # None there makes importing it fail, by design
     try:
         yield
     finally:
@@ -95,7 +95,7 @@ class RunWriter:
         self.path = self.run_dir / "metrics" / self._new_name()
         self._lines: list[str] = []
         self._last_flush = 0.0
-        self._file = None
+        self._file: TextIO | None = None
         self._tb = None
         if not enabled:
             return

@@ -37,7 +37,10 @@ def _stat(pid: int) -> list[str] | None:
 def process_start(pid: int) -> float | None:
     """Epoch seconds at which process ``pid`` started (to the clock tick), or None off Linux."""
     try:
-        return _boot_time() + int(_stat(pid)[19]) / os.sysconf("SC_CLK_TCK")  # field 22
+        fields = _stat(pid)
+        if fields is None:
+            return None
+        return _boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22
     except (TypeError, ValueError, IndexError):
         return None
 
@@ -46,6 +49,8 @@ def process_cpu(pid: int) -> float | None:
     """CPU seconds process ``pid`` has used so far (user and system, to the clock tick), or None."""
     try:
         fields = _stat(pid)
+        if fields is None:
+            return None
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # fields 14 and 15
     except (TypeError, ValueError, IndexError):
         return None

@@ -380,4 +380,5 @@ def watch(
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         watch_all(kube, stop, resync_s=resync, lease_s=lease, health_port=health_port, own_process=True)
         return
+    assert run is not None  # checked above: a RUN or --all
     finish(kube, run, watch_run(kube, run, console=console, resync_s=resync, lease_s=lease, own_process=True))

@@ -109,7 +109,7 @@ def plan(
         trainer_config=resolved,
     )
     if not rungs[0].feasible:
-        raise UserError(f"{shape}: {rungs[0].plan.reason}")
+        raise UserError(f"{shape}: {rungs[0].reason}")
     if as_json:
         print_json([_rung_json(r) for r in rungs])
         return

@@ -326,10 +326,11 @@ def launch_blockers(facts: ClusterFacts, req: Request) -> list[Check]:
     unhealthy now (NotReady, preempted) are the controller's business, and so is a quota that is
     full now but large enough."""
     spec = req.spec
+    shape = run_shape(spec, req.shape)
     rows = [
         check_jobset_api(facts),
         check_namespace(facts, spec.namespace),
-        rung_exists(shape := run_shape(spec, req.shape), *pools_of(facts, spec, shape)),
+        rung_exists(shape, *pools_of(facts, spec, shape)),
         check_run_dir(spec.run_dir, facts.embedded is not None),
         check_image(spec, facts.embedded is not None),
         check_quota(facts.quotas, req),

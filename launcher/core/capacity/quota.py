@@ -53,7 +53,7 @@ def _scope_holds(scope: str, operator: str, values: list[str], pod: dict) -> boo
 def quota_applies(quota: dict, pod: dict) -> bool:
     """Whether the quota counts this pod (its `scopes` and `scopeSelector` terms, ANDed)."""
     spec = quota.get("spec") or {}
-    terms = [(s, "Exists", []) for s in spec.get("scopes") or []]
+    terms: list[tuple[str, str, list[str]]] = [(s, "Exists", []) for s in spec.get("scopes") or []]
     for e in (spec.get("scopeSelector") or {}).get("matchExpressions") or []:
         terms.append((e.get("scopeName", ""), e.get("operator", "Exists"), e.get("values") or []))
     return all(_scope_holds(s, op, vals, pod) for s, op, vals in terms)

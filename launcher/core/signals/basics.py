@@ -4,6 +4,7 @@ object's conditions, and the two memos that spare a pass the objects that did no
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 
 def conditions(obj: dict) -> dict[str, dict]:
@@ -24,7 +25,8 @@ class ByVersion:
     a version (tables in tests) are computed every time."""
 
     def __init__(self, fn) -> None:
-        self._fn, self._got = fn, {}
+        self._fn = fn
+        self._got: dict[Any, Any] = {}
 
     def __call__(self, obj: dict):
         meta = obj["metadata"]
@@ -57,7 +59,8 @@ class SameInputs:
     docs/measurements.md)."""
 
     def __init__(self, fn, most: int = 1) -> None:
-        self._fn, self._most, self._got = fn, most, []
+        self._fn, self._most = fn, most
+        self._got: list[Any] = []
 
     def __call__(self, small: tuple, *big):
         if not all(isinstance(b, tuple | frozenset) for b in big):  # a list may change in place

@@ -117,7 +117,7 @@ def host_losses(run: str, pods: Iterable[dict]) -> frozenset[str]:
 # --- why an attempt failed -----------------------------------------------------------------------
 
 # Causes of a JobSet restart, as the failed pods of the attempt tell it.
-CAUSE_WORDS = {
+CAUSE_WORDS: dict[str, str] = {
     Cause.PREEMPTION: "a preemption or disruption",
     Cause.PEER_LOST: f"a lost peer: a host of the segment died (trainer exit {EXIT_PEER_LOST})",
     Cause.APP_FAILURE: "an application failure",
@@ -126,7 +126,12 @@ CAUSE_WORDS = {
 # When the pods of one attempt disagree, the strongest cause wins: a crash makes its peers exit 43
 # (their collectives fail), and a preempted host's peers may do the same before it saves.
 # A rebooted host's own pod says more than its peers' exit 43, less than another pod's own crash.
-_STRENGTH = {Cause.PEER_LOST: 0, Cause.PREEMPTION: 1, Cause.HOST_DISRUPTION: 2, Cause.APP_FAILURE: 3}
+_STRENGTH: dict[str, int] = {
+    Cause.PEER_LOST: 0,
+    Cause.PREEMPTION: 1,
+    Cause.HOST_DISRUPTION: 2,
+    Cause.APP_FAILURE: 3,
+}
 
 
 def stronger(a: str | None, b: str | None) -> str | None:
@@ -172,7 +177,9 @@ class Failure:
     message: str
 
 
-def jobset_phase(jobset: dict | None, pods: list[PodView], expected_pods: int) -> tuple[str, Failure | None]:
+def jobset_phase(
+    jobset: dict | None, pods: list[PodView], expected_pods: int
+) -> tuple[Phase, Failure | None]:
     if jobset is None:
         return Phase.ABSENT, None
     if jobset["metadata"].get("deletionTimestamp"):

@@ -62,13 +62,13 @@ def slice_views(
         return labels.get(LABEL_SLICE) if labels.get(LABEL_RUN) == run else None
 
     by_slice: dict[str, tuple[list[dict], list[dict]]] = {}
-    for js in jobsets:
-        if (sid := of_run(js)) is not None:
-            by_slice.setdefault(sid, ([], []))[0].append(js)
+    for jobset in jobsets:
+        if (sid := of_run(jobset)) is not None:
+            by_slice.setdefault(sid, ([], []))[0].append(jobset)
     for pod in pods:
         if (sid := of_run(pod)) is not None:
             by_slice.setdefault(sid, ([], []))[1].append(pod)
-    out = {}
+    out: dict[str, SliceView] = {}
     for sid, (sets, slice_pods) in by_slice.items():
         js = sets[0] if sets else None
         views = [view(p) for p in slice_pods]
@@ -88,7 +88,9 @@ def slice_views(
             pods_running=sum(v.phase == PodPhase.RUNNING for v in live.values()),
             pools=tuple(sorted({p for v in live.values() if v.node and (p := pool_of.get(v.node))})),
             unschedulable=len(unsched),
-            unschedulable_since=min((v.unschedulable_since for v in unsched), default=None),
+            unschedulable_since=min(
+                (v.unschedulable_since for v in unsched if v.unschedulable_since is not None), default=None
+            ),
             uids=tuple(sorted(live)),
             restarts_counted=int(((js or {}).get("status") or {}).get("restartsCountTowardsMax") or 0),
             jobset_uid=(js or {}).get("metadata", {}).get("uid"),

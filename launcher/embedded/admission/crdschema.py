@@ -37,9 +37,9 @@ def _validator(schema_dir: Path = SCHEMA_DIR, part: str | None = None) -> Any:
     """The schema's validator (of the whole object, or of one top-level `part` of it)."""
     import jsonschema  # a second of import time saved for servers that never see a JobSet
 
-    schema = crd_schema(schema_dir)
+    schema: dict[str, Any] | None = crd_schema(schema_dir)
     if part is not None:
-        schema = (schema.get("properties") or {}).get(part)
+        schema = ((schema or {}).get("properties") or {}).get(part)
     if schema is None:
         return None
     # kube-openapi's type validator takes an integral float for an integer (isFloatInt).

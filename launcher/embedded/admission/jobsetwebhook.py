@@ -166,7 +166,8 @@ def _name_causes(js_name: str, rjob: dict[str, Any], i: int) -> Causes:
 
 def _managed_by_causes(manager: str) -> Causes:
     """IsDomainPrefixedPath and the 63-byte limit (apimachinery validation, the webhook's managedBy)."""
-    field, causes = "spec.managedBy", []
+    field = "spec.managedBy"
+    causes: Causes = []
     host, sep, path = manager.partition("/")
     if not manager:
         causes.append((field, "Required value"))

@@ -8,15 +8,28 @@ from __future__ import annotations
 import json
 import random
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.embedded.api import bodies, discovery
+from launcher.embedded.store.store import Store
 from launcher.embedded.types.errors import ApiError, bad_request
 from launcher.embedded.types.resources import RESOURCES, Resource
 
 
 class Streams:
     """The watch and pods/log verbs of `ApiRequest`."""
+
+    # What `ApiRequest.__init__` sets: the HTTP handler and the ApiServer are Any, as there (their
+    # module imports this one, through rest.py).
+    h: Any
+    api: Any
+    store: Store
+    method: str
+    query: dict[str, str]
+
+    if TYPE_CHECKING:
+
+        def _wants_table(self) -> bool: ...  # rest.py
 
     def _watch(self, res: Resource, namespace: str | None) -> None:
         q = self.query

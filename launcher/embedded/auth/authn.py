@@ -34,7 +34,8 @@ def unauthorized() -> ApiError:
 def _deleted_long_ago(obj: Mapping[str, Any], now: float) -> bool:
     """Deleted (a deletionTimestamp) more than the leeway before now: its tokens no longer hold."""
     stamp = (obj.get("metadata") or {}).get("deletionTimestamp")
-    return bool(stamp) and rfc3339.parse(stamp).timestamp() < now - LEEWAY_S
+    when = rfc3339.parse(stamp) if stamp else None
+    return when is not None and when.timestamp() < now - LEEWAY_S
 
 
 class Authenticator:

@@ -165,7 +165,7 @@ def inter_pod_affinity(pod: Mapping[str, Any], node: str, view: ClusterView) -> 
     anti-affinity, then existing pods' anti-affinity); returns a failure reason or None."""
     ns = objects.meta(pod).get("namespace") or ""
     for term in _required(pod, "podAffinity"):
-        key = term.get("topologyKey")
+        key = term.get("topologyKey") or ""
         dv = view.domain(node, key)
         if any(_term_matches(term, ns, e) for e in view.pods_in_domain(key, dv)):
             continue
@@ -175,14 +175,14 @@ def inter_pod_affinity(pod: Mapping[str, Any], node: str, view: ClusterView) -> 
         if anywhere or not _term_matches(term, ns, pod) or dv is None:
             return R_AFFINITY
     for term in _required(pod, "podAntiAffinity"):
-        key = term.get("topologyKey")
+        key = term.get("topologyKey") or ""
         dv = view.domain(node, key)
         if any(_term_matches(term, ns, e) for e in view.pods_in_domain(key, dv) if e is not pod):
             return R_ANTI_AFFINITY
     # Existing pods' anti-affinity against this pod.
     for e, n in view.anti:
         for term in _required(e, "podAntiAffinity"):
-            key = term.get("topologyKey")
+            key = term.get("topologyKey") or ""
             dv = view.domain(node, key)
             same = dv is not None and dv == view.domain(n, key)
             if same and _term_matches(term, objects.meta(e).get("namespace") or "", pod):

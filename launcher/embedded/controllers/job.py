@@ -19,7 +19,7 @@ limits) and `jobpods.py` (the pods it creates).
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from launcher.embedded.controllers.clock import REAL, Clock
 from launcher.embedded.controllers.jobactions import decide, wire_status
@@ -88,7 +88,7 @@ class JobController(ControllerLoop):
     def _leader_domain(self, job: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> str | None:
         topo = exclusive_topology(job)
         node = leader_node(pods) if topo else None
-        if node is None:
+        if topo is None or node is None:
             return None
         try:
             return objects.labels(self.store.get(self.nodes, None, node)).get(topo)
@@ -107,7 +107,7 @@ class JobController(ControllerLoop):
                     raise
 
     def reconcile(self, key: Hashable) -> float | None:
-        kind, ns, name = key  # type: ignore[misc]
+        kind, ns, name = cast("tuple[str, str, str]", key)  # keys_for enqueues (kind, namespace, name)
         if kind == "orphan":
             return self._reconcile_orphan(ns, name)
         if kind == "orphans":  # name is the deleted Job's uid

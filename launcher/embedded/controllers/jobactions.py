@@ -80,11 +80,9 @@ def decide(
     indexed = spec.get("completionMode") == "Indexed"
     completions = spec.get("completions")
     completions = 1 if completions is None and spec.get("parallelism") is None else completions
-    parallelism = int(spec.get("parallelism") if spec.get("parallelism") is not None else 1)
+    parallelism = int(n) if (n := spec.get("parallelism")) is not None else 1
     policy = spec.get("podFailurePolicy")
-    backoff_limit = int(
-        spec.get("backoffLimit") if spec.get("backoffLimit") is not None else DEFAULT_BACKOFF_LIMIT
-    )
+    backoff_limit = int(n) if (n := spec.get("backoffLimit")) is not None else DEFAULT_BACKOFF_LIMIT
 
     finished = dict(terminal)
     for p in pods:
@@ -251,13 +249,13 @@ def decide(
                 continue  # the webhook rejects followers until the leader is scheduled
             extra = None
             if per_index is not None:
-                last = last_failed(failed_pods, i)
-                wait = index_backoff(last, now)
+                last_pod = last_failed(failed_pods, i)
+                wait = index_backoff(last_pod, now)
                 if wait > 0:
                     todo.requeue_after = min(wait, todo.requeue_after or wait)
                     continue
                 extra = index_failure_counts(
-                    last, actions.get(objects.meta(last or {}).get("uid", "")), policy
+                    last_pod, actions.get(objects.meta(last_pod or {}).get("uid", "")), policy
                 )
             todo.create.append(pod_for_index(job, i, leader_domain, extra))
             room -= 1

@@ -8,7 +8,7 @@ status written, events). The child Jobs' shape is `jobsetjobs.py`.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from launcher.embedded.controllers.jobsetactions import decide
 from launcher.embedded.controllers.jobsetjobs import subdomain
@@ -82,7 +82,7 @@ class JobSetController(ControllerLoop):
         return []
 
     def reconcile(self, key: Hashable) -> float | None:
-        ns, name = key  # type: ignore[misc]
+        ns, name = cast("tuple[str, str]", key)  # keys_for enqueues (namespace, name)
         try:
             js = self.store.get(self.jobsets, ns, name)
         except Exception as e:

@@ -172,7 +172,7 @@ def replicated_jobs_status(js: Mapping[str, Any], jobs: ChildJobs) -> list[dict[
         if s is None:
             continue
         st, sp = j.get("status") or {}, j.get("spec") or {}
-        pods = int(sp.get("parallelism") if sp.get("parallelism") is not None else 1)
+        pods = int(n) if (n := sp.get("parallelism")) is not None else 1
         if sp.get("completions") is not None:
             pods = min(pods, int(sp["completions"]))
         if int(st.get("succeeded") or 0) + int(st.get("ready") or 0) >= pods:

@@ -27,8 +27,8 @@ import copy
 import datetime as dt
 import threading
 import time
-from collections.abc import Hashable, Mapping
-from typing import Any
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any, cast
 
 from launcher.core import rfc3339
 from launcher.core.podfit import tolerates
@@ -53,7 +53,7 @@ def no_execute_taints(node: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [t for t in (node.get("spec") or {}).get("taints") or [] if t.get("effect") == "NoExecute"]
 
 
-def eviction_delay(pod: Mapping[str, Any], taints: list[Mapping[str, Any]]) -> float | None:
+def eviction_delay(pod: Mapping[str, Any], taints: Sequence[Mapping[str, Any]]) -> float | None:
     """Seconds after the taints until the pod is deleted: 0 when one is not tolerated, the smallest
     tolerationSeconds of the tolerations that match (upstream getMinTolerationTime), None: never."""
     tolerations = (pod.get("spec") or {}).get("tolerations") or []
@@ -97,10 +97,10 @@ def evictions(
 def evicted_by_taints(pod: Mapping[str, Any]) -> bool:
     """The taint manager already marked and deleted this pod (upstream keeps the fired work item)."""
     c = objects.get_condition(pod, "DisruptionTarget")
-    return objects.pod_deleting(pod) and bool(c) and c.get("reason") == "DeletionByTaintManager"
+    return objects.pod_deleting(pod) and c is not None and c.get("reason") == "DeletionByTaintManager"
 
 
-def unreachable_node(node: Mapping[str, Any], when: str) -> dict[str, Any]:
+def unreachable_node(node: dict[str, Any], when: str) -> dict[str, Any]:
     """The node as the lifecycle controller leaves it once its heartbeats stopped."""
     node = copy.deepcopy(dict(node))
     for c in (node.get("status") or {}).get("conditions") or []:
@@ -118,7 +118,7 @@ def unreachable_node(node: Mapping[str, Any], when: str) -> dict[str, Any]:
     return node
 
 
-def reachable_node(node: Mapping[str, Any], when: str) -> dict[str, Any]:
+def reachable_node(node: dict[str, Any], when: str) -> dict[str, Any]:
     """The node once its kubelet posts status again: Ready, the unreachable taints gone."""
     node = copy.deepcopy(dict(node))
     for c in (node.get("status") or {}).get("conditions") or []:
@@ -235,7 +235,7 @@ class NodeLifecycle(ControllerLoop):
         return []
 
     def reconcile(self, key: Hashable) -> float | None:
-        kind, *rest = key  # type: ignore[misc]
+        kind, *rest = cast("tuple[str, ...]", key)  # keys_for enqueues (kind, names...)
         if kind == "gc-node":
             pods, _ = self.store.list(self.pods, field_selector=f"spec.nodeName={rest[0]}")
             for p in pods:
@@ -273,10 +273,7 @@ class NodeLifecycle(ControllerLoop):
         left = since + self.grace_s - time.monotonic()
         if left > 0:
             return left
-        if (
-            objects.get_condition(node, "Ready")
-            and objects.get_condition(node, "Ready").get("status") == "Unknown"
-        ):
+        if (ready := objects.get_condition(node, "Ready")) is not None and ready.get("status") == "Unknown":
             return None
         self._write_node(unreachable_node(node, when))
         self.recorder.event(node, "Normal", "NodeNotReady", f"Node {name} status is now: NodeNotReady")

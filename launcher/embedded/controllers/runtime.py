@@ -218,7 +218,7 @@ class EventRecorder:
         }
         if ref["namespace"] is None:
             del ref["namespace"]
-        source = {"component": self.component}
+        source: dict[str, Any] = {"component": self.component}
         if host or self.host:
             source["host"] = host or self.host
         key = (m.get("uid"), etype, reason, message, self.component)

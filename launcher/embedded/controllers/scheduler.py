@@ -112,17 +112,17 @@ class Scheduler:
         with self._cv:
             return not self._dirty and not self._busy
 
-    def _on_event(self, event: str, res: Any, obj: Mapping[str, Any]) -> None:
+    def _on_event(self, event: str, res: Any, obj: dict[str, Any]) -> None:
         if res.plural == "nodes":
             name = objects.meta(obj)["name"]
             with self._lock:
                 if event == "DELETED":
                     self._nodes.pop(name, None)
                 else:
-                    self._nodes[name] = obj  # type: ignore[assignment]
+                    self._nodes[name] = obj
             self.kick()
         elif res.plural == "pods":
-            uid = objects.meta(obj).get("uid")
+            uid = objects.meta(obj).get("uid") or ""
             gone = event == "DELETED" or objects.pod_terminal(obj)
             with self._lock:
                 was_bound = bool(((self._pods.get(uid) or {}).get("spec") or {}).get("nodeName"))
@@ -130,7 +130,7 @@ class Scheduler:
                     self._pods.pop(uid, None)
                     self._last_msg.pop(uid, None)
                 else:
-                    self._pods[uid] = obj  # type: ignore[assignment]
+                    self._pods[uid] = obj
             # A new pending pod, or capacity freed by a pod going away.
             if (gone and was_bound) or (not gone and _needs_scheduling(obj)):
                 self.kick()
@@ -229,7 +229,7 @@ class Scheduler:
         return True
 
     def _unschedulable(self, pod: Mapping[str, Any], msg: str) -> None:
-        uid = objects.meta(pod).get("uid")
+        uid = objects.meta(pod).get("uid") or ""
         ns, name = objects.key_of(pod)
         with self._lock:
             repeat = self._last_msg.get(uid) == msg

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from launcher.core import rfc3339
 from launcher.core.words import PodRuntime
@@ -139,7 +139,7 @@ class Kubelet(ControllerLoop):
 
     # -- reconcile -----------------------------------------------------------------------------
     def reconcile(self, key: Hashable) -> float | None:
-        uid, ns, name = key  # type: ignore[misc]
+        uid, ns, name = cast("tuple[str, str, str]", key)  # keys_for enqueues (uid, namespace, name)
         try:
             pod = self.store.get(self.pods, ns, name)
         except Exception as e:
@@ -149,7 +149,8 @@ class Kubelet(ControllerLoop):
         if pod is not None and objects.meta(pod).get("uid") != uid:
             pod = None
         if uid in self._crashed:
-            return self._reconcile_crashed(uid, pod)
+            self._reconcile_crashed(uid, pod)
+            return None
         with self._runs_lock:
             run = self._runs.get(uid)
         if pod is None:
@@ -201,7 +202,7 @@ class Kubelet(ControllerLoop):
         if pod is None:
             self._crashed.discard(uid)
             return None
-        node = (pod.get("spec") or {}).get("nodeName")
+        node = (pod.get("spec") or {}).get("nodeName") or ""
         if node in self.partitioned:
             return None
         self._crashed.discard(uid)

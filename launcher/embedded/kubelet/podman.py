@@ -45,7 +45,6 @@ PASSED_ENV = (
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
 )
-SHM = Path("/dev/shm")
 CREATE_S = 120.0  # how long `podman run` may take to create the container before it counts as failed
 
 
@@ -57,7 +56,6 @@ class PodmanRunner(ProcessRunner):
     def __init__(self, store: Any, log_dir: Path, cwd: Path, shared: Sequence[Path] = ()) -> None:
         super().__init__(store, log_dir, cwd)
         self.shared = tuple(Path(p).resolve() for p in shared)
-        self._shm: dict[tuple[str, str], Path] = {}  # pod → its Memory emptyDirs' folder
 
     # -- the container -------------------------------------------------------------------------
     def base_env(self) -> Mapping[str, str]:
@@ -118,10 +116,8 @@ class PodmanRunner(ProcessRunner):
         """The host folder (or file) a volume is: made as the kubelet makes it."""
         if "emptyDir" in vol:
             if (vol["emptyDir"] or {}).get("medium") == "Memory":
-                base = self._shm.setdefault((run.namespace, run.name), SHM / f"reslice-{run.uid}")
-            else:
-                base = self.pod_dir(run) / "volumes"
-            path = base / vol["name"]
+                return self.memory_volume(run, vol["name"])
+            path = self.pod_dir(run) / "volumes" / vol["name"]
             path.mkdir(parents=True, exist_ok=True)
             return path
         if "hostPath" in vol:
@@ -138,16 +134,6 @@ class PodmanRunner(ProcessRunner):
         raise podenv.ContainerConfigError(
             f'volume "{vol["name"]}": the podman runtime mounts emptyDir and hostPath, not {", ".join(kinds)}'
         )
-
-    def forget(self, namespace: str, name: str) -> None:
-        super().forget(namespace, name)
-        shm = self._shm.pop((namespace, name), None)
-        if shm is not None:
-            shutil.rmtree(shm, ignore_errors=True)  # a Memory emptyDir goes with its pod
-
-    def stop(self) -> None:
-        for key in list(self._shm):
-            self.forget(*key)
 
     # -- lifecycle -----------------------------------------------------------------------------
     def launch(self, run: PodRun, cname: str) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -35,6 +36,8 @@ from launcher.embedded.kubelet.volumes import PodAccess
 from launcher.embedded.nodes import devices_per_chip
 from launcher.embedded.types import objects
 from launcher.embedded.types.resources import RESOURCES
+
+SHM = Path("/dev/shm")  # the host's tmpfs: where a pod's `medium: Memory` emptyDirs are made
 
 
 class ProcessRunner:
@@ -53,6 +56,7 @@ class ProcessRunner:
         self.ports = podenv.PortMap()
         self.addresses = podenv.AddressMap()
         self._logs: dict[tuple[str, str], dict[str, Path]] = {}
+        self._shm: dict[tuple[str, str], Path] = {}  # pod → its Memory emptyDirs' folder
 
     # -- logs ----------------------------------------------------------------------------------
     def log_path(self, namespace: str, name: str, container: str) -> Path | None:
@@ -64,11 +68,25 @@ class ProcessRunner:
         return hits[-1] if hits else None
 
     def forget(self, namespace: str, name: str) -> None:
-        """The pod left the API: its logs are no longer served from memory."""
+        """The pod left the API: its logs are no longer served from memory, and its Memory
+        emptyDirs go (RAM, as the kubelet unmounts a pod's tmpfs)."""
         self._logs.pop((namespace, name), None)
+        shm = self._shm.pop((namespace, name), None)
+        if shm is not None:
+            shutil.rmtree(shm, ignore_errors=True)
+
+    def memory_volume(self, run: PodRun, volume: str) -> Path:
+        """The host folder of the pod's `medium: Memory` emptyDir `volume`, on the host's /dev/shm
+        tmpfs; it goes with the pod (`forget`)."""
+        base = self._shm.setdefault((run.namespace, run.name), SHM / f"reslice-{run.uid}")
+        path = base / volume
+        path.mkdir(parents=True, exist_ok=True)
+        return path
 
     def stop(self) -> None:
-        """The kubelet stops, its runs ended: nothing of the process runtime's outlives them."""
+        """The kubelet stops, its runs ended: nothing of the runtime's outlives them."""
+        for key in list(self._shm):
+            self.forget(*key)
 
     def log_stream(
         self,
@@ -218,7 +236,28 @@ class ProcessRunner:
         if args[0] in ("python", "python3"):
             args[0] = sys.executable  # no image here: the kubelet's own interpreter
         wd = container.get("workingDir")
+        env = {**env, **self._memory_paths(run, pod, container, pod_env)}
         return args, env, wd if wd and Path(wd).is_dir() else str(self.cwd)
+
+    def _memory_paths(
+        self, run: PodRun, pod: Mapping[str, Any], container: Mapping[str, Any], pod_env: Mapping[str, str]
+    ) -> dict[str, str]:
+        """A local process has no mounts of its own: each variable of the pod that names a path in
+        one of the container's `medium: Memory` emptyDir mounts (the trainer's RESLICE_MEMORY_ROOT,
+        /dev/shm) names the same path in the volume's host folder instead, so that what the
+        process keeps there goes with the pod, as a tmpfs mount's content does."""
+        volumes = {v["name"]: v for v in (pod.get("spec") or {}).get("volumes") or []}
+        mounts = {}
+        for m in container.get("volumeMounts") or []:
+            vol = volumes.get(m["name"]) or {}
+            if "emptyDir" in vol and (vol["emptyDir"] or {}).get("medium") == "Memory":
+                mounts[m["mountPath"].rstrip("/")] = self.memory_volume(run, m["name"])
+        out = {}
+        for k, value in pod_env.items():
+            for at, host in mounts.items():
+                if value == at or value.startswith(at + "/"):
+                    out[k] = str(host) + value[len(at) :]
+        return out
 
     def launch(self, run: PodRun, cname: str) -> None:
         """(Re)start one container from its plan."""

@@ -25,6 +25,8 @@ class ContainerRuntime(Protocol):
     ((image, imageID), empty when no image runs), or raises podenv.ContainerConfigError before
     starting any container."""
 
+    log_dir: Path  # each pod's containers' logs, in a folder of its own (what `kubectl logs` reads)
+
     def spawn(self, run: PodRun, pod: dict[str, Any], node: dict[str, Any]) -> None: ...
 
     def launch(self, run: PodRun, cname: str) -> None:

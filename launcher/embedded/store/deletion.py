@@ -11,13 +11,14 @@ from typing import Any
 
 from launcher.core import rfc3339
 from launcher.embedded.store.stored import DELETED, MODIFIED, Rec
+from launcher.embedded.store.tables import Tables
 from launcher.embedded.types.errors import ApiError
 from launcher.embedded.types.resources import RESOURCES, Resource
 
 _TERMINAL = ("Succeeded", "Failed")
 
 
-class Deletion:
+class Deletion(Tables):
     """The deletion half of `Store`: what `delete()` and the garbage collector do."""
 
     def _delete(self, res: Resource, rec: Rec, propagation: str, grace: int | None) -> Rec:
@@ -110,7 +111,7 @@ class Deletion:
         owner = self._find(res, ns, name)
         if owner is None or "foregroundDeletion" not in (owner.obj["metadata"].get("finalizers") or []):
             return
-        if not self._blocking(owner_uid):  # type: ignore[arg-type]
+        if not self._blocking(owner_uid or ""):
             obj = json.loads(owner.raw)
             obj["metadata"]["finalizers"].remove("foregroundDeletion")
             if obj["metadata"]["finalizers"]:

@@ -6,10 +6,11 @@ snapshot, and reload (what an API server restart does). A part of `Store`
 from __future__ import annotations
 
 from launcher.embedded.store.stored import Rec, dumps
+from launcher.embedded.store.tables import Tables
 from launcher.embedded.types.resources import RESOURCES
 
 
-class Persistence:
+class Persistence(Tables):
     """The persistence half of `Store`: reload(), _load(), _snapshot()."""
 
     def reload(self) -> None:

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import builtins  # `list` in the class body below is Store.list
 import json
 import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,9 @@ from launcher.embedded.store.selectors import (
     label_matcher,
 )
 from launcher.embedded.store.stored import DELETED, Change, Rec, dumps
-from launcher.embedded.store.watches import Subscriber, Watch, WatchFanout
+from launcher.embedded.store.tables import Validator
+from launcher.embedded.store.watch import Subscriber, Watch
+from launcher.embedded.store.watches import WatchFanout
 from launcher.embedded.store.writes import Writes
 from launcher.embedded.types.errors import (
     ApiError,
@@ -59,8 +61,6 @@ from launcher.embedded.types.resources import RESOURCES, Resource
 __all__ = ["RESOURCES", "ApiError", "Resource", "Store", "Watch"]
 
 log = logging.getLogger(__name__)
-
-Validator = Callable[[dict[str, Any] | None, dict[str, Any]], None]
 
 _SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 # The field each resource is indexed by, as kube-apiserver's watch cache indexes pods by node
@@ -138,7 +138,7 @@ class Store(Writes, Deletion, WatchFanout, Persistence):
         field_selector: str | None = None,
         limit: int | None = None,
         continue_: str | None = None,
-    ) -> tuple[list[str], str, str | None, int | None]:
+    ) -> tuple[builtins.list[str], str, str | None, int | None]:
         """JSON texts of the matching objects in key order, the list resourceVersion, the continue
         token for the next page (None at the end) and how many items remain after this page."""
         labels, fields = label_matcher(label_selector), field_matcher(res, field_selector)
@@ -160,7 +160,7 @@ class Store(Writes, Deletion, WatchFanout, Persistence):
         matcher: Matcher | None,
         after: tuple[str, str] | None = None,
         candidates: set[tuple[str, str]] | None = None,
-    ) -> list[Rec]:
+    ) -> builtins.list[Rec]:
         """Matching objects in (namespace, name) order, after `after`, among `candidates` (keys
         from the label index) when given."""
         buckets = self._objs[res.plural]

@@ -13,6 +13,7 @@ from typing import Any
 from launcher.core import rfc3339
 from launcher.embedded.admission import defaults, rules, serviceaccount
 from launcher.embedded.store.stored import ADDED, MODIFIED, Rec
+from launcher.embedded.store.tables import Tables
 from launcher.embedded.types.errors import (
     STALE,
     ApiError,
@@ -28,7 +29,7 @@ from launcher.embedded.types.resources import RESOURCES, Resource
 _GENERATE_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
 
-class Writes:
+class Writes(Tables):
     """The create/update half of `Store`."""
 
     def _create(self, res: Resource, obj: dict[str, Any], namespace: str | None) -> Rec:

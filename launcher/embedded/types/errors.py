@@ -98,7 +98,7 @@ def invalid(qualified_kind: str, name: str, causes: list[Cause]) -> ApiError:
     (field, message, reason). The message aggregates the causes as utilerrors.NewAggregate does:
     one as is, several deduplicated in brackets."""
     kind, _, group = qualified_kind.partition(".")
-    items = [(c[0], c[1], c[2] if len(c) > 2 else _cause_reason(c[1])) for c in causes]  # type: ignore[misc]
+    items = [(c[0], c[1], c[2] if len(c) > 2 else _cause_reason(c[1])) for c in causes]
     texts = list(dict.fromkeys(f"{field}: {msg}" for field, msg, _ in items))
     text = texts[0] if len(texts) == 1 else "[" + ", ".join(texts) + "]"
     details: dict[str, Any] = {k: v for k, v in (("name", name), ("group", group), ("kind", kind)) if v}

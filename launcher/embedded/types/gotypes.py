@@ -64,7 +64,8 @@ def json_kind(value: Any, expected: GoType | None = None) -> str:
         return "bool"
     if isinstance(value, int | float):
         return f"number {value!r}" if isinstance(expected, Int) else "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(value), "value")
+    names: dict[type, str] = {str: "string", list: "array", dict: "object"}
+    return names.get(type(value), "value")
 
 
 def go_kind(value: Any) -> str:

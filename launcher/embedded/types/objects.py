@@ -6,7 +6,8 @@ components agree on (RFC 3339 times, condition transition times, selector rules)
 pod requests are launcher/core/podfit.py's: preflight needs them too, without the embedded cluster.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: it would bind `annotations`, a function of this module, to
+# the __future__ feature for a type checker. Every annotation here evaluates on Python 3.11.
 
 import datetime as dt
 from collections.abc import Iterable, Mapping
@@ -79,7 +80,7 @@ def get_condition(obj: Mapping[str, Any], ctype: str) -> dict[str, Any] | None:
 
 def condition_true(obj: Mapping[str, Any], ctype: str) -> bool:
     c = get_condition(obj, ctype)
-    return bool(c) and c.get("status") == "True"
+    return c is not None and c.get("status") == "True"
 
 
 def set_condition(
@@ -122,7 +123,7 @@ def set_condition(
 
 def match_expression(values: Mapping[str, str], expr: Mapping[str, Any]) -> bool:
     """One matchExpressions entry (label selector or node selector requirement)."""
-    key, op = expr.get("key"), expr.get("operator")
+    key, op = expr.get("key", ""), expr.get("operator")
     vals = expr.get("values") or []
     present = key in values
     if op == "In":
