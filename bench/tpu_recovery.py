@@ -26,7 +26,6 @@ and, with ``--json``, one JSON object on the last line. Exit 0 when every case r
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -39,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench._cli import Parser
 from bench.tpu_handoff import _host_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -294,7 +294,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="python -m bench.tpu_recovery", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--config", default="olmo-7b", help="the trainer's config (default olmo-7b)")
@@ -305,6 +305,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds for the whole benchmark")
     parser.add_argument("--json", action="store_true", help="one JSON object on the last line")
     args = parser.parse_args()
+    if args.timeout <= 0 or (args.pause is not None and args.pause < 0):
+        parser.error("--timeout must be > 0 seconds and --pause >= 0")
     name = "tiny" if args.quick else args.config
     sets = (["train.global_batch=16"] if args.quick else (V5E_SHAPE if name == "olmo-7b" else [])) + args.set
     pause = args.pause if args.pause is not None else (0.5 if args.quick else 4.0)

@@ -123,6 +123,10 @@ def test_the_jax_benchmarks_run(tmp_path):
         assert "skipped" in b or b["exit"] == 0, (name, b)
     handoff = tpu["benches"]["tpu_handoff"]["result"]
     assert handoff["ok"] and handoff["ok_handoffs"] == 1, handoff
+    recovery = tpu["benches"]["tpu_recovery"]["result"]
+    cases = {c["case"]: c for c in recovery["cases"]}
+    assert [cases[c]["from"] for c in ("cold", "storage", "memory")] == ["fresh", "storage", "memory"], cases
+    assert cases["floor"]["train_step_from_cache"] and all(c["total_s"] > 0 for c in cases.values()), cases
     acc = tpu["benches"]["accelerator"]["result"]
     # A part that raised is reported and the others go on (on a TPU lease, every figure counts):
     # here none may.
@@ -157,6 +161,7 @@ REFUSED = [
     ("tokenize_memory", ["--mb", "0"], "--mb 0.0: nothing to tokenize"),
     ("tokenize_memory", ["--vocab", "100"], "--vocab 100: at least 257"),
     ("tpu_handoff", ["--handoffs", "0"], "--handoffs 0: nothing to measure"),
+    ("tpu_recovery", ["--timeout", "0"], "--timeout must be > 0 seconds"),
     ("trainer_overhead", ["--rounds", "0"], "--rounds 0: nothing to measure"),
     ("tpu", ["--timeout", "0"], "--timeout 0.0: no time to run in"),
     ("tpu", ["--out", "/nonexistent/x.json"], "/nonexistent is not a directory"),
