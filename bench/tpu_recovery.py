@@ -294,9 +294,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> int:
-    parser = Parser(
-        prog="python -m bench.tpu_recovery", description=__doc__.split("\n\n")[0]
-    )
+    parser = Parser(prog="python -m bench.tpu_recovery", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="olmo-7b", help="the trainer's config (default olmo-7b)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a trainer override")
     parser.add_argument("--quick", action="store_true", help="the tiny config: to try it on CPU")

@@ -4,6 +4,8 @@ table agrees with the launcher's presets (the two packages import nothing of eac
 
 from __future__ import annotations
 
+import os
+
 import jax
 import pytest
 
@@ -51,3 +53,31 @@ def test_the_table_has_every_presets_figures() -> None:
         assert (chip.tflops, chip.devices) == (p.peak_tflops_per_chip, p.devices_per_chip), name
         # What the renderer sets RESLICE_PEAK_TFLOPS to is what the table gives without it.
         assert peaks.device_peak_tflops(KIND[p.generation]) == p.peak_tflops_per_chip / p.devices_per_chip
+
+
+@pytest.mark.parametrize("known", [True, False], ids=["a-device-the-table-knows", "a-cpu"])
+def test_the_trainer_records_mfu_whenever_the_devices_peak_is_known_without_the_launcher(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, cpu8: list, known: bool
+) -> None:
+    """``perf/mfu`` in the trainer's own records, no ``RESLICE_PEAK_TFLOPS`` (no launcher): from the
+    table when it knows the device (here the CPU, entered as a chip of 8 devices), null when not."""
+    import json
+
+    from tests.trainer import runs
+    from trainer.__main__ import main
+
+    if known:
+        monkeypatch.setitem(peaks.CHIPS, cpu8[0].device_kind, peaks.Chip(8.0, devices=8))
+    for k in [k for k in os.environ if k.startswith("RESLICE_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("RESLICE_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("RESLICE_GLOBAL_BATCH", "16")
+    sets = [*runs.MODEL, "train.steps=2", "metrics.log_every=1000"]
+    assert main(["--config", "tiny", *(a for s in sets for a in ("--set", s))]) == 0
+    records = [
+        json.loads(x) for f in (tmp_path / "metrics").glob("*.jsonl") for x in f.read_text().splitlines()
+    ]
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        want = r["perf/per_device_tflops_per_sec"] / 1.0 if known else None
+        assert r["perf/mfu"] == (pytest.approx(want) if known else None), r

@@ -224,3 +224,34 @@ def test_the_newest_snapshot_of_this_run_is_read_ahead_and_serves_the_restore(cp
     assert snapshot.Prefetch.newest(tmp_path, {"run_dir": "r", "config_hash": "nobody"}) is None
     assert snapshot.Prefetch.newest(None, expected) is None
     del doubled
+
+
+def test_without_room_on_the_devices_a_snapshot_copies_the_state_to_the_host_and_says_so(
+    cpu8, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """A chip whose state is half its memory has no room for the on-device copy (a TPU v5e at
+    olmo-7b's shape): the copy fails with RESOURCE_EXHAUSTED, and the snapshot, this one and every
+    later one, takes the shards to the host instead, before the caller's next step; the file is
+    the same."""
+    mesh = Mesh(np.array(cpu8).reshape(2, 4), ("data", "fsdp"))
+    state = state_on(mesh, "fsdp")
+    real_put, tried = jax.device_put, []
+
+    def no_room(x, device=None, *, may_alias=None, **kw):
+        if may_alias is False:  # the snapshot's on-device copy
+            tried.append(1)
+            raise jax.errors.JaxRuntimeError(
+                "RESOURCE_EXHAUSTED: E0100: RuntimeBufferAllocationFailure: no room"
+            )
+        return real_put(x, device, may_alias=may_alias, **kw)
+
+    monkeypatch.setattr(jax, "device_put", no_room)
+    snaps = snapshot.Snapshotter(tmp_path, 1, {"run_dir": "r"})
+    for step in (1, 2):
+        snaps.take(step, state, {"step": step}, recorded=True)
+    snaps.wait()
+    assert tried == [1] and not snaps.on_device and snaps.written == [1, 2]
+    assert capsys.readouterr().out.count("no room on the devices for a copy of the state") == 1
+    restored = snapshot.load(snapshot.read_header(tmp_path / "2.snap"), abstract_of(state))
+    for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
