@@ -349,12 +349,15 @@ def step_time(name: str, sets: list[str], steps: int, max_bytes: float = 0) -> d
     }
 
 
+EVERY_POLICY = "auto"  # --remat's word for every model.remat policy
+
+
 def remat_candidates(given: str, parser: Parser) -> list[str]:
     """``--remat``: auto (every policy), one policy, or several comma-separated; an unknown one is
     a usage error (one line, exit 2)."""
     from trainer.config import Remat
 
-    kinds = list(Remat) if given == "auto" else [k.strip() for k in given.split(",") if k.strip()]
+    kinds = list(Remat) if given == EVERY_POLICY else [k.strip() for k in given.split(",") if k.strip()]
     if not kinds or any(k not in tuple(Remat) for k in kinds):
         parser.error(f"--remat {given}: expected auto or some of {', '.join(Remat)}")
     return [str(k) for k in kinds]
@@ -586,7 +589,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: reference,attention,moe")
     parser.add_argument(
         "--remat",
-        default="auto",
+        default=EVERY_POLICY,
         help="olmo-7b's model.remat: one, several comma-separated or auto (default: every policy);"
         " of several, the fastest that fits is kept",
     )

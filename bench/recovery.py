@@ -44,7 +44,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import statistics
 import tempfile
 import time
@@ -60,6 +59,7 @@ from launcher.controller.launch import stop_run
 from launcher.core.record import Knobs
 from launcher.core.words import Action, LedgerKind, Phase, RestartMode
 from tests.controller.harness import MULTI_HOST, MULTI_HOST_BATCH, Harness, wait_for
+from trainer.elastic.follower import world_line
 from trainer.telemetry.startup import parse_report
 
 BOTH = "both"  # --mode: every restart mode, recreate first
@@ -155,26 +155,6 @@ def _restored(first_rec: dict) -> dict:
         "restore": first_rec.get("perf/restore_seconds") or 0.0,
         "storage MB": (first_rec.get("restore/storage_bytes") or 0) / 1e6,
         "from": first_rec.get("restore/from") or "-",
-    }
-
-
-# The supervisor's line when it starts a world's child (trainer/elastic/follower.py, docs/contract.md).
-_WORLD_LINE = re.compile(
-    r"^trainer: world epoch (?P<epoch>\d+): process .*?; seen (?P<seen>[\d.]+) s after publication, "
-    r"(?:the trainer of epoch \d+ exited -?\d+ (?P<ended>[\d.]+) s after (?P<signal>SIG[A-Z]+))?"
-)
-
-
-def world_line(line: str) -> dict | None:
-    """{"epoch", "seen" (s after publication), "ended" (the previous child's end, s after the
-    supervisor's signal, or None), "signal"} from a supervisor's world line, or None."""
-    if not (m := _WORLD_LINE.match(line)):
-        return None
-    return {
-        "epoch": int(m["epoch"]),
-        "seen": float(m["seen"]),
-        "ended": float(m["ended"]) if m["ended"] else None,
-        "signal": m["signal"],
     }
 
 

@@ -40,6 +40,8 @@ from typing import Any
 
 from bench._cli import Parser
 from bench.tpu_handoff import _host_env
+from trainer.elastic.follower import world_line
+from trainer.state.snapshot import StateSource
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "recovery"
@@ -201,20 +203,20 @@ def memory(
         pod.kill()
         shutil.rmtree(shm, ignore_errors=True)
     out = case("memory", got)
-    # World 0's pacing (train.debug_step_pause_s, which keeps a few 8 GB snapshots from piling up
-    # in RAM) is slept once more before the new trainer's first record: not recovery, taken out.
+    # World 0's pacing (train.debug_step_pause_s, which keeps the snapshots of a large state from
+    # piling up in RAM) is slept once more before the new trainer's first record: not recovery.
     out["phases"]["first step"] = round(out["phases"]["first step"] - pause, 3)
     got = {**got, "time": got["time"] - pause}
     out["total_s"] = round((out["total_s"] or 0.0) - pause, 3)
     line = next(x for x in pod.output().splitlines() if x.startswith("trainer: world epoch 1:"))
-    seen = float(line.split("seen ")[1].split(" s after publication")[0])
-    killed = float(line.split(" s after SIGKILL")[0].rsplit(" ", 1)[1])
-    started_after = float(line.split("started ")[1].split(" s after it was seen")[0])
+    world = world_line(line)
+    assert world is not None and world["ended"] is not None and world["signal"] == "SIGKILL", line
+    started_after = world["started"]
     trainer_s, total = out["total_s"] or 0.0, got["time"] - published
-    out["phases"] = {"seen": round(seen, 3), "previous trainer killed": round(killed, 3),
-                     "forked": round(max(started_after - killed, 0.0), 3), **out["phases"]}  # fmt: skip
+    out["phases"] = {"seen": round(world["seen"], 3), "previous trainer killed": round(world["ended"], 3),
+                     "forked": round(max(started_after - world["ended"], 0.0), 3), **out["phases"]}  # fmt: skip
     out.update(total_s=round(total, 3), trainer_s=trainer_s, restored_step=got.get("restore/step"),
-               snapshot_step=snapped, unaccounted_s=round(total - seen - started_after - trainer_s, 3))  # fmt: skip
+               snapshot_step=snapped, unaccounted_s=round(total - world["seen"] - started_after - trainer_s, 3))  # fmt: skip
     return out
 
 
@@ -325,7 +327,7 @@ def main() -> int:
         if not args.workdir:
             shutil.rmtree(work, ignore_errors=True)
     print(table(rows))
-    ok = all(r["total_s"] for r in rows) and rows[2]["from"] == "memory"
+    ok = all(r["total_s"] for r in rows) and rows[2]["from"] == StateSource.MEMORY
     if args.json:
         print(json.dumps({"config": name, "sets": sets, "cases": rows, "ok": ok}))
     return 0 if ok else 1

@@ -50,6 +50,18 @@ class TrainerAttention(StrEnum):
 KERNEL_ATTENTION = (TrainerAttention.AUTO, TrainerAttention.SPLASH)
 
 
+class TrainerRemat(StrEnum):
+    """The trainer's ``model.remat`` values (trainer/config.py Remat, its policies in
+    trainer/model/remat.py): what a block keeps for its backward pass."""
+
+    FULL = "full"
+    SAVE_ATTENTION = "save_attention"
+    SAVE_ALL_BUT_MLP_IN = "save_all_but_mlp_in"
+    SAVE_DOTS = "save_dots"
+    OFFLOAD = "offload"
+    NONE = "none"
+
+
 class PlanLike(Protocol):
     """What the estimate reads of a batch plan: launcher/core/plan.py's Plan has it. Not that class itself,
     so that this module imports nothing of plan.py, which calls it (no import circle)."""
@@ -108,10 +120,17 @@ def estimate(cfg: dict[str, Any], plan: PlanLike) -> dict[str, float]:
     else:
         block = m.get("attention_block") or seq if m.get("attention") != TrainerAttention.DENSE else seq
         scores = b * (h / t) * min(block, seq) * seq * 4 * 3
-    remat = m.get("remat", "none")
-    if remat == "full":
+    remat = m.get("remat", TrainerRemat.NONE)
+    # Per layer: its input under every policy; the attention's q, k, v and output and the kernel's
+    # log-sum-exp where the attention is kept; its two output projections beside them.
+    attention_kept = b * seq * (2 * heads + 2 * kv_width) * a + b * (h / t) * seq * 4
+    if remat in (TrainerRemat.FULL, TrainerRemat.OFFLOAD):  # offload: the rest is in the host's memory
         saved = n * b * seq * d * a
-    elif remat == "save_dots":
+    elif remat == TrainerRemat.SAVE_ATTENTION:
+        saved = n * (b * seq * d * a + attention_kept)
+    elif remat == TrainerRemat.SAVE_ALL_BUT_MLP_IN:
+        saved = n * (3 * b * seq * d * a + attention_kept)
+    elif remat == TrainerRemat.SAVE_DOTS:
         saved = n * b * seq * (2 * d + heads + 2 * kv_width + 2 * ff / t) * a
     else:
         saved = n * (inner + b * (h / t) * seq * seq * (4 + a))

@@ -81,3 +81,22 @@ def test_the_estimate_counts_the_parameters_the_trainer_builds_grouped_query_att
         for o in ([], ["model.kv_heads=1"])
     )
     assert grouped["state"] < full["state"] and grouped["total"] < full["total"]
+
+
+def test_the_launcher_knows_every_remat_policy_and_each_keeps_more_than_the_last() -> None:
+    """launcher/core/hbm.py mirrors trainer.config.Remat (the launcher cannot import the trainer);
+    its estimate keeps a block's input under full and offload, then the attention's inputs and
+    output, then its projections, then everything."""
+    from types import SimpleNamespace
+
+    from launcher.core.hbm import TrainerRemat
+
+    assert {str(k) for k in TrainerRemat} == {str(k) for k in config.Remat}
+    plan = SimpleNamespace(devices=8, micro_batch=4, model_parallel=2, grad_accum=1)
+
+    def saved(kind: str) -> float:
+        cfg = config.resolve("tiny", [*MINI, f"model.remat={kind}"], {})
+        return estimate(cfg.to_dict(), plan)["saved_activations"]
+
+    assert saved("full") == saved("offload") > 0
+    assert saved("full") < saved("save_attention") < saved("save_all_but_mlp_in") < saved("none")

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import recovery
 from tests.support.wait import wait_for
 from tests.trainer.runs import ROOT
+from trainer.elastic import follower
 
 
 def world_doc(epoch: int, slices: list[str], hosts: int = 2, **over: object) -> dict:
@@ -219,8 +219,8 @@ def test_a_world_that_lost_a_slice_of_the_childs_world_kills_the_child(pod) -> N
     p.publish(world_doc(3, ["b", "c"], lost=["a"]))
     p.wait_starts(3)
     assert [r["how"] for r in p.records() if r["event"] == "end"] == ["sigterm"]
-    # bench.recovery reads these lines: its parser and the supervisor's words stay one.
-    lines = [w for line in p.output().splitlines() if (w := recovery.world_line(line))]
+    # The benchmarks read these lines: their parser and the supervisor's words stay one.
+    lines = [w for line in p.output().splitlines() if (w := follower.world_line(line))]
     assert [(w["epoch"], w["signal"]) for w in lines] == [(0, None), (2, "SIGKILL"), (3, "SIGTERM")]
     assert all(w["ended"] is not None and w["ended"] < 2.0 for w in lines[1:])
 

@@ -32,6 +32,7 @@ import errno
 import fcntl
 import os
 import queue
+import re
 import signal
 import sys
 import threading
@@ -188,6 +189,30 @@ def supervise_world(
     finally:
         src.stop()
         memdir.remove(memory)
+
+
+# The line the follower prints when it starts a world's child (``_Follower.start``), as benchmarks
+# and docs/contract.md read it.
+_WORLD_LINE = re.compile(
+    r"^trainer: world epoch (?P<epoch>\d+): process .*?; seen (?P<seen>[\d.]+) s after publication, "
+    r"(?:the trainer of epoch \d+ exited -?\d+ (?P<ended>[\d.]+) s after (?P<signal>SIG[A-Z]+))?"
+    r".*?, started (?P<started>[\d.]+) s after it was seen"
+)
+
+
+def world_line(line: str) -> dict | None:
+    """{"epoch", "seen" (s after publication), "ended" (the previous child's end, s after this
+    supervisor's signal, or None), "signal", "started" (s after the world was seen)} from a world
+    line, or None for any other line (one of a world without a publication time, say)."""
+    if not (m := _WORLD_LINE.match(line)):
+        return None
+    return {
+        "epoch": int(m["epoch"]),
+        "seen": float(m["seen"]),
+        "ended": float(m["ended"]) if m["ended"] else None,
+        "signal": m["signal"],
+        "started": float(m["started"]),
+    }
 
 
 class _Follower:

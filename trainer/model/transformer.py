@@ -15,7 +15,7 @@ from flax import nnx
 from jax.sharding import AbstractMesh, AxisType
 from jax.sharding import PartitionSpec as P
 
-from trainer.config import Config, ModelConfig, layer_windows
+from trainer.config import Config, ModelConfig, Remat, layer_windows
 from trainer.model import remat
 from trainer.model.attention import attend, resolve
 from trainer.model.mesh import AXES, BATCH_AXES, logical_rules
@@ -154,7 +154,7 @@ class Stack(nnx.Module):
         def body(block: Block, x: jax.Array) -> tuple[jax.Array, dict]:
             return block(x)
 
-        if self.remat != "none":
+        if self.remat != Remat.NONE:
             body = nnx.remat(body, policy=remat.policy(self.remat))
 
         @nnx.scan(in_axes=(0, nnx.Carry), out_axes=(nnx.Carry, 0))
@@ -170,7 +170,7 @@ class Stack(nnx.Module):
         def body(block: Block, x: jax.Array, segments: jax.Array) -> tuple[jax.Array, dict]:
             return block(x, segments)
 
-        if self.remat != "none":
+        if self.remat != Remat.NONE:
             body = nnx.remat(body, policy=remat.policy(self.remat))
 
         @nnx.scan(in_axes=(0, nnx.Carry, None), out_axes=(nnx.Carry, 0))
@@ -186,7 +186,7 @@ class Stack(nnx.Module):
         def body(block: Block, x: jax.Array, segments: jax.Array | None, window: jax.Array):
             return block(x, segments, window)
 
-        if self.remat != "none":
+        if self.remat != Remat.NONE:
             body = nnx.remat(body, policy=remat.policy(self.remat))
 
         @nnx.scan(in_axes=(0, nnx.Carry, None, 0), out_axes=(nnx.Carry, 0))
