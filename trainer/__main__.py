@@ -129,9 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         import traceback
 
         # After a failure in a multi-process run, JAX's exit handler would wait at the shutdown
-        # barrier for a peer that may be gone until the heartbeat timeout (100 s by default),
-        # holding this host and delaying the restart: leave now. A lost peer is a disruption,
-        # with its own exit code; anything else is this process's own failure.
+        # barrier for a peer that may be gone until the heartbeat timeout
+        # (RESLICE_HEARTBEAT_TIMEOUT_S), holding this host and delaying the restart: leave now. A
+        # lost peer is a disruption, with its own exit code; anything else is this process's own
+        # failure.
         traceback.print_exc()
         if lost:
             print(
@@ -179,9 +180,9 @@ def _exec_trainer(env: Mapping[str, str]) -> NoReturn:
 @contextlib.contextmanager
 def _imports_without_gc() -> Iterator[None]:
     """JAX, Flax, Orbax and Grain's imports make about a million objects and next to no garbage,
-    yet trigger the cyclic collector over and over: without it they take 0.2 of 1.2 CPU seconds
-    less, on every start-up. What they made stays for the process's life, so it is frozen: later
-    collections (through training) skip it."""
+    yet trigger the cyclic collector over and over: without it they take markedly less CPU
+    (docs/measurements.md, "Figures behind the code's constants"), on every start-up. What they made
+    stays for the process's life, so it is frozen: later collections (through training) skip it."""
     gc.disable()
     try:
         yield

@@ -193,8 +193,8 @@ class TrainConfig:
     # application failure on purpose, so crash-loop handling can be tested end to end.
     crash_at_step: int = 0
     # After a SIGTERM, exit 143 without a checkpoint when no step has finished for this long (a
-    # peer is gone and the step in flight will never finish). 0: max(3 s, 3 x the longest step
-    # after the first, which waits for every peer to start).
+    # peer is gone and the step in flight will never finish). 0: 3 x the longest step after the
+    # first, which waits for every peer to start, with a floor (trainer/elastic/watchdog.py stall_s).
     stall_timeout_s: float = 0.0
     # Keep compiled executables in <run_dir>/compile_cache (JAX's persistent cache), so that a
     # segment on a shape the run has seen loads its train step instead of compiling it.
@@ -284,7 +284,8 @@ NAMED: dict[str, dict[str, dict[str, Any]]] = {
     # reordered norms, a 4096-token window in 3 of every 4 layers; 7,298,617,344 parameters: docs/recipe.md),
     # 8192-token sequences, 512 × 8192 = 4.19 M tokens per step: FSDP over the slice, every block
     # rematerialised, attention in query blocks and the loss in chunks, so that a step fits the
-    # 96 GiB of one Ironwood device on a quarter slice (`python -m trainer --config olmo-7b --memory`).
+    # HBM of one Ironwood device on a quarter slice (presets/tpu7x-4x4x4.yaml; `python -m trainer
+    # --config olmo-7b --memory`).
     "olmo-7b": {
         "model": {"vocab_size": 100352, "seq_len": 8192, "d_model": 4096, "n_layers": 32, "n_heads": 32,
                   "head_dim": 128, "d_ff": 11008, "dense_layers": 32, "rope_theta": 500000.0,

@@ -7,8 +7,8 @@ Per-device bytes = arguments + outputs − aliased (the donated state is updated
 temporaries. The figures are XLA:CPU's buffer assignment for this program; an accelerator backend
 fuses differently, so treat them as an estimate of the same order, not a guarantee.
 ``xla_peak_bytes`` is XLA's own peak of the program (``peak_memory_in_bytes``): compiled for a TPU
-it matched the chip's measured peak within 1 %, where the sum above, whose temporaries are a total
-and not a peak, was 18 % over (docs/measurements.md "On a TPU").
+it matched the chip's measured peak, where the sum above, whose temporaries are a total and not a
+peak, was well over (docs/measurements.md "On a TPU").
 """
 
 from __future__ import annotations

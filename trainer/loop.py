@@ -183,8 +183,8 @@ class Steps:
 
 class Model:
     """The model as flax sees it, traced on first use (trainer.step): only where the compile cache
-    misses, so a trainer with a warm cache, fresh or resumed, never imports flax or optax (0.3 CPU
-    s) nor traces the initializers (0.2-0.3 s)."""
+    misses, so a trainer with a warm cache, fresh or resumed, never imports flax or optax nor
+    traces the initializers (docs/measurements.md, "Figures behind the code's constants")."""
 
     def __init__(self, cfg: Config, mesh: Any):
         self.cfg, self.mesh = cfg, mesh

@@ -27,7 +27,8 @@ from typing import Any
 from launcher.adapters.listwatch import ListWatch
 
 # A watch the server ends after this long is resumed from its resourceVersion: each reconnect is
-# one request, so few of them while idle. client-go's reflector picks 5-10 min at random too.
+# one request, so few of them while idle. client-go's reflector also picks its timeout at random
+# between its minWatchTimeout and twice that.
 WATCH_TIMEOUT_S = (300, 600)
 # Objects per LIST page (client-go's reflector: 500): a relist of 20,000 pods never sits in memory
 # as one response.

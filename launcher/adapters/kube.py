@@ -195,7 +195,7 @@ class Kube:
 
     def delete_pods_now(self, label_selector: str) -> None:
         """Delete the selected pods with a zero grace period: SIGKILL, no SIGTERM save (the
-        kubelet still gives a container its 2 s minimum on a real node; docs/design.md)."""
+        kubelet still gives a container its minimum grace period on a real node; docs/design.md)."""
         self.core.delete_collection_namespaced_pod(
             self.namespace, label_selector=label_selector, grace_period_seconds=0
         )

@@ -1,8 +1,9 @@
 """What the controller's caches keep of each object (launcher/controller/snapshot.py's sources): the fields the
 signals read (launcher/core/signals/: pods.py, nodes.py, observation.py) and nothing else, as client-go
-informers keep what a controller's transform leaves. A trainer pod as served is ~33 KB of Python
-objects (env, args, volumes, twenty labels, five conditions) and a TPU node ~6 KB; what the
-signals read of them is a fraction; of a pod of another workload they read only the node it takes.
+informers keep what a controller's transform leaves. A trainer pod as served is many times what the
+signals read of it (env, args, volumes, twenty labels, five conditions; sizes in docs/measurements.md,
+"Figures behind the code's constants"), and so is a TPU node; of a pod of another workload they read
+only the node it takes.
 Strings that recur across objects (label keys and values, condition types, phases, timestamps,
 node names) are interned, so that 3,072 pods hold one "Running" and a pod's nodeName is its node's
 name. Pure; called by the caches (launcher/adapters/informer.py) as each object arrives. Reading a field

@@ -127,7 +127,7 @@ def follow_pods(kube: Kube, run: str, stop: threading.Event, seen: dict[str, set
             for pod in _pods(kube, run):
                 if not pod["metadata"].get("deletionTimestamp"):
                     seen.setdefault(_slice(pod) or "?", set()).add(pod["metadata"]["uid"])
-        except Exception:  # a missed sample is fine: the next one comes in 0.5 s
+        except Exception:  # a missed sample is fine: the next one comes at the next wait
             pass
         stop.wait(0.5)
 

@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from launcher.core.errors import UserError
 
 # A pass normally ends within one resync period (plus the pass itself); six
-# missed periods, and never under 30 s, tells a stuck loop from a slow one.
+# missed periods, and never under MIN_STALL_S, tells a stuck loop from a slow one.
 STALL_PERIODS = 6
 MIN_STALL_S = 30.0
 

@@ -81,7 +81,7 @@ class Snapshot:
 
 
 # How long a JobSet the controller created counts as existing while its cache does not show it
-# (client-go's controller expectations time out after 5 minutes too).
+# (as long as client-go's controller expectations last: its ExpectationsTimeout).
 CREATED_TTL_S = 300.0
 
 

@@ -24,7 +24,7 @@ parallelism t, activation bytes a):
 
 Checked on a TPU v5e against the chip's peak (docs/measurements.md "On a TPU": bytes in use plus
 the bytes the runtime reserves for the step's temporaries), where an earlier form of this estimate
-(8 bytes of gradients, two working sets, the blocked path's scores) was 66 % over.
+(8 bytes of gradients, two working sets, the blocked path's scores) was far over.
 
 Called by launcher/core/plan.py (every rung of ``shrink_ladder`` given a trainer config).
 """

@@ -55,7 +55,7 @@ MACHINE_TYPES = {
     "ct4p-hightpu-4t": (240, 407),
 }
 REQUEST_SHARE = 4
-# Seconds a pod gets between SIGTERM and SIGKILL: spot capacity gives pods 15 s of its 30 s notice
+# Seconds a pod gets between SIGTERM and SIGKILL: spot capacity gives pods part of its notice
 # (more only with a node system config); maintenance of on-demand and reserved TPU hosts honours
 # terminationGracePeriodSeconds (docs/platform.md §2).
 SPOT_NOTICE_S = 15

@@ -68,7 +68,7 @@ class Segment:
     restarts: int = 0  # JobSet restarts within the segment (status.restarts)
     restarts_counted: int = 0  # of those, counted toward maxRestarts (application failures)
     # Of the uncounted ones, those whose pods said a peer was lost (trainer exit 43), and those
-    # whose pods showed a crash next to the exit 43s it caused (they spend the run's budget).
+    # whose pods showed a crash next to the peers' exit 43 it caused (they spend the run's budget).
     peer_lost: int = 0
     uncounted_failures: int = 0
     # Of the uncounted ones, those whose pods showed a host disruption (a peer's 43 failed the Job

@@ -39,7 +39,8 @@ class RunSpec:
     # the controller then never shrinks onto a rung whose HBM estimate exceeds its preset's HBM.
     trainer_config: str = ""
     # Seconds from SIGTERM to SIGKILL. None: the termination notice the shape's capacity gives
-    # (Preset.notice_s: 15 s on spot), since a longer grace period is not honoured there anyway.
+    # (Preset.notice_s: presets.SPOT_NOTICE_S on spot), since a longer grace period is not honoured
+    # there anyway.
     grace_period_s: int | None = None
     max_restarts: int = 10
     ttl_after_finished_s: int = 3600

@@ -1,6 +1,7 @@
 """The domain's words, one StrEnum each: what a run record, a decision, an observation and the ledger
 say. Their values are the strings the record (a ConfigMap), the ledger (events.jsonl) and the
-reports have always held, so a StrEnum member and the old string compare, hash and serialise alike.
+reports hold, whatever version wrote them, so a StrEnum member and the plain string compare, hash and
+serialise alike.
 
 Imported by the core (record, policy, signals, accounting) and by whatever compares or writes these
 words above it; tests/launcher/test_house_rules.py fails on a literal compared to one of them

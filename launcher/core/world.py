@@ -22,7 +22,7 @@ from launcher.core.spec import RESERVED_PORTS, RunSpec
 WORLD_KEY = "world.json"  # the ConfigMap's data key (trainer/elastic/world_source.py reads it)
 # How often the controller refreshes the world's `heartbeat` while the world waits for slices being
 # recreated (docs/contract.md "The document"): the survivors' supervisors wait past their
-# RESLICE_PEER_LOST_WAIT_S while they see it change (trainer/elastic/world.py HEARTBEAT_FRESH_S, 60 s).
+# RESLICE_PEER_LOST_WAIT_S while they see it change (trainer/elastic/world.py HEARTBEAT_FRESH_S).
 HEARTBEAT_S = 10.0
 # How many coordinator ports an in-place run cycles through, one per epoch: a previous epoch's
 # coordination-service client (a child still saving) must never reach the next epoch's service.

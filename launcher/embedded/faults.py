@@ -85,7 +85,7 @@ def _let_requests_in() -> None:
     on its own goroutine, so one component deleting a node pool does not queue another client's
     write behind it. Here the loop released the store's lock and took it back before a request
     thread waiting for it ran (a Python lock is not fair): the controller's record PUT waited for
-    most of a 768-node deletion. Sleeping 0 s releases the interpreter and lets it in."""
+    most of a 768-node deletion. A zero-length sleep releases the interpreter and lets it in."""
     time.sleep(0)
 
 
@@ -122,8 +122,8 @@ def _delete_nodes(cluster: FaultTarget, pool: str) -> list[str]:
 def preempt(cluster: FaultTarget, pool: str, grace_s: float = 15.0, wait: bool = True) -> dict[str, Any]:
     """The GKE spot preemption sequence on every node of `pool`. Pods get `grace_s` (capped by their
     own terminationGracePeriodSeconds) between SIGTERM and SIGKILL: GKE's kubelet gives ordinary pods
-    15 s of a spot VM's 30 s notice. With wait=False it returns once the pods have their
-    DisruptionTarget and SIGTERM; the grace period and node removal run behind."""
+    part of a spot VM's notice (core.presets.SPOT_NOTICE_S). With wait=False it returns once the pods
+    have their DisruptionTarget and SIGTERM; the grace period and node removal run behind."""
     pool = cluster.pool_name(pool)
     nodes = _existing_nodes(cluster, pool)
     if not nodes:
@@ -356,8 +356,9 @@ def repair(cluster: FaultTarget, node: str) -> dict[str, Any]:
 def partition(cluster: FaultTarget, node: str) -> dict[str, Any]:
     """The node's kubelet loses the API server: no heartbeats, no pod status. After the node
     monitor grace period the node is NotReady with the unreachable taints and its pods follow the
-    NoExecute taint (after their tolerationSeconds, 300 s by default); deleted pods stay
-    Terminating, as no kubelet completes their deletion, until `heal` or `repair`."""
+    NoExecute taint (after their tolerationSeconds, admission's default when they set none);
+    deleted pods stay Terminating, as no kubelet completes their deletion, until `heal` or
+    `repair`."""
     _known_node(cluster, node)
     _node(cluster, node)
     cluster.kubelet.partitioned.add(node)

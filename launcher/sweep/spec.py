@@ -57,7 +57,7 @@ DEFAULT_FACTORS = "1.0,1.0625,1.125,1.25,1.5,2.0,-1"
 # The first steps are not what a run settles into: the router is still near its random init, the
 # learning rate is still warming up (10 steps in the named configs) and step 1 includes compilation.
 DEFAULT_WARMUP = 10
-DEFAULT_MAX_DROP = 0.001  # 0.1 % of routed (token, expert) rows
+DEFAULT_MAX_DROP = 0.001  # a share of routed (token, expert) rows
 # Keys the sweep sets itself, per profile: a --set of one of them would silently break the comparison.
 RESERVED: dict[str, dict[str, str]] = {
     TrainerProfile.RESLICE: {

@@ -173,7 +173,8 @@ async function poll(fn) {
 
 
 def _shell(title: str, body: str, start: str, base: str, charts: bool) -> str:
-    # Only a run's page draws charts: the runs page does without plotly.js's 4.8 MB.
+    # Only a run's page draws charts: the runs page does without plotly.js (its size:
+    # docs/measurements.md, "The web page at 50 runs").
     plotly = f'<script src="{base}static/plotly.min.js"></script>' if charts else ""
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>{html.escape(title)} · reslice</title>

@@ -1,13 +1,16 @@
 """The house rules the import contracts cannot state (docs/design.md "Layers"): over every module of
 launcher/ and trainer/, no class name defined in two modules (but for the words both sides of the
 launcher/trainer boundary speak, one copy each, spelled alike), no one-letter module alias, no preset
-loading in the core, and over bench/ too, no domain word compared as a string literal. Source text
-only: nothing is imported."""
+loading in the core, no number with a unit in a comment or docstring (a figure goes stale there: it
+belongs in docs/measurements.md), and over bench/ too, no domain word compared as a string literal.
+Source text only: nothing is imported."""
 
 from __future__ import annotations
 
 import ast
+import io
 import re
+import tokenize
 from collections import defaultdict
 from functools import cache
 from pathlib import Path
@@ -146,3 +149,65 @@ def test_no_domain_word_is_compared_as_a_literal() -> None:
                     if isinstance(lit, ast.Constant) and isinstance(lit.value, str) and lit.value in words
                 ]
     assert found == []
+
+
+# A number with a unit: seconds, minutes, CPU seconds, a percentage, a size (a range such as
+# "9-12 CPU s" counts once). Units spelled out ("seconds") count too; a bare number does not.
+FIGURE = re.compile(
+    r"(?<![\w.])\d+(?:[.,]\d+)*(?:\s?[-–]\s?\d+(?:[.,]\d+)*)?\s?"
+    r"(?:CPU\s+s\b|CPU\s+seconds?\b|seconds?\b|minutes?\b|min\b|ms\b|s\b|%|[KMGT]i?B\b)"
+)
+# The exceptions, by module and figure as written, each with why the figure belongs beside the code.
+FIGURES_ALLOWED = {
+    ("trainer/telemetry/startup.py", "1 s"): "the resolution of /proc/stat's btime (whole seconds): a "
+    "fact of the format the function corrects for, not a measurement",
+}
+
+
+def _comments(source: str) -> list[tuple[int, str]]:
+    """(line, text) of every comment block (consecutive `#` lines joined, so that a figure wrapped
+    over two lines is seen whole) and every docstring (its lines joined)."""
+    blocks: list[tuple[int, list[str]]] = []
+    last = -2
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            text = tok.string.lstrip("#").strip()
+            if blocks and tok.start[0] == last + 1:
+                blocks[-1][1].append(text)
+            else:
+                blocks.append((tok.start[0], [text]))
+            last = tok.start[0]
+    found = [(line, " ".join(texts)) for line, texts in blocks]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            doc = ast.get_docstring(node, clean=False)
+            if doc is not None:
+                found.append((node.body[0].lineno, " ".join(doc.split())))
+    return found
+
+
+def test_no_figure_in_a_comment() -> None:
+    """No measured figure (a number with a unit: `0.2 s`, `66 %`, `4.8 MB`, `9-12 CPU s`) in a `#`
+    comment or a docstring under launcher/ or trainer/: figures go stale in the code, and live in
+    docs/measurements.md ("Figures behind the code's constants") with the date and command that
+    measured them. A value the code itself holds is named by its constant instead. Docstrings are
+    held too: most figures were there."""
+    assert (
+        FIGURE.search("about 0.2 of 1.2 CPU seconds")
+        and FIGURE.search("9-12 CPU s")
+        and FIGURE.search("66 %")
+    )
+    assert not FIGURE.search("exit 43, step 5, 3,072 pods, tpu7x-2x2x2, x1.6, 1e-5")
+    found, used = [], set()
+    for path in MODULES:
+        rel = str(path.relative_to(ROOT))
+        for line, text in _comments(path.read_text()):
+            for match in FIGURE.finditer(text):
+                if (rel, match.group(0)) in FIGURES_ALLOWED:
+                    used.add((rel, match.group(0)))
+                else:
+                    found.append(
+                        f"{rel}:{line}: {match.group(0)!r} in ...{text[max(0, match.start() - 50) : match.end() + 20]}..."
+                    )
+    assert found == []
+    assert used == FIGURES_ALLOWED.keys(), "an allowed figure is gone: drop it from FIGURES_ALLOWED"

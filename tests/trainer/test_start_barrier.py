@@ -44,7 +44,7 @@ def test_a_process_40_s_late_for_the_first_step_still_trains_with_the_right_loss
     run_dir = tmp_path / "run"
     # 10 steps of the reference's 40, on its schedule (the same program as the suite's other runs
     # of this shape): the wait is before step 1, and more two-process steps are only CPU
-    # (docs/measurements.md, "The 12-07 late-morning changes").
+    # (docs/measurements.md, "The test suite").
     short = ["--set", "train.steps=10", "--set", "optim.decay_steps=40"]
     procs = runs.processes(str(run_dir), tmp_path, grad_accum=2, only={1: _delayed(DELAY_S)}, args=short)
     for p in procs:

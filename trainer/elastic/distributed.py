@@ -6,16 +6,16 @@ process, unless this is a multi-host Cloud TPU slice (``TPU_WORKER_HOSTNAMES`` l
 or ``MEGASCALE_NUM_SLICES`` > 1), where JAX's own cluster detection is used.
 
 The heartbeat timeout decides how fast the survivors of a dead process give up (the launcher then
-restarts the whole set): ``RESLICE_HEARTBEAT_TIMEOUT_S``, default JAX's 100 s. The initialization
+restarts the whole set): ``RESLICE_HEARTBEAT_TIMEOUT_S``, default JAX's own. The initialization
 timeout is how long the first process waits for the last one to join: ``RESLICE_INIT_TIMEOUT_S``,
-default 900 s (JAX's 300 s is short for hundreds of hosts whose pods start minutes apart; see
-docs/contract.md). An in-place pod's later trainers (``RESLICE_TRAINER_RESTARTED``) join within
-``RESLICE_REJOIN_TIMEOUT_S`` (default 120 s) instead (``join_timeout``).
+default ``INIT_TIMEOUT_S`` (JAX's default is short for hundreds of hosts whose pods start minutes
+apart; see docs/contract.md). An in-place pod's later trainers (``RESLICE_TRAINER_RESTARTED``) join
+within ``RESLICE_REJOIN_TIMEOUT_S`` (default ``REJOIN_TIMEOUT_S``) instead (``join_timeout``).
 
 Before the first step every process waits at a barrier of JAX's coordination service
 (``wait_for_peers``), with the initialization timeout: the first step's collectives set up Gloo's
-communicators (on CPU), whose rendezvous gives up after a fixed 30 s, and a process that compiled
-(or restored) faster than another would otherwise reach them that much earlier.
+communicators (on CPU), whose rendezvous gives up after a fixed timeout of its own, and a process
+that compiled (or restored) faster than another would otherwise reach them that much earlier.
 """
 
 from __future__ import annotations
@@ -110,8 +110,9 @@ def join_timeout(env: Mapping[str, str]) -> int:
 
 
 # The coordinator dial's pauses: the first ones short (process 0 is usually a few ms late), then
-# x1.6 each up to 1 s, each one jittered by +-20%: every process of a world dials at once (3,072 on a
-# 768-host slice x 4), and each dial of a name that does not resolve yet asks kube-dns again.
+# growing by DIAL_FACTOR up to DIAL_CAP_S, each one jittered by DIAL_JITTER: every process of a
+# world dials at once (3,072 on a 768-host slice x 4), and each dial of a name that does not resolve
+# yet asks kube-dns again.
 DIAL_FIRST_S, DIAL_FACTOR, DIAL_CAP_S, DIAL_JITTER = 0.02, 1.6, 1.0, 0.2
 
 
@@ -128,10 +129,11 @@ def await_coordinator(address: str, timeout_s: float, rng: random.Random | None 
     """Until ``address`` (host:port) accepts a TCP connection, or ``timeout_s``: the seconds waited.
 
     A JAX client that dials the coordination service before process 0 listens waits out gRPC's
-    reconnect backoff (1 s first, then x1.6 up to 120 s: grpc/grpc doc/connection-backoff.md), and
-    process 0 waits with it, for every peer to register: measured 0.8-1.0 s of every start-up
-    whose process 0 came up a few ms late. Dialing it with a plain socket first costs nothing; a
-    host name that does not resolve yet (process 0's pod not created) is waited for the same way.
+    reconnect backoff (grpc/grpc doc/connection-backoff.md: a first pause, then growing), and
+    process 0 waits with it, for every peer to register: a large share of every start-up whose
+    process 0 came up a few ms late (docs/measurements.md, "Figures behind the code's constants").
+    Dialing it with a plain socket first costs nothing; a host name that does not resolve yet
+    (process 0's pod not created) is waited for the same way.
     The caller calls ``jax.distributed.initialize`` either way, which reports a real failure."""
     host, _, port = address.rpartition(":")
     host = host.strip("[]")  # an IPv6 literal, "[::1]:8490"
@@ -156,10 +158,10 @@ def await_step(outputs: Any) -> None:
     (connection reset) while another's waits, with no timeout of its own, to receive from the
     failed one's rank: the two ranks live in this process, so their socket stays open. Blocking on
     the waiting device's buffer (``jax.device_get`` reads the first) would then hold this process
-    until the coordination service's heartbeat timeout (measured: 45-50 s of a 60 s timeout, in 3
-    runs of 10 on 2 loaded cores). One thread per local device blocks on its buffer and the first
-    failure is raised at once. (Polling ``is_ready`` every 1 ms instead made a four-process run
-    on 2 cores 2.5 times slower: 165 s against 67 s for tests/controller/test_e2e_takeover.py.)"""
+    until the coordination service's heartbeat timeout, nearly the whole of it. One thread per local
+    device blocks on its buffer and the first failure is raised at once. (Polling ``is_ready`` in a
+    tight loop instead made a four-process run on 2 cores much slower: docs/measurements.md, "Figures
+    behind the code's constants".)"""
     first = jax.tree.leaves(outputs)[0]  # every output of a step comes from the same executions
     buffers = [shard.data for shard in first.addressable_shards]
     results: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
@@ -235,8 +237,8 @@ def wait_for_peers(
     process is alone), or None as soon as ``interrupted()`` (a SIGTERM).
 
     The barrier is the coordination service's, not a collective (``multihost_utils``' barriers run
-    one over Gloo, with its 30 s rendezvous). Orbax's exported ``get_barrier_sync_fn`` is a thin
-    wrapper of the JAX client's ``wait_at_barrier``, which jax 0.10.2 does not expose publicly.
+    one over Gloo, with its fixed rendezvous timeout). Orbax's exported ``get_barrier_sync_fn`` is a
+    thin wrapper of the JAX client's ``wait_at_barrier``, which jax 0.10.2 does not expose publicly.
     That call blocks in C++ (without the GIL), where no Python signal handler runs, so it waits in
     a daemon thread while this thread watches ``interrupted``; an interrupted caller must exit
     without JAX's shutdown barrier, which would wait for the peers. A peer that dies meanwhile

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 PEER_LOST_WAIT_ENV = "RESLICE_PEER_LOST_WAIT_S"
 PEER_LOST_WAIT_S = 120.0
 # One process holds a TPU host's chips at a time: libtpu takes a ``lockf`` on this file when its
-# backend starts and keeps it until the process exits; a second process fails within 0.1 s with
+# backend starts and keeps it until the process exits; a second process fails at once with
 # LOCK_ERROR (it does not fall back to the CPU). The in-place supervisor starts a trainer once the
 # lock is free (``_Follower.await_chip``), waiting up to CHIP_WAIT_S (``RESLICE_CHIP_WAIT_S`` in
 # the pod), and starts one that still failed on it again (``_Follower.on_exited``), LOCK_RETRIES

@@ -16,11 +16,12 @@ So a multi-process trainer runs in a child of this process, in the same process 
 kubelet's signals reach both; this one forwards SIGTERM and SIGINT as well, for a runtime that
 signals PID 1 only). The child is a fork, not a new interpreter: it goes on from here into the
 trainer's own start-up, sparing a second Python start-up and importing ``trainer.__main__`` again
-(the ``interpreter`` phase 0.13 -> 0.07 CPU s, median over 5 rounds of bench.recovery). This
-process has started no thread and imported nothing heavy when it forks.
+(the ``interpreter`` phase about halved: docs/measurements.md, "Figures behind the code's
+constants"). This process has started no thread and imported nothing heavy when it forks.
 The child's stdout is inherited; its stderr passes through here (``pass_through``), and its last
-64 KiB are kept: a child killed by SIGABRT right after JAX's "Terminating process because the JAX
-distributed service detected fatal errors" exits ``Exit.PEER_LOST``; every other exit is passed on.
+``_TAIL`` bytes are kept: a child killed by SIGABRT right after JAX's "Terminating process because
+the JAX distributed service detected fatal errors" exits ``Exit.PEER_LOST``; every other exit is
+passed on.
 The child (``run_child``) gets SIGKILL if this process dies first (``PR_SET_PDEATHSIG``). What a
 child that died without its own exit path leaves behind (its Grain workers) is adopted here
 (``PR_SET_CHILD_SUBREAPER``, ``adopt_orphans``) and ended when the child's end is seen

@@ -28,17 +28,18 @@ class Preemption:
     a SIGTERM during start-up must not kill the process with a non-contract exit code.
 
     After a SIGTERM the step in flight may never finish: when a peer is gone, its collectives wait
-    for it until JAX's heartbeat timeout (100 s by default) while this host stays held, and then
-    the grace period runs out anyway. So a watchdog thread hears the signal through a wakeup fd
-    (the Python handler only runs once the main thread is back from XLA) and, once steps have been
-    finishing, exits ``Exit.STALLED`` when none has finished for ``stall_s()`` since the signal.
-    Never during a checkpoint save (``saving()``), and never before the first step (compiling).
+    for it until JAX's heartbeat timeout (``RESLICE_HEARTBEAT_TIMEOUT_S``) while this host stays
+    held, and then the grace period runs out anyway. So a watchdog thread hears the signal through a
+    wakeup fd (the Python handler only runs once the main thread is back from XLA) and, once steps
+    have been finishing, exits ``Exit.STALLED`` when none has finished for ``stall_s()`` since the
+    signal. Never during a checkpoint save (``saving()``), and never before the first step
+    (compiling).
 
     While the process joins its group (``joining()``: ``jax.distributed.initialize``, which blocks
-    in C++ until every peer has registered or the init timeout, 900 s by default, has passed) a
-    SIGTERM, before or during it, exits ``Exit.PREEMPTED`` at once from the watchdog: nothing has
-    been trained or written, and peers that will never come (an in-place world superseded before it
-    formed: its other pods already follow the next one) must not hold this pod's next trainer.
+    in C++ until every peer has registered or the init timeout has passed) a SIGTERM, before or
+    during it, exits ``Exit.PREEMPTED`` at once from the watchdog: nothing has been trained or
+    written, and peers that will never come (an in-place world superseded before it formed: its
+    other pods already follow the next one) must not hold this pod's next trainer.
     """
 
     def __init__(
@@ -102,8 +103,8 @@ class Preemption:
             self._joining = False
 
     def stall_s(self) -> float:
-        """max(3 s, 3 x the longest step): the first step only until there is another, as it waits
-        for every peer to start (seconds more than a step on a multi-process run)."""
+        """3 x the longest step, with a floor (below): the first step only until there is another, as
+        it waits for every peer to start (seconds more than a step on a multi-process run)."""
         return self.stall_timeout_s or max(3.0, 3 * (self._longest_since_s or self._first_step_s))
 
     def _watch(self) -> None:

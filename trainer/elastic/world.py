@@ -40,7 +40,7 @@ ENV_ALLOW_ENV = "RESLICE_WORLD_ENV_ALLOW"
 # the controller's heartbeat in the world says it is still at work on this one (a slice being
 # recreated can take minutes), but never past RESLICE_PEER_LOST_MAX_WAIT_S: a controller that is gone
 # stops beating, and one that beats for good must not hold the pods for good either.
-HEARTBEAT_FRESH_S = 60.0  # a beat seen this recently is fresh (the controller beats every 10 s)
+HEARTBEAT_FRESH_S = 60.0  # a beat this recent is fresh (the controller's period: core/world.py HEARTBEAT_S)
 PEER_LOST_MAX_WAIT_ENV = "RESLICE_PEER_LOST_MAX_WAIT_S"
 PEER_LOST_MAX_WAIT_S = 3600.0
 # Keys the world decides for the child: stale values from the pod's own environment never reach it.

@@ -66,7 +66,8 @@ def _use_replica_parallel_only_for_large_arrays() -> None:
     """Orbax splits every replicated array into one slice per replica to write them in parallel.
 
     For small arrays that is hundreds of tiny device slices inside the *blocking* part of an async
-    save (0.2 s for the tiny model on 8 CPU devices); below 4 MiB per slice one replica writes it.
+    save (docs/measurements.md, "Figures behind the code's constants"); below the handler's
+    ``min_slice_bytes_for_replica_parallel`` one replica writes it.
     Registering again (each Checkpointer) replaces the handler with an equal one: no flag needed.
     """
     absl_logger = logging.getLogger("absl")
@@ -87,10 +88,11 @@ def _barriers_of_the_coordination_service() -> None:
     lowered, compiled and run across every device, on a simulated slice a 16-rank Gloo collective,
     waiting without a timeout of its own for a peer that may be dead. Orbax's flag
     ``experimental_orbax_use_distributed_barrier`` (what its own multi-process benchmarks set) makes
-    them ``wait_at_barrier`` calls on the coordination service, with Orbax's 300 s timeout, like the
+    them ``wait_at_barrier`` calls on the coordination service, with Orbax's own timeout, like the
     trainer's start barrier: the start-up phase that opens the manager (with the mesh) then takes
-    0.04 s instead of 0.12 s of a resumed process (2 processes x 8 devices, median of 10). The flag
-    is read through absl, which this process never parses: parsing the one flag makes it readable."""
+    much less of a resumed process's start-up (docs/measurements.md, "Figures behind the code's
+    constants"). The flag is read through absl, which this process never parses: parsing the one
+    flag makes it readable."""
     flag = flags.FLAGS["experimental_orbax_use_distributed_barrier"]
     if not flag.present:
         flag.parse("true")
@@ -336,7 +338,7 @@ def _quiet_abandoned_reads(abandoned: Callable[[], bool]) -> Iterator[None]:
     ignored in <coroutine>" or asyncio's "Task exception was never retrieved" with a traceback
     (2500 lines for the tiny model). The one line that says the step is unusable is the report.
     ``abandoned()``: whether a restore failed, so that there is garbage to collect (a full
-    collection costs 0.08 CPU s after the trainer's imports, on every start-up otherwise).
+    collection after the trainer's imports is not free, and would be paid on every start-up).
 
     A read still in flight when Orbax gave up (on gs://) completes later on tensorstore's thread and
     calls back into Orbax's closed event loop: "RuntimeError: Event loop is closed", an unraisable

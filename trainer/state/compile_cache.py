@@ -14,7 +14,7 @@ them (``abstract_state``: the restore target and the executable's key, without t
 With these in the cache a trainer, resumed or fresh, never imports flax or optax (trainer/step.py).
 
 - **The train step without tracing** (``<cache>/train-step/``). JAX's cache key hashes the lowered
-  program, so a hit still traces and lowers the flax nnx step (1.2 of 1.7 CPU seconds of a hit for
+  program, so a hit still traces and lowers the flax nnx step (most of a hit's CPU for
   ``tiny``; far more for a large model). Here the key is what the program is a function of: the
   trainer's own source files, the versions of the libraries that trace and compile it (jax, jaxlib,
   flax, optax, numpy, Python), the resolved config less what only the host reads (``program``),
@@ -33,8 +33,8 @@ With these in the cache a trainer, resumed or fresh, never imports flax or optax
   program and its devices but not the process: one executable serves every process.
 
 On CPU the processes of a run share one machine's cores (simulated hosts), and N of them compiling
-the same program at once took N times its CPU (10-29 s each for ``tiny`` on 2 loaded cores). So
-there process 0 resolves each program first and the others load what it wrote
+the same program at once took N times its CPU (docs/measurements.md, "Figures behind the code's
+constants"). So there process 0 resolves each program first and the others load what it wrote
 (``_process_0_first``). On TPU each host compiles on its own CPUs at the same time, so none
 waits: JAX's key is the same on every host of a slice, and process 0 writes the train-step entry.
 Runs that share a local cache (``JAX_COMPILATION_CACHE_DIR``: a machine's runs, the test suite's
@@ -91,8 +91,8 @@ def enable(run_dir: str) -> str:
     path = os.environ.get("JAX_COMPILATION_CACHE_DIR") or f"{run_dir.rstrip('/')}/compile_cache"
     if _dir is None:
         jax.monitoring.register_event_listener(_listen)
-        # Cache every executable: the default 1 s threshold would skip the small programs of a run
-        # and, on a fast compile, the train step itself.
+        # Cache every executable: JAX's default minimum compile time would skip the small programs of
+        # a run and, on a fast compile, the train step itself.
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     if path != _dir:
@@ -395,7 +395,7 @@ def program(cfg: Config) -> dict[str, Any]:
 
 def _versions() -> list[str]:
     # The model's libraries by their installed version: importing them would cost a resumed
-    # trainer the 0.3 CPU s this cache saves it (flax imports linen, treescope and rich).
+    # trainer the imports this cache saves it (flax imports linen, treescope and rich).
     return [
         jax.__version__,
         jax.lib.__version__,

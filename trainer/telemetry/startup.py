@@ -101,12 +101,13 @@ def no_rocm_plugin_scan(env: Mapping[str, str]) -> Iterator[None]:
     ``JAX_PLATFORMS`` rules ROCm out.
 
     jax 0.10.2 parses the METADATA of every installed distribution when ``jax.numpy`` is imported,
-    to find a ``jax-rocm*-plugin`` (jax/_src/numpy/array_constructors.py; jax-ml/jax#37879): 117
-    distributions in this project's environment, 0.07-0.13 CPU s of every trainer start-up. The fix
-    proposed upstream (jax-ml/jax#38030) skips the lookup when ``JAX_PLATFORMS`` is set without
-    ``rocm``, as the simulated hosts and CPU runs set it; this does the same from outside, touching
-    ``importlib.metadata.distributions()`` called without arguments (jax's lookup, the only such
-    call among the trainer's imports) for the duration of the block only."""
+    to find a ``jax-rocm*-plugin`` (jax/_src/numpy/array_constructors.py; jax-ml/jax#37879): every
+    distribution in this project's environment, on every trainer start-up (docs/measurements.md,
+    "Figures behind the code's constants"). The fix proposed upstream (jax-ml/jax#38030) skips the
+    lookup when ``JAX_PLATFORMS`` is set without ``rocm``, as the simulated hosts and CPU runs set it;
+    this does the same from outside, touching ``importlib.metadata.distributions()`` called without
+    arguments (jax's lookup, the only such call among the trainer's imports) for the duration of the
+    block only."""
     platforms = env.get("JAX_PLATFORMS", "")
     if not platforms or "rocm" in platforms:
         yield

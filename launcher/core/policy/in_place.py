@@ -2,8 +2,9 @@
 segment is one world over slices that each have their own JobSet, and a shape change is one
 NEW_WORLD decision (the current segment ended and the next recorded together), after which only the
 leaving slices' JobSets are deleted and only the new ones' created. Called through the package's
-`decide` (launcher/core/policy/__init__.py), which runs RULES in this order; the first that returns a
-Decision is the pass's.
+`decide` (launcher/core/policy/__init__.py), which runs RULES in this order, but for 7a, which runs
+before 7 (the two never both decide: 7 starts a grow only while no slice is joining, 7a acts only on
+joining slices); the first that returns a Decision is the pass's.
 
 1. Finished (shared.finished), as in recreate.
 2. Next world: with no live segment (launch, or after a failure ended one), every slice JobSet of
@@ -612,7 +613,7 @@ def world_waits(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], ca
     return Decision(Action.WAIT, words, rec)
 
 
-# The rules in the order `decide` runs them: the module docstring's numbering.
+# The rules in the order `decide` runs them: the module docstring's numbering, 7a before 7.
 RULES: tuple[Rule, ...] = (
     finished,
     next_world,

@@ -14,7 +14,8 @@ from typing import Any
 from launcher.embedded.types.resources import Resource
 
 # kube-apiserver --default-not-ready-toleration-seconds / --default-unreachable-toleration-seconds
-# (the DefaultTolerationSeconds admission plugin): 300 s unless the cluster was started otherwise.
+# (the DefaultTolerationSeconds admission plugin): their default unless the cluster was started
+# otherwise.
 DEFAULT_TOLERATION_S = 300
 _DEFAULT_TOLERATION_KEYS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 # JobSet v0.12.0 pkg/constants PriorityKey, set by pkg/webhooks/pod_webhook.go Default().

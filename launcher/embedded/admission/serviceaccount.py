@@ -1,8 +1,8 @@
 """The ServiceAccount admission plugin's token mount, in outside mode (kubernetes
 `plugin/pkg/admission/serviceaccount/admission.go`: `shouldAutomount`, `mountServiceAccountToken`,
 `TokenVolumeSource`): a created pod gets a projected volume `kube-api-access-<5 letters>` (a bound
-token of 3607 s, the `kube-root-ca.crt` ConfigMap's `ca.crt`, the pod's namespace) mounted
-read-only at /var/run/secrets/kubernetes.io/serviceaccount in every container that mounts nothing
+token of TOKEN_EXPIRATION_S, the `kube-root-ca.crt` ConfigMap's `ca.crt`, the pod's namespace)
+mounted read-only at /var/run/secrets/kubernetes.io/serviceaccount in every container that mounts nothing
 there, unless the pod, or else its ServiceAccount, says `automountServiceAccountToken: false`.
 
 Pure; the store calls `mount_token` on pod create when its cluster is in outside mode.
@@ -15,7 +15,7 @@ from typing import Any
 
 MOUNT_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 VOLUME_PREFIX = "kube-api-access-"
-# serviceaccount.WarnOnlyBoundTokenExpirationSeconds (pkg/serviceaccount/claims.go): an hour and 7 s.
+# serviceaccount.WarnOnlyBoundTokenExpirationSeconds (pkg/serviceaccount/claims.go).
 TOKEN_EXPIRATION_S = 60 * 60 + 7
 ROOT_CA_CONFIGMAP = "kube-root-ca.crt"
 _DEFAULT_MODE = 0o644  # v1.ProjectedVolumeSourceDefaultMode

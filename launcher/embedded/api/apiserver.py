@@ -212,8 +212,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.request.do_handshake()
             self.request.settimeout(None)
         super().setup()
-        # Headers and body go out in separate writes: without NODELAY, Nagle + delayed ACK add
-        # 40 ms to every response.
+        # Headers and body go out in separate writes: without NODELAY, Nagle + delayed ACK hold
+        # every response back by the peer's delayed-ACK timer.
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.server.api._track(self.connection)
 

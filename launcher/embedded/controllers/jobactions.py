@@ -222,7 +222,7 @@ def decide(
         todo.events.append(("Normal", "Resumed", "Job resumed"))
     status.setdefault("startTime", when)
 
-    # Backoff before replacing failed pods: 10 s doubling, capped (upstream podBackoff); with
+    # Backoff before replacing failed pods: doubling from a base, capped (upstream podBackoff); with
     # backoffLimitPerIndex each index backs off on its own failures instead.
     if counted and per_index is None:
         last = max((finish_time(p) for p in failed_pods), default="")

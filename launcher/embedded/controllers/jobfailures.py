@@ -129,7 +129,7 @@ def last_failed(failed_pods: list[Mapping[str, Any]], index: int) -> Mapping[str
 
 
 def index_backoff(last: Mapping[str, Any] | None, now: dt.datetime) -> float:
-    """Seconds the index still waits: 10 s doubling per failure of the index, capped."""
+    """Seconds the index still waits: the backoff's base doubling per failure of the index, capped."""
     if last is None:
         return 0.0
     n = ann_count(last, INDEX_FAILURE_COUNT) + ann_count(last, INDEX_IGNORED_FAILURE_COUNT) + 1

@@ -3,7 +3,7 @@ the node lifecycle controller's heartbeat monitor.
 
 - PodGC (kubernetes `pkg/controller/podgc/gc_controller.go`, `gcOrphaned`): a pod bound to a node
   that no longer exists is marked `Failed` with `DisruptionTarget` (reason `DeletionByPodGC`) and
-  force-deleted, whoever deleted the node. Upstream waits for its sweep (20 s, plus a quarantine);
+  force-deleted, whoever deleted the node. Upstream waits for its periodic sweep (plus a quarantine);
   here it acts on the node's DELETED event.
 - Taint eviction (`pkg/controller/tainteviction/taint_eviction.go`): a pod on a node with a
   `NoExecute` taint it does not tolerate is deleted at once; one that tolerates every such taint
@@ -12,7 +12,7 @@ the node lifecycle controller's heartbeat monitor.
   `DeletionByTaintManager`; the deletion is graceful (the pod's own grace period). A pod already
   terminating (someone else deleted it) is marked too, as upstream's `handleNodeUpdate` does.
 - Heartbeats (`pkg/controller/nodelifecycle/node_lifecycle_controller.go`): a node whose kubelet
-  has not posted status for `node_monitor_grace_s` (upstream `--node-monitor-grace-period`, 40 s)
+  has not posted status for `node_monitor_grace_s` (upstream `--node-monitor-grace-period`)
   gets every condition `Unknown` (reason `NodeStatusUnknown`, "Kubelet stopped posting node
   status.") and the `node.kubernetes.io/unreachable` taints (NoSchedule and NoExecute); its pods
   get `Ready: False`. The fake kubelets post no heartbeats: a node stops "heartbeating" when a
@@ -43,7 +43,7 @@ PODGC_MESSAGE = "PodGC: node no longer exists"
 TAINT_MESSAGE = "Taint manager: deleting due to NoExecute taint"
 UNKNOWN_REASON = "NodeStatusUnknown"
 UNKNOWN_MESSAGE = "Kubelet stopped posting node status."
-NODE_MONITOR_GRACE_S = 40.0  # upstream --node-monitor-grace-period (Kubernetes 1.29+: 40 s)
+NODE_MONITOR_GRACE_S = 40.0  # upstream --node-monitor-grace-period's default (Kubernetes 1.29+)
 
 
 # ---- pure pieces ------------------------------------------------------------------------------

@@ -287,10 +287,11 @@ def rewrite_hosts(
 
 # What a simulated host's XLA:CPU does differently, flag by flag (a flag the user sets is kept):
 # - its dots run on Eigen, not YNNPACK, which builds each fused dot's runtime the first time it
-#   runs: 0.25 of the 3.2 CPU seconds of a trainer's start-up here; the steps take as long;
+#   runs: a share of a trainer's start-up here; the steps take as long;
 # - its fusions come from the classic IR emitters and LLVM optimises at -O1, not the MLIR fusion
-#   emitters at -O2: compiling `tiny`'s train step (8 devices) takes 9-12 CPU s instead of 14-21,
-#   and its steps take as long (docs/platform.md §5). A simulated TPU's compile is this machine's
+#   emitters at -O2: compiling `tiny`'s train step takes markedly less CPU, and its steps take as
+#   long (docs/platform.md §5; the figures: docs/measurements.md, "Figures behind the code's
+#   constants"). A simulated TPU's compile is this machine's
 #   cost, not the user's, and most of what the tests and a shrink on the embedded cluster wait for.
 SIMULATED_XLA_FLAGS = (
     ("xla_cpu_experimental_ynn_fusion_type", ""),

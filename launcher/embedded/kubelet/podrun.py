@@ -12,8 +12,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The kubelet's crash back-off: the first restart at once, then 10 s doubling to 5 min
-# (pkg/kubelet/kuberuntime, initialBackOff / MaxContainerBackOff).
+# The kubelet's crash back-off: the first restart at once, then doubling from initialBackOff up to
+# MaxContainerBackOff (pkg/kubelet/kuberuntime).
 CRASH_BACKOFF_S = 10.0
 CRASH_BACKOFF_MAX_S = 300.0
 

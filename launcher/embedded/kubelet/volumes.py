@@ -6,8 +6,8 @@ downward API's fields (`downwardAPI`) — with the volume's file mode. `processe
 mounts it where the container's `volumeMounts` say (`podns.py`).
 
 The token is refreshed as the kubelet's token manager refreshes it (`pkg/kubelet/token/
-token_manager.go` requiresRefresh: once older than 80 % of its lifetime), written beside and then
-renamed over the old one, so a reader never sees half a token.
+token_manager.go` requiresRefresh: once older than REFRESH_AT of its lifetime), written beside and
+then renamed over the old one, so a reader never sees half a token.
 
 `files` is pure; `project` does the I/O.
 """
@@ -90,7 +90,7 @@ def _write(path: Path, text: str, mode: int) -> None:
 
 
 def _refresh(run: PodRun, path: Path, mode: int, mint: Callable[[int], str], expiration: int) -> None:
-    """Rewrite the token at 80 % of its lifetime, and again after, while the pod runs here."""
+    """Rewrite the token at REFRESH_AT of its lifetime, and again after, while the pod runs here."""
 
     def again() -> None:
         if run.done.is_set():
