@@ -29,9 +29,11 @@ per seed:
 - /dev/shm clean: once the seed's processes have exited, nothing of the run is left in /dev/shm
   (its snapshot folders, its pods' Memory volumes).
 
-A rich table per seed (with the steps lost, i.e. trained twice, and the peak RSS of the seed's
-controllers, of its pods' main processes, the in-place supervisors, and of this process, which
-holds the embedded cluster), then a summary: "N/N held", the steps lost in all, and each peak RSS
+A rich table per seed (with the steps recomputed, i.e. trained twice: in flight on a host a fault
+took; the steps lost, i.e. missing from the run's records or trained to another loss than the
+uninterrupted run's, 0 whenever the seed holds; and the peak RSS of the seed's controllers, of its
+pods' main processes, the in-place supervisors, and of this process, which holds the embedded
+cluster), then a summary: "N/N held", the steps recomputed and lost in all, and each peak RSS
 at the first and last seed and its range, to see it flat over a soak; exit 1 when a seed did not
 hold. Options that cannot run (zero seeds or faults, fewer steps than two checkpoints) are one
 line and exit 2. The checks are pure functions (tests/launcher/test_bench_chaos.py). ``--keep
@@ -520,7 +522,9 @@ def run_seed(
         "checks": checks,
         "segments": len(rec.segments),
         "restarts": sum(restarts.values()),
-        "recomputed": recomputed(metrics),  # steps trained twice (lost with a fault, then again)
+        "recomputed": recomputed(metrics),  # steps trained twice (in flight at a fault, then again)
+        # Steps of the run lost for good: without a record, or trained on other data or to another loss.
+        "lost": len(set(range(1, steps + 1)) - set(kept)) + len(checks["losses"]),
         "seconds": time.monotonic() - t0,
         "rss_mib": {
             "controller": round(memory.controllers, 1),
@@ -535,7 +539,8 @@ def seed_table(r: dict) -> Table:
     rss = r["rss_mib"]
     title = (
         f"seed {r['seed']}: {'held' if held else 'NOT HELD'} in {r['seconds']:.0f} s "
-        f"({r['segments']} segments, {r['restarts']} JobSet restarts, {r['recomputed']} steps lost"
+        f"({r['segments']} segments, {r['restarts']} JobSet restarts, {r['recomputed']} steps recomputed,"
+        f" {r['lost']} lost"
         f" over {len(r['faults'])} faults; peak RSS MiB: controller {rss['controller']:.0f},"
         f" supervisors {rss['pods']:.0f}; this process at the end {rss['bench']:.0f})"
     )
@@ -605,7 +610,7 @@ def main() -> None:
         f"{held}/{len(results)} held ({per_seed:.0f} s per seed; {faults} faults injected;"
         f" {again / max(1, faults):.2f} steps recomputed per fault)"
     )
-    console.print(f"steps lost: {again}")
+    console.print(f"steps recomputed: {again}; steps lost: {sum(r['lost'] for r in results)}")
     for who, key in (
         ("the controllers' peak", "controller"),
         ("the supervisors' peak", "pods"),
