@@ -6,6 +6,8 @@ Simulate mode: the pods run no process."""
 
 import threading
 
+from kubernetes.utils.retry import retry_on_conflict
+
 from launcher.embedded.kueue import Kueue
 from tests.embedded.cluster_helpers import GROUP, HOSTS, VERSION, condition, rendered, running, wait_for
 
@@ -137,21 +139,27 @@ def test_an_admission_of_a_jobset_whose_pod_template_had_no_metadata_is_accepted
         js["spec"]["suspend"] = True
         kube.create_jobset(js)
         wait_for(lambda: kube.batch.list_namespaced_job("default").items, what="the suspended Job")
-        got = kube.jobset("km-0")
-        template = got["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
-        assert "metadata" not in template
         pool, toleration = (
             "tpu7x-2x2x2-np-1",
             {"key": "kueue.x-k8s.io/test", "operator": "Exists", "effect": "NoSchedule"},
         )
-        template["metadata"] = {"labels": {"kueue.x-k8s.io/podset": "workers"}}
-        template["spec"]["nodeSelector"] = {
-            **template["spec"]["nodeSelector"],
-            "cloud.google.com/gke-nodepool": pool,
-        }
-        template["spec"]["tolerations"] = [*template["spec"]["tolerations"], toleration]
-        got["spec"]["suspend"] = False
-        kube.custom.replace_namespaced_custom_object(GROUP, VERSION, "default", "jobsets", "km-0", got)
+
+        def admit() -> None:
+            """Read, write the admission, resume: again on a conflict (the JobSet controller may
+            write its status between the read and the update), as Kueue's reconciler does."""
+            got = kube.jobset("km-0")
+            template = got["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+            assert "metadata" not in template
+            template["metadata"] = {"labels": {"kueue.x-k8s.io/podset": "workers"}}
+            template["spec"]["nodeSelector"] = {
+                **template["spec"]["nodeSelector"],
+                "cloud.google.com/gke-nodepool": pool,
+            }
+            template["spec"]["tolerations"] = [*template["spec"]["tolerations"], toleration]
+            got["spec"]["suspend"] = False
+            kube.custom.replace_namespaced_custom_object(GROUP, VERSION, "default", "jobsets", "km-0", got)
+
+        retry_on_conflict(admit)
 
         def placed() -> list:
             pods = live_pods(kube)
