@@ -255,3 +255,19 @@ def test_without_room_on_the_devices_a_snapshot_copies_the_state_to_the_host_and
     restored = snapshot.load(snapshot.read_header(tmp_path / "2.snap"), abstract_of(state))
     for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(state), strict=True):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_a_record_whose_older_snapshot_is_still_on_its_way_in_is_not_pruned(tmp_path: Path) -> None:
+    """Two snapshots in flight, the newer done first: its prune keeps the record the older one
+    wrote before its rename (without it a restore of that step could not write the records the
+    previous world lost); a record of a step with neither snapshot nor writer goes."""
+    (tmp_path / "6.snap").write_bytes(b"x")
+    for name in ("6.record.json", "3.record.json", f".3.snap.tmp-{os.getpid()}", "2.record.json"):
+        (tmp_path / name).write_text("[]")
+    snapshot.prune(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == [
+        f".3.snap.tmp-{os.getpid()}",
+        "3.record.json",
+        "6.record.json",
+        "6.snap",
+    ]

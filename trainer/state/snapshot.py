@@ -185,10 +185,18 @@ def prune(directory: Path, keep: int = KEEP, above: int | None = None) -> None:
             (directory / f"{s}.snap").unlink()
     kept = set(steps) - set(doomed)
     newest = max(kept, default=-1)
-    for name in os.listdir(directory):
+    names = os.listdir(directory)
+    # This process's snapshots on their way in (``.<step>.snap.tmp-<pid>``): with two in flight the
+    # newer one can be done first, and the older one's record, written before its rename, stays.
+    writing = {
+        int(n[1:].split(".", 1)[0])
+        for n in names
+        if n.startswith(".") and n.endswith(f".snap.tmp-{os.getpid()}")
+    }
+    for name in names:
         # A step's record goes with its snapshot (one above the newest may be on its way in).
         if (m := _RECORD.match(name)) and (
-            int(m.group(1)) in doomed or (int(m.group(1)) not in kept and int(m.group(1)) <= newest)
+            int(m.group(1)) in doomed or (int(m.group(1)) not in kept | writing and int(m.group(1)) <= newest)
         ):
             with contextlib.suppress(FileNotFoundError):
                 (directory / name).unlink()
