@@ -424,11 +424,13 @@ def run(
 ) -> int:
     """Train until ``train.steps`` (exit 0) or a SIGTERM (exit 42); see the module docstring.
 
-    Start-up in phases, each marked on ``timeline`` (``perf/startup``): inputs refused before
-    anything is written; the group joined (``distributed``); the accelerator's runtime started
-    (``runtime``: seconds on a TPU, while the newest snapshot in memory is read ahead); the
-    placement; the abstract state; the state restored (``restore``) or initialised (``init``); the
-    train step compiled or loaded (``train step``); the peers met (``barrier``); then the steps."""
+    Start-up in phases, each marked on ``timeline`` (``perf/startup``; docs/design.md "The
+    trainer"): inputs refused before anything is written; the group joined (``distributed``); the
+    accelerator's runtime started (``runtime``, while the newest snapshot in memory is read ahead);
+    the placement; the abstract state; then on a resume the state read (``restore``), the train
+    step compiled or loaded while it arrives (``train step``) and its arrival (``transfer``), or on
+    a fresh start the train step and the initializer compiled at once (``train step``, ``init``);
+    the peers met (``barrier``); then the steps."""
     preemption = preemption or Preemption()
     timeline = timeline or Timeline()
     preemption.stall_timeout_s = cfg.train.stall_timeout_s
