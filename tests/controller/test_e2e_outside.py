@@ -35,6 +35,7 @@ from tests.controller.harness import (
     Harness,
     assert_same_samples_and_losses,
     kept_steps,
+    paced,
     shared_reference,
     wait_for,
 )
@@ -45,6 +46,9 @@ pytestmark = pytest.mark.e2e
 IMAGE = "example.com/reslice-trainer:1"  # a registry, as a real cluster's pods need; never pulled here
 BUCKET = "runs"
 IN_PLACE_STEPS = 30
+# The in-place run is paced by the clock, so that the grow back comes while it still has steps to
+# train however fast the machine is (an idle one finished them in the one-slice world first).
+IN_PLACE_PACE_S = 0.5
 
 
 @pytest.fixture(scope="module")
@@ -237,6 +241,7 @@ def launch_in_place(h: Harness, capsys, run: str, steps: int) -> None:
     code, out = cli(
         h, capsys, "launch", "--preset", MULTI_HOST, "--slices", "2", "--restart-mode", "in-place",
         "--run", run, "-b", str(MULTI_HOST_BATCH), "--config", "tiny", *settings(steps),
+        *(a for s in paced(IN_PLACE_PACE_S) for a in ("--set", s)),
         "--run-dir", f"gs://{BUCKET}/{run}", "--image", IMAGE, "--unschedulable-grace", "20",
         "--grow-window", "1", "--app-backoff", "1", "--detach",
     )  # fmt: skip

@@ -94,10 +94,35 @@ def make_folder(target: Path, scratch: Path) -> None:
     subs = _submounts(base)
     if subs:
         _mount(base, str(old), None, _MS_BIND | _MS_REC)
-    _mount("overlay", base, "overlay", 0, f"lowerdir={base},upperdir={upper},workdir={work}")
-    for point in subs:
-        _mount(str(old) + point[len(base) :], point, None, _MS_BIND | _MS_REC)
+    try:
+        _mount("overlay", base, "overlay", 0, f"lowerdir={base},upperdir={upper},workdir={work}")
+    except NamespaceError:
+        if not subs:
+            raise
+        # The kernel takes no overlay over a folder whose mounts it may not clone for it (mounts
+        # this user namespace inherited, locked: /run/netns once podman has made network
+        # namespaces there, say): a tmpfs over the folder instead, its entries bound back.
+        _cover(Path(base), old)
+    else:
+        for point in subs:
+            _mount(str(old) + point[len(base) :], point, None, _MS_BIND | _MS_REC)
     (Path(base) / rest).mkdir(parents=True, exist_ok=True)
+
+
+def _cover(folder: Path, old: Path) -> None:
+    """A tmpfs over `folder` holding what it held: each entry of `old` (the folder bound there,
+    with its mounts) bound back at its name, a symbolic link made again."""
+    _mount("tmpfs", str(folder), "tmpfs", 0)
+    for entry in old.iterdir():
+        place = folder / entry.name
+        if entry.is_symlink():
+            place.symlink_to(os.readlink(entry))
+            continue
+        if entry.is_dir():
+            place.mkdir()
+        else:
+            place.touch()
+        _mount(str(entry), str(place), None, _MS_BIND | _MS_REC)
 
 
 def setup(hosts: str | None, mounts: list[tuple[str, str]], scratch: Path) -> None:
