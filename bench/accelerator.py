@@ -596,7 +596,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="olmo-7b override (part 2)"
     )
+    parser.add_argument(
+        "--fit",
+        type=float,
+        default=FIT,
+        help=f"the share of the device's memory a remat policy's XLA peak may take (default {FIT})",
+    )
     args = parser.parse_args(argv)
+    if not 0 < args.fit <= 1:
+        parser.error(f"--fit {args.fit}: a share of the device's memory, in (0, 1]")
     parser.at_least(args, 1, "steps")
     parser.at_least(args, 0, "layers", "batch")  # 0: what fits the device
     skip = set(filter(None, args.skip.split(",")))
@@ -659,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
         result["step_retried"] = result.pop("step_error")
         st = guarded("step", lambda sets=sets: step_time("olmo-7b", sets, args.steps))
     if st and len(candidates) > 1:
-        st = choose_remat(st, candidates, sets, args.steps, FIT * limit, guarded, result)
+        st = choose_remat(st, candidates, sets, args.steps, args.fit * limit, guarded, result)
     if st:
         cfg = st.pop("_cfg")
         result["step"] = st

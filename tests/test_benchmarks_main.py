@@ -142,6 +142,7 @@ REFUSED = [
     ("accelerator", ["--steps", "0"], "--steps 0: nothing to measure"),
     ("accelerator", ["--layers", "-1"], "--layers -1: not a count"),
     ("accelerator", ["--skip", "transports"], "no part transports"),
+    ("accelerator", ["--fit", "1.5"], "--fit 1.5: a share of the device's memory"),
     ("chaos", ["--seeds", "0"], "--seeds 0: nothing to measure"),
     ("chaos", ["--faults", "0"], "--faults 0: nothing to measure"),
     ("chaos", ["--steps", "6", "--interval", "5"], "no fault could land"),
