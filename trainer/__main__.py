@@ -25,6 +25,18 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    one_shot = args.memory or args.probe_write or args.check  # these never join a process group
+    if not one_shot and not os.environ.get(supervisor.CHILD_ENV):
+        supervised = _supervise(argv)
+        if supervised is not None:
+            return supervised
+    if one_shot:
+        return _one_shot(args)
+    return _train(args)
+
+
+def _parser() -> _Parser:
     parser = _Parser(prog="python -m trainer", description="reslice JAX MoE trainer")
     parser.add_argument(
         "--config", help="named config (tiny, small, olmoe-1b) or YAML path; default RESLICE_CONFIG"
@@ -44,20 +56,27 @@ def main(argv: list[str] | None = None) -> int:
         help="compile the train step for this environment's devices ahead of time (nothing allocated)"
         " and print its per-device memory as JSON",
     )
-    args = parser.parse_args(argv)
-    one_shot = args.memory or args.probe_write or args.check  # these never join a process group
-    if not one_shot and not os.environ.get(supervisor.CHILD_ENV):
-        try:
-            in_place = world.restart_mode(os.environ) is world.RestartMode.IN_PLACE
-        except world.WorldError as e:
-            print(f"trainer: {e}", file=sys.stderr, flush=True)
-            return Exit.CONFIG
-        if in_place:  # even a one-process world: the next may have more
-            return follower.supervise_world(
-                lambda: main(argv), os.environ, preload=_preload, fresh=_exec_trainer
-            )
-        if peers.multi_process(os.environ):
-            return supervisor.supervise(lambda: main(argv))
+    return parser
+
+
+def _supervise(argv: list[str] | None) -> int | None:
+    """A trainer that is no supervisor's child: the exit code of its supervisor, in place (a world
+    supervisor, even for a one-process world: the next may have more) or for a multi-process
+    trainer; None for a lone process, which trains itself."""
+    try:
+        in_place = world.restart_mode(os.environ) is world.RestartMode.IN_PLACE
+    except world.WorldError as e:
+        print(f"trainer: {e}", file=sys.stderr, flush=True)
+        return Exit.CONFIG
+    if in_place:  # even a one-process world: the next may have more
+        return follower.supervise_world(lambda: main(argv), os.environ, preload=_preload, fresh=_exec_trainer)
+    if peers.multi_process(os.environ):
+        return supervisor.supervise(lambda: main(argv))
+    return None
+
+
+def _one_shot(args: argparse.Namespace) -> int:
+    """``--memory``, ``--probe-write`` or ``--check``: the work done and printed, no process group."""
     from trainer.config import ConfigError
 
     if args.memory:
@@ -80,16 +99,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trainer: {e}", file=sys.stderr, flush=True)
             return Exit.CONFIG
         return Exit.FINISHED
-    if args.check:  # what `reslice launch` asks before it creates anything
-        try:
-            from trainer import config
+    # --check: what `reslice launch` asks before it creates anything
+    try:
+        from trainer import config
 
-            cfg = config.resolve(args.config, args.set, os.environ)
-        except ConfigError as e:
-            print(f"trainer: config error: {e}", file=sys.stderr, flush=True)
-            return Exit.CONFIG
-        print(json.dumps({"config_hash": config.config_hash(cfg), "config": cfg.to_dict()}))
-        return Exit.FINISHED
+        cfg = config.resolve(args.config, args.set, os.environ)
+    except ConfigError as e:
+        print(f"trainer: config error: {e}", file=sys.stderr, flush=True)
+        return Exit.CONFIG
+    print(json.dumps({"config_hash": config.config_hash(cfg), "config": cfg.to_dict()}))
+    return Exit.FINISHED
+
+
+def _train(args: argparse.Namespace) -> int:
+    """Train (``trainer.loop.run``): the exit code, or out at once without JAX's shutdown barrier
+    where a peer may be gone or still starting."""
+    from trainer.config import ConfigError
     from trainer.elastic.watchdog import Preemption
     from trainer.telemetry.startup import Timeline
 
