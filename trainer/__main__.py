@@ -17,6 +17,9 @@ from typing import NoReturn
 from trainer.elastic import follower, peers, supervisor, world
 from trainer.exits import Exit
 
+# `--hbm`'s name before it said what it measures (HBM, not the RAM of the snapshots): still accepted.
+DEPRECATED_HBM_FLAG = "--memory"
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse prints usage too)
@@ -26,7 +29,10 @@ class _Parser(argparse.ArgumentParser):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    one_shot = args.memory or args.probe_write or args.check  # these never join a process group
+    if args.deprecated_hbm:
+        print(f"trainer: {DEPRECATED_HBM_FLAG} is deprecated: it is now --hbm", file=sys.stderr, flush=True)
+        args.hbm = True
+    one_shot = args.hbm or args.probe_write or args.check  # these never join a process group
     if not one_shot and not os.environ.get(supervisor.CHILD_ENV):
         supervised = _supervise(argv)
         if supervised is not None:
@@ -51,10 +57,14 @@ def _parser() -> _Parser:
         "--probe-write", metavar="DIR", help="write and delete a probe object under DIR and exit (no JAX)"
     )
     parser.add_argument(
-        "--memory",
+        "--hbm",
         action="store_true",
         help="compile the train step for this environment's devices ahead of time (nothing allocated)"
-        " and print its per-device memory as JSON",
+        " and print its per-device HBM as JSON",
+    )
+    # The flag's former name, for the scripts that still pass it: out of --help, and it says so.
+    parser.add_argument(
+        DEPRECATED_HBM_FLAG, action="store_true", dest="deprecated_hbm", help=argparse.SUPPRESS
     )
     return parser
 
@@ -76,16 +86,15 @@ def _supervise(argv: list[str] | None) -> int | None:
 
 
 def _one_shot(args: argparse.Namespace) -> int:
-    """``--memory``, ``--probe-write`` or ``--check``: the work done and printed, no process group."""
+    """``--hbm``, ``--probe-write`` or ``--check``: the work done and printed, no process group."""
     from trainer.config import ConfigError
 
-    if args.memory:
+    if args.hbm:
         try:
-            from trainer import config
-            from trainer import hbm as memory
+            from trainer import config, hbm
 
             cfg = config.resolve(args.config, args.set, os.environ)
-            print(json.dumps(memory.aot_memory(cfg)), flush=True)
+            print(json.dumps(hbm.aot_hbm(cfg)), flush=True)
         except ConfigError as e:
             print(f"trainer: config error: {e}", file=sys.stderr, flush=True)
             return Exit.CONFIG

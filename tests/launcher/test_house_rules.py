@@ -3,7 +3,8 @@ launcher/ and trainer/, no class name defined in two modules (but for the words 
 launcher/trainer boundary speak, one copy each, spelled alike), no one-letter module alias, no preset
 loading in the core, no number with a unit in a comment or docstring (a figure goes stale there: it
 belongs in docs/measurements.md), no function longer than a reader takes in at one sitting (but the
-embedded cluster's transcriptions of upstream), and over bench/ too, no domain word compared as a
+embedded cluster's transcriptions of upstream), "hbm" and never "memory" for the step's HBM (memory
+is the RAM snapshots'), and over bench/ too, no domain word compared as a
 string literal. Source text only: nothing is imported."""
 
 from __future__ import annotations
@@ -253,3 +254,52 @@ def test_no_function_is_longer_than_a_sitting() -> None:
     assert long.keys() >= LONG_FUNCTIONS_ALLOWED.keys(), (
         "an allowed function is short now: drop it from LONG_FUNCTIONS_ALLOWED"
     )
+
+
+# The one place `--memory` may be written: `python -m trainer --hbm`'s former name, still accepted.
+DEPRECATED_HBM_FLAG = ("trainer/__main__.py", 'DEPRECATED_HBM_FLAG = "--memory"')
+HBM_MODULES = ("launcher/core/hbm.py", "trainer/hbm.py")
+
+
+def test_the_hbm_estimate_is_never_called_memory() -> None:
+    """The step's HBM (the launcher's estimate, the trainer's compiled figure) is "hbm": its modules
+    are imported under their own name, define no name with "memory" in it, and `--memory` is written
+    only as `--hbm`'s deprecated alias, not in the code, bench/ or the docs. "Memory" is the RAM
+    snapshots' word (``snapshot.Memory``, ``StateSource.MEMORY``)."""
+    aliased, named = [], []
+    for path, tree in parsed().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                aliased += [
+                    f"{path}: {a.name} as {a.asname}" for a in node.names if a.name == "hbm" and a.asname
+                ]
+            elif isinstance(node, ast.Import):
+                aliased += [
+                    f"{path}: {a.name} as {a.asname}"
+                    for a in node.names
+                    if a.name.endswith(".hbm") and a.asname
+                ]
+            if path in HBM_MODULES and isinstance(node, ast.FunctionDef | ast.ClassDef | ast.Name | ast.arg):
+                name = (
+                    node.arg
+                    if isinstance(node, ast.arg)
+                    else node.id
+                    if isinstance(node, ast.Name)
+                    else node.name
+                )
+                if "memory" in name.lower():
+                    named.append(f"{path}:{node.lineno}: {name}")
+    assert aliased == [] and named == []
+    flag = re.compile(r"--memory(?![\w-])")
+    texts = {
+        str(p.relative_to(ROOT)): p.read_text()
+        for p in [*MODULES, *BENCH, *ROOT.glob("docs/*.md"), ROOT / "README.md"]
+    }
+    written = [
+        (path, line.strip())
+        for path, text in texts.items()
+        for line in text.splitlines()
+        if flag.search(line)
+    ]
+    assert written == [DEPRECATED_HBM_FLAG]
+    assert not (ROOT / "tests" / "trainer" / "test_memory.py").exists()  # the estimate's tests: test_hbm.py

@@ -228,7 +228,7 @@ def preflight(
         typer.Option(
             "--config",
             "-c",
-            help="Trainer config: with -b, its mesh.tensor and memory estimate shape the ladder.",
+            help="Trainer config: with -b, its mesh.tensor and HBM estimate shape the ladder.",
         ),
     ] = None,
     overrides: SetOpt = None,
@@ -291,7 +291,7 @@ def preflight(
 
 def _ladder_config(trainer: str, config: str | None, sets: tuple[str, ...]) -> dict | None:
     """The trainer config that shapes `preflight`'s ladder: with --config or --set, the resolved
-    config (its mesh.tensor and memory estimate); None for the batch plan alone, and for MaxText,
+    config (its mesh.tensor and HBM estimate); None for the batch plan alone, and for MaxText,
     whose keys and config are checked here (an unknown --trainer: exit 2)."""
     from launcher.controller.launch import resolve_trainer_config
 
@@ -303,7 +303,7 @@ def _ladder_config(trainer: str, config: str | None, sets: tuple[str, ...]) -> d
         config_args(profile_config)
         parse_overrides(sets)
         return None
-    # As `plan`: without --config or --set, the batch plan alone (no trainer asked, no memory estimate).
+    # As `plan`: without --config or --set, the batch plan alone (no trainer asked, no HBM estimate).
     return resolve_trainer_config(config or "tiny", sets, strict=False) if config or sets else None
 
 
