@@ -128,7 +128,7 @@ def _train(args: argparse.Namespace) -> int:
     from trainer.telemetry.startup import Timeline
 
     preemption = Preemption()  # before the slow imports: SIGTERM means Exit.PREEMPTED
-    # An in-place pod's later trainers start at their fork: the container's start is epochs ago.
+    # An in-place pod's later trainers start at their fork: the container's start is long past.
     restarted = bool(os.environ.get(supervisor.RESTARTED_ENV))
     timeline = Timeline(supervised=bool(os.environ.get(supervisor.CHILD_ENV)) and not restarted)
     try:
