@@ -465,12 +465,15 @@ def run(
     """Train until ``train.steps`` (exit 0) or a SIGTERM (exit 42); see the module docstring.
 
     Start-up in phases, each marked on ``timeline`` (``perf/startup``; docs/design.md "The
-    trainer"): inputs refused before anything is written; the group joined (``distributed``); the
-    accelerator's runtime started (``runtime``, while the newest snapshot in memory is read ahead);
-    the placement; the abstract state; then on a resume the state read (``restore``), the train
-    step compiled or loaded while it arrives (``train step``) and its arrival (``transfer``), or on
-    a fresh start the train step and the initializer compiled at once (``train step``, ``init``);
-    the peers met (``barrier``); then the steps."""
+    trainer"), one function each. ``_join``: inputs refused before anything is written; the group
+    joined (``distributed``); the accelerator's runtime started (``runtime``, while the newest
+    snapshot in memory is read ahead); the placement. ``_ours``: the snapshots in memory this run
+    may restore, else the newest checkpoint's identity checked. ``_restore_or_init``: the abstract
+    state; then on a resume the state read (``restore``), the train step compiled or loaded while
+    it arrives (``train step``) and its arrival (``transfer``), or on a fresh start the train step
+    and the initializer compiled at once (``train step``, ``init``). ``_ready``: the eval step
+    (``eval step``), the peers met (``barrier``). Then the steps (``_train``) and the end
+    (``_finish``); whatever it ended with, ``_Held.close``."""
     preemption = preemption or Preemption()
     timeline = timeline or Timeline()
     preemption.stall_timeout_s = cfg.train.stall_timeout_s
