@@ -467,12 +467,12 @@ def run(
     Start-up in phases, each marked on ``timeline`` (``perf/startup``; docs/design.md "The
     trainer"), one function each. ``_join``: inputs refused before anything is written; the group
     joined (``distributed``); the accelerator's runtime started (``runtime``, while the newest
-    snapshot in memory is read ahead); the placement. ``_ours``: the snapshots in memory this run
-    may restore, else the newest checkpoint's identity checked. ``_restore_or_init``: the abstract
-    state; then on a resume the state read (``restore``), the train step compiled or loaded while
-    it arrives (``train step``) and its arrival (``transfer``), or on a fresh start the train step
-    and the initializer compiled at once (``train step``, ``init``). ``_ready``: the eval step
-    (``eval step``), the peers met (``barrier``). Then the steps (``_train``) and the end
+    snapshot in memory is read ahead); the placement. ``_our_snapshots``: the snapshots in memory
+    this run may restore, else the newest checkpoint's identity checked. ``_restore_or_init``: the
+    abstract state; then on a resume the state read (``restore``), the train step compiled or
+    loaded while it arrives (``train step``) and its arrival (``transfer``), or on a fresh start the
+    train step and the initializer compiled at once (``train step``, ``init``). ``_ready``: the eval
+    step (``eval step``), the peers met (``barrier``). Then the steps (``_train``) and the end
     (``_finish``); whatever it ended with, ``_Held.close``."""
     preemption = preemption or Preemption()
     timeline = timeline or Timeline()
@@ -484,7 +484,7 @@ def run(
     read_before = storage_bytes_read()
     held = _Held(Checkpointer(cfg.run_dir, c.keep, c.async_save, c.debug_save_delay_s))
     try:
-        ours = _ours(cfg, env, where, run_id, held.ckpt)
+        ours = _our_snapshots(cfg, env, where, run_id, held.ckpt)
         with jax.set_mesh(where.mesh):
             start = _restore_or_init(cfg, env, ident, where, run_id, ours, held, timeline, read_before)
             if not isinstance(start, Start):
@@ -536,7 +536,7 @@ def _compatible(
     )
 
 
-def _ours(
+def _our_snapshots(
     cfg: Config, env: Mapping[str, str], where: Placement, run_id: RunIdentity, ckpt: Checkpointer
 ) -> list[int]:
     """The snapshots of this run that some slice's processes all hold in memory: written by this
