@@ -11,12 +11,12 @@
    so); a backend that cannot compile the ragged op is reported (XLA:CPU in jaxlib 0.10.2 has none).
 2. Step time. The real train step (``trainer.step.make_train_step``) of ``olmo-7b`` (OLMo 3 7B's
    layer, its sliding windows and documents, bf16 compute, fp32 parameters and Adam moments) at the
-   depth, batch and vocabulary that fit the first device's memory (``pick``; printed with why), with
+   depth, batch and vocabulary that fit the first device's HBM (``pick``; printed with why), with
    ``model.attention=auto`` (the splash kernel on a TPU): seconds per step, tokens per second, MFU =
    ``trainer.model.sizes.flops_per_token`` × tokens / s / the device's peak dense bf16 FLOP/s (the
    trainer's table, ``trainer.telemetry.peaks``: the vendors' figures), the peak HBM in use beside
    the planner's estimate (``launcher.core.hbm.estimate``, what ``plan``/``preflight`` use) and XLA's
-   compiled figure for the same step (what ``python -m trainer --memory`` reports).
+   compiled figure for the same step (what ``python -m trainer --hbm`` reports).
 3. Reference. In the same process a plain-JAX step of the same shape (a functional transformer, the
    same attention call, optax's AdamW): ``step_over_reference`` is what the trainer adds.
 4. Attention agreement at olmo-7b's head shape ([1, 8192, 32, 128], bf16): the splash kernel against
@@ -255,7 +255,7 @@ class OverHBM(Exception):
 
 def step_time(name: str, sets: list[str], steps: int, max_bytes: float = 0) -> dict:
     """The real train step of ``name`` with ``sets`` on the first device: timed steps after the
-    compile, MFU, the peak HBM in use, XLA's compiled memory and the planner's estimate."""
+    compile, MFU, the peak HBM in use, XLA's compiled HBM figure and the planner's estimate."""
     import jax
     import numpy as np
 
@@ -283,7 +283,7 @@ def step_time(name: str, sets: list[str], steps: int, max_bytes: float = 0) -> d
         ma = compiled.memory_analysis()
         if ma is None:
             raise RuntimeError(f"{jax.default_backend()}'s compiler reports no memory analysis for the step")
-        # XLA's own peak where the backend reports it (a TPU's does), else what `trainer --memory`
+        # XLA's own peak where the backend reports it (a TPU's does), else what `trainer --hbm`
         # adds up (arguments + outputs - aliased + temporaries, which double-counts on a TPU).
         xla_bytes = getattr(ma, "peak_memory_in_bytes", 0) or (
             ma.argument_size_in_bytes
@@ -312,13 +312,13 @@ def step_time(name: str, sets: list[str], steps: int, max_bytes: float = 0) -> d
     peak = (device_peak_tflops(device.device_kind) or 0.0) * 1e12  # per JAX device
     achieved = fpt * batch * seq / step_s
     total, active = param_counts(cfg)
-    memory = device.memory_stats() or {}
+    hbm = device.memory_stats() or {}
     # A TPU's runtime reserves an executable's temporaries apart from the buffers it allocates: the
     # step's peak is the peak in use (the state, the batch) plus the peak reserved (the temporaries).
-    peak_bytes = memory.get("peak_bytes_in_use", 0) + memory.get("peak_bytes_reserved", 0)
+    peak_bytes = hbm.get("peak_bytes_in_use", 0) + hbm.get("peak_bytes_reserved", 0)
     planner = _planner_estimate(cfg)
     return {
-        "memory_stats": memory,
+        "memory_stats": hbm,
         "memory_analysis": {k: int(getattr(ma, k)) for k in dir(ma) if k.endswith("_in_bytes")},
         "config": name,
         "sets": sets,
@@ -338,8 +338,8 @@ def step_time(name: str, sets: list[str], steps: int, max_bytes: float = 0) -> d
         "peak_bf16_tflops": peak / 1e12 if peak else None,
         "mfu": round(achieved / peak, 4) if peak else None,
         "peak_hbm_gib": round(peak_bytes / GIB, 2),
-        "peak_in_use_gib": round(memory.get("peak_bytes_in_use", 0) / GIB, 2),
-        "peak_reserved_gib": round(memory.get("peak_bytes_reserved", 0) / GIB, 2),
+        "peak_in_use_gib": round(hbm.get("peak_bytes_in_use", 0) / GIB, 2),
+        "peak_reserved_gib": round(hbm.get("peak_bytes_reserved", 0) / GIB, 2),
         "xla_peak_gib": round(xla_bytes / GIB, 2),
         "planner_estimate_gib": round(planner / GIB, 2),
         "planner_over_peak": round(planner / peak_bytes, 3) if peak_bytes else None,

@@ -17,6 +17,9 @@ from typing import NoReturn
 from trainer.elastic import follower, peers, supervisor, world
 from trainer.exits import Exit
 
+# `--hbm`'s name before it said what it measures (HBM, not the RAM of the snapshots): still accepted.
+DEPRECATED_HBM_FLAG = "--memory"
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, exit 2 (argparse prints usage too)
@@ -25,6 +28,21 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.deprecated_hbm:
+        print(f"trainer: {DEPRECATED_HBM_FLAG} is deprecated: it is now --hbm", file=sys.stderr, flush=True)
+        args.hbm = True
+    one_shot = args.hbm or args.probe_write or args.check  # these never join a process group
+    if not one_shot and not os.environ.get(supervisor.CHILD_ENV):
+        supervised = _supervise(argv)
+        if supervised is not None:
+            return supervised
+    if one_shot:
+        return _one_shot(args)
+    return _train(args)
+
+
+def _parser() -> _Parser:
     parser = _Parser(prog="python -m trainer", description="reslice JAX MoE trainer")
     parser.add_argument(
         "--config", help="named config (tiny, small, olmoe-1b) or YAML path; default RESLICE_CONFIG"
@@ -39,34 +57,44 @@ def main(argv: list[str] | None = None) -> int:
         "--probe-write", metavar="DIR", help="write and delete a probe object under DIR and exit (no JAX)"
     )
     parser.add_argument(
-        "--memory",
+        "--hbm",
         action="store_true",
         help="compile the train step for this environment's devices ahead of time (nothing allocated)"
-        " and print its per-device memory as JSON",
+        " and print its per-device HBM as JSON",
     )
-    args = parser.parse_args(argv)
-    one_shot = args.memory or args.probe_write or args.check  # these never join a process group
-    if not one_shot and not os.environ.get(supervisor.CHILD_ENV):
-        try:
-            in_place = world.restart_mode(os.environ) is world.RestartMode.IN_PLACE
-        except world.WorldError as e:
-            print(f"trainer: {e}", file=sys.stderr, flush=True)
-            return Exit.CONFIG
-        if in_place:  # even a one-process world: the next may have more
-            return follower.supervise_world(
-                lambda: main(argv), os.environ, preload=_preload, fresh=_exec_trainer
-            )
-        if peers.multi_process(os.environ):
-            return supervisor.supervise(lambda: main(argv))
+    # The flag's former name, for the scripts that still pass it: out of --help, and it says so.
+    parser.add_argument(
+        DEPRECATED_HBM_FLAG, action="store_true", dest="deprecated_hbm", help=argparse.SUPPRESS
+    )
+    return parser
+
+
+def _supervise(argv: list[str] | None) -> int | None:
+    """A trainer that is no supervisor's child: the exit code of its supervisor, in place (a world
+    supervisor, even for a one-process world: the next may have more) or for a multi-process
+    trainer; None for a lone process, which trains itself."""
+    try:
+        in_place = world.restart_mode(os.environ) is world.RestartMode.IN_PLACE
+    except world.WorldError as e:
+        print(f"trainer: {e}", file=sys.stderr, flush=True)
+        return Exit.CONFIG
+    if in_place:  # even a one-process world: the next may have more
+        return follower.supervise_world(lambda: main(argv), os.environ, preload=_preload, fresh=_exec_trainer)
+    if peers.multi_process(os.environ):
+        return supervisor.supervise(lambda: main(argv))
+    return None
+
+
+def _one_shot(args: argparse.Namespace) -> int:
+    """``--hbm``, ``--probe-write`` or ``--check``: the work done and printed, no process group."""
     from trainer.config import ConfigError
 
-    if args.memory:
+    if args.hbm:
         try:
-            from trainer import config
-            from trainer import hbm as memory
+            from trainer import config, hbm
 
             cfg = config.resolve(args.config, args.set, os.environ)
-            print(json.dumps(memory.aot_memory(cfg)), flush=True)
+            print(json.dumps(hbm.aot_hbm(cfg)), flush=True)
         except ConfigError as e:
             print(f"trainer: config error: {e}", file=sys.stderr, flush=True)
             return Exit.CONFIG
@@ -80,21 +108,27 @@ def main(argv: list[str] | None = None) -> int:
             print(f"trainer: {e}", file=sys.stderr, flush=True)
             return Exit.CONFIG
         return Exit.FINISHED
-    if args.check:  # what `reslice launch` asks before it creates anything
-        try:
-            from trainer import config
+    # --check: what `reslice launch` asks before it creates anything
+    try:
+        from trainer import config
 
-            cfg = config.resolve(args.config, args.set, os.environ)
-        except ConfigError as e:
-            print(f"trainer: config error: {e}", file=sys.stderr, flush=True)
-            return Exit.CONFIG
-        print(json.dumps({"config_hash": config.config_hash(cfg), "config": cfg.to_dict()}))
-        return Exit.FINISHED
+        cfg = config.resolve(args.config, args.set, os.environ)
+    except ConfigError as e:
+        print(f"trainer: config error: {e}", file=sys.stderr, flush=True)
+        return Exit.CONFIG
+    print(json.dumps({"config_hash": config.config_hash(cfg), "config": cfg.to_dict()}))
+    return Exit.FINISHED
+
+
+def _train(args: argparse.Namespace) -> int:
+    """Train (``trainer.loop.run``): the exit code, or out at once without JAX's shutdown barrier
+    where a peer may be gone or still starting."""
+    from trainer.config import ConfigError
     from trainer.elastic.watchdog import Preemption
     from trainer.telemetry.startup import Timeline
 
     preemption = Preemption()  # before the slow imports: SIGTERM means Exit.PREEMPTED
-    # An in-place pod's later trainers start at their fork: the container's start is epochs ago.
+    # An in-place pod's later trainers start at their fork: the container's start is long past.
     restarted = bool(os.environ.get(supervisor.RESTARTED_ENV))
     timeline = Timeline(supervised=bool(os.environ.get(supervisor.CHILD_ENV)) and not restarted)
     try:

@@ -285,7 +285,7 @@ NAMED: dict[str, dict[str, dict[str, Any]]] = {
     # 8192-token sequences, 512 × 8192 = 4.19 M tokens per step: FSDP over the slice, every block
     # rematerialised, attention in query blocks and the loss in chunks, so that a step fits the
     # HBM of one Ironwood device on a quarter slice (presets/tpu7x-4x4x4.yaml; `python -m trainer
-    # --config olmo-7b --memory`).
+    # --config olmo-7b --hbm`).
     "olmo-7b": {
         "model": {"vocab_size": 100352, "seq_len": 8192, "d_model": 4096, "n_layers": 32, "n_heads": 32,
                   "head_dim": 128, "d_ff": 11008, "dense_layers": 32, "rope_theta": 500000.0,

@@ -15,7 +15,7 @@ class Exit(IntEnum):
     and f-strings take it as its number."""
 
     # The configured steps trained and the final checkpoint committed; for the one-shot commands
-    # (``--check``, ``--probe-write``, ``--memory``, ``trainer.tokenize``): their work done.
+    # (``--check``, ``--probe-write``, ``--hbm``, ``trainer.tokenize``): their work done.
     FINISHED = 0
     # Anything else that went wrong: a genuine bug, a storage failure. Restarted, and counted.
     FAILED = 1

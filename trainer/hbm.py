@@ -1,4 +1,4 @@
-"""Per-device memory of the train step, known before launching (``python -m trainer --memory``).
+"""Per-device HBM of the train step, known before launching (``python -m trainer --hbm``).
 
 The step is lowered and compiled ahead of time for the shape of this environment (the devices JAX
 sees: simulated CPU devices are fine) from abstract arguments that carry their shardings, so no
@@ -22,8 +22,8 @@ import numpy as np
 from trainer.config import Config
 
 
-def aot_memory(cfg: Config) -> dict[str, Any]:
-    """Compile the train step for this environment's devices and report its memory per device."""
+def aot_hbm(cfg: Config) -> dict[str, Any]:
+    """Compile the train step for this environment's devices and report its HBM per device."""
     from trainer.model.mesh import batch_plan, batch_sharding, device_sharding, dp_ranks, mesh_for
     from trainer.step import abstract_state, make_train_step, plain
 

@@ -416,6 +416,46 @@ class Placement:
     memory: snapshot.Memory
 
 
+@dataclass
+class _Held:
+    """What `run` closes however it ends, each opened by a phase: the checkpointer, the metrics
+    writer, the memory snapshots and the profiler (None until opened)."""
+
+    ckpt: Checkpointer
+    writer: RunWriter | None = None
+    snapshots: snapshot.Snapshotter | None = None
+    profiler: StepProfiler | None = None
+
+    def close(self, preemption: Preemption) -> None:
+        if self.profiler is not None:  # a trace cut short (a SIGTERM, a failed step): what it has is kept
+            with contextlib.suppress(Exception):
+                self.profiler.stop()
+        if self.snapshots is not None:  # a failed step (a lost peer): a snapshot in flight of a recorded step
+            self.snapshots.abandon(timeout_s=30.0)
+        preemption.restore()
+        self.ckpt.close()
+        if self.writer is not None:
+            self.writer.close()
+        sys.stdout.flush()
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where the steps start (`_restore_or_init`): the step and the state on the devices, the train
+    step, the data, the status every write carries, and the start-up timers so far."""
+
+    step: int
+    state: Any
+    steps: Steps
+    batches: Any
+    model: Model
+    writer: RunWriter
+    status: dict[str, Any]
+    restore_s: float
+    compile_timers: dict[str, Any]  # the eval step's compile is added to them (`_ready`)
+    restore_record: dict[str, Any]
+
+
 def run(
     cfg: Config,
     env: Mapping[str, str],
@@ -425,16 +465,56 @@ def run(
     """Train until ``train.steps`` (exit 0) or a SIGTERM (exit 42); see the module docstring.
 
     Start-up in phases, each marked on ``timeline`` (``perf/startup``; docs/design.md "The
-    trainer"): inputs refused before anything is written; the group joined (``distributed``); the
-    accelerator's runtime started (``runtime``, while the newest snapshot in memory is read ahead);
-    the placement; the abstract state; then on a resume the state read (``restore``), the train
-    step compiled or loaded while it arrives (``train step``) and its arrival (``transfer``), or on
-    a fresh start the train step and the initializer compiled at once (``train step``, ``init``);
-    the peers met (``barrier``); then the steps."""
+    trainer"), one function each. ``_join``: inputs refused before anything is written; the group
+    joined (``distributed``); the accelerator's runtime started (``runtime``, while the newest
+    snapshot in memory is read ahead); the placement. ``_our_snapshots``: the snapshots in memory
+    this run may restore, else the newest checkpoint's identity checked. ``_restore_or_init``: the
+    abstract state; then on a resume the state read (``restore``), the train step compiled or
+    loaded while it arrives (``train step``) and its arrival (``transfer``), or on a fresh start the
+    train step and the initializer compiled at once (``train step``, ``init``). ``_ready``: the eval
+    step (``eval step``), the peers met (``barrier``). Then the steps (``_train``) and the end
+    (``_finish``); whatever it ended with, ``_Held.close``."""
     preemption = preemption or Preemption()
     timeline = timeline or Timeline()
     preemption.stall_timeout_s = cfg.train.stall_timeout_s
     run_id = RunIdentity.of(cfg)
+    ident, where = _join(cfg, env, run_id, preemption, timeline)
+    cfg = where.cfg
+    c = cfg.checkpoint
+    read_before = storage_bytes_read()
+    held = _Held(Checkpointer(cfg.run_dir, c.keep, c.async_save, c.debug_save_delay_s))
+    try:
+        ours = _our_snapshots(cfg, env, where, run_id, held.ckpt)
+        with jax.set_mesh(where.mesh):
+            start = _restore_or_init(cfg, env, ident, where, run_id, ours, held, timeline, read_before)
+            if not isinstance(start, Start):
+                return start
+            ready = _ready(cfg, env, ident, where, start, preemption, timeline)
+            if ready is None:
+                return _preempted_before_the_first_step(start.step)
+            evaluator, startup = ready
+            held.snapshots = where.memory.snapshotter(start.step)
+            held.profiler = (
+                StepProfiler(cfg.train.profile_steps, cfg.run_dir, ident.process_id)
+                if cfg.train.profile_steps
+                else None
+            )
+            meta = _checkpoint_meta(cfg, env, where, run_id)
+            inc = Incarnation(
+                cfg, preemption, where.recorder, start.writer, held.ckpt, meta, start.status, timeline, evaluator,
+                held.snapshots, held.profiler,
+            )  # fmt: skip
+            n = _train(inc, start.steps, start.state, start.batches, start.step, startup)
+            return _finish(inc, n)
+    finally:
+        held.close(preemption)
+
+
+def _join(
+    cfg: Config, env: Mapping[str, str], run_id: RunIdentity, preemption: Preemption, timeline: Timeline
+) -> tuple[distributed.Identity, Placement]:
+    """The first phases: the newest snapshot in memory read ahead, inputs refused before anything is
+    written, the group joined (``distributed``), the runtime started (``runtime``), the placement."""
     prefetched = None
     if cfg.checkpoint.memory_interval >= 0:
         prefetched = snapshot.Prefetch.newest(snapshot.directory(env), run_id.expected)
@@ -444,148 +524,157 @@ def run(
     timeline.mark("distributed")
     jax.devices()
     timeline.mark("runtime")
-    where = _place(cfg, env, ident, run_id, prefetched)
-    cfg = where.cfg
-    c = cfg.checkpoint
-    read_before = storage_bytes_read()
-    ckpt = Checkpointer(cfg.run_dir, c.keep, c.async_save, c.debug_save_delay_s)
+    return ident, _place(cfg, env, ident, run_id, prefetched)
 
-    def compatible(step: int, saved: dict[str, Any]) -> None:
-        """Nothing for a checkpoint of this run; ConfigError for another's (never resumed)."""
-        ckpt.check_compatible(
-            step, saved, run_id.config_hash, run_id.identity, cfg.train.global_batch, run_id.schedule
+
+def _compatible(
+    ckpt: Checkpointer, run_id: RunIdentity, cfg: Config, step: int, saved: dict[str, Any]
+) -> None:
+    """Nothing for a checkpoint of this run; ConfigError for another's (never resumed)."""
+    ckpt.check_compatible(
+        step, saved, run_id.config_hash, run_id.identity, cfg.train.global_batch, run_id.schedule
+    )
+
+
+def _our_snapshots(
+    cfg: Config, env: Mapping[str, str], where: Placement, run_id: RunIdentity, ckpt: Checkpointer
+) -> list[int]:
+    """The snapshots of this run that some slice's processes all hold in memory: written by this
+    very run (their meta matched). Without any, the newest checkpoint's identity is checked before
+    anything is written into its run directory, the compile cache's entries included (a checkpoint
+    of another run: exit 2); with some, the restore judges every checkpoint it reads instead
+    (``Checkpointer.usable_start``). The compile cache is enabled after."""
+    ours = where.memory.held(distributed.timeouts(env)[0])
+    if not ours:
+        ckpt.check_newest(functools.partial(_compatible, ckpt, run_id, cfg))
+    if cfg.train.compile_cache:
+        compile_cache.enable(cfg.run_dir)
+    return ours
+
+
+def _restore_or_init(
+    cfg: Config,
+    env: Mapping[str, str],
+    ident: distributed.Identity,
+    where: Placement,
+    run_id: RunIdentity,
+    ours: list[int],
+    held: _Held,
+    timeline: Timeline,
+    read_before: int,
+) -> Start | Exit:
+    """The abstract state (``abstract state``); then on a resume the state read (``restore``), the
+    train step compiled or loaded while it arrives (``train step``) and its arrival (``transfer``),
+    or on a fresh start the train step and the initializer (``train step``, ``init``). Opens the
+    metrics writer and writes the status: exit 0 at once for a run already trained to the end."""
+    ckpt = held.ckpt
+    model, program = Model(cfg, where.mesh), compile_cache.program(cfg)
+    abstract = compile_cache.abstract_state(program, where.mesh, model.abstract)
+    timeline.mark("abstract state")
+    restored = restore.onto_mesh(
+        where.memory, ours, ckpt, abstract, where.mesh, cfg.train.steps, functools.partial(_compatible, ckpt, run_id, cfg),
+        None if model.was_traced else lambda: compile_cache.abstract_state(program, where.mesh, model.abstract, True),
+        distributed.timeouts(env)[0],
+    )  # fmt: skip
+    held.writer = writer = RunWriter(
+        cfg.run_dir, where.segment, where.attempt, cfg.metrics.flush_seconds, ident.process_id == 0
+    )
+    status = {
+        "total_steps": cfg.train.steps,
+        "segment": where.segment,
+        "config_hash": run_id.config_hash,
+    }
+    if ckpt.set_aside:  # the controller puts them in the run's ledger
+        status["unusable_checkpoints"] = ckpt.set_aside
+    if restored.step >= cfg.train.steps:
+        writer.status(state="finished", step=restored.step, **status)
+        return Exit.FINISHED
+    # Opened before the state so that a bad data path fails fast; it starts reading ahead.
+    batches = iter(
+        data.make_dataset(
+            cfg.data,
+            cfg.model.vocab_size,
+            cfg.model.seq_len,
+            where.layout,
+            restored.step,
+            cfg.train.steps,
         )
+    )
+    steps = _build_steps(cfg, where.mesh, where.plan.grad_accum)
+    if restored.step:
+        timeline.mark("restore")  # read, and on its way to the devices
+        steps, compile_timers = _compile(program, steps, restored.state, model)  # while it arrives
+        timeline.mark("train step")
+        state, arriving = restored.ready()
+        timeline.mark("transfer")
+        restore_s, source = restored.seconds + arriving, restored.source
+        place = str(ckpt.directory) if source is snapshot.StateSource.STORAGE else where.memory.describe()
+        print(f"trainer: resumed step {restored.step} from {place} on {where.plan}", flush=True)
+    else:
+        # Nothing restored: the look for a checkpoint (opening Orbax's manager) is start-up.
+        restore_s, source = 0.0, None
+        state, steps, compile_timers = _initialise(cfg, where.mesh, program, model, steps, abstract, timeline)
+    # Where this incarnation's state came from; bytes: what it read of the run directory's
+    # checkpoints from opening them to its state on the devices (the storage's counters).
+    restore_record = {
+        "restore/from": source.value if source else None,
+        "restore/step": restored.step,
+        "restore/storage_bytes": storage_bytes_read() - read_before,
+    }
+    status["restored"] = {
+        "segment": where.segment,
+        "restart_attempt": where.attempt,
+        "from": restore_record["restore/from"],
+        "step": restored.step,
+    }
+    writer.status(state="running", step=restored.step, **status)
+    if source in (snapshot.StateSource.MEMORY, snapshot.StateSource.PEERS):
+        _rewrite_lost_records(writer, cfg.run_dir, where.memory.root, restored.step)
+    return Start(
+        restored.step, state, steps, batches, model, writer, status, restore_s, compile_timers, restore_record
+    )
 
-    writer: RunWriter | None = None
-    snapshots: snapshot.Snapshotter | None = None
-    profiler: StepProfiler | None = None
-    try:
-        # The snapshots of this run that some slice's processes all hold in memory: written by
-        # this very run (their meta matched). Without any, the newest checkpoint's identity is
-        # checked before anything is written into its run directory, the compile cache's entries
-        # included (a checkpoint of another run: exit 2); with some, the restore judges every
-        # checkpoint it reads instead (``Checkpointer.usable_start``).
-        ours = where.memory.held(distributed.timeouts(env)[0])
-        if not ours:
-            ckpt.check_newest(compatible)
-        if cfg.train.compile_cache:
-            compile_cache.enable(cfg.run_dir)
-        with jax.set_mesh(where.mesh):
-            model, program = Model(cfg, where.mesh), compile_cache.program(cfg)
-            abstract = compile_cache.abstract_state(program, where.mesh, model.abstract)
-            timeline.mark("abstract state")
-            restored = restore.onto_mesh(
-                where.memory, ours, ckpt, abstract, where.mesh, cfg.train.steps, compatible,
-                None if model.was_traced else lambda: compile_cache.abstract_state(program, where.mesh, model.abstract, True),
-                distributed.timeouts(env)[0],
-            )  # fmt: skip
-            writer = RunWriter(
-                cfg.run_dir, where.segment, where.attempt, cfg.metrics.flush_seconds, ident.process_id == 0
-            )
-            status = {
-                "total_steps": cfg.train.steps,
-                "segment": where.segment,
-                "config_hash": run_id.config_hash,
-            }
-            if ckpt.set_aside:  # the controller puts them in the run's ledger
-                status["unusable_checkpoints"] = ckpt.set_aside
-            if restored.step >= cfg.train.steps:
-                writer.status(state="finished", step=restored.step, **status)
-                return Exit.FINISHED
-            # Opened before the state so that a bad data path fails fast; it starts reading ahead.
-            batches = iter(
-                data.make_dataset(
-                    cfg.data,
-                    cfg.model.vocab_size,
-                    cfg.model.seq_len,
-                    where.layout,
-                    restored.step,
-                    cfg.train.steps,
-                )
-            )
-            steps = _build_steps(cfg, where.mesh, where.plan.grad_accum)
-            if restored.step:
-                timeline.mark("restore")  # read, and on its way to the devices
-                steps, compile_timers = _compile(program, steps, restored.state, model)  # while it arrives
-                timeline.mark("train step")
-                state, arriving = restored.ready()
-                timeline.mark("transfer")
-                restore_s, source = restored.seconds + arriving, restored.source
-                place = (
-                    str(ckpt.directory) if source is snapshot.StateSource.STORAGE else where.memory.describe()
-                )
-                print(f"trainer: resumed step {restored.step} from {place} on {where.plan}", flush=True)
-            else:
-                # Nothing restored: the look for a checkpoint (opening Orbax's manager) is start-up.
-                restore_s, source = 0.0, None
-                state, steps, compile_timers = _initialise(
-                    cfg, where.mesh, program, model, steps, abstract, timeline
-                )
-            # Where this incarnation's state came from; bytes: what it read of the run directory's
-            # checkpoints from opening them to its state on the devices (the storage's counters).
-            restore_record = {
-                "restore/from": source.value if source else None,
-                "restore/step": restored.step,
-                "restore/storage_bytes": storage_bytes_read() - read_before,
-            }
-            status["restored"] = {
-                "segment": where.segment,
-                "restart_attempt": where.attempt,
-                "from": restore_record["restore/from"],
-                "step": restored.step,
-            }
-            writer.status(state="running", step=restored.step, **status)
-            if source in (snapshot.StateSource.MEMORY, snapshot.StateSource.PEERS):
-                _rewrite_lost_records(writer, cfg.run_dir, where.memory.root, restored.step)
-            if preemption.requested:  # during start-up: nothing trained since the latest checkpoint
-                print(
-                    f"trainer: preempted before the first step, step {restored.step} stands, exit {Exit.PREEMPTED}"
-                )
-                return Exit.PREEMPTED
-            evaluator = evaluate.Evaluator.build(cfg, where.layout, steps.tokens_sharding, steps.global_shape)
-            if evaluator is not None:
-                eval_compile = evaluator.compile(model, state)
-                compile_timers["perf/compile_seconds"] += eval_compile
-                print(f"trainer: eval step compiled in {eval_compile:.1f} s", flush=True)
-                timeline.mark("eval step")
-            if "flax" not in sys.modules:
-                print("trainer: the model was not traced: flax and optax were never imported", flush=True)
-            waited = _meet_peers(cfg, env, ident.num_processes, where.segment, where.attempt, preemption)
-            if waited is None:
-                print(
-                    f"trainer: preempted before the first step, step {restored.step} stands, exit {Exit.PREEMPTED}"
-                )
-                return Exit.PREEMPTED
-            timeline.mark("barrier")
-            startup = {
-                "perf/restore_seconds": restore_s,
-                **compile_timers,
-                "perf/start_barrier_seconds": waited,
-                **restore_record,
-            }
-            snapshots = where.memory.snapshotter(restored.step)
-            profiler = (
-                StepProfiler(cfg.train.profile_steps, cfg.run_dir, ident.process_id)
-                if cfg.train.profile_steps
-                else None
-            )
-            meta = _checkpoint_meta(cfg, env, where, run_id)
-            inc = Incarnation(
-                cfg, preemption, where.recorder, writer, ckpt, meta, status, timeline, evaluator, snapshots, profiler
-            )  # fmt: skip
-            n = _train(inc, steps, state, batches, restored.step, startup)
-            return _finish(inc, n)
-    finally:
-        if profiler is not None:  # a trace cut short (a SIGTERM, a failed step): what it has is kept
-            with contextlib.suppress(Exception):
-                profiler.stop()
-        if snapshots is not None:  # a failed step (a lost peer): a snapshot in flight of a recorded step
-            snapshots.abandon(timeout_s=30.0)
-        preemption.restore()
-        ckpt.close()
-        if writer is not None:
-            writer.close()
-        sys.stdout.flush()
+
+def _ready(
+    cfg: Config,
+    env: Mapping[str, str],
+    ident: distributed.Identity,
+    where: Placement,
+    start: Start,
+    preemption: Preemption,
+    timeline: Timeline,
+) -> tuple[Any, dict[str, Any]] | None:
+    """The last phases before the steps: the eval step compiled (``eval step``) and the peers met
+    (``barrier``). The evaluator and the start-up record the first step carries, or None on a
+    SIGTERM during start-up (nothing trained since the latest checkpoint: the caller exits 42)."""
+    if preemption.requested:
+        return None
+    evaluator = evaluate.Evaluator.build(
+        cfg, where.layout, start.steps.tokens_sharding, start.steps.global_shape
+    )
+    if evaluator is not None:
+        eval_compile = evaluator.compile(start.model, start.state)
+        start.compile_timers["perf/compile_seconds"] += eval_compile
+        print(f"trainer: eval step compiled in {eval_compile:.1f} s", flush=True)
+        timeline.mark("eval step")
+    if "flax" not in sys.modules:
+        print("trainer: the model was not traced: flax and optax were never imported", flush=True)
+    waited = _meet_peers(cfg, env, ident.num_processes, where.segment, where.attempt, preemption)
+    if waited is None:
+        return None
+    timeline.mark("barrier")
+    startup = {
+        "perf/restore_seconds": start.restore_s,
+        **start.compile_timers,
+        "perf/start_barrier_seconds": waited,
+        **start.restore_record,
+    }
+    return evaluator, startup
+
+
+def _preempted_before_the_first_step(step: int) -> int:
+    print(f"trainer: preempted before the first step, step {step} stands, exit {Exit.PREEMPTED}")
+    return Exit.PREEMPTED
 
 
 def _refuse_bad_inputs(cfg: Config, env: Mapping[str, str]) -> None:

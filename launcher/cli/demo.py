@@ -33,7 +33,7 @@ from launcher.cli.watch import watch_run
 from launcher.controller.launch import create_run, prepare
 from launcher.core.errors import ClusterNotReady, UserError
 from launcher.core.labels import LABEL_JOB_INDEX, LABEL_RUN, LABEL_SLICE
-from launcher.core.plan import Plan
+from launcher.core.plan import Plan, Rung
 from launcher.core.record import Knobs, RunRecord
 from launcher.core.spec import RunSpec
 from launcher.core.words import PodRuntime, RestartMode
@@ -141,6 +141,28 @@ def pods_line(seen: dict[str, set[str]], hosts: int, restart_mode: str) -> str:
     return f"slice {SURVIVOR}: {len(uids)} pods over the run ({restart_mode}: recreated at each shape change)"
 
 
+def print_plan(console: Console, restart_mode: str, interval: int, ladder: list[Rung]) -> None:
+    """What the restart mode keeps at a shape change, and the shrink ladder's batch plan per shape."""
+    console.print(
+        f"restart mode {restart_mode}: "
+        + (
+            f"slice {SURVIVOR}'s pods stay, the state comes from memory and peers "
+            f"(storage checkpoint every {interval} steps)"
+            if restart_mode == RestartMode.IN_PLACE
+            else f"every shape change is a new JobSet, restored from storage (checkpoint every {interval} steps)"
+        )
+    )
+    console.print(
+        "shrink ladder: "
+        + "; ".join(
+            f"{r.shape}: {r.plan.micro_batch}×{r.plan.grad_accum}"
+            if isinstance(r.plan, Plan)
+            else f"{r.shape}: infeasible"
+            for r in ladder
+        )
+    )
+
+
 def run_demo(
     workdir: Path,
     steps: int = DEFAULT_STEPS,
@@ -201,24 +223,7 @@ def run_demo(
             + ") "
             f"(kubeconfig {cluster.kubeconfig}); run directory {spec.run_dir}"
         )
-        console.print(
-            f"restart mode {restart_mode}: "
-            + (
-                f"slice {SURVIVOR}'s pods stay, the state comes from memory and peers "
-                f"(storage checkpoint every {interval} steps)"
-                if in_place
-                else f"every shape change is a new JobSet, restored from storage (checkpoint every {interval} steps)"
-            )
-        )
-        console.print(
-            "shrink ladder: "
-            + "; ".join(
-                f"{r.shape}: {r.plan.micro_batch}×{r.plan.grad_accum}"
-                if isinstance(r.plan, Plan)
-                else f"{r.shape}: infeasible"
-                for r in ladder
-            )
-        )
+        print_plan(console, restart_mode, interval, ladder)
         create_run(kube, rec)
         if ui is not None:
             console.print(f"reslice ui: watch the run at {ui.start().url}run/{run}", soft_wrap=True)

@@ -208,7 +208,7 @@ class Controller:
                 return PassResult(run, decision, obs, conflict=True)
         # In place, the world goes out as soon as it is recorded, ahead of the ledger's lines: the
         # survivors' supervisors start over meanwhile. On gs:// a ledger append is three requests
-        # (reload, download, upload of the whole ledger), in the way of every epoch otherwise.
+        # (reload, download, upload of the whole ledger), in the way of every new segment otherwise.
         published = self._publish_recorded(decision)
         if decision.acts or decision.reason != last_reason:
             entries.append(

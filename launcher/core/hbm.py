@@ -3,8 +3,8 @@ ladder. (The trainer's compiled figure is trainer/hbm.py's; "memory" elsewhere m
 an in-place restart restores from.)
 
 Pure arithmetic on the trainer config (as ``python -m trainer --check`` resolves it) and a batch
-plan: cheap enough for every rung, unlike compiling the step (``python -m trainer --memory`` does
-that for one shape, and tests/trainer/test_memory.py checks this estimate against it on small
+plan: cheap enough for every rung, unlike compiling the step (``python -m trainer --hbm`` does
+that for one shape, and tests/trainer/test_hbm.py checks this estimate against it on small
 shapes). Terms, per device (b sequences per data-parallel rank per micro-step, T tokens, tensor
 parallelism t, activation bytes a):
 

@@ -24,8 +24,8 @@ WORLD_KEY = "world.json"  # the ConfigMap's data key (trainer/elastic/world_sour
 # recreated (docs/contract.md "The document"): the survivors' supervisors wait past their
 # RESLICE_PEER_LOST_WAIT_S while they see it change (trainer/elastic/world.py HEARTBEAT_FRESH_S).
 HEARTBEAT_S = 10.0
-# How many coordinator ports an in-place run cycles through, one per epoch: a previous epoch's
-# coordination-service client (a child still saving) must never reach the next epoch's service.
+# How many coordinator ports an in-place run cycles through, one per segment (by its epoch): a
+# previous segment's coordination-service client (a child still saving) must never reach the next's.
 PORTS_PER_RUN = 8
 
 

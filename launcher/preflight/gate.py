@@ -42,7 +42,7 @@ def ladder(
 ) -> tuple[tuple[Shape, ...], tuple[tuple[Shape, str], ...]]:
     """(the shapes to check, the requested one first; the shapes of the ladder the run never takes,
     with why). Without a global batch every shape GKE can run is checked. With one, the batch plan
-    divides by ``model_parallel``, and given the trainer config a rung whose memory estimate exceeds
+    divides by ``model_parallel``, and given the trainer config a rung whose HBM estimate exceeds
     its HBM is one the run never takes (as `reslice plan`). UserError if the requested shape is
     infeasible itself."""
     if global_batch is None:

@@ -38,7 +38,10 @@ function table(id, cols, rows) {
   return t;
 }
 const pct = x => x == null ? "-" : (100 * x).toFixed(1) + "%";
-const clock = t => t ? new Date(t * 1000).toLocaleTimeString() : "-";
+// A time as the command line writes it (launcher/report/view.py `_clock`): 24-hour HH:MM:SS in the
+// local time zone, never the browser's own 12-hour format.
+const hms = d => [d.getHours(), d.getMinutes(), d.getSeconds()].map(n => String(n).padStart(2, "0")).join(":");
+const clock = t => t ? hms(new Date(t * 1000)) : "-";
 function age(s) {
   if (s == null) return "-";
   if (s < 120) return Math.round(s) + "s";
@@ -55,7 +58,7 @@ function show(id, node) { document.getElementById(id).replaceChildren(node); }
 function problem(msg) {
   document.getElementById("problem").textContent = msg || "";
   // When the data came: a page that stopped updating says so by its clock.
-  if (!msg) document.getElementById("updated").textContent = " · updated " + new Date().toLocaleTimeString();
+  if (!msg) document.getElementById("updated").textContent = " · updated " + hms(new Date());
 }
 
 async function runsPage() {
@@ -158,7 +161,7 @@ async function runPage(name) {
     `slices: ${w.slices.join(", ") || "-"}; node pools: ${w.nodepools.join(", ") || w.pool || "-"}` +
     (w.joining.length ? `; joining: ${w.joining.join(", ")}` : "") + (w.lost.length ? `; lost: ${w.lost.join(", ")}` : ""));
   const pods = table("pods-table", ["pod", "node", "phase", "created", "restarts"],
-    w.pods.map(p => [p.name, p.node ?? "-", p.phase ?? "-", p.created ?? "-", String(p.restarts)]));
+    w.pods.map(p => [p.name, p.node ?? "-", p.phase ?? "-", p.created ? clock(Date.parse(p.created) / 1000) : "-", String(p.restarts)]));
   const src = table("state-from-table", ["segment", "state from", "resumed at step"],
     w.state_from.map(s => [String(s.segment), s.from ?? "-", s.start_step == null ? "-" : String(s.start_step)]));
   const box = el("div", {}, facts, pods, el("p", {}), src);

@@ -2,8 +2,10 @@
 launcher/ and trainer/, no class name defined in two modules (but for the words both sides of the
 launcher/trainer boundary speak, one copy each, spelled alike), no one-letter module alias, no preset
 loading in the core, no number with a unit in a comment or docstring (a figure goes stale there: it
-belongs in docs/measurements.md), and over bench/ too, no domain word compared as a string literal.
-Source text only: nothing is imported."""
+belongs in docs/measurements.md), no function longer than a reader takes in at one sitting (but the
+embedded cluster's transcriptions of upstream), "hbm" and never "memory" for the step's HBM (memory
+is the RAM snapshots'), and over bench/ too, no domain word compared as a
+string literal. Source text only: nothing is imported."""
 
 from __future__ import annotations
 
@@ -211,3 +213,93 @@ def test_no_figure_in_a_comment() -> None:
                     )
     assert found == []
     assert used == FIGURES_ALLOWED.keys(), "an allowed figure is gone: drop it from FIGURES_ALLOWED"
+
+
+# The most lines a function may have, from its `def` to its last line (its decorators not counted).
+LONGEST_FUNCTION = 100
+# Functions over the limit, each with why. launcher/embedded/ is not held at all: its controllers
+# transcribe upstream's reconcile functions in upstream's order (docs/design.md "Layers").
+LONG_FUNCTIONS_ALLOWED = {
+    ("launcher/sweep/driver.py", "run_sweep"): "being made a small class by a concurrent change",
+    ("launcher/cli/commands/launching.py", "launch"): "its one-slice decision is being moved into the "
+    "spec by a concurrent change",
+}
+
+
+def _functions() -> list[tuple[str, str, int, int]]:
+    """(module, name, line, lines) of every function and method of launcher/ and trainer/, nested
+    ones too, but launcher/embedded/'s."""
+    found = []
+    for path, tree in parsed().items():
+        if path.startswith(("launcher/", "trainer/")) and not path.startswith("launcher/embedded/"):
+            found += [
+                (path, node.name, node.lineno, (node.end_lineno or node.lineno) - node.lineno + 1)
+                for node in ast.walk(tree)
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            ]
+    return found
+
+
+def test_no_function_is_longer_than_a_sitting() -> None:
+    """No function of launcher/ or trainer/ (launcher/embedded/ aside) longer than
+    ``LONGEST_FUNCTION`` lines: a longer one is split into named phases or parts."""
+    functions = _functions()
+    assert len(functions) > 1000 and any(path.startswith("trainer/") for path, *_ in functions)
+    long = {
+        (path, name): f"{path}:{line}: {name} ({lines} lines)"
+        for path, name, line, lines in functions
+        if lines > LONGEST_FUNCTION
+    }
+    assert sorted(v for k, v in long.items() if k not in LONG_FUNCTIONS_ALLOWED) == []
+    assert long.keys() >= LONG_FUNCTIONS_ALLOWED.keys(), (
+        "an allowed function is short now: drop it from LONG_FUNCTIONS_ALLOWED"
+    )
+
+
+# The one place `--memory` may be written: `python -m trainer --hbm`'s former name, still accepted.
+DEPRECATED_HBM_FLAG = ("trainer/__main__.py", 'DEPRECATED_HBM_FLAG = "--memory"')
+HBM_MODULES = ("launcher/core/hbm.py", "trainer/hbm.py")
+
+
+def test_the_hbm_estimate_is_never_called_memory() -> None:
+    """The step's HBM (the launcher's estimate, the trainer's compiled figure) is "hbm": its modules
+    are imported under their own name, define no name with "memory" in it, and `--memory` is written
+    only as `--hbm`'s deprecated alias, not in the code, bench/ or the docs. "Memory" is the RAM
+    snapshots' word (``snapshot.Memory``, ``StateSource.MEMORY``)."""
+    aliased, named = [], []
+    for path, tree in parsed().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                aliased += [
+                    f"{path}: {a.name} as {a.asname}" for a in node.names if a.name == "hbm" and a.asname
+                ]
+            elif isinstance(node, ast.Import):
+                aliased += [
+                    f"{path}: {a.name} as {a.asname}"
+                    for a in node.names
+                    if a.name.endswith(".hbm") and a.asname
+                ]
+            if path in HBM_MODULES and isinstance(node, ast.FunctionDef | ast.ClassDef | ast.Name | ast.arg):
+                name = (
+                    node.arg
+                    if isinstance(node, ast.arg)
+                    else node.id
+                    if isinstance(node, ast.Name)
+                    else node.name
+                )
+                if "memory" in name.lower():
+                    named.append(f"{path}:{node.lineno}: {name}")
+    assert aliased == [] and named == []
+    flag = re.compile(r"--memory(?![\w-])")
+    texts = {
+        str(p.relative_to(ROOT)): p.read_text()
+        for p in [*MODULES, *BENCH, *ROOT.glob("docs/*.md"), ROOT / "README.md"]
+    }
+    written = [
+        (path, line.strip())
+        for path, text in texts.items()
+        for line in text.splitlines()
+        if flag.search(line)
+    ]
+    assert written == [DEPRECATED_HBM_FLAG]
+    assert not (ROOT / "tests" / "trainer" / "test_memory.py").exists()  # the estimate's tests: test_hbm.py

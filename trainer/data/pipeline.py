@@ -4,7 +4,7 @@
 Order (docs/design.md "Data order", docs/platform.md §5):
 
 - A source is a list of N records (``seq_len + 1`` tokens each). ``grain.MapDataset.range(N)
-  .shuffle(seed)`` gives a random-access permutation, reshuffled every epoch; with one source,
+  .shuffle(seed)`` gives a random-access permutation, reshuffled at every pass over the source; with one source,
   global position r holds sample id ``order[r]``. A mixture of sources (``data.sources``) decides
   which source fills each position from (weights, seed, step, global batch) alone
   (:class:`Mixture`); each source then walks its own permutation.
@@ -363,7 +363,7 @@ class Mixture:
     (checked). Over any prefix of the run every source but the heaviest is within half a sample of
     its weight and the heaviest within (K − 1)/2: no sampling noise. Within the step the positions of
     each source are spread by a permutation drawn from (seed, step), and source k's j-th sample
-    overall is record ``order_k[j]`` of its own shuffle (reshuffled every epoch, as a single
+    overall is record ``order_k[j]`` of its own shuffle (reshuffled at every pass, as a single
     source's).
 
     With one source this is exactly the single-source order (position r holds ``order[r]``), so a
@@ -484,7 +484,7 @@ class Layout:
 
 
 def sample_order(num_records: int, seed: int) -> grain.MapDataset:
-    """Global position -> sample id (a Grain random-access shuffle, reshuffled every epoch)."""
+    """Global position -> sample id (a Grain random-access shuffle, reshuffled at every pass over the records)."""
     return grain.MapDataset.range(num_records).shuffle(seed=seed)
 
 

@@ -225,8 +225,8 @@ def initialize(
 
 
 def start_barrier_id(segment: int, attempt: int) -> str:
-    """The start barrier of one incarnation of the process group: a set restarted by JobSet (a new
-    restart attempt) or a later segment never meets the barrier of an earlier one."""
+    """The start barrier of one start of the process group, by segment and restart attempt: a set
+    restarted by JobSet (a new restart attempt) or a later segment never meets an earlier one's."""
     return f"reslice-first-step-segment-{segment}-attempt-{attempt}"
 
 

@@ -1,8 +1,9 @@
 """The world of an in-place run: which slices train, in what order, and with what batch plan. Pure.
 
-The controller publishes each world (an *epoch*) as a small JSON document (docs/contract.md, "World
-(in-place restarts)"); every pod's ``trainer.elastic.follower`` follows it (``trainer.elastic.world_source``
-delivers the documents) and starts its trainer child with ``child_env(world, me, base_env)``. The
+The controller publishes each world (one segment, its index the document's *epoch*) as a small
+JSON document (docs/contract.md, "World (in-place restarts)"); every pod's
+``trainer.elastic.follower`` follows it (``trainer.elastic.world_source`` delivers the documents) and
+starts its trainer child with ``child_env(world, me, base_env)``. The
 pod itself never changes: it knows its stable slice id and its host index within the slice, and its
 process id is compacted over the world's slices in their published order:
 ``process_id = position(my slice) × hosts_per_slice + host index``.
@@ -23,7 +24,7 @@ from typing import Any
 RESTART_MODE_ENV = "RESLICE_RESTART_MODE"
 SLICE_ID_ENV = "RESLICE_SLICE_ID"
 # The pod's slice JobSet's restart attempt (its `jobset.sigs.k8s.io/restart-attempt` label, through
-# the downward API): which incarnation of its slice the pod is.
+# the downward API): which of its slice's sets of pods it is.
 ATTEMPT_ENV = "RESLICE_RESTART_ATTEMPT"
 EPOCH_ENV = "RESLICE_WORLD_EPOCH"
 
@@ -288,7 +289,7 @@ def child_env(world: World, me: Me, base_env: Mapping[str, str]) -> dict[str, st
         # One value for every process of the world: the start barrier's id is the segment's and
         # this (trainer.elastic.distributed.start_barrier_id). The pod's own, its slice JobSet's restart
         # attempt, differs between slices once one of them was restarted, and a barrier of
-        # several ids never meets. An epoch is one incarnation already: the world never repeats.
+        # several ids never meets. The segment alone tells worlds apart: none is published twice.
         **{ATTEMPT_ENV: "0"},
         **{EPOCH_ENV: str(world.epoch)},
     )

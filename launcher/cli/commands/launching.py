@@ -7,7 +7,7 @@ import signal
 import threading
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -55,6 +55,9 @@ from launcher.core.record import Knobs
 from launcher.core.render import render_jobset
 from launcher.core.spec import DEFAULT_COORDINATOR_PORT, RunSpec, restart_mode_error
 from launcher.core.words import PodRuntime, RestartMode, RunState, TrainerProfile
+
+if TYPE_CHECKING:
+    from launcher.core.capacity.checks import Check
 
 
 def finish(kube, run: str, state: str) -> None:
@@ -225,7 +228,7 @@ def preflight(
         typer.Option(
             "--config",
             "-c",
-            help="Trainer config: with -b, its mesh.tensor and memory estimate shape the ladder.",
+            help="Trainer config: with -b, its mesh.tensor and HBM estimate shape the ladder.",
         ),
     ] = None,
     overrides: SetOpt = None,
@@ -234,10 +237,10 @@ def preflight(
 ) -> None:
     """Check that the cluster can run a run before anything is created (exit 1 if it cannot)."""
     from launcher.cli.connect import connect
-    from launcher.controller.launch import model_parallel, resolve_trainer_config
-    from launcher.core.capacity.checks import FAIL, Request
+    from launcher.controller.launch import model_parallel
+    from launcher.core.capacity.checks import Request
     from launcher.core.render import DNS1035
-    from launcher.preflight.gate import check_requests, failed, ladder, table
+    from launcher.preflight.gate import check_requests, failed, ladder
     from launcher.preflight.gate import preflight as run_preflight
 
     if not DNS1035.match(run) or len(run) > 63:  # the probe pod carries it as a label value
@@ -253,17 +256,7 @@ def preflight(
     inputs.run_dir("--run-dir", run_dir, here=False)
     shape = make_shape(preset, slices)
     sets = tuple(overrides or ())
-    profile_config = trainer_config(trainer, config)  # an unknown --trainer: exit 2 here
-    if trainer == TrainerProfile.MAXTEXT:
-        # MaxText's keys and config (launcher.core.maxtext); its batch plan is one device per rank.
-        from launcher.core.maxtext import config_args, parse_overrides
-
-        config_args(profile_config)
-        parse_overrides(sets)
-        resolved = None
-    else:
-        # As `plan`: without --config or --set, the batch plan alone (no trainer asked, no memory estimate).
-        resolved = resolve_trainer_config(config or "tiny", sets, strict=False) if config or sets else None
+    resolved = _ladder_config(trainer, config, sets)
     shapes, skipped = ladder(
         shape, global_batch, max_micro_batch, max_grad_accum, model_parallel(resolved, sets), resolved
     )
@@ -291,13 +284,37 @@ def preflight(
     if as_json:
         print_json([asdict(c) for c in checks])
     else:
-        console.print(
-            table(checks, f"preflight: {shape} in namespace {namespace}, run directory {directory}")
-        )
-        bad = [c.name for c in checks if c.status == FAIL]
-        console.print(f"preflight: {'cannot run: ' + ', '.join(bad) if bad else 'ready'}")
+        _print_checks(checks, f"preflight: {shape} in namespace {namespace}, run directory {directory}")
     if failed(checks):
         raise typer.Exit(1)
+
+
+def _ladder_config(trainer: str, config: str | None, sets: tuple[str, ...]) -> dict | None:
+    """The trainer config that shapes `preflight`'s ladder: with --config or --set, the resolved
+    config (its mesh.tensor and HBM estimate); None for the batch plan alone, and for MaxText,
+    whose keys and config are checked here (an unknown --trainer: exit 2)."""
+    from launcher.controller.launch import resolve_trainer_config
+
+    profile_config = trainer_config(trainer, config)  # an unknown --trainer: exit 2 here
+    if trainer == TrainerProfile.MAXTEXT:
+        # MaxText's keys and config (launcher.core.maxtext); its batch plan is one device per rank.
+        from launcher.core.maxtext import config_args, parse_overrides
+
+        config_args(profile_config)
+        parse_overrides(sets)
+        return None
+    # As `plan`: without --config or --set, the batch plan alone (no trainer asked, no HBM estimate).
+    return resolve_trainer_config(config or "tiny", sets, strict=False) if config or sets else None
+
+
+def _print_checks(checks: list[Check], title: str) -> None:
+    """Preflight's rows as a table under `title`, then its verdict: ready, or what cannot run."""
+    from launcher.core.capacity.checks import FAIL
+    from launcher.preflight.gate import table
+
+    console.print(table(checks, title))
+    bad = [c.name for c in checks if c.status == FAIL]
+    console.print(f"preflight: {'cannot run: ' + ', '.join(bad) if bad else 'ready'}")
 
 
 def demo(

@@ -97,7 +97,7 @@ def plan(
     catalog = load_catalog()
     shape = catalog.shape(preset, slices)
     sets = tuple(overrides or ())
-    # Without --config or --set: the batch plan alone (no trainer asked, no memory estimate).
+    # Without --config or --set: the batch plan alone (no trainer asked, no HBM estimate).
     resolved = resolve_trainer_config(config or "tiny", sets, strict=False) if config or sets else None
     rungs = shrink_ladder(
         shape,

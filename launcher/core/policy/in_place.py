@@ -145,7 +145,7 @@ def _reshape(
     leaving = tuple(s for s in seg.slice_ids if s not in slices and s not in queued)
     joining = tuple(s for s in slices if s not in seg.slice_ids)
     words = (
-        f"; world {nxt.index}: slices [{', '.join(slices)}] on {shape_words(rung)}"
+        f"; segment {nxt.index}: slices [{', '.join(slices)}] on {shape_words(rung)}"
         + (f", leaving: {', '.join(leaving)}" if leaving else "")
         + (f", queued in Kueue: {', '.join(queued)}" if queued else "")
         + (f", joining: {', '.join(joining)}" if joining else "")
@@ -185,9 +185,7 @@ def next_world(
     rung, why = chosen
     slices = worlds.world_slices((), (), rung.shape.slices)
     new = new_world(rec, obs, rung, slices, why)
-    reason = (
-        f"segment {new.index} (world {new.index}) on {shape_words(rung)}, slices [{', '.join(slices)}] {why}"
-    )
+    reason = f"segment {new.index} on {shape_words(rung)}, slices [{', '.join(slices)}] {why}"
     return Decision(
         Action.START_SEGMENT,
         reason,
@@ -212,7 +210,7 @@ def missing_slices(
     if extra:
         return Decision(
             Action.DELETE,
-            f"deleting the JobSet(s) of slice(s) {', '.join(extra)}, not in world {seg.index}",
+            f"deleting the JobSet(s) of slice(s) {', '.join(extra)}, not in segment {seg.index}",
             rec,
             slices_delete=extra,
         )
@@ -224,7 +222,7 @@ def missing_slices(
         return Decision(Action.WAIT, f"waiting for the old pods of slice(s) {', '.join(deleting)} to go", rec)
     return Decision(
         Action.CREATE_JOBSET,
-        f"creating the JobSet(s) of slice(s) {', '.join(absent)} of world {seg.index}",
+        f"creating the JobSet(s) of slice(s) {', '.join(absent)} of segment {seg.index}",
         rec,
         slices_create=absent,
     )
@@ -335,7 +333,7 @@ def slice_lost(
         if unadmitted:
             return Decision(
                 Action.WAIT,
-                f"waiting for Kueue to admit slice(s) {', '.join(unadmitted)} of world {seg.index}"
+                f"waiting for Kueue to admit slice(s) {', '.join(unadmitted)} of segment {seg.index}"
                 f" (grace {knobs.unschedulable_grace_s:.0f}s)",
                 rec,
                 wait=WaitReason.ADMISSION,
@@ -462,7 +460,7 @@ def slice_restarted(
         if hosts
         else "JobSet failure policy"
     )
-    reason = f"a slice of world {seg.index} restarted ({why}): the same slices in a new world"
+    reason = f"a slice of segment {seg.index} restarted ({why}): the same slices in a new segment"
     return _reshape(rec, obs, rung, seg.slice_ids, EndKind.RESTART, reason)
 
 
@@ -492,7 +490,7 @@ def world_grows(
             )
         reason = (
             f"growing {current} -> {requested} in place: slice(s) {', '.join(joining)} queued in Kueue"
-            f" {rec.spec.queue} (world {seg.index} trains on until they are admitted and their pods run)"
+            f" {rec.spec.queue} (segment {seg.index} trains on until they are admitted and their pods run)"
         )
         return Decision(
             Action.CREATE_JOBSET,
@@ -519,7 +517,7 @@ def world_grows(
         return _reshape(rec, obs, rung, slices, EndKind.GROW, reason)
     # The world trains on while the new slices' pods are scheduled and started; rule 7a takes them in.
     joining = tuple(s for s in slices if s not in seg.slice_ids)
-    reason += f": slice(s) {', '.join(joining)} joining (world {seg.index} trains on until their pods run)"
+    reason += f": slice(s) {', '.join(joining)} joining (segment {seg.index} trains on until their pods run)"
     return Decision(
         Action.CREATE_JOBSET,
         reason,
@@ -554,9 +552,7 @@ def slices_joining(
         )
 
     if any(lost(v) for v in views.values()):
-        reason = (
-            f"slice(s) {', '.join(seg.joining)} cannot join: their capacity is gone; world {seg.index} stays"
-        )
+        reason = f"slice(s) {', '.join(seg.joining)} cannot join: their capacity is gone; segment {seg.index} stays"
         return Decision(
             Action.DELETE,
             reason,
@@ -602,7 +598,7 @@ def world_waits(rec: RunRecord, obs: signals.Observation, ladder: list[Rung], ca
         for s in (*seg.slice_ids, *seg.joining)
         for v in [obs.slices.get(s)]
     )
-    words = f"world {seg.index} on {seg.shape(catalog)} ({states})"
+    words = f"segment {seg.index} on {seg.shape(catalog)} ({states})"
     # A world slice not admitted holds the world back (it is not published); a joining one only
     # its grow, while the world trains on.
     if held := [s for s in seg.slice_ids if not admitted(rec, obs.slices.get(s))]:

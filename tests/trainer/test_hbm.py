@@ -1,4 +1,5 @@
-"""``python -m trainer --memory`` (the AOT figure) and the launcher's analytic estimate of it."""
+"""``python -m trainer --hbm`` (the AOT figure) and the launcher's analytic estimate of it; ``--memory``,
+its former name, still accepted."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from launcher.embedded.kubelet import podenv
 from tests.trainer.runs import ROOT
 from trainer import config
 
-# A small dense decoder with every memory feature on: bf16, whole-block remat, query blocks of 128
+# A small dense decoder with every HBM-saving feature on: bf16, whole-block remat, query blocks of 128
 # of 512 positions, a chunked loss; fsdp 4 × tensor 2 on the 8 simulated devices. The blocked
 # attention said outright: what a CPU compiles, where the estimate of a TPU's splash kernel has no scores.
 MINI = [
@@ -25,14 +26,14 @@ MINI = [
 ]  # fmt: skip
 
 
-def test_memory_json_and_the_analytic_estimate_within_25_percent() -> None:
-    # Against XLA:CPU's default pipeline, as `--memory` compiles on a user's machine, not the
+def test_hbm_json_and_the_analytic_estimate_within_25_percent() -> None:
+    # Against XLA:CPU's default pipeline, as `--hbm` compiles on a user's machine, not the
     # embedded kubelet's (podenv.simulated_host, which this session runs with): its Eigen dots alone
     # needed 10 % less temporary memory for this step (54.0 MB against 59.9; estimate 71.9 MB).
     simulated = podenv.simulated_xla_flags("").split()
     flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f not in simulated)
     env = dict(os.environ, XLA_FLAGS=flags, JAX_NUM_CPU_DEVICES="8", RESLICE_GLOBAL_BATCH="16")
-    args = ["--config", "tiny", "--memory", *(a for s in MINI for a in ("--set", s))]
+    args = ["--config", "tiny", "--hbm", *(a for s in MINI for a in ("--set", s))]
     proc = subprocess.run(
         [sys.executable, "-m", "trainer", *args],
         env=env,
@@ -61,6 +62,22 @@ def test_memory_json_and_the_analytic_estimate_within_25_percent() -> None:
         "tiny", [*MINI, "model.attention_block=0", "model.loss_chunk=0"], {"RESLICE_GLOBAL_BATCH": "16"}
     )
     assert estimate(dataclasses.asdict(whole), plan)["total"] > 1.5 * est["total"]
+
+
+def test_memory_the_former_name_of_hbm_still_works_out_of_help(monkeypatch, capsys) -> None:
+    """``--memory`` runs what ``--hbm`` runs, saying on stderr that it is deprecated; ``--help`` shows
+    ``--hbm`` alone."""
+    from trainer import __main__ as cli
+    from trainer import hbm
+
+    monkeypatch.setenv("RESLICE_GLOBAL_BATCH", "16")
+    monkeypatch.setattr(hbm, "aot_hbm", lambda cfg: {"config": cfg.name, "per_device_bytes": 1})
+    for flag, note in (("--hbm", ""), ("--memory", "trainer: --memory is deprecated: it is now --hbm\n")):
+        assert cli.main(["--config", "tiny", flag]) == 0
+        out, err = capsys.readouterr()
+        assert json.loads(out) == {"config": "tiny", "per_device_bytes": 1} and err == note, flag
+    usage = cli._parser().format_help()
+    assert "--hbm" in usage and "--memory" not in usage
 
 
 def test_the_estimate_counts_the_parameters_the_trainer_builds_grouped_query_attention_and_qk_norm_included() -> (
