@@ -183,7 +183,6 @@ class Controller:
             obs = observe_run(rec, snap, progress, self.clock(), self.catalog, self.memos)
             ladder = run_ladder(rec.spec, rec.requested(self.catalog), self.catalog)
             decision = policy.decide(rec, obs, ladder, self.catalog)
-        decision = self._local_coordinator(decision)
         decided_at = time.time()  # the record's PUT follows: what the API server takes is after this
 
         entries = []
@@ -249,22 +248,6 @@ class Controller:
         if self.on_pass:
             self.on_pass(result)
         return result
-
-    def _local_coordinator(self, d: policy.Decision) -> policy.Decision:
-        """On the embedded cluster (the run's pods reach the API at `world_api`) a new world's
-        coordinator is `127.0.0.1:<a free port>` (docs/contract.md): picked here, before the record
-        is written, so that the world published is the one recorded."""
-        seg = d.record.current
-        if (
-            d.action not in {Action.START_SEGMENT, Action.NEW_WORLD}
-            or not d.record.spec.world_api
-            or seg is None
-        ):
-            return d
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        return replace(d, record=d.record.with_segment(replace(seg, coordinator=f"127.0.0.1:{port}")))
 
     def _publish_recorded(self, d: policy.Decision) -> bool:
         """Publish the world an in-place decision recorded (a new segment, or one whose JobSets are

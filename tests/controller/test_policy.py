@@ -45,8 +45,7 @@ def observe(
     return signals.observe(
         now=now,
         run="demo",
-        segment=seg.index if seg else None,
-        segment_jobset=seg.jobset if seg else None,
+        of=signals.OneJobSet(seg.index if seg else None, seg.jobset if seg else None),
         segment_nodepools=seg.nodepools if seg else (),
         expected_pods=seg.shape(CATALOG).hosts if seg else 0,
         jobsets=[jobset(seg.jobset)] if jobsets is None and seg else list(jobsets or []),

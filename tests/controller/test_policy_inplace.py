@@ -15,7 +15,6 @@ from launcher.core.labels import LABEL_JOBSET_UID, LABEL_SEGMENT, LABEL_SLICE
 from launcher.core.plan import shrink_ladder
 from launcher.core.record import Knobs, RunRecord
 from launcher.core.signals import observation as signals
-from launcher.core.signals.slices import slice_views
 from launcher.core.spec import RunSpec
 from launcher.core.words import Action, EndKind, RunState
 from tests.controller.objects import T0, jobset, pod, pool
@@ -79,6 +78,7 @@ def observe(
     jobsets=None,
     pods=None,
     since=T0,
+    local_port=None,
 ):
     """`placed`: slice id -> the pool its pods run on (None: unschedulable since T0 + 50)."""
     nodes = [n for i in range(pools) for n in pool(f"np-{i}", PRESET, since=since)]
@@ -93,11 +93,10 @@ def observe(
     )
     jobsets = jobsets if jobsets is not None else [slice_jobset(sid) for sid in placed]
     seg = rec.current
-    obs = signals.observe(
+    return signals.observe(
         now=now,
         run="demo",
-        segment=None,
-        segment_jobset=None,
+        of=signals.SliceJobSets(seg.index if seg else None, HOSTS, local_port),
         segment_nodepools=seg.nodepools if seg and seg.live else (),
         expected_pods=seg.shape(CATALOG).hosts if seg else 0,
         jobsets=jobsets,
@@ -108,8 +107,6 @@ def observe(
         committed_step=committed,
         trainer=None,
     )
-    pool_of = {n["metadata"]["name"]: n["metadata"]["labels"]["cloud.google.com/gke-nodepool"] for n in nodes}
-    return replace(obs, slices=slice_views("demo", jobsets, pods, pool_of, HOSTS))
 
 
 def decide(rec, obs):
@@ -303,6 +300,20 @@ CASES = [
                 "current.coordinator": f"demo-s0-slice-0-0.demo-s0:{PORT_0}",
             },
         ),
+    ),
+    Case(
+        # The embedded cluster (the pods read their world at `world_api`, and share the controller's
+        # host): the policy takes the port the controller observed free.
+        "on the embedded cluster a world's coordinator is the free local port observed",
+        lambda: replace(launched(), spec=replace(SPEC, world_api="http://127.0.0.1:6443")),
+        lambda rec: observe(rec, {}, local_port=40123),
+        Want(Action.START_SEGMENT, create=("0", "1"), record={"current.coordinator": "127.0.0.1:40123"}),
+    ),
+    Case(
+        "a new world on the embedded cluster takes the free local port observed",
+        lambda: replace(on_two_pools(), spec=replace(SPEC, world_api="http://127.0.0.1:6443")),
+        lambda rec: replace(slice_1_pool_lost(rec), local_port=40124),
+        Want(Action.NEW_WORLD, record={"current.index": 1, "current.coordinator": "127.0.0.1:40124"}),
     ),
     Case(
         "a lost pool shrinks in place keeping the survivor",
