@@ -544,7 +544,7 @@ CASES = [
         "a JobSet deleted behind our back ends the segment",
         lambda: record_on(4),
         lambda rec: observe(rec, jobsets=[]),
-        Want(Action.END, None, record={"current.end_kind": "lost"}),
+        Want(Action.END, None, record={"current.end_kind": EndKind.DISAPPEARED}),
     ),
     *(
         Case(

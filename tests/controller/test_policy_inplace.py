@@ -449,7 +449,7 @@ CASES = [
             create=(),
             record={
                 "current.slice_ids": ("0", "1"),
-                "segments.0.end_kind": EndKind.RESTART,
+                "segments.0.end_kind": EndKind.NEW_ATTEMPT,
                 "current.restarts": 1,
                 "current.attempts": (0, 1),
             },
@@ -535,7 +535,7 @@ CASES = [
             delete=(),
             create=(),
             reason=("host disruption", "slice(s) 1"),
-            record={"segments.0.end_kind": EndKind.RESTART, "app_failures": 0},
+            record={"segments.0.end_kind": EndKind.NEW_ATTEMPT, "app_failures": 0},
         ),
     ),
     Case(

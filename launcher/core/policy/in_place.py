@@ -464,7 +464,7 @@ def slice_restarted(
         else "JobSet failure policy"
     )
     reason = f"a slice of world {seg.index} restarted ({why}): the same slices in a new world"
-    return _reshape(rec, obs, rung, seg.slice_ids, EndKind.RESTART, reason)
+    return _reshape(rec, obs, rung, seg.slice_ids, EndKind.NEW_ATTEMPT, reason)
 
 
 def world_grows(

@@ -165,7 +165,7 @@ def jobset_gone(
             )
         reason = f"JobSet {seg.jobset} disappeared"
         return Decision(
-            Action.END, reason, end_segment(rec, obs, EndKind.LOST, reason, RunState.RESHAPING), None
+            Action.END, reason, end_segment(rec, obs, EndKind.DISAPPEARED, reason, RunState.RESHAPING), None
         )
     if obs.phase == Phase.COMPLETED:
         reason = (
