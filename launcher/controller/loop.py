@@ -35,6 +35,7 @@ from launcher.controller.lease import Leases
 from launcher.controller.snapshot import SOURCES, WATCHED, Created, EventsJoin, Snapshot, observe_run
 from launcher.core import policy
 from launcher.core import world as worlds
+from launcher.core.accounting import jobset_attempt
 from launcher.core.errors import UserError
 from launcher.core.labels import (
     LABEL_RUN,
@@ -406,14 +407,16 @@ class Controller:
         r = (trainer or {}).get("restored")
         if not isinstance(r, dict) or not r.get("from") or not isinstance(r.get("step"), int):
             return []
-        key = (run, r.get("segment"), r.get("restart_attempt"))
+        key = (run, r.get("segment"), jobset_attempt(r))
         if key in self._restores_seen:
             return []
         self._restores_seen.add(key)
         return [
             {
                 "kind": LedgerKind.RESTORE,
-                **{k: r.get(k) for k in ("segment", "restart_attempt", "from", "step")},
+                "segment": r.get("segment"),
+                "jobset_attempt": jobset_attempt(r),
+                **{k: r.get(k) for k in ("from", "step")},
                 "message": f"restored step {r['step']} from {r['from']}",
             }
         ]
