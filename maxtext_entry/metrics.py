@@ -51,7 +51,7 @@ class Incarnation:
     """Who trained: the contract's identity and plan fields of every record."""
 
     segment: int
-    restart_attempt: int
+    jobset_attempt: int
     devices: int
     micro_batch: int  # per device: MaxText's per_device_batch_size
     grad_accum: int
@@ -65,7 +65,7 @@ def record(line: dict, who: Incarnation, now: float, rbf_layers: list[float] | N
     out: dict = {
         "step": int(line["step"]) + 1,
         "segment": who.segment,
-        "restart_attempt": who.restart_attempt,
+        "jobset_attempt": who.jobset_attempt,
         "time": now,
     }
     if "learning/lm_loss" in line:

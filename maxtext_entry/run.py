@@ -41,7 +41,7 @@ RUNG_PREFIXES = ("dcn_", "ici_")
 class Context:
     run_dir: str
     segment: int
-    restart_attempt: int
+    jobset_attempt: int
     process_index: int
     who: metrics.Incarnation
     cpu: bool  # JAX_PLATFORMS=cpu: the embedded cluster's simulated devices
@@ -62,7 +62,7 @@ def context(cmd: Command, env: dict[str, str]) -> Context:
     return Context(
         run_dir=env.get("RESLICE_RUN_DIR") or cmd.keys["base_output_directory"],
         segment=segment,
-        restart_attempt=attempt,
+        jobset_attempt=attempt,
         process_index=num("RESLICE_SLICE_INDEX") * num("RESLICE_HOSTS_PER_SLICE", 1)
         + num("JOB_COMPLETION_INDEX"),
         who=metrics.Incarnation(
@@ -257,7 +257,7 @@ def supervise(cmd: Command, ctx: Context) -> int:
     local_metrics = os.path.join(workdir, "metrics.jsonl")  # MaxText's own metrics_file: local
     follow = _Metrics(local_metrics, ctx.who)
     if ctx.process_index == 0:
-        prefix, started = f"{ctx.segment:04d}-{ctx.restart_attempt:03d}", _now_ms()
+        prefix, started = f"{ctx.segment:04d}-{ctx.jobset_attempt:03d}", _now_ms()
         follow.records = storage.Sink(storage.join(ctx.run_dir, "metrics"), prefix, ".jsonl", started)
         follow.raw = storage.Sink(storage.join(ctx.run_dir, MAXTEXT_METRICS), prefix, ".jsonl", started)
         write_status(ctx, cmd, checkpoints.latest(directory))

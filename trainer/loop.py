@@ -89,7 +89,7 @@ class Recorder:
             for d, t, x in m["layers"]
         ]
         return {
-            "step": n, "segment": self.segment, "restart_attempt": self.attempt, "time": time.time(),
+            "step": n, "segment": self.segment, "jobset_attempt": self.attempt, "time": time.time(),
             "learning/loss": float(m["loss"]), "learning/total_loss": float(m["total_loss"]),
             "learning/moe_lb_loss": float(m["lb_loss"]), "learning/moe_z_loss": float(m["z_loss"]),
             "learning/lr": float(m["lr"]), "learning/grad_norm": float(m["grad_norm"]),
@@ -623,7 +623,7 @@ def _restore_or_init(
     }
     status["restored"] = {
         "segment": where.segment,
-        "restart_attempt": where.attempt,
+        "jobset_attempt": where.attempt,
         "from": restore_record["restore/from"],
         "step": restored.step,
     }
@@ -742,7 +742,7 @@ def _checkpoint_meta(
     def meta(step: int) -> dict[str, Any]:
         return {
             "step": step, "data_position": step * gb, "global_batch": gb, "segment": where.segment,
-            "restart_attempt": where.attempt, "config_hash": run_id.config_hash, "identity": run_id.identity,
+            "jobset_attempt": where.attempt, "config_hash": run_id.config_hash, "identity": run_id.identity,
             "run": env.get("RESLICE_RUN", ""), "shape": asdict(where.plan), "time": time.time(),
             **({"schedule": run_id.schedule} if run_id.schedule else {}),
         }  # fmt: skip

@@ -35,6 +35,7 @@ from launcher.controller.lease import Leases
 from launcher.controller.snapshot import SOURCES, WATCHED, Created, EventsJoin, Snapshot, observe_run
 from launcher.core import policy
 from launcher.core import world as worlds
+from launcher.core.accounting import jobset_attempt
 from launcher.core.errors import UserError
 from launcher.core.labels import (
     LABEL_RUN,
@@ -183,7 +184,6 @@ class Controller:
             obs = observe_run(rec, snap, progress, self.clock(), self.catalog, self.memos)
             ladder = run_ladder(rec.spec, rec.requested(self.catalog), self.catalog)
             decision = policy.decide(rec, obs, ladder, self.catalog)
-        decision = self._local_coordinator(decision)
         decided_at = time.time()  # the record's PUT follows: what the API server takes is after this
 
         entries = []
@@ -249,22 +249,6 @@ class Controller:
         if self.on_pass:
             self.on_pass(result)
         return result
-
-    def _local_coordinator(self, d: policy.Decision) -> policy.Decision:
-        """On the embedded cluster (the run's pods reach the API at `world_api`) a new world's
-        coordinator is `127.0.0.1:<a free port>` (docs/contract.md): picked here, before the record
-        is written, so that the world published is the one recorded."""
-        seg = d.record.current
-        if (
-            d.action not in {Action.START_SEGMENT, Action.NEW_WORLD}
-            or not d.record.spec.world_api
-            or seg is None
-        ):
-            return d
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        return replace(d, record=d.record.with_segment(replace(seg, coordinator=f"127.0.0.1:{port}")))
 
     def _publish_recorded(self, d: policy.Decision) -> bool:
         """Publish the world an in-place decision recorded (a new segment, or one whose JobSets are
@@ -423,14 +407,16 @@ class Controller:
         r = (trainer or {}).get("restored")
         if not isinstance(r, dict) or not r.get("from") or not isinstance(r.get("step"), int):
             return []
-        key = (run, r.get("segment"), r.get("restart_attempt"))
+        key = (run, r.get("segment"), jobset_attempt(r))
         if key in self._restores_seen:
             return []
         self._restores_seen.add(key)
         return [
             {
                 "kind": LedgerKind.RESTORE,
-                **{k: r.get(k) for k in ("segment", "restart_attempt", "from", "step")},
+                "segment": r.get("segment"),
+                "jobset_attempt": jobset_attempt(r),
+                **{k: r.get(k) for k in ("from", "step")},
                 "message": f"restored step {r['step']} from {r['from']}",
             }
         ]

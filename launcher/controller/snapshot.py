@@ -6,8 +6,9 @@ selectors, each object projected to the fields the signals read: launcher/adapte
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.adapters import projections
@@ -159,14 +160,17 @@ def observe_run(
     seg = rec.current
     live = seg if seg is not None and seg.live else None
     shape = seg.shape(catalog) if seg else None
-    # A run with a world (in place): its pods carry their slice, not a segment, so the observation of
-    # "the segment" is of every pod without a segment label, and each slice's own view is added below.
-    in_place = rules_for(rec.spec).WORLD
-    obs = signals.observe(
+    index = seg.index if seg else None
+    of: signals.OneJobSet | signals.SliceJobSets
+    if rules_for(rec.spec).WORLD:
+        hosts = shape.preset.hosts if shape else 0
+        of = signals.SliceJobSets(index, hosts, _free_port() if rec.spec.world_api else None)
+    else:
+        of = signals.OneJobSet(index, seg.jobset if seg else None)
+    return signals.observe(
         now=now,
         run=rec.name,
-        segment=None if in_place else seg.index if seg else None,
-        segment_jobset=None if in_place else seg.jobset if seg else None,
+        of=of,
         segment_nodepools=live.nodepools if live else (),
         expected_pods=shape.hosts if shape else 0,
         slice_hosts=shape.preset.hosts if shape else 0,
@@ -181,10 +185,11 @@ def observe_run(
         trainer=progress[1],
         memos=memos,
     )
-    if not in_place:
-        return obs
-    hosts = shape.preset.hosts if shape else 0
-    # Memoized: every pass recomputed each of the run's pods' view (3,072 at the seeds' scale),
-    # most of an in-place decision's time (bench.reslice_scale's epoch_decided_s).
-    views = memos.slices((rec.name, hosts), snap.jobsets, snap.pods, snap.nodes)
-    return replace(obs, segment=seg.index if seg else None, slices=views)
+
+
+def _free_port() -> int:
+    """A port free on this host now: on the embedded cluster the run's pods share it, and a new
+    world's coordinator is `127.0.0.1:<port>` (docs/contract.md), chosen by the policy."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -22,6 +22,7 @@ segment lands in exactly one of:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from launcher.core.record import RunRecord
 from launcher.core.words import EndKind, LedgerKind, RunState, StateSource
@@ -240,12 +241,19 @@ def pods_running_at(ledger: list[dict], segment: int, after: float) -> float:
     return after
 
 
+def jobset_attempt(row: dict) -> Any:
+    """The JobSet attempt of a trainer's record (a metrics row, status.json's `restored`): which
+    attempt of its (slice) JobSet the pod is. Records written before the key was renamed call it
+    `restart_attempt`: read too, never written."""
+    return row["jobset_attempt"] if "jobset_attempt" in row else row.get("restart_attempt")
+
+
 def incarnations(rows: list[tuple[int, dict]]) -> list[list[tuple[int, dict]]]:
-    """A segment's records (index, record), in time order, cut where the restart attempt changes:
+    """A segment's records (index, record), in time order, cut where the JobSet attempt changes:
     one list per trainer incarnation."""
     groups: list[list[tuple[int, dict]]] = []
     for j, m in rows:
-        if not groups or groups[-1][0][1].get("restart_attempt") != m.get("restart_attempt"):
+        if not groups or jobset_attempt(groups[-1][0][1]) != jobset_attempt(m):
             groups.append([])
         groups[-1].append((j, m))
     return groups

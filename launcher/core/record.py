@@ -31,6 +31,9 @@ SCHEMA_VERSION = 6
 # What records without a schema_version may hold that this reslice no longer has (section -> names).
 _RETIRED_V0 = {"policy": {"preemption_budget"}}
 TERMINAL = {RunState.FINISHED, RunState.FAILED, RunState.STOPPED}
+# A segment's `end_kind` as records written before the words were renamed spell it (read, never
+# written): "lost" is now capacity's word alone, "restart" the restart mode's.
+END_KINDS_RENAMED = {"lost": EndKind.DISAPPEARED, "restart": EndKind.NEW_ATTEMPT}
 
 
 @dataclass(frozen=True)
@@ -213,6 +216,7 @@ class RunRecord:
                     "joining": tuple(str(s) for s in seg.get("joining", ())),
                     "lost": tuple(str(s) for s in seg.get("lost", ())),
                     "attempts": tuple(int(a) for a in seg.get("attempts", ())),
+                    "end_kind": END_KINDS_RENAMED.get(kind, kind) if (kind := seg.get("end_kind")) else kind,
                 }
             )
             for seg in (known(s, Segment, "segments") for s in raw.pop("segments", []))

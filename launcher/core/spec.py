@@ -129,6 +129,19 @@ def restart_mode_error(restart_mode: str, trainer: str) -> str | None:
     return None
 
 
+def launch_restart_mode(restart_mode: str, slices: int, trainer: str) -> tuple[str, str | None]:
+    """The restart mode a launch on `slices` slices runs by, and the note that says why it is not
+    the one asked for (None when it is). In place on one slice restarts by recreate: a run's ladder
+    never has more slices than asked, so on one slice no slice survives a shape change to keep its
+    pods. A mode the trainer cannot use is left as asked, for `check` to name."""
+    if restart_mode == RestartMode.IN_PLACE and slices == 1 and not restart_mode_error(restart_mode, trainer):
+        return (
+            RestartMode.RECREATE,
+            "one slice: no slice survives a shape change to keep its pods; restarting by recreate",
+        )
+    return restart_mode, None
+
+
 def check(spec: RunSpec) -> None:
     """A launch request's spec, checked in one place (controller/launch.prepare, which `reslice
     launch`, the sweep and the demo go through): the options a person gives, each against what the

@@ -32,8 +32,12 @@ class EndKind(StrEnum):
     APP_FAILURE = "app-failure"  # JobSet gave up on application failures, or the budget is spent
     CAPACITY_LOST = "capacity-lost"  # shrinking, or moving to another node pool
     GROW = "grow"  # a larger shape has fitted for the grow window
-    LOST = "lost"  # its JobSet disappeared behind the controller's back
-    RESTART = "restart"  # in place: a slice of its world restarted under it; the same slices, a new world
+    # Its JobSet disappeared behind the controller's back. ("Lost" is kept for capacity: node pools
+    # gone or unhealthy; "gone" for the pools whose nodes were deleted.)
+    DISAPPEARED = "disappeared"
+    # In place: JobSet began a new attempt of a slice of its world (JobSet's restart, counted in
+    # its `restarts`); the same slices, a new world. ("Restart" is kept for the restart mode.)
+    NEW_ATTEMPT = "new-attempt"
     # A JobSet gave up (its own maxRestarts) on a host disruption: never the run's failure, so the
     # next segment starts at once, uncharged (docs/design.md "A rebooted host").
     HOST_DISRUPTION = "host-disruption"

@@ -62,9 +62,13 @@ def host0(run: str, slice_id: str) -> str:
     return f"{js}-{REPLICATED_JOB}-0-0.{js}"
 
 
-def coordinator(spec: RunSpec, slices: Sequence[str], epoch: int) -> str:
-    """Process 0 of a world on a real cluster: host 0 of its first slice, on this epoch's port. (On
-    the embedded cluster the controller picks `127.0.0.1:<a free port>` itself, as the contract says.)"""
+def coordinator(spec: RunSpec, slices: Sequence[str], epoch: int, local_port: int | None = None) -> str:
+    """Process 0 of a world. On a real cluster: host 0 of its first slice, on this epoch's port. On
+    the embedded cluster (the run's pods reach the API at `world_api`, and share the controller's
+    host): `127.0.0.1:<local_port>`, a port the controller found free (docs/contract.md)."""
+    if spec.world_api:
+        assert local_port is not None, "on the embedded cluster the controller observes a free port"
+        return f"127.0.0.1:{local_port}"
     return f"{host0(spec.run, slices[0])}:{epoch_port(spec.coordinator_port, epoch)}"
 
 

@@ -132,6 +132,213 @@ def _clear_leftovers(kube: Kube, run: str, timeout: float) -> None:
         time.sleep(0.2)
 
 
+class _SweepRun:
+    """One invocation of :func:`run_sweep`: the plans, each run's fate (decided before anything
+    acts), the runs in flight under the one controller, and the results so far. Each method is one
+    step of the sweep; `drive` is its loop."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        sweep: SweepSpec,
+        plans: list[FactorRun],
+        *,
+        console: Console,
+        live: bool,
+        stop: threading.Event,
+        on_start: Callable[[str, str], None] | None,
+        on_result: Callable[[FactorResult], None] | None,
+        resync_s: float,
+        lease_s: int,
+    ) -> None:
+        self.kube, self.sweep, self.plans, self.console, self.stop = kube, sweep, plans, console, stop
+        self.on_start, self.on_result = on_start, on_result
+        self.actions: dict[str, str] = {}
+        self.records: dict[str, RunRecord | None] = {}
+        self.results: dict[str, FactorResult] = {}
+        self.unmeasured: dict[str, str] = {}  # run -> why it left the sweep's shape
+        self.queue: list[FactorRun] = []
+        self.active: list[FactorRun] = []
+        self.controller = Controller(kube, resync_s=resync_s, lease_s=lease_s)
+        self.controller.on_pass = self.on_pass
+        self.changed = threading.Event()
+        self.ctl_stop = threading.Event()
+        self.loop = threading.Thread(
+            target=self.controller.run_forever,
+            args=(lambda: [p.run for p in self.active], self.ctl_stop),
+            daemon=True,
+        )
+        self.display = Live(console=console, refresh_per_second=4, transient=True) if live else None
+        self.throttle = Throttle(1.0)
+
+    def decide(self) -> None:
+        """Decide every run's fate before acting on any: a foreign run of the same name stops
+        everything. Runs finished earlier (or whose metrics are gone) get their result now; the
+        rest queue, live runs first: they already hold capacity."""
+        for p in self.plans:
+            got = self.kube.get_record(p.run)
+            rec = got[0] if got else None
+            if rec is not None and (
+                rec.spec.run_dir != p.record.spec.run_dir or rec.spec.overrides != p.record.spec.overrides
+            ):
+                raise UserError(
+                    f"run {p.run} already exists with other settings (run directory {rec.spec.run_dir}); "
+                    "choose another --name"
+                )
+            rd = RunDir(p.record.spec.run_dir, p.record.spec.trainer)
+            has_last = any(r.get("step") == self.sweep.steps for f in read_incarnations(rd) for r in f)
+            self.actions[p.run] = next_action(rec, rd.status(), has_last, self.sweep.steps)
+            self.records[p.run] = rec
+        for p in self.plans:
+            if self.actions[p.run] == DONE:
+                old = self.records[p.run]
+                self.results[p.run] = result_of(
+                    self.sweep, p.factor, RunState.FINISHED, old.reason if old else "finished earlier"
+                )
+            elif self.actions[p.run] == MISSING:
+                self.results[p.run] = FactorResult(
+                    p.factor,
+                    p.run,
+                    RunState.FINISHED,
+                    f"finished, but its metrics are gone from {p.record.spec.run_dir}",
+                )
+        done = sum(a == DONE for a in self.actions.values())
+        if done:
+            self.console.print(
+                f"sweep {self.sweep.name}: {done} of {len(self.plans)} runs finished earlier; not rerun"
+            )
+        self.queue = [p for p in self.plans if self.actions[p.run] == ATTACH] + [
+            p for p in self.plans if self.actions[p.run] in {LAUNCH, RELAUNCH}
+        ]
+
+    def on_pass(self, result: PassResult) -> None:
+        """After each pass has acted: a run the controller put on another shape stops at once,
+        before its new segment can train."""
+        d = result.decision
+        why = off_shape(d.record, self.sweep.preset, self.sweep.slices) if d is not None else None
+        if why is not None and result.run not in self.unmeasured:
+            self.unmeasured[result.run] = why
+            stop_run(self.kube, result.run, why)
+        self.changed.set()
+
+    def show(self) -> None:
+        if self.display is None or not self.throttle.ready():
+            return
+        panels: list[Any] = [
+            Text(f"sweep {self.sweep.name}: {len(self.results)}/{len(self.plans)} runs done", style="bold")
+        ]
+        for p in self.active:
+            got = self.kube.get_record(p.run)
+            if got:
+                rd = RunDir(p.record.spec.run_dir, p.record.spec.trainer)
+                panels.append(live_view(got[0], rd.latest_metrics(), rd.ledger(), rd.latest_committed_step()))
+        self.display.update(Group(*panels))
+
+    def start(self, p: FactorRun) -> None:
+        action = self.actions[p.run]
+        if action == ATTACH:
+            old = self.records[p.run]
+            assert old is not None  # ATTACH: a record exists (next_action)
+            self.console.print(f"{p.run}: attaching (it was left {old.state} by an interrupted sweep)")
+        else:
+            self.launch(p)
+        self.active.append(p)
+        self.controller.wake("sweep")
+        if self.on_start:  # (run, ATTACH | LAUNCH | RELAUNCH)
+            self.on_start(p.run, action)
+
+    def launch(self, p: FactorRun) -> None:
+        """Create the run afresh (LAUNCH, or RELAUNCH: the old record goes, its ledger in the run
+        directory stays), once its old JobSets and pods are gone."""
+        old = self.records[p.run]
+        rd = RunDir(p.record.spec.run_dir, p.record.spec.trainer)
+        if old is not None:
+            rd.log([{"time": time.time(), "kind": LedgerKind.RELAUNCH, "previous_state": old.state,
+                     "previous_reason": old.reason, "reason": f"sweep {self.sweep.name} reruns what is missing"}])  # fmt: skip
+            self.kube.delete_record(p.run)
+        # Its old pods get their grace period (the preset's notice unless the run names one,
+        # as the rendered pods have it), then a minute.
+        grace = grace_period(p.record.spec, p.record.requested(self.controller.catalog).preset)
+        _clear_leftovers(self.kube, p.run, timeout=grace + 60.0)
+        create_run(self.kube, replace(p.record, created_at=time.time()))
+        what = f"relaunched (was {old.state}: {old.reason})" if old is not None else "launched"
+        self.console.print(f"{p.run}: {what}; run directory {p.record.spec.run_dir}")
+
+    def finish(self, p: FactorRun, rec: RunRecord) -> None:
+        self.active.remove(p)
+        self.controller.release(p.run)
+        if p.run in self.unmeasured:  # its metrics, if any, are not all of the sweep's shape
+            r = FactorResult(p.factor, p.run, rec.state, self.unmeasured[p.run])
+        else:
+            r = result_of(self.sweep, p.factor, rec.state, rec.reason)
+        self.results[p.run] = r
+        if r.measured:
+            self.console.print(
+                f"{p.run}: {rec.state}: dropped {pct(r.dropped_fraction)}, step {ms(r.step_time_median_s)}"
+            )
+        else:
+            self.console.print(f"{p.run}: {rec.state}: {rec.reason}")
+        write_outputs(self.sweep, [self.results[q.run] for q in self.plans if q.run in self.results])
+        if self.on_result:
+            self.on_result(r)
+
+    def step(self) -> None:
+        """Start what the parallelism allows, wait for the controller (or a second), and finish
+        the runs that ended."""
+        while self.queue and len(self.active) < self.sweep.max_parallel and not self.stop.is_set():
+            self.start(self.queue.pop(0))
+        self.changed.wait(1.0)
+        self.changed.clear()
+        for p in list(self.active):
+            got = self.kube.get_record(p.run)
+            if got is None:
+                raise UserError(f"run {p.run}: its record disappeared (deleted by hand?)")
+            if got[0].terminal:
+                self.finish(p, got[0])
+        self.show()
+
+    def drive(self) -> None:
+        """Run the queue to its end, or until `stop` (or Ctrl-C); then stop the controller and
+        release the runs still live, so that a rerun takes over at once instead of waiting out the lease."""
+        if self.queue:
+            self.loop.start()
+            if self.display is not None:
+                self.display.start()
+        try:
+            while (self.queue or self.active) and not self.stop.is_set():
+                self.step()
+        except KeyboardInterrupt:
+            self.stop.set()
+        finally:
+            self.ctl_stop.set()
+            if self.loop.is_alive():
+                self.loop.join(timeout=10)
+            for p in self.active:
+                self.controller.release(p.run)
+            if self.display is not None:
+                self.display.stop()
+
+    def outcome(self) -> SweepOutcome:
+        """Every factor's result (those not yet started or still live listed, so that the outputs
+        say what is missing), the outputs written."""
+        interrupted = [p.run for p in self.active]
+        for p in self.plans:
+            if p.run not in self.results:
+                got = self.kube.get_record(p.run)
+                state = got[0].state if got else "NotLaunched"
+                self.results[p.run] = FactorResult(
+                    p.factor, p.run, state, "interrupted: rerun the sweep to finish it"
+                )
+        final = [self.results[p.run] for p in self.plans]
+        recommendation, outputs = write_outputs(self.sweep, final)
+        if interrupted or self.stop.is_set():
+            self.console.print(
+                f"sweep {self.sweep.name} interrupted; {', '.join(interrupted) or 'no run'} left running in the cluster. "
+                "Run the same command again to finish only what is missing."
+            )
+        return SweepOutcome(final, recommendation, outputs, interrupted)
+
+
 def run_sweep(
     kube: Kube,
     sweep: SweepSpec,
@@ -149,162 +356,18 @@ def run_sweep(
     """Run what is missing of the sweep, up to `sweep.max_parallel` runs at once, under one
     controller; write sweep.json/csv/png after every run that ends. `stop` (or Ctrl-C) detaches:
     live runs keep going in the cluster and the next invocation attaches to them."""
-    console = console or Console()
-    stop = stop or threading.Event()
-    plans = plan_sweep(sweep, template, knobs)
-
-    # Decide every run's fate before acting on any: a foreign run of the same name stops everything.
-    actions: dict[str, str] = {}
-    records: dict[str, RunRecord | None] = {}
-    for p in plans:
-        got = kube.get_record(p.run)
-        rec = got[0] if got else None
-        if rec is not None and (
-            rec.spec.run_dir != p.record.spec.run_dir or rec.spec.overrides != p.record.spec.overrides
-        ):
-            raise UserError(
-                f"run {p.run} already exists with other settings (run directory {rec.spec.run_dir}); "
-                "choose another --name"
-            )
-        rd = RunDir(p.record.spec.run_dir, p.record.spec.trainer)
-        has_last = any(r.get("step") == sweep.steps for f in read_incarnations(rd) for r in f)
-        actions[p.run], records[p.run] = next_action(rec, rd.status(), has_last, sweep.steps), rec
-
-    results: dict[str, FactorResult] = {}
-    for p in plans:
-        if actions[p.run] == DONE:
-            old = records[p.run]
-            results[p.run] = result_of(
-                sweep, p.factor, RunState.FINISHED, old.reason if old else "finished earlier"
-            )
-        elif actions[p.run] == MISSING:
-            results[p.run] = FactorResult(
-                p.factor,
-                p.run,
-                RunState.FINISHED,
-                f"finished, but its metrics are gone from {p.record.spec.run_dir}",
-            )
-    done = sum(a == DONE for a in actions.values())
-    if done:
-        console.print(f"sweep {sweep.name}: {done} of {len(plans)} runs finished earlier; not rerun")
-
-    # Live runs first: they already hold capacity.
-    queue = [p for p in plans if actions[p.run] == ATTACH] + [
-        p for p in plans if actions[p.run] in {LAUNCH, RELAUNCH}
-    ]
-    active: list[FactorRun] = []
-    controller = Controller(kube, resync_s=resync_s, lease_s=lease_s)
-    changed = threading.Event()
-    unmeasured: dict[str, str] = {}  # run -> why it left the sweep's shape
-
-    def on_pass(result: PassResult) -> None:
-        """After each pass has acted: a run the controller put on another shape stops at once,
-        before its new segment can train."""
-        d = result.decision
-        why = off_shape(d.record, sweep.preset, sweep.slices) if d is not None else None
-        if why is not None and result.run not in unmeasured:
-            unmeasured[result.run] = why
-            stop_run(kube, result.run, why)
-        changed.set()
-
-    controller.on_pass = on_pass
-    ctl_stop = threading.Event()
-    loop = threading.Thread(
-        target=controller.run_forever, args=(lambda: [p.run for p in active], ctl_stop), daemon=True
+    run = _SweepRun(
+        kube,
+        sweep,
+        plan_sweep(sweep, template, knobs),
+        console=console or Console(),
+        live=live,
+        stop=stop or threading.Event(),
+        on_start=on_start,
+        on_result=on_result,
+        resync_s=resync_s,
+        lease_s=lease_s,
     )
-    display = Live(console=console, refresh_per_second=4, transient=True) if live else None
-    throttle = Throttle(1.0)
-
-    def show() -> None:
-        if display is None or not throttle.ready():
-            return
-        panels: list[Any] = [Text(f"sweep {sweep.name}: {len(results)}/{len(plans)} runs done", style="bold")]
-        for p in active:
-            got = kube.get_record(p.run)
-            if got:
-                rd = RunDir(p.record.spec.run_dir, p.record.spec.trainer)
-                panels.append(live_view(got[0], rd.latest_metrics(), rd.ledger(), rd.latest_committed_step()))
-        display.update(Group(*panels))
-
-    def start(p: FactorRun) -> None:
-        action = actions[p.run]
-        if action == ATTACH:
-            console.print(f"{p.run}: attaching (it was left {records[p.run].state} by an interrupted sweep)")  # type: ignore[union-attr]  # ATTACH: a record exists (next_action)
-        else:
-            old = records[p.run]
-            rd = RunDir(p.record.spec.run_dir, p.record.spec.trainer)
-            if old is not None:  # RELAUNCH: the old record goes, its ledger in the run directory stays
-                rd.log([{"time": time.time(), "kind": LedgerKind.RELAUNCH, "previous_state": old.state,
-                         "previous_reason": old.reason, "reason": f"sweep {sweep.name} reruns what is missing"}])  # fmt: skip
-                kube.delete_record(p.run)
-            # Its old pods get their grace period (the preset's notice unless the run names one,
-            # as the rendered pods have it), then a minute.
-            grace = grace_period(p.record.spec, p.record.requested(controller.catalog).preset)
-            _clear_leftovers(kube, p.run, timeout=grace + 60.0)
-            create_run(kube, replace(p.record, created_at=time.time()))
-            what = f"relaunched (was {old.state}: {old.reason})" if old is not None else "launched"
-            console.print(f"{p.run}: {what}; run directory {p.record.spec.run_dir}")
-        active.append(p)
-        controller.wake("sweep")
-        if on_start:  # (run, ATTACH | LAUNCH | RELAUNCH)
-            on_start(p.run, action)
-
-    def finish(p: FactorRun, rec: RunRecord) -> None:
-        active.remove(p)
-        controller.release(p.run)
-        if p.run in unmeasured:  # its metrics, if any, are not all of the sweep's shape
-            r = FactorResult(p.factor, p.run, rec.state, unmeasured[p.run])
-        else:
-            r = result_of(sweep, p.factor, rec.state, rec.reason)
-        results[p.run] = r
-        if r.measured:
-            console.print(
-                f"{p.run}: {rec.state}: dropped {pct(r.dropped_fraction)}, step {ms(r.step_time_median_s)}"
-            )
-        else:
-            console.print(f"{p.run}: {rec.state}: {rec.reason}")
-        write_outputs(sweep, [results[q.run] for q in plans if q.run in results])
-        if on_result:
-            on_result(r)
-
-    if queue:
-        loop.start()
-        if display is not None:
-            display.start()
-    try:
-        while (queue or active) and not stop.is_set():
-            while queue and len(active) < sweep.max_parallel and not stop.is_set():
-                start(queue.pop(0))
-            changed.wait(1.0)
-            changed.clear()
-            for p in list(active):
-                got = kube.get_record(p.run)
-                if got is None:
-                    raise UserError(f"run {p.run}: its record disappeared (deleted by hand?)")
-                if got[0].terminal:
-                    finish(p, got[0])
-            show()
-    except KeyboardInterrupt:
-        stop.set()
-    finally:
-        ctl_stop.set()
-        if loop.is_alive():
-            loop.join(timeout=10)
-        for p in active:
-            controller.release(p.run)  # a rerun takes over at once instead of waiting out the lease
-        if display is not None:
-            display.stop()
-    interrupted = [p.run for p in active]
-    for p in plans:  # not yet started or still live: listed, so the outputs say what is missing
-        if p.run not in results:
-            got = kube.get_record(p.run)
-            state = got[0].state if got else "NotLaunched"
-            results[p.run] = FactorResult(p.factor, p.run, state, "interrupted: rerun the sweep to finish it")
-    final = [results[p.run] for p in plans]
-    recommendation, outputs = write_outputs(sweep, final)
-    if interrupted or stop.is_set():
-        console.print(
-            f"sweep {sweep.name} interrupted; {', '.join(interrupted) or 'no run'} left running in the cluster. "
-            "Run the same command again to finish only what is missing."
-        )
-    return SweepOutcome(final, recommendation, outputs, interrupted)
+    run.decide()
+    run.drive()
+    return run.outcome()

@@ -213,9 +213,9 @@ def test_a_pass_before_the_watch_delivers_a_create_sees_the_jobset_created(tmp_p
         finally:
             halt.set()
     assert first.decision.action == Action.START_SEGMENT
-    assert second.observation.jobset_uid == uid and second.decision.action not in {
+    assert second.observation.jobset.uid == uid and second.decision.action not in {
         Action.START_SEGMENT,
         Action.CREATE_JOBSET,
     }
     assert requests.get(("create", "jobsets")) == 1, requests
-    assert third.observation.jobset_uid == uid and not controller._created, "the cache took over"
+    assert third.observation.jobset.uid == uid and not controller._created, "the cache took over"

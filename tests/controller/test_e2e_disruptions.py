@@ -24,7 +24,7 @@ def node_pool_of(h: Harness, run: str) -> str:
 
 
 def attempts(metrics: list[dict]) -> list[int]:
-    return sorted({m["restart_attempt"] for m in metrics})
+    return sorted({m["jobset_attempt"] for m in metrics})
 
 
 def test_preemption_then_hard_kill(tmp_path):
@@ -63,18 +63,18 @@ def test_preemption_then_hard_kill(tmp_path):
     assert seg.restarts == 2 and seg.restarts_counted == 1
     assert rec.preemptions() == 1 and rec.app_failures == 0
     # Acceptance 1: the preemption recomputed nothing.
-    first_attempt = [m for m in after_preempt if m["restart_attempt"] == 0]
-    second_attempt = [m for m in after_preempt if m["restart_attempt"] == 1]
+    first_attempt = [m for m in after_preempt if m["jobset_attempt"] == 0]
+    second_attempt = [m for m in after_preempt if m["jobset_attempt"] == 1]
     assert min(m["step"] for m in second_attempt) == max(m["step"] for m in first_attempt) + 1
     assert recomputed(after_preempt) == 0
     # Acceptance 2: the hard kill resumed from the latest committed checkpoint and recomputed only
     # the steps recorded past it. Saves are asynchronous and one may be in flight at the kill
     # (the trainer runs on while it commits; the next save waits for it), so that is up to two
     # intervals, not one: a one-layer step is fast enough on a loaded machine to get 9 steps past.
-    third = [m for m in metrics if m["restart_attempt"] == 2]
+    third = [m for m in metrics if m["jobset_attempt"] == 2]
     resumed = min(m["step"] for m in third) - 1
     assert resumed >= committed
-    redone = {m["step"] for m in metrics if m["restart_attempt"] == 1 and m["step"] > resumed}
+    redone = {m["step"] for m in metrics if m["jobset_attempt"] == 1 and m["step"] > resumed}
     assert 0 < recomputed(metrics) == len(redone) <= 2 * INTERVAL
     assert attempts(metrics) == [0, 1, 2]
     assert sorted(kept_steps(metrics)) == list(range(1, PREEMPTED_STEPS + 1))
@@ -145,8 +145,8 @@ def test_a_rebooted_host_is_a_host_disruption_not_an_application_failure(tmp_pat
     # Nothing is lost beyond the latest committed checkpoint, and the steps trained again give the
     # losses the first computation gave, bit for bit (same shape: a clean resume).
     assert attempts(metrics)[0] == 0 and len(attempts(metrics)) >= 2
-    first = {m["step"] for m in metrics if m["restart_attempt"] == 0}
-    assert min(m["step"] for m in metrics if m["restart_attempt"] > 0) == committed + 1
+    first = {m["step"] for m in metrics if m["jobset_attempt"] == 0}
+    assert min(m["step"] for m in metrics if m["jobset_attempt"] > 0) == committed + 1
     assert 2 <= len({s for s in first if s > committed}) < INTERVAL  # trained again after the crash
     computed: dict[int, set] = {}
     for m in metrics:

@@ -264,7 +264,7 @@ def test_a_rebooted_host_then_a_crashed_one_in_place_each_cost_at_most_one_step(
     assert rec.state == RunState.FINISHED, rec.segments
     rebooted, crashed, shrunk = rec.segments
     assert (rebooted.slice_ids, crashed.slice_ids, shrunk.slice_ids) == (("0", "1"), ("0", "1"), ("0",))
-    assert rebooted.end_kind == EndKind.RESTART and "host disruption" in (rebooted.end_reason or "")
+    assert rebooted.end_kind == EndKind.NEW_ATTEMPT and "host disruption" in (rebooted.end_reason or "")
     assert crashed.end_kind == EndKind.CAPACITY_LOST
     assert rec.app_failures == 0 and len(rec.host_disruptions) == 1, rec
     status = build_report(rec, metrics, ledger, rec.finished_at or 0.0).as_dict()

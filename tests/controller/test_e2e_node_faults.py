@@ -28,7 +28,7 @@ def _node(h: Harness, run: str) -> str:
 
 
 def _attempt(h: Harness, run: str) -> int:
-    return max((m["restart_attempt"] for m in h.rundir(run).metrics()), default=-1)
+    return max((m["jobset_attempt"] for m in h.rundir(run).metrics()), default=-1)
 
 
 def _signal(run, sig: int) -> None:

@@ -45,8 +45,7 @@ def observe(
     return signals.observe(
         now=now,
         run="demo",
-        segment=seg.index if seg else None,
-        segment_jobset=seg.jobset if seg else None,
+        of=signals.OneJobSet(seg.index if seg else None, seg.jobset if seg else None),
         segment_nodepools=seg.nodepools if seg else (),
         expected_pods=seg.shape(CATALOG).hosts if seg else 0,
         jobsets=[jobset(seg.jobset)] if jobsets is None and seg else list(jobsets or []),
@@ -545,7 +544,7 @@ CASES = [
         "a JobSet deleted behind our back ends the segment",
         lambda: record_on(4),
         lambda rec: observe(rec, jobsets=[]),
-        Want(Action.END, None, record={"current.end_kind": "lost"}),
+        Want(Action.END, None, record={"current.end_kind": EndKind.DISAPPEARED}),
     ),
     *(
         Case(

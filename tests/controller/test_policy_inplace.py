@@ -1,7 +1,11 @@
 """The policy's in-place rules (launcher/core/policy/in_place.py RULES): (record, observation of the
-run's slices) -> one decision, case by case, on the objects the signals read."""
+run's slices) -> one decision, on the objects the signals read. Table-driven, as test_policy.py: each
+case a name, the run record (a builder), the observation of it (a builder), and the decision expected
+(`Want`); a case that needs the pass before it starts from that pass's record (`decided`)."""
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pytest
 
@@ -11,7 +15,6 @@ from launcher.core.labels import LABEL_JOBSET_UID, LABEL_SEGMENT, LABEL_SLICE
 from launcher.core.plan import shrink_ladder
 from launcher.core.record import Knobs, RunRecord
 from launcher.core.signals import observation as signals
-from launcher.core.signals.slices import slice_views
 from launcher.core.spec import RunSpec
 from launcher.core.words import Action, EndKind, RunState
 from tests.controller.objects import T0, jobset, pod, pool
@@ -75,6 +78,7 @@ def observe(
     jobsets=None,
     pods=None,
     since=T0,
+    local_port=None,
 ):
     """`placed`: slice id -> the pool its pods run on (None: unschedulable since T0 + 50)."""
     nodes = [n for i in range(pools) for n in pool(f"np-{i}", PRESET, since=since)]
@@ -89,11 +93,10 @@ def observe(
     )
     jobsets = jobsets if jobsets is not None else [slice_jobset(sid) for sid in placed]
     seg = rec.current
-    obs = signals.observe(
+    return signals.observe(
         now=now,
         run="demo",
-        segment=None,
-        segment_jobset=None,
+        of=signals.SliceJobSets(seg.index if seg else None, HOSTS, local_port),
         segment_nodepools=seg.nodepools if seg and seg.live else (),
         expected_pods=seg.shape(CATALOG).hosts if seg else 0,
         jobsets=jobsets,
@@ -104,176 +107,15 @@ def observe(
         committed_step=committed,
         trainer=None,
     )
-    pool_of = {n["metadata"]["name"]: n["metadata"]["labels"]["cloud.google.com/gke-nodepool"] for n in nodes}
-    return replace(obs, slices=slice_views("demo", jobsets, pods, pool_of, HOSTS))
 
 
 def decide(rec, obs):
     return policy.decide(rec, obs, LADDER, CATALOG)
 
 
-def test_the_first_world_starts_every_slice_with_its_coordinator_on_slice_0() -> None:
-    d = decide(launched(), observe(launched(), {}))
-    assert d.action == Action.START_SEGMENT and d.slices_create == ("0", "1")
-    seg = d.record.current
-    assert seg.slice_ids == ("0", "1") and seg.index == 0
-    assert seg.coordinator == f"demo-s0-slice-0-0.demo-s0:{world.epoch_port(SPEC.coordinator_port, 0)}"
-
-
-def test_a_lost_pool_shrinks_in_place_keeping_the_survivor() -> None:
-    rec = on_world(("0", "1"), nodepools=("np-0", "np-1"))
-    # np-1 is gone: its nodes deleted, slice 1's pods failed and removed, its JobSet restarting.
-    d = decide(rec, observe(rec, {"0": "np-0", "1": None}, pools=1))
-    assert d.action == Action.NEW_WORLD, d.reason
-    assert (d.slices_delete, d.slices_create, d.force) == (("1",), (), True)
-    ended, nxt = d.record.segments
-    assert ended.end_kind == EndKind.CAPACITY_LOST and not ended.live
-    assert nxt.index == 1 and nxt.slice_ids == ("0",) and nxt.live
-    assert nxt.devices * nxt.micro_batch * nxt.grad_accum == GB
-    assert nxt.coordinator.endswith(f":{world.epoch_port(SPEC.coordinator_port, 1)}")
-    # Slice 1's processes are gone: the next world says so, and the survivors' trainers are killed.
-    assert nxt.lost == ("1",)
-
-
-@pytest.mark.parametrize(
-    "slice_1_pods",
-    [
-        pytest.param(lambda: slice_pods("1", "np-1"), id="left-on-deleted-nodes"),
-        pytest.param(lambda: [], id="deleted-not-yet-replaced"),
-    ],
-)
-def test_a_deleted_pool_loses_its_slice_at_once(slice_1_pods) -> None:
-    # np-1's nodes (and so their pool label) are gone: slice 1's pods are still bound to them, or
-    # already deleted and not yet replaced. Its pool is the world's one that no slice is on now.
-    rec = on_world(("0", "1"), nodepools=("np-0", "np-1"))
-    obs = observe(rec, {}, pools=1, pods=slice_pods("0", "np-0") + slice_1_pods(),
-                  jobsets=[slice_jobset("0"), slice_jobset("1")])  # fmt: skip
-    assert obs.slices["1"].pools == () and obs.slices["1"].unschedulable == 0
-    d = decide(rec, obs)
-    assert d.action == Action.NEW_WORLD and d.force, d.reason
-    assert d.record.current.slice_ids == ("0",) and d.record.current.lost == ("1",)
-
-
-def test_a_deleted_pool_with_two_slices_on_no_pool_waits_for_a_clearer_sign() -> None:
-    # Slice 0 restarting (its new pods not scheduled yet, inside the grace) when np-1 goes: which
-    # slice was on np-1 cannot be told yet.
-    rec = on_world(("0", "1"), nodepools=("np-0", "np-1"))
-    obs = observe(rec, {}, pools=2, pods=[p for p in slice_pods("0", None, unschedulable_since=T0 + 90)],
-                  jobsets=[slice_jobset("0"), slice_jobset("1")])  # fmt: skip
-    obs = replace(obs, lost_nodepools=("np-1",), gone_nodepools=("np-1",))
-    d = decide(rec, obs)
-    assert d.action != Action.NEW_WORLD, d.reason
-
-
-def test_an_unhealthy_pool_shrinks_without_saying_its_slice_is_gone() -> None:
-    # np-1's nodes NotReady but not deleted: slice 1's processes may still run, and the survivors'
-    # trainers get SIGTERM (they save the step in flight if it can finish).
-    rec = on_world(("0", "1"), nodepools=("np-0", "np-1"))
-    obs = replace(
-        observe(rec, {"0": "np-0", "1": "np-1"}), lost_nodepools=("np-1",), capacity={PRESET: (T0,)}
-    )
-    d = decide(rec, obs)
-    assert d.action == Action.NEW_WORLD and not d.force, d.reason
-    assert d.record.current.slice_ids == ("0",) and d.record.current.lost == ()
-    doc = world.document(SPEC, CATALOG.preset(PRESET), d.record.current, T0)
-    assert "lost" not in doc
-
-
-def test_the_coordinators_slice_lost_moves_process_0_to_the_survivor() -> None:
-    rec = on_world(("0", "1"), nodepools=("np-0", "np-1"))
-    nodes_left = observe(rec, {"0": None, "1": "np-1"}, pools=2)
-    # np-0 gone: only np-1 remains.
-    obs = replace(nodes_left, lost_nodepools=("np-0",), gone_nodepools=("np-0",), capacity={PRESET: (T0,)})
-    d = decide(rec, obs)
-    assert d.action == Action.NEW_WORLD and d.slices_delete == ("0",)
-    assert d.record.current.slice_ids == ("1",)
-    assert d.record.current.coordinator.startswith("demo-s1-slice-0-0.demo-s1:")
-    doc = world.document(SPEC, CATALOG.preset(PRESET), d.record.current, T0)
-    assert doc["lost"] == ["0"] and doc["slices"] == ["1"]
-
-
-def test_a_world_grows_with_a_new_slice_once_it_committed_and_capacity_held() -> None:
-    rec = on_world(("0",), nodepools=("np-0",), start_step=5)
-    d = decide(rec, observe(rec, {"0": "np-0"}, committed=10))
-    # The new slice's JobSet first; world 0 trains on meanwhile.
-    assert d.action == Action.CREATE_JOBSET and d.slices_create == ("1",) and d.slices_delete == ()
-    joining = d.record
-    assert joining.current.index == 0 and joining.current.joining == ("1",) and joining.current.live
-    # Its pods pending: wait (no second JobSet, no new world).
-    pending = observe(joining, {"0": "np-0"}, jobsets=[slice_jobset("0"), slice_jobset("1")])
-    assert decide(joining, pending).action == Action.WAIT
-    # Running: the next world takes it in after the survivor.
-    d = decide(joining, observe(joining, {"0": "np-0", "1": "np-1"}))
-    assert d.action == Action.NEW_WORLD and (d.slices_create, d.slices_delete) == ((), ())
-    assert d.record.current.slice_ids == ("0", "1") and d.record.segments[0].end_kind == EndKind.GROW
-    assert d.record.current.joining == ()
-    # Its pool lost before it ran: dropped, its JobSet deleted, world 0 stays.
-    gone = observe(joining, {"0": "np-0", "1": None}, pools=1)
-    d = decide(joining, gone)
-    assert d.action == Action.DELETE and d.slices_delete == ("1",) and d.record.current.joining == ()
-    # The old JobSet of id 1 still going: wait for it rather than create over it.
-    stale = observe(rec, {"0": "np-0"}, jobsets=[slice_jobset("0"), slice_jobset("1", deleting=True)])
-    assert decide(rec, stale).action == Action.WAIT
-    # Nothing committed in this world yet: no grow.
-    assert decide(rec, observe(rec, {"0": "np-0"}, committed=5)).action == Action.WAIT
-
-
-def test_a_slice_restarted_under_the_world_gets_a_new_world_of_the_same_slices() -> None:
-    rec = on_world(("0", "1"))
-    restarted = [slice_jobset("0"), slice_jobset("1", restarts=1)]
-    pods = slice_pods("0", "np-0") + slice_pods("1", "np-1", attempt=1)
-    d = decide(rec, observe(rec, {"0": "np-0", "1": "np-1"}, jobsets=restarted, pods=pods))
-    assert d.action == Action.NEW_WORLD and d.record.current.slice_ids == ("0", "1")
-    assert d.record.segments[0].end_kind == EndKind.RESTART and d.record.current.restarts == 1
-    assert (d.slices_delete, d.slices_create) == ((), ())
-    # The world is for slice 1's pods of attempt 1: those of attempt 1 that came up while world 0
-    # was still published did not join it (trainer/elastic/world.py `other_attempt`).
-    assert rec.current.attempts == (0, 0) and d.record.current.attempts == (0, 1)
-    assert world.document(SPEC, CATALOG.preset(PRESET), d.record.current, T0)["attempts"] == {"0": 0, "1": 1}
-    # Still coming back up: wait.
-    back = observe(rec, {"0": "np-0", "1": None}, jobsets=restarted)
-    assert decide(rec, back).action == Action.WAIT
-
-
-def test_a_missing_slice_jobset_is_created_and_a_stray_one_deleted() -> None:
-    rec = on_world(("0", "1"))
-    d = decide(rec, observe(rec, {"0": "np-0"}, jobsets=[slice_jobset("0")]))
-    assert d.action == Action.CREATE_JOBSET and d.slices_create == ("1",)
-    stray = observe(rec, {"0": "np-0", "1": "np-1", "2": "np-1"})
-    d = decide(rec, stray)
-    assert d.action == Action.DELETE and d.slices_delete == ("2",)
-
-
-def test_a_failed_slice_ends_the_world_as_an_application_failure() -> None:
-    rec = on_world(("0", "1"))
-    failed = slice_jobset("1", condition=("Failed", "FailedJobs", "jobs failed"))
-    d = decide(rec, observe(rec, {"0": "np-0", "1": "np-1"}, jobsets=[slice_jobset("0"), failed]))
-    assert d.action == Action.END and set(d.slices_delete) == {"0", "1"}
-    assert d.record.app_failures == 1 and d.record.current.end_kind == EndKind.APP_FAILURE
-
-
-def test_crashes_counted_by_several_slice_jobsets_spend_the_runs_max_restarts() -> None:
-    rec = on_world(("0", "1"))
-
-    def crashed(rec: RunRecord, a: int, b: int):
-        """Slice 0's JobSet restarted `a` times for crashes, slice 1's `b` times; both running again."""
-        jobsets = [slice_jobset("0", restarts=a, counted=a), slice_jobset("1", restarts=b, counted=b)]
-        pods = slice_pods("0", "np-0", attempt=a) + slice_pods("1", "np-1", attempt=b)
-        return observe(rec, {"0": "np-0", "1": "np-1"}, jobsets=jobsets, pods=pods)
-
-    # Each below its own maxRestarts (10) and together at it: a new world of the same slices.
-    assert decide(rec, crashed(rec, 5, 5)).action == Action.NEW_WORLD
-    # Together over it, though each is below: the crash loop ends the run, as a recreate run's one
-    # JobSet would have failed at its 11th counted crash (and rule 4 counted it 10 + 1).
-    d = decide(rec, crashed(rec, 6, 5))
-    assert d.action == Action.FAIL and d.record.state == RunState.FAILED, d.reason
-    assert d.record.app_failures == 11 and "crash loop" in d.reason
-    assert set(d.slices_delete) == {"0", "1"}
-    # max_restarts 0: the first counted crash ends the world, with the run's budget's backoff.
-    strict = replace(rec, spec=replace(SPEC, max_restarts=0))
-    d = decide(strict, crashed(strict, 0, 1))
-    assert d.action == Action.END and d.record.app_failures == 1, d.reason
-    assert d.record.next_submit_at == T0 + 100 + KNOBS.app_backoff_s and set(d.slices_delete) == {"0", "1"}
+def decided(rec: RunRecord, obs: Callable[[RunRecord], signals.Observation]) -> RunRecord:
+    """The record one pass writes: the start of a case that needs the pass before it."""
+    return decide(rec, obs(rec)).record
 
 
 def rebooted(sid: str, attempt: int = 0) -> dict:
@@ -285,53 +127,486 @@ def rebooted(sid: str, attempt: int = 0) -> dict:
     return p
 
 
-def test_a_rebooted_host_restarts_its_slice_in_a_new_world_counted_by_nobody() -> None:
+# --- the records the cases start from -----------------------------------------------------------
+
+
+def on_two_pools() -> RunRecord:
+    return on_world(("0", "1"), nodepools=("np-0", "np-1"))
+
+
+def grown_from_step_5() -> RunRecord:
+    return on_world(("0",), nodepools=("np-0",), start_step=5)
+
+
+def joining_slice_1() -> RunRecord:
+    """World 0 of slice 0, slice 1's JobSet created to join it (the grow's first pass)."""
+    return decided(grown_from_step_5(), lambda rec: observe(rec, {"0": "np-0"}, committed=10))
+
+
+def restarts_at_most(n: int) -> Callable[[], RunRecord]:
+    return lambda: replace(on_world(("0", "1")), spec=replace(SPEC, max_restarts=n))
+
+
+def slice_1_rebooted(rec: RunRecord, attempt: int = 0) -> signals.Observation:
+    return observe(rec, {"0": "np-0", "1": "np-1"}, pods=slice_pods("0", "np-0") + [rebooted("1", attempt)])
+
+
+def slice_1_back(restarts: int) -> Callable[[RunRecord], signals.Observation]:
+    """Slice 1's JobSet restarted (and counted) `restarts` times, its pods running again: the
+    rebooted pod deleted by the restart before the next pass saw it."""
+    jobsets = [slice_jobset("0"), slice_jobset("1", restarts=restarts, counted=restarts)]
+    pods = slice_pods("0", "np-0") + slice_pods("1", "np-1", attempt=restarts)
+    return lambda rec: observe(rec, {"0": "np-0", "1": "np-1"}, jobsets=jobsets, pods=pods)
+
+
+def rebooted_once() -> RunRecord:
     # max_restarts 1 (each slice JobSet may restart once): slice 1's host rebooted at attempt 0;
     # its Job failed (no podFailurePolicy rule matches a host's reboot upstream), JobSet restarted
     # the slice and counted it. The run books a host disruption, not an application failure.
-    rec = replace(on_world(("0", "1")), spec=replace(SPEC, max_restarts=1))
-    failed = observe(rec, {"0": "np-0", "1": "np-1"}, pods=slice_pods("0", "np-0") + [rebooted("1")])
-    rec = decide(rec, failed).record
-    assert rec.host_disruptions == ("uid-demo-s1/0",) and rec.app_failures == 0
-    # The pod is deleted (JobSet's restart) before the next pass saw it: it is in the departed.
-    jobsets = [slice_jobset("0"), slice_jobset("1", restarts=1, counted=1)]
-    pods = slice_pods("0", "np-0") + slice_pods("1", "np-1", attempt=1)
-    back = observe(rec, {"0": "np-0", "1": "np-1"}, jobsets=jobsets, pods=pods)
-    d = decide(rec, back)
-    assert d.action == Action.NEW_WORLD and (d.slices_delete, d.slices_create) == ((), ()), d.reason
-    assert "host disruption" in d.reason and "slice(s) 1" in d.reason
-    assert d.record.segments[0].end_kind == EndKind.RESTART and d.record.app_failures == 0
-    # A second reboot of the same slice: JobSet's count (2) is over max_restarts 1, the run's is 0.
-    rec = d.record
-    again = observe(rec, {"0": "np-0", "1": "np-1"}, pods=slice_pods("0", "np-0") + [rebooted("1", 1)])
-    rec = replace(decide(rec, again).record, spec=rec.spec)
-    assert rec.host_disruptions == ("uid-demo-s1/0", "uid-demo-s1/1")
-    jobsets = [slice_jobset("0"), slice_jobset("1", restarts=2, counted=2)]
-    pods = slice_pods("0", "np-0") + slice_pods("1", "np-1", attempt=2)
-    d = decide(rec, observe(rec, {"0": "np-0", "1": "np-1"}, jobsets=jobsets, pods=pods))
-    assert d.action == Action.NEW_WORLD and d.record.app_failures == 0, d.reason
-    # The same counts without the reboots booked: crashes, over max_restarts: the world ends.
-    crashes = replace(rec, host_disruptions=())
-    d = decide(crashes, observe(crashes, {"0": "np-0", "1": "np-1"}, jobsets=jobsets, pods=pods))
-    assert d.action == Action.END and d.record.app_failures == 2, d.reason
+    return decided(restarts_at_most(1)(), slice_1_rebooted)
 
 
-def test_a_slice_jobset_that_gave_up_on_a_reboot_starts_the_world_again_uncharged() -> None:
-    # max_restarts 0: JobSet fails the slice at its first counted restart, a reboot's. Its JobSet
-    # cannot restart again, so every slice starts afresh: no backoff, nothing spent.
-    rec = replace(on_world(("0", "1")), spec=replace(SPEC, max_restarts=0))
-    gave_up = slice_jobset("1", condition=("Failed", "ReachedMaxRestarts", "jobset reached max restarts"))
-    obs = observe(
+def rebooted_once_and_back() -> RunRecord:
+    return decided(rebooted_once(), slice_1_back(1))
+
+
+def rebooted_twice() -> RunRecord:
+    """A second reboot of the same slice, booked."""
+    rec = rebooted_once_and_back()
+    return replace(decided(rec, lambda r: slice_1_rebooted(r, 1)), spec=rec.spec)
+
+
+# --- the observations -----------------------------------------------------------------------------
+
+
+def slice_1_pool_lost(rec: RunRecord) -> signals.Observation:
+    """np-1 is gone: its nodes deleted, slice 1's pods failed and removed, its JobSet restarting."""
+    return observe(rec, {"0": "np-0", "1": None}, pools=1)
+
+
+def pool_1_deleted(slice_1_pods: Callable[[], list[dict]]) -> Callable[[RunRecord], signals.Observation]:
+    """np-1's nodes (and so their pool label) are gone: slice 1's pods are still bound to them, or
+    already deleted and not yet replaced. Its pool is the world's one that no slice is on now."""
+    return lambda rec: observe(
         rec,
-        {"0": "np-0", "1": "np-1"},
-        jobsets=[slice_jobset("0"), gave_up],
-        pods=slice_pods("0", "np-0") + [rebooted("1")],
+        {},
+        pools=1,
+        pods=slice_pods("0", "np-0") + slice_1_pods(),
+        jobsets=[slice_jobset("0"), slice_jobset("1")],
     )
+
+
+def slice_0_restarting_when_pool_1_goes(rec: RunRecord) -> signals.Observation:
+    # Slice 0 restarting (its new pods not scheduled yet, inside the grace) when np-1 goes: which
+    # slice was on np-1 cannot be told yet.
+    obs = observe(rec, {}, pools=2, pods=slice_pods("0", None, unschedulable_since=T0 + 90),
+                  jobsets=[slice_jobset("0"), slice_jobset("1")])  # fmt: skip
+    return replace(obs, lost_nodepools=("np-1",), gone_nodepools=("np-1",))
+
+
+def pool_1_unhealthy(rec: RunRecord) -> signals.Observation:
+    # np-1's nodes NotReady but not deleted: slice 1's processes may still run, and the survivors'
+    # trainers get SIGTERM (they save the step in flight if it can finish).
+    obs = observe(rec, {"0": "np-0", "1": "np-1"})
+    return replace(obs, lost_nodepools=("np-1",), capacity={PRESET: (T0,)})
+
+
+def pool_0_gone(rec: RunRecord) -> signals.Observation:
+    """np-0 gone: only np-1 remains."""
+    obs = observe(rec, {"0": None, "1": "np-1"}, pools=2)
+    return replace(obs, lost_nodepools=("np-0",), gone_nodepools=("np-0",), capacity={PRESET: (T0,)})
+
+
+SLICE_1_RESTARTED = [slice_jobset("0"), slice_jobset("1", restarts=1)]
+
+
+def crashed(a: int, b: int) -> Callable[[RunRecord], signals.Observation]:
+    """Slice 0's JobSet restarted `a` times for crashes, slice 1's `b` times; both running again."""
+    jobsets = [slice_jobset("0", restarts=a, counted=a), slice_jobset("1", restarts=b, counted=b)]
+    pods = slice_pods("0", "np-0", attempt=a) + slice_pods("1", "np-1", attempt=b)
+    return lambda rec: observe(rec, {"0": "np-0", "1": "np-1"}, jobsets=jobsets, pods=pods)
+
+
+# --- the table ----------------------------------------------------------------------------------
+
+ANY = object()  # the decision's field is not what the case is about
+ABSENT = object()  # the world document has no such key
+
+
+@dataclass(frozen=True)
+class Not:
+    """Any action but this one."""
+
+    action: str
+
+
+@dataclass(frozen=True)
+class Want:
+    action: str | Not | object  # ANY: the case is about the record the pass writes
+    create: tuple[str, ...] | object = ANY  # slices_create
+    delete: tuple[str, ...] | frozenset[str] | object = ANY  # slices_delete (a frozenset: in any order)
+    force: bool | None = None
+    reason: tuple[str, ...] = ()  # substrings of the decision's reason
+    record: dict[str, Any] = field(default_factory=dict)  # path in the record written -> value
+    document: dict[str, Any] = field(default_factory=dict)  # key of its world document -> value
+
+
+# Record fields the table names that are not plain attributes.
+DERIVED: dict[str, Callable[[RunRecord], Any]] = {
+    "current.batch": lambda r: r.current.devices * r.current.micro_batch * r.current.grad_accum,
+    "current.coordinator host": lambda r: r.current.coordinator.rpartition(":")[0],
+    "current.coordinator port": lambda r: int(r.current.coordinator.rpartition(":")[2]),
+    "len(segments)": lambda r: len(r.segments),
+}
+
+
+def at(value: Any, path: str) -> Any:
+    """`a.b.0.c`: attributes, keys of a mapping, indexes of a sequence."""
+    if isinstance(value, RunRecord) and path in DERIVED:
+        return DERIVED[path](value)
+    for name in path.split("."):
+        if isinstance(value, dict):
+            value = value[name]
+        elif name.isdigit():
+            value = value[int(name)]
+        else:
+            value = getattr(value, name)
+    return value
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    record: Callable[[], RunRecord]
+    observation: Callable[[RunRecord], signals.Observation]
+    want: Want
+    given: dict[str, Any] = field(default_factory=dict)  # path in the record decided on -> value
+    observed: dict[str, Any] = field(default_factory=dict)  # path in the observation -> value
+
+
+PORT_0, PORT_1 = (world.epoch_port(SPEC.coordinator_port, e) for e in (0, 1))
+
+CASES = [
+    Case(
+        "the first world starts every slice with its coordinator on slice 0",
+        launched,
+        lambda rec: observe(rec, {}),
+        Want(
+            Action.START_SEGMENT,
+            create=("0", "1"),
+            record={
+                "current.slice_ids": ("0", "1"),
+                "current.index": 0,
+                "current.coordinator": f"demo-s0-slice-0-0.demo-s0:{PORT_0}",
+            },
+        ),
+    ),
+    Case(
+        # The embedded cluster (the pods read their world at `world_api`, and share the controller's
+        # host): the policy takes the port the controller observed free.
+        "on the embedded cluster a world's coordinator is the free local port observed",
+        lambda: replace(launched(), spec=replace(SPEC, world_api="http://127.0.0.1:6443")),
+        lambda rec: observe(rec, {}, local_port=40123),
+        Want(Action.START_SEGMENT, create=("0", "1"), record={"current.coordinator": "127.0.0.1:40123"}),
+    ),
+    Case(
+        "a new world on the embedded cluster takes the free local port observed",
+        lambda: replace(on_two_pools(), spec=replace(SPEC, world_api="http://127.0.0.1:6443")),
+        lambda rec: replace(slice_1_pool_lost(rec), local_port=40124),
+        Want(Action.NEW_WORLD, record={"current.index": 1, "current.coordinator": "127.0.0.1:40124"}),
+    ),
+    Case(
+        "a lost pool shrinks in place keeping the survivor",
+        on_two_pools,
+        slice_1_pool_lost,
+        Want(
+            Action.NEW_WORLD,
+            delete=("1",),
+            create=(),
+            force=True,
+            record={
+                "len(segments)": 2,
+                "segments.0.end_kind": EndKind.CAPACITY_LOST,
+                "segments.0.live": False,
+                "current.index": 1,
+                "current.slice_ids": ("0",),
+                "current.live": True,
+                "current.batch": GB,
+                "current.coordinator port": PORT_1,
+                # Slice 1's processes are gone: the next world says so, and the survivors' trainers are killed.
+                "current.lost": ("1",),
+            },
+        ),
+    ),
+    *(
+        Case(
+            f"a deleted pool loses its slice at once ({how})",
+            on_two_pools,
+            pool_1_deleted(slice_1_pods),
+            Want(Action.NEW_WORLD, force=True, record={"current.slice_ids": ("0",), "current.lost": ("1",)}),
+            observed={"slices.1.pools": (), "slices.1.unschedulable": 0},
+        )
+        for how, slice_1_pods in (
+            ("left on deleted nodes", lambda: slice_pods("1", "np-1")),
+            ("deleted, not yet replaced", lambda: []),
+        )
+    ),
+    Case(
+        "a deleted pool with two slices on no pool waits for a clearer sign",
+        on_two_pools,
+        slice_0_restarting_when_pool_1_goes,
+        Want(Not(Action.NEW_WORLD)),
+    ),
+    Case(
+        "an unhealthy pool shrinks without saying its slice is gone",
+        on_two_pools,
+        pool_1_unhealthy,
+        Want(
+            Action.NEW_WORLD,
+            force=False,
+            record={"current.slice_ids": ("0",), "current.lost": ()},
+            document={"lost": ABSENT},
+        ),
+    ),
+    Case(
+        "the coordinator's slice lost moves process 0 to the survivor",
+        on_two_pools,
+        pool_0_gone,
+        Want(
+            Action.NEW_WORLD,
+            delete=("0",),
+            record={"current.slice_ids": ("1",), "current.coordinator host": "demo-s1-slice-0-0.demo-s1"},
+            document={"lost": ["0"], "slices": ["1"]},
+        ),
+    ),
+    Case(
+        # The new slice's JobSet first; world 0 trains on meanwhile.
+        "a world grows with a new slice once it committed and capacity held",
+        grown_from_step_5,
+        lambda rec: observe(rec, {"0": "np-0"}, committed=10),
+        Want(
+            Action.CREATE_JOBSET,
+            create=("1",),
+            delete=(),
+            record={"current.index": 0, "current.joining": ("1",), "current.live": True},
+        ),
+    ),
+    Case(
+        "a joining slice's pods pending: wait (no second JobSet, no new world)",
+        joining_slice_1,
+        lambda rec: observe(rec, {"0": "np-0"}, jobsets=[slice_jobset("0"), slice_jobset("1")]),
+        Want(Action.WAIT),
+    ),
+    Case(
+        "a joining slice running: the next world takes it in after the survivor",
+        joining_slice_1,
+        lambda rec: observe(rec, {"0": "np-0", "1": "np-1"}),
+        Want(
+            Action.NEW_WORLD,
+            create=(),
+            delete=(),
+            record={
+                "current.slice_ids": ("0", "1"),
+                "segments.0.end_kind": EndKind.GROW,
+                "current.joining": (),
+            },
+        ),
+    ),
+    Case(
+        "a joining slice's pool lost before it ran: dropped, its JobSet deleted, world 0 stays",
+        joining_slice_1,
+        lambda rec: observe(rec, {"0": "np-0", "1": None}, pools=1),
+        Want(Action.DELETE, delete=("1",), record={"current.joining": ()}),
+    ),
+    Case(
+        "the old JobSet of a slice id still going: wait for it rather than create over it",
+        grown_from_step_5,
+        lambda rec: observe(
+            rec, {"0": "np-0"}, jobsets=[slice_jobset("0"), slice_jobset("1", deleting=True)]
+        ),
+        Want(Action.WAIT),
+    ),
+    Case(
+        "nothing committed in this world yet: no grow",
+        grown_from_step_5,
+        lambda rec: observe(rec, {"0": "np-0"}, committed=5),
+        Want(Action.WAIT),
+    ),
+    Case(
+        # The world is for slice 1's pods of attempt 1: those of attempt 1 that came up while world 0
+        # was still published did not join it (trainer/elastic/world.py `other_attempt`).
+        "a slice restarted under the world gets a new world of the same slices",
+        lambda: on_world(("0", "1")),
+        lambda rec: observe(
+            rec,
+            {"0": "np-0", "1": "np-1"},
+            jobsets=SLICE_1_RESTARTED,
+            pods=slice_pods("0", "np-0") + slice_pods("1", "np-1", attempt=1),
+        ),
+        Want(
+            Action.NEW_WORLD,
+            delete=(),
+            create=(),
+            record={
+                "current.slice_ids": ("0", "1"),
+                "segments.0.end_kind": EndKind.NEW_ATTEMPT,
+                "current.restarts": 1,
+                "current.attempts": (0, 1),
+            },
+            document={"attempts": {"0": 0, "1": 1}},
+        ),
+        given={"current.attempts": (0, 0)},
+    ),
+    Case(
+        "a slice restarted under the world, still coming back up: wait",
+        lambda: on_world(("0", "1")),
+        lambda rec: observe(rec, {"0": "np-0", "1": None}, jobsets=SLICE_1_RESTARTED),
+        Want(Action.WAIT),
+    ),
+    Case(
+        "a missing slice JobSet is created",
+        lambda: on_world(("0", "1")),
+        lambda rec: observe(rec, {"0": "np-0"}, jobsets=[slice_jobset("0")]),
+        Want(Action.CREATE_JOBSET, create=("1",)),
+    ),
+    Case(
+        "a stray slice JobSet is deleted",
+        lambda: on_world(("0", "1")),
+        lambda rec: observe(rec, {"0": "np-0", "1": "np-1", "2": "np-1"}),
+        Want(Action.DELETE, delete=("2",)),
+    ),
+    Case(
+        "a failed slice ends the world as an application failure",
+        lambda: on_world(("0", "1")),
+        lambda rec: observe(
+            rec,
+            {"0": "np-0", "1": "np-1"},
+            jobsets=[slice_jobset("0"), slice_jobset("1", condition=("Failed", "FailedJobs", "jobs failed"))],
+        ),
+        Want(
+            Action.END,
+            delete=frozenset({"0", "1"}),
+            record={"app_failures": 1, "current.end_kind": EndKind.APP_FAILURE},
+        ),
+    ),
+    Case(
+        # Each below its own maxRestarts (10) and together at it: a new world of the same slices.
+        "crashes counted by several slice JobSets within the run's max_restarts: a new world",
+        lambda: on_world(("0", "1")),
+        crashed(5, 5),
+        Want(Action.NEW_WORLD),
+    ),
+    Case(
+        # Together over it, though each is below: the crash loop ends the run, as a recreate run's one
+        # JobSet would have failed at its 11th counted crash (and rule 4 counted it 10 + 1).
+        "crashes counted by several slice JobSets over the run's max_restarts: the run fails",
+        lambda: on_world(("0", "1")),
+        crashed(6, 5),
+        Want(
+            Action.FAIL,
+            delete=frozenset({"0", "1"}),
+            reason=("crash loop",),
+            record={"state": RunState.FAILED, "app_failures": 11},
+        ),
+    ),
+    Case(
+        # max_restarts 0: the first counted crash ends the world, with the run's budget's backoff.
+        "max_restarts 0: the first counted crash ends the world",
+        restarts_at_most(0),
+        crashed(0, 1),
+        Want(
+            Action.END,
+            delete=frozenset({"0", "1"}),
+            record={"app_failures": 1, "next_submit_at": T0 + 100 + KNOBS.app_backoff_s},
+        ),
+    ),
+    Case(
+        "a rebooted host is booked as a host disruption, not an application failure",
+        restarts_at_most(1),
+        slice_1_rebooted,
+        Want(ANY, record={"host_disruptions": ("uid-demo-s1/0",), "app_failures": 0}),
+    ),
+    Case(
+        "a rebooted host restarts its slice in a new world counted by nobody",
+        rebooted_once,
+        slice_1_back(1),
+        Want(
+            Action.NEW_WORLD,
+            delete=(),
+            create=(),
+            reason=("host disruption", "slice(s) 1"),
+            record={"segments.0.end_kind": EndKind.NEW_ATTEMPT, "app_failures": 0},
+        ),
+    ),
+    Case(
+        # JobSet's count (2) is over max_restarts 1, the run's is 0.
+        "a second reboot of the same slice: a new world, still counted by nobody",
+        rebooted_twice,
+        slice_1_back(2),
+        Want(Action.NEW_WORLD, record={"app_failures": 0}),
+        given={"host_disruptions": ("uid-demo-s1/0", "uid-demo-s1/1")},
+    ),
+    Case(
+        "the same counts without the reboots booked: crashes over max_restarts end the world",
+        lambda: replace(rebooted_twice(), host_disruptions=()),
+        slice_1_back(2),
+        Want(Action.END, record={"app_failures": 2}),
+    ),
+    Case(
+        # max_restarts 0: JobSet fails the slice at its first counted restart, a reboot's. Its JobSet
+        # cannot restart again, so every slice starts afresh: no backoff, nothing spent.
+        "a slice JobSet that gave up on a reboot starts the world again uncharged",
+        restarts_at_most(0),
+        lambda rec: observe(
+            rec,
+            {"0": "np-0", "1": "np-1"},
+            jobsets=[
+                slice_jobset("0"),
+                slice_jobset("1", condition=("Failed", "ReachedMaxRestarts", "jobset reached max restarts")),
+            ],
+            pods=slice_pods("0", "np-0") + [rebooted("1")],
+        ),
+        Want(
+            Action.END,
+            delete=frozenset({"0", "1"}),
+            reason=("host disruption",),
+            record={
+                "current.end_kind": EndKind.HOST_DISRUPTION,
+                "app_failures": 0,
+                "next_submit_at": 0.0,
+                "state": RunState.RESHAPING,
+            },
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_policy_in_place(case: Case) -> None:
+    rec = case.record()
+    assert {path: at(rec, path) for path in case.given} == case.given
+    obs = case.observation(rec)
+    assert {path: at(obs, path) for path in case.observed} == case.observed
     d = decide(rec, obs)
-    assert d.action == Action.END and set(d.slices_delete) == {"0", "1"}, d.reason
-    assert d.record.current.end_kind == EndKind.HOST_DISRUPTION and "host disruption" in d.reason
-    assert d.record.app_failures == 0 and d.record.next_submit_at == 0.0
-    assert d.record.state == RunState.RESHAPING
+    want = case.want
+    if isinstance(want.action, Not):
+        assert d.action != want.action.action, d.reason
+    elif want.action is not ANY:
+        assert d.action == want.action, d.reason
+    if want.create is not ANY:
+        assert d.slices_create == want.create
+    if isinstance(want.delete, frozenset):
+        assert set(d.slices_delete) == want.delete
+    elif want.delete is not ANY:
+        assert d.slices_delete == want.delete
+    if want.force is not None:
+        assert d.force is want.force
+    for part in want.reason:
+        assert part in d.reason, f"{part!r} not in {d.reason!r}"
+    assert {path: at(d.record, path) for path in want.record} == want.record
+    if want.document:
+        doc = world.document(SPEC, CATALOG.preset(PRESET), d.record.current, T0)
+        assert {k: doc.get(k, ABSENT) for k in want.document} == want.document
 
 
 def test_the_world_beats_while_it_waits_for_a_slice_being_recreated() -> None:

@@ -9,6 +9,7 @@ import pytest
 from launcher.core.errors import UserError
 from launcher.core.record import SCHEMA_VERSION, Knobs, RunRecord, Segment
 from launcher.core.spec import RunSpec
+from launcher.core.words import EndKind
 
 SEGMENT = Segment(
     index=0, preset="tpu7x-2x2x2", slices=2, devices=16, micro_batch=2, grad_accum=1,
@@ -82,6 +83,18 @@ def test_an_in_place_segment_keeps_its_world_and_a_version_3_record_has_none() -
     old = RunRecord.from_json(json.dumps(raw))
     assert old.spec.restart_mode == "recreate" and old.segments[0].slice_ids == ()
     assert back.segments[0].lost == ("3",) and old.segments[0].lost == ()
+
+
+def test_a_record_written_before_the_end_kinds_were_renamed_reads_them_in_the_new_words() -> None:
+    """EndKind.DISAPPEARED was "lost" and EndKind.NEW_ATTEMPT "restart": a record in the cluster
+    from before says so in the old spelling, and reads back in the new."""
+    rec = replace(RECORD, segments=(replace(RECORD.segments[0], ended_at=6.0, end_kind=EndKind.DISAPPEARED),))
+    raw = as_dict(rec)
+    assert raw["segments"][0]["end_kind"] == "disappeared"
+    for old, new in (("lost", EndKind.DISAPPEARED), ("restart", EndKind.NEW_ATTEMPT)):
+        raw["segments"][0]["end_kind"] = old
+        assert RunRecord.from_json(json.dumps(raw)).segments[0].end_kind == new
+    assert RunRecord.from_json(rec.to_json()) == rec
 
 
 def test_a_version_1_record_loads_its_knobs_from_policy() -> None:

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from launcher.adapters.preset_files import make_shape
-from launcher.core.accounting import CATEGORIES, build_report, waiting_intervals
+from launcher.core.accounting import CATEGORIES, build_report, incarnations, jobset_attempt, waiting_intervals
 from launcher.core.plan import Plan
 from launcher.core.record import RunRecord, new_segment
 from launcher.core.spec import RunSpec
@@ -83,7 +83,7 @@ def preempted_in_place():
                   finished_at=T0 + 30)  # fmt: skip
 
     def step(n, attempt, t, **extra):
-        return {"step": n, "segment": 0, "restart_attempt": attempt, "time": T0 + t,
+        return {"step": n, "segment": 0, "jobset_attempt": attempt, "time": T0 + t,
                 "perf/step_time_seconds": 1.0, "perf/data_loading_seconds": 0.01, **extra}  # fmt: skip
 
     metrics = [
@@ -265,3 +265,21 @@ def test_in_place_steps_after_the_next_world_is_published_stay_with_their_segmen
     assert first.badput.productive == pytest.approx(6.0) and first.badput.goodput <= 1.0
     assert second.badput.goodput <= 1.0
     assert first.badput.wall + second.badput.wall == pytest.approx(report.badput.wall)
+
+
+def test_records_written_before_the_rename_say_restart_attempt_and_read_alike():
+    """A metrics row or status.json's `restored` written before `jobset_attempt` was renamed calls it
+    `restart_attempt`: read as the same, so an old run directory's report is unchanged."""
+    rows = [
+        (0, {"step": 1, "jobset_attempt": 0}),
+        (1, {"step": 2, "jobset_attempt": 0}),
+        (2, {"step": 2, "jobset_attempt": 1}),
+    ]
+    old = [(j, {"step": m["step"], "restart_attempt": m["jobset_attempt"]}) for j, m in rows]
+    assert (
+        [[j for j, _ in g] for g in incarnations(old)]
+        == [[j for j, _ in g] for g in incarnations(rows)]
+        == [[0, 1], [2]]
+    )
+    assert jobset_attempt({"restart_attempt": 2}) == 2 and jobset_attempt({"jobset_attempt": 3}) == 3
+    assert jobset_attempt({}) is None

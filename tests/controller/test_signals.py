@@ -21,8 +21,7 @@ def observe(*, pods=(), nodes=(), jobsets=(jobset(),), events=(), segment=0, exp
     args = dict(
         now=kw.get("now", T0 + 100),
         run="demo",
-        segment=segment,
-        segment_jobset=f"demo-{segment}",
+        of=signals.OneJobSet(segment, f"demo-{segment}"),
         segment_nodepools=seg_pools,
         expected_pods=expected,
         jobsets=list(jobsets),
@@ -100,7 +99,7 @@ def test_old_attempt_pods_still_terminating_means_restarting():
         pod(f"q{i}", attempt=1) for i in range(4)
     ]
     obs = observe(pods=pods, nodes=FOUR_POOLS, jobsets=[jobset(restarts=1)])
-    assert obs.phase == Phase.RESTARTING and obs.restarts == 1
+    assert obs.phase == Phase.RESTARTING and obs.jobset.restarts == 1
 
 
 def test_unschedulable_pods_since_and_message():
@@ -222,7 +221,7 @@ def test_jobset_terminal_conditions(condition, phase, kind):
     )
     assert obs.phase == phase
     assert (obs.failure.kind if obs.failure else None) == kind
-    assert (obs.restarts, obs.restarts_counted) == (3, 2)
+    assert (obs.jobset.restarts, obs.jobset.restarts_counted) == (3, 2)
 
 
 def test_kueue_suspension():
@@ -304,7 +303,7 @@ def test_an_observation_from_the_caches_tuples_follows_every_change():
     def obs(nodes, **kw):
         base = {"jobsets": (jobset(),), "pods": pods, "nodes": nodes, "events": ()}
         return signals.observe(
-            now=kw.get("now", T0 + 100), run="demo", segment=kw.get("segment", 0), segment_jobset="demo-0",
+            now=kw.get("now", T0 + 100), run="demo", of=signals.OneJobSet(kw.get("segment", 0), "demo-0"),
             segment_nodepools=("np-0", "np-1", "np-2", "np-3"), expected_pods=4, presets=PRESETS, committed_step=kw.get("step"),
             trainer=None, slice_hosts=1, memos=memos, **{**base, **kw.get("over", {})},
         )  # fmt: skip

@@ -12,7 +12,7 @@ from launcher.core.errors import UserError
 from launcher.core.labels import LABEL_RUN, LABEL_SEGMENT, LABEL_SLICE
 from launcher.core.record import Segment
 from launcher.core.render import render_jobset, render_slice_jobset, render_world_access
-from launcher.core.spec import RESERVED_PORTS, RunSpec, check
+from launcher.core.spec import RESERVED_PORTS, RunSpec, check, launch_restart_mode
 from tests.support.schemas import jobset_errors, validate_job_template
 from trainer.elastic import world as trainer_world
 
@@ -98,6 +98,23 @@ def test_in_place_is_refused_for_maxtext_and_an_unknown_mode_in_one_line() -> No
         check(replace(SPEC, trainer="maxtext", config="base"))
     check(SPEC)
     check(replace(SPEC, restart_mode="recreate", trainer="maxtext", config="base"))
+
+
+ONE_SLICE = "one slice: no slice survives a shape change to keep its pods; restarting by recreate"
+
+
+@pytest.mark.parametrize(
+    ("mode", "slices", "trainer", "want"),
+    [
+        ("in-place", 1, "reslice", ("recreate", ONE_SLICE)),  # nothing survives a shape change
+        ("in-place", 2, "reslice", ("in-place", None)),
+        ("recreate", 1, "reslice", ("recreate", None)),
+        ("in-place", 1, "maxtext", ("in-place", None)),  # refused by check, not switched
+        ("sideways", 1, "reslice", ("sideways", None)),  # likewise
+    ],
+)
+def test_a_launch_on_one_slice_restarts_by_recreate(mode, slices, trainer, want) -> None:
+    assert launch_restart_mode(mode, slices, trainer) == want
 
 
 def test_recreate_renders_as_before() -> None:

@@ -69,7 +69,7 @@ def test_a_preempted_maxtext_segment_restarts_free_and_finishes_a_crash_spends_t
     assert status["state"] == "finished" and status["step"] == 200 and committed[-1] == 200
     assert (tmp_path / "pre" / "maxtext" / "checkpoints" / "199" / "commit_success.txt").exists()
     # The restart resumed after the step the SIGTERM saved: nothing computed twice, nothing skipped.
-    assert sorted({m["restart_attempt"] for m in metrics}) == [0, 1]
+    assert sorted({m["jobset_attempt"] for m in metrics}) == [0, 1]
     assert recomputed(metrics) == 0 and sorted(kept_steps(metrics)) == list(range(1, 201))
 
     assert crashy.app_failures == 2 and crashy.preemptions() == 0

@@ -19,13 +19,13 @@ REAL_LINE = (
     '"perf/per_device_tokens": 32.0, "perf/per_device_tokens_per_sec": 134.44361350822206, "step": 0.0, '
     '"run_name": "t1"}'
 )
-WHO = Incarnation(segment=2, restart_attempt=1, devices=4, micro_batch=1, grad_accum=1, num_processes=1)
+WHO = Incarnation(segment=2, jobset_attempt=1, devices=4, micro_batch=1, grad_accum=1, num_processes=1)
 
 
 def test_a_real_line() -> None:
     r = record(json.loads(REAL_LINE), WHO, now=1000.0)
     assert r["step"] == 1  # MaxText's step 0 is the first: the contract counts steps done
-    assert (r["segment"], r["restart_attempt"], r["time"]) == (2, 1, 1000.0)
+    assert (r["segment"], r["jobset_attempt"], r["time"]) == (2, 1, 1000.0)
     assert r["learning/loss"] == 6.106241226196289  # cross-entropy: MaxText's lm_loss
     assert r["learning/total_loss"] == 6.106241226196289  # with the auxiliary terms (0 here)
     assert r["learning/lr"] == 2.9999999242136255e-05
@@ -64,7 +64,7 @@ def test_maxtext_overflow_probes_join_the_record() -> None:
     assert required_rbf("I1204 train.py:1454] Training stopped") is None
     raw = {"learning/lm_loss": 6.13, "learning/loss": 6.13, "learning/moe_max_load_ratio": 1.2421875,
            "learning/moe_max_load_ratio_mean": 1.16796875, "step": 1.0}  # fmt: skip
-    who = Incarnation(segment=0, restart_attempt=0, devices=4, micro_batch=2, grad_accum=1, num_processes=1)
+    who = Incarnation(segment=0, jobset_attempt=0, devices=4, micro_batch=2, grad_accum=1, num_processes=1)
     rec = record(raw, who, 5.0, [1.2422, 1.0938])
     assert rec["step"] == 2 and rec["moe/max_load_over_balanced"] == 1.2421875
     assert rec["learning/moe_max_load_ratio_mean"] == 1.16796875

@@ -66,7 +66,7 @@ def test_finishes_then_a_restart_is_finished_too(tmp_path: Path) -> None:
     assert _status(tmp_path)["state"] == "finished" and _status(tmp_path)["step"] == 25
     records = _records(tmp_path)
     assert [r["step"] for r in records] == list(range(1, 26))  # 1-based
-    assert records[0]["segment"] == 1 and records[0]["restart_attempt"] == 2 and records[0]["devices"] == 8
+    assert records[0]["segment"] == 1 and records[0]["jobset_attempt"] == 2 and records[0]["devices"] == 8
     assert len(list((tmp_path / "run" / "metrics").glob("0001-002-*.jsonl"))) == 1
     _rmtree_fake(tmp_path)
     code, err = _finish(_start(tmp_path, steps=25))  # MaxText itself would exit 1 here

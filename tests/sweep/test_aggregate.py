@@ -36,7 +36,7 @@ def rec(step, *, dropped=(0, 0), total=(64, 64), load=(1.0, 1.0), buffer=128, lo
         for d, n, x in zip(dropped, total, load, strict=True)
     ]
     return {
-        "step": step, "segment": segment, "restart_attempt": 0, "time": t if t is not None else 1000.0 + step,
+        "step": step, "segment": segment, "jobset_attempt": 0, "time": t if t is not None else 1000.0 + step,
         "learning/loss": loss, "perf/step_time_seconds": st, "perf/tokens_per_sec": 512 / st,
         "moe/dropped_rows": sum(dropped), "moe/total_rows": sum(total),
         "moe/max_load_over_balanced": max(load), "moe/layers": layers, "moe/buffer_rows": buffer,
@@ -266,7 +266,7 @@ def test_write_and_load_outputs(tmp_path):
 def mt_rec(step, rbf, *, st=0.02, loss=3.0):
     """The entrypoint's record of a MaxText step (maxtext_entry/metrics.py): MaxText's probes, no rows."""
     return {
-        "step": step, "segment": 0, "restart_attempt": 0, "time": 1000.0 + step, "learning/loss": loss,
+        "step": step, "segment": 0, "jobset_attempt": 0, "time": 1000.0 + step, "learning/loss": loss,
         "perf/step_time_seconds": st, "perf/tokens_per_sec": 512 / st, "moe/max_load_over_balanced": max(rbf),
         "moe/required_buffer_factor": max(rbf), "moe/required_buffer_factor_layers": list(rbf),
     }  # fmt: skip

@@ -17,7 +17,7 @@ def records(n: int) -> list[dict]:
 
 def test_object_store_mode_rewrites_whole_objects_and_rotates(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(metrics, "ROTATE_LINES", 3)
-    writer = metrics.RunWriter(str(tmp_path), segment=2, restart_attempt=1, flush_seconds=0, enabled=True)
+    writer = metrics.RunWriter(str(tmp_path), segment=2, jobset_attempt=1, flush_seconds=0, enabled=True)
     writer.remote = True  # what a gs:// run directory does, on a local path
     for rec in records(7):
         writer.write(rec)

@@ -22,7 +22,7 @@ from tests.trainer import runs
 from trainer.elastic import peers
 
 CONTRACT_KEYS = {
-    "step", "segment", "restart_attempt", "time", "learning/loss", "learning/total_loss", "learning/lr",
+    "step", "segment", "jobset_attempt", "time", "learning/loss", "learning/total_loss", "learning/lr",
     "learning/grad_norm", "perf/step_time_seconds", "perf/tokens_per_sec", "perf/per_device_tflops_per_sec",
     "perf/mfu", "perf/data_loading_seconds", "perf/checkpoint_save_seconds", "moe/dropped_rows",
     "moe/total_rows", "moe/max_load_over_balanced", "moe/layers", "moe/buffer_rows", "data/sample_digest",

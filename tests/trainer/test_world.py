@@ -136,7 +136,7 @@ def test_survivors_wait_while_the_controller_beats_and_no_longer_than_the_bound(
     assert world.keep_waiting(waited, 120.0, beat_age, 3600.0) is wait
 
 
-def test_child_env_gives_every_process_of_a_world_one_restart_attempt() -> None:
+def test_child_env_gives_every_process_of_a_world_one_jobset_attempt() -> None:
     # Slice s0's JobSet was restarted (its pods' restart-attempt label is 1), s1's was not: the
     # world's processes must still agree on the start barrier's id (segment, attempt).
     w = world.parse(text())

@@ -86,12 +86,12 @@ def _event_writer_imports(run_dir: str | None) -> Iterator[None]:
 
 
 class RunWriter:
-    def __init__(self, run_dir: str, segment: int, restart_attempt: int, flush_seconds: float, enabled: bool):
+    def __init__(self, run_dir: str, segment: int, jobset_attempt: int, flush_seconds: float, enabled: bool):
         self.enabled = enabled
         self.run_dir = epath.Path(run_dir)
         self.remote = _is_remote(run_dir)
         self.flush_seconds = flush_seconds
-        self.prefix = f"{segment:04d}-{restart_attempt:03d}"
+        self.prefix = f"{segment:04d}-{jobset_attempt:03d}"
         self.path = self.run_dir / "metrics" / self._new_name()
         self._lines: list[str] = []
         self._last_flush = 0.0

@@ -50,13 +50,16 @@ from launcher.cli.spec_options import check_run_options, for_cluster, run_spec, 
 from launcher.cli.watch import watch_all, watch_run
 from launcher.core import inputs
 from launcher.core.errors import UserError
+from launcher.core.plan import Rung
 from launcher.core.policy import rules_for
+from launcher.core.presets import Shape
 from launcher.core.record import Knobs
 from launcher.core.render import render_jobset
-from launcher.core.spec import DEFAULT_COORDINATOR_PORT, RunSpec, restart_mode_error
+from launcher.core.spec import DEFAULT_COORDINATOR_PORT, RunSpec, launch_restart_mode
 from launcher.core.words import PodRuntime, RestartMode, RunState, TrainerProfile
 
 if TYPE_CHECKING:
+    from launcher.cli.connect import Connection
     from launcher.core.capacity.checks import Check
 
 
@@ -67,6 +70,59 @@ def finish(kube, run: str, state: str) -> None:
     summarize(kube, run, console)
     if state != RunState.FINISHED:
         raise typer.Exit(1)
+
+
+def _knobs(
+    unschedulable_grace: float, grow_window: float, grow: bool, app_failure_budget: int, app_backoff: float
+) -> Knobs:
+    """The controller's knobs from `launch`'s options, each checked."""
+    inputs.seconds("--unschedulable-grace", unschedulable_grace)
+    inputs.seconds("--grow-window", grow_window)
+    inputs.integer("--app-failure-budget", app_failure_budget, low=0, high=10_000)
+    inputs.seconds("--app-backoff", app_backoff)
+    return Knobs(
+        unschedulable_grace_s=unschedulable_grace,
+        grow_window_s=grow_window,
+        grow=grow,
+        app_failure_budget=app_failure_budget,
+        app_backoff_s=app_backoff,
+    )
+
+
+def _check_rungs(
+    spec: RunSpec, ladder: list[Rung], save_seconds: float | None, short_notice_interval: int | None
+) -> None:
+    """What the ladder's rungs need before anything is created: MaxText's JobSet renders on every
+    feasible rung (its keys depend on the shape), and a note where an emergency save cannot finish
+    in a preset's notice."""
+    from launcher.controller.launch import short_notice_presets
+
+    if spec.trainer == TrainerProfile.MAXTEXT:
+        for rung in ladder:
+            if rung.feasible:
+                render_jobset(spec, rung.shape, 0)
+    if short := short_notice_presets(spec, ladder):
+        console.print(
+            f"an emergency save ({save_seconds:g} s) cannot finish in the notice of {', '.join(short)}: "
+            f"segments there checkpoint every {short_notice_interval} steps"
+        )
+
+
+def _cluster_spec(
+    conn: Connection, spec: RunSpec, shape: Shape, grace_period: int | None, checks: bool
+) -> RunSpec:
+    """The spec as the connected cluster runs it (the embedded cluster's grace period and world
+    API), after the free preflight checks (a few GETs) unless they are off."""
+    spec = for_cluster(spec, conn.embedded, grace_period)
+    if conn.embedded and rules_for(spec).WORLD:
+        # Its kubelets mount no service account: the pods read their world at its API server.
+        spec = replace(spec, world_api=conn.kube.api_client.configuration.host)
+    if checks:
+        from launcher.core.capacity.checks import Request
+        from launcher.preflight.gate import refuse_unready
+
+        refuse_unready(conn.kube, Request(spec, (shape,)))
+    return spec
 
 
 def launch(
@@ -124,35 +180,20 @@ def launch(
 ) -> None:
     """Launch a run: plan, submit segment 0, and watch it (shrink, grow back) until it ends."""
     from launcher.cli.connect import connect
-    from launcher.controller.launch import create_run, prepare, short_notice_presets
+    from launcher.controller.launch import create_run, prepare
 
     image = trainer_image(trainer, image)
     # The shape's numbers here; the spec's options in one place, launch.prepare (core/spec.check).
     inputs.shape_options(slices, global_batch, max_micro_batch, max_grad_accum)
     config = trainer_config(trainer, config)
-    inputs.seconds("--unschedulable-grace", unschedulable_grace)
-    inputs.seconds("--grow-window", grow_window)
-    inputs.integer("--app-failure-budget", app_failure_budget, low=0, high=10_000)
-    inputs.seconds("--app-backoff", app_backoff)
+    knobs = _knobs(unschedulable_grace, grow_window, grow, app_failure_budget, app_backoff)
     inputs.run_dir("--run-dir", run_dir or f"runs/{run}")
     shape = make_shape(preset, slices)
-    if (
-        restart_mode == RestartMode.IN_PLACE
-        and shape.slices == 1
-        and not restart_mode_error(restart_mode, trainer)
-    ):
-        # Its ladder never has more slices than asked: on one slice nothing survives a shape change.
-        console.print("one slice: no slice survives a shape change to keep its pods; restarting by recreate")
-        restart_mode = RestartMode.RECREATE
+    restart_mode, note = launch_restart_mode(restart_mode, shape.slices, trainer)
+    if note:
+        console.print(note)
     local = run_dir is None or not run_dir.startswith("gs://")
     directory = str(Path(run_dir or f"runs/{run}").resolve()) if local else run_dir
-    knobs = Knobs(
-        unschedulable_grace_s=unschedulable_grace,
-        grow_window_s=grow_window,
-        grow=grow,
-        app_failure_budget=app_failure_budget,
-        app_backoff_s=app_backoff,
-    )
     spec = run_spec(
         preset=preset, placement_policy=placement_policy, overrides=overrides,
         run=run, run_dir=directory, global_batch=global_batch, image=image, config=config, namespace=namespace,
@@ -163,25 +204,9 @@ def launch(
         trainer=trainer, restart_mode=restart_mode,
     )  # fmt: skip
     rec, ladder = prepare(spec, preset, slices, knobs)  # every check before anything is created
-    if trainer == TrainerProfile.MAXTEXT:  # its keys depend on the shape: every rung's JobSet must render
-        for rung in ladder:
-            if rung.feasible:
-                render_jobset(spec, rung.shape, 0)
-    if short := short_notice_presets(spec, ladder):
-        console.print(
-            f"an emergency save ({save_seconds:g} s) cannot finish in the notice of {', '.join(short)}: "
-            f"segments there checkpoint every {short_notice_interval} steps"
-        )
+    _check_rungs(spec, ladder, save_seconds, short_notice_interval)
     conn = connect(kubeconfig, namespace, start_embedded=f"{shape.preset.name}:{shape.slices}")
-    spec = for_cluster(spec, conn.embedded, grace_period)
-    if conn.embedded and rules_for(spec).WORLD:
-        # Its kubelets mount no service account: the pods read their world at its API server.
-        spec = replace(spec, world_api=conn.kube.api_client.configuration.host)
-    if checks:
-        from launcher.core.capacity.checks import Request
-        from launcher.preflight.gate import refuse_unready
-
-        refuse_unready(conn.kube, Request(spec, (shape,)))  # the free checks: a few GETs
+    spec = _cluster_spec(conn, spec, shape, grace_period, checks)
     rec = replace(rec, spec=spec)
     create_run(conn.kube, rec)
     console.print(

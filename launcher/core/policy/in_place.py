@@ -102,14 +102,15 @@ def attempts(obs: signals.Observation, slices: tuple[str, ...]) -> tuple[int, ..
 def new_world(
     rec: RunRecord, obs: signals.Observation, rung: Rung, slices: tuple[str, ...], why: str
 ) -> record.Segment:
-    """The next segment of an in-place run: the world of `slices` on `rung`, its epoch its index."""
+    """The next segment of an in-place run: the world of `slices` on `rung`, its epoch its index,
+    its coordinator chosen here (`worlds.coordinator`), before the record that holds it is written."""
     plan = rung.plan
     assert isinstance(plan, Plan)
     seg = new_segment(rec, rung.shape, plan, obs.now, why, obs.committed_step)
     return replace(
         seg,
         slice_ids=slices,
-        coordinator=worlds.coordinator(rec.spec, slices, seg.index),
+        coordinator=worlds.coordinator(rec.spec, slices, seg.index, obs.local_port),
         restarts=world_restarts(obs, slices),
         attempts=attempts(obs, slices),
         jobset=slices_words(rec.name, slices),
@@ -461,7 +462,7 @@ def slice_restarted(
         else "JobSet failure policy"
     )
     reason = f"a slice of segment {seg.index} restarted ({why}): the same slices in a new segment"
-    return _reshape(rec, obs, rung, seg.slice_ids, EndKind.RESTART, reason)
+    return _reshape(rec, obs, rung, seg.slice_ids, EndKind.NEW_ATTEMPT, reason)
 
 
 def world_grows(

@@ -72,14 +72,14 @@ def bookkeep(rec: RunRecord, obs: signals.Observation) -> RunRecord:
     seg = rec.current
     if seg is not None and seg.live and obs.segment == seg.index:
         changes: dict = {}
-        if obs.jobset_uid and seg.jobset_uid != obs.jobset_uid:
-            changes["jobset_uid"] = obs.jobset_uid
+        if obs.jobset.uid and seg.jobset_uid != obs.jobset.uid:
+            changes["jobset_uid"] = obs.jobset.uid
         if obs.phase == Phase.RUNNING and seg.running_at is None:
             changes["running_at"] = obs.now
         pools = tuple(sorted(set(seg.nodepools) | set(obs.nodepools_in_use)))
         if pools != seg.nodepools:
             changes["nodepools"] = pools
-        if obs.restarts > seg.restarts:
+        if obs.jobset.restarts > seg.restarts:
             changes.update(restart_causes(seg, obs))
             if "uncounted_failures" in changes:  # a crash all the same: the run's budget pays
                 rec = replace(rec, app_failures=rec.app_failures + 1)
@@ -94,7 +94,7 @@ def bookkeep(rec: RunRecord, obs: signals.Observation) -> RunRecord:
 
 
 def restart_causes(seg: record.Segment, obs: signals.Observation) -> dict:
-    """The segment's restart counters once JobSet has restarted it (obs.restarts > seg.restarts).
+    """The segment's restart counters once JobSet has restarted it (obs.jobset.restarts > seg.restarts).
 
     JobSet says which restarts counted toward maxRestarts (application failures). Of the others,
     the first one's cause is what the failed pods of attempt `seg.restarts` showed, now or in an
@@ -102,10 +102,10 @@ def restart_causes(seg: record.Segment, obs: signals.Observation) -> dict:
     the pod failure policy then took for a lost peer); any further ones in the same jump (missed
     between two passes) stay preemptions, as JobSet's rule calls them.
     """
-    counted = max(seg.restarts_counted, obs.restarts_counted)
-    uncounted = (obs.restarts - seg.restarts) - (counted - seg.restarts_counted)
+    counted = max(seg.restarts_counted, obs.jobset.restarts_counted)
+    uncounted = (obs.jobset.restarts - seg.restarts) - (counted - seg.restarts_counted)
     cause = signals.stronger(seg.failing, obs.causes.get(seg.restarts))
-    changes = {"restarts": obs.restarts, "restarts_counted": counted, "failing": None}
+    changes = {"restarts": obs.jobset.restarts, "restarts_counted": counted, "failing": None}
     if uncounted > 0 and cause == Cause.PEER_LOST:
         changes["peer_lost"] = seg.peer_lost + 1
     elif uncounted > 0 and cause == Cause.APP_FAILURE:
@@ -165,7 +165,7 @@ def jobset_gone(
             )
         reason = f"JobSet {seg.jobset} disappeared"
         return Decision(
-            Action.END, reason, end_segment(rec, obs, EndKind.LOST, reason, RunState.RESHAPING), None
+            Action.END, reason, end_segment(rec, obs, EndKind.DISAPPEARED, reason, RunState.RESHAPING), None
         )
     if obs.phase == Phase.COMPLETED:
         reason = (
@@ -195,7 +195,7 @@ def failures(
                 replace(end_segment(rec, obs, EndKind.FAILED, reason, RunState.FAILED), finished_at=now),
             )
         if obs.failure.kind == FailureKind.MAX_RESTARTS and gave_up_on_host(
-            rec, obs.jobset_uid, obs.restarts
+            rec, obs.jobset.uid, obs.jobset.restarts
         ):
             reason = (
                 f"host disruption: JobSet {seg.jobset} reached its maxRestarts on a host that rebooted"
@@ -204,8 +204,8 @@ def failures(
             ended = end_segment(rec, obs, EndKind.HOST_DISRUPTION, reason, RunState.RESHAPING)
             return Decision(Action.END, reason, ended, seg.jobset)
         # JobSet counted the restarts a host disruption caused as crashes: the run does not.
-        counted = obs.restarts_counted - rec.forgiven(
-            obs.jobset_uid, obs.restarts_counted, seg.host_disrupted
+        counted = obs.jobset.restarts_counted - rec.forgiven(
+            obs.jobset.uid, obs.jobset.restarts_counted, seg.host_disrupted
         )
         count = rec.app_failures + counted + 1
         last = (

@@ -39,21 +39,57 @@ from launcher.core.words import Phase
 __all__ = [
     "CAUSE_WORDS",
     "Failure",
+    "JobSetView",
     "Observation",
+    "OneJobSet",
+    "SliceJobSets",
     "observe",
     "stronger",
 ]
 
 
 @dataclass(frozen=True)
+class OneJobSet:
+    """What `observe` looks at in recreate (`RestartMode.RECREATE`): segment `index` is one JobSet,
+    `name`, and its pods carry the segment's index."""
+
+    index: int | None
+    name: str | None
+
+
+@dataclass(frozen=True)
+class SliceJobSets:
+    """What `observe` looks at in place (`RestartMode.IN_PLACE`): segment `index` is a world of
+    slices, each its own JobSet of `hosts` pods, and the pods carry their slice, not a segment.
+    `local_port`: on the embedded cluster (the run's `world_api`), a port free on the host its pods
+    share with the controller, for a new world's coordinator (launcher/core/world.coordinator)."""
+
+    index: int | None
+    hosts: int
+    local_port: int | None = None
+
+
+@dataclass(frozen=True)
+class JobSetView:
+    """Recreate's view of its segment's one JobSet (empty in place, and before the JobSet exists)."""
+
+    uid: str | None = None
+    restarts: int = 0
+    restarts_counted: int = 0
+
+
+@dataclass(frozen=True)
 class Observation:
+    """One pass's observation of a run: a common part, then a view per restart mode. The common part
+    is the segment's pods together (in place, every slice's: the ledger's line), the node pools and
+    the capacity, and the run directory's progress. Recreate's view is its one JobSet (`jobset`);
+    in place's, each slice's JobSet and pods (`slices`) and the port a world's coordinator may take
+    (`local_port`). The other mode's view is empty."""
+
     now: float
     segment: int | None  # the segment this observes (the record's current one)
     phase: Phase
     failure: Failure | None
-    jobset_uid: str | None
-    restarts: int
-    restarts_counted: int
     pods_expected: int
     pods_running: int
     pods_pending: int
@@ -75,11 +111,15 @@ class Observation:
     gone_nodepools: tuple[str, ...] = ()
     # Per preset, the free whole slices `capacity` counts, by node pool name, in its order.
     free_pools: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    # In-place runs: each slice's JobSet and pods (signals/slices.py), by slice id.
-    slices: dict[str, SliceView] = field(default_factory=dict)
     # `<jobset uid>/<attempt>` of the run's restart attempts a host disruption failed, from the
     # pods in view and those deleted since the last pass (signals/pods.host_losses).
     host_losses: frozenset[str] = frozenset()
+    # Recreate's view: the segment's JobSet.
+    jobset: JobSetView = JobSetView()
+    # In place's view: each slice's JobSet and pods (signals/slices.py), by slice id; the port for
+    # a new world's coordinator on the embedded cluster (SliceJobSets.local_port).
+    slices: dict[str, SliceView] = field(default_factory=dict)
+    local_port: int | None = None
 
     def fits(self, preset: str, slices: int) -> bool:
         return len(self.capacity.get(preset, ())) >= slices
@@ -94,7 +134,7 @@ class Observation:
             "segment": self.segment,
             "phase": self.phase,
             "failure": self.failure and self.failure.__dict__,
-            "restarts": self.restarts,
+            "restarts": self.jobset.restarts,
             "pods": f"{self.pods_running}/{self.pods_expected} running",
             "unschedulable": self.unschedulable,
             "disruptions": list(self.disruptions),
@@ -143,8 +183,7 @@ def observe(
     *,
     now: float,
     run: str,
-    segment: int | None,
-    segment_jobset: str | None,
+    of: OneJobSet | SliceJobSets,
     segment_nodepools: Iterable[str],
     expected_pods: int,
     jobsets: Sequence[dict],
@@ -159,11 +198,13 @@ def observe(
     slice_hosts: int = 0,
     memos: Memos | None = None,
 ) -> Observation:
-    """Build the observation of `run` whose current segment is `segment` (JobSet `segment_jobset`).
-    `foreign_nodes`: nodes that live pods of other workloads (not in `pods`) are on; `slice_hosts`:
-    nodes per slice of the segment (a pool with fewer has lost hosts for good); `memos`: the
-    controller's (a fresh one without)."""
+    """Build the observation of `run`'s current segment, as its restart mode sees it (`of`): the
+    common part, then the mode's view. `foreign_nodes`: nodes that live pods of other workloads (not
+    in `pods`) are on; `slice_hosts`: nodes per slice of the segment (a pool with fewer has lost
+    hosts for good); `memos`: the controller's (a fresh one without)."""
     memos = memos if memos is not None else Memos()
+    # In place the pods carry their slice, not a segment: the segment's pods are those without one.
+    segment, segment_jobset = (of.index, of.name) if isinstance(of, OneJobSet) else (None, None)
     small = (
         run,
         segment,
@@ -177,7 +218,13 @@ def observe(
     if gone := departed_disruptions(run, segment, departed_pods):
         got = replace(got, disruptions=tuple(sorted({*got.disruptions, *gone})))
     lost = host_losses(run, [*pods, *departed_pods])
-    return replace(got, now=now, committed_step=committed_step, trainer=trainer, host_losses=lost)
+    got = replace(got, now=now, committed_step=committed_step, trainer=trainer, host_losses=lost)
+    if isinstance(of, OneJobSet):
+        return got
+    # Memoized by the same inputs: each of the run's pods' view recomputed every pass was most of
+    # an in-place decision's time at the seeds' scale (bench.reslice_scale's epoch_decided_s).
+    views = memos.slices((run, of.hosts), jobsets, pods, nodes)
+    return replace(got, segment=of.index, slices=views, local_port=of.local_port)
 
 
 def _observe(
@@ -235,9 +282,11 @@ def _observe(
         segment=segment,
         phase=phase,
         failure=failure,
-        jobset_uid=(jobset or {}).get("metadata", {}).get("uid"),
-        restarts=int(js_status.get("restarts") or 0),
-        restarts_counted=int(js_status.get("restartsCountTowardsMax") or 0),
+        jobset=JobSetView(
+            uid=(jobset or {}).get("metadata", {}).get("uid"),
+            restarts=int(js_status.get("restarts") or 0),
+            restarts_counted=int(js_status.get("restartsCountTowardsMax") or 0),
+        ),
         pods_expected=expected_pods,
         pods_running=mine.running,
         pods_pending=len(pending),
