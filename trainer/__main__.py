@@ -13,9 +13,12 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import NoReturn
 
+from contract import envvars
+from contract.exits import Exit
+from contract.words import RestartMode
+
 # The supervisor of a multi-process trainer needs no more than these: it starts its child sooner.
 from trainer.elastic import follower, peers, supervisor, world
-from trainer.exits import Exit
 
 
 class _Parser(argparse.ArgumentParser):
@@ -48,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     one_shot = args.memory or args.probe_write or args.check  # these never join a process group
     if not one_shot and not os.environ.get(supervisor.CHILD_ENV):
         try:
-            in_place = world.restart_mode(os.environ) is world.RestartMode.IN_PLACE
+            in_place = world.restart_mode(os.environ) is RestartMode.IN_PLACE
         except world.WorldError as e:
             print(f"trainer: {e}", file=sys.stderr, flush=True)
             return Exit.CONFIG
@@ -95,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
 
     preemption = Preemption()  # before the slow imports: SIGTERM means Exit.PREEMPTED
     # An in-place pod's later trainers start at their fork: the container's start is epochs ago.
-    restarted = bool(os.environ.get(supervisor.RESTARTED_ENV))
-    timeline = Timeline(supervised=bool(os.environ.get(supervisor.CHILD_ENV)) and not restarted)
+    later = supervisor.later_incarnation(os.environ)
+    timeline = Timeline(supervised=bool(os.environ.get(supervisor.CHILD_ENV)) and not later)
     try:
         _import_trainer()  # in place, done already: the child is a fork of a supervisor that did it
         from trainer import config, loop
@@ -165,7 +168,7 @@ def _preload() -> None:
     _import_trainer()
     from trainer.telemetry import metrics
 
-    metrics.preload_tensorboard(os.environ.get("RESLICE_RUN_DIR"))
+    metrics.preload_tensorboard(os.environ.get(envvars.RUN_DIR))
 
 
 def _exec_trainer(env: Mapping[str, str]) -> NoReturn:

@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 
+from contract.words import StateSource
 from trainer.state import snapshot
 from trainer.state.checkpoint import Checkpointer
 
@@ -36,7 +37,7 @@ class Restored:
 
     step: int
     state: Any
-    source: snapshot.StateSource | None
+    source: StateSource | None
     seconds: float
 
     def ready(self) -> tuple[Any, float]:
@@ -72,4 +73,4 @@ def onto_mesh(
         state = memory.load(chosen, abstract, mesh)
         return Restored(chosen[0], state, memory.source, time.perf_counter() - t0)
     step, state = ckpt.usable_start(total_steps, abstract, compatible, retrace)
-    return Restored(step, state, snapshot.StateSource.STORAGE if step else None, time.perf_counter() - t0)
+    return Restored(step, state, StateSource.STORAGE if step else None, time.perf_counter() - t0)

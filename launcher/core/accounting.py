@@ -23,8 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from contract.words import StateSource
 from launcher.core.record import RunRecord
-from launcher.core.words import EndKind, LedgerKind, RunState, StateSource
+from launcher.core.words import EndKind, LedgerKind, RunState
 
 LOSS = "learning/loss"
 STEP_TIME = "perf/step_time_seconds"

@@ -11,10 +11,11 @@ import time
 
 import pytest
 
+from contract.words import StateSource
 from launcher.core.accounting import build_report
 from launcher.core.labels import LABEL_SLICE
 from launcher.core.record import Knobs
-from launcher.core.words import Action, EndKind, LedgerKind, RunState, StateSource
+from launcher.core.words import Action, EndKind, LedgerKind, RunState
 from tests.controller.harness import (
     MULTI_HOST,
     MULTI_HOST_BATCH,

@@ -22,10 +22,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from contract.words import StateSource
 from launcher.core.accounting import build_report
 from launcher.core.errors import UserError
 from launcher.core.labels import LABEL_SLICE, world_configmap_name
-from launcher.core.words import RunState, StateSource
+from launcher.core.words import RunState
 from tests.controller.harness import (
     GLOBAL_BATCH,
     MULTI_HOST,

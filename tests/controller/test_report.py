@@ -4,12 +4,13 @@ from dataclasses import replace
 
 import pytest
 
+from contract.words import StateSource
 from launcher.adapters.preset_files import make_shape
 from launcher.core.accounting import CATEGORIES, build_report, waiting_intervals
 from launcher.core.plan import Plan
 from launcher.core.record import RunRecord, new_segment
 from launcher.core.spec import RunSpec
-from launcher.core.words import RunState, StateSource
+from launcher.core.words import RunState
 from launcher.report.plots import plot_loss, plot_timeline
 
 T0 = 1000.0

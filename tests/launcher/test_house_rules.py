@@ -1,6 +1,6 @@
 """The house rules the import contracts cannot state (docs/design.md "Layers"): over every module of
-launcher/ and trainer/, no class name defined in two modules (but for the words both sides of the
-launcher/trainer boundary speak, one copy each, spelled alike), no one-letter module alias, no preset
+launcher/, trainer/ and contract/, no class name defined in two modules (the words both sides of the
+launcher/trainer boundary speak are contract/'s, defined once), no one-letter module alias, no preset
 loading in the core, no number with a unit in a comment or docstring (a figure goes stale there: it
 belongs in docs/measurements.md), and over bench/ too, no domain word compared as a string literal.
 Source text only: nothing is imported."""
@@ -16,15 +16,11 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = sorted(p for package in ("launcher", "trainer") for p in (ROOT / package).rglob("*.py"))
+# contract/: the words the launcher and the trainer share (docs/contract.md), which both import.
+PACKAGES = ("launcher", "trainer", "contract")
+MODULES = sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
 # The measurements: held to the rule on domain words too (they compare what the launcher records).
 BENCH = sorted((ROOT / "bench").rglob("*.py"))
-# One concept, one name on both sides of the launcher/trainer boundary: these StrEnums are defined
-# once in each (they import nothing of each other), with the same members.
-BOUNDARY = {
-    "RestartMode": ("launcher/core/words.py", "trainer/elastic/world.py"),
-    "StateSource": ("launcher/core/words.py", "trainer/state/snapshot.py"),
-}
 # The core of docs/design.md "Layers" (the folder launcher/core/): handed a presets.Catalog, never
 # reading presets/ itself.
 CORE = sorted((ROOT / "launcher" / "core").rglob("*.py"))
@@ -36,10 +32,10 @@ def parsed() -> dict[str, ast.Module]:
 
 
 def _classes() -> dict[str, dict[str, ast.ClassDef]]:
-    """Every class of launcher/ and trainer/, by name, then by the module that defines it."""
+    """Every class of launcher/, trainer/ and contract/, by name, then by the module that defines it."""
     where: dict[str, dict[str, ast.ClassDef]] = defaultdict(dict)
     for path, tree in parsed().items():
-        if path.startswith(("launcher/", "trainer/")):
+        if path.startswith(tuple(f"{p}/" for p in PACKAGES)):
             for node in ast.walk(tree):
                 if isinstance(node, ast.ClassDef):
                     where[node.name][path] = node
@@ -47,25 +43,12 @@ def _classes() -> dict[str, dict[str, ast.ClassDef]]:
 
 
 def test_no_class_name_is_defined_in_two_modules() -> None:
+    """One concept, one class: a word both sides of the launcher/trainer boundary speak is
+    contract/'s, which both import, never a copy on each side."""
     where = _classes()
-    assert len(where) > 100  # the walk sees the classes
+    assert len(where) > 100 and any(p.startswith("contract/") for c in where.values() for p in c)
     twice = {name: sorted(paths) for name, paths in where.items() if len(paths) > 1}
-    assert twice == {name: sorted(paths) for name, paths in BOUNDARY.items()}
-
-
-def test_the_words_of_the_boundary_are_spelled_alike_on_both_sides() -> None:
-    """The launcher's and the trainer's copy of each boundary word: the same members, the same values."""
-
-    def members(node: ast.ClassDef) -> dict[str, object]:
-        return {
-            stmt.targets[0].id: stmt.value.value
-            for stmt in node.body
-            if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant)
-        }
-
-    for name, (launcher_side, trainer_side) in BOUNDARY.items():
-        defs = _classes()[name]
-        assert members(defs[launcher_side]) == members(defs[trainer_side]) != {}, name
+    assert twice == {}
 
 
 def _is_project_module(module: str, name: str) -> bool:
@@ -102,14 +85,16 @@ def test_the_core_loads_no_presets() -> None:
 
 
 def _held(path: str) -> bool:
-    """Whether the rule on domain words holds in `path`: launcher/, trainer/ and bench/, but
-    launcher/embedded, which speaks Kubernetes' words."""
-    return path.startswith(("launcher/", "trainer/", "bench/")) and not path.startswith("launcher/embedded/")
+    """Whether the rule on domain words holds in `path`: launcher/, trainer/, contract/ and bench/,
+    but launcher/embedded, which speaks Kubernetes' words."""
+    return path.startswith(("launcher/", "trainer/", "contract/", "bench/")) and not path.startswith(
+        "launcher/embedded/"
+    )
 
 
 def _domain_words() -> dict[str, str]:
-    """Every value of a StrEnum defined in launcher/ or trainer/ (launcher.core.words and the rest),
-    by value: the enum member that spells it."""
+    """Every value of a StrEnum defined in launcher/, trainer/ or contract/ (launcher.core.words,
+    contract.words and the rest), by value: the enum member that spells it."""
     words = {}
     for path, tree in parsed().items():
         if not _held(path) or path.startswith("bench/"):

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from contract.words import RestartMode
 from launcher.adapters.preset_files import make_shape
 from launcher.cli.commands.ui import require_web_stack
 from launcher.cli.options import (
@@ -54,7 +55,7 @@ from launcher.core.policy import rules_for
 from launcher.core.record import Knobs
 from launcher.core.render import render_jobset
 from launcher.core.spec import DEFAULT_COORDINATOR_PORT, RunSpec, restart_mode_error
-from launcher.core.words import PodRuntime, RestartMode, RunState, TrainerProfile
+from launcher.core.words import PodRuntime, RunState, TrainerProfile
 
 
 def finish(kube, run: str, state: str) -> None:
