@@ -54,7 +54,7 @@ from rich.table import Table
 
 from bench import machine
 from bench._cli import Parser
-from contract.words import RestartMode
+from contract.words import RestartMode, read_state_source
 from launcher.adapters.rundir import RunDir, read_jsonl
 from launcher.controller.launch import stop_run
 from launcher.core.record import Knobs
@@ -155,7 +155,7 @@ def _restored(first_rec: dict) -> dict:
     return {
         "restore": first_rec.get("perf/restore_seconds") or 0.0,
         "storage MB": (first_rec.get("restore/storage_bytes") or 0) / 1e6,
-        "from": first_rec.get("restore/from") or "-",
+        "from": read_state_source(first_rec) or "-",
     }
 
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from contract import envvars
 from contract.exits import Exit
-from contract.words import StateSource
+from contract.words import STATE_SOURCE, StateSource
 from trainer import evaluate, restore
 from trainer.config import Config, ConfigError, config_hash, identity, schedule_point
 from trainer.data import pipeline as data
@@ -517,21 +517,21 @@ def run(
                 print(f"trainer: resumed step {restored.step} from {place} on {where.plan}", flush=True)
             else:
                 # Nothing restored: the look for a checkpoint (opening Orbax's manager) is start-up.
-                restore_s, source = 0.0, None
+                restore_s, source = 0.0, StateSource.FRESH
                 state, steps, compile_timers = _initialise(
                     cfg, where.mesh, program, model, steps, abstract, timeline
                 )
             # Where this incarnation's state came from; bytes: what it read of the run directory's
             # checkpoints from opening them to its state on the devices (the storage's counters).
             restore_record = {
-                "restore/from": source.value if source else None,
+                STATE_SOURCE: source.value,
                 "restore/step": restored.step,
                 "restore/storage_bytes": storage_bytes_read() - read_before,
             }
             status["restored"] = {
                 "segment": where.segment,
                 "restart_attempt": where.attempt,
-                "from": restore_record["restore/from"],
+                STATE_SOURCE: source.value,
                 "step": restored.step,
             }
             writer.status(state="running", step=restored.step, **status)
