@@ -61,11 +61,12 @@ from rich.console import Console
 from rich.table import Table
 
 from bench._cli import Parser
+from contract.words import RestartMode
+from contract.world import DATA_KEY as WORLD_KEY
 from launcher.core.errors import UserError
 from launcher.core.labels import LABEL_RUN, world_configmap_name
 from launcher.core.record import Knobs
-from launcher.core.words import PodPhase, RestartMode, RunState
-from launcher.core.world import WORLD_KEY
+from launcher.core.words import PodPhase, RunState
 from launcher.embedded.kueue import Kueue
 from tests.controller.harness import (
     GLOBAL_BATCH,

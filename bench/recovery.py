@@ -54,10 +54,11 @@ from rich.table import Table
 
 from bench import machine
 from bench._cli import Parser
+from contract.words import RestartMode, read_state_source
 from launcher.adapters.rundir import RunDir, read_jsonl
 from launcher.controller.launch import stop_run
 from launcher.core.record import Knobs
-from launcher.core.words import Action, LedgerKind, Phase, RestartMode
+from launcher.core.words import Action, LedgerKind, Phase
 from tests.controller.harness import MULTI_HOST, MULTI_HOST_BATCH, Harness, wait_for
 from trainer.elastic.follower import world_line
 from trainer.telemetry.startup import parse_report
@@ -154,7 +155,7 @@ def _restored(first_rec: dict) -> dict:
     return {
         "restore": first_rec.get("perf/restore_seconds") or 0.0,
         "storage MB": (first_rec.get("restore/storage_bytes") or 0) / 1e6,
-        "from": first_rec.get("restore/from") or "-",
+        "from": read_state_source(first_rec) or "-",
     }
 
 

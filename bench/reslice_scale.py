@@ -41,6 +41,7 @@ from pathlib import Path
 
 from bench._cli import Parser
 from bench.scale_cluster import ClusterProcess
+from contract.words import RestartMode
 from launcher.adapters.kube import Kube
 from launcher.adapters.preset_files import make_shape
 from launcher.adapters.rundir import RunDir
@@ -49,7 +50,7 @@ from launcher.controller.loop import Controller
 from launcher.core.labels import LABEL_RUN, world_configmap_name
 from launcher.core.record import Knobs
 from launcher.core.spec import RunSpec
-from launcher.core.words import LedgerKind, PodPhase, RestartMode
+from launcher.core.words import LedgerKind, PodPhase
 from tests.support.wait import wait_for
 from trainer.elastic import world_source
 

@@ -40,8 +40,8 @@ from typing import Any
 
 from bench._cli import Parser
 from bench.tpu_handoff import _host_env
+from contract.words import StateSource, read_state_source
 from trainer.elastic.follower import world_line
-from trainer.state.snapshot import StateSource
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "recovery"
@@ -164,7 +164,7 @@ def cold_and_storage(work: Path, run_dir: Path, name: str, sets: list[str], dead
 def case(name: str, record: dict) -> dict:
     """A case's row from its trainer's first record: where its state came from, its start-up."""
     phases = startup_phases(record)
-    return {"case": name, "total_s": phases.pop("total", None), "from": record.get("restore/from") or "fresh",
+    return {"case": name, "total_s": phases.pop("total", None), "from": read_state_source(record) or StateSource.FRESH,
             "phases": phases, "step_s": record.get("perf/step_time_seconds")}  # fmt: skip
 
 

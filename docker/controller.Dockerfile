@@ -27,6 +27,8 @@ RUN pip install --require-hashes -r requirements/controller.lock
 
 COPY pyproject.toml README.md ./
 COPY --from=source /src/launcher launcher
+# contract/: the words the launcher shares with the trainer (exit codes, environment names).
+COPY contract contract
 COPY presets presets
 # setuptools finds `trainer*` packages only if present: without trainer/ the wheel is launcher-only.
 # Its in-tree build leftovers (build/, reslice.egg-info) go in the same layer.

@@ -19,8 +19,10 @@ COPY requirements/maxtext-tpu.lock requirements/maxtext-tpu.lock
 RUN pip install --require-hashes -r requirements/maxtext-tpu.lock
 
 # The entrypoint imports nothing of launcher/ or trainer/ (import-linter contract in pyproject.toml),
-# only what the lock above installs: MaxText and what it brings (jax, orbax, grain, absl; etils'
-# epath for a gs:// run directory). So the package directory alone, on the path, is all it needs.
+# only contract/ (the exit codes, standard library only) and what the lock above installs: MaxText
+# and what it brings (jax, orbax, grain, absl; etils' epath for a gs:// run directory). So the two
+# package directories alone, on the path, are all it needs.
+COPY contract contract
 COPY maxtext_entry maxtext_entry
 
 # Root, as the trainer image (docker/Dockerfile): the TPU device nodes keep the host's ownership.

@@ -7,9 +7,9 @@ import os
 import sys
 from dataclasses import replace
 
+from contract.exits import Exit
 from maxtext_entry import checkpoints
 from maxtext_entry.args import ConfigError, parse
-from maxtext_entry.outcome import EXIT_CONFIG, EXIT_FINISHED
 from maxtext_entry.probe import StorageError, probe_write
 from maxtext_entry.run import context, maxtext_python, supervise, write_status
 
@@ -22,7 +22,7 @@ def probe(run_dir: str) -> int:
         python = maxtext_python(dict(os.environ))
     except (StorageError, ConfigError) as e:
         print(f"maxtext_entry: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        return Exit.CONFIG
     print(f"maxtext_entry: wrote and deleted {wrote}; MaxText runs on {python}")
     return 0
 
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--probe-write"]:
         if len(argv) != 2:
             print("maxtext_entry: usage error: --probe-write RUN_DIR", file=sys.stderr)
-            return EXIT_CONFIG
+            return Exit.CONFIG
         return probe(argv[1])
     if argv[:1] == ["--"]:
         argv = argv[1:]
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             probe_write(ctx.run_dir)
     except (ConfigError, StorageError, ValueError) as e:
         print(f"maxtext_entry: config error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        return Exit.CONFIG
     latest = checkpoints.latest(cmd.checkpoint_dir)
     if checkpoints.done_steps(latest) >= cmd.steps:
         # MaxText itself exits 1 for a finished run ("Requested training up to step N, but a
@@ -53,12 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         if ctx.process_index == 0:
             write_status(ctx, cmd, latest)
         print(f"maxtext_entry: all {cmd.steps} steps are committed; nothing to train", file=sys.stderr)
-        return EXIT_FINISHED
+        return Exit.FINISHED
     try:
         python = maxtext_python(dict(os.environ))
     except ConfigError as e:
         print(f"maxtext_entry: config error: {e}", file=sys.stderr)
-        return EXIT_CONFIG
+        return Exit.CONFIG
     return supervise(cmd, replace(ctx, python=python))
 
 

@@ -7,12 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-EXIT_FINISHED = 0
-EXIT_CRASH = 1
-EXIT_CONFIG = 2
-EXIT_PREEMPTED = 42
-EXIT_PEER_LOST = 43
-EXIT_TERM_UNSAVED = 143  # SIGTERM, and nothing saved since: the latest committed step stands
+from contract.exits import Exit
 
 # Texts of MaxText's output that decide a case (measured, docs/maxtext.md).
 STOPPED_BY_SIGTERM = "Training stopped: Job received termination signal (SIGTERM)."
@@ -45,21 +40,21 @@ def config_error(output: str, steps_trained: int) -> bool:
 def exit_code(o: Outcome) -> int:
     """The contract's exit code (docs/contract.md, Exit codes) for one child's end."""
     if o.final_committed:
-        return EXIT_FINISHED  # whatever came after the final commit, no step is left to train
+        return Exit.FINISHED  # whatever came after the final commit, no step is left to train
     if o.sigterm:
         # Nothing trained since the latest commit (a signal during start-up), or the emergency save
         # committed: no work lost.
         if o.committed_after_signal or o.steps_trained == 0:
-            return EXIT_PREEMPTED
-        return EXIT_TERM_UNSAVED
+            return Exit.PREEMPTED
+        return Exit.STALLED  # SIGTERM, and nothing saved since: the latest committed step stands
     if o.returncode != 0 and config_error(o.output_tail, o.steps_trained):
-        return EXIT_CONFIG
+        return Exit.CONFIG
     if o.returncode == -SIGABRT and JAX_FATAL in o.output_tail:
-        return EXIT_PEER_LOST  # JAX's fate sharing: a peer died (docs/contract.md, exit 43)
+        return Exit.PEER_LOST  # JAX's fate sharing: a peer died (docs/contract.md, exit 43)
     if o.returncode < 0:
         return 128 - o.returncode
-    if o.returncode in (EXIT_FINISHED, EXIT_CONFIG, EXIT_PREEMPTED, EXIT_PEER_LOST):
+    if o.returncode in (Exit.FINISHED, Exit.CONFIG, Exit.PREEMPTED, Exit.PEER_LOST):
         # 0 without the final step (a data crash, a stop without a signal), or a code that would
         # claim a meaning the child did not have: a crash.
-        return EXIT_CRASH
+        return Exit.FAILED
     return o.returncode

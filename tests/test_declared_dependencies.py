@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-OURS = {"launcher", "trainer", "maxtext_entry", "bench", "tests"}
+OURS = {"contract", "launcher", "trainer", "maxtext_entry", "bench", "tests"}
 
 
 def imported_modules(package: Path, skip: str | None = None) -> set[str]:

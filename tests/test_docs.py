@@ -24,7 +24,7 @@ DOCS = ROOT / "docs"
 RESULTS = DOCS / "results.md"
 MEASUREMENTS = DOCS / "measurements.md"
 DESIGN = DOCS / "design.md"
-PACKAGES = ("launcher", "trainer", "bench", "maxtext_entry")
+PACKAGES = ("launcher", "trainer", "contract", "bench", "maxtext_entry")
 
 # A command in a code span: a benchmark (`python -m bench.NAME ...`, with an environment or a venv's
 # interpreter in front, or `dev.py bench NAME ...`), another dev.py command, the trainer, or pytest.

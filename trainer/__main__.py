@@ -13,9 +13,12 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import NoReturn
 
+from contract import envvars
+from contract.exits import Exit
+from contract.words import RestartMode
+
 # The supervisor of a multi-process trainer needs no more than these: it starts its child sooner.
 from trainer.elastic import follower, peers, supervisor, world
-from trainer.exits import Exit
 
 # `--hbm`'s name before it said what it measures (HBM, not the RAM of the snapshots): still accepted.
 DEPRECATED_HBM_FLAG = "--memory"
@@ -74,7 +77,7 @@ def _supervise(argv: list[str] | None) -> int | None:
     supervisor, even for a one-process world: the next may have more) or for a multi-process
     trainer; None for a lone process, which trains itself."""
     try:
-        in_place = world.restart_mode(os.environ) is world.RestartMode.IN_PLACE
+        in_place = world.restart_mode(os.environ) is RestartMode.IN_PLACE
     except world.WorldError as e:
         print(f"trainer: {e}", file=sys.stderr, flush=True)
         return Exit.CONFIG
@@ -129,8 +132,8 @@ def _train(args: argparse.Namespace) -> int:
 
     preemption = Preemption()  # before the slow imports: SIGTERM means Exit.PREEMPTED
     # An in-place pod's later trainers start at their fork: the container's start is long past.
-    restarted = bool(os.environ.get(supervisor.RESTARTED_ENV))
-    timeline = Timeline(supervised=bool(os.environ.get(supervisor.CHILD_ENV)) and not restarted)
+    later = supervisor.later_incarnation(os.environ)
+    timeline = Timeline(supervised=bool(os.environ.get(supervisor.CHILD_ENV)) and not later)
     try:
         _import_trainer()  # in place, done already: the child is a fork of a supervisor that did it
         from trainer import config, loop
@@ -199,7 +202,7 @@ def _preload() -> None:
     _import_trainer()
     from trainer.telemetry import metrics
 
-    metrics.preload_tensorboard(os.environ.get("RESLICE_RUN_DIR"))
+    metrics.preload_tensorboard(os.environ.get(envvars.RUN_DIR))
 
 
 def _exec_trainer(env: Mapping[str, str]) -> NoReturn:

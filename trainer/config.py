@@ -29,6 +29,8 @@ from typing import Any
 
 import yaml
 
+from contract import envvars
+
 
 class ConfigError(Exception):
     """A configuration or launch-contract error: reported in one line, exit code 2, never retried."""
@@ -501,9 +503,9 @@ def _env_int(env: Mapping[str, str], key: str) -> int | None:
 
 def resolve(config: str | None, overrides: Sequence[str], env: Mapping[str, str]) -> Config:
     """Build the effective config from the CLI and the contract environment."""
-    name = config or env.get("RESLICE_CONFIG") or "tiny"
+    name = config or env.get(envvars.CONFIG) or "tiny"
     cfg = load(name)
-    env_set = env.get("RESLICE_SET")
+    env_set = env.get(envvars.SET)
     env_overrides: list[str] = []
     if env_set:
         try:
@@ -515,15 +517,15 @@ def resolve(config: str | None, overrides: Sequence[str], env: Mapping[str, str]
     for text in [*env_overrides, *overrides]:
         set_value(cfg, *parse_override(text))
     for key, target in (
-        ("RESLICE_GLOBAL_BATCH", "train.global_batch"),
-        ("RESLICE_MICRO_BATCH", "train.micro_batch"),
-        ("RESLICE_GRAD_ACCUM", "train.grad_accum"),
+        (envvars.GLOBAL_BATCH, "train.global_batch"),
+        (envvars.MICRO_BATCH, "train.micro_batch"),
+        (envvars.GRAD_ACCUM, "train.grad_accum"),
     ):
         value = _env_int(env, key)
         if value is not None:
             set_value(cfg, target, value)
-    if env.get("RESLICE_RUN_DIR"):
-        cfg.run_dir = env["RESLICE_RUN_DIR"]
+    if env.get(envvars.RUN_DIR):
+        cfg.run_dir = env[envvars.RUN_DIR]
     validate(cfg)
     return cfg
 

@@ -23,12 +23,14 @@ from typing import Any
 import jax
 import numpy as np
 
+from contract import envvars
+from contract.exits import Exit
+from contract.words import STATE_SOURCE, StateSource
 from trainer import evaluate, restore
 from trainer.config import Config, ConfigError, config_hash, identity, schedule_point
 from trainer.data import pipeline as data
 from trainer.elastic import distributed, peers, supervisor
 from trainer.elastic.watchdog import Preemption
-from trainer.exits import Exit
 from trainer.model import sizes
 from trainer.model.mesh import (
     BatchPlan,
@@ -608,27 +610,27 @@ def _restore_or_init(
         state, arriving = restored.ready()
         timeline.mark("transfer")
         restore_s, source = restored.seconds + arriving, restored.source
-        place = str(ckpt.directory) if source is snapshot.StateSource.STORAGE else where.memory.describe()
+        place = str(ckpt.directory) if source is StateSource.STORAGE else where.memory.describe()
         print(f"trainer: resumed step {restored.step} from {place} on {where.plan}", flush=True)
     else:
         # Nothing restored: the look for a checkpoint (opening Orbax's manager) is start-up.
-        restore_s, source = 0.0, None
+        restore_s, source = 0.0, StateSource.FRESH
         state, steps, compile_timers = _initialise(cfg, where.mesh, program, model, steps, abstract, timeline)
     # Where this incarnation's state came from; bytes: what it read of the run directory's
     # checkpoints from opening them to its state on the devices (the storage's counters).
     restore_record = {
-        "restore/from": source.value if source else None,
+        STATE_SOURCE: source.value,
         "restore/step": restored.step,
         "restore/storage_bytes": storage_bytes_read() - read_before,
     }
     status["restored"] = {
         "segment": where.segment,
         "jobset_attempt": where.attempt,
-        "from": restore_record["restore/from"],
+        STATE_SOURCE: source.value,
         "step": restored.step,
     }
     writer.status(state="running", step=restored.step, **status)
-    if source in (snapshot.StateSource.MEMORY, snapshot.StateSource.PEERS):
+    if source in (StateSource.MEMORY, StateSource.PEERS):
         _rewrite_lost_records(writer, cfg.run_dir, where.memory.root, restored.step)
     return Start(
         restored.step, state, steps, batches, model, writer, status, restore_s, compile_timers, restore_record
@@ -705,11 +707,11 @@ def _place(
 ) -> Placement:
     """The mesh, batch plan, data layout and metrics recorder of this incarnation, and its memory
     snapshots (``snapshot.Memory``, off without a memory directory)."""
-    segment = _env_number(env, "RESLICE_SEGMENT", int)
-    attempt = _env_number(env, "RESLICE_RESTART_ATTEMPT", int)
+    segment = _env_number(env, envvars.SEGMENT, int)
+    attempt = _env_number(env, envvars.RESTART_ATTEMPT, int)
     memory_dir, memory_every = snapshot.directory(env), snapshot.interval(cfg.checkpoint.memory_interval)
     if memory_dir is not None and memory_every > 0:
-        cfg = snapshot.with_slice_replicas(cfg, _env_number(env, "RESLICE_NUM_SLICES", int))
+        cfg = snapshot.with_slice_replicas(cfg, _env_number(env, envvars.NUM_SLICES, int))
     mesh = mesh_for(cfg)
     plan = batch_plan(
         cfg, mesh.size, ident.num_processes, mesh.shape["expert"], dp_ranks(mesh), mesh.shape["fsdp"]
@@ -725,7 +727,7 @@ def _place(
         memory_every,
         run_id.expected,
         f"{segment}-{attempt}-{env.get('RESLICE_WORLD_EPOCH', '')}",
-        _env_number(env, "RESLICE_HOSTS_PER_SLICE", int) or 1,
+        _env_number(env, envvars.HOSTS_PER_SLICE, int) or 1,
         prefetched,
     )
     layout = data.Layout(gb, plan.grad_accum, *process_block(mesh, ident.process_id))
@@ -743,7 +745,7 @@ def _checkpoint_meta(
         return {
             "step": step, "data_position": step * gb, "global_batch": gb, "segment": where.segment,
             "jobset_attempt": where.attempt, "config_hash": run_id.config_hash, "identity": run_id.identity,
-            "run": env.get("RESLICE_RUN", ""), "shape": asdict(where.plan), "time": time.time(),
+            "run": env.get(envvars.RUN, ""), "shape": asdict(where.plan), "time": time.time(),
             **({"schedule": run_id.schedule} if run_id.schedule else {}),
         }  # fmt: skip
 

@@ -11,7 +11,7 @@ Where it comes from, newest first:
 - storage (``trainer.state.checkpoint.Checkpointer.usable_start``): the newest committed
   checkpoint that restores, a foreign one refused (``ConfigError``: exit 2), an unusable one set
   aside;
-- nothing: a fresh start (step 0), which the loop initialises.
+- nothing: a fresh start (step 0, ``StateSource.FRESH``), which the loop initialises.
 
 Called by ``trainer.loop.run`` between the abstract state and the data pipeline.
 """
@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 
+from contract.words import StateSource
 from trainer.state import snapshot
 from trainer.state.checkpoint import Checkpointer
 
@@ -36,7 +37,7 @@ class Restored:
 
     step: int
     state: Any
-    source: snapshot.StateSource | None
+    source: StateSource
     seconds: float
 
     def ready(self) -> tuple[Any, float]:
@@ -70,6 +71,6 @@ def onto_mesh(
     chosen = memory.agreed(ours, abstract, mesh, timeout_s)
     if chosen is not None and chosen[0] >= (ckpt.latest_step() or 0):
         state = memory.load(chosen, abstract, mesh)
-        return Restored(chosen[0], state, memory.source, time.perf_counter() - t0)
+        return Restored(chosen[0], state, memory.source or StateSource.MEMORY, time.perf_counter() - t0)
     step, state = ckpt.usable_start(total_steps, abstract, compatible, retrace)
-    return Restored(step, state, snapshot.StateSource.STORAGE if step else None, time.perf_counter() - t0)
+    return Restored(step, state, StateSource.STORAGE if step else StateSource.FRESH, time.perf_counter() - t0)

@@ -54,8 +54,8 @@ from typing import IO, Any, NoReturn
 
 import numpy as np
 
+from contract.exits import Exit
 from trainer.data import token_meta
-from trainer.exits import Exit
 
 EOS_CANDIDATES = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[SEP]")
 BATCH_DOCS = 512  # documents per encode_batch call

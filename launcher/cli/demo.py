@@ -27,6 +27,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from contract.words import RestartMode
 from launcher.adapters.kube import Kube
 from launcher.adapters.rundir import RunDir
 from launcher.cli.watch import watch_run
@@ -36,7 +37,7 @@ from launcher.core.labels import LABEL_JOB_INDEX, LABEL_RUN, LABEL_SLICE
 from launcher.core.plan import Plan, Rung
 from launcher.core.record import Knobs, RunRecord
 from launcher.core.spec import RunSpec
-from launcher.core.words import PodRuntime, RestartMode
+from launcher.core.words import PodRuntime
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec, runtime_unavailable
 from launcher.report.io import summarize
 

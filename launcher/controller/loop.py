@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from kubernetes.utils.retry import retry_on_conflict
 
+from contract.words import STATE_SOURCE, StateSource, read_state_source
 from launcher.adapters.informer import Cache
 from launcher.adapters.kube import RECORD_KEY, Conflict, Kube, record_name, record_of
 from launcher.adapters.preset_files import load_catalog
@@ -405,7 +406,10 @@ class Controller:
         """One ledger line per trainer incarnation that restored a step (status.json's `restored`):
         where its state came from, e.g. "restored step 41 from memory"."""
         r = (trainer or {}).get("restored")
-        if not isinstance(r, dict) or not r.get("from") or not isinstance(r.get("step"), int):
+        if not isinstance(r, dict) or not isinstance(r.get("step"), int):
+            return []
+        source = read_state_source(r)  # an older trainer's `from` too
+        if source in (None, StateSource.FRESH):
             return []
         key = (run, r.get("segment"), jobset_attempt(r))
         if key in self._restores_seen:
@@ -416,8 +420,9 @@ class Controller:
                 "kind": LedgerKind.RESTORE,
                 "segment": r.get("segment"),
                 "jobset_attempt": jobset_attempt(r),
-                **{k: r.get(k) for k in ("from", "step")},
-                "message": f"restored step {r['step']} from {r['from']}",
+                STATE_SOURCE: source,
+                "step": r["step"],
+                "message": f"restored step {r['step']} from {source}",
             }
         ]
 

@@ -24,8 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract.words import STATE_SOURCE, STATE_SOURCE_KEYS, StateSource, read_state_source
 from launcher.core.record import RunRecord
-from launcher.core.words import EndKind, LedgerKind, RunState, StateSource
+from launcher.core.words import EndKind, LedgerKind, RunState
 
 LOSS = "learning/loss"
 STEP_TIME = "perf/step_time_seconds"
@@ -113,8 +114,8 @@ class SegmentReport:
     end_reason: str | None
     badput: Badput = field(default_factory=Badput)
     # Where the segment's first trainer incarnation got its state (its first record's
-    # `restore/from`); None: the run's first segment, or a trainer that does not say.
-    restored_from: StateSource | None = None
+    # `state_source`, or an older trainer's spelling of it); None: a trainer that does not say.
+    state_source: StateSource | None = None
 
 
 @dataclass
@@ -151,7 +152,7 @@ class RunReport:
                     "steps": [s.first_step, s.last_step],
                     "steps_computed": s.steps_computed,
                     "recomputed_steps": s.recomputed_steps,
-                    "restored_from": s.restored_from,
+                    STATE_SOURCE: s.state_source,
                     "end_kind": s.end_kind,
                     "end_reason": s.end_reason,
                     **s.badput.as_dict(),
@@ -297,14 +298,18 @@ def segment_badput(
     return b
 
 
-def restored_from(rows: list[dict]) -> StateSource | None:
-    """The `restore/from` of the earliest record that has one (each incarnation's first record)."""
+def first_state_source(index: int) -> StateSource | None:
+    """What a segment's state source is before its trainer says: a run's first segment starts
+    fresh; any other: not known yet."""
+    return StateSource.FRESH if index == 0 else None
+
+
+def state_source(rows: list[dict]) -> StateSource | None:
+    """The state source of the earliest record that says one (each incarnation's first record),
+    under its key or an older trainer's (contract.words.read_state_source)."""
     for m in rows:
-        if "restore/from" in m:
-            try:
-                return StateSource(m["restore/from"]) if m["restore/from"] else None
-            except ValueError:
-                return None
+        if any(k in m for k in STATE_SOURCE_KEYS):
+            return read_state_source(m)
     return None
 
 
@@ -353,7 +358,7 @@ def build_report(rec: RunRecord, metrics: list[dict], ledger: list[dict], now: f
                 end_kind=seg.end_kind,
                 end_reason=seg.end_reason,
                 badput=b,
-                restored_from=restored_from([m for _, m in rows]),
+                state_source=state_source([m for _, m in rows]),
             )
         )
         total.add(b)

@@ -18,12 +18,12 @@ from __future__ import annotations
 import json
 import re
 
+from contract import envvars
+from contract.exits import Exit
+from contract.words import RestartMode
 from launcher.core import maxtext
 from launcher.core.errors import UserError
 from launcher.core.exits import (
-    EXIT_CONFIG,
-    EXIT_PEER_LOST,
-    EXIT_PREEMPTED,
     RULE_APP_FAILURE,
     RULE_CONFIG_ERROR,
     RULE_PREEMPTED,
@@ -59,7 +59,7 @@ from launcher.core.spec import (
     short_notice,
     trainer_overrides,
 )
-from launcher.core.words import RestartMode, TrainerProfile
+from launcher.core.words import TrainerProfile
 
 DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 POD_SUFFIX = 6  # "-xxxxx" that the Job controller appends to generated pod names
@@ -128,12 +128,12 @@ def failure_policies(spec: RunSpec) -> tuple[dict, dict]:
                 "onExitCodes": {
                     "containerName": CONTAINER,
                     "operator": "In",
-                    "values": [EXIT_PREEMPTED, EXIT_PEER_LOST],  # the API wants them ascending
+                    "values": [int(Exit.PREEMPTED), int(Exit.PEER_LOST)],  # the API wants them ascending
                 },
             },
             {
                 "action": "FailJob",
-                "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_CONFIG]},
+                "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [int(Exit.CONFIG)]},
             },
         ]
     }
@@ -145,7 +145,7 @@ def failure_policies(spec: RunSpec) -> tuple[dict, dict]:
                 "name": RULE_CONFIG_ERROR,
                 "action": "FailJobSet",
                 "onJobFailureReasons": ["PodFailurePolicy"],
-                "onJobFailureMessagePatterns": [f"failed with exit code {EXIT_CONFIG} matching FailJob rule"],
+                "onJobFailureMessagePatterns": [f"failed with exit code {Exit.CONFIG} matching FailJob rule"],
             },
             {
                 # Disruptions, exit 42 and exit 43: the controller tells them apart by the pods.
@@ -177,31 +177,31 @@ def trainer_env(spec: RunSpec, shape: Shape, segment: int, plan: Plan) -> list[d
     host0 = f"{js}-{REPLICATED_JOB}-0-0.{js}"
     preset = shape.preset
     env = [
-        _env("RESLICE_RUN", spec.run),
-        _env("RESLICE_SEGMENT", segment),
-        _env("RESLICE_RUN_DIR", spec.run_dir),
-        _env("RESLICE_GLOBAL_BATCH", spec.global_batch),
-        _env("RESLICE_MICRO_BATCH", plan.micro_batch),
-        _env("RESLICE_GRAD_ACCUM", plan.grad_accum),
-        _env("RESLICE_NUM_SLICES", shape.slices),
-        _env("RESLICE_CONFIG", spec.config),
-        _env("RESLICE_SET", json.dumps(trainer_overrides(spec, preset))),
-        _env("RESLICE_COORDINATOR", f"{host0}:{spec.coordinator_port}"),
-        _env("RESLICE_NUM_PROCESSES", shape.hosts),
-        _env("RESLICE_HOSTS_PER_SLICE", preset.hosts),
-        _field_env("RESLICE_SLICE_INDEX", f"metadata.labels['{LABEL_JOB_INDEX}']"),
-        _field_env("RESLICE_RESTART_ATTEMPT", f"metadata.labels['{LABEL_RESTART_ATTEMPT}']"),
-        _env("RESLICE_PEAK_TFLOPS", preset.peak_tflops_per_chip / preset.devices_per_chip),
+        _env(envvars.RUN, spec.run),
+        _env(envvars.SEGMENT, segment),
+        _env(envvars.RUN_DIR, spec.run_dir),
+        _env(envvars.GLOBAL_BATCH, spec.global_batch),
+        _env(envvars.MICRO_BATCH, plan.micro_batch),
+        _env(envvars.GRAD_ACCUM, plan.grad_accum),
+        _env(envvars.NUM_SLICES, shape.slices),
+        _env(envvars.CONFIG, spec.config),
+        _env(envvars.SET, json.dumps(trainer_overrides(spec, preset))),
+        _env(envvars.COORDINATOR, f"{host0}:{spec.coordinator_port}"),
+        _env(envvars.NUM_PROCESSES, shape.hosts),
+        _env(envvars.HOSTS_PER_SLICE, preset.hosts),
+        _field_env(envvars.SLICE_INDEX, f"metadata.labels['{LABEL_JOB_INDEX}']"),
+        _field_env(envvars.RESTART_ATTEMPT, f"metadata.labels['{LABEL_RESTART_ATTEMPT}']"),
+        _env(envvars.PEAK_TFLOPS, preset.peak_tflops_per_chip / preset.devices_per_chip),
     ]
     if spec.heartbeat_timeout_s is not None:
-        env.append(_env("RESLICE_HEARTBEAT_TIMEOUT_S", spec.heartbeat_timeout_s))
-    env.append(_env("RESLICE_INIT_TIMEOUT_S", spec.init_timeout_s))
+        env.append(_env(envvars.HEARTBEAT_TIMEOUT_S, spec.heartbeat_timeout_s))
+    env.append(_env(envvars.INIT_TIMEOUT_S, spec.init_timeout_s))
     if shape.slices > 1:
         env += [
-            _env("MEGASCALE_COORDINATOR_ADDRESS", host0),
-            _env("MEGASCALE_NUM_SLICES", shape.slices),
-            _field_env("MEGASCALE_SLICE_ID", f"metadata.labels['{LABEL_JOB_INDEX}']"),
-            _env("MEGASCALE_PORT", spec.megascale_port),
+            _env(envvars.MEGASCALE_COORDINATOR_ADDRESS, host0),
+            _env(envvars.MEGASCALE_NUM_SLICES, shape.slices),
+            _field_env(envvars.MEGASCALE_SLICE_ID, f"metadata.labels['{LABEL_JOB_INDEX}']"),
+            _env(envvars.MEGASCALE_PORT, spec.megascale_port),
         ]
     env += [_env(k, v) for k, v in spec.env]
     return env
@@ -382,24 +382,24 @@ def inplace_env(spec: RunSpec, preset: Preset, slice_id: str) -> list[dict]:
     decides (process ids, coordinator, batch plan, `MEGASCALE_*`) the supervisor sets in each child
     from the published world (trainer/world.child_env)."""
     env = [
-        _env("RESLICE_RUN", spec.run),
-        _env("RESLICE_RUN_DIR", spec.run_dir),
-        _env("RESLICE_CONFIG", spec.config),
-        _env("RESLICE_SET", json.dumps(trainer_overrides(spec, preset))),
-        _env("RESLICE_RESTART_MODE", RestartMode.IN_PLACE),
-        _env("RESLICE_SLICE_ID", slice_id),
+        _env(envvars.RUN, spec.run),
+        _env(envvars.RUN_DIR, spec.run_dir),
+        _env(envvars.CONFIG, spec.config),
+        _env(envvars.SET, json.dumps(trainer_overrides(spec, preset))),
+        _env(envvars.RESTART_MODE, RestartMode.IN_PLACE),
+        _env(envvars.SLICE_ID, slice_id),
         # The snapshots' RAM: the pod's Memory emptyDir (below), which goes with the pod.
-        _env("RESLICE_MEMORY_ROOT", SHM_MOUNT),
-        _env("RESLICE_WORLD_CONFIGMAP", world_configmap_name(spec.run)),
-        _env("RESLICE_WORLD_NAMESPACE", spec.namespace),
-        _field_env("RESLICE_RESTART_ATTEMPT", f"metadata.labels['{LABEL_RESTART_ATTEMPT}']"),
-        _env("RESLICE_PEAK_TFLOPS", preset.peak_tflops_per_chip / preset.devices_per_chip),
+        _env(envvars.MEMORY_ROOT, SHM_MOUNT),
+        _env(envvars.WORLD_CONFIGMAP, world_configmap_name(spec.run)),
+        _env(envvars.WORLD_NAMESPACE, spec.namespace),
+        _field_env(envvars.RESTART_ATTEMPT, f"metadata.labels['{LABEL_RESTART_ATTEMPT}']"),
+        _env(envvars.PEAK_TFLOPS, preset.peak_tflops_per_chip / preset.devices_per_chip),
     ]
     if spec.world_api:
-        env.append(_env("RESLICE_WORLD_API", spec.world_api))
+        env.append(_env(envvars.WORLD_API, spec.world_api))
     if spec.heartbeat_timeout_s is not None:
-        env.append(_env("RESLICE_HEARTBEAT_TIMEOUT_S", spec.heartbeat_timeout_s))
-    env.append(_env("RESLICE_INIT_TIMEOUT_S", spec.init_timeout_s))
+        env.append(_env(envvars.HEARTBEAT_TIMEOUT_S, spec.heartbeat_timeout_s))
+    env.append(_env(envvars.INIT_TIMEOUT_S, spec.init_timeout_s))
     env += [_env(k, v) for k, v in spec.env]
     return env
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from contract.words import RestartMode
 from launcher.core import images, inputs
 from launcher.core.errors import UserError
 from launcher.core.presets import Preset
-from launcher.core.words import RestartMode, TrainerProfile
+from launcher.core.words import TrainerProfile
 
 # Ports TPU hosts already use on the host network: 8431 (runtime metrics), 8080 (multislice
 # coordinator), 8470-8482 (TPU runtime; libtpu's TPU_PROCESS_PORT 8476 on tpu7x; JAX's own Cloud

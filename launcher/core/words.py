@@ -1,7 +1,7 @@
 """The domain's words, one StrEnum each: what a run record, a decision, an observation and the ledger
 say. Their values are the strings the record (a ConfigMap), the ledger (events.jsonl) and the
 reports hold, whatever version wrote them, so a StrEnum member and the plain string compare, hash and
-serialise alike.
+serialise alike. The words the trainer speaks too (RestartMode, StateSource) are contract/words.py's.
 
 Imported by the core (record, policy, signals, accounting) and by whatever compares or writes these
 words above it; tests/launcher/test_house_rules.py fails on a literal compared to one of them
@@ -154,16 +154,6 @@ class LedgerKind(StrEnum):
     RESTORE = "restore"  # where a trainer incarnation's state came from (its status.json)
 
 
-class StateSource(StrEnum):
-    """Where a segment's state came from (the trainer's `restore/from`; docs/contract.md). The
-    trainer's own enum of these values has the same name (trainer/state/snapshot.py): the launcher and
-    the trainer import nothing of each other, so each holds its copy."""
-
-    MEMORY = "memory"  # the surviving processes' own snapshots in RAM
-    PEERS = "peers"  # a surviving replica, over the data axis
-    STORAGE = "storage"  # the run directory's committed checkpoints
-
-
 class DropUnit(StrEnum):
     """What a sweep's dropped fraction counts (`sweep.results.FactorResult.drop_unit`)."""
 
@@ -177,17 +167,6 @@ class TrainerProfile(StrEnum):
 
     RESLICE = "reslice"
     MAXTEXT = "maxtext"
-
-
-class RestartMode(StrEnum):
-    """How a run changes shape (`RunSpec.restart_mode`, `--restart-mode`; docs/contract.md "World
-    (in-place restarts)"): recreate every pod in a new segment's JobSet, or keep the surviving
-    slices' pods and publish a new world to their supervisors. The trainer's enum of these values has
-    the same name (trainer/elastic/world.py, read from `RESLICE_RESTART_MODE`). Which rules a run's
-    mode brings is decided once, by launcher/core/policy's `rules_for`."""
-
-    RECREATE = "recreate"
-    IN_PLACE = "in-place"
 
 
 class PodRuntime(StrEnum):

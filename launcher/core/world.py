@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 
+from contract import world as world_doc
 from launcher.core.labels import LABEL_RUN, REPLICATED_JOB, slice_jobset_name, world_configmap_name
 from launcher.core.presets import Preset
 from launcher.core.record import Segment
 from launcher.core.signals.slices import SliceView
 from launcher.core.spec import RESERVED_PORTS, RunSpec
 
-WORLD_KEY = "world.json"  # the ConfigMap's data key (trainer/elastic/world_source.py reads it)
 # How often the controller refreshes the world's `heartbeat` while the world waits for slices being
 # recreated (docs/contract.md "The document"): the survivors' supervisors wait past their
 # RESLICE_PEER_LOST_WAIT_S while they see it change (trainer/elastic/world.py HEARTBEAT_FRESH_S).
@@ -76,27 +76,30 @@ def document(spec: RunSpec, preset: Preset, seg: Segment, published: float) -> d
     """The world of in-place segment `seg` (its epoch is its index) as the supervisors read it."""
     assert seg.slice_ids and seg.coordinator, "an in-place segment records its slices and coordinator"
     doc: dict = {
-        "run": spec.run,
-        "epoch": seg.index,
-        "slices": list(seg.slice_ids),
-        "hosts_per_slice": preset.hosts,
-        "coordinator": seg.coordinator,
-        "global_batch": spec.global_batch,
-        "micro_batch": seg.micro_batch,
-        "grad_accum": seg.grad_accum,
-        "segment": seg.index,
-        "published": published,
+        world_doc.RUN: spec.run,
+        world_doc.EPOCH: seg.index,
+        world_doc.SLICES: list(seg.slice_ids),
+        world_doc.HOSTS_PER_SLICE: preset.hosts,
+        world_doc.COORDINATOR: seg.coordinator,
+        world_doc.GLOBAL_BATCH: spec.global_batch,
+        world_doc.MICRO_BATCH: seg.micro_batch,
+        world_doc.GRAD_ACCUM: seg.grad_accum,
+        world_doc.SEGMENT: seg.index,
+        world_doc.PUBLISHED: published,
     }
     if seg.lost:
-        doc["lost"] = list(seg.lost)
+        doc[world_doc.LOST] = list(seg.lost)
     if seg.attempts:
-        doc["attempts"] = dict(zip(seg.slice_ids, seg.attempts, strict=True))
+        doc[world_doc.ATTEMPTS] = dict(zip(seg.slice_ids, seg.attempts, strict=True))
     if len(seg.slice_ids) > 1:
         host = seg.coordinator.rpartition(":")[0]
         address = host if spec.world_api else host0(spec.run, seg.slice_ids[0])
-        doc["megascale"] = {"coordinator_address": address, "port": spec.megascale_port}
+        doc[world_doc.MEGASCALE] = {
+            world_doc.MEGASCALE_ADDRESS: address,
+            world_doc.MEGASCALE_PORT: spec.megascale_port,
+        }
     else:
-        doc["megascale"] = {}
+        doc[world_doc.MEGASCALE] = {}
     return doc
 
 
@@ -112,12 +115,12 @@ def beat(doc: dict | None, seg: Segment, slices: Mapping[str, SliceView], now: f
     it is `seg`'s world, `seg` waits for slices (awaits_slices), and the last beat (or the
     publication) is HEARTBEAT_S old. None otherwise. A controller that is gone stops beating, and
     the survivors end their wait (trainer/elastic/world.py `keep_waiting`)."""
-    if not doc or doc.get("epoch") != seg.index or not seg.live or not awaits_slices(seg, slices):
+    if not doc or doc.get(world_doc.EPOCH) != seg.index or not seg.live or not awaits_slices(seg, slices):
         return None
-    last = doc.get("heartbeat") or doc.get("published") or 0.0
+    last = doc.get(world_doc.HEARTBEAT) or doc.get(world_doc.PUBLISHED) or 0.0
     if now - float(last) < HEARTBEAT_S:
         return None
-    return {**doc, "heartbeat": now}
+    return {**doc, world_doc.HEARTBEAT: now}
 
 
 def configmap(spec: RunSpec, doc: dict | None) -> dict:
@@ -132,14 +135,14 @@ def configmap(spec: RunSpec, doc: dict | None) -> dict:
             "namespace": spec.namespace,
             "labels": {LABEL_RUN: spec.run},
         },
-        "data": {WORLD_KEY: json.dumps(doc, sort_keys=True)} if doc is not None else {},
+        "data": {world_doc.DATA_KEY: json.dumps(doc, sort_keys=True)} if doc is not None else {},
     }
 
 
 def published(cm: dict | None) -> dict | None:
     """The world document a ConfigMap holds, or None."""
     try:
-        doc = json.loads(((cm or {}).get("data") or {})[WORLD_KEY])
+        doc = json.loads(((cm or {}).get("data") or {})[world_doc.DATA_KEY])
     except (KeyError, TypeError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None
@@ -148,6 +151,6 @@ def published(cm: dict | None) -> dict | None:
 def published_epoch(cm: dict | None) -> int | None:
     """The epoch a world ConfigMap holds, or None (absent, or not a world)."""
     try:
-        return int(json.loads(((cm or {}).get("data") or {})[WORLD_KEY])["epoch"])
+        return int(json.loads(((cm or {}).get("data") or {})[world_doc.DATA_KEY])[world_doc.EPOCH])
     except (KeyError, TypeError, ValueError):
         return None

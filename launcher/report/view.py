@@ -14,7 +14,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from launcher.core.accounting import CATEGORIES, LOSS, TOKENS, RunReport
+from launcher.core.accounting import CATEGORIES, LOSS, TOKENS, RunReport, first_state_source
 from launcher.core.plan import Plan, Rung
 from launcher.core.presets import Preset, Shape
 from launcher.core.record import RunRecord
@@ -36,7 +36,7 @@ def segments_table(rec: RunRecord, report: RunReport | None = None) -> Table:
         "start",
         "end",
         "goodput",
-        "state from",
+        "state source",
         "steps lost",
         "ended because",
     ):
@@ -46,7 +46,7 @@ def segments_table(rec: RunRecord, report: RunReport | None = None) -> Table:
         rs = by_index.get(seg.index)
         steps = f"{rs.first_step}–{rs.last_step}" if rs and rs.first_step is not None else "-"
         good = f"{rs.badput.goodput:.0%}" if rs else "-"
-        source = (rs.restored_from or ("fresh" if seg.index == 0 else "-")) if rs else "-"
+        source = (rs.state_source or first_state_source(seg.index) or "-") if rs else "-"
         redone = str(rs.recomputed_steps) if rs else "-"
         why = seg.end_reason or ("live" if seg.live else "")
         table.add_row(

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from launcher.core.accounting import CATEGORIES, LOSS, RunReport
+from contract.words import STATE_SOURCE
+from launcher.core.accounting import CATEGORIES, LOSS, RunReport, first_state_source
 from launcher.core.record import RunRecord
 from launcher.core.words import LedgerKind, RunState
 from launcher.sweep.results import FactorResult, Recommendation, ordered
@@ -91,7 +92,7 @@ def _world(rec: RunRecord, report: RunReport, pods: list[dict]) -> dict:
     pods stay from one segment to the next: their age says so), and where each segment's state
     came from."""
     seg = rec.current
-    sources = {s.index: s.restored_from for s in report.segments}
+    sources = {s.index: s.state_source for s in report.segments}
     return {
         "segment": seg.index if seg else None,
         "shape": shape_of(seg.preset, seg.slices) if seg else None,
@@ -102,10 +103,10 @@ def _world(rec: RunRecord, report: RunReport, pods: list[dict]) -> dict:
         "joining": list(seg.joining) if seg else [],
         "lost": list(seg.lost) if seg else [],
         "pods": pods,
-        "state_from": [
+        STATE_SOURCE: [
             {
                 "segment": s.index,
-                "from": sources.get(s.index) or ("fresh" if s.index == 0 else None),
+                STATE_SOURCE: sources.get(s.index) or first_state_source(s.index),
                 "start_step": s.start_step,
             }
             for s in rec.segments
@@ -143,7 +144,7 @@ def run_page(
         seg = started.get(s["index"])
         s["started_because"] = seg.reason if seg else None
         s["live"] = bool(seg and seg.live)
-        s["state_from"] = s["restored_from"] or ("fresh" if s["index"] == 0 else None)
+        s[STATE_SOURCE] = s[STATE_SOURCE] or first_state_source(s["index"])
     return {
         **status,
         "row": run_row(rec, report, now),

@@ -144,11 +144,11 @@ async function runPage(name) {
     `${d.reason} — step ${d.latest_step ?? "-"} of ${d.total_steps ?? "?"}; ${committed}; global batch ${d.global_batch}; ` +
     `restarts: ${restarts(d.restarts)}` + (d.waiting ? `; waiting (${d.waiting.wait}): ${d.waiting.reason}` : "");
   show("segments", table("segments-table",
-    ["#", "shape", "devices", "micro-batch × accum", "steps", "start", "end", "goodput", "state from",
+    ["#", "shape", "devices", "micro-batch × accum", "steps", "start", "end", "goodput", "state source",
      "steps recomputed", "started because", "ended because"],
     d.segments.map(s => [String(s.index), s.shape, String(s.devices), `${s.micro_batch} × ${s.grad_accum}`,
       s.steps[0] == null ? "-" : `${s.steps[0]}–${s.steps[1]}`, clock(s.start), s.live ? "-" : clock(s.end),
-      pct(s.goodput), s.state_from ?? "-", String(s.recomputed_steps), s.started_because ?? "",
+      pct(s.goodput), s.state_source ?? "-", String(s.recomputed_steps), s.started_because ?? "",
       s.end_reason ?? (s.live ? "live" : "")])));
   lossChart(d);
   badputChart(d);
@@ -162,8 +162,8 @@ async function runPage(name) {
     (w.joining.length ? `; joining: ${w.joining.join(", ")}` : "") + (w.lost.length ? `; lost: ${w.lost.join(", ")}` : ""));
   const pods = table("pods-table", ["pod", "node", "phase", "created", "restarts"],
     w.pods.map(p => [p.name, p.node ?? "-", p.phase ?? "-", p.created ? clock(Date.parse(p.created) / 1000) : "-", String(p.restarts)]));
-  const src = table("state-from-table", ["segment", "state from", "resumed at step"],
-    w.state_from.map(s => [String(s.segment), s.from ?? "-", s.start_step == null ? "-" : String(s.start_step)]));
+  const src = table("state-source-table", ["segment", "state source", "resumed at step"],
+    w.state_source.map(s => [String(s.segment), s.state_source ?? "-", s.start_step == null ? "-" : String(s.start_step)]));
   const box = el("div", {}, facts, pods, el("p", {}), src);
   show("world", box);
   document.body.dataset.updated = String(d.now);

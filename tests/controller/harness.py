@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from contract.words import RestartMode
 from launcher.adapters.kube import Kube
 from launcher.adapters.rundir import RunDir
 from launcher.controller.launch import create_run, prepare
@@ -27,7 +28,6 @@ from launcher.controller.loop import Controller
 from launcher.core.labels import LABEL_RUN
 from launcher.core.record import Knobs, RunRecord
 from launcher.core.spec import RunSpec
-from launcher.core.words import RestartMode
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
 from tests.support.once import once
 from tests.support.wait import wait_for

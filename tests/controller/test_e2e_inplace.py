@@ -11,10 +11,11 @@ import time
 
 import pytest
 
+from contract.words import STATE_SOURCE, StateSource
 from launcher.core.accounting import build_report
 from launcher.core.labels import LABEL_SLICE
 from launcher.core.record import Knobs
-from launcher.core.words import Action, EndKind, LedgerKind, RunState, StateSource
+from launcher.core.words import Action, EndKind, LedgerKind, RunState
 from tests.controller.harness import (
     MULTI_HOST,
     MULTI_HOST_BATCH,
@@ -108,12 +109,12 @@ def test_in_place_shrink_then_grow_keeps_the_surviving_slice_pods(tmp_path, refe
     for log in survivors:
         assert killed.search(log), log[-3000:]
     status = build_report(rec, metrics, ledger, rec.finished_at or 0.0).as_dict()  # `reslice status --json`
-    froms = [s["restored_from"] for s in status["segments"][:3]]
-    assert froms == [None, StateSource.MEMORY, StateSource.PEERS], froms
+    froms = [s[STATE_SOURCE] for s in status["segments"][:3]]
+    assert froms == [StateSource.FRESH, StateSource.MEMORY, StateSource.PEERS], froms
     assert status["segments"][0]["recomputed_steps"] <= 1  # the steps after the newest snapshot
     heads: dict[int, dict] = {}  # each segment's first incarnation's first record
     for m in sorted(metrics, key=lambda m: m["time"]):
-        if "restore/from" in m:
+        if STATE_SOURCE in m:
             heads.setdefault(m["segment"], m)
     assert heads[1]["restore/storage_bytes"] == 0 and heads[2]["restore/storage_bytes"] == 0
     said = [e["message"] for e in ledger if e.get("kind") == LedgerKind.RESTORE]
@@ -269,12 +270,12 @@ def test_a_rebooted_host_then_a_crashed_one_in_place_each_cost_at_most_one_step(
     assert rec.app_failures == 0 and len(rec.host_disruptions) == 1, rec
     status = build_report(rec, metrics, ledger, rec.finished_at or 0.0).as_dict()
     assert status["restarts"]["host_disruption"] == 1 and status["restarts"]["application_failure"] == 0
-    assert status["segments"][1]["restored_from"] in {StateSource.MEMORY, StateSource.PEERS}
-    assert status["segments"][2]["restored_from"] == StateSource.MEMORY
+    assert status["segments"][1][STATE_SOURCE] in {StateSource.MEMORY, StateSource.PEERS}
+    assert status["segments"][2][STATE_SOURCE] == StateSource.MEMORY
     assert status["segments"][0]["recomputed_steps"] <= 1 and status["segments"][1]["recomputed_steps"] <= 1
     heads = {  # each later segment's first record, with what it restored
         seg: min(
-            (m for m in metrics if m.get("segment") == seg and "restore/from" in m), key=lambda m: m["time"]
+            (m for m in metrics if m.get("segment") == seg and STATE_SOURCE in m), key=lambda m: m["time"]
         )
         for seg in (1, 2)
     }

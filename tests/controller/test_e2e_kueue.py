@@ -12,12 +12,13 @@ import time
 
 import pytest
 
+from contract.words import RestartMode
 from launcher.controller.launch import create_run, prepare
 from launcher.core import world
 from launcher.core.labels import LABEL_SLICE, world_configmap_name
 from launcher.core.record import Knobs
 from launcher.core.spec import RunSpec
-from launcher.core.words import EndKind, LedgerKind, RestartMode, RunState, WaitReason
+from launcher.core.words import EndKind, LedgerKind, RunState, WaitReason
 from launcher.embedded.kueue import Kueue
 from tests.controller.harness import (
     MULTI_HOST,

@@ -22,10 +22,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from contract.words import STATE_SOURCE, StateSource
 from launcher.core.accounting import build_report
 from launcher.core.errors import UserError
 from launcher.core.labels import LABEL_SLICE, world_configmap_name
-from launcher.core.words import RunState, StateSource
+from launcher.core.words import RunState
 from tests.controller.harness import (
     GLOBAL_BATCH,
     MULTI_HOST,
@@ -275,8 +276,8 @@ def test_in_place_loses_a_node_pool_and_gets_it_back(outside: Harness, capsys, r
             :2000
         ]
     status = build_report(rec, metrics, ledger, rec.finished_at or 0.0).as_dict()
-    froms = [s["restored_from"] for s in status["segments"][:3]]
-    assert froms == [None, StateSource.MEMORY, StateSource.PEERS], froms
+    froms = [s[STATE_SOURCE] for s in status["segments"][:3]]
+    assert froms == [StateSource.FRESH, StateSource.MEMORY, StateSource.PEERS], froms
     first_seg, shrunk, grown = rec.segments[:3]
     assert (first_seg.slice_ids, shrunk.slice_ids, grown.slice_ids) == (("0", "1"), ("0",), ("0", "1"))
     # GKE's coordinator, a JobSet host name the cluster resolves, not the embedded 127.0.0.1 one.

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from kubernetes import client
 
+from contract.world import DATA_KEY
 from launcher.adapters.kube import Kube
 from launcher.controller.launch import create_run, prepare, stop_run
 from launcher.controller.loop import Controller
@@ -41,7 +42,7 @@ def test_launch_and_first_pass_create_the_slices_and_publish_world_0_once(tmp_pa
         assert seg.index == 0 and seg.slice_ids == ("0", "1")
         assert sorted(j["metadata"]["name"] for j in kube.jobsets("pub")) == ["pub-s0", "pub-s1"]
         cm = kube.world("pub-world")
-        doc = json.loads(cm["data"][world.WORLD_KEY])
+        doc = json.loads(cm["data"][DATA_KEY])
         assert (doc["epoch"], doc["slices"], doc["coordinator"]) == (0, ["0", "1"], seg.coordinator)
         rv = cm["metadata"]["resourceVersion"]
 
@@ -49,7 +50,7 @@ def test_launch_and_first_pass_create_the_slices_and_publish_world_0_once(tmp_pa
         assert Controller(kube).publish_world(rec) is False
         assert kube.world("pub-world")["metadata"]["resourceVersion"] == rv
         # An older epoch than the published one is never written over it.
-        newer = {**cm, "data": {world.WORLD_KEY: json.dumps({**doc, "epoch": 5})}}
+        newer = {**cm, "data": {DATA_KEY: json.dumps({**doc, "epoch": 5})}}
         kube.publish_world(newer, rv)
         assert Controller(kube).publish_world(rec) is False
         assert world.published_epoch(kube.world("pub-world")) == 5

@@ -4,12 +4,13 @@ from dataclasses import replace
 
 import pytest
 
+from contract.words import STATE_SOURCE, StateSource, read_state_source
 from launcher.adapters.preset_files import make_shape
 from launcher.core.accounting import CATEGORIES, build_report, incarnations, jobset_attempt, waiting_intervals
 from launcher.core.plan import Plan
 from launcher.core.record import RunRecord, new_segment
 from launcher.core.spec import RunSpec
-from launcher.core.words import RunState, StateSource
+from launcher.core.words import RunState
 from launcher.report.plots import plot_loss, plot_timeline
 
 T0 = 1000.0
@@ -227,18 +228,43 @@ def test_restarts_by_cause():
 
 
 def test_each_segment_says_where_its_state_came_from():
-    """`restored_from` is the segment's first incarnation's `restore/from` (the trainer's first
-    record): null for a fresh start, and a segment whose trainer does not say stays null."""
+    """`state_source` is the segment's first incarnation's `state_source` (the trainer's first
+    record): `fresh` for a fresh start, and a segment whose trainer does not say stays null."""
+    rec, metrics, ledger = history()
+    first = next(m for m in metrics if m["segment"] == 0)
+    later = sorted((m for m in metrics if m["segment"] == 1), key=lambda m: m["time"])
+    first.update({STATE_SOURCE: "fresh", "restore/step": 0})
+    later[0].update({STATE_SOURCE: "memory", "restore/step": 2})
+    segments = build_report(rec, metrics, ledger, T0 + 60).as_dict()["segments"]
+    assert [s[STATE_SOURCE] for s in segments] == [StateSource.FRESH, StateSource.MEMORY]
+    assert [s["recomputed_steps"] for s in segments] == [2, 0]
+    later[0][STATE_SOURCE] = "tape"  # not a source this launcher knows
+    assert build_report(rec, metrics, ledger, T0 + 60).segments[1].state_source is None
+    del later[0][STATE_SOURCE]
+    assert build_report(rec, metrics, ledger, T0 + 60).segments[1].state_source is None  # says none
+
+
+def test_an_older_trainers_restore_from_reads_as_the_state_source():
+    """Metrics files an older trainer wrote spell it `restore/from`, null for a fresh start: the
+    report reads them as the same state sources."""
     rec, metrics, ledger = history()
     first = next(m for m in metrics if m["segment"] == 0)
     later = sorted((m for m in metrics if m["segment"] == 1), key=lambda m: m["time"])
     first.update({"restore/from": None, "restore/step": 0})
-    later[0].update({"restore/from": "memory", "restore/step": 2})
+    later[0].update({"restore/from": "peers", "restore/step": 2})
     segments = build_report(rec, metrics, ledger, T0 + 60).as_dict()["segments"]
-    assert [s["restored_from"] for s in segments] == [None, StateSource.MEMORY]
-    assert [s["recomputed_steps"] for s in segments] == [2, 0]
-    later[0]["restore/from"] = "tape"  # not a source this launcher knows
-    assert build_report(rec, metrics, ledger, T0 + 60).segments[1].restored_from is None
+    assert [s[STATE_SOURCE] for s in segments] == [StateSource.FRESH, StateSource.PEERS]
+
+
+def test_the_state_source_has_one_key_and_reads_the_older_ones():
+    """contract.words.read_state_source: the key, then an older writer's (the metrics record's
+    `restore/from`, status.json's and the ledger's `from`), None meaning a fresh start there."""
+    assert read_state_source({STATE_SOURCE: "storage", "from": "memory"}) is StateSource.STORAGE
+    assert read_state_source({"restore/from": "memory"}) is StateSource.MEMORY
+    assert read_state_source({"restore/from": None}) is StateSource.FRESH
+    assert read_state_source({"segment": 1, "from": "peers", "step": 3}) is StateSource.PEERS
+    assert read_state_source({"from": "tape"}) is None
+    assert read_state_source({"step": 3}) is None
 
 
 def test_in_place_steps_after_the_next_world_is_published_stay_with_their_segment():

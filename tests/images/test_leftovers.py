@@ -9,9 +9,16 @@ import pytest
 from tests.images.container import podman
 
 APP = {
-    "docker/Dockerfile": ["README.md", "pyproject.toml", "requirements", "trainer"],
-    "docker/controller.Dockerfile": ["README.md", "launcher", "presets", "pyproject.toml", "requirements"],
-    "docker/maxtext.Dockerfile": ["maxtext_entry", "requirements"],
+    "docker/Dockerfile": ["README.md", "contract", "pyproject.toml", "requirements", "trainer"],
+    "docker/controller.Dockerfile": [
+        "README.md",
+        "contract",
+        "launcher",
+        "presets",
+        "pyproject.toml",
+        "requirements",
+    ],
+    "docker/maxtext.Dockerfile": ["contract", "maxtext_entry", "requirements"],
 }
 
 

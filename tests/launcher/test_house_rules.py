@@ -1,11 +1,11 @@
 """The house rules the import contracts cannot state (docs/design.md "Layers"): over every module of
-launcher/ and trainer/, no class name defined in two modules (but for the words both sides of the
-launcher/trainer boundary speak, one copy each, spelled alike), no one-letter module alias, no preset
-loading in the core, no number with a unit in a comment or docstring (a figure goes stale there: it
-belongs in docs/measurements.md), no function longer than a reader takes in at one sitting (but the
-embedded cluster's transcriptions of upstream), "hbm" and never "memory" for the step's HBM (memory
-is the RAM snapshots'), and over bench/ too, no domain word compared as a
-string literal. Source text only: nothing is imported."""
+launcher/, trainer/ and contract/, no class name defined in two modules (the words both sides of the
+launcher/trainer boundary speak are contract/'s, defined once), one StateSource, each exit code
+defined once, no one-letter module alias, no preset loading in the core, no number with a unit in a
+comment or docstring (a figure goes stale there: it belongs in docs/measurements.md), no function
+longer than a reader takes in at one sitting (but the embedded cluster's transcriptions of
+upstream), "hbm" and never "memory" for the step's HBM (memory is the RAM snapshots'), and over
+bench/ too, no domain word compared as a string literal. Source text only: nothing is imported."""
 
 from __future__ import annotations
 
@@ -18,56 +18,133 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = sorted(p for package in ("launcher", "trainer") for p in (ROOT / package).rglob("*.py"))
+# contract/: the words the launcher and the trainer share (docs/contract.md), which both import.
+PACKAGES = ("launcher", "trainer", "contract")
+MODULES = sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
 # The measurements: held to the rule on domain words too (they compare what the launcher records).
 BENCH = sorted((ROOT / "bench").rglob("*.py"))
-# One concept, one name on both sides of the launcher/trainer boundary: these StrEnums are defined
-# once in each (they import nothing of each other), with the same members.
-BOUNDARY = {
-    "RestartMode": ("launcher/core/words.py", "trainer/elastic/world.py"),
-    "StateSource": ("launcher/core/words.py", "trainer/state/snapshot.py"),
-}
+# The MaxText entrypoint: it exits with the contract's codes too.
+MAXTEXT_ENTRY = sorted((ROOT / "maxtext_entry").rglob("*.py"))
 # The core of docs/design.md "Layers" (the folder launcher/core/): handed a presets.Catalog, never
 # reading presets/ itself.
 CORE = sorted((ROOT / "launcher" / "core").rglob("*.py"))
+# Where the shared words are defined, once.
+STATE_SOURCE_HOME = "contract/words.py"
+EXITS_HOME = "contract/exits.py"
 
 
 @cache
 def parsed() -> dict[str, ast.Module]:
-    return {str(p.relative_to(ROOT)): ast.parse(p.read_text()) for p in MODULES + BENCH}
+    return {str(p.relative_to(ROOT)): ast.parse(p.read_text()) for p in MODULES + BENCH + MAXTEXT_ENTRY}
 
 
-def _classes() -> dict[str, dict[str, ast.ClassDef]]:
-    """Every class of launcher/ and trainer/, by name, then by the module that defines it."""
+def _classes(trees: dict[str, ast.Module] | None = None) -> dict[str, dict[str, ast.ClassDef]]:
+    """Every class of launcher/, trainer/ and contract/ (or of `trees`), by name, then by the module
+    that defines it."""
     where: dict[str, dict[str, ast.ClassDef]] = defaultdict(dict)
-    for path, tree in parsed().items():
-        if path.startswith(("launcher/", "trainer/")):
+    for path, tree in (parsed() if trees is None else trees).items():
+        if path.startswith(tuple(f"{p}/" for p in PACKAGES)):
             for node in ast.walk(tree):
                 if isinstance(node, ast.ClassDef):
                     where[node.name][path] = node
     return where
 
 
+def _twice(trees: dict[str, ast.Module] | None = None) -> dict[str, list[str]]:
+    return {name: sorted(paths) for name, paths in _classes(trees).items() if len(paths) > 1}
+
+
 def test_no_class_name_is_defined_in_two_modules() -> None:
+    """One concept, one class: a word both sides of the launcher/trainer boundary speak is
+    contract/'s, which both import, never a copy on each side."""
     where = _classes()
-    assert len(where) > 100  # the walk sees the classes
-    twice = {name: sorted(paths) for name, paths in where.items() if len(paths) > 1}
-    assert twice == {name: sorted(paths) for name, paths in BOUNDARY.items()}
+    assert len(where) > 100 and any(p.startswith("contract/") for c in where.values() for p in c)
+    assert _twice() == {}
+    # The rule can fail: a copy of RestartMode on the trainer's side, as there once was.
+    copy = ast.parse("from enum import StrEnum\nclass RestartMode(StrEnum):\n    RECREATE = 'recreate'\n")
+    assert _twice({**parsed(), "trainer/elastic/world.py": copy}) == {
+        "RestartMode": ["contract/words.py", "trainer/elastic/world.py"]
+    }
 
 
-def test_the_words_of_the_boundary_are_spelled_alike_on_both_sides() -> None:
-    """The launcher's and the trainer's copy of each boundary word: the same members, the same values."""
+def _members(node: ast.ClassDef) -> dict[str, object]:
+    return {
+        stmt.targets[0].id: stmt.value.value
+        for stmt in node.body
+        if isinstance(stmt, ast.Assign)
+        and isinstance(stmt.targets[0], ast.Name)
+        and isinstance(stmt.value, ast.Constant)
+    }
 
-    def members(node: ast.ClassDef) -> dict[str, object]:
-        return {
-            stmt.targets[0].id: stmt.value.value
-            for stmt in node.body
-            if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Constant)
-        }
 
-    for name, (launcher_side, trainer_side) in BOUNDARY.items():
-        defs = _classes()[name]
-        assert members(defs[launcher_side]) == members(defs[trainer_side]) != {}, name
+def _state_sources(trees: dict[str, ast.Module]) -> list[str]:
+    """The modules that define an enum of where a state came from: a class named StateSource, or
+    any StrEnum with a member spelled as one of StateSource's values."""
+    home = _classes(trees)["StateSource"][STATE_SOURCE_HOME]
+    values = {v for k, v in _members(home).items()}
+    found = []
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and (
+                node.name == "StateSource"
+                or (
+                    any(ast.unparse(b) == "StrEnum" for b in node.bases)
+                    and values & set(_members(node).values())
+                )
+            ):
+                found.append(f"{path}:{node.name}")
+    return sorted(found)
+
+
+def test_one_state_source_and_it_has_fresh() -> None:
+    """Where a state came from is one enum, contract/'s StateSource, and a fresh start is one of its
+    members (not a string each reader invents)."""
+    assert _state_sources(parsed()) == [f"{STATE_SOURCE_HOME}:StateSource"]
+    assert _members(_classes()["StateSource"][STATE_SOURCE_HOME]).get("FRESH") == "fresh"
+    # The rule can fail: the trainer's own enum of the same values, under another name.
+    copy = ast.parse("from enum import StrEnum\nclass Source(StrEnum):\n    PEERS = 'peers'\n")
+    assert _state_sources({**parsed(), "trainer/state/snapshot.py": copy}) == [
+        f"{STATE_SOURCE_HOME}:StateSource",
+        "trainer/state/snapshot.py:Source",
+    ]
+
+
+def _exit_constants(trees: dict[str, ast.Module]) -> list[str]:
+    """Every integer constant (a module's, or a class body's: an enum member) that spells one of the
+    contract's exit codes: any named EXIT_* with a code's number, and any at all with a number only
+    an exit code has (42, 43, 143: not 0, 1 or 2, which count many other things)."""
+    home = _classes(trees)["Exit"][EXITS_HOME]
+    codes = set(_members(home).values())
+    telling = {c for c in codes if isinstance(c, int) and c > 2}
+    found = []
+    for path, tree in trees.items():
+        scopes = [tree, *(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef))]
+        for scope in scopes:
+            for stmt in scope.body:
+                target, value = None, None
+                if isinstance(stmt, ast.Assign) and isinstance(stmt.targets[0], ast.Name):
+                    target, value = stmt.targets[0].id, stmt.value
+                elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                    target, value = stmt.target.id, stmt.value
+                if target is None or not isinstance(value, ast.Constant) or type(value.value) is not int:
+                    continue
+                if value.value in telling or (target.upper().startswith("EXIT_") and value.value in codes):
+                    found.append(f"{path}:{stmt.lineno}: {target} = {value.value}")
+    return found
+
+
+def test_each_exit_code_is_defined_once() -> None:
+    """The trainer's exit codes are contract/exits.py's `Exit`, which the trainer, the launcher's
+    failure policy and the MaxText entrypoint import: no module spells one of them again."""
+    found = _exit_constants(parsed())
+    assert found and all(f.startswith(EXITS_HOME) for f in found), found
+    assert not [f for f in found if not f.startswith(EXITS_HOME)]
+    # The rule can fail: a copy of a code in the launcher, as launcher/core/exits.py once held.
+    copy = ast.parse("EXIT_CONFIG = 2\nPREEMPTED = 42\n")
+    assert _exit_constants({**parsed(), "launcher/core/exits.py": copy})[-2:] == [
+        "launcher/core/exits.py:1: EXIT_CONFIG = 2",
+        "launcher/core/exits.py:2: PREEMPTED = 42",
+    ]
 
 
 def _is_project_module(module: str, name: str) -> bool:
@@ -104,14 +181,16 @@ def test_the_core_loads_no_presets() -> None:
 
 
 def _held(path: str) -> bool:
-    """Whether the rule on domain words holds in `path`: launcher/, trainer/ and bench/, but
-    launcher/embedded, which speaks Kubernetes' words."""
-    return path.startswith(("launcher/", "trainer/", "bench/")) and not path.startswith("launcher/embedded/")
+    """Whether the rule on domain words holds in `path`: launcher/, trainer/, contract/ and bench/,
+    but launcher/embedded, which speaks Kubernetes' words."""
+    return path.startswith(("launcher/", "trainer/", "contract/", "bench/")) and not path.startswith(
+        "launcher/embedded/"
+    )
 
 
 def _domain_words() -> dict[str, str]:
-    """Every value of a StrEnum defined in launcher/ or trainer/ (launcher.core.words and the rest),
-    by value: the enum member that spells it."""
+    """Every value of a StrEnum defined in launcher/, trainer/ or contract/ (launcher.core.words,
+    contract.words and the rest), by value: the enum member that spells it."""
     words = {}
     for path, tree in parsed().items():
         if not _held(path) or path.startswith("bench/"):

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from contract.world import DATA_KEY
 from launcher.adapters.preset_files import load_catalog
 from launcher.core import world
 from launcher.core.errors import UserError
@@ -163,7 +164,7 @@ def test_the_world_document_is_what_the_trainer_parses() -> None:
     doc = world.document(SPEC, PRESET, segment(5, ("2", "0"), coord), published=12.5)
     cm = world.configmap(SPEC, doc)
     assert cm["metadata"]["name"] == "llm-world" and world.published_epoch(cm) == 5
-    parsed = trainer_world.parse(cm["data"][world.WORLD_KEY])
+    parsed = trainer_world.parse(cm["data"][DATA_KEY])
     assert parsed.epoch == 5 and parsed.slices == ("2", "0") and parsed.coordinator == coord
     assert parsed.num_processes == 2 * PRESET.hosts and parsed.global_batch == 64
     assert parsed.megascale["coordinator_address"] == "llm-s2-slice-0-0.llm-s2"
@@ -173,7 +174,7 @@ def test_the_world_document_is_what_the_trainer_parses() -> None:
     one = trainer_world.parse(
         world.configmap(SPEC, world.document(SPEC, PRESET, segment(6, ("0",), "127.0.0.1:4000"), 13.0))[
             "data"
-        ][world.WORLD_KEY]
+        ][DATA_KEY]
     )
     assert one.slices == ("0",) and one.megascale == {}
     # Each slice's attempt: a pod of another attempt of its slice does not join (a rebooted host's
@@ -183,7 +184,7 @@ def test_the_world_document_is_what_the_trainer_parses() -> None:
     assert doc["attempts"] == {"2": 1, "0": 0} and "attempts" not in world.document(
         SPEC, PRESET, segment(5, ("2", "0"), coord), 1.0
     )
-    seven = trainer_world.parse(world.configmap(SPEC, doc)["data"][world.WORLD_KEY])
+    seven = trainer_world.parse(world.configmap(SPEC, doc)["data"][DATA_KEY])
     pod_of_2 = {"RESLICE_SLICE_ID": "2", "JOB_COMPLETION_INDEX": "0"}
     for attempt, other in (("1", None), ("2", 1), ("0", 1), ("", None)):
         me = trainer_world.me_from_env({**pod_of_2, "RESLICE_RESTART_ATTEMPT": attempt})

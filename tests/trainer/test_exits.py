@@ -1,25 +1,13 @@
-"""The trainer's exit codes (trainer/exits.py) are the contract's: the launcher's failure policy and
-the MaxText entrypoint keep copies of their own (neither may import the trainer), and
-docs/contract.md's table names each."""
+"""The exit codes (contract/exits.py, which the trainer, the launcher's failure policy and the
+MaxText entrypoint all import): docs/contract.md's table names each. That no other module defines
+one of its numbers again is tests/launcher/test_house_rules.py's."""
 
 from __future__ import annotations
 
 import re
 
-from launcher.core import exits as launcher_exits
-from maxtext_entry import outcome
+from contract.exits import Exit
 from tests.trainer.runs import ROOT
-from trainer.exits import Exit
-
-
-def test_the_copies_have_the_trainers_numbers() -> None:
-    launcher = (launcher_exits.EXIT_CONFIG, launcher_exits.EXIT_PREEMPTED, launcher_exits.EXIT_PEER_LOST)
-    assert launcher == (Exit.CONFIG, Exit.PREEMPTED, Exit.PEER_LOST)
-    maxtext = (
-        outcome.EXIT_FINISHED, outcome.EXIT_CRASH, outcome.EXIT_CONFIG, outcome.EXIT_PREEMPTED,
-        outcome.EXIT_PEER_LOST, outcome.EXIT_TERM_UNSAVED,
-    )  # fmt: skip
-    assert maxtext == tuple(Exit)
 
 
 def test_the_contracts_table_names_every_code_but_the_failure() -> None:

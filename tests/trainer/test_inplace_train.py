@@ -11,6 +11,7 @@ import os
 import time
 from pathlib import Path
 
+from contract.words import STATE_SOURCE
 from tests.trainer import runs
 from trainer.telemetry.startup import parse_report
 
@@ -144,10 +145,10 @@ def test_the_coordinators_slice_lost_then_a_new_slice_grows_the_world_back(
     # newest step both processes had written: at most one step is computed again, where the storage
     # checkpoint (step 10) would have cost every step since.
     restored = second[min(second)]
-    assert restored["restore/from"] == "memory" and restored["restore/storage_bytes"] == 0
+    assert restored[STATE_SOURCE] == "memory" and restored["restore/storage_bytes"] == 0
     assert min(second) == restored["restore/step"] + 1 >= max(first)
     # The grown world: s2's new pod holds no snapshot; s1's replica reaches it over the data axis.
-    assert third[min(third)]["restore/from"] == "peers" and third[min(third)]["restore/storage_bytes"] == 0
+    assert third[min(third)][STATE_SOURCE] == "peers" and third[min(third)]["restore/storage_bytes"] == 0
     assert min(third) == max(second) + 1 and max(third) == 40  # the SIGTERM's checkpoint
     shapes = [
         {(r["devices"], r["micro_batch"], r["num_processes"]) for r in f.values()}

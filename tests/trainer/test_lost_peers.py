@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from contract import envvars
+from contract.exits import Exit
 from tests.trainer import runs
-from trainer.exits import Exit
 
 
 def lose(victim: runs.Trainer, survivor: runs.Trainer, timeout: float = 90) -> tuple[int, float, str]:
@@ -156,7 +157,7 @@ def test_a_later_in_place_trainer_whose_world_never_forms_exits_peer_lost_at_the
     run_dir = tmp_path / "run"
     later = {
         "RESLICE_INIT_TIMEOUT_S": "900",
-        "RESLICE_TRAINER_RESTARTED": "1",
+        envvars.INCARNATION: "1",
         "RESLICE_REJOIN_TIMEOUT_S": "3",
     }
     procs = runs.processes(str(run_dir), tmp_path, extra=later)

@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from contract.words import STATE_SOURCE
 from tests.trainer import runs
 from tests.trainer.test_inplace_train import pod as inplace_pod
 from tests.trainer.test_inplace_train import publish, world
@@ -52,13 +53,13 @@ def test_a_shrink_restores_from_memory_bitwise_as_from_storage(reference: dict, 
     stopped = max(first)
     head = second[min(second)]
     assert min(second) == stopped + 1  # nothing recomputed
-    assert (head["restore/from"], head["restore/step"], head["restore/storage_bytes"]) == (
+    assert (head[STATE_SOURCE], head["restore/step"], head["restore/storage_bytes"]) == (
         "memory",
         stopped,
         0,
     )
     assert f"trainer: resumed step {stopped} from memory" in out0
-    assert first[min(first)]["restore/from"] is None  # the run's first incarnation
+    assert first[min(first)][STATE_SOURCE] == "fresh"  # the run's first incarnation
     assert all(r["perf/memory_snapshot_seconds"] >= 0 for r in first.values())
     runs.assert_matches_reference({**first, **second}, reference, exact=False)
 
@@ -73,7 +74,7 @@ def test_a_shrink_restores_from_memory_bitwise_as_from_storage(reference: dict, 
     assert rc == 0, out[-4000:]
     resumed = runs.parse_metrics(runs.metrics_files(copy))
     head = resumed[min(resumed)]
-    assert (head["restore/from"], head["restore/step"]) == ("storage", stopped)
+    assert (head[STATE_SOURCE], head["restore/step"]) == ("storage", stopped)
     assert head["restore/storage_bytes"] > 0
     assert {s: r["learning/loss"] for s, r in resumed.items()} == {
         s: r["learning/loss"] for s, r in second.items()
@@ -107,9 +108,9 @@ def test_every_slice_lost_restores_from_storage(reference: dict, tmp_path: Path)
         for root in roots:
             shutil.rmtree(root, ignore_errors=True)
     records = runs.parse_metrics(runs.metrics_files(run_dir))
-    heads = [r for r in records.values() if "restore/from" in r and r["restore/from"] is not None]
+    heads = [r for r in records.values() if r.get(STATE_SOURCE) not in (None, "fresh")]
     assert heads, "the second world recorded no restore"
     head = heads[0]
-    assert (head["restore/from"], head["restore/step"]) == ("storage", committed)
+    assert (head[STATE_SOURCE], head["restore/step"]) == ("storage", committed)
     assert head["restore/storage_bytes"] > 0
     runs.assert_matches_reference(records, reference, exact=False)

@@ -7,8 +7,8 @@ import signal
 
 import pytest
 
+from contract.exits import Exit
 from trainer.elastic import peers
-from trainer.exits import Exit
 
 # What the survivor raised, as `Type: message` (peers.error_text).
 GLOO_RESET = (

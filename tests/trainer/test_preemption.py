@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from contract.exits import Exit
 from tests.support.fakeclock import FakeClock
 from trainer.elastic.watchdog import Preemption
-from trainer.exits import Exit
 
 
 class Watched:

@@ -13,6 +13,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from contract import envvars
 from trainer.state import memdir, snapshot
 
 
@@ -99,7 +100,7 @@ def test_a_failed_write_turns_snapshots_off_and_says_so(cpu8, tmp_path: Path, ca
 
 
 def test_each_pod_gets_its_own_memory_directory_and_a_dead_ones_is_removed(tmp_path: Path) -> None:
-    env = {memdir.MEMORY_ROOT_ENV: str(tmp_path), "RESLICE_RUN": "llm"}
+    env = {envvars.MEMORY_ROOT: str(tmp_path), "RESLICE_RUN": "llm"}
     dead = tmp_path / "reslice-llm-s1-0-999999999"  # a supervisor that was killed: no such pid
     dead.mkdir()
     other = tmp_path / f"reslice-llm-s2-0-{os.getppid()}"  # another pod's, its supervisor alive
@@ -109,7 +110,7 @@ def test_each_pod_gets_its_own_memory_directory_and_a_dead_ones_is_removed(tmp_p
     assert not dead.exists() and other.exists()
     memdir.remove(mine)
     assert not mine.exists()
-    assert memdir.make({memdir.MEMORY_ROOT_ENV: str(tmp_path / "missing" / "x")}, "s1", 0) is None
+    assert memdir.make({envvars.MEMORY_ROOT: str(tmp_path / "missing" / "x")}, "s1", 0) is None
 
 
 @pytest.mark.parametrize(("configured", "resolved"), [(0, 1), (5, 5), (-1, 0)])

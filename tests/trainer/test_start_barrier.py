@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
+from contract.exits import Exit
 from tests.trainer import runs
 from trainer.elastic import distributed
-from trainer.exits import Exit
 
 GLOO_RENDEZVOUS_S = 30
 DELAY_S = 40

@@ -133,11 +133,12 @@ def test_each_epoch_restarts_the_child_with_its_world(pod) -> None:
         "RESLICE_NUM_PROCESSES": "4", "RESLICE_NUM_SLICES": "2", "RESLICE_SLICE_INDEX": "1",
         "JOB_COMPLETION_INDEX": "1", "RESLICE_MICRO_BATCH": "4", "RESLICE_GRAD_ACCUM": "1",
         "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "1", "RESLICE_TRAINER_CHILD": "1",
+        "RESLICE_INCARNATION": "0",
     }  # fmt: skip
     p.publish(world_doc(2, ["b"]))  # slice a lost: b is process 2·0+1 of 2, alone, no multislice
     second = p.wait_starts(2)[1]
     assert second["env"]["RESLICE_SLICE_INDEX"] == "0" and second["env"]["RESLICE_NUM_PROCESSES"] == "2"
-    assert second["env"]["RESLICE_TRAINER_RESTARTED"] == "1"  # its start-up begins at its fork
+    assert second["env"]["RESLICE_INCARNATION"] == "1"  # its start-up begins at its fork
     assert "MEGASCALE_NUM_SLICES" not in second["env"] and second["env"]["RESLICE_MICRO_BATCH"] == "8"
     p.publish(world_doc(1, ["a", "b"]))  # a replayed older epoch: ignored
     p.alive_for(0.5)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
+from contract.world import DATA_KEY
 from launcher.embedded.cluster import EmbeddedCluster
 from launcher.embedded.types.resources import RESOURCES
 from tests.support.wait import wait_for
@@ -36,7 +37,7 @@ def cluster(tmp_path: Path) -> Iterator[EmbeddedCluster]:
 
 
 def configmap(name: str, epoch: int) -> dict:
-    return {"metadata": {"name": name}, "data": {world_source.WORLD_KEY: json.dumps(world_doc(epoch, ["b"]))}}
+    return {"metadata": {"name": name}, "data": {DATA_KEY: json.dumps(world_doc(epoch, ["b"]))}}
 
 
 class Seen:
@@ -166,12 +167,10 @@ def test_the_supervisor_follows_a_configmap(cluster: EmbeddedCluster, tmp_path: 
     try:
         assert pod.wait_starts(1)[0]["env"]["RESLICE_WORLD_EPOCH"] == "0"
         doc = world_doc(1, ["a", "b"])
-        core.patch_namespaced_config_map(NAME, NS, {"data": {world_source.WORLD_KEY: json.dumps(doc)}})
+        core.patch_namespaced_config_map(NAME, NS, {"data": {DATA_KEY: json.dumps(doc)}})
         second = pod.wait_starts(2)[1]
         assert second["env"]["RESLICE_WORLD_EPOCH"] == "1" and second["env"]["RESLICE_SLICE_INDEX"] == "1"
-        core.patch_namespaced_config_map(
-            NAME, NS, {"data": {world_source.WORLD_KEY: json.dumps(world_doc(2, ["a"]))}}
-        )
+        core.patch_namespaced_config_map(NAME, NS, {"data": {DATA_KEY: json.dumps(world_doc(2, ["a"]))}})
         assert pod.wait() == 0, pod.output()
         assert "follows the worlds of ConfigMap default/llm-world at http://127.0.0.1:" in pod.output()
     finally:

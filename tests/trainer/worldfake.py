@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 
+from contract import envvars
 from trainer.elastic import follower, supervisor
 
 KEYS = (
@@ -48,7 +49,7 @@ KEYS = (
     "MEGASCALE_NUM_SLICES",
     "MEGASCALE_SLICE_ID",
     supervisor.CHILD_ENV,
-    supervisor.RESTARTED_ENV,
+    envvars.INCARNATION,
 )
 
 
@@ -102,7 +103,7 @@ def _fresh(env: dict[str, str]) -> None:
 
 
 def _take_chip() -> bool:
-    fd = os.open(os.environ[follower.LOCKFILE_ENV], os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(os.environ[envvars.LIBTPU_LOCKFILE], os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -15,6 +15,7 @@ import subprocess
 
 import pytest
 
+from contract.words import STATE_SOURCE
 from launcher.adapters.kube import Kube
 from launcher.core.accounting import LOSS
 from launcher.core.record import Knobs
@@ -53,7 +54,7 @@ def _expected_rows(kube: Kube) -> list[list[str]]:
     return [
         [str(s["index"]), s["shape"], str(s["devices"]), f"{s['micro_batch']} × {s['grad_accum']}",
          f"{s['steps'][0]}–{s['steps'][1]}" if s["steps"][0] is not None else "-",
-         s["restored_from"] or ("fresh" if s["index"] == 0 else "-"), s["end_reason"] or "live"]
+         s[STATE_SOURCE] or ("fresh" if s["index"] == 0 else "-"), s["end_reason"] or "live"]
         for s in report.as_dict()["segments"]
     ]  # fmt: skip
 

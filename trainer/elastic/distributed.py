@@ -9,7 +9,7 @@ The heartbeat timeout decides how fast the survivors of a dead process give up (
 restarts the whole set): ``RESLICE_HEARTBEAT_TIMEOUT_S``, default JAX's own. The initialization
 timeout is how long the first process waits for the last one to join: ``RESLICE_INIT_TIMEOUT_S``,
 default ``INIT_TIMEOUT_S`` (JAX's default is short for hundreds of hosts whose pods start minutes
-apart; see docs/contract.md). An in-place pod's later trainers (``RESLICE_TRAINER_RESTARTED``) join
+apart; see docs/contract.md). An in-place pod's later trainers (``RESLICE_INCARNATION`` > 0) join
 within ``RESLICE_REJOIN_TIMEOUT_S`` (default ``REJOIN_TIMEOUT_S``) instead (``join_timeout``).
 
 Before the first step every process waits at a barrier of JAX's coordination service
@@ -33,8 +33,9 @@ from typing import Any
 import jax
 from orbax.checkpoint import multihost
 
+from contract import envvars
 from trainer.config import ConfigError
-from trainer.elastic.supervisor import RESTARTED_ENV
+from trainer.elastic.supervisor import later_incarnation
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,10 @@ def _int(env: Mapping[str, str], key: str, default: int) -> int:
 
 
 def identity(env: Mapping[str, str]) -> Identity:
-    coordinator = env.get("RESLICE_COORDINATOR") or None
-    num = _int(env, "RESLICE_NUM_PROCESSES", 1)
-    pid = _int(env, "RESLICE_SLICE_INDEX", 0) * _int(env, "RESLICE_HOSTS_PER_SLICE", 1) + _int(
-        env, "JOB_COMPLETION_INDEX", 0
+    coordinator = env.get(envvars.COORDINATOR) or None
+    num = _int(env, envvars.NUM_PROCESSES, 1)
+    pid = _int(env, envvars.SLICE_INDEX, 0) * _int(env, envvars.HOSTS_PER_SLICE, 1) + _int(
+        env, envvars.JOB_COMPLETION_INDEX, 0
     )
     if num < 1 or not 0 <= pid < num:
         raise ConfigError(f"process id {pid} is outside [0, RESLICE_NUM_PROCESSES={num})")
@@ -69,7 +70,7 @@ def identity(env: Mapping[str, str]) -> Identity:
 
 def _tpu_multihost(env: Mapping[str, str]) -> bool:
     hosts = [h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]
-    return len(hosts) > 1 or _int(env, "MEGASCALE_NUM_SLICES", 1) > 1
+    return len(hosts) > 1 or _int(env, envvars.MEGASCALE_NUM_SLICES, 1) > 1
 
 
 INIT_TIMEOUT_S = 900
@@ -90,8 +91,8 @@ def joined() -> bool:
 
 def timeouts(env: Mapping[str, str]) -> tuple[int, int]:
     """(initialization, heartbeat) timeouts in seconds, from the contract environment."""
-    init_timeout = _int(env, "RESLICE_INIT_TIMEOUT_S", INIT_TIMEOUT_S)
-    heartbeat = _int(env, "RESLICE_HEARTBEAT_TIMEOUT_S", 100)
+    init_timeout = _int(env, envvars.INIT_TIMEOUT_S, INIT_TIMEOUT_S)
+    heartbeat = _int(env, envvars.HEARTBEAT_TIMEOUT_S, 100)
     if init_timeout < 1 or heartbeat < 1:
         raise ConfigError("RESLICE_INIT_TIMEOUT_S and RESLICE_HEARTBEAT_TIMEOUT_S must be >= 1 second")
     return init_timeout, heartbeat
@@ -101,9 +102,9 @@ def join_timeout(env: Mapping[str, str]) -> int:
     """How long ``initialize`` waits for the process group to form: the initialization timeout, or
     for an in-place pod's later trainer the shorter of it and ``RESLICE_REJOIN_TIMEOUT_S``."""
     init_timeout = timeouts(env)[0]
-    if not env.get(RESTARTED_ENV):
+    if not later_incarnation(env):
         return init_timeout
-    rejoin = _int(env, "RESLICE_REJOIN_TIMEOUT_S", REJOIN_TIMEOUT_S)
+    rejoin = _int(env, envvars.REJOIN_TIMEOUT_S, REJOIN_TIMEOUT_S)
     if rejoin < 1:
         raise ConfigError("RESLICE_REJOIN_TIMEOUT_S must be >= 1 second")
     return min(init_timeout, rejoin)
@@ -206,7 +207,7 @@ def initialize(
             waited = 0.0
             if ident.process_id != 0:  # process 0 starts the service itself
                 waited = await_coordinator(ident.coordinator, init_timeout)
-            if env.get(RESTARTED_ENV):  # a rejoin's timeout bounds the whole wait
+            if later_incarnation(env):  # a rejoin's timeout bounds the whole wait
                 init_timeout = max(1, round(init_timeout - waited))
             jax.distributed.initialize(
                 ident.coordinator,

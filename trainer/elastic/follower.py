@@ -41,8 +41,9 @@ from collections.abc import Callable, Mapping
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from contract import envvars
+from contract.exits import Exit
 from trainer.elastic import peers, supervisor, world
-from trainer.exits import Exit
 from trainer.state import memdir
 
 if TYPE_CHECKING:
@@ -53,7 +54,6 @@ if TYPE_CHECKING:
 # failed); a peer that died where nothing reports it (a host rebooted within the node monitor's
 # grace period) gives it nothing, and a world whose pods all wait would wait for good. The pod's 43
 # is that report: JobSet restarts the slice, uncounted, and the controller starts a new world.
-PEER_LOST_WAIT_ENV = "RESLICE_PEER_LOST_WAIT_S"
 PEER_LOST_WAIT_S = 120.0
 # One process holds a TPU host's chips at a time: libtpu takes a ``lockf`` on this file when its
 # backend starts and keeps it until the process exits; a second process fails at once with
@@ -62,9 +62,7 @@ PEER_LOST_WAIT_S = 120.0
 # the pod), and starts one that still failed on it again (``_Follower.on_exited``), LOCK_RETRIES
 # times in a row at most. ``RESLICE_LIBTPU_LOCKFILE``: another path (the tests' stand-in).
 LIBTPU_LOCKFILE = "/tmp/libtpu_lockfile"
-LOCKFILE_ENV = "RESLICE_LIBTPU_LOCKFILE"
 LOCK_ERROR = "Internal error when accessing libtpu multi-process lockfile"
-CHIP_WAIT_ENV = "RESLICE_CHIP_WAIT_S"
 CHIP_WAIT_S = 60.0
 LOCK_RETRIES = 3
 
@@ -174,7 +172,7 @@ def supervise_world(
     # RAM for the children's snapshots, which outlives each of them (trainer/state/snapshot.py).
     memory = memdir.make(env, me.slice_id, me.host)
     if memory is not None:
-        follower.env = {**follower.env, memdir.MEMORY_DIR_ENV: str(memory)}
+        follower.env = {**follower.env, envvars.MEMORY_DIR: str(memory)}
     follower.forked_env = imports_replayed(*imported, follower.env)
     src.start(
         lambda doc: follower.events.put((_Event.WORLD, doc, time.time())),
@@ -238,6 +236,7 @@ class _Follower:
         self.seen_at = 0.0
         self.started = -1  # the epoch of the last child started
         self.member = False  # a child of this pod ran in some world
+        self.incarnation = 0  # the next child's number among the pod's children (envvars.INCARNATION)
         self.ended = "no trainer before"  # how the previous child ended, for the next epoch's log line
         self.failed: int | None = None  # the exit code once the running child has ended (a bad world)
         self.lost_since: float | None = None  # monotonic time the last child exited 43, until the next starts
@@ -250,7 +249,7 @@ class _Follower:
         # The controller's latest world heartbeat, and when (monotonic) this pod saw it change.
         self.beat: float | None = None
         self.beat_seen: float | None = None
-        self.lockfile = env.get(LOCKFILE_ENV) or LIBTPU_LOCKFILE
+        self.lockfile = env.get(envvars.LIBTPU_LOCKFILE) or LIBTPU_LOCKFILE
         self.chip_wait = CHIP_WAIT_S
         self.lock_retries = 0  # children in a row that failed on the chip's lock before a step
         self.retry = False  # start the newest world again: its child failed on the chip's lock
@@ -280,9 +279,9 @@ class _Follower:
         """The pod's waits (``RESLICE_PEER_LOST_WAIT_S``, ``RESLICE_PEER_LOST_MAX_WAIT_S``,
         ``RESLICE_CHIP_WAIT_S``): one line and
         ``Exit.CONFIG`` for one that is not seconds > 0."""
-        for key, default, attr in ((PEER_LOST_WAIT_ENV, PEER_LOST_WAIT_S, "patience"),
-                                   (world.PEER_LOST_MAX_WAIT_ENV, world.PEER_LOST_MAX_WAIT_S, "bound"),
-                                   (CHIP_WAIT_ENV, CHIP_WAIT_S, "chip_wait")):  # fmt: skip
+        for key, default, attr in ((envvars.PEER_LOST_WAIT_S, PEER_LOST_WAIT_S, "patience"),
+                                   (envvars.PEER_LOST_MAX_WAIT_S, world.PEER_LOST_MAX_WAIT_S, "bound"),
+                                   (envvars.CHIP_WAIT_S, CHIP_WAIT_S, "chip_wait")):  # fmt: skip
             try:
                 value = float(self.env.get(key) or default)
             except ValueError:
@@ -495,12 +494,12 @@ class _Follower:
         except world.WorldError as e:
             print(f"trainer: {e}", file=sys.stderr, flush=True)
             return Exit.CONFIG
-        if self.member:
-            child_env[supervisor.RESTARTED_ENV] = "1"
+        child_env[envvars.INCARNATION] = str(self.incarnation)
         self.await_chip()
         if self.terminating:  # a SIGTERM while it waited: the loop forwards it to nobody, exit 42
             return None
         child = _fork(self.train, newest, child_env, self.events, fresh)
+        self.incarnation += 1
         if not self.retry:
             self.lock_retries = 0
         self.child, self.started, self.member, self.lost_since, self.retry = (

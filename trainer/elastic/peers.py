@@ -31,7 +31,8 @@ import re
 import signal
 from collections.abc import Mapping
 
-from trainer.exits import Exit
+from contract import envvars
+from contract.exits import Exit
 
 # Where the failure comes from: the CPU collectives' transport, or the coordination service.
 _SOURCES = ("gloo", "coordination service", "coordinationservice", "jax distributed service")
@@ -122,4 +123,6 @@ def multi_process(env: Mapping[str, str]) -> bool:
     """Whether the contract environment makes this one process of several (docs/contract.md):
     ``RESLICE_NUM_PROCESSES`` > 1, or a multi-host or multislice Cloud TPU environment."""
     hosts = [h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h]
-    return _int(env, "RESLICE_NUM_PROCESSES") > 1 or len(hosts) > 1 or _int(env, "MEGASCALE_NUM_SLICES") > 1
+    return (
+        _int(env, envvars.NUM_PROCESSES) > 1 or len(hosts) > 1 or _int(env, envvars.MEGASCALE_NUM_SLICES) > 1
+    )

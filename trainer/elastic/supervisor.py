@@ -32,8 +32,9 @@ The in-place follower forks each of its children with these same parts (``run_ch
 ``notify_running``, which ``trainer.loop`` calls.
 
 Called by ``trainer.__main__`` (``supervise``: the recreate mode's multi-process trainer; ``CHILD_ENV``
-and ``RESTARTED_ENV`` tell it that it is a child), ``trainer.elastic.follower`` (the parts above),
-``trainer.elastic.distributed`` (``RESTARTED_ENV``) and ``trainer.loop`` (``notify_running``).
+tells it that it is a child, ``later_incarnation`` that it is not its pod's first),
+``trainer.elastic.follower`` (the parts above), ``trainer.elastic.distributed``
+(``later_incarnation``) and ``trainer.loop`` (``notify_running``).
 """
 
 from __future__ import annotations
@@ -49,13 +50,11 @@ import traceback
 from collections.abc import Callable, Collection, Mapping
 from typing import NoReturn
 
+from contract import envvars
+from contract.exits import Exit
 from trainer.elastic import peers
-from trainer.exits import Exit
 
 CHILD_ENV = "RESLICE_TRAINER_CHILD"  # set in the child: it trains instead of supervising
-# Set in an in-place pod's every child but its first: its start-up began at its fork, not at the
-# container's start (trainer.telemetry.startup.Timeline, which __main__ tells so).
-RESTARTED_ENV = "RESLICE_TRAINER_RESTARTED"
 # In an in-place child: the file descriptor it writes one byte to after its first step.
 RUNNING_ENV = "RESLICE_TRAINER_RUNNING_FD"
 _TAIL = 64 * 1024
@@ -63,6 +62,15 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 # How long a process an ended child left behind has after SIGTERM before SIGKILL (``end_strays``).
 STRAY_GRACE_S = 10.0
+
+
+def later_incarnation(env: Mapping[str, str]) -> bool:
+    """Whether this trainer is an in-place pod's child but its first (``envvars.INCARNATION`` above
+    0, which the follower sets in every child): its start-up began at its fork, not at the
+    container's start (``trainer.telemetry.startup.Timeline``, which ``__main__`` tells so), and it
+    joins a world of running pods (``trainer.elastic.distributed.join_timeout``)."""
+    raw = env.get(envvars.INCARNATION) or ""
+    return raw.isdigit() and int(raw) > 0
 
 
 def notify_running() -> None:

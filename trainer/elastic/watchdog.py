@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from trainer.exits import Exit
+from contract.exits import Exit
 
 POLL_S = 0.5  # how often the watchdog looks at the handler's flag while no signal's byte comes
 

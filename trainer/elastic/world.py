@@ -18,41 +18,27 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
-RESTART_MODE_ENV = "RESLICE_RESTART_MODE"
-SLICE_ID_ENV = "RESLICE_SLICE_ID"
-# The pod's slice JobSet's restart attempt (its `jobset.sigs.k8s.io/restart-attempt` label, through
-# the downward API): which of its slice's sets of pods it is.
-ATTEMPT_ENV = "RESLICE_RESTART_ATTEMPT"
-EPOCH_ENV = "RESLICE_WORLD_EPOCH"
+from contract import envvars
+from contract import world as world_doc
+from contract.words import RestartMode
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # What a world's `env` may set in every trainer child: the trainer's overrides and the runtime's tuning
 # (JAX, XLA, libtpu). Nothing else: whoever can write the world ConfigMap must not be able to point
 # every trainer's RESLICE_RUN_DIR (or its coordinator, its identity) elsewhere (docs/contract.md).
-ENV_ALLOWED = ("RESLICE_SET",)
+ENV_ALLOWED = (envvars.SET,)
 ENV_ALLOWED_PREFIXES = ("JAX_", "XLA_", "LIBTPU_")
 # The pod's own environment may widen it (comma-separated names or prefixes ending in `_`): the pod
-# template is the launcher's, and whoever writes it could set any variable there anyway.
-ENV_ALLOW_ENV = "RESLICE_WORLD_ENV_ALLOW"
+# template is the launcher's, and whoever writes it could set any variable there anyway
+# (envvars.WORLD_ENV_ALLOW).
 # A supervisor whose child exited 43 waits RESLICE_PEER_LOST_WAIT_S for a newer world; longer while
 # the controller's heartbeat in the world says it is still at work on this one (a slice being
 # recreated can take minutes), but never past RESLICE_PEER_LOST_MAX_WAIT_S: a controller that is gone
 # stops beating, and one that beats for good must not hold the pods for good either.
 HEARTBEAT_FRESH_S = 60.0  # a beat this recent is fresh (the controller's period: core/world.py HEARTBEAT_S)
-PEER_LOST_MAX_WAIT_ENV = "RESLICE_PEER_LOST_MAX_WAIT_S"
 PEER_LOST_MAX_WAIT_S = 3600.0
-# Keys the world decides for the child: stale values from the pod's own environment never reach it.
-_MEGASCALE = ("MEGASCALE_COORDINATOR_ADDRESS", "MEGASCALE_NUM_SLICES", "MEGASCALE_SLICE_ID", "MEGASCALE_PORT")
-
-
-class RestartMode(StrEnum):
-    """``RESLICE_RESTART_MODE``: how a shape change reaches this pod."""
-
-    RECREATE = "recreate"  # the pod is deleted and a new segment's pod runs one trainer (default)
-    IN_PLACE = "in-place"  # the pod stays; its supervisor restarts the trainer in each new world
 
 
 class WorldError(ValueError):
@@ -116,12 +102,12 @@ class World:
 
 
 def restart_mode(env: Mapping[str, str]) -> RestartMode:
-    raw = env.get(RESTART_MODE_ENV, "") or RestartMode.RECREATE.value
+    raw = env.get(envvars.RESTART_MODE, "") or RestartMode.RECREATE.value
     try:
         return RestartMode(raw)
     except ValueError:
         allowed = ", ".join(m.value for m in RestartMode)
-        raise WorldError(f"{RESTART_MODE_ENV}={raw!r} is not one of {allowed}") from None
+        raise WorldError(f"{envvars.RESTART_MODE}={raw!r} is not one of {allowed}") from None
 
 
 def _int(doc: Mapping[str, Any], key: str, low: int) -> int:
@@ -157,7 +143,7 @@ def _slice_ids(doc: Mapping[str, Any], key: str) -> tuple[str, ...]:
 
 
 def _attempts(doc: Mapping[str, Any], slices: tuple[str, ...]) -> dict[str, int]:
-    raw = doc.get("attempts") or {}
+    raw = doc.get(world_doc.ATTEMPTS) or {}
     if not isinstance(raw, dict):
         raise WorldError(f"world: 'attempts' must be an object of slice ids to attempts, not {raw!r}")
     for k, v in raw.items():
@@ -181,12 +167,12 @@ def keep_waiting(waited_s: float, patience_s: float, beat_age_s: float | None, b
 def env_allowed(pod_env: Mapping[str, str]) -> tuple[str, ...]:
     """The names and prefixes a world's `env` may set: ENV_ALLOWED and ENV_ALLOWED_PREFIXES, and
     what the pod's own RESLICE_WORLD_ENV_ALLOW adds."""
-    extra = tuple(x.strip() for x in (pod_env.get(ENV_ALLOW_ENV) or "").split(",") if x.strip())
+    extra = tuple(x.strip() for x in (pod_env.get(envvars.WORLD_ENV_ALLOW) or "").split(",") if x.strip())
     return (*ENV_ALLOWED, *ENV_ALLOWED_PREFIXES, *extra)
 
 
 def _env(doc: Mapping[str, Any], allowed: tuple[str, ...]) -> dict[str, str]:
-    out = _strings(doc, "env")
+    out = _strings(doc, world_doc.ENV)
     for k in out:
         if not any(k == a or (a.endswith("_") and k.startswith(a)) for a in allowed):
             words = ", ".join(f"{a}*" if a.endswith("_") else a for a in allowed)
@@ -203,58 +189,62 @@ def parse(text: str | bytes, env_allow: tuple[str, ...] = (*ENV_ALLOWED, *ENV_AL
         raise WorldError(f"world: not JSON ({e})") from None
     if not isinstance(doc, dict):
         raise WorldError("world: the document must be a JSON object")
-    run = doc.get("run")
+    run = doc.get(world_doc.RUN)
     if not isinstance(run, str) or not run:
         raise WorldError(f"world: 'run' must be a non-empty string, not {run!r}")
-    slices = _slice_ids(doc, "slices")
+    slices = _slice_ids(doc, world_doc.SLICES)
     if not slices:
-        raise WorldError(f"world: 'slices' must be a non-empty list of slice ids, not {doc['slices']!r}")
-    coordinator = doc.get("coordinator")
+        raise WorldError(
+            f"world: 'slices' must be a non-empty list of slice ids, not {doc[world_doc.SLICES]!r}"
+        )
+    coordinator = doc.get(world_doc.COORDINATOR)
     host, _, port = str(coordinator or "").rpartition(":")
     if not isinstance(coordinator, str) or not host or not port.isdigit():
         raise WorldError(f"world: 'coordinator' must be 'host:port', not {coordinator!r}")
-    segment = doc.get("segment")
+    segment = doc.get(world_doc.SEGMENT)
     if segment is not None:
-        segment = _int(doc, "segment", 0)
-    published = doc.get("published")
+        segment = _int(doc, world_doc.SEGMENT, 0)
+    published = doc.get(world_doc.PUBLISHED)
     if published is not None and (isinstance(published, bool) or not isinstance(published, (int, float))):
         raise WorldError(f"world: 'published' must be unix seconds, not {published!r}")
-    heartbeat = doc.get("heartbeat")
+    heartbeat = doc.get(world_doc.HEARTBEAT)
     if heartbeat is not None and (isinstance(heartbeat, bool) or not isinstance(heartbeat, (int, float))):
         raise WorldError(f"world: 'heartbeat' must be unix seconds, not {heartbeat!r}")
     world = World(
         run=run,
-        epoch=_int(doc, "epoch", 0),
+        epoch=_int(doc, world_doc.EPOCH, 0),
         slices=slices,
-        hosts_per_slice=_int(doc, "hosts_per_slice", 1),
+        hosts_per_slice=_int(doc, world_doc.HOSTS_PER_SLICE, 1),
         coordinator=coordinator,
-        global_batch=_int(doc, "global_batch", 1),
-        micro_batch=_int(doc, "micro_batch", 1),
-        grad_accum=_int(doc, "grad_accum", 1),
-        megascale=_strings(doc, "megascale"),
+        global_batch=_int(doc, world_doc.GLOBAL_BATCH, 1),
+        micro_batch=_int(doc, world_doc.MICRO_BATCH, 1),
+        grad_accum=_int(doc, world_doc.GRAD_ACCUM, 1),
+        megascale=_strings(doc, world_doc.MEGASCALE),
         segment=segment,
         published=float(published) if published is not None else None,
         env=_env(doc, env_allow),
-        lost=_slice_ids(doc, "lost"),
+        lost=_slice_ids(doc, world_doc.LOST),
         heartbeat=float(heartbeat) if heartbeat is not None else None,
         attempts=_attempts(doc, slices),
     )
-    if len(slices) > 1 and "coordinator_address" not in world.megascale:
+    if len(slices) > 1 and world_doc.MEGASCALE_ADDRESS not in world.megascale:
         raise WorldError("world: a world of several slices needs megascale.coordinator_address")
     return world
 
 
 def me_from_env(env: Mapping[str, str]) -> Me:
     """This pod's identity from its own environment (docs/contract.md)."""
-    slice_id = env.get(SLICE_ID_ENV) or env.get("RESLICE_SLICE_INDEX") or ""
+    slice_id = env.get(envvars.SLICE_ID) or env.get(envvars.SLICE_INDEX) or ""
     if not slice_id:
-        raise WorldError(f"in-place mode needs {SLICE_ID_ENV} (or RESLICE_SLICE_INDEX): this pod's slice")
-    raw = env.get("JOB_COMPLETION_INDEX") or "0"
+        raise WorldError(
+            f"in-place mode needs {envvars.SLICE_ID} (or {envvars.SLICE_INDEX}): this pod's slice"
+        )
+    raw = env.get(envvars.JOB_COMPLETION_INDEX) or "0"
     if not raw.isdigit():
-        raise WorldError(f"JOB_COMPLETION_INDEX={raw!r} is not a host index")
-    attempt = env.get(ATTEMPT_ENV) or ""
+        raise WorldError(f"{envvars.JOB_COMPLETION_INDEX}={raw!r} is not a host index")
+    attempt = env.get(envvars.RESTART_ATTEMPT) or ""
     if attempt and not attempt.isdigit():
-        raise WorldError(f"{ATTEMPT_ENV}={attempt!r} is not a restart attempt")
+        raise WorldError(f"{envvars.RESTART_ATTEMPT}={attempt!r} is not a restart attempt")
     return Me(slice_id, int(raw), int(attempt) if attempt else None)
 
 
@@ -269,36 +259,43 @@ def child_env(world: World, me: Me, base_env: Mapping[str, str]) -> dict[str, st
         raise WorldError(
             f"host index {me.host} is outside the world's {world.hosts_per_slice} hosts per slice"
         )
-    if base_env.get("RESLICE_RUN") not in (None, "", world.run):
-        raise WorldError(f"world of run {world.run!r}, but this pod is of run {base_env['RESLICE_RUN']!r}")
-    env = {k: v for k, v in base_env.items() if k not in _MEGASCALE}
+    if base_env.get(envvars.RUN) not in (None, "", world.run):
+        raise WorldError(f"world of run {world.run!r}, but this pod is of run {base_env[envvars.RUN]!r}")
+    # The keys the world decides for the child: stale values from the pod's own environment never
+    # reach it.
+    env = {k: v for k, v in base_env.items() if k not in envvars.MEGASCALE}
     env.update(world.env)
     n = len(world.slices)
     env.update(
-        RESLICE_RUN=world.run,
-        RESLICE_SEGMENT=str(world.epoch if world.segment is None else world.segment),
-        RESLICE_COORDINATOR=world.coordinator,
-        RESLICE_NUM_PROCESSES=str(world.num_processes),
-        RESLICE_NUM_SLICES=str(n),
-        RESLICE_HOSTS_PER_SLICE=str(world.hosts_per_slice),
-        RESLICE_SLICE_INDEX=str(position),
-        JOB_COMPLETION_INDEX=str(me.host),
-        RESLICE_GLOBAL_BATCH=str(world.global_batch),
-        RESLICE_MICRO_BATCH=str(world.micro_batch),
-        RESLICE_GRAD_ACCUM=str(world.grad_accum),
-        # One value for every process of the world: the start barrier's id is the segment's and
-        # this (trainer.elastic.distributed.start_barrier_id). The pod's own, its slice JobSet's restart
-        # attempt, differs between slices once one of them was restarted, and a barrier of
-        # several ids never meets. The segment alone tells worlds apart: none is published twice.
-        **{ATTEMPT_ENV: "0"},
-        **{EPOCH_ENV: str(world.epoch)},
+        {
+            envvars.RUN: world.run,
+            envvars.SEGMENT: str(world.epoch if world.segment is None else world.segment),
+            envvars.COORDINATOR: world.coordinator,
+            envvars.NUM_PROCESSES: str(world.num_processes),
+            envvars.NUM_SLICES: str(n),
+            envvars.HOSTS_PER_SLICE: str(world.hosts_per_slice),
+            envvars.SLICE_INDEX: str(position),
+            envvars.JOB_COMPLETION_INDEX: str(me.host),
+            envvars.GLOBAL_BATCH: str(world.global_batch),
+            envvars.MICRO_BATCH: str(world.micro_batch),
+            envvars.GRAD_ACCUM: str(world.grad_accum),
+            # One value for every process of the world: the start barrier's id is the segment's
+            # and this (trainer.elastic.distributed.start_barrier_id). The pod's own, its slice
+            # JobSet's attempt, differs between slices once one of them was restarted, and a
+            # barrier of several ids never meets. The segment alone tells worlds apart: none is
+            # published twice.
+            envvars.RESTART_ATTEMPT: "0",
+            envvars.WORLD_EPOCH: str(world.epoch),
+        }
     )
     if n > 1:  # multislice: the slice id is the compacted position, as the process id is
         env.update(
-            MEGASCALE_COORDINATOR_ADDRESS=world.megascale["coordinator_address"],
-            MEGASCALE_NUM_SLICES=str(n),
-            MEGASCALE_SLICE_ID=str(position),
+            {
+                envvars.MEGASCALE_COORDINATOR_ADDRESS: world.megascale[world_doc.MEGASCALE_ADDRESS],
+                envvars.MEGASCALE_NUM_SLICES: str(n),
+                envvars.MEGASCALE_SLICE_ID: str(position),
+            }
         )
-        if "port" in world.megascale:
-            env["MEGASCALE_PORT"] = world.megascale["port"]
+        if world_doc.MEGASCALE_PORT in world.megascale:
+            env[envvars.MEGASCALE_PORT] = world.megascale[world_doc.MEGASCALE_PORT]
     return env

@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from contract import envvars
+from contract import world as world_doc
 from trainer.elastic.world import WorldError
 
-WORLD_KEY = "world.json"  # the ConfigMap's data key that holds the world document
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 _WATCH_TIMEOUT_S = 300  # the server ends each watch after this; the source watches again
 _READ_TIMEOUT_S = 120  # no byte (not even a bookmark) for this long: the connection is dead
@@ -158,7 +159,7 @@ class ConfigMapSource:
         return resp
 
     def _deliver(self, obj: Mapping[str, Any], on_document: Deliver) -> None:
-        doc = (obj.get("data") or {}).get(WORLD_KEY)
+        doc = (obj.get("data") or {}).get(world_doc.DATA_KEY)
         if isinstance(doc, str):
             on_document(doc.encode())
 
@@ -238,22 +239,22 @@ Source = FileSource | ConfigMapSource
 
 def from_env(env: Mapping[str, str], sa_dir: Path = SA_DIR) -> Source:
     """The source the environment names (docs/contract.md); WorldError when it names none."""
-    if env.get("RESLICE_WORLD_FILE"):
-        return FileSource(env["RESLICE_WORLD_FILE"])
-    name = env.get("RESLICE_WORLD_CONFIGMAP", "")
+    if env.get(envvars.WORLD_FILE):
+        return FileSource(env[envvars.WORLD_FILE])
+    name = env.get(envvars.WORLD_CONFIGMAP, "")
     if not name:
         raise WorldError(
             "in-place mode needs RESLICE_WORLD_CONFIGMAP (or RESLICE_WORLD_FILE): where the worlds are"
         )
-    namespace = env.get("RESLICE_WORLD_NAMESPACE", "")
+    namespace = env.get(envvars.WORLD_NAMESPACE, "")
     if not namespace:
         with contextlib.suppress(OSError):
             namespace = (sa_dir / "namespace").read_text().strip()
     if not namespace:
         raise WorldError("in-place mode needs RESLICE_WORLD_NAMESPACE, or a service-account namespace file")
-    if env.get("RESLICE_WORLD_API"):
+    if env.get(envvars.WORLD_API):
         # A bearer token only over TLS: the embedded cluster's plain HTTP endpoint takes none.
-        url, token = env["RESLICE_WORLD_API"], sa_dir / "token"
+        url, token = env[envvars.WORLD_API], sa_dir / "token"
         with_token = url.startswith("https:") and token.exists()
         ca = sa_dir / "ca.crt"
         return ConfigMapSource(

@@ -20,8 +20,8 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-MEMORY_DIR_ENV = "RESLICE_MEMORY_DIR"  # the child's: where its snapshots are
-MEMORY_ROOT_ENV = "RESLICE_MEMORY_ROOT"
+from contract import envvars
+
 DEFAULT_ROOT = "/dev/shm"
 
 
@@ -38,8 +38,8 @@ def _alive(pid: int) -> bool:
 def make(env: Mapping[str, str], slice_id: str, host: int) -> Path | None:
     """Create this pod's memory directory; None when the root is not a writable directory (then
     the children take no snapshots and restore from storage)."""
-    root = Path(env.get(MEMORY_ROOT_ENV) or DEFAULT_ROOT)
-    run = re.sub(r"[^A-Za-z0-9_.-]", "_", env.get("RESLICE_RUN") or "run")
+    root = Path(env.get(envvars.MEMORY_ROOT) or DEFAULT_ROOT)
+    run = re.sub(r"[^A-Za-z0-9_.-]", "_", env.get(envvars.RUN) or "run")
     prefix = f"reslice-{run}-{re.sub(r'[^A-Za-z0-9_.-]', '_', slice_id)}-{host}-"
     try:
         for old in root.iterdir():

@@ -45,14 +45,14 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Mapping
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 
-from trainer.state.memdir import MEMORY_DIR_ENV
+from contract import envvars
+from contract.words import StateSource
 
 IN_FLIGHT = 2
 KEEP = IN_FLIGHT + 2
@@ -60,14 +60,6 @@ _MAGIC = b"RESLICE-SNAPSHOT-1\n"
 _ALIGN = 64
 _NAME = re.compile(r"^(\d+)\.snap$")
 _RECORD = re.compile(r"^(\d+)\.record\.json$")
-
-
-class StateSource(StrEnum):
-    """Where a trainer incarnation's state came from (``restore/from`` in its first metrics record)."""
-
-    MEMORY = "memory"  # this process's own snapshots, agreed across the world
-    PEERS = "peers"  # a surviving replica, over the data axis
-    STORAGE = "storage"  # the run directory's committed checkpoints
 
 
 def _key(index: tuple[slice, ...], shape: tuple[int, ...]) -> str:
@@ -683,7 +675,7 @@ AUTO_ACCELERATOR = 10  # checkpoint.memory_interval 0 on an accelerator (docs/de
 
 def directory(env: Mapping[str, str]) -> Path | None:
     """The pod's memory directory (set by the in-place supervisor), or None: no snapshots."""
-    raw = env.get(MEMORY_DIR_ENV, "")
+    raw = env.get(envvars.MEMORY_DIR, "")
     return Path(raw) if raw else None
 
 

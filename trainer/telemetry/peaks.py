@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from contract import envvars
 from trainer.config import ConfigError
-
-PEAK_ENV = "RESLICE_PEAK_TFLOPS"
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,7 @@ def peak_tflops(env: Mapping[str, str], device_kind: str) -> float | None:
     """The peak TFLOP/s of one JAX device, for MFU: ``RESLICE_PEAK_TFLOPS`` when set (the launcher's
     preset wins: it may know a chip this table does not), else the table's for `device_kind`, else
     None (a CPU). A value that is not a positive number is a configuration error (exit 2)."""
-    raw = env.get(PEAK_ENV)
+    raw = env.get(envvars.PEAK_TFLOPS)
     if not raw:
         return device_peak_tflops(device_kind)
     try:
@@ -61,5 +60,5 @@ def peak_tflops(env: Mapping[str, str], device_kind: str) -> float | None:
     except ValueError:
         value = float("nan")
     if not value > 0:
-        raise ConfigError(f"{PEAK_ENV}={raw!r}: expected TFLOP/s > 0 per JAX device")
+        raise ConfigError(f"{envvars.PEAK_TFLOPS}={raw!r}: expected TFLOP/s > 0 per JAX device")
     return value

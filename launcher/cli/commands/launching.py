@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from contract.words import RestartMode
 from launcher.adapters.preset_files import make_shape
 from launcher.cli.commands.ui import require_web_stack
 from launcher.cli.options import (
@@ -56,7 +57,7 @@ from launcher.core.presets import Shape
 from launcher.core.record import Knobs
 from launcher.core.render import render_jobset
 from launcher.core.spec import DEFAULT_COORDINATOR_PORT, RunSpec, launch_restart_mode
-from launcher.core.words import PodRuntime, RestartMode, RunState, TrainerProfile
+from launcher.core.words import PodRuntime, RunState, TrainerProfile
 
 if TYPE_CHECKING:
     from launcher.cli.connect import Connection

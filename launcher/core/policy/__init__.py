@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Protocol
 
+from contract.words import RestartMode
 from launcher.core.plan import Rung
 from launcher.core.policy import in_place, recreate
 from launcher.core.policy.shared import Decision, Rule
@@ -31,7 +32,7 @@ from launcher.core.presets import Catalog
 from launcher.core.record import RunRecord
 from launcher.core.signals import observation as signals
 from launcher.core.spec import RunSpec
-from launcher.core.words import Action, RestartMode
+from launcher.core.words import Action
 
 __all__ = ["BY_MODE", "Decision", "Rules", "decide", "rules_for"]
 

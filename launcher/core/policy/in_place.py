@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from contract.words import RestartMode
 from launcher.core import record
 from launcher.core import world as worlds
 from launcher.core.plan import Plan, Rung
@@ -58,7 +59,7 @@ from launcher.core.presets import Catalog
 from launcher.core.record import RunRecord, new_segment
 from launcher.core.signals import observation as signals
 from launcher.core.signals.slices import SliceView
-from launcher.core.words import Action, EndKind, Phase, RestartMode, RunState, WaitReason
+from launcher.core.words import Action, EndKind, Phase, RunState, WaitReason
 
 MODE = RestartMode.IN_PLACE
 # A segment is a world of slices, each its own JobSet, published in the run's world ConfigMap to the

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from contract.exits import Exit
+from contract.words import RestartMode
 from launcher.core import record
-from launcher.core.exits import EXIT_PEER_LOST
 from launcher.core.plan import Plan, Rung
 from launcher.core.policy.shared import (
     Decision,
@@ -53,7 +54,7 @@ from launcher.core.policy.shared import (
 from launcher.core.presets import Catalog
 from launcher.core.record import RunRecord, new_segment
 from launcher.core.signals import observation as signals
-from launcher.core.words import Action, Cause, EndKind, FailureKind, Phase, RestartMode, RunState, WaitReason
+from launcher.core.words import Action, Cause, EndKind, FailureKind, Phase, RunState, WaitReason
 
 MODE = RestartMode.RECREATE
 # No world: a segment is one JobSet of every slice, nothing is published to the pods' supervisors.
@@ -231,7 +232,7 @@ def failures(
     if rec.app_failures > knobs.app_failure_budget:
         reason = (
             f"crash loop: {rec.app_failures} application failures exceed the budget of "
-            f"{knobs.app_failure_budget} (a trainer crashed and its peers exited {EXIT_PEER_LOST});"
+            f"{knobs.app_failure_budget} (a trainer crashed and its peers exited {Exit.PEER_LOST});"
             f" preemptions so far: {rec.preemptions()}"
         )
         ended = end_segment(rec, obs, EndKind.APP_FAILURE, reason, RunState.FAILED)

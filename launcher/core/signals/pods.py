@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from contract.exits import Exit
 from launcher.core import rfc3339
-from launcher.core.exits import EXIT_PEER_LOST, EXIT_PREEMPTED
 from launcher.core.labels import LABEL_JOBSET_UID, LABEL_RESTART_ATTEMPT, LABEL_RUN, LABEL_SEGMENT
 from launcher.core.signals.basics import ByVersion, conditions, true_condition
 from launcher.core.words import Cause, FailureKind, HostLoss, Phase, PodPhase
@@ -119,7 +119,7 @@ def host_losses(run: str, pods: Iterable[dict]) -> frozenset[str]:
 # Causes of a JobSet restart, as the failed pods of the attempt tell it.
 CAUSE_WORDS: dict[str, str] = {
     Cause.PREEMPTION: "a preemption or disruption",
-    Cause.PEER_LOST: f"a lost peer: a host of the segment died (trainer exit {EXIT_PEER_LOST})",
+    Cause.PEER_LOST: f"a lost peer: a host of the segment died (trainer exit {Exit.PEER_LOST})",
     Cause.APP_FAILURE: "an application failure",
     Cause.HOST_DISRUPTION: "a host disruption: a host rebooted under the segment (its container gone)",
 }
@@ -151,9 +151,9 @@ def pod_cause(v: PodView) -> str | None:
         return Cause.HOST_DISRUPTION
     if v.deleting:
         return None
-    if v.exit_code == EXIT_PREEMPTED:
+    if v.exit_code == Exit.PREEMPTED:
         return Cause.PREEMPTION
-    if v.exit_code == EXIT_PEER_LOST:
+    if v.exit_code == Exit.PEER_LOST:
         return Cause.PEER_LOST
     return Cause.APP_FAILURE
 
@@ -231,8 +231,8 @@ def disruptions_of(views: Iterable[PodView]) -> tuple[str, ...]:
             out.append(f"pod {v.name}: DisruptionTarget {v.disruption}")
         if v.reason in {"Terminated", "NodeShutdown"}:
             out.append(f"pod {v.name}: {v.reason}")
-        if v.exit_code == EXIT_PEER_LOST:
-            out.append(f"pod {v.name}: peer lost (exit {EXIT_PEER_LOST})")
+        if v.exit_code == Exit.PEER_LOST:
+            out.append(f"pod {v.name}: peer lost (exit {Exit.PEER_LOST})")
         if v.host_loss is not None and v.phase == PodPhase.FAILED:
             out.append(f"pod {v.name}: host disruption ({v.host_loss})")
     return tuple(out)

@@ -1,8 +1,7 @@
-"""The trainer's exit codes (docs/contract.md "Exit codes"): one place for every module that exits.
-
-The launcher's failure policy acts on the numbers (``launcher/core/exits.py`` holds its own copy: the
-two packages import nothing of each other; tests/trainer/test_exits.py keeps them equal), so a value
-never changes. ``python -m trainer.tokenize`` uses the same ones for its own ends. Imports nothing.
+"""The trainer's exit codes (docs/contract.md "Exit codes"): one place for every module that exits,
+and for the launcher's failure policy that acts on the numbers (the JobSet's failure-policy rules,
+launcher/core/render.py; the pods' causes, launcher/core/signals/pods.py), so a value never changes.
+``python -m trainer.tokenize`` uses the same ones for its own ends. Imports nothing.
 """
 
 from __future__ import annotations
