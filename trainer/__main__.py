@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import faulthandler
 import gc
 import json
 import os
-import signal
 import sys
 from collections.abc import Iterator, Mapping
 from typing import NoReturn
@@ -19,6 +17,7 @@ from contract.words import RestartMode
 
 # The supervisor of a multi-process trainer needs no more than these: it starts its child sooner.
 from trainer.elastic import follower, peers, supervisor, world
+from trainer.telemetry import stacks
 
 # `--hbm`'s name before it said what it measures (HBM, not the RAM of the snapshots): still accepted.
 DEPRECATED_HBM_FLAG = "--memory"
@@ -239,7 +238,5 @@ def _exit_now(code: int) -> NoReturn:
 
 
 if __name__ == "__main__":
-    # `kill -USR1` writes every Python thread's stack to stderr (the pod's log) and the process goes
-    # on: what a stuck trainer or supervisor waits on, without ptrace. A forked child inherits it.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    stacks.on_usr1()
     sys.exit(main())

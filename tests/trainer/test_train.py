@@ -6,6 +6,7 @@ run: same shape resumes must match it bit for bit, other shapes within 1e-5, wit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import signal
@@ -125,6 +126,26 @@ def test_same_shape_resume_after_kill_is_bitwise_equal(reference: dict, tmp_path
     assert "trainer: train step loaded without tracing" in out
     # The abstract state came from the cache too: the resumed process never imported flax.
     assert "flax and optax were never imported" in out and "never imported" not in first.output()
+
+
+def test_stacks_asked_for_over_and_over_never_stop_the_training(reference: dict, tmp_path: Path) -> None:
+    """SIGUSR1 every few milliseconds from the first step to the process's end (mid-step, mid-read,
+    during the exit): each writes the stacks, and the run ends 0 with the reference's losses bit for
+    bit. With faulthandler's own handler the process died under this (SIGSEGV mid-run, SIGABRT at
+    its exit)."""
+    run_dir = tmp_path / "run"
+    t = runs.Trainer(runs.env_for(str(run_dir), 8), tmp_path / "log")
+    runs.wait_for(lambda: runs.last_step(run_dir) >= 1, 120, "step 1", t)
+    sent = 0
+    while t.proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+            t.signal(signal.SIGUSR1)
+            sent += 1
+        time.sleep(0.005)
+    assert t.proc.returncode == 0, t.output()[-4000:]
+    answered = t.output().count("(most recent call first):")
+    assert sent >= 20 and answered >= sent, (sent, answered)  # one line per thread per signal
+    runs.assert_matches_reference(runs.parse_metrics(runs.metrics_files(run_dir)), reference, exact=True)
 
 
 def test_sigterm_exits_42_and_resumes_on_another_shape(reference: dict, tmp_path: Path) -> None:
