@@ -4,7 +4,7 @@
     python3 dev.py demo [ARGS]    set up .venv from the lock file, then run the elastic demo
                                   (`--runtime podman`: builds the trainer image first, as `images`)
     python3 dev.py test [ARGS]    set up .venv, lint (ruff, import contracts, mypy), then run the whole test suite
-                                  (as root: apt installs chromium and chromium-driver for tests/ui)
+                                  (as root: apt installs chromium and chromium-driver for tests/launcher/ui)
     python3 dev.py bench [NAME]   set up .venv, then list the benchmarks (or run bench.NAME)
     python3 dev.py bench tpu ...  on a TPU host, without set-up: `python3 -m bench.tpu ...` with this
                                   interpreter (the machine's JAX, the trainer's wheels: tpu-wheels)
@@ -165,7 +165,7 @@ def _prepare_images() -> None:
     os.environ["RESLICE_IMAGES_BUILT"] = "1"
 
 
-# `reslice ui`'s browser tests (tests/ui, tests/support/browser.py): Debian's headless Chromium and
+# `reslice ui`'s browser tests (tests/launcher/ui, tests/support/browser.py): Debian's headless Chromium and
 # its WebDriver, driven by selenium (the dev extra).
 BROWSER_PACKAGES = ("chromium", "chromium-driver")
 

@@ -11,7 +11,7 @@ an auto-repair, a node pool removed and restored, the controller killed (SIGKILL
 second controller, and a Kueue eviction (`kueue-evict`: the run's JobSets are Kueue Workloads of a
 LocalQueue, launcher/embedded/kueue.py admits them; one is suspended, then admitted again a few
 seconds on). They hit a 2-slice run of the `tiny` config on the e2e tests' multi-host preset
-(tests/controller/harness.py `MULTI_HOST`, v5p-2x2x2) over 2 node pools (`--shape single`: one
+(tests/e2e/harness.py `MULTI_HOST`, v5p-2x2x2) over 2 node pools (`--shape single`: one
 single-host slice; the embedded cluster, the real trainer, `reslice watch` processes), spread over
 the run: fault i of n waits for the checkpoint at step ~(i + 1) * steps / (n + 1). After the run,
 per seed:
@@ -68,7 +68,7 @@ from launcher.core.labels import LABEL_RUN, world_configmap_name
 from launcher.core.record import Knobs
 from launcher.core.words import PodPhase, RunState
 from launcher.embedded.kueue import Kueue
-from tests.controller.harness import (
+from tests.e2e.harness import (
     GLOBAL_BATCH,
     MULTI_HOST,
     MULTI_HOST_BATCH,

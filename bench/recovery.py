@@ -59,7 +59,7 @@ from launcher.adapters.rundir import RunDir, read_jsonl
 from launcher.controller.launch import stop_run
 from launcher.core.record import Knobs
 from launcher.core.words import Action, LedgerKind, Phase
-from tests.controller.harness import MULTI_HOST, MULTI_HOST_BATCH, Harness, wait_for
+from tests.e2e.harness import MULTI_HOST, MULTI_HOST_BATCH, Harness, wait_for
 from trainer.elastic.follower import world_line
 from trainer.telemetry.startup import parse_report
 

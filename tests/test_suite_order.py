@@ -229,7 +229,7 @@ def test_the_suites_figures_in_one_line(busy: float | None, says: str) -> None:
     spent = {
         "tests/trainer/test_recipe.py": [30.0, 20.0],
         "tests/trainer/test_moe.py": [5.0, 4.5],
-        "tests/controller/test_e2e_kueue.py": [100.0, 50.5],  # not a yardstick file
+        "tests/e2e/test_e2e_kueue.py": [100.0, 50.5],  # not a yardstick file
     }
     line = suite_figures(493.7, busy, 2, spent)
     assert says in line and "the model's in-process files 24.5 CPU s" in line, line

@@ -19,7 +19,7 @@ Upstream (kubernetes-sigs/kueue, docs/gke.md "Kueue" cites the same):
   controller.go) the Workload is admitted only once the check is Ready: a held JobSet released
   later is that case.
 
-Used by the e2e tests (tests/controller/test_e2e_kueue.py) through the official client.
+Used by the e2e tests (tests/e2e/test_e2e_kueue.py) through the official client.
 """
 
 from __future__ import annotations

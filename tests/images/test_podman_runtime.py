@@ -16,7 +16,7 @@ import dev
 from launcher.core.record import Knobs
 from launcher.core.words import EndKind, PodRuntime, RunState
 from launcher.embedded.cluster import EmbeddedCluster, NodePoolSpec
-from tests.controller.harness import MULTI_HOST, MULTI_HOST_BATCH, Harness, kept_steps, wait_for
+from tests.e2e.harness import MULTI_HOST, MULTI_HOST_BATCH, Harness, kept_steps, wait_for
 from tests.images.container import podman
 
 pytestmark = pytest.mark.e2e

@@ -26,7 +26,7 @@ from launcher.controller.launch import create_run, prepare
 from launcher.core.record import Knobs
 from launcher.core.spec import RunSpec
 from launcher.core.words import RunState
-from tests.controller.harness import MULTI_HOST, Harness, kept_steps, wait_for
+from tests.e2e.harness import MULTI_HOST, Harness, kept_steps, wait_for
 from tests.maxtext_e2e.common import MODEL, VENV, VOCAB, single_process_env, site_packages
 from tests.support.fake_gcs import fake_gcs
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from launcher.adapters.rundir import RunDir
-from tests.controller.harness import PRESET, Harness
+from tests.e2e.harness import PRESET, Harness
 from tests.maxtext_e2e.common import MODEL, site_packages
 from tests.support.cli import run_cli
 

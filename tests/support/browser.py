@@ -1,4 +1,4 @@
-"""Headless Chromium for the tests of `reslice ui` (tests/ui/) and bench/ui.py: Debian's `chromium`
+"""Headless Chromium for the tests of `reslice ui` (tests/launcher/ui/) and bench/ui.py: Debian's `chromium`
 and `chromium-driver` (dev.py installs them, as root with apt), driven by selenium. Where they are
 missing, BrowserUnavailable says so in one line and the tests skip with it."""
 

@@ -1,7 +1,7 @@
 """A value made once per test session, whichever of pytest-xdist's workers asks first.
 
-Used by the fixtures of uninterrupted reference runs (tests/trainer/conftest.py, tests/controller/
-harness.py): several files on different workers compare against the same run, and a run is a
+Used by the fixtures of uninterrupted reference runs (tests/trainer/conftest.py,
+tests/e2e/harness.py): several files on different workers compare against the same run, and a run is a
 trainer process's seconds of CPU on a machine the suite already keeps busy. The first worker to ask
 makes the value under a file lock in the session's shared temporary folder (each worker's own is a
 subfolder of it); the others wait on the lock, then read what it wrote. A value is written aside and

@@ -57,7 +57,7 @@ def test_tiny_trains_on_8_devices(reference: dict) -> None:
     assert set(rec) >= CONTRACT_KEYS
     assert (rec["devices"], rec["micro_batch"], rec["grad_accum"], rec["num_processes"]) == (8, 2, 1, 1)
     assert len(rec["moe/layers"]) == 1 and rec["moe/dropped_rows"] == 0  # runs.MODEL: one MoE layer, dropless
-    assert rec["moe/total_rows"] == 16 * 32 * 2 * 1  # tokens × top_k × MoE layers (tests/sweep: two)
+    assert rec["moe/total_rows"] == 16 * 32 * 2 * 1  # tokens × top_k × MoE layers (tests/launcher/sweep: two)
     assert rec["moe/max_load_over_balanced"] > 1.0  # the Zipf corpus routes unevenly
     assert all(r["perf/checkpoint_save_seconds"] > 0 for s, r in records.items() if s % 10 == 0)
     assert runs.committed(run_dir) == [20, 30, 40]  # keep 3
