@@ -288,3 +288,15 @@ def test_the_initializer_is_one_program_whatever_the_batch_plan(cpu8: list) -> N
     assert initializer(["train.global_batch=32", "train.micro_batch=2", "train.grad_accum=4"]) == base
     assert initializer(["train.global_batch=16", "model.d_model=32"]) != base  # the model: another
     assert set(BATCH_PLAN) <= set(config.TrainConfig.__dataclass_fields__)
+
+
+def test_compile_options_this_xla_refuses_are_left_out_one_by_one_and_said(capsys) -> None:
+    """The initializer's options off a CPU (``INITIALIZER_OPTIONS``): one this XLA does not know is
+    left out, named, and the others still apply; the program computes the same."""
+    lowered = jax.jit(lambda x: x * 2 + 1).lower(jnp.ones(4))
+    options = {**compile_cache.INITIALIZER_OPTIONS, "no_such_option": 1}
+    executable = compile_cache.compile_with(lowered, options)
+    np.testing.assert_array_equal(np.asarray(executable(jnp.ones(4))), np.full(4, 3.0))
+    said = capsys.readouterr().out
+    assert "compile option no_such_option not taken" in said
+    assert all(f"option {k} not taken" not in said for k in compile_cache.INITIALIZER_OPTIONS)

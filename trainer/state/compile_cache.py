@@ -255,10 +255,17 @@ def _load(
     return executable
 
 
-# The initializer's compile options off a CPU: its random numbers come from counters (iotas) that
-# are constants of the program, which XLA's TPU compiler would fold on the host element by element
-# (most of a fresh start's compile there, docs/measurements.md); computed on the device instead.
-INITIALIZER_OPTIONS = {"xla_disable_hlo_passes": "constant_folding"}
+# The initializer's compile options off a CPU. It runs once, so its compile is all that counts, and
+# on a fresh start it compiles beside the train step: the longer of the two holds the first step.
+# Its random numbers come from counters (iotas) that are constants of the program, which XLA's TPU
+# compiler would fold on the host element by element: computed on the device instead. The least
+# optimisation effort besides: the same values, compiled in about half the time, under the train
+# step's (docs/measurements.md, "Recovery at olmo-7b's shape").
+INITIALIZER_OPTIONS: dict[str, Any] = {
+    "xla_disable_hlo_passes": "constant_folding",
+    "exec_time_optimization_effort": -1.0,
+    "xla_backend_optimization_level": 0,
+}
 
 
 def _compile(
@@ -280,15 +287,20 @@ def _compile(
 
 
 def compile_with(lowered: jax.stages.Lowered, options: dict[str, Any]) -> jax.stages.Compiled:
-    """``lowered`` compiled with ``options``, or without them where this XLA refuses them."""
-    try:
-        return lowered.compile(compiler_options=options)
-    except Exception as e:  # an option this compiler does not take: its defaults
-        print(
-            f"trainer: compile options {options} not taken ({type(e).__name__}): compiling without",
-            flush=True,
-        )
-        return lowered.compile()
+    """``lowered`` compiled with ``options``; where this XLA refuses them, with fewer (the last one
+    left out, then the one before), at worst with none."""
+    keys = list(options)
+    while True:
+        try:
+            return lowered.compile(compiler_options={k: options[k] for k in keys})
+        except Exception as e:  # an option this compiler does not take
+            if not keys:
+                raise
+            print(
+                f"trainer: compile option {keys[-1]} not taken ({type(e).__name__}): compiling without",
+                flush=True,
+            )
+            keys.pop()
 
 
 @contextlib.contextmanager
