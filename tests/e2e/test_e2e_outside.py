@@ -235,7 +235,17 @@ def wait_trained(h: Harness, run: str, step: int, timeout: float, segment: int |
             raise AssertionError(f"{run}: a pod's API request was refused: {line}")
         return trained(h, run, segment) >= step
 
-    wait_for(progress, timeout, f"{run} step {step}", interval=0.5)
+    try:
+        wait_for(progress, timeout, f"{run} step {step}", interval=0.5)
+    except AssertionError as e:
+        if "refused" in str(e):
+            raise
+        pods = [
+            f"{p['metadata']['name']}: {(p.get('status') or {}).get('phase')} {(p.get('status') or {}).get('message') or ''}"
+            for p in h.run_pods(run)
+        ]
+        logs = [f"--- {name}\n{log[-1500:]}" for name, log in pod_logs(h, run).items()]
+        raise AssertionError("\n".join([str(e), "pods:", *pods, *logs])) from None
 
 
 def launch_in_place(h: Harness, capsys, run: str, steps: int) -> None:

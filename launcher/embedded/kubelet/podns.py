@@ -105,8 +105,19 @@ def make_folder(target: Path, scratch: Path) -> None:
         _cover(Path(base), old)
     else:
         for point in subs:
-            _mount(str(old) + point[len(base) :], point, None, _MS_BIND | _MS_REC)
+            _bind_back(Path(str(old) + point[len(base) :]), Path(point))
     (Path(base) / rest).mkdir(parents=True, exist_ok=True)
+
+
+def _bind_back(source: Path, place: Path) -> None:
+    """`source` (with its mounts) bound at `place`; nothing when it is gone meanwhile: another
+    program's mount under the folder (podman's network namespaces under /run/netns come and go)
+    is not the pod's."""
+    try:
+        _mount(str(source), str(place), None, _MS_BIND | _MS_REC)
+    except NamespaceError:
+        if source.exists() or source.is_symlink():
+            raise
 
 
 def _cover(folder: Path, old: Path) -> None:
@@ -115,14 +126,17 @@ def _cover(folder: Path, old: Path) -> None:
     _mount("tmpfs", str(folder), "tmpfs", 0)
     for entry in old.iterdir():
         place = folder / entry.name
-        if entry.is_symlink():
-            place.symlink_to(os.readlink(entry))
+        try:
+            if entry.is_symlink():
+                place.symlink_to(os.readlink(entry))
+                continue
+            if entry.is_dir():
+                place.mkdir()
+            else:
+                place.touch()
+        except FileNotFoundError:  # gone meanwhile
             continue
-        if entry.is_dir():
-            place.mkdir()
-        else:
-            place.touch()
-        _mount(str(entry), str(place), None, _MS_BIND | _MS_REC)
+        _bind_back(entry, place)
 
 
 def setup(hosts: str | None, mounts: list[tuple[str, str]], scratch: Path) -> None:
