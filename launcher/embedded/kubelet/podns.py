@@ -94,18 +94,9 @@ def make_folder(target: Path, scratch: Path) -> None:
     subs = _submounts(base)
     if subs:
         _mount(base, str(old), None, _MS_BIND | _MS_REC)
-    try:
-        _mount("overlay", base, "overlay", 0, f"lowerdir={base},upperdir={upper},workdir={work}")
-    except NamespaceError:
-        if not subs:
-            raise
-        # The kernel takes no overlay over a folder whose mounts it may not clone for it (mounts
-        # this user namespace inherited, locked: /run/netns once podman has made network
-        # namespaces there, say): a tmpfs over the folder instead, its entries bound back.
-        _cover(Path(base), old)
-    else:
-        for point in subs:
-            _bind_back(Path(str(old) + point[len(base) :]), Path(point))
+    _mount("overlay", base, "overlay", 0, f"lowerdir={base},upperdir={upper},workdir={work}")
+    for point in subs:
+        _bind_back(Path(str(old) + point[len(base) :]), Path(point))
     (Path(base) / rest).mkdir(parents=True, exist_ok=True)
 
 
@@ -118,25 +109,6 @@ def _bind_back(source: Path, place: Path) -> None:
     except NamespaceError:
         if source.exists() or source.is_symlink():
             raise
-
-
-def _cover(folder: Path, old: Path) -> None:
-    """A tmpfs over `folder` holding what it held: each entry of `old` (the folder bound there,
-    with its mounts) bound back at its name, a symbolic link made again."""
-    _mount("tmpfs", str(folder), "tmpfs", 0)
-    for entry in old.iterdir():
-        place = folder / entry.name
-        try:
-            if entry.is_symlink():
-                place.symlink_to(os.readlink(entry))
-                continue
-            if entry.is_dir():
-                place.mkdir()
-            else:
-                place.touch()
-        except FileNotFoundError:  # gone meanwhile
-            continue
-        _bind_back(entry, place)
 
 
 def setup(hosts: str | None, mounts: list[tuple[str, str]], scratch: Path) -> None:
