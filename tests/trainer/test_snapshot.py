@@ -197,14 +197,10 @@ def test_a_broadcast_gives_the_state_on_the_target_shardings(cpu8, tmp_path: Pat
     assert not np.asarray(zeros["params"]["w"]).any()
 
 
-@pytest.mark.parametrize("mapped", [True, False], ids=["mapped", "copied"])
-def test_the_newest_snapshot_of_this_run_is_read_ahead_and_serves_the_restore(
-    cpu8, tmp_path: Path, mapped: bool
-) -> None:
-    """``Prefetch`` makes the newest snapshot whose meta is this run's (not another run's newer
-    one) ready in memory, mapped or copied; the restore takes its shards from there and gets the
-    same arrays; a file written again under the same name since (another lineage's step) is read
-    afresh instead."""
+def test_the_newest_snapshot_of_this_run_is_read_ahead_and_serves_the_restore(cpu8, tmp_path: Path) -> None:
+    """``Prefetch`` maps the newest snapshot whose meta is this run's (not another run's newer
+    one) into memory; the restore takes its shards from there and gets the same arrays; a file
+    written again under the same name since (another lineage's step) is read afresh instead."""
     mesh = Mesh(np.array(cpu8).reshape(1, 8), ("data", "fsdp"))
     state = state_on(mesh, "fsdp")
     snaps = snapshot.Snapshotter(tmp_path, 1, {"run_dir": "r"})
@@ -212,8 +208,8 @@ def test_the_newest_snapshot_of_this_run_is_read_ahead_and_serves_the_restore(
         snaps.take(step, state, {"step": step, "config_hash": run}, recorded=True)
     snaps.wait()
     expected = {"run_dir": "r", "config_hash": "h"}
-    ahead = snapshot.Prefetch.newest(tmp_path, expected, mapped)
-    assert ahead is not None and ahead.path == tmp_path / "4.snap" and ahead.mapped is mapped
+    ahead = snapshot.Prefetch.newest(tmp_path, expected)
+    assert ahead is not None and ahead.path == tmp_path / "4.snap"
     header = snapshot.read_header(tmp_path / "4.snap")
     held = ahead.bytes_of(header["file"])
     assert held is not None and ahead.error is None

@@ -396,40 +396,32 @@ class Prefetch:
     spends its first seconds starting that runtime (opening a TPU's chips), and the restore then
     finds its bytes in RAM instead of reading the file after it.
 
-    ``mapped`` (the default): the file is mapped read-only and its pages populated in one call
-    (``MAP_POPULATE``), with no copy: the bytes already sit in RAM (``/dev/shm``), so mapping them
-    costs the page tables alone, where a copy into fresh memory pays a fault for every page twice
-    over (the file's and the buffer's), and on a sandboxed host (gVisor) each fault is costly and
-    competes with the runtime's own start. Otherwise: read whole into a buffer on ``THREADS``
-    threads. A snapshot is renamed into place whole and never written again, so its mapping stays
-    valid after a prune unlinks it.
+    The file is mapped read-only and its pages populated in one call (``MAP_POPULATE``), with no
+    copy: the bytes already sit in RAM (``/dev/shm``), so mapping them costs the page tables alone,
+    where a copy into fresh memory pays a fault for every page twice over (the file's and the
+    buffer's), and on a sandboxed host (gVisor) each fault is costly and competed with the runtime's
+    own start (docs/measurements.md, "Recovery at olmo-7b's shape"). A snapshot is renamed into
+    place whole and never written again, so its mapping stays valid after a prune unlinks it.
 
     A guess: the world may agree on another step, or this process may hold no step it needs, and
     then the file is read as before (``_Shards``). The bytes stand for the file only while it is
     the same file (inode, size and modification time): a later lineage may write the same step
     afresh."""
 
-    PIECE = 64 << 20  # bytes per read: large enough that each read is mostly copying
-    THREADS = 8
-
-    def __init__(self, path: Path, mapped: bool = True) -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        self.mapped = mapped
         self.error: OSError | None = None
         st = os.stat(path)
         self.identity = (st.st_ino, st.st_size, st.st_mtime_ns)
         self.buffer: np.ndarray | None = None
         self.seconds = 0.0
-        read = self._map if mapped else self._read
         self._thread = threading.Thread(
-            target=read, args=(st.st_size,), name="snapshot-prefetch", daemon=True
+            target=self._map, args=(st.st_size,), name="snapshot-prefetch", daemon=True
         )
         self._thread.start()
 
     @classmethod
-    def newest(
-        cls, directory: Path | None, expected: Mapping[str, Any], mapped: bool = True
-    ) -> Prefetch | None:
+    def newest(cls, directory: Path | None, expected: Mapping[str, Any]) -> Prefetch | None:
         """The read of the newest complete snapshot in `directory` whose meta `matches` `expected`,
         started; None without one."""
         if directory is None:
@@ -438,7 +430,7 @@ class Prefetch:
             try:
                 header = read_header(directory / f"{step}.snap")
                 if header.get("step") == step and matches(header.get("meta") or {}, expected):
-                    return cls(directory / f"{step}.snap", mapped)
+                    return cls(directory / f"{step}.snap")
             except (OSError, ValueError):
                 continue  # pruned meanwhile, or not ours
         return None
@@ -454,35 +446,6 @@ class Prefetch:
         except (OSError, ValueError) as e:  # ValueError: an empty file
             self.error = e if isinstance(e, OSError) else OSError(f"{self.path}: {e}")
         finally:
-            self.seconds = time.perf_counter() - t0
-
-    def _read(self, size: int) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        t0 = time.perf_counter()
-        buffer = np.empty(size, np.uint8)
-        view = buffer.data
-        try:
-            fd = os.open(self.path, os.O_RDONLY)
-        except OSError as e:
-            self.error = e
-            return
-        try:
-
-            def piece(offset: int) -> int:
-                want = min(self.PIECE, len(view) - offset)
-                return os.preadv(fd, [view[offset : offset + want]], offset)
-
-            offsets = range(0, len(view), self.PIECE)
-            with ThreadPoolExecutor(self.THREADS, thread_name_prefix="snapshot-prefetch") as pool:
-                got = sum(pool.map(piece, offsets))
-            if got != len(view):
-                self.error = OSError(f"{self.path}: read {got} of {len(view)} bytes")
-            self.buffer = buffer
-        except OSError as e:
-            self.error = e
-        finally:
-            os.close(fd)
             self.seconds = time.perf_counter() - t0
 
     def bytes_of(self, path: str) -> np.ndarray | None:
